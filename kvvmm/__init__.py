@@ -1,0 +1,86 @@
+"""kvvmm: CUDA virtual memory for LLM KV caches, as a library and a lab.
+
+Reserve a large VA range once, create KV tensors at their upper-bound shape so pointers never
+move, and back physical memory only as needed. ``import kvvmm`` needs neither torch nor a
+GPU; torch is imported when the first tensor is made.
+
+    >>> import kvvmm
+    >>> drv = kvvmm.open_driver("sim", profile="h200")
+    >>> descs = kvvmm.mha_token_major(layers=2, kv_heads=8, head_dim=128,
+    ...                               reserved_tokens=4096, page_size=16, dtype="bfloat16")
+    >>> owner = kvvmm.KvBufferOwner(driver=drv, dtype="bfloat16", page_size=16,
+    ...                             reserved_tokens=4096, descs=descs)
+"""
+
+from __future__ import annotations
+
+from kvvmm.arena import AllocationInfo, Arena, ArenaSnapshot, MappingInfo, replay_arenas
+from kvvmm.driver import (
+    PROFILES,
+    DeviceProfile,
+    Driver,
+    DriverStats,
+    Fault,
+    FaultyDriver,
+    SimDriver,
+    open_driver,
+)
+from kvvmm.errors import (
+    AlignmentError,
+    ArgumentError,
+    ClosedError,
+    DriverError,
+    DriverOutOfMemoryError,
+    DriverUnavailableError,
+    KvvmmError,
+    OutOfRangeError,
+    ReservationExhaustedError,
+    TraceFormatError,
+    UnknownDtypeError,
+)
+from kvvmm.layout import KvBufferDesc, mha_token_major, mla, page_major
+from kvvmm.owner import BufferInfo, KvBufferOwner, OwnerSnapshot
+from kvvmm.policy import Chunked, Exact, Geometric, GrowthPolicy
+from kvvmm.trace import Trace, TracingDriver
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "PROFILES",
+    "AlignmentError",
+    "AllocationInfo",
+    "Arena",
+    "ArenaSnapshot",
+    "ArgumentError",
+    "BufferInfo",
+    "Chunked",
+    "ClosedError",
+    "DeviceProfile",
+    "Driver",
+    "DriverError",
+    "DriverOutOfMemoryError",
+    "DriverStats",
+    "DriverUnavailableError",
+    "Exact",
+    "Fault",
+    "FaultyDriver",
+    "Geometric",
+    "GrowthPolicy",
+    "KvBufferDesc",
+    "KvBufferOwner",
+    "KvvmmError",
+    "MappingInfo",
+    "OutOfRangeError",
+    "OwnerSnapshot",
+    "ReservationExhaustedError",
+    "SimDriver",
+    "Trace",
+    "TraceFormatError",
+    "TracingDriver",
+    "UnknownDtypeError",
+    "mha_token_major",
+    "mla",
+    "open_driver",
+    "page_major",
+    "replay_arenas",
+]

@@ -1,0 +1,656 @@
+"""Arena: one VA reservation, bump allocation, commit/decommit, tensors over the VA.
+
+An arena reserves VA once, hands out granularity-aligned pieces of it (``allocate``), and
+backs each piece from its start as far as asked (``commit``), one whole handle per
+extension. ``decommit`` gives back whole mappings beyond a kept prefix. Every multi-step
+change is a transaction: if any driver call fails, the calls before it are undone, nothing
+leaks, the snapshot is as it was, and the error is re-raised with any failure of the undo
+attached as a note.
+
+Tensors over the VA need no compilation: ``meta`` tensors on the simulator, ``frombuffer``
+over host memory, DLPack over device memory. A tensor keeps its arena alive, and ``close()``
+never unmaps memory that a live tensor can reach: it waits for the last one to go.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from kvvmm.driver.base import Driver, MemoryKind
+from kvvmm.errors import (
+    AlignmentError,
+    ArgumentError,
+    ClosedError,
+    DriverError,
+    KvvmmError,
+    OutOfRangeError,
+    ReservationExhaustedError,
+)
+from kvvmm.layout import dtype_itemsize, dtype_name
+from kvvmm.trace import Trace, find_trace
+from kvvmm.units import align_up, fmt_bytes, fmt_range
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = [
+    "AllocationInfo",
+    "Arena",
+    "ArenaSnapshot",
+    "MappingInfo",
+    "replay_arenas",
+]
+
+log = logging.getLogger(__name__)
+
+
+# -- snapshots ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class MappingInfo:
+    """One mapping: a whole handle attached to VA."""
+
+    offset: int  #: start, from the arena base
+    size_bytes: int  #: the handle's size
+    handle_id: int  #: the arena's own id for the handle (1, 2, ...), the same on any driver
+    allocation: str  #: name of the allocation it backs
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.size_bytes
+
+
+@dataclass(frozen=True, slots=True)
+class AllocationInfo:
+    """One allocation: a granularity-aligned piece of the reservation, backed from its start."""
+
+    name: str
+    offset: int  #: start, from the arena base (a multiple of the granularity)
+    size_bytes: int  #: its span, rounded up to the granularity
+    requested_bytes: int  #: what ``allocate`` was asked for
+    backed_bytes: int  #: backed prefix, from ``offset``
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.size_bytes
+
+
+@dataclass(frozen=True, slots=True)
+class ArenaSnapshot:
+    """Everything viz needs about an arena at one moment; nothing live."""
+
+    name: str
+    driver: str  #: driver kind: "sim", "host" or "cuda"
+    device_name: str
+    granularity: int
+    base: int  #: address of the reservation
+    reserved_bytes: int
+    cursor_bytes: int  #: bump cursor: allocations lie in [0, cursor)
+    allocations: tuple[AllocationInfo, ...]
+    mappings: tuple[MappingInfo, ...]  #: sorted by offset
+    backed_bytes: int
+    closed: bool
+
+    @property
+    def unbacked_bytes(self) -> int:
+        """Reserved VA with no memory behind it (inside allocations or beyond the cursor)."""
+        return self.reserved_bytes - self.backed_bytes
+
+    @property
+    def slack_bytes(self) -> int:
+        """Reserved VA no allocation has claimed yet."""
+        return self.reserved_bytes - self.cursor_bytes
+
+    def allocation(self, name: str) -> AllocationInfo:
+        """The allocation called ``name``."""
+        for a in self.allocations:
+            if a.name == name:
+                return a
+        raise ArgumentError("name", name, f"one of {[a.name for a in self.allocations]}")
+
+    def check(self) -> None:
+        """Assert the conservation laws; raises AssertionError naming the broken one."""
+        mapped = sum(m.size_bytes for m in self.mappings)
+        per_alloc = sum(a.backed_bytes for a in self.allocations)
+        assert mapped == per_alloc == self.backed_bytes, (mapped, per_alloc, self.backed_bytes)
+        assert self.backed_bytes + self.unbacked_bytes == self.reserved_bytes
+        assert 0 <= self.cursor_bytes <= self.reserved_bytes
+        pos = 0
+        for a in self.allocations:
+            assert a.offset >= pos and a.end <= self.cursor_bytes, a
+            assert 0 <= a.backed_bytes <= a.size_bytes, a
+            pos = a.end
+        by_alloc: dict[str, int] = {}
+        for m in self.mappings:
+            a = self.allocation(m.allocation)
+            start = a.offset + by_alloc.get(a.name, 0)
+            assert m.offset == start, f"mapping {m} does not continue {a.name}'s backed prefix"
+            by_alloc[a.name] = by_alloc.get(a.name, 0) + m.size_bytes
+
+
+# -- live state --------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Map:
+    offset: int
+    size: int
+    handle: int  # the driver's handle
+    hid: int  # the arena's id for it
+    released: bool = False  # handle released while still mapped (a failed decommit)
+
+
+@dataclass(slots=True)
+class _Alloc:
+    name: str
+    offset: int
+    size: int
+    requested: int
+    backed: int = 0
+    maps: list[_Map] = field(default_factory=list)
+
+
+class _Undo:
+    """A stack of undo steps; arguments are bound when a step is pushed."""
+
+    __slots__ = ("steps",)
+
+    def __init__(self) -> None:
+        self.steps: list[tuple[str, Callable[[], object]]] = []
+
+    def push(self, label: str, fn: Callable[[], object]) -> None:
+        self.steps.append((label, fn))
+
+    def unwind(self, err: BaseException) -> None:
+        """Run the steps newest first; attach each one's failure to ``err`` as a note."""
+        while self.steps:
+            label, fn = self.steps.pop()
+            try:
+                fn()
+            except Exception as e:  # the original error matters more; keep this one as a note
+                err.add_note(f"undo {label} also failed: {e}")
+
+
+class _ViewKeeper:
+    """Held by every tensor an arena makes (through its storage); keeps the arena alive."""
+
+    __slots__ = ("__weakref__", "arena")
+
+    def __init__(self, arena: Arena) -> None:
+        self.arena = arena
+
+
+def _int(name: str, value: object, *, lo: int, hi: int | None = None, limit: str = "") -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ArgumentError(name, value, limit or "an int")
+    if value < lo or (hi is not None and value > hi):
+        cls = ArgumentError if value < lo else OutOfRangeError
+        raise cls(name, value, limit or (f">= {lo}" if hi is None else f"in [{lo}, {hi}]"))
+    return value
+
+
+class Arena:
+    """One VA reservation with bump allocation, commit/decommit and tensor views.
+
+    Args:
+        driver: any :class:`~kvvmm.driver.base.Driver`.
+        reserve_bytes: VA to reserve (rounded up to the granularity); costs no memory.
+        device: device ordinal for tensors (default: the driver's).
+        name: shown in snapshots, plots and errors.
+    Raises:
+        ArgumentError: ``reserve_bytes`` not a positive int.
+        DriverError: the reservation failed.
+    """
+
+    def __init__(
+        self, driver: Driver, *, reserve_bytes: int, device: int | None = None,
+        name: str = "arena",
+    ) -> None:
+        _int("reserve_bytes", reserve_bytes, lo=1, limit="an int > 0 (bytes)")
+        if device is not None and device != driver.device:
+            raise ArgumentError("device", device, f"the driver's device {driver.device}")
+        self.driver = driver
+        self.name = str(name)
+        self.device = driver.device
+        self.granularity = driver.granularity()
+        self.reserved_bytes = align_up(reserve_bytes, self.granularity)
+        self.base = driver.reserve(self.reserved_bytes, self.granularity)
+        self.cursor_bytes = 0
+        self._allocs: list[_Alloc] = []
+        self._by_offset: dict[int, _Alloc] = {}
+        self._next_hid = 1
+        self._closed = False
+        self._released = False  # VA freed (teardown done)
+        self._views = 0
+        self._leftover: list[int] = []  # handles a failed close could not release
+        self._trace: Trace | None = find_trace(driver)
+        if self._trace is not None:
+            self._arena_id = sum(1 for e in self._trace.events if e.op == "arena.open")
+            self._note("arena.open", name=self.name, reserve_bytes=self.reserved_bytes,
+                       base=self.base)
+
+    # -- basics -------------------------------------------------------------------------
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        return (f"Arena({self.name!r}, {fmt_bytes(self.reserved_bytes)} at "
+                f"{fmt_range(self.base, self.base + self.reserved_bytes)}, "
+                f"{fmt_bytes(self.backed_bytes)} backed, {state})")
+
+    def __enter__(self) -> Arena:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def closed(self) -> bool:
+        """True once ``close()`` was called (memory may wait for live tensors to go)."""
+        return self._closed
+
+    @property
+    def released(self) -> bool:
+        """True once the reservation and all its memory were given back to the driver."""
+        return self._released
+
+    @property
+    def live_views(self) -> int:
+        """Tensors (and their views) made by :meth:`tensor` that are still alive."""
+        return self._views
+
+    @property
+    def backed_bytes(self) -> int:
+        return sum(a.backed for a in self._allocs)
+
+    def _note(self, op: str, **args: Any) -> None:
+        if self._trace is not None:
+            self._trace.add(op, {"arena": self._arena_id, **args})
+
+    def _check_open(self, what: str) -> None:
+        if self._closed:
+            raise ClosedError(f"arena {self.name!r}: {what} after close()")
+
+    def _alloc_at(self, offset: object) -> _Alloc:
+        if isinstance(offset, bool) or not isinstance(offset, int):
+            raise ArgumentError("offset", offset, "an int (bytes from the arena base)")
+        a = self._by_offset.get(offset)
+        if a is None:
+            starts = [x.offset for x in self._allocs]
+            cls = AlignmentError if offset % self.granularity else OutOfRangeError
+            raise cls("offset", offset, f"the start of an allocation, one of {starts[:8]}"
+                      + ("..." if len(starts) > 8 else ""))
+        return a
+
+    def backed_of(self, offset: int) -> int:
+        """Bytes backed from the start of the allocation at ``offset``."""
+        return self._alloc_at(offset).backed
+
+    # -- allocate -----------------------------------------------------------------------
+
+    def allocate(self, nbytes: int, name: str | None = None) -> int:
+        """Claim ``nbytes`` of the reservation (rounded up to the granularity).
+
+        Args:
+            nbytes: bytes, > 0.
+            name: shown in snapshots (default ``"alloc<i>"``); must be unique.
+        Returns:
+            The allocation's offset from the arena base (granularity-aligned).
+        Raises:
+            ArgumentError: ``nbytes`` not a positive int, or ``name`` already used.
+            ReservationExhaustedError: not enough reservation left.
+            ClosedError: after ``close()``.
+        """
+        self._check_open("allocate")
+        _int("nbytes", nbytes, lo=1, limit="an int > 0 (bytes)")
+        size = align_up(nbytes, self.granularity)
+        left = self.reserved_bytes - self.cursor_bytes
+        if size > left:
+            raise ReservationExhaustedError(
+                f"arena {self.name!r}: allocate({nbytes}) needs {size} bytes "
+                f"({fmt_bytes(size)}) but only {left} of {self.reserved_bytes} reserved bytes "
+                f"are left; reserve more VA (it costs no memory)"
+            )
+        label = f"alloc{len(self._allocs)}" if name is None else str(name)
+        if any(a.name == label for a in self._allocs):
+            raise ArgumentError("name", label, "unique within the arena")
+        a = _Alloc(label, self.cursor_bytes, size, nbytes)
+        self._allocs.append(a)
+        self._by_offset[a.offset] = a
+        self.cursor_bytes += size
+        self._note("arena.allocate", name=label, nbytes=nbytes, offset=a.offset)
+        return a.offset
+
+    # -- commit -------------------------------------------------------------------------
+
+    def _check_commit(self, offset: object, nbytes: object) -> tuple[_Alloc, int]:
+        a = self._alloc_at(offset)
+        _int("nbytes", nbytes, lo=0, hi=a.size,
+             limit=f"in [0, {a.size}] (allocation {a.name!r} is {a.size} bytes)")
+        assert isinstance(nbytes, int)
+        return a, align_up(nbytes, self.granularity)
+
+    def _extend(self, a: _Alloc, target: int, undo: _Undo) -> int:
+        """Back ``a`` up to ``target`` with one new handle, pushing undo steps."""
+        d = self.driver
+        ext = target - a.backed
+        va = self.base + a.offset + a.backed
+        h = d.create(ext)
+        undo.push(f"release(handle={h})", lambda: d.release(h))
+        d.map(va, ext, h)
+        undo.push(f"unmap(va={va:#x}, size={ext})", lambda: d.unmap(va, ext))
+        d.set_access(va, ext)
+        m = _Map(a.offset + a.backed, ext, h, 0)
+        a.maps.append(m)
+        a.backed = target
+
+        def forget() -> None:
+            a.maps.remove(m)
+            a.backed -= ext
+
+        undo.push("forget", forget)
+        return ext
+
+    def commit(self, offset: int, nbytes: int) -> int:
+        """Back the first ``nbytes`` of the allocation at ``offset`` (one new handle).
+
+        Backing only grows: asking for less than is backed does nothing.
+
+        Args:
+            offset: an allocation's offset (from :meth:`allocate`).
+            nbytes: bytes that must be backed from its start, in ``[0, its size]``;
+                rounded up to the granularity.
+        Returns:
+            Bytes newly backed (0 if already enough).
+        Raises:
+            ArgumentError, OutOfRangeError: bad offset or size; nothing changed.
+            DriverError: a driver call failed; everything this call did is undone.
+        """
+        return self.commit_many([(offset, nbytes)])
+
+    def commit_many(self, requests: Iterable[tuple[int, int]]) -> int:
+        """Commit several allocations as one transaction; see :meth:`commit`.
+
+        Every request is checked before any driver call; if a call fails, the handles
+        made for earlier requests are unmapped and released again.
+        """
+        self._check_open("commit")
+        plan = [self._check_commit(o, n) for o, n in requests]
+        undo = _Undo()
+        added = 0
+        try:
+            for a, target in plan:
+                if target > a.backed:
+                    added += self._extend(a, target, undo)
+        except DriverError as e:
+            undo.unwind(e)
+            raise
+        for a, _ in plan:  # ids only for handles that stayed: the same on replay
+            for m in a.maps:
+                if m.hid == 0:
+                    m.hid = self._next_hid
+                    self._next_hid += 1
+        if self._trace is not None:
+            for a, target in plan:
+                self._note("arena.commit", offset=a.offset, nbytes=target)
+        return added
+
+    # -- decommit -----------------------------------------------------------------------
+
+    def decommit(self, offset: int, keep_bytes: int) -> int:
+        """Give back whole mappings of the allocation at ``offset`` beyond ``keep_bytes``.
+
+        A mapping that straddles ``keep_bytes`` stays (maps are whole handles), so more
+        than ``keep_bytes`` may stay backed.
+
+        Returns:
+            Bytes given back.
+        Raises:
+            ArgumentError, OutOfRangeError: bad offset or size; nothing changed.
+            DriverError: a driver call failed; the mappings are as they were.
+        """
+        return self.decommit_many([(offset, keep_bytes)])
+
+    def decommit_many(self, requests: Iterable[tuple[int, int]]) -> int:
+        """Decommit several allocations as one transaction; see :meth:`decommit`.
+
+        Handles are released first (legal while mapped: the mappings keep the memory, so a
+        failure there changes nothing visible), then each allocation's dropped range is
+        unmapped in one call. If a later unmap fails, the ranges already unmapped are
+        backed again with fresh memory (their bytes were being given up) under the same
+        handle ids, so the snapshot is as it was.
+        """
+        self._check_open("decommit")
+        plan: list[tuple[_Alloc, int]] = []
+        for o, k in requests:
+            a = self._alloc_at(o)
+            _int("keep_bytes", k, lo=0, hi=a.size,
+                 limit=f"in [0, {a.size}] (allocation {a.name!r} is {a.size} bytes)")
+            drop = [i for i, m in enumerate(a.maps) if m.offset - a.offset >= k]
+            if drop:
+                plan.append((a, drop[0]))
+        d = self.driver
+        for a, first in plan:  # phase 1: release while mapped
+            for m in a.maps[first:]:
+                if not m.released:
+                    d.release(m.handle)
+                    m.released = True
+        done: list[tuple[_Alloc, int]] = []
+        given = 0
+        try:
+            for a, first in plan:  # phase 2: one unmap per allocation
+                start = a.maps[first].offset
+                size = a.offset + a.backed - start
+                d.unmap(self.base + start, size)
+                done.append((a, first))
+                given += size
+        except DriverError as e:
+            for a, first in done:
+                self._reback(a.maps[first:], e)
+            raise
+        for a, first in plan:
+            del a.maps[first:]
+            a.backed = a.maps[-1].offset + a.maps[-1].size - a.offset if a.maps else 0
+            self._note("arena.decommit", offset=a.offset, keep_bytes=a.backed)
+        return given
+
+    def _reback(self, maps: Sequence[_Map], err: BaseException) -> None:
+        """Back unmapped ``maps`` again with fresh handles (undo of a partial decommit)."""
+        d = self.driver
+        for m in maps:
+            try:
+                h = d.create(m.size)
+                try:
+                    d.map(self.base + m.offset, m.size, h)
+                    d.set_access(self.base + m.offset, m.size)
+                except DriverError:
+                    d.release(h)
+                    raise
+            except DriverError as e2:
+                err.add_note(f"undo: re-backing {fmt_range(m.offset, m.offset + m.size)} "
+                             f"failed: {e2}; the arena is now inconsistent")
+                continue
+            m.handle, m.released = h, False
+
+    # -- tensors ------------------------------------------------------------------------
+
+    def tensor(self, offset: int, shape: Sequence[int], dtype: Any) -> torch.Tensor:
+        """A torch tensor over ``[offset, offset + nbytes)`` of the reservation, no copy.
+
+        On the simulator it is a ``meta`` tensor (shape and dtype, no memory); on host memory
+        it aliases the bytes (``torch.frombuffer``); on a GPU it aliases device memory
+        (DLPack). Memory need not be backed yet: touching unbacked VA faults, as on a GPU.
+        The tensor keeps the arena alive, and ``close()`` waits for it to go.
+
+        Args:
+            offset: bytes from the arena base; must leave room for the tensor.
+            shape: dimensions, each > 0.
+            dtype: a torch dtype or its name (``"bfloat16"``).
+        Raises:
+            ArgumentError, OutOfRangeError, UnknownDtypeError: bad arguments.
+            ClosedError: after ``close()``.
+        """
+        self._check_open("tensor")
+        dims = tuple(shape)
+        for i, n in enumerate(dims):
+            _int(f"shape[{i}]", n, lo=1, limit="an int > 0")
+        name = dtype_name(dtype)
+        itemsize = dtype_itemsize(name)
+        nbytes = itemsize
+        for n in dims:
+            nbytes *= n
+        _int("offset", offset, lo=0, hi=self.reserved_bytes - nbytes,
+             limit=f"in [0, {self.reserved_bytes - nbytes}] so that {nbytes} bytes fit in the "
+                   f"{self.reserved_bytes}-byte reservation")
+        if offset % itemsize:
+            raise AlignmentError("offset", offset, f"a multiple of the itemsize {itemsize}")
+        import torch
+
+        tdtype = getattr(torch, name)
+        kind = self.driver.memory
+        if kind is MemoryKind.NONE:
+            return torch.empty(dims, dtype=tdtype, device="meta")
+        keeper = _ViewKeeper(self)
+        self._views += 1
+        weakref.finalize(keeper, self._view_gone)
+        ptr = self.base + offset
+        if kind is MemoryKind.HOST:
+            import ctypes
+
+            buf = (ctypes.c_uint8 * nbytes).from_address(ptr)
+            buf.keeper = keeper  # type: ignore[attr-defined]  # frombuffer holds buf
+            flat = torch.frombuffer(buf, dtype=torch.uint8)
+            return flat.view(tdtype).view(dims)
+        from kvvmm._dlpack import device_tensor
+
+        return device_tensor(ptr, nbytes, dims, tdtype, self.device, keeper)
+
+    def _view_gone(self) -> None:
+        self._views -= 1
+        if self._closed and not self._released and self._views == 0:
+            try:
+                self._teardown()
+            except KvvmmError as e:  # nobody to raise to: a finalizer
+                log.error("arena %r: deferred close failed: %s", self.name, e)
+
+    # -- snapshot / close ---------------------------------------------------------------
+
+    def snapshot(self) -> ArenaSnapshot:
+        """Frozen view of the arena now (works after close too)."""
+        allocs = tuple(AllocationInfo(a.name, a.offset, a.size, a.requested, a.backed)
+                       for a in self._allocs)
+        maps = tuple(MappingInfo(m.offset, m.size, m.hid, a.name)
+                     for a in self._allocs for m in a.maps)
+        return ArenaSnapshot(
+            name=self.name, driver=self.driver.kind, device_name=self.driver.name,
+            granularity=self.granularity, base=self.base, reserved_bytes=self.reserved_bytes,
+            cursor_bytes=self.cursor_bytes, allocations=allocs, mappings=maps,
+            backed_bytes=sum(a.backed for a in self._allocs), closed=self._closed,
+        )
+
+    def close(self) -> None:
+        """Give everything back: unmap, free the reservation, release the handles.
+
+        Idempotent. If tensors made by :meth:`tensor` are still alive, the arena is marked
+        closed now and its memory is given back when the last of them goes.
+
+        Raises:
+            DriverError: an unmap or the free failed (the arena is open again, as it was),
+                or a release failed after the VA was freed (the arena is closed and keeps the
+                handle; call ``close()`` again to retry).
+        """
+        if self._released:
+            if self._leftover:
+                self._release_leftover()
+            return
+        self._closed = True
+        if self._views:
+            return  # _view_gone finishes the job
+        try:
+            self._teardown()
+        except DriverError:
+            if not self._released:
+                self._closed = False  # nothing was given back: usable as before
+            raise
+
+    def _teardown(self) -> None:
+        d = self.driver
+        undo = _Undo()
+        try:
+            for a in self._allocs:
+                if not a.maps:
+                    continue
+                va, size = self.base + a.offset, a.backed
+                d.unmap(va, size)
+                undo.push(f"remap {a.name}", lambda a=a: self._remap(a))
+            d.free(self.base, self.reserved_bytes)
+        except DriverError as e:
+            undo.unwind(e)
+            raise
+        self._released = True
+        self._note("arena.close")
+        self._leftover = [m.handle for a in self._allocs for m in a.maps if not m.released]
+        for a in self._allocs:
+            a.maps.clear()
+            a.backed = 0
+        self._release_leftover()
+
+    def _remap(self, a: _Alloc) -> None:
+        d = self.driver
+        fresh = [m for m in a.maps if m.released]
+        if fresh:  # their memory went with the unmap: back them with new handles
+            err = KvvmmError("remap")
+            self._reback(fresh, err)
+        for m in a.maps:
+            if m not in fresh:
+                d.map(self.base + m.offset, m.size, m.handle)
+                d.set_access(self.base + m.offset, m.size)
+
+    def _release_leftover(self) -> None:
+        while self._leftover:
+            h = self._leftover[0]
+            try:
+                self.driver.release(h)
+            except DriverError as e:
+                e.add_note(f"arena {self.name!r} is closed and still holds "
+                           f"{len(self._leftover)} handles; call close() again to release them")
+                raise
+            self._leftover.pop(0)
+
+
+def replay_arenas(trace: Trace, driver: Driver | None = None) -> list[ArenaSnapshot]:
+    """Rebuild the arenas a trace recorded, on a SimDriver, and return their snapshots.
+
+    The arena operations noted in the trace (open, allocate, commit, decommit, close) run
+    again on ``driver`` (default: a SimDriver with the recording's granularity and the
+    H200's capacity), so the snapshots equal the recorded arenas' up to ``base``.
+    """
+    from kvvmm.driver.sim import DeviceProfile, SimDriver, get_profile
+
+    if driver is None:
+        gran = int(trace.meta.get("granularity", 2 << 20))
+        h200 = get_profile("h200")
+        driver = SimDriver(DeviceProfile("replay", "replay of " + str(
+            trace.meta.get("device_name", "?")), max(h200.capacity_bytes, 1 << 50), gran,
+            "a trace replay"))
+    arenas: dict[int, Arena] = {}
+    for ev in trace.events:
+        if not ev.op.startswith("arena."):
+            continue
+        a = ev.args
+        i = int(a["arena"])
+        if ev.op == "arena.open":
+            arenas[i] = Arena(driver, reserve_bytes=int(a["reserve_bytes"]), name=str(a["name"]))
+        elif ev.op == "arena.allocate":
+            arenas[i].allocate(int(a["nbytes"]), str(a["name"]))
+        elif ev.op == "arena.commit":
+            arenas[i].commit(int(a["offset"]), int(a["nbytes"]))
+        elif ev.op == "arena.decommit":
+            arenas[i].decommit(int(a["offset"]), int(a["keep_bytes"]))
+        elif ev.op == "arena.close":
+            arenas[i].close()
+    return [arenas[i].snapshot() for i in sorted(arenas)]

@@ -1,0 +1,70 @@
+"""Drivers: one protocol (``base.Driver``), three implementations, two wrappers.
+
+``open_driver`` picks one by name; nothing here imports torch or cuda.bindings.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvvmm.driver.base import Driver, DriverStats, MemoryKind
+from kvvmm.driver.faults import Fault, FaultyDriver
+from kvvmm.driver.sim import PROFILES, DeviceProfile, SimDriver, get_profile
+from kvvmm.errors import ArgumentError, DriverUnavailableError
+
+__all__ = [
+    "PROFILES",
+    "DeviceProfile",
+    "Driver",
+    "DriverStats",
+    "Fault",
+    "FaultyDriver",
+    "MemoryKind",
+    "SimDriver",
+    "get_profile",
+    "open_driver",
+]
+
+_KINDS = ("auto", "cuda", "host", "sim")
+
+
+def open_driver(kind: str = "auto", **options: Any) -> Driver:
+    """Open a driver by name.
+
+    Args:
+        kind: ``"sim"`` (no memory; ``profile=``, ``capacity_bytes=``...), ``"host"`` (Linux
+            host memory; ``granularity=``, ``capacity_bytes=``), ``"cuda"`` (a real GPU;
+            ``device=``), or ``"auto"``: cuda when a GPU is usable, else host.
+        options: passed to the driver's constructor.
+    Returns:
+        The driver.
+    Raises:
+        ArgumentError: unknown ``kind``.
+        DriverUnavailableError: the driver cannot run here (one message, no traceback from
+            the CUDA library).
+    """
+    if kind not in _KINDS:
+        raise ArgumentError("kind", kind, f"one of {list(_KINDS)}")
+    if kind == "sim":
+        return SimDriver(**options)
+    if kind == "host":
+        from kvvmm.driver.host import HostDriver
+
+        return HostDriver(**options)
+    if kind == "cuda":
+        return _open_cuda(options)
+    try:
+        return _open_cuda(dict(options))
+    except DriverUnavailableError:
+        from kvvmm.driver.host import HostDriver
+
+        host_opts = {k: v for k, v in options.items() if k in ("granularity", "capacity_bytes")}
+        return HostDriver(**host_opts)
+
+
+def _open_cuda(options: dict[str, Any]) -> Driver:
+    try:
+        from kvvmm.driver.cuda import CudaDriver
+    except ImportError as e:
+        raise DriverUnavailableError(f"the CUDA driver is not available: {e}") from None
+    return CudaDriver(**options)

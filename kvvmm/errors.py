@@ -1,0 +1,129 @@
+"""kvvmm's errors: each class says who should react to it, and how.
+
+Every error kvvmm raises on purpose is a :class:`KvvmmError`. Input errors also derive from
+``ValueError`` (or ``TypeError``) so callers that already catch those keep working. Messages
+name the offending value and the limit it broke, with sizes in bytes and ranges half-open
+``[start, end)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = [
+    "AlignmentError",
+    "ArgumentError",
+    "ClosedError",
+    "DriverError",
+    "DriverOutOfMemoryError",
+    "DriverUnavailableError",
+    "KvvmmError",
+    "OutOfRangeError",
+    "ReservationExhaustedError",
+    "TraceFormatError",
+    "UnknownDtypeError",
+]
+
+
+class KvvmmError(Exception):
+    """Base of every error kvvmm raises on purpose; catch this to catch them all."""
+
+
+class ArgumentError(KvvmmError, ValueError):
+    """A caller passed a value kvvmm cannot use (negative, zero, of the wrong kind, ...).
+
+    The caller should fix the value: nothing was changed before this was raised.
+    ``name`` is the argument, ``value`` what was passed, ``limit`` the bound it broke (a
+    human-readable string), all kept for programs that want to react without parsing text.
+    """
+
+    def __init__(self, name: str, value: object, limit: str, detail: str = "") -> None:
+        self.name = name
+        self.value = value
+        self.limit = limit
+        msg = f"{name}={value!r} is invalid: must be {limit}"
+        if detail:
+            msg += f" ({detail})"
+        super().__init__(msg)
+
+
+class AlignmentError(ArgumentError):
+    """A size or offset is not a multiple of the granularity the driver works in.
+
+    Round the value with ``kvvmm.units.align_up`` or pass an aligned one.
+    """
+
+
+class OutOfRangeError(ArgumentError):
+    """A value or span lies outside what was reserved (tokens, bytes, a buffer's span).
+
+    kvvmm never clamps: a span beyond its reservation is a layout bug the caller must see.
+    """
+
+
+class UnknownDtypeError(ArgumentError, TypeError):
+    """A dtype name or object kvvmm does not know; pass a torch dtype or its name."""
+
+
+class ReservationExhaustedError(KvvmmError):
+    """The arena's reserved VA has no room for another allocation.
+
+    Reserve more VA when constructing the arena (VA is free until backed), or allocate less.
+    """
+
+
+class ClosedError(KvvmmError):
+    """An arena or owner was used after ``close()``. Create a new one."""
+
+
+class DriverUnavailableError(KvvmmError):
+    """The requested driver cannot run here (no GPU, no CUDA driver library, not Linux).
+
+    Pick another driver (``open_driver("sim")`` works everywhere) or run on a machine that
+    has what the message names.
+    """
+
+
+class DriverError(KvvmmError):
+    """A driver call failed; carries the call, its arguments and the CUDA error name.
+
+    ``call`` is the protocol method (``"map"``), ``call_args`` its arguments (ints),
+    ``cuda_error`` the name CUDA uses for the failure (``"CUDA_ERROR_INVALID_VALUE"``). The
+    kvvmm operation that made the call has already undone its earlier steps when this
+    reaches the caller; failures of that undo are attached as notes.
+    """
+
+    def __init__(
+        self, call: str, args: Mapping[str, int], cuda_error: str, reason: str = ""
+    ) -> None:
+        self.call = call
+        self.call_args = dict(args)
+        self.cuda_error = cuda_error
+        self.reason = reason
+        shown = ", ".join(f"{k}={_show_int(k, v)}" for k, v in self.call_args.items())
+        msg = f"{call}({shown}) failed: {cuda_error}"
+        if reason:
+            msg += f": {reason}"
+        super().__init__(msg)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.call, self.call_args, self.cuda_error, self.reason))
+
+
+class DriverOutOfMemoryError(DriverError):
+    """The device has no physical memory left for a create (CUDA_ERROR_OUT_OF_MEMORY).
+
+    Back fewer bytes, shrink other owners, or free memory held elsewhere in the process.
+    """
+
+
+class TraceFormatError(KvvmmError, ValueError):
+    """A saved trace cannot be read: wrong format, unknown version or a malformed event."""
+
+
+def _show_int(key: str, value: int) -> str:
+    # Addresses read best in hex, sizes in decimal bytes.
+    if key in ("va", "address", "base"):
+        return hex(value)
+    return str(value)
