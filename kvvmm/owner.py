@@ -289,13 +289,16 @@ class KvBufferOwner:
         if self._closed:
             self.arena.close()  # retries a failed release, else a no-op
             return
-        tensors, self.tensors = self.tensors, []
+        # Drop our tensors first, so the arena is not kept waiting for views we hold.
+        self.tensors = []
         self._closed = True
         try:
             self.arena.close()
         except DriverError:
-            if not self.arena.closed:
-                self._closed, self.tensors = False, tensors
+            if not self.arena.closed:  # nothing was given back: usable as before
+                self._closed = False
+                self.tensors = [self.arena.tensor(o, d.shape, self.dtype)
+                                for o, d in zip(self._offsets, self.descs, strict=True)]
             raise
 
 
