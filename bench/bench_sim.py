@@ -22,9 +22,9 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from kvvmm import Chunked, Exact, Geometric, KvBufferOwner, SimDriver, mha_token_major  # noqa: E402
-from kvvmm.driver.faults import FaultyDriver  # noqa: E402
-from kvvmm.units import MiB  # noqa: E402
+from kvvmm import Chunked, Exact, Geometric, KvBufferOwner, SimDriver, mha_token_major
+from kvvmm.driver.faults import FaultyDriver
+from kvvmm.units import MiB
 
 
 def raw_ops(n: int = 100_000) -> dict[str, float]:

@@ -14,6 +14,7 @@ never unmaps memory that a live tensor can reach: it waits for the last one to g
 
 from __future__ import annotations
 
+import functools
 import logging
 import weakref
 from collections.abc import Callable, Iterable, Sequence
@@ -26,6 +27,7 @@ from kvvmm.errors import (
     ArgumentError,
     ClosedError,
     DriverError,
+    DriverUnavailableError,
     KvvmmError,
     OutOfRangeError,
     ReservationExhaustedError,
@@ -228,6 +230,7 @@ class Arena:
         self._released = False  # VA freed (teardown done)
         self._views = 0
         self._leftover: list[int] = []  # handles a failed close could not release
+        self._pool: Any = None
         self._trace: Trace | None = find_trace(driver)
         if self._trace is not None:
             self._arena_id = sum(1 for e in self._trace.events if e.op == "arena.open")
@@ -529,6 +532,30 @@ class Arena:
 
         return device_tensor(ptr, nbytes, dims, tdtype, self.device, keeper)
 
+    @property
+    def pool(self) -> Any:
+        """A ``torch.cuda.MemPool`` allocating from this reservation (CUDA driver only).
+
+        For code that allocates with plain ``torch.empty`` inside
+        ``torch.cuda.use_mem_pool(arena.pool)``: each tensor gets a fresh, unbacked
+        allocation; back it with :meth:`commit` before touching it. Nothing is compiled.
+
+        Raises:
+            DriverUnavailableError: the driver's memory is not CUDA device memory.
+            ClosedError: after ``close()``.
+        """
+        self._check_open("pool")
+        if self.driver.memory is not MemoryKind.DEVICE:
+            raise DriverUnavailableError(
+                f"Arena.pool needs CUDA device memory; this arena's driver is "
+                f"{self.driver.kind!r} (use Arena.tensor, which works on every driver)"
+            )
+        if self._pool is None:
+            from kvvmm._mempool import make_pool
+
+            self._pool = make_pool(self)
+        return self._pool
+
     def _view_gone(self) -> None:
         self._views -= 1
         if self._closed and not self._released and self._views == 0:
@@ -586,7 +613,7 @@ class Arena:
                     continue
                 va, size = self.base + a.offset, a.backed
                 d.unmap(va, size)
-                undo.push(f"remap {a.name}", lambda a=a: self._remap(a))
+                undo.push(f"remap {a.name}", functools.partial(self._remap, a))
             d.free(self.base, self.reserved_bytes)
         except DriverError as e:
             undo.unwind(e)

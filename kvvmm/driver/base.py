@@ -29,10 +29,10 @@ from typing import Protocol, runtime_checkable
 from kvvmm.errors import DriverError, DriverOutOfMemoryError
 
 __all__ = [
+    "CALLS",
     "CUDA_ERROR_INVALID_VALUE",
     "CUDA_ERROR_NOT_SUPPORTED",
     "CUDA_ERROR_OUT_OF_MEMORY",
-    "CALLS",
     "Driver",
     "DriverStats",
     "MemoryKind",
@@ -198,7 +198,9 @@ class VmmBook:
         args = {"size": size, "align": align}
         self._aligned("reserve", args, size=size)
         if align < 0 or (align and align % self.gran):
-            raise self._bad("reserve", args, f"align={align:#x} is not a multiple of {self.gran:#x}")
+            raise self._bad(
+                "reserve", args, f"align={align:#x} is not a multiple of {self.gran:#x}"
+            )
         return align or self.gran
 
     def apply_reserve(self, va: int, size: int) -> None:

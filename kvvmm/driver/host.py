@@ -106,7 +106,8 @@ class HostDriver:
         self._next_handle = 1
 
     def __repr__(self) -> str:
-        return f"HostDriver(granularity={self._book.gran}, capacity_bytes={self._book.capacity_bytes})"
+        book = self._book
+        return f"HostDriver(granularity={book.gran}, capacity_bytes={book.capacity_bytes})"
 
     def _os_error(self, call: str, args: dict[str, int], what: str) -> Exception:
         err = ctypes.get_errno()

@@ -1,0 +1,71 @@
+"""``Arena.pool``: a ``torch.cuda.MemPool`` over an arena's reservation, with no compilation.
+
+torch's pluggable-allocator hook takes two C function pointers. Instead of compiling a stub
+(the seed built one per arena, 14-20 s each, in a shared temp dir), the pointers come from
+ctypes callbacks into Python: nothing is built, nothing is loaded from disk, and any number
+of pools per process and processes per host work.
+
+Each pool allocation is a bump ``Arena.allocate`` (unbacked until committed, as in the
+seed's route) and counts as a live view: ``Arena.close`` waits until torch hands every pool
+segment back (pool destroyed, ``empty_cache``). The callbacks take the GIL (ctypes does it
+for them); torch calls them from the allocating thread.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import weakref
+from typing import TYPE_CHECKING, Any
+
+from kvvmm.errors import KvvmmError
+
+if TYPE_CHECKING:
+    from kvvmm.arena import Arena
+
+__all__ = ["make_pool"]
+
+_ALLOC = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p)
+_FREE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p)
+# torch may call a free function until the process exits: the callbacks must outlive every
+# pool, so they are kept for the life of the process (two small objects per pool).
+_KEEP: list[tuple[Any, Any]] = []
+
+
+def make_pool(arena: Arena) -> Any:
+    """Build a ``torch.cuda.MemPool`` whose allocations bump-allocate from ``arena``."""
+    import torch
+
+    ref = weakref.ref(arena)
+    live: dict[int, int] = {}  # pointer -> offset, of segments torch holds
+    count = [0]
+
+    def alloc(size: int, device: int, stream: int) -> int | None:
+        a = ref()
+        if a is None or a.closed or size <= 0:
+            return None  # torch turns NULL into an out-of-memory error
+        try:
+            off = a.allocate(size, name=f"pool{id(live):x}.{count[0]}")
+        except KvvmmError:
+            return None
+        count[0] += 1
+        a._views += 1
+        ptr = a.base + off
+        live[ptr] = off
+        return ptr
+
+    def free(ptr: int | None, size: int, device: int, stream: int) -> None:
+        a = ref()
+        if ptr is None or live.pop(ptr, None) is None or a is None:
+            return
+        a._view_gone()
+
+    cb_alloc, cb_free = _ALLOC(alloc), _FREE(free)
+    _KEEP.append((cb_alloc, cb_free))
+    fn_alloc = int(ctypes.cast(cb_alloc, ctypes.c_void_p).value or 0)
+    fn_free = int(ctypes.cast(cb_free, ctypes.c_void_p).value or 0)
+    allocator = torch._C._cuda_customAllocator(fn_alloc, fn_free)
+    try:
+        # no_split: hand our bump pointers back verbatim (one segment per tensor).
+        return torch.cuda.MemPool(allocator, no_split=True)
+    except TypeError:  # older torch without no_split
+        return torch.cuda.MemPool(allocator)

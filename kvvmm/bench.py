@@ -1,0 +1,424 @@
+"""``kvvmm bench``: measure kvvmm on a real GPU, side by side with the raw driver and the seed.
+
+Sections (each a key of the JSON result):
+
+- ``per_call``: microseconds per driver call by handle size, CudaDriver vs the raw
+  cuda-python call (with its error check), interleaved rep by rep so both see the same card.
+- ``arena``: Arena construction and close (64 GiB reservation).
+- ``owner``: KvBufferOwner construction with 64 buffers (Llama-3-8B-like: 32 layers x K/V,
+  8 KV heads x 128, bf16, page 64, 2M reserved tokens: ~246 GiB of VA) and close.
+- ``growth``: per policy, decode growth of those 64 buffers in 4096-token steps to 500k
+  tokens (122 steps), then finalize to 1M tokens; time, driver calls, handles, over-commit,
+  copy bandwidth of the owner's tensors vs cudaMalloc tensors of the same size.
+- ``seed`` (with ``--seed-file``): SGLang's arena on the same workload, in a subprocess
+  (it compiles a stub per arena and may abort at exit).
+
+Results go to ``bench/results/gpu-<date>.json`` with the card, versions and date.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from kvvmm.units import GiB, MiB
+
+__all__ = ["main"]
+
+_LAYERS, _HEADS, _DIM, _PAGE, _RESERVED = 32, 8, 128, 64, 2_000_000
+_STEP, _GROW_TO, _FINAL = 4096, 500_000, 1_000_000
+
+
+class _Progress:
+    """A one-line progress bar on stderr (no dependency)."""
+
+    def __init__(self, total: int) -> None:
+        self.total, self.done = total, 0
+
+    def step(self, label: str) -> None:
+        self.done += 1
+        n = 30 * self.done // self.total
+        sys.stderr.write(f"\r[{'#' * n}{'.' * (30 - n)}] {self.done}/{self.total} {label:<40}")
+        sys.stderr.flush()
+        if self.done == self.total:
+            sys.stderr.write("\n")
+
+
+def _med_us(xs: list[float]) -> float:
+    return round(statistics.median(xs) * 1e6, 3)
+
+
+def _per_call(drv_mod: Any, cd: Any) -> dict[str, Any]:
+    """Raw cuda-python vs CudaDriver, per call, interleaved."""
+    d = drv_mod
+    ok = d.CUresult.CUDA_SUCCESS
+    prop = d.CUmemAllocationProp()
+    prop.type = d.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+    prop.location.type = d.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+    prop.location.id = cd.device
+    acc = d.CUmemAccessDesc()
+    acc.location.type = d.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+    acc.location.id = cd.device
+    acc.flags = d.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+    out: dict[str, Any] = {}
+    for size, reps in ((2 * MiB, 300), (32 * MiB, 150), (512 * MiB, 30)):
+        raw_va = int(_ck(d.cuMemAddressReserve(size, 0, 0, 0)))
+        k_va = cd.reserve(size)
+        t: dict[str, list[float]] = {f"{w}_{op}": [] for w in ("raw", "kvvmm") for op in (
+            "create", "map", "set_access", "unmap", "unmap_sync", "release")}
+        pc = time.perf_counter
+        for _ in range(reps):
+            # raw (with the error check any caller needs)
+            t0 = pc()
+            err, h = d.cuMemCreate(size, prop, 0)
+            if err != ok:
+                raise RuntimeError(err)
+            t1 = pc()
+            if d.cuMemMap(raw_va, size, 0, h, 0)[0] != ok:
+                raise RuntimeError("map")
+            t2 = pc()
+            if d.cuMemSetAccess(raw_va, size, [acc], 1)[0] != ok:
+                raise RuntimeError("access")
+            t3 = pc()
+            if d.cuCtxSynchronize()[0] != ok:
+                raise RuntimeError("sync")
+            t4 = pc()
+            if d.cuMemUnmap(raw_va, size)[0] != ok:
+                raise RuntimeError("unmap")
+            t5 = pc()
+            if d.cuMemRelease(h)[0] != ok:
+                raise RuntimeError("release")
+            t6 = pc()
+            for k, v in (("create", t1 - t0), ("map", t2 - t1), ("set_access", t3 - t2),
+                         ("unmap", t5 - t4), ("unmap_sync", t5 - t3), ("release", t6 - t5)):
+                t[f"raw_{k}"].append(v)
+            # kvvmm
+            t0 = pc()
+            hk = cd.create(size)
+            t1 = pc()
+            cd.map(k_va, size, hk)
+            t2 = pc()
+            cd.set_access(k_va, size)
+            t3 = pc()
+            cd.unmap(k_va, size)  # synchronizes first
+            t4 = pc()
+            cd.release(hk)
+            t5 = pc()
+            for k, v in (("create", t1 - t0), ("map", t2 - t1), ("set_access", t3 - t2),
+                         ("unmap_sync", t4 - t3), ("release", t5 - t4)):
+                t[f"kvvmm_{k}"].append(v)
+        _ck(d.cuMemAddressFree(raw_va, size))
+        cd.free(k_va, size)
+        row: dict[str, Any] = {k: _med_us(v) for k, v in t.items() if v}
+        row["ratio_kvvmm_over_raw"] = {
+            op: round(row[f"kvvmm_{op}"] / row[f"raw_{op}"], 3)
+            for op in ("create", "map", "set_access", "unmap_sync", "release")}
+        out[f"{size // MiB}MiB"] = row
+    return out
+
+
+def _ck(res: Any) -> Any:
+    from cuda.bindings import driver as d
+
+    err = res[0] if isinstance(res, tuple) else res
+    if err != d.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"CUDA call failed: {err}")
+    return res[1] if isinstance(res, tuple) and len(res) > 1 else None
+
+
+def _descs() -> list[Any]:
+    from kvvmm.layout import mha_token_major
+
+    return mha_token_major(layers=_LAYERS, kv_heads=_HEADS, head_dim=_DIM,
+                           reserved_tokens=_RESERVED, page_size=_PAGE, dtype="bfloat16")
+
+
+def _bandwidth(dst: Any, src: Any, reps: int = 30) -> float:
+    import torch
+
+    for _ in range(5):
+        dst.copy_(src)
+    ts = []
+    for _ in range(reps):
+        e0 = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        e1 = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        e0.record()
+        dst.copy_(src)
+        e1.record()
+        e1.synchronize()
+        ts.append(float(e0.elapsed_time(e1)) / 1e3)
+    nbytes = 2 * int(dst.numel()) * int(dst.element_size())
+    return round(nbytes / statistics.median(ts) / 1e12, 3)
+
+
+def _bw_pair(vm: Any, vm2: Any) -> dict[str, Any]:
+    """Owner tensors vs cudaMalloc tensors of the same size, alternated twice."""
+    import torch
+
+    pl = torch.empty_like(vm, device=vm.device)
+    pl2 = torch.empty_like(vm, device=vm.device)
+    for x in (vm, vm2, pl, pl2):
+        x.normal_()
+    a1, p1 = _bandwidth(vm2, vm), _bandwidth(pl2, pl)
+    a2, p2 = _bandwidth(vm2, vm), _bandwidth(pl2, pl)
+    del pl, pl2
+    torch.cuda.empty_cache()
+    vmm, plain = statistics.median([a1, a2]), statistics.median([p1, p2])
+    return {"vmm_TBps": vmm, "plain_TBps": plain, "runs_vmm": [a1, a2],
+            "runs_plain": [p1, p2], "ratio": round(vmm / plain, 4)}
+
+
+def _growth(cd: Any, policy: Any) -> dict[str, Any]:
+    import torch
+
+    from kvvmm.owner import KvBufferOwner
+
+    descs = _descs()
+    owner = KvBufferOwner(driver=cd, dtype="bfloat16", page_size=_PAGE,
+                          reserved_tokens=_RESERVED, descs=descs, policy=policy)
+    h0 = owner.snapshot().handles
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    steps = 0
+    for n in range(_STEP, _GROW_TO + 1, _STEP):
+        owner.ensure_prefix(n)
+        steps += 1
+    torch.cuda.synchronize()
+    grow_s = time.perf_counter() - t0
+    snap = owner.snapshot()
+    need = sum(d.prefix_span_bytes(steps * _STEP, _PAGE) for d in descs)
+    over = [b.backed_bytes - b.prefix_bytes for b in snap.buffers]
+    t0 = time.perf_counter()
+    owner.finalize(_FINAL)
+    torch.cuda.synchronize()
+    fin_s = time.perf_counter() - t0
+    fsnap = owner.snapshot()
+    nbytes = 1 * GiB
+    vm = owner.tensors[2].view(-1)[: nbytes // 2]
+    vm2 = owner.tensors[3].view(-1)[: nbytes // 2]
+    bw = _bw_pair(vm, vm2)
+    del vm, vm2
+    t0 = time.perf_counter()
+    owner.close()
+    close_s = time.perf_counter() - t0
+    handles = snap.handles - h0
+    return {
+        "policy": str(policy), "steps": steps, "grow_ms": round(grow_s * 1e3, 2),
+        "grow_driver_calls": 3 * handles, "grow_handles": handles,
+        "handles_after_growth": snap.handles, "backed_after_growth_bytes": snap.backed_bytes,
+        "overcommit_bytes": snap.backed_bytes - need, "max_overcommit_per_buffer": max(over),
+        "finalize_1M_ms": round(fin_s * 1e3, 2), "handles_after_finalize": fsnap.handles,
+        "backed_after_finalize_bytes": fsnap.backed_bytes, "bandwidth": bw,
+        "close_ms": round(close_s * 1e3, 2),
+    }
+
+
+_SEED_SCRIPT = r"""
+import json, sys, time, statistics
+sys.path.insert(0, sys.argv[1])
+import torch
+import kv_vmm_backing_seed as seed
+from kvvmm.layout import mha_token_major
+from kvvmm.bench import _bw_pair, _PAGE, _RESERVED, _STEP, _GROW_TO, _FINAL, _LAYERS, _HEADS, _DIM
+R = {}
+t = time.perf_counter(); a = seed.KvVmmArena(0, reserve_bytes=64 << 30)
+R["arena_ctor_s"] = round(time.perf_counter() - t, 3)
+t = time.perf_counter(); a.close(); R["arena_close_ms"] = round((time.perf_counter() - t) * 1e3, 2)
+descs = mha_token_major(layers=_LAYERS, kv_heads=_HEADS, head_dim=_DIM,
+                        reserved_tokens=_RESERVED, page_size=_PAGE, dtype="bfloat16")
+t = time.perf_counter()
+own = seed.KvVmmBufferOwner(device="cuda:0", device_id=0, store_dtype=torch.bfloat16,
+                            page_size=_PAGE, reserved_num_tokens=_RESERVED, buffer_descs=descs)
+R["owner_ctor_s"] = round(time.perf_counter() - t, 3)
+R["reserved_bytes"] = own._arena.reserved
+torch.cuda.synchronize(); t = time.perf_counter()
+for n in range(_STEP, _GROW_TO + 1, _STEP):
+    own.ensure_prefix(n)
+torch.cuda.synchronize(); R["grow_ms"] = round((time.perf_counter() - t) * 1e3, 2)
+R["handles_after_growth"] = len(own._arena._ranges)
+t = time.perf_counter(); own.finalize(_FINAL); torch.cuda.synchronize()
+R["finalize_1M_ms"] = round((time.perf_counter() - t) * 1e3, 2)
+nb = 1 << 30
+vm = own.tensors[2].view(-1)[: nb // 2]; vm2 = own.tensors[3].view(-1)[: nb // 2]
+R["bandwidth"] = _bw_pair(vm, vm2)
+del vm, vm2
+t = time.perf_counter(); own.close(); R["close_ms"] = round((time.perf_counter() - t) * 1e3, 2)
+print("SEED_JSON " + json.dumps(R), flush=True)
+"""
+
+
+def _seed(seed_file: str) -> dict[str, Any]:
+    seed_dir = os.path.dirname(os.path.abspath(seed_file))
+    want = os.path.join(seed_dir, "kv_vmm_backing_seed.py")
+    if os.path.abspath(seed_file) != want:
+        raise SystemExit(f"--seed-file must be named kv_vmm_backing_seed.py, got {seed_file}")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [os.path.dirname(os.path.dirname(os.path.abspath(__file__))), env.get("PYTHONPATH", "")])
+    proc = subprocess.run([sys.executable, "-c", _SEED_SCRIPT, seed_dir], capture_output=True,
+                          text=True, env=env, timeout=540)
+    for line in proc.stdout.splitlines():
+        if line.startswith("SEED_JSON "):
+            res: dict[str, Any] = json.loads(line[len("SEED_JSON "):])
+            res["exit_code"] = proc.returncode
+            res["stderr_tail"] = proc.stderr[-600:]
+            return res
+    return {"error": f"exit {proc.returncode}", "stderr_tail": proc.stderr[-3000:]}
+
+
+def _timed(fn: Callable[[], Any], reps: int) -> list[float]:
+    out = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def run(out_dir: str, seed_file: str | None, device: int = 0) -> dict[str, Any]:
+    """Run every section; return the result dict (also written as JSON under ``out_dir``)."""
+    import importlib.metadata as md
+
+    import torch
+    from cuda.bindings import driver as d
+
+    from kvvmm.arena import Arena
+    from kvvmm.driver.cuda import CudaDriver
+    from kvvmm.owner import KvBufferOwner
+    from kvvmm.policy import Chunked, Exact, Geometric, default_policy
+
+    policies = [default_policy(), Exact(), Chunked(64 * MiB), Chunked(128 * MiB),
+                Geometric(2.0, 256 * MiB)]
+    unique: dict[str, Any] = {}
+    for p in policies:
+        unique.setdefault(str(p), p)
+    policies = list(unique.values())
+    prog = _Progress(4 + len(policies) + (1 if seed_file else 0))
+    torch.cuda.init()  # type: ignore[no-untyped-call]
+    torch.empty(1, device=f"cuda:{device}")
+    cd = CudaDriver(device=device)
+    free, total = cd.mem_info()
+    res: dict[str, Any] = {
+        "benchmark": "kvvmm bench (gpu)",
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "card": torch.cuda.get_device_name(device),
+        "versions": {"torch": torch.__version__, "cuda_bindings": md.version("cuda-bindings"),
+                     "driver": int(_ck(d.cuDriverGetVersion())), "kvvmm": "0.1.0",
+                     "python": platform.python_version()},
+        "mem_total_bytes": total, "mem_free_bytes": free,
+        "granularity_min": cd.granularity_min,
+        "granularity_recommended": cd.granularity_recommended,
+        "workload": {"buffers": 2 * _LAYERS, "kv_heads": _HEADS, "head_dim": _DIM,
+                     "page_size": _PAGE, "reserved_tokens": _RESERVED, "step_tokens": _STEP,
+                     "grow_to_tokens": _GROW_TO, "finalize_tokens": _FINAL},
+        "default_policy": str(default_policy()),
+    }
+    prog.step("per-call costs")
+    res["per_call"] = _per_call(d, cd)
+
+    prog.step("arena construction")
+
+    Arena(cd, reserve_bytes=64 * GiB).close()  # warm-up: the first reserve costs more
+    arenas: list[Arena] = []
+    ctor = _timed(lambda: arenas.append(Arena(cd, reserve_bytes=64 * GiB)), 10)
+    close = _timed(lambda: arenas.pop().close(), 10)
+    res["arena"] = {"reserve_bytes": 64 * GiB, "ctor_ms_median": _med_us(ctor) / 1e3,
+                    "ctor_ms_max": round(max(ctor) * 1e3, 3),
+                    "close_ms_median": _med_us(close) / 1e3}
+
+    prog.step("owner construction")
+    owners: list[KvBufferOwner] = []
+
+    def make_owner() -> None:
+        owners.append(KvBufferOwner(driver=cd, dtype="bfloat16", page_size=_PAGE,
+                                    reserved_tokens=_RESERVED, descs=_descs()))
+
+    octor = _timed(make_owner, 5)
+    reserved = owners[0].arena.reserved_bytes
+    oclose = _timed(lambda: owners.pop().close(), 5)
+    res["owner"] = {"buffers": 2 * _LAYERS, "reserved_bytes": reserved,
+                    "ctor_ms_median": _med_us(octor) / 1e3,
+                    "ctor_ms_max": round(max(octor) * 1e3, 3),
+                    "close_ms_median": _med_us(oclose) / 1e3}
+
+    res["growth"] = []
+    for p in policies:
+        prog.step(f"growth {p}")
+        res["growth"].append(_growth(cd, p))
+    prog.step("cudaMalloc of the same bytes")
+    nbytes = res["growth"][0]["backed_after_finalize_bytes"]
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    big = torch.empty(nbytes, dtype=torch.uint8, device=f"cuda:{device}")
+    torch.cuda.synchronize()
+    res["cudaMalloc_same_bytes_ms"] = round((time.perf_counter() - t0) * 1e3, 2)
+    del big
+    torch.cuda.empty_cache()
+    if seed_file:
+        prog.step("seed (SGLang arena) in a subprocess")
+        res["seed"] = _seed(seed_file)
+    res["targets"] = _targets(res)
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, f"gpu-{res['date'][:10]}.json")
+    with open(path, "w") as f:
+        json.dump(res, f, indent=1)
+    res["path"] = path
+    return res
+
+
+def _targets(res: dict[str, Any]) -> dict[str, Any]:
+    default = next(g for g in res["growth"] if g["policy"] == res["default_policy"])
+    ratios = [v for row in res["per_call"].values()
+              for v in row["ratio_kvvmm_over_raw"].values()]
+    out = {
+        "arena_ctor_ms<=50": res["arena"]["ctor_ms_max"] <= 50,
+        "owner_ctor_ms<=50": res["owner"]["ctor_ms_max"] <= 50,
+        "per_call_ratio<=1.1": max(ratios) <= 1.1,
+        "per_call_ratio_max": max(ratios),
+        "default_growth_ms<=60": default["grow_ms"] <= 60,
+        "default_bandwidth_ratio>=0.99": default["bandwidth"]["ratio"] >= 0.99,
+        "default_overcommit<=one_chunk": default["max_overcommit_per_buffer"],
+    }
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``kvvmm bench``."""
+    ap = argparse.ArgumentParser(prog="kvvmm bench", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=os.path.join("bench", "results"),
+                    help="folder for the JSON result (default: bench/results)")
+    ap.add_argument("--seed-file", default=None,
+                    help="path to SGLang's kv_vmm_backing as kv_vmm_backing_seed.py: run it "
+                         "side by side")
+    ap.add_argument("--device", type=int, default=0)
+    args = ap.parse_args(argv)
+    from kvvmm.errors import DriverUnavailableError
+
+    try:
+        res = run(args.out, args.seed_file, args.device)
+    except DriverUnavailableError as e:
+        print(f"kvvmm bench needs a GPU: {e}", file=sys.stderr)
+        return 2
+    summary = {k: res[k] for k in ("card", "arena", "owner", "targets")}
+    summary["growth"] = [{k: g[k] for k in ("policy", "grow_ms", "grow_handles",
+                                             "max_overcommit_per_buffer")}
+                         | {"bw_ratio": g["bandwidth"]["ratio"]} for g in res["growth"]]
+    if "seed" in res:
+        summary["seed"] = res["seed"]
+    print(json.dumps(summary, indent=1))
+    print("wrote", res["path"])
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,172 @@
+"""Sim-vs-CUDA parity: the same random operation sequences (valid and refused ones) on
+``SimDriver(profile="h200")`` and on ``CudaDriver`` get the same accept/refuse decision and
+error name at every step, and end with the same mappings."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from kvvmm import DriverError, SimDriver
+from kvvmm.driver.base import Driver
+from kvvmm.driver.cuda import CudaDriver
+from kvvmm.units import GiB, MiB
+
+G = 2 * MiB
+
+
+@dataclass
+class Pair:
+    sim: int
+    cuda: int
+    size: int
+
+
+def outcome(fn: Callable[[], object]) -> tuple[str, object]:
+    try:
+        return "ok", fn()
+    except DriverError as e:
+        return e.cuda_error, None
+
+
+class Twin:
+    """Runs each step on both drivers and records where they disagree."""
+
+    def __init__(self, sim: Driver, cuda: Driver) -> None:
+        self.sim, self.cuda = sim, cuda
+        self.res: list[Pair] = []  # reservations (live or freed: stale ones are refused)
+        self.handles: list[Pair] = []  # handles (live or released)
+        self.maps: list[tuple[int, int, int]] = []  # (reservation index, offset, size)
+        self.mismatches: list[str] = []
+        self.steps = 0
+        self.refused = 0
+
+    def both(self, label: str, f: Callable[[Driver, int], object]) -> tuple[bool, object, object]:
+        a, ra = outcome(lambda: f(self.sim, 0))
+        b, rb = outcome(lambda: f(self.cuda, 1))
+        self.steps += 1
+        if a != b:
+            self.mismatches.append(f"step {self.steps} {label}: sim {a}, cuda {b}")
+        if a != "ok":
+            self.refused += 1
+        return a == "ok" and b == "ok", ra, rb
+
+    def va(self, r: int, off: int, which: int) -> int:
+        p = self.res[r]
+        return (p.sim, p.cuda)[which] + off
+
+    def step(self, rng: random.Random) -> None:
+        op = rng.choices(
+            ["reserve", "free", "create", "release", "map", "unmap", "access"],
+            [6, 3, 14, 8, 30, 22, 17])[0]
+        live_h_bytes = sum(p.size for p in self.handles if p.size > 0)
+        if op == "reserve" and sum(p.size > 0 for p in self.res) > 6:
+            op = "free"
+        if op == "reserve" or not self.res:
+            size = rng.choice([G * rng.randint(1, 64), G * rng.randint(1, 8) + 4096, 0])
+            ok, a, b = self.both(f"reserve({size})", lambda d, w: d.reserve(size, 0))
+            if ok:
+                assert isinstance(a, int) and isinstance(b, int)
+                self.res.append(Pair(a, b, size))
+        elif op == "free":
+            live_r = [k for k, p in enumerate(self.res) if p.size > 0]
+            r = rng.choice(live_r) if live_r and rng.random() < 0.8 else rng.randrange(
+                len(self.res))
+            size = self.res[r].size + rng.choice([0, 0, 0, G])
+            ok, _, _ = self.both(f"free(res{r}, {size})",
+                                 lambda d, w: d.free(self.va(r, 0, w), size))
+            if ok:
+                self.res[r] = Pair(self.res[r].sim, self.res[r].cuda, -1)  # stale
+        elif op == "create":
+            size = rng.choice([G * rng.randint(1, 8)] * 6 + [G + 4096, 0, 200 * GiB])
+            if live_h_bytes > 2 * GiB and size < 100 * GiB:
+                return
+            ok, a, b = self.both(f"create({size})", lambda d, w: d.create(size))
+            if ok:
+                assert isinstance(a, int) and isinstance(b, int)
+                self.handles.append(Pair(a, b, size))
+        elif op == "release":
+            if not self.handles:
+                return
+            i = rng.randrange(len(self.handles))
+            h = self.handles[i]
+            ok, _, _ = self.both(f"release(h{i})", lambda d, w: d.release((h.sim, h.cuda)[w]))
+            if ok:
+                self.handles[i] = Pair(h.sim, h.cuda, -abs(h.size))  # released
+        elif op == "map":
+            if not self.handles:
+                return
+            live_r = [k for k, p in enumerate(self.res) if p.size > 0]
+            live_h = [k for k, p in enumerate(self.handles) if p.size > 0]
+            sensible = rng.random() < 0.8 and live_r and live_h
+            r = rng.choice(live_r) if sensible else rng.randrange(len(self.res))
+            i = rng.choice(live_h) if sensible else rng.randrange(len(self.handles))
+            h = self.handles[i]
+            span = max(self.res[r].size, G)
+            if sensible and abs(h.size) <= span:
+                off = rng.randrange(0, (span - abs(h.size)) // G + 1) * G
+            else:
+                off = rng.randrange(0, span // G + 1) * G + rng.choice([0] * 9 + [4096])
+            size = abs(h.size) + rng.choice([0] * 8 + [-G, G])
+            ok, _, _ = self.both(
+                f"map(res{r}+{off:#x}, {size}, h{i})",
+                lambda d, w: d.map(self.va(r, off, w), size, (h.sim, h.cuda)[w]))
+            if ok:
+                self.maps.append((r, off, size))
+        elif op in ("unmap", "access"):
+            if self.maps and rng.random() < 0.85:
+                r, off, size = rng.choice(self.maps)
+                kind = rng.choice(["whole"] * 6 + ["part", "two", "shifted"])
+                if kind == "part" and size > G:
+                    size -= G
+                elif kind == "two":
+                    nxt = [m for m in self.maps if m[0] == r and m[1] == off + size]
+                    if nxt:
+                        size += nxt[0][2]
+                elif kind == "shifted":
+                    off += G
+            else:
+                r = rng.randrange(len(self.res))
+                off, size = G * rng.randrange(0, 8), G * rng.randint(1, 4)
+            name = "unmap" if op == "unmap" else "set_access"
+            ok, _, _ = self.both(
+                f"{name}(res{r}+{off:#x}, {size})",
+                lambda d, w: getattr(d, name)(self.va(r, off, w), size))
+            if ok and op == "unmap":
+                end = off + size
+                self.maps = [m for m in self.maps if not (m[0] == r and off <= m[1] < end)]
+
+    def teardown(self) -> None:
+        for d, w in ((self.sim, 0), (self.cuda, 1)):
+            for r, off, size in self.maps:
+                d.unmap(self.va(r, off, w), size)
+            for h in self.handles:
+                if h.size > 0:
+                    d.release((h.sim, h.cuda)[w])
+            for p in self.res:
+                if p.size > 0:
+                    d.free((p.sim, p.cuda)[w], p.size)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_random_operation_sequences_get_the_same_answers_on_sim_and_cuda(seed: int) -> None:
+    torch.empty(1, device="cuda")
+    twin = Twin(SimDriver("h200"), CudaDriver())
+    rng = random.Random(seed)
+    while twin.steps < 2000:
+        twin.step(rng)
+    s, c = twin.sim.stats(), twin.cuda.stats()
+    final_sim = (s.reservations, s.reserved_bytes, s.handles, s.mappings, s.mapped_bytes,
+                 s.physical_bytes)
+    final_cuda = (c.reservations, c.reserved_bytes, c.handles, c.mappings, c.mapped_bytes,
+                  c.physical_bytes)
+    twin.teardown()
+    assert not twin.mismatches, (
+        f"{len(twin.mismatches)} of {twin.steps} steps differ:\n" + "\n".join(twin.mismatches[:30]))
+    assert twin.refused > 200, twin.refused  # the sequences exercise refusals too
+    assert final_sim == final_cuda
+    assert twin.sim.stats().clean and twin.cuda.stats().clean
