@@ -1,0 +1,693 @@
+"""Capacity planner: how many KV tokens fit a GPU, how much VA to reserve, what backing costs.
+
+SGLang sizes its KV pool after CUDA-graph capture from the memory left then: the budget is
+``free - headroom + backed`` (``backed`` being KV memory already committed when ``free`` was
+read, such as the slot-0 page), and the pool holds ``budget // bytes_per_token`` tokens, rounded
+down to whole pages. :func:`plan` does the same arithmetic for a device profile and a model,
+then lays the pool out (:mod:`kvvmm.layout`) to report what a VMM owner would reserve and back,
+and how many handles each growth policy would create on the way.
+
+What counts against the budget
+------------------------------
+By default (``count_overhead=False``) only token slots count, exactly as SGLang sizes its pool.
+For every pool::
+
+    tokens * bytes_per_token <= budget_bytes < (tokens + page_size) * bytes_per_token
+
+with ``tokens`` a multiple of ``page_size``. The padded page of each buffer's final span and
+the rounding of each buffer's backing to the granularity come *on top* and are reported as
+``padding_bytes`` and ``granularity_waste_bytes``; ``over_budget_bytes`` says by how much the
+memory finalize backs exceeds the budget (the headroom must absorb it).
+
+With ``count_overhead=True`` everything finalize backs counts. For every pool::
+
+    final_backed_bytes(tokens) <= budget_bytes < final_backed_bytes(tokens + page_size)
+
+so ``over_budget_bytes`` is 0, at the price of up to one granularity per buffer of tokens.
+
+VA reserved
+-----------
+Each pool reserves, per buffer, its reserved span (the tensor at ``reserved_tokens``) rounded
+up to the granularity; ``va_reserve_bytes`` is their sum. ``reserved_tokens`` defaults to the
+planned ``tokens``; pass a larger upper bound to see the VA an engine reserves before it knows
+its final capacity (VA costs no memory).
+
+Hybrid sliding-window models
+----------------------------
+The sliding-window pool is sized first (``swa_reserved_tokens``, default one sequence's
+window rounded to pages plus one page, :func:`kvvmm.layout.swa_reserved_tokens_default`); its
+cost leaves the full-attention pool's budget, on which the invariant above holds. Both pools
+are reported. The top-level ``bytes_per_token`` and ``tokens`` are the full pool's.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from kvvmm.driver.sim import DeviceProfile, get_profile
+from kvvmm.errors import ArgumentError, OutOfRangeError
+from kvvmm.layout import (
+    KvBufferDesc,
+    ModelConfig,
+    ModelLike,
+    dtype_itemsize,
+    dtype_name,
+    hybrid_swa_descs,
+    kv_bytes_per_token,
+    load_model,
+    model_descs,
+    swa_kv_bytes_per_token,
+)
+from kvvmm.policy import Chunked, Exact, Geometric, GrowthPolicy, simulate_growth
+from kvvmm.units import GiB, MiB, align_up, fmt_bytes
+
+__all__ = [
+    "DEFAULT_HEADROOM_BYTES",
+    "DEFAULT_PAGE_SIZE",
+    "HandleCount",
+    "Plan",
+    "PoolPlan",
+    "default_policies",
+    "format_plan",
+    "plan",
+]
+
+#: Tokens per page when none is given (vLLM's default block size; SGLang serves 1 to 64).
+DEFAULT_PAGE_SIZE = 16
+
+#: Memory kept back for activations and the allocator after capture, when none is given.
+#: An engine knows its own figure (SGLang derives it from ``mem_fraction_static``); pass it.
+DEFAULT_HEADROOM_BYTES = 4 * GiB
+
+
+def default_policies() -> tuple[GrowthPolicy, ...]:
+    """The policies the planner compares by default.
+
+    Returns:
+        ``Exact()``, ``Chunked(64 MiB)`` and ``Geometric(2, 256 MiB)``.
+    """
+    return (Exact(), Chunked(64 * MiB), Geometric(2.0, 256 * MiB))
+
+
+@dataclass(frozen=True, slots=True)
+class HandleCount:
+    """Handles one growth policy creates while a pool grows by decode steps and finalizes."""
+
+    policy: str  #: the policy, as ``str(policy)`` shows it (``"Chunked(64.0 MiB)"``)
+    handles: int  #: handles created over all the pool's buffers (slot-0 page included)
+    min_handle_bytes: int  #: the smallest handle
+    max_handle_bytes: int  #: the largest handle
+    backed_bytes: int  #: bytes backed at the end (the handles' sum; may over-commit the spans)
+
+
+@dataclass(frozen=True, slots=True)
+class PoolPlan:
+    """One pool (one owner, one arena) of a plan: its capacity, VA and backing."""
+
+    name: str  #: ``"full"`` (full-attention layers) or ``"swa"`` (sliding-window layers)
+    num_layers: int  #: model layers in this pool
+    num_buffers: int  #: KV buffers (2 per layer for MHA/GQA, 1 for MLA)
+    bytes_per_token: int  #: KV bytes per token slot, over all the pool's buffers, per rank
+    budget_bytes: int  #: the share of the budget this pool was sized from
+    tokens: int  #: serving capacity in token slots (a multiple of the page size)
+    reserved_tokens: int  #: the upper bound the buffers' shapes are built for
+    logical_bytes: int  #: ``tokens * bytes_per_token``
+    final_span_bytes: int  #: sum of the buffers' final spans at ``tokens`` (with the padded page)
+    padding_bytes: int  #: ``final_span_bytes - logical_bytes``
+    final_backed_bytes: int  #: what finalize(tokens) backs: each final span rounded up to gran
+    granularity_waste_bytes: int  #: ``final_backed_bytes - final_span_bytes``
+    reserved_span_bytes: int  #: sum of the buffers' reserved spans (tensor bytes)
+    va_reserve_bytes: int  #: VA reserved: each reserved span rounded up to the granularity
+    va_slack_bytes: int  #: ``va_reserve_bytes - reserved_span_bytes`` (VA only, no memory)
+    handles: tuple[HandleCount, ...]  #: per growth policy, in the order asked
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """A capacity plan for one model on one GPU (one tensor-parallel rank)."""
+
+    gpu: str  #: device profile key (``"h200"``)
+    gpu_name: str  #: the device's name
+    capacity_bytes: int  #: device memory of the profile
+    granularity_bytes: int  #: VMM granularity of the profile
+    model: str  #: model name
+    dtype: str  #: KV dtype (torch name)
+    page_size: int  #: tokens per page
+    tp: int  #: tensor-parallel size; every figure is per rank
+    layout: str  #: ``"token_major"`` or ``"page_major"``
+    count_overhead: bool  #: whether padding and granularity rounding count against the budget
+    free_bytes: int | None  #: free memory the budget came from (``None``: explicit budget)
+    headroom_bytes: int | None  #: memory kept back (``None``: explicit budget)
+    backed_bytes: int  #: KV memory already backed when ``free_bytes`` was read (added back)
+    budget_bytes: int  #: KV budget: explicit, or ``free - headroom + backed``
+    bytes_per_token: int  #: the full pool's KV bytes per token per rank
+    tokens: int  #: the full pool's capacity in tokens
+    num_buffers: int  #: buffers over all pools
+    va_reserve_bytes: int  #: VA reserved over all pools
+    final_backed_bytes: int  #: memory backed after finalize, over all pools
+    padding_bytes: int  #: padded pages over all pools
+    granularity_waste_bytes: int  #: granularity rounding of the backing, over all pools
+    va_slack_bytes: int  #: granularity rounding of the VA, over all pools
+    over_budget_bytes: int  #: ``max(0, final_backed_bytes - budget_bytes)``
+    decode_step_tokens: int  #: tokens per growth step in the handle simulation
+    handles: tuple[HandleCount, ...]  #: per policy, over all pools
+    pools: tuple[PoolPlan, ...]  #: ``(full,)`` or ``(full, swa)`` for hybrid models
+
+    def to_dict(self) -> dict[str, Any]:
+        """The plan as plain JSON-ready data (dicts, lists, ints, strs, bools, None).
+
+        Returns:
+            A dict with the fields above; ``pools`` and ``handles`` as lists of dicts.
+        """
+        return _plain(asdict(self))  # type: ignore[no-any-return]
+
+
+def _plain(value: Any) -> Any:
+    # asdict keeps tuples; JSON and notebook diffs read lists.
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+# -- checks ------------------------------------------------------------------------------------
+
+
+def _int_at_least(name: str, value: object, low: int, unit: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ArgumentError(name, value, f"an int >= {low} ({unit})")
+    return value
+
+
+def _policies(policy: object) -> tuple[GrowthPolicy, ...]:
+    if policy is None:
+        return default_policies()
+    items = (
+        tuple(policy)
+        if isinstance(policy, Sequence) and not isinstance(policy, (str, bytes))
+        else (policy,)
+    )
+    if not items:
+        raise ArgumentError(
+            "policy", policy, "a growth policy, a non-empty sequence of them, or None"
+        )
+    for p in items:
+        if not isinstance(p, GrowthPolicy):
+            raise ArgumentError(
+                "policy", p, "a growth policy (Exact(), Chunked(...), Geometric(...))"
+            )
+    return items
+
+
+# -- pool arithmetic ---------------------------------------------------------------------------
+
+
+def _groups(descs: Sequence[KvBufferDesc]) -> Counter[tuple[int, int]]:
+    # Spans depend only on (row_bytes, tokens_per_row): K and V buffers of a layer, and all
+    # layers of a pool, share them, so every sum is a handful of multiplications.
+    return Counter((d.row_bytes, d.tokens_per_row) for d in descs)
+
+
+def _rows(n: int, per_row: int) -> int:
+    return -(-max(n, 0) // per_row)
+
+
+def _final_backed(groups: Counter[tuple[int, int]], tokens: int, page: int, gran: int) -> int:
+    return sum(
+        count * align_up(_rows(tokens + page, per_row) * row_bytes, gran)
+        for (row_bytes, per_row), count in groups.items()
+    )
+
+
+def _fit_tokens(
+    budget: int,
+    bpt: int,
+    groups: Counter[tuple[int, int]],
+    page: int,
+    gran: int,
+    count_overhead: bool,
+) -> int:
+    """The most tokens (a multiple of ``page``) whose cost fits ``budget``; 0 if none."""
+    if budget < 0:
+        return 0
+    pages = budget // bpt // page  # logical cost only: the SGLang rule
+    if not count_overhead:
+        return pages * page
+    # final_backed(t) >= t * bpt, so the answer lies in [0, pages]; it is monotonic in t.
+    lo, hi = 0, pages
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if _final_backed(groups, mid * page, page, gran) <= budget:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo * page
+
+
+def _needs(desc: KvBufferDesc, tokens: int, page: int, step: int) -> Iterator[int]:
+    # The owner's life: slot-0 page before capture, decode growth, then finalize.
+    yield desc.prefix_span_bytes(page, page)
+    n = step
+    while n < tokens:
+        yield desc.prefix_span_bytes(n, page)
+        n += step
+    yield desc.prefix_span_bytes(tokens, page)
+    yield desc.final_span_bytes(tokens, page)
+
+
+def _handle_counts(
+    descs: Sequence[KvBufferDesc],
+    policies: Sequence[GrowthPolicy],
+    itemsize: int,
+    tokens: int,
+    page: int,
+    step: int,
+    gran: int,
+) -> tuple[HandleCount, ...]:
+    # Buffers of equal shape and rows grow identically: simulate one of each kind.
+    kinds = Counter((d.shape, d.row_bytes, d.tokens_per_row) for d in descs)
+    first = {(d.shape, d.row_bytes, d.tokens_per_row): d for d in descs}
+    out = []
+    for policy in policies:
+        count, backed, all_sizes = 0, 0, []
+        for kind, n_buffers in kinds.items():
+            d = first[kind]
+            limit = align_up(d.reserved_span_bytes(itemsize), gran)
+            sizes = simulate_growth(policy, _needs(d, tokens, page, step), limit, gran)
+            count += n_buffers * len(sizes)
+            backed += n_buffers * sum(sizes)
+            all_sizes += sizes
+        out.append(
+            HandleCount(
+                str(policy), count, min(all_sizes, default=0), max(all_sizes, default=0), backed
+            )
+        )
+    return tuple(out)
+
+
+def _pool(
+    name: str,
+    num_layers: int,
+    descs: Sequence[KvBufferDesc],
+    *,
+    bpt: int,
+    budget: int,
+    tokens: int,
+    reserved_tokens: int,
+    itemsize: int,
+    page: int,
+    gran: int,
+    step: int,
+    policies: Sequence[GrowthPolicy],
+) -> PoolPlan:
+    final_span = sum(d.final_span_bytes(tokens, page) for d in descs)
+    backed = sum(align_up(d.final_span_bytes(tokens, page), gran) for d in descs)
+    reserved_span = sum(d.reserved_span_bytes(itemsize) for d in descs)
+    va = sum(align_up(d.reserved_span_bytes(itemsize), gran) for d in descs)
+    logical = tokens * bpt
+    return PoolPlan(
+        name=name,
+        num_layers=num_layers,
+        num_buffers=len(descs),
+        bytes_per_token=bpt,
+        budget_bytes=budget,
+        tokens=tokens,
+        reserved_tokens=reserved_tokens,
+        logical_bytes=logical,
+        final_span_bytes=final_span,
+        padding_bytes=final_span - logical,
+        final_backed_bytes=backed,
+        granularity_waste_bytes=backed - final_span,
+        reserved_span_bytes=reserved_span,
+        va_reserve_bytes=va,
+        va_slack_bytes=va - reserved_span,
+        handles=_handle_counts(descs, policies, itemsize, tokens, page, step, gran),
+    )
+
+
+def _sum_handles(pools: Sequence[PoolPlan]) -> tuple[HandleCount, ...]:
+    out = []
+    for i, first in enumerate(pools[0].handles):
+        rows = [p.handles[i] for p in pools]
+        sizes = [r for r in rows if r.handles]
+        out.append(
+            HandleCount(
+                first.policy,
+                sum(r.handles for r in rows),
+                min((r.min_handle_bytes for r in sizes), default=0),
+                max((r.max_handle_bytes for r in sizes), default=0),
+                sum(r.backed_bytes for r in rows),
+            )
+        )
+    return tuple(out)
+
+
+# -- the planner -------------------------------------------------------------------------------
+
+
+def plan(
+    *,
+    gpu: str | DeviceProfile,
+    model: ModelLike,
+    dtype: object = "bfloat16",
+    page_size: int = DEFAULT_PAGE_SIZE,
+    tp: int = 1,
+    budget_bytes: int | None = None,
+    headroom_bytes: int | None = None,
+    free_bytes: int | None = None,
+    backed_bytes: int = 0,
+    layout: str = "token_major",
+    policy: GrowthPolicy | Sequence[GrowthPolicy] | None = None,
+    decode_step_tokens: int = 4096,
+    reserved_tokens: int | None = None,
+    swa_reserved_tokens: int | None = None,
+    count_overhead: bool = False,
+) -> Plan:
+    """Plan a KV cache for ``model`` on one rank of ``gpu``: tokens, VA, backing, handles.
+
+    Args:
+        gpu: device profile key (``"h100"``, ``"h200"``, ``"b200"``, ``"gb300"``) or profile.
+        model: a :class:`~kvvmm.layout.ModelConfig`, a shipped model key, a config path or dict.
+        dtype: KV dtype (name or torch dtype).
+        page_size: tokens per page, > 0; ``tokens`` is a multiple of it.
+        tp: tensor-parallel size; figures are per rank.
+        budget_bytes: the KV budget in bytes; give it alone, or leave it ``None`` to compute
+            ``free_bytes - headroom_bytes + backed_bytes``.
+        headroom_bytes: memory kept back, >= 0 (default :data:`DEFAULT_HEADROOM_BYTES`).
+        free_bytes: free device memory after weights and graph capture, in
+            ``[0, capacity]`` (default: the profile's whole capacity, a KV-only upper bound).
+        backed_bytes: KV memory already backed when ``free_bytes`` was read, >= 0 (SGLang
+            adds it back: the slot-0 page is part of the pool, not lost memory).
+        layout: ``"token_major"`` or ``"page_major"``.
+        policy: growth policies whose handle counts to report (default
+            :func:`default_policies`).
+        decode_step_tokens: tokens added per growth step in the handle simulation, > 0.
+        reserved_tokens: the full pool's upper bound for the VA reservation, >= ``tokens``
+            (default ``tokens``).
+        swa_reserved_tokens: hybrid models: the sliding pool's capacity (default one
+            sequence's window, :func:`~kvvmm.layout.swa_reserved_tokens_default`).
+        count_overhead: count padded pages and granularity rounding against the budget (see
+            the module docstring for the invariant each choice keeps).
+    Returns:
+        The :class:`Plan`.
+    Raises:
+        ArgumentError: a bad option (unknown gpu, model, layout or policy; a size that is not
+            an int in range; ``budget_bytes`` given with the figures it replaces; ``tp`` not
+            fitting the KV heads; a model with no full-attention layer).
+        OutOfRangeError: a budget or memory figure outside the device, a budget too small for
+            one page, or ``reserved_tokens`` below the planned tokens.
+        UnknownDtypeError: unknown dtype.
+    """
+    profile = get_profile(gpu)
+    m: ModelConfig = load_model(model)
+    name = dtype_name(dtype)
+    itemsize = dtype_itemsize(name)
+    page = _int_at_least("page_size", page_size, 1, "tokens")
+    step = _int_at_least("decode_step_tokens", decode_step_tokens, 1, "tokens")
+    policies = _policies(policy)
+    if layout not in ("token_major", "page_major"):
+        raise ArgumentError("layout", layout, "one of ['token_major', 'page_major']")
+    if not isinstance(count_overhead, bool):
+        raise ArgumentError("count_overhead", count_overhead, "a bool")
+    cap, gran = profile.capacity_bytes, profile.granularity_bytes
+
+    # The budget: explicit, or SGLang's post-capture formula.
+    if budget_bytes is not None:
+        if free_bytes is not None or headroom_bytes is not None or backed_bytes != 0:
+            raise ArgumentError(
+                "budget_bytes",
+                budget_bytes,
+                "given alone",
+                "it replaces free_bytes - headroom_bytes + backed_bytes; pass one or the other",
+            )
+        budget = _int_at_least("budget_bytes", budget_bytes, 0, "bytes")
+        shown_free: int | None = None
+        shown_head: int | None = None
+        if budget > cap:
+            raise OutOfRangeError(
+                "budget_bytes", budget, f"<= {cap} ({profile.key}'s capacity, bytes)"
+            )
+        how = "explicit"
+    else:
+        free = cap if free_bytes is None else _int_at_least("free_bytes", free_bytes, 0, "bytes")
+        if free > cap:
+            raise OutOfRangeError("free_bytes", free, f"<= {cap} ({profile.key}'s capacity)")
+        head = (
+            DEFAULT_HEADROOM_BYTES
+            if headroom_bytes is None
+            else _int_at_least("headroom_bytes", headroom_bytes, 0, "bytes")
+        )
+        backed0 = _int_at_least("backed_bytes", backed_bytes, 0, "bytes")
+        if free + backed0 > cap:
+            raise OutOfRangeError(
+                "backed_bytes",
+                backed0,
+                f"<= {cap - free} (capacity {cap} - free_bytes {free})",
+                "backed memory is not free memory: free + backed cannot exceed the device",
+            )
+        budget = free - head + backed0
+        shown_free, shown_head = free, head
+        how = f"free {fmt_bytes(free)} - headroom {fmt_bytes(head)} + backed {fmt_bytes(backed0)}"
+
+    bpt = kv_bytes_per_token(m, name, tp)  # also checks tp against the KV heads
+    if bpt == 0:
+        raise ArgumentError(
+            "model", m.name, "a model with at least one full-attention layer", "every layer slides"
+        )
+
+    if swa_reserved_tokens is not None and not m.is_hybrid_swa:
+        raise ArgumentError(
+            "swa_reserved_tokens",
+            swa_reserved_tokens,
+            "None for a model without sliding-window layers",
+            f"{m.name} has a single full-attention pool",
+        )
+
+    # Row sizes, all the span arithmetic needs, do not depend on the capacity the descs are
+    # built for: descs built for any capacity size the pools, and the final ones reserve VA.
+    def build(full_tokens: int, swa_tokens: int | None) -> tuple[list[KvBufferDesc], ...]:
+        if m.is_hybrid_swa:
+            return hybrid_swa_descs(
+                m,
+                reserved_tokens=full_tokens,
+                swa_reserved_tokens=swa_tokens,
+                page_size=page,
+                dtype=name,
+                tp=tp,
+                layout=layout,
+            )
+        return (
+            model_descs(
+                m,
+                layout=layout,
+                reserved_tokens=full_tokens,
+                page_size=page,
+                dtype=name,
+                tp=tp,
+            ),
+        )
+
+    # Sliding pool first: its capacity is fixed by the window (or the caller), not the budget.
+    swa_tokens: int | None = None
+    swa_cost = swa_bpt = 0
+    if m.is_hybrid_swa:
+        if swa_reserved_tokens is None:
+            # swa_reserved_tokens_default() capped by the full pool's tokens, which are not
+            # known yet: take the window, and check the cap once the full pool is sized.
+            assert m.sliding_window is not None
+            swa_tokens = align_up(m.sliding_window, page) + page
+        else:
+            swa_tokens = _int_at_least("swa_reserved_tokens", swa_reserved_tokens, 1, "tokens")
+        swa_bpt = swa_kv_bytes_per_token(m, name, tp)
+        swa_groups = _groups(build(swa_tokens, swa_tokens)[1])
+        swa_cost = (
+            _final_backed(swa_groups, swa_tokens, page, gran)
+            if count_overhead
+            else swa_tokens * swa_bpt
+        )
+
+    full_budget = budget - swa_cost
+    full_groups = _groups(build(max(page, swa_tokens or 0), swa_tokens)[0])
+    tokens = _fit_tokens(full_budget, bpt, full_groups, page, gran, count_overhead)
+    one_page = _final_backed(full_groups, page, page, gran) if count_overhead else page * bpt
+    if tokens == 0:
+        raise OutOfRangeError(
+            "budget_bytes",
+            budget,
+            f">= {one_page + swa_cost} bytes (one page of KV"
+            + (f" plus the sliding pool's {swa_cost}" if swa_cost else "")
+            + ")",
+            f"budget = {how}; {m.name} takes {bpt} bytes per token per rank",
+        )
+    if swa_tokens is not None and swa_tokens > tokens:
+        raise OutOfRangeError(
+            "swa_reserved_tokens",
+            swa_tokens,
+            f"<= {tokens} (the full pool's tokens at this budget)",
+            "the budget is too small for the sliding pool to be smaller than the full pool",
+        )
+    if reserved_tokens is None:
+        upper = tokens
+    else:
+        upper = _int_at_least("reserved_tokens", reserved_tokens, 1, "tokens")
+        if upper < tokens:
+            raise OutOfRangeError(
+                "reserved_tokens",
+                upper,
+                f">= {tokens} (the tokens that fit the budget)",
+                "finalize would back spans beyond the reservation",
+            )
+
+    descs = build(upper, swa_tokens)
+    sized = [("full", len(m.full_layers), bpt, full_budget, tokens, upper)]
+    if swa_tokens is not None:
+        sized.append(("swa", len(m.sliding_layers), swa_bpt, swa_cost, swa_tokens, swa_tokens))
+    pools = [
+        _pool(
+            pool_name,
+            n_layers,
+            pool_descs,
+            bpt=pool_bpt,
+            budget=pool_budget,
+            tokens=pool_tokens,
+            reserved_tokens=pool_reserved,
+            itemsize=itemsize,
+            page=page,
+            gran=gran,
+            step=step,
+            policies=policies,
+        )
+        for (
+            pool_name,
+            n_layers,
+            pool_bpt,
+            pool_budget,
+            pool_tokens,
+            pool_reserved,
+        ), pool_descs in zip(sized, descs, strict=True)
+    ]
+    final_backed = sum(p.final_backed_bytes for p in pools)
+    return Plan(
+        gpu=profile.key,
+        gpu_name=profile.name,
+        capacity_bytes=cap,
+        granularity_bytes=gran,
+        model=m.name,
+        dtype=name,
+        page_size=page,
+        tp=tp,
+        layout=layout,
+        count_overhead=count_overhead,
+        free_bytes=shown_free,
+        headroom_bytes=shown_head,
+        backed_bytes=backed_bytes,
+        budget_bytes=budget,
+        bytes_per_token=bpt,
+        tokens=tokens,
+        num_buffers=sum(p.num_buffers for p in pools),
+        va_reserve_bytes=sum(p.va_reserve_bytes for p in pools),
+        final_backed_bytes=final_backed,
+        padding_bytes=sum(p.padding_bytes for p in pools),
+        granularity_waste_bytes=sum(p.granularity_waste_bytes for p in pools),
+        va_slack_bytes=sum(p.va_slack_bytes for p in pools),
+        over_budget_bytes=max(0, final_backed - budget),
+        decode_step_tokens=step,
+        handles=_sum_handles(pools),
+        pools=tuple(pools),
+    )
+
+
+# -- presentation ------------------------------------------------------------------------------
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    line = "  ".join
+
+    def fmt(r: Sequence[str]) -> str:
+        # First column left-aligned (names), numbers right-aligned.
+        return line(
+            [r[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(r[1:], widths[1:], strict=True)]
+        ).rstrip()
+
+    return [fmt(header), fmt(["-" * w for w in widths]), *(fmt(r) for r in rows)]
+
+
+def format_plan(p: Plan) -> str:
+    """A plan as a plain-text report for people (sizes via :func:`kvvmm.units.fmt_bytes`).
+
+    Args:
+        p: a :class:`Plan`.
+    Returns:
+        Lines of text: the inputs, the budget, one row per pool, one row per policy.
+    """
+    budget_how = (
+        "explicit"
+        if p.free_bytes is None
+        else f"free {fmt_bytes(p.free_bytes)} - headroom {fmt_bytes(p.headroom_bytes or 0)}"
+        f" + backed {fmt_bytes(p.backed_bytes)}"
+    )
+    counted = "padding and granularity counted" if p.count_overhead else "token slots only"
+    out = [
+        f"{p.model} on {p.gpu_name} ({p.gpu}): {p.dtype}, page {p.page_size}, tp {p.tp}, "
+        f"{p.layout}",
+        f"granularity     {fmt_bytes(p.granularity_bytes)}",
+        f"budget          {fmt_bytes(p.budget_bytes)} ({budget_how}; {counted})",
+        f"bytes per token {fmt_bytes(p.bytes_per_token)} ({p.bytes_per_token} B per rank)",
+        f"tokens          {p.tokens:,}",
+        f"VA to reserve   {fmt_bytes(p.va_reserve_bytes)} over {p.num_buffers} buffers",
+        f"backed at final {fmt_bytes(p.final_backed_bytes)} (padding {fmt_bytes(p.padding_bytes)}"
+        f", granularity waste {fmt_bytes(p.granularity_waste_bytes)}"
+        f", over budget {fmt_bytes(p.over_budget_bytes)})",
+        "",
+    ]
+    pool_rows = [
+        [
+            q.name,
+            str(q.num_layers),
+            str(q.num_buffers),
+            fmt_bytes(q.bytes_per_token),
+            f"{q.tokens:,}",
+            fmt_bytes(q.budget_bytes),
+            fmt_bytes(q.final_backed_bytes),
+            fmt_bytes(q.granularity_waste_bytes),
+            fmt_bytes(q.va_reserve_bytes),
+        ]
+        for q in p.pools
+    ]
+    out += _table(
+        [
+            "pool",
+            "layers",
+            "buffers",
+            "per token",
+            "tokens",
+            "budget",
+            "backed",
+            "gran waste",
+            "VA",
+        ],
+        pool_rows,
+    )
+    out += [
+        "",
+        f"handles while growing by {p.decode_step_tokens:,}-token decode steps, then finalize",
+    ]
+    out += _table(
+        ["policy", "handles", "smallest", "largest", "backed"],
+        [
+            [
+                h.policy,
+                f"{h.handles:,}",
+                fmt_bytes(h.min_handle_bytes),
+                fmt_bytes(h.max_handle_bytes),
+                fmt_bytes(h.backed_bytes),
+            ]
+            for h in p.handles
+        ],
+    )
+    return "\n".join(out)

@@ -1,0 +1,287 @@
+"""kvvmm.plan: the capacity planner's invariants, its arithmetic, its report, bad options."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kvvmm.driver.sim import PROFILES
+from kvvmm.errors import ArgumentError, KvvmmError, OutOfRangeError, UnknownDtypeError
+from kvvmm.layout import hybrid_swa_descs, list_models, load_model, model_descs
+from kvvmm.plan import (
+    DEFAULT_HEADROOM_BYTES,
+    Plan,
+    PoolPlan,
+    format_plan,
+    plan,
+)
+from kvvmm.policy import Chunked, Exact, Geometric
+from kvvmm.units import GiB, MiB, align_up
+
+
+def _final_backed(p: Plan, pool: PoolPlan, tokens: int) -> int:
+    """What finalize(tokens) backs in ``pool``, recomputed from the layout presets."""
+    m = load_model(p.model)
+    kw: dict[str, Any] = dict(page_size=p.page_size, dtype=p.dtype, tp=p.tp, layout=p.layout)
+    if m.is_hybrid_swa:
+        full, swa = hybrid_swa_descs(
+            m, reserved_tokens=max(tokens, pool.tokens), swa_reserved_tokens=p.pools[1].tokens,
+            **kw,
+        )  # fmt: skip
+        descs = full if pool.name == "full" else swa
+    else:
+        descs = model_descs(m, reserved_tokens=tokens, **kw)
+    gran = p.granularity_bytes
+    return sum(align_up(d.final_span_bytes(tokens, p.page_size), gran) for d in descs)
+
+
+# -- the invariant -----------------------------------------------------------------------------
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    gpu=st.sampled_from(sorted(PROFILES)),
+    model=st.sampled_from(list_models()),
+    page=st.sampled_from([1, 2, 16, 32, 64, 100, 256]),
+    tp=st.sampled_from([1, 2, 4, 8]),
+    layout=st.sampled_from(["token_major", "page_major"]),
+    count_overhead=st.booleans(),
+    fraction=st.floats(0.0, 1.0),
+)
+def test_tokens_fill_the_budget_to_within_one_page_on_every_gpu(
+    gpu: str, model: str, page: int, tp: int, layout: str, count_overhead: bool, fraction: float
+) -> None:
+    budget = int(PROFILES[gpu].capacity_bytes * fraction)
+    try:
+        p = plan(gpu=gpu, model=model, page_size=page, tp=tp, budget_bytes=budget,
+                 layout=layout, count_overhead=count_overhead)  # fmt: skip
+    except OutOfRangeError as e:
+        # Only a budget too small for one page (or for the sliding pool) is refused.
+        assert e.name in ("budget_bytes", "swa_reserved_tokens")
+        assert budget < 2 * GiB
+        return
+    full = p.pools[0]
+    bpt, tokens = full.bytes_per_token, full.tokens
+    assert tokens > 0 and tokens % page == 0
+    assert (p.tokens, p.bytes_per_token) == (tokens, bpt)
+    if count_overhead:
+        assert full.final_backed_bytes <= full.budget_bytes
+        assert _final_backed(p, full, tokens + page) > full.budget_bytes
+        assert p.over_budget_bytes == 0 and p.final_backed_bytes <= p.budget_bytes
+    else:
+        assert tokens * bpt <= full.budget_bytes < (tokens + page) * bpt
+        assert p.over_budget_bytes == max(0, p.final_backed_bytes - p.budget_bytes)
+    if len(p.pools) == 1:
+        assert full.budget_bytes == p.budget_bytes
+        # non-hybrid, token slots only: the invariant holds on the plan's own budget
+        if not count_overhead:
+            assert p.tokens * p.bytes_per_token <= p.budget_bytes
+            assert p.budget_bytes < (p.tokens + p.page_size) * p.bytes_per_token
+    else:
+        swa = p.pools[1]
+        assert full.budget_bytes + swa.budget_bytes == p.budget_bytes
+        assert swa.tokens <= tokens
+    for pool in p.pools:
+        assert pool.final_backed_bytes == _final_backed(p, pool, pool.tokens)
+        assert pool.final_backed_bytes % p.granularity_bytes == 0
+        assert pool.va_reserve_bytes % p.granularity_bytes == 0
+        assert pool.va_reserve_bytes >= pool.final_backed_bytes >= pool.final_span_bytes
+        assert pool.final_span_bytes >= pool.logical_bytes == pool.tokens * pool.bytes_per_token
+        assert 0 <= pool.granularity_waste_bytes < pool.num_buffers * p.granularity_bytes
+        assert 0 <= pool.va_slack_bytes < pool.num_buffers * p.granularity_bytes
+        for h in pool.handles:
+            # reserved == tokens: every policy ends exactly at what finalize backs
+            assert h.backed_bytes == pool.final_backed_bytes
+            assert h.handles >= pool.num_buffers
+
+
+# -- arithmetic --------------------------------------------------------------------------------
+
+
+def test_80_gib_holds_655360_llama_8b_tokens() -> None:
+    p = plan(gpu="h200", model="llama-3.1-8b", budget_bytes=80 * GiB, page_size=16)
+    assert p.bytes_per_token == 131072
+    assert p.tokens == 80 * GiB // 131072 == 655_360
+
+
+def test_the_budget_is_free_minus_headroom_plus_backed_as_sglang_sizes_after_capture() -> None:
+    p = plan(gpu="h100", model="llama-3.1-8b", free_bytes=60 * GiB, headroom_bytes=5 * GiB,
+             backed_bytes=2 * MiB)  # fmt: skip
+    assert p.budget_bytes == 60 * GiB - 5 * GiB + 2 * MiB
+    assert (p.free_bytes, p.headroom_bytes, p.backed_bytes) == (60 * GiB, 5 * GiB, 2 * MiB)
+
+
+def test_free_defaults_to_the_whole_device_and_headroom_to_the_default() -> None:
+    p = plan(gpu="h200", model="qwen2.5-7b")
+    cap = PROFILES["h200"].capacity_bytes
+    assert p.budget_bytes == cap - DEFAULT_HEADROOM_BYTES
+    assert p.free_bytes == cap and p.capacity_bytes == cap
+
+
+def test_an_explicit_budget_reports_no_free_or_headroom() -> None:
+    p = plan(gpu="h200", model="qwen2.5-7b", budget_bytes=10 * GiB)
+    assert p.budget_bytes == 10 * GiB and p.free_bytes is None and p.headroom_bytes is None
+
+
+def test_granularity_rounding_comes_on_top_unless_counted() -> None:
+    # 64 buffers of 2 KiB rows: 8192 + 16 tokens -> 16.03 MiB each -> 18 MiB backed each.
+    loose = plan(gpu="h200", model="llama-3.1-8b", budget_bytes=8192 * 131072, page_size=16)
+    assert loose.tokens == 8192
+    assert loose.final_backed_bytes == 64 * 18 * MiB
+    assert loose.padding_bytes == 64 * 16 * 2048
+    assert loose.granularity_waste_bytes == 64 * (18 * MiB - (8192 + 16) * 2048)
+    assert loose.over_budget_bytes == 64 * 18 * MiB - 8192 * 131072
+    strict = plan(gpu="h200", model="llama-3.1-8b", budget_bytes=8192 * 131072, page_size=16,
+                  count_overhead=True)  # fmt: skip
+    # 1 GiB over 64 buffers is 16 MiB each; with the padded page, (t + 16) * 2 KiB <= 16 MiB
+    assert strict.tokens == 8192 - 16 and strict.over_budget_bytes == 0
+    assert strict.final_backed_bytes <= strict.budget_bytes
+
+
+def test_va_covers_a_larger_upper_bound_without_changing_the_tokens() -> None:
+    base = plan(gpu="h200", model="llama-3.1-8b", budget_bytes=20 * GiB)
+    wide = plan(gpu="h200", model="llama-3.1-8b", budget_bytes=20 * GiB, reserved_tokens=10**6)
+    assert wide.tokens == base.tokens and wide.pools[0].reserved_tokens == 10**6
+    assert wide.va_reserve_bytes == 64 * align_up((10**6 + 16) * 2048, 2 * MiB)
+    assert wide.final_backed_bytes == base.final_backed_bytes
+
+
+def test_handle_counts_follow_each_policy_for_decode_growth() -> None:
+    # 8192 tokens in 4096-token steps, 2 KiB per token per buffer, 2 MiB granularity:
+    # Exact makes 2 MiB (slot-0 page), 6 MiB (to 8 MiB), 8 MiB (to 16 MiB), 2 MiB (final
+    # padded page -> 18 MiB): 4 handles per buffer. Chunked(64 MiB) backs the whole 18 MiB
+    # buffer at once.
+    p = plan(gpu="h200", model="llama-3.1-8b", budget_bytes=8192 * 131072, page_size=16,
+             policy=[Exact(), Chunked(64 * MiB)], decode_step_tokens=4096)  # fmt: skip
+    exact, chunked = p.handles
+    assert (exact.policy, exact.handles, exact.min_handle_bytes, exact.max_handle_bytes) == (
+        "Exact()", 4 * 64, 2 * MiB, 8 * MiB)  # fmt: skip
+    assert (chunked.handles, chunked.min_handle_bytes, chunked.max_handle_bytes) == (
+        64, 18 * MiB, 18 * MiB)  # fmt: skip
+    assert exact.backed_bytes == chunked.backed_bytes == 64 * 18 * MiB
+
+
+def test_bigger_handles_mean_fewer_handles() -> None:
+    p = plan(gpu="h200", model="llama-3.1-70b", tp=8)
+    by = {h.policy: h.handles for h in p.handles}
+    assert list(by) == ["Exact()", "Chunked(64.0 MiB)", "Geometric(2, 256.0 MiB)"]
+    assert by["Exact()"] > by["Chunked(64.0 MiB)"] > by["Geometric(2, 256.0 MiB)"]
+
+
+def test_a_single_policy_is_reported_alone() -> None:
+    p = plan(gpu="h100", model="mistral-7b", policy=Geometric(4.0, 512 * MiB))
+    assert [h.policy for h in p.handles] == ["Geometric(4, 512.0 MiB)"]
+
+
+def test_hybrid_models_report_a_full_pool_and_a_sliding_pool() -> None:
+    p = plan(gpu="h200", model="gpt-oss-120b", budget_bytes=50 * GiB, page_size=16)
+    full, swa = p.pools
+    assert (full.name, full.num_layers, full.num_buffers) == ("full", 18, 36)
+    assert (swa.name, swa.num_layers, swa.tokens) == ("swa", 18, 144)
+    assert swa.budget_bytes == 144 * 36864
+    assert full.tokens == (50 * GiB - 144 * 36864) // 36864 // 16 * 16
+    assert p.num_buffers == 72
+
+
+def test_a_sliding_pool_for_many_sequences_leaves_less_for_the_full_pool() -> None:
+    one = plan(gpu="h200", model="gemma-3-27b", budget_bytes=60 * GiB)
+    many = plan(gpu="h200", model="gemma-3-27b", budget_bytes=60 * GiB,
+                swa_reserved_tokens=64 * 1040)  # fmt: skip
+    assert many.pools[1].tokens == 64 * 1040
+    assert many.tokens < one.tokens
+
+
+def test_the_report_names_the_model_the_pools_and_the_policies() -> None:
+    p = plan(gpu="h200", model="gemma-3-27b", tp=2, layout="page_major")
+    text = format_plan(p)
+    for part in ("gemma-3-27b", "NVIDIA H200", "page_major", "full", "swa", "Exact()",
+                 "Chunked(64.0 MiB)", "GiB", f"{p.tokens:,}"):  # fmt: skip
+        assert part in text, part
+
+
+def test_the_plan_converts_to_json_and_keeps_its_figures() -> None:
+    p = plan(gpu="b200", model="deepseek-v3", dtype="float8_e4m3fn")
+    d = json.loads(json.dumps(p.to_dict()))
+    assert d["tokens"] == p.tokens and d["bytes_per_token"] == 61 * 576
+    assert d["pools"][0]["handles"][0]["policy"] == "Exact()"
+    assert isinstance(d["handles"], list)
+
+
+def test_torch_dtype_objects_plan_like_their_names() -> None:
+    torch = pytest.importorskip("torch")
+    assert plan(gpu="h200", model="llama-3.1-8b", dtype=torch.float16) == plan(
+        gpu="h200", model="llama-3.1-8b", dtype="float16"
+    )
+
+
+# -- bad options -------------------------------------------------------------------------------
+
+_OK: dict[str, Any] = dict(gpu="h200", model="llama-3.1-8b")
+_CAP = PROFILES["h200"].capacity_bytes
+
+BAD_PLANS: list[tuple[str, dict[str, Any], type[KvvmmError], str]] = [
+    ("unknown gpu", {"gpu": "a100"}, ArgumentError, "profile"),
+    ("unknown model", {"model": "llama-9"}, ArgumentError, "model"),
+    ("unknown dtype", {"dtype": "float64"}, UnknownDtypeError, "dtype"),
+    ("zero page size", {"page_size": 0}, ArgumentError, "page_size"),
+    ("bool page size", {"page_size": True}, ArgumentError, "page_size"),
+    ("zero tp", {"tp": 0}, ArgumentError, "tp"),
+    ("tp not fitting 8 KV heads", {"tp": 3}, ArgumentError, "tp"),
+    ("negative budget", {"budget_bytes": -1}, ArgumentError, "budget_bytes"),
+    ("budget beyond the device", {"budget_bytes": _CAP + 1}, OutOfRangeError, "budget_bytes"),
+    ("budget and free together", {"budget_bytes": GiB, "free_bytes": GiB}, ArgumentError,
+     "budget_bytes"),
+    ("budget and headroom together", {"budget_bytes": GiB, "headroom_bytes": 0}, ArgumentError,
+     "budget_bytes"),
+    ("free beyond the device", {"free_bytes": _CAP + 1}, OutOfRangeError, "free_bytes"),
+    ("negative free", {"free_bytes": -1}, ArgumentError, "free_bytes"),
+    ("negative headroom", {"headroom_bytes": -1}, ArgumentError, "headroom_bytes"),
+    ("negative backed", {"backed_bytes": -1}, ArgumentError, "backed_bytes"),
+    ("free plus backed beyond the device", {"free_bytes": _CAP, "backed_bytes": 2 * MiB},
+     OutOfRangeError, "backed_bytes"),
+    ("headroom eating the device", {"headroom_bytes": _CAP}, OutOfRangeError, "budget_bytes"),
+    ("budget under one page", {"budget_bytes": 16 * 131072 - 1}, OutOfRangeError,
+     "budget_bytes"),
+    ("unknown layout", {"layout": "nhd"}, ArgumentError, "layout"),
+    ("policy by name", {"policy": "exact"}, ArgumentError, "policy"),
+    ("no policies", {"policy": []}, ArgumentError, "policy"),
+    ("zero decode step", {"decode_step_tokens": 0}, ArgumentError, "decode_step_tokens"),
+    ("reservation below the tokens", {"budget_bytes": GiB, "reserved_tokens": 16},
+     OutOfRangeError, "reserved_tokens"),
+    ("count_overhead as a string", {"count_overhead": "yes"}, ArgumentError, "count_overhead"),
+    ("sliding pool for a dense model", {"swa_reserved_tokens": 1024}, ArgumentError,
+     "swa_reserved_tokens"),
+    ("zero sliding pool", {"model": "gpt-oss-120b", "swa_reserved_tokens": 0}, ArgumentError,
+     "swa_reserved_tokens"),
+    ("sliding pool beyond the full pool", {"model": "gpt-oss-120b", "budget_bytes": GiB,
+                                           "swa_reserved_tokens": 20_000}, OutOfRangeError,
+     "swa_reserved_tokens"),
+    ("every layer sliding", {"model": {"num_hidden_layers": 2, "num_attention_heads": 4,
+                                       "head_dim": 8, "sliding_window": 8,
+                                       "layer_types": ["sliding_attention"] * 2}},
+     ArgumentError, "model"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "name"),
+    [pytest.param(o, e, n, id=i) for i, o, e, n in BAD_PLANS],
+)
+def test_bad_plan_options_raise_a_typed_error_naming_the_option(
+    options: dict[str, Any], error: type[KvvmmError], name: str
+) -> None:
+    with pytest.raises(error) as e:
+        plan(**{**_OK, **options})
+    assert isinstance(e.value, ArgumentError) and e.value.name == name
+    assert "must be" in str(e.value)
+
+
+def test_a_budget_too_small_says_how_it_was_computed() -> None:
+    with pytest.raises(OutOfRangeError) as e:
+        plan(gpu="h100", model="llama-3.1-70b", free_bytes=3 * GiB, headroom_bytes=3 * GiB)
+    msg = str(e.value)
+    assert "free 3.0 GiB - headroom 3.0 GiB" in msg and "327680 bytes per token" in msg
