@@ -1,0 +1,68 @@
+# kvvmm: `make lab` opens the notebooks, `make test` runs every test. Both set up .venv first.
+# Needs python3 (>= 3.11, with the venv module: Debian's python3-venv) and make.
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# Extra arguments, e.g. `make test PYTEST_ARGS="-k arena -x"`.
+PYTEST_ARGS ?=
+LAB_ARGS ?=
+BENCH_ARGS ?=
+
+# The stamp's name carries a hash of what the install depends on: a changed pyproject.toml
+# or constraints.txt reinstalls, an unchanged one makes `make venv` a no-op.
+DEPS_HASH := $(shell cat pyproject.toml constraints.txt 2>/dev/null | sha256sum | cut -c1-16)
+STAMP := $(VENV)/.kvvmm-installed-$(DEPS_HASH)
+
+# Notebooks run as tests under nbval, in the same pytest run as tests/, once there are any.
+NOTEBOOKS := $(wildcard notebooks/*.ipynb)
+SANITIZE := $(wildcard notebooks/sanitize.cfg)
+NBVAL_ARGS := $(if $(NOTEBOOKS),--nbval --nbval-current-env $(if $(SANITIZE),--nbval-sanitize-with $(SANITIZE)) notebooks)
+
+.PHONY: venv test lab lint bench bench-sim clean
+
+venv: $(STAMP)
+
+$(STAMP):
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
+	  { echo "kvvmm needs Python >= 3.11; $(PYTHON) is $$($(PYTHON) -V 2>&1). Try PYTHON=python3.11." >&2; exit 1; }
+	@if [ ! -x $(PY) ]; then \
+	  echo "creating $(VENV) with $$($(PYTHON) -V)"; \
+	  $(PYTHON) -m venv $(VENV) || { rm -rf $(VENV); \
+	    echo "could not create $(VENV): on Debian/Ubuntu, apt-get install python3-venv" >&2; exit 1; }; \
+	fi
+	$(PY) -m pip install --disable-pip-version-check -q -c constraints.txt -e '.[test]'
+	@rm -f $(VENV)/.kvvmm-installed-*
+	@touch $@
+
+test: venv
+	$(PY) -m pytest tests $(NBVAL_ARGS) $(PYTEST_ARGS)
+
+# `kvvmm lab` picks the driver (CUDA when a GPU is usable, else the host or sim driver)
+# and opens JupyterLab on notebooks/. Until kvvmm/cli.py exists, plain JupyterLab.
+lab: venv
+	@if $(PY) -c 'import kvvmm.cli' 2>/dev/null; then \
+	  $(VENV)/bin/kvvmm lab $(LAB_ARGS); \
+	else \
+	  echo "kvvmm.cli is not there yet: starting plain JupyterLab on notebooks/"; \
+	  $(PY) -m jupyter lab --notebook-dir=notebooks $$([ "$$(id -u)" = 0 ] && echo --allow-root) $(LAB_ARGS); \
+	fi
+
+lint: venv
+	$(PY) -m ruff check kvvmm tests
+	$(PY) -m mypy --strict kvvmm
+
+# `kvvmm bench` wants a GPU; results land in bench/results/. bench-sim runs anywhere.
+bench: venv
+	@if $(PY) -c 'import kvvmm.cli' 2>/dev/null; then \
+	  $(VENV)/bin/kvvmm bench $(BENCH_ARGS); \
+	else \
+	  $(PY) -c 'import sys; from kvvmm.bench import main; sys.exit(main(sys.argv[1:]))' $(BENCH_ARGS); \
+	fi
+
+bench-sim: venv
+	$(PY) bench/bench_sim.py $(BENCH_ARGS)
+
+clean:
+	rm -rf .pytest_cache .mypy_cache .ruff_cache .hypothesis build dist *.egg-info
+	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -1,0 +1,318 @@
+"""Imports point down DESIGN.md's layers; heavy and GPU-only packages stay where they belong.
+
+Every module of the package has a row in LAYER_OF below. A module may import kvvmm modules of
+its own layer or lower ones, never higher: that keeps the drivers free of arena logic, the
+arena free of plotting, and lets a laptop with no torch or GPU `import kvvmm`.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "kvvmm"
+
+# Lowest first.
+LAYERS = (
+    "foundation",  # errors, units: no kvvmm imports
+    "policy",  # growth policies (pure)
+    "driver-base",  # the Driver protocol and the rules
+    "driver",  # sim, host, faults, cuda, and the driver package (open_driver)
+    "trace",
+    "layout",  # buffer descriptions, presets, capacity planner (pure)
+    "arena",
+    "owner",
+    "viz",
+    "lab",
+    "cli",
+)
+
+# A new module needs a row here: pick its layer from DESIGN.md's "Layers".
+LAYER_OF = {
+    "kvvmm.errors": "foundation",
+    "kvvmm.units": "foundation",
+    "kvvmm.policy": "policy",
+    "kvvmm.driver.base": "driver-base",
+    "kvvmm.driver": "driver",
+    "kvvmm.driver.sim": "driver",
+    "kvvmm.driver.host": "driver",
+    "kvvmm.driver.faults": "driver",
+    "kvvmm.driver.cuda": "driver",
+    "kvvmm.trace": "trace",
+    "kvvmm.layout": "layout",
+    "kvvmm.plan": "layout",
+    "kvvmm.arena": "arena",
+    "kvvmm._dlpack": "arena",
+    "kvvmm._mempool": "arena",
+    "kvvmm.owner": "owner",
+    "kvvmm.viz": "viz",
+    "kvvmm.lab": "lab",
+    "kvvmm.cli": "cli",
+    "kvvmm.bench": "cli",  # `kvvmm bench`: drives owners and arenas on a GPU
+    "kvvmm.__main__": "cli",
+    # The package root re-exports everything: only the CLI may import it from inside.
+    "kvvmm": "cli",
+}
+# kvvmm/__init__.py imports from every layer (it is the public surface); it is checked only for
+# the third-party rules below.
+EXEMPT_FROM_LAYERS = {"kvvmm"}
+
+RANK = {name: i for i, name in enumerate(LAYERS)}
+
+# Third-party packages and the kvvmm modules allowed to import them. torch is further
+# restricted to function bodies (lazy), wherever it is imported.
+ONLY_IN = {
+    "plotly": {"kvvmm.viz", "kvvmm.lab", "kvvmm.cli"},
+    "ipywidgets": {"kvvmm.viz", "kvvmm.lab", "kvvmm.cli"},
+    # cuda.bindings (and the rest of the cuda namespace): the CUDA driver is the only module
+    # that talks to CUDA directly.
+    # `kvvmm bench` is the one exception: it times the raw cuda-python call side by side with
+    # CudaDriver's (the overhead target), importing cuda.bindings inside its functions only.
+    "cuda": {"kvvmm.driver.cuda", "kvvmm.bench"},
+}
+LAZY_ONLY = {"torch"}
+
+
+@dataclass(frozen=True, slots=True)
+class Import:
+    """One import statement's target, as seen in a module's source."""
+
+    target: str  # absolute dotted name (for `from a import b`: a.b if that is a module, else a)
+    line: int
+    in_function: bool  # inside a def/lambda body, so it runs only when called
+    type_checking_only: bool  # under `if TYPE_CHECKING:`; never runs
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def package_modules() -> dict[str, Path]:
+    return {
+        module_name(p): p
+        for p in sorted(PACKAGE.rglob("*.py"))
+        if "__pycache__" not in p.parts and ".ipynb_checkpoints" not in p.parts
+    }
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def imports_of(module: str, source: str, known: set[str], is_package: bool = False) -> list[Import]:
+    """Every import in ``source`` with absolute targets; ``known`` names the kvvmm modules."""
+    found: list[Import] = []
+    package = module if is_package else module.rpartition(".")[0]
+
+    def visit(node: ast.AST, in_function: bool, type_checking: bool) -> None:
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                found.append(Import(alias.name, node.lineno, in_function, type_checking))
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base_parts = package.split(".")
+                base_parts = base_parts[: len(base_parts) - (node.level - 1)]
+                base = ".".join(base_parts + ([node.module] if node.module else []))
+            else:
+                base = node.module or ""
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                target = sub if sub in known or sub in LAYER_OF else base
+                found.append(Import(target, node.lineno, in_function, type_checking))
+        inner_fn = in_function or isinstance(
+            node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda
+        )
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            for child in node.body:
+                visit(child, inner_fn, True)
+            for child in node.orelse:
+                visit(child, inner_fn, type_checking)
+            return
+        for child in ast.iter_child_nodes(node):
+            visit(child, inner_fn, type_checking)
+
+    visit(ast.parse(source), False, False)
+    return found
+
+
+def _top(name: str) -> str:
+    return name.split(".", 1)[0]
+
+
+def _layer_order() -> str:
+    return " -> ".join(LAYERS)
+
+
+def layer_violations(module: str, imports: list[Import]) -> list[str]:
+    if module in EXEMPT_FROM_LAYERS:
+        return []
+    own = LAYER_OF[module]
+    out = []
+    for imp in imports:
+        if _top(imp.target) != "kvvmm":
+            continue
+        if imp.target not in LAYER_OF:
+            out.append(
+                f"{module}:{imp.line} imports {imp.target}, which has no row in LAYER_OF "
+                "(tests/test_layering.py): add it there"
+            )
+            continue
+        theirs = LAYER_OF[imp.target]
+        if RANK[theirs] > RANK[own]:
+            out.append(
+                f"{module}:{imp.line} (layer {own!r}) imports {imp.target} (layer {theirs!r}), "
+                f"a higher layer; imports must point down: {_layer_order()}"
+                + (
+                    " (import from the defining module, not the package root)"
+                    if imp.target == "kvvmm"
+                    else ""
+                )
+            )
+    return out
+
+
+def third_party_violations(module: str, imports: list[Import]) -> list[str]:
+    out = []
+    for imp in imports:
+        top = _top(imp.target)
+        if top in LAZY_ONLY and not imp.in_function and not imp.type_checking_only:
+            out.append(
+                f"{module}:{imp.line} imports {imp.target} at module level; import it inside "
+                "the function that makes a tensor, so `import kvvmm` needs no torch"
+            )
+        if top in ONLY_IN and module not in ONLY_IN[top]:
+            out.append(f"{module}:{imp.line} imports {imp.target}; only {sorted(ONLY_IN[top])} may")
+    return out
+
+
+def _all_imports() -> dict[str, list[Import]]:
+    modules = package_modules()
+    known = set(modules)
+    return {
+        name: imports_of(
+            name, path.read_text(encoding="utf-8"), known, is_package=path.name == "__init__.py"
+        )
+        for name, path in modules.items()
+    }
+
+
+def test_every_module_of_the_package_has_a_layer() -> None:
+    missing = sorted(set(package_modules()) - set(LAYER_OF))
+    if missing:
+        pytest.fail(
+            f"modules with no layer: {missing}. Add each to LAYER_OF in tests/test_layering.py "
+            f"(layers, lowest first: {_layer_order()})",
+            pytrace=False,
+        )
+
+
+def test_kvvmm_imports_point_down_the_layers() -> None:
+    problems = [
+        p
+        for name, imports in _all_imports().items()
+        if name in LAYER_OF
+        for p in layer_violations(name, imports)
+    ]
+    if problems:
+        pytest.fail("\n".join(problems), pytrace=False)
+
+
+def test_torch_is_imported_only_inside_functions_and_gpu_and_ui_packages_only_where_allowed() -> (
+    None
+):
+    problems = [
+        p for name, imports in _all_imports().items() for p in third_party_violations(name, imports)
+    ]
+    if problems:
+        pytest.fail("\n".join(problems), pytrace=False)
+
+
+@pytest.mark.parametrize(
+    ("module", "source", "expected"),
+    [
+        ("kvvmm.driver.base", "from kvvmm.arena import Arena", "higher layer"),
+        ("kvvmm.driver.base", "from kvvmm.driver import sim", "higher layer"),
+        ("kvvmm.driver.sim", "from .base import VmmBook", None),
+        ("kvvmm.driver.sim", "from ..owner import KvBufferOwner", "higher layer"),
+        ("kvvmm.policy", "def f():\n    from kvvmm.layout import KvBufferDesc", "higher layer"),
+        ("kvvmm.viz", "import kvvmm", "package root"),
+        ("kvvmm.arena", "from kvvmm import units", None),
+        ("kvvmm.arena", "from kvvmm.newthing import x", "no row in LAYER_OF"),
+        ("kvvmm.arena", "import torch", "module level"),
+        ("kvvmm.arena", "try:\n    import torch\nexcept ImportError:\n    pass", "module level"),
+        ("kvvmm.arena", "def t():\n    import torch", None),
+        (
+            "kvvmm.arena",
+            "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import torch",
+            None,
+        ),
+        ("kvvmm.owner", "def f():\n    import plotly.graph_objects as go", "only"),
+        ("kvvmm.viz", "import plotly.graph_objects as go", None),
+        ("kvvmm.arena", "def f():\n    from cuda.bindings import driver", "only"),
+        ("kvvmm.driver.cuda", "from cuda.bindings import driver", None),
+    ],
+)
+def test_the_checker_flags_what_it_should(module: str, source: str, expected: str | None) -> None:
+    known = set(LAYER_OF)
+    imports = imports_of(module, textwrap.dedent(source), known)
+    problems = layer_violations(module, imports) + third_party_violations(module, imports)
+    if expected is None:
+        assert problems == []
+    else:
+        assert len(problems) == 1 and expected in problems[0], problems
+
+
+_HEAVY = ("torch", "plotly", "ipywidgets", "cuda")
+
+_PROBE = """
+import json, sys
+heavy = {heavy!r}
+if {block}:
+    import importlib.abc
+
+    class Block(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name.split(".")[0] in heavy:
+                raise ImportError(f"{{name}} is blocked: kvvmm must import without it")
+            return None
+
+    sys.meta_path.insert(0, Block())
+import kvvmm
+print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in heavy)))
+"""
+
+
+def _import_kvvmm_in_a_fresh_process(block: bool) -> list[str]:
+    proc = subprocess.run(
+        [sys.executable, "-c", _PROBE.format(heavy=_HEAVY, block=block)],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0, f"import kvvmm failed:\n{proc.stderr}"
+    loaded: list[str] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return loaded
+
+
+def test_import_kvvmm_loads_no_torch_plotly_ipywidgets_or_cuda() -> None:
+    assert _import_kvvmm_in_a_fresh_process(block=False) == []
+
+
+def test_import_kvvmm_works_where_torch_plotly_ipywidgets_and_cuda_are_missing() -> None:
+    assert _import_kvvmm_in_a_fresh_process(block=True) == []
