@@ -428,11 +428,15 @@ class Arena:
         handle ids, so the snapshot is as it was.
         """
         self._check_open("decommit")
-        plan: list[tuple[_Alloc, int]] = []
+        keep: dict[int, int] = {}  # offset -> smallest keep asked for it (one unmap each)
         for o, k in requests:
             a = self._alloc_at(o)
             _int("keep_bytes", k, lo=0, hi=a.size,
                  limit=f"in [0, {a.size}] (allocation {a.name!r} is {a.size} bytes)")
+            keep[a.offset] = min(k, keep.get(a.offset, k))
+        plan: list[tuple[_Alloc, int]] = []
+        for o, k in keep.items():
+            a = self._by_offset[o]
             drop = [i for i, m in enumerate(a.maps) if m.offset - a.offset >= k]
             if drop:
                 plan.append((a, drop[0]))

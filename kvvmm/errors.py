@@ -42,10 +42,15 @@ class ArgumentError(KvvmmError, ValueError):
         self.name = name
         self.value = value
         self.limit = limit
+        self.detail = detail
         msg = f"{name}={value!r} is invalid: must be {limit}"
         if detail:
             msg += f" ({detail})"
         super().__init__(msg)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Rebuild from the fields (not the message) and keep notes: errors cross processes.
+        return (type(self), (self.name, self.value, self.limit, self.detail), self.__dict__)
 
 
 class AlignmentError(ArgumentError):
@@ -108,7 +113,8 @@ class DriverError(KvvmmError):
         super().__init__(msg)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.call, self.call_args, self.cuda_error, self.reason))
+        return (type(self), (self.call, self.call_args, self.cuda_error, self.reason),
+                self.__dict__)
 
 
 class DriverOutOfMemoryError(DriverError):

@@ -117,8 +117,8 @@ class KvBufferOwner:
             raise ArgumentError("descs", dup, "buffers with unique names")
         if policy is None:
             policy = default_policy()
-        if not isinstance(policy, (Exact, Chunked, Geometric)) and not hasattr(
-            policy, "target_bytes"
+        if not isinstance(policy, (Exact, Chunked, Geometric)) and not callable(
+            getattr(policy, "target_bytes", None)
         ):
             raise ArgumentError("policy", policy, "Exact(), Chunked(...) or Geometric(...)")
         self.policy: GrowthPolicy = policy
@@ -306,7 +306,8 @@ def _tokens(name: str, value: object, *, lo: int, hi: int | None, what: str = ""
     if isinstance(value, bool) or not isinstance(value, int):
         raise ArgumentError(name, value, "an int (tokens)")
     if value < lo:
-        raise ArgumentError(name, value, f">= {what or lo} ({lo})" if what else f">= {lo}")
+        named = what and what != str(lo)
+        raise ArgumentError(name, value, f">= {what} ({lo})" if named else f">= {lo}")
     if hi is not None and value > hi:
         raise OutOfRangeError(name, value, f"<= reserved_tokens ({hi})")
     return value

@@ -23,6 +23,12 @@ __all__ = ["FORMAT", "VERSION", "Trace", "TraceEvent", "TracingDriver", "find_tr
 
 FORMAT = "kvvmm-trace"
 VERSION = 1
+# The int arguments each driver call must carry to be replayed.
+_ARGS: dict[str, tuple[str, ...]] = {
+    "reserve": ("size", "align"), "free": ("va", "size"), "create": ("size",),
+    "release": ("handle",), "map": ("va", "size", "handle"), "unmap": ("va", "size"),
+    "set_access": ("va", "size"), "mem_info": (),
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,7 +96,8 @@ class Trace:
         """Rebuild a trace from :meth:`to_json` output; raise TraceFormatError if malformed."""
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise TraceFormatError(f"not a kvvmm trace: format must be {FORMAT!r}")
-        if data.get("version") != VERSION:
+        version = data.get("version")
+        if type(version) is not int or version != VERSION:
             raise TraceFormatError(
                 f"trace version {data.get('version')!r} is not supported: must be {VERSION}"
             )
@@ -105,6 +112,10 @@ class Trace:
                     raise TypeError("op must be a string and args an object")
                 if not op.startswith("arena.") and op not in CALLS:
                     raise ValueError(f"unknown op {op!r}")
+                for key in _ARGS.get(op, ()):
+                    v = args.get(key)
+                    if type(v) is not int:
+                        raise TypeError(f"{op} needs an int argument {key!r}, got {v!r}")
                 trace.add(op, args, e.get("result"), e.get("error"),
                           float(e.get("wall_us", 0.0)), float(e.get("sim_us", 0.0)))
             except (KeyError, TypeError, ValueError) as exc:
@@ -187,9 +198,8 @@ class TracingDriver:
         self._call("set_access", {"va": va, "size": size}, self.inner.set_access, va, size)
 
     def mem_info(self) -> tuple[int, int]:
-        free, total = self.inner.mem_info()
-        self.trace.add("mem_info", {}, None, None)
-        return free, total
+        free, total = self._call("mem_info", {}, self.inner.mem_info)
+        return int(free), int(total)
 
     def stats(self) -> DriverStats:
         return self.inner.stats()
@@ -247,6 +257,8 @@ def replay(trace: Trace, driver: Driver) -> list[Mismatch]:
                     va_map[ev.result] = (driver.reserve(a["size"], a["align"]), a["size"])
             elif ev.op == "free":
                 driver.free(tva(a["va"]), a["size"])
+                if ev.error is None:
+                    va_map.pop(a["va"], None)  # its VA may be handed out again
             elif ev.op == "create":
                 h = driver.create(a["size"])
                 if ev.result is not None:

@@ -29,9 +29,11 @@ def align_up(value: int, alignment: int) -> int:
 
 
 def align_down(value: int, alignment: int) -> int:
-    """Round ``value`` down to a multiple of ``alignment`` (both in bytes, alignment > 0)."""
+    """Round ``value`` down to a multiple of ``alignment`` (bytes; value >= 0, alignment > 0)."""
     if alignment <= 0:
         raise ValueError(f"alignment={alignment!r} is invalid: must be > 0")
+    if value < 0:
+        raise ValueError(f"value={value!r} is invalid: must be >= 0")
     return value // alignment * alignment
 
 
@@ -42,8 +44,10 @@ def fmt_bytes(nbytes: int) -> str:
     """Format a byte count for people: ``2097152 -> "2.0 MiB"``, ``512 -> "512 B"``."""
     sign = "-" if nbytes < 0 else ""
     n = abs(nbytes)
-    for name, size in _UNITS:
+    for i, (name, size) in enumerate(_UNITS):
         if n >= size:
+            if i and round(n / size, 1) >= 1024:  # 1048575 B is "1.0 MiB", not "1024.0 KiB"
+                name, size = _UNITS[i - 1]
             return f"{sign}{n / size:.1f} {name}"
     return f"{sign}{n} B"
 

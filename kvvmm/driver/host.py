@@ -94,7 +94,8 @@ class HostDriver:
         ):
             raise ArgumentError("granularity", granularity, f"a positive multiple of {page}")
         if capacity_bytes is not None and (
-            not isinstance(capacity_bytes, int) or capacity_bytes <= 0
+            isinstance(capacity_bytes, bool) or not isinstance(capacity_bytes, int)
+            or capacity_bytes <= 0
         ):
             raise ArgumentError("capacity_bytes", capacity_bytes, "an int > 0 or None")
         self._libc = _libc()

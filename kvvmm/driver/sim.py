@@ -138,8 +138,10 @@ class SimDriver:
     ) -> None:
         self.profile = get_profile(profile)
         cap = self.profile.capacity_bytes if capacity_bytes is None else capacity_bytes
-        if cap <= 0:
-            raise ArgumentError("capacity_bytes", capacity_bytes, "> 0")
+        if isinstance(cap, bool) or not isinstance(cap, int) or cap <= 0:
+            raise ArgumentError("capacity_bytes", capacity_bytes, "an int > 0 (bytes) or None")
+        if isinstance(used_bytes, bool) or not isinstance(used_bytes, int):
+            raise ArgumentError("used_bytes", used_bytes, f"an int in [0, {cap}] (bytes)")
         if not 0 <= used_bytes <= cap:
             raise ArgumentError("used_bytes", used_bytes, f"in [0, {cap}] (the capacity)")
         self.device = device
