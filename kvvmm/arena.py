@@ -231,6 +231,7 @@ class Arena:
         self._views = 0
         self._leftover: list[int] = []  # handles a failed close could not release
         self._pool: Any = None
+        self._dropping_pool = False
         self._trace: Trace | None = find_trace(driver)
         if self._trace is not None:
             self._arena_id = sum(1 for e in self._trace.events if e.op == "arena.open")
@@ -560,8 +561,22 @@ class Arena:
             self._pool = make_pool(self)
         return self._pool
 
+    def _drop_pool(self) -> None:
+        """Let torch hand the pool's segments back (their frees end the views they hold)."""
+        pool, self._pool = self._pool, None
+        self._dropping_pool = True  # close() tears down itself, so errors reach the caller
+        try:
+            del pool
+            import torch
+
+            torch.cuda.empty_cache()
+        finally:
+            self._dropping_pool = False
+
     def _view_gone(self) -> None:
         self._views -= 1
+        if self._dropping_pool:
+            return
         if self._closed and not self._released and self._views == 0:
             try:
                 self._teardown()
@@ -587,7 +602,9 @@ class Arena:
         """Give everything back: unmap, free the reservation, release the handles.
 
         Idempotent. If tensors made by :meth:`tensor` are still alive, the arena is marked
-        closed now and its memory is given back when the last of them goes.
+        closed now and its memory is given back when the last of them goes. The pool (if
+        any) is dropped; tensors allocated from it that are still alive keep the arena
+        waiting until they go and ``torch.cuda.empty_cache()`` hands their segments back.
 
         Raises:
             DriverError: an unmap or the free failed (the arena is open again, as it was),
@@ -599,6 +616,8 @@ class Arena:
                 self._release_leftover()
             return
         self._closed = True
+        if self._pool is not None:
+            self._drop_pool()
         if self._views:
             return  # _view_gone finishes the job
         try:

@@ -40,7 +40,11 @@ from kvvmm import (
     page_major,
 )
 from kvvmm.driver import Driver, SimDriver
-from kvvmm.driver.base import CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_OUT_OF_MEMORY
+from kvvmm.driver.base import (
+    CUDA_ERROR_INVALID_VALUE,
+    CUDA_ERROR_NOT_SUPPORTED,
+    CUDA_ERROR_OUT_OF_MEMORY,
+)
 from kvvmm.errors import DriverError
 from kvvmm.units import MiB, align_up
 
@@ -527,11 +531,12 @@ class DriverRulesModel(RuleBasedStateMachine):
 
     @rule(size=GRANULES, align=st.sampled_from([0, 0, 0, G, 4 * G, 4096, -G]))
     def reserve(self, size: int, align: int) -> None:
-        ok = self.aligned(size) and size > 0 and align >= 0 and self.aligned(align)
+        # As on an H200: an alignment is 0 or any power of two (4096 is fine).
+        ok = self.aligned(size) and size > 0 and align >= 0 and not align & (align - 1)
         va = self.check(lambda: self.d.reserve(size, align),
                         "ok" if ok else CUDA_ERROR_INVALID_VALUE)
         if va is not None:
-            assert isinstance(va, int) and va % (align or G) == 0
+            assert isinstance(va, int) and va % max(align, G) == 0
             assert all(va + size <= s or s + z <= va for s, z in self.res.items())
             self.res[va] = size
             self.seen_res.append((va, size))
@@ -582,7 +587,11 @@ class DriverRulesModel(RuleBasedStateMachine):
         inside = any(s <= va and va + size <= s + z for s, z in self.res.items())
         ok = (self.aligned(va, size) and size > 0 and hs is not None and not hs["released"]
               and size == hs["size"] and inside and not self.overlapping(va, size))
-        self.check(lambda: self.d.map(va, size, h), "ok" if ok else CUDA_ERROR_INVALID_VALUE)
+        verdict = "ok" if ok else CUDA_ERROR_INVALID_VALUE
+        if (self.aligned(va, size) and size > 0 and hs is not None and not hs["released"]
+                and size != hs["size"]):
+            verdict = CUDA_ERROR_NOT_SUPPORTED  # part of a handle, as an H200 answers
+        self.check(lambda: self.d.map(va, size, h), verdict)
         if ok:
             assert hs is not None
             self.maps[va] = (size, h)

@@ -37,6 +37,7 @@ from kvvmm.units import MiB
 MakeDriver = Callable[..., Driver]
 G = 2 * MiB
 INVALID = "CUDA_ERROR_INVALID_VALUE"
+NOT_SUPPORTED = "CUDA_ERROR_NOT_SUPPORTED"  # a map of part of a handle, as an H200 answers
 
 
 def refuse(call: Any, *args: int) -> str:
@@ -71,7 +72,7 @@ def raw_session(t: TracingDriver) -> list[tuple[str, str | None]]:
     refuse(t.create, 0)
     return [
         ("reserve", None), ("create", None), ("map", None), ("set_access", None),
-        ("map", INVALID), ("unmap", INVALID), ("free", INVALID), ("mem_info", None),
+        ("map", NOT_SUPPORTED), ("unmap", INVALID), ("free", INVALID), ("mem_info", None),
         ("create", None), ("map", None), ("release", None), ("release", INVALID),
         ("set_access", INVALID), ("unmap", None), ("unmap", None), ("release", None),
         ("map", INVALID), ("free", None), ("free", INVALID), ("reserve", INVALID),

@@ -7,8 +7,10 @@ exist (``SimDriver``, ``HostDriver``, ``CudaDriver``) plus wrappers (``FaultyDri
 
 The rules (cuda.core's VMM design lists the driver behaviour they come from):
 
-- sizes, addresses and alignments are multiples of the granularity;
-- a map attaches a whole handle at offset 0 (partial-handle maps are refused, as on GB300),
+- sizes and addresses are multiples of the granularity; a reservation's alignment is 0 or a
+  power of two;
+- a map attaches a whole handle at offset 0 (partial-handle maps are refused with
+  CUDA_ERROR_NOT_SUPPORTED, as an H200 answers; GB300 refuses them too),
   only inside a reservation, only over unmapped VA;
 - an unmap covers whole mappings, never part of one (it may cover several);
 - free takes exactly one whole reservation (its exact address and size), with nothing mapped;
@@ -195,13 +197,14 @@ class VmmBook:
     # -- reserve / free ---------------------------------------------------------------
 
     def check_reserve(self, size: int, align: int) -> int:
+        """Validate a reserve; return the alignment the VA gets (at least the granularity)."""
         args = {"size": size, "align": align}
         self._aligned("reserve", args, size=size)
-        if align < 0 or (align and align % self.gran):
-            raise self._bad(
-                "reserve", args, f"align={align:#x} is not a multiple of {self.gran:#x}"
-            )
-        return align or self.gran
+        # As on an H200: any power of two is accepted (below the granularity the VA is
+        # aligned to the granularity anyway); 3 MiB or 3x the granularity is refused.
+        if align < 0 or align & (align - 1):
+            raise self._bad("reserve", args, f"align={align:#x} is not 0 or a power of two")
+        return max(align, self.gran)
 
     def apply_reserve(self, va: int, size: int) -> None:
         self.res[va] = size
@@ -263,8 +266,10 @@ class VmmBook:
         if h is None or h.released:
             raise self._bad("map", args, f"handle {handle} is not live")
         if size != h.size:
-            raise self._bad(
-                "map", args,
+            # What an H200 answers (driver 580, CUDA 13.0) for a map of part of a handle, or of
+            # more than it: not supported (GB300 refuses partial maps too).
+            raise driver_error(
+                "map", args, CUDA_ERROR_NOT_SUPPORTED,
                 f"size {size} != the handle's {h.size} bytes: maps take whole handles",
             )
         res = self.reservation_of(va, size)

@@ -147,17 +147,26 @@ def test_a_graph_captured_before_finalize_writes_a_late_slot_after_it(cd: CudaDr
 
 def test_arena_pool_serves_plain_torch_empty_from_the_reservation(cd: CudaDriver) -> None:
     arena = Arena(cd, reserve_bytes=4 * GiB)
-    pools = [arena.pool, Arena(cd, reserve_bytes=1 * GiB).pool]  # several pools per process
+    other = Arena(cd, reserve_bytes=1 * GiB)
+    assert arena.pool is not other.pool  # several pools per process
+    with torch.cuda.use_mem_pool(other.pool):
+        y = torch.empty(4 * MiB, dtype=torch.uint8, device="cuda")
     with torch.cuda.use_mem_pool(arena.pool):
         x = torch.empty(8 * MiB, dtype=torch.uint8, device="cuda")
     assert arena.base <= x.data_ptr() < arena.base + arena.reserved_bytes
+    assert other.base <= y.data_ptr() < other.base + other.reserved_bytes
     off = x.data_ptr() - arena.base
-    arena.commit(off, arena.snapshot().allocations[-1].size_bytes)
+    seg = arena.snapshot().allocations[-1]  # torch's segment: at least the 8 MiB asked for
+    assert seg.offset == off and seg.size_bytes >= 8 * MiB
+    arena.commit(off, seg.size_bytes)
     x.fill_(7)
     torch.cuda.synchronize()
     assert int(x.sum().item()) == 7 * 8 * MiB
-    del x, pools
-    arena.close()
+    del x, y
+    arena.close()  # drops the pool; torch hands the segments back
+    other.close()
     import gc
 
     gc.collect()
+    torch.cuda.empty_cache()
+    assert arena.released and other.released

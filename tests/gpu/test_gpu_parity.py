@@ -141,32 +141,39 @@ class Twin:
                 self.maps = [m for m in self.maps if not (m[0] == r and off <= m[1] < end)]
 
     def teardown(self) -> None:
+        """Give everything back; best effort, so a mismatch earlier cannot crash it."""
         for d, w in ((self.sim, 0), (self.cuda, 1)):
             for r, off, size in self.maps:
-                d.unmap(self.va(r, off, w), size)
+                outcome(lambda d=d, w=w, r=r, off=off, size=size: d.unmap(  # type: ignore[misc]
+                    self.va(r, off, w), size))
             for h in self.handles:
                 if h.size > 0:
-                    d.release((h.sim, h.cuda)[w])
+                    outcome(lambda d=d, w=w, h=h: d.release((h.sim, h.cuda)[w]))  # type: ignore[misc]
             for p in self.res:
                 if p.size > 0:
-                    d.free((p.sim, p.cuda)[w], p.size)
+                    outcome(lambda d=d, w=w, p=p: d.free((p.sim, p.cuda)[w], p.size))  # type: ignore[misc]
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_random_operation_sequences_get_the_same_answers_on_sim_and_cuda(seed: int) -> None:
     torch.empty(1, device="cuda")
-    twin = Twin(SimDriver("h200"), CudaDriver())
+    cuda = CudaDriver()
+    twin = Twin(SimDriver("h200"), cuda)
     rng = random.Random(seed)
-    while twin.steps < 2000:
-        twin.step(rng)
-    s, c = twin.sim.stats(), twin.cuda.stats()
-    final_sim = (s.reservations, s.reserved_bytes, s.handles, s.mappings, s.mapped_bytes,
-                 s.physical_bytes)
-    final_cuda = (c.reservations, c.reserved_bytes, c.handles, c.mappings, c.mapped_bytes,
-                  c.physical_bytes)
-    twin.teardown()
-    assert not twin.mismatches, (
-        f"{len(twin.mismatches)} of {twin.steps} steps differ:\n" + "\n".join(twin.mismatches[:30]))
-    assert twin.refused > 200, twin.refused  # the sequences exercise refusals too
-    assert final_sim == final_cuda
-    assert twin.sim.stats().clean and twin.cuda.stats().clean
+    try:
+        while twin.steps < 2000:
+            twin.step(rng)
+        s, c = twin.sim.stats(), twin.cuda.stats()
+        final_sim = (s.reservations, s.reserved_bytes, s.handles, s.mappings, s.mapped_bytes,
+                     s.physical_bytes)
+        final_cuda = (c.reservations, c.reserved_bytes, c.handles, c.mappings, c.mapped_bytes,
+                      c.physical_bytes)
+        assert not twin.mismatches, (
+            f"{len(twin.mismatches)} of {twin.steps} steps differ:\n"
+            + "\n".join(twin.mismatches[:30]))
+        assert twin.refused > 200, twin.refused  # the sequences exercise refusals too
+        assert final_sim == final_cuda
+        twin.teardown()
+        assert twin.sim.stats().clean and twin.cuda.stats().clean
+    finally:
+        cuda.close()  # whatever is left, so later tests start clean

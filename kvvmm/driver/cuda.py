@@ -1,0 +1,542 @@
+"""CudaDriver: the driver protocol on a real GPU, through cuda-python's ``cuda.bindings.driver``.
+
+The only module of kvvmm that imports ``cuda.bindings``. Every call is one CUDA VMM entry
+point (``cuMemAddressReserve``, ``cuMemCreate``, ``cuMemMap``, ``cuMemSetAccess``, ...) in the
+device's *primary* context, the one torch uses (vLLM reports "context mismatch" when
+cuda-python work runs in a context of its own).
+
+What the real driver enforces was measured on an H200 (driver 580.159, CUDA 13.0, cuda-bindings
+13.3.1; ``bench/probe_cuda_rules.py``, ``bench/results/h200-cuda-rules.json``). It does not
+enforce every rule of ``base``, so this driver checks the missing ones itself, before CUDA is
+called, and answers with the name CUDA uses for the same mistake where CUDA has one:
+
+- a map must lie inside one live reservation: CUDA accepts a map straddling a reservation's
+  end, into a freed reservation, or across two adjacent reservations;
+- a map takes a whole live handle: CUDA refuses size != the handle's (CUDA_ERROR_NOT_SUPPORTED)
+  but accepts a map of a released handle that is still mapped elsewhere (kvvmm refuses it:
+  CUDA_ERROR_INVALID_VALUE, as for any handle that is not live);
+- unmap and set access must tile whole mappings: CUDA accepts an unmap over holes or over
+  nothing mapped (a no-op), and an access change over a hole;
+- release of an unknown or released handle is refused without passing a stale handle on;
+- alignment to the chosen granularity (which may exceed the device's minimum).
+
+CUDA itself refuses, with these names: misaligned sizes and addresses, zero sizes, a reserve
+alignment that is not a power of two, any free that is not one exact reservation or still has
+a mapping in it, an unmap of part of a mapping, an access change of part of a mapping or of
+unmapped VA (all CUDA_ERROR_INVALID_VALUE); a map over mapped VA (CUDA_ERROR_INVALID_VALUE);
+a create past free memory (CUDA_ERROR_OUT_OF_MEMORY, in 3 ms).
+
+Cost: kvvmm's bookkeeping sits on the hot path, so it is kept to a handle record, one dict
+entry per mapping, a cached "last reservation" range and bound functions; the pre-built
+``CUmemAllocationProp`` / ``CUmemAccessDesc`` are passed as they are. The shared
+:class:`~kvvmm.driver.base.VmmBook` would cost 2.3-2.6 µs per map+unmap pair on the H200's host
+CPU, more than the raw ``cuMemMap`` itself (1.1 µs for 2 MiB, called inline). Measured there
+against raw cuda-python (``bench/results/h200-cuda-overhead.json``, medians): map +0.44 µs
+(1.40x; since then one tuple per map is gone, -0.03 µs on the development CPU), set access
+1.02x, create 0.90x, release 1.07x, unmap of an accessed 2 MiB mapping 16.8 µs against 13.6
+raw (14.5 raw with the synchronize it needs: 1.16x).
+
+Unmap synchronizes the context first: unmapping VA that a running kernel still reads or
+writes is an illegal-address fault that kills the context. A synchronize while any stream of
+the context is capturing a CUDA graph fails *and invalidates that capture*, even with the
+thread's capture mode relaxed (measured). So an unmap first looks for a capture on torch's
+current stream (when the process uses torch) and on blocking streams (the legacy stream's
+query), and refuses with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED without touching anything:
+**unmap during CUDA graph capture is refused**; decommit after the capture ends. A capture on
+some other non-blocking stream is not seen; the synchronize then invalidates it.
+
+The VMM calls need no current context; the synchronize and ``cuMemGetInfo`` do, and run with
+this device's primary context pushed when another (or none) is current on the calling thread.
+"""
+
+from __future__ import annotations
+
+import sys
+from bisect import bisect_right, insort
+from typing import Any
+
+from kvvmm.driver.base import (
+    CUDA_ERROR_INVALID_VALUE,
+    CUDA_ERROR_NOT_SUPPORTED,
+    DriverStats,
+    MemoryKind,
+    driver_error,
+)
+from kvvmm.errors import ArgumentError, DriverError, DriverUnavailableError
+
+try:  # Imported here (not lazily) because this module is itself imported lazily.
+    from cuda.bindings import driver as _drv
+except ImportError as _e:  # pragma: no cover - depends on the environment
+    _drv = None
+    _IMPORT_ERROR = f"{type(_e).__name__}: {_e}"
+else:
+    _IMPORT_ERROR = ""
+
+__all__ = ["CudaDriver"]
+
+_FALLBACK = 'open_driver("sim") works everywhere; open_driver("host") gives real bytes on Linux'
+
+
+class _Handle:
+    """One ``cuMemCreate`` allocation as this driver tracks it."""
+
+    __slots__ = ("live", "maps", "obj", "size")
+
+    def __init__(self, obj: Any, size: int) -> None:
+        self.obj = obj  #: the ``CUmemGenericAllocationHandle`` (passed as is: no conversion)
+        self.size = size  #: bytes
+        self.maps = 0  #: live mappings of it
+        self.live = True  #: not yet released
+
+
+def _unavailable(what: str) -> DriverUnavailableError:
+    return DriverUnavailableError(f"the CUDA driver cannot run here: {what}. {_FALLBACK}.")
+
+
+class CudaDriver:
+    """CUDA VMM on a real GPU, in the device's primary context (torch's).
+
+    Args:
+        device: CUDA device ordinal.
+        granularity: ``"minimum"`` or ``"recommended"`` (``cuMemGetAllocationGranularity``
+            with that flag; both are 2 MiB on H100/H200), or an int: a multiple of the
+            minimum, to work in larger units.
+    Raises:
+        DriverUnavailableError: no cuda-python, no NVIDIA driver library, no usable GPU, or
+            a GPU without VMM support (one message; no CUDA traceback chained to it).
+        ArgumentError: ``device`` out of range, or an unknown ``granularity``.
+
+    Attributes:
+        granularity_min: the device's minimum granularity in bytes.
+        granularity_recommended: the device's recommended granularity in bytes.
+    """
+
+    kind = "cuda"
+    memory = MemoryKind.DEVICE
+
+    def __init__(self, *, device: int = 0, granularity: str | int = "minimum") -> None:
+        problem = ""
+        try:
+            problem = self._open(device)
+        except (ArgumentError, DriverUnavailableError):
+            raise
+        except Exception as e:  # DynamicLibNotFoundError, OSError, RuntimeError, ...
+            # Keep only the text: raised outside this block, no CUDA traceback is chained.
+            problem = (
+                "libcuda, the NVIDIA driver library, could not be loaded: this machine has "
+                f"no usable NVIDIA GPU driver ({type(e).__name__}: {e})"
+            )
+        if problem:
+            raise _unavailable(problem)
+        self._set_granularity(granularity)
+
+    # -- construction -----------------------------------------------------------------
+
+    def _open(self, device: int) -> str:
+        """Bind the device and its primary context; return a problem, or '' when usable."""
+        drv = _drv
+        if drv is None:
+            return (
+                f"cuda-python is not installed ({_IMPORT_ERROR}); install it with "
+                "`pip install cuda-python`"
+            )
+        if isinstance(device, bool) or not isinstance(device, int) or device < 0:
+            raise ArgumentError("device", device, "an int >= 0")
+        err = drv.cuInit(0)[0]
+        if err != drv.CUresult.CUDA_SUCCESS:
+            return f"cuInit failed with {_name(err)} (no usable GPU or driver)"
+        ok = err  # success as the bindings return it
+        err, count = drv.cuDeviceGetCount()
+        if err != ok or count == 0:
+            return "no CUDA device is visible (CUDA_VISIBLE_DEVICES? a GPU machine?)"
+        if device >= count:
+            raise ArgumentError("device", device, f"in [0, {count}) (the visible devices)")
+        err, dev = drv.cuDeviceGet(device)
+        if err != ok:
+            return f"cuDeviceGet({device}) failed with {_name(err)}"
+        err, raw_name = drv.cuDeviceGetName(256, dev)
+        name = raw_name.split(b"\0", 1)[0].decode() if err == ok else f"cuda:{device}"
+        attr = drv.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
+        err, vmm = drv.cuDeviceGetAttribute(attr, dev)
+        if err != ok or not vmm:
+            return f"{name} (device {device}) does not support CUDA virtual memory management"
+        # The primary context is the one torch (the runtime API) uses for this device.
+        err, ctx = drv.cuDevicePrimaryCtxRetain(dev)
+        if err != ok:
+            return f"cuDevicePrimaryCtxRetain({device}) failed with {_name(err)}"
+        # Make it current only on a thread that has none: forcing it over another device's
+        # context would silently switch torch's current device on this thread.
+        err, cur = drv.cuCtxGetCurrent()
+        if err == ok and int(cur) == 0:
+            drv.cuCtxSetCurrent(ctx)
+
+        self.device = device
+        self.name = name
+        self._dev = dev
+        self._ctx = ctx
+        self._ctx_int = int(ctx)
+        self._closed = False
+        self._ok = ok
+
+        prop = drv.CUmemAllocationProp()
+        prop.type = drv.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+        prop.location.type = drv.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+        prop.location.id = device
+        self._prop = prop
+        acc = drv.CUmemAccessDesc()
+        acc.location.type = drv.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+        acc.location.id = device
+        acc.flags = drv.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+        self._access = [acc]
+        flags = drv.CUmemAllocationGranularity_flags
+        err, gmin = drv.cuMemGetAllocationGranularity(
+            prop, flags.CU_MEM_ALLOC_GRANULARITY_MINIMUM
+        )
+        err2, grec = drv.cuMemGetAllocationGranularity(
+            prop, flags.CU_MEM_ALLOC_GRANULARITY_RECOMMENDED
+        )
+        if err != ok or err2 != ok:
+            drv.cuDevicePrimaryCtxRelease(dev)
+            return f"cuMemGetAllocationGranularity failed with {_name(err if err != ok else err2)}"
+        self.granularity_min = int(gmin)
+        self.granularity_recommended = int(grec)
+
+        # Bound once: the hot calls read them from self without a module lookup.
+        self._cuMemMap = drv.cuMemMap
+        self._cuMemUnmap = drv.cuMemUnmap
+        self._cuMemCreate = drv.cuMemCreate
+        self._cuMemRelease = drv.cuMemRelease
+        self._cuMemSetAccess = drv.cuMemSetAccess
+        self._cuCtxSynchronize = drv.cuCtxSynchronize
+        self._cuCtxGetCurrent = drv.cuCtxGetCurrent
+
+        self._res: dict[int, int] = {}  # reservation start -> size
+        self._res_starts: list[int] = []  # sorted reservation starts (for the slow lookup)
+        # The reservation the last map landed in, as [start, end): maps mostly land in the
+        # reservation the previous one did, so the hot path compares two ints, no bisect.
+        self._hot_lo = self._hot_hi = 0
+        self._is_capturing: Any = None  # torch.cuda.is_current_stream_capturing, once seen
+        self._legacy = drv.CUstream(drv.CU_STREAM_LEGACY)
+        self._cuStreamIsCapturing = drv.cuStreamIsCapturing
+        self._capture_none = drv.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE
+        self._implicit = drv.CUresult.CUDA_ERROR_STREAM_CAPTURE_IMPLICIT
+        # Live handles only: a released handle that is still mapped lives on in _maps.
+        self._handles: dict[int, _Handle] = {}  # our handle id -> record
+        # Mapping start -> its handle; a mapping's size is its handle's (maps take whole ones).
+        self._maps: dict[int, _Handle] = {}
+        self._next_handle = 1
+        self._physical_bytes = 0
+        return ""
+
+    def _set_granularity(self, granularity: str | int) -> None:
+        gmin = self.granularity_min
+        if granularity == "minimum":
+            gran = gmin
+        elif granularity == "recommended":
+            gran = self.granularity_recommended
+        elif (
+            isinstance(granularity, int)
+            and not isinstance(granularity, bool)
+            and granularity > 0
+            and granularity % gmin == 0
+        ):
+            gran = granularity
+        else:
+            self.close()
+            raise ArgumentError(
+                "granularity", granularity,
+                f"'minimum', 'recommended' or a positive multiple of {gmin} (the minimum)",
+            )
+        self._gran = gran
+
+    def __repr__(self) -> str:
+        return f"CudaDriver(device={self.device}, name={self.name!r}, granularity={self._gran})"
+
+    # -- errors -----------------------------------------------------------------------
+
+    def _cuda_error(self, call: str, args: dict[str, int], fn: str, err: Any) -> DriverError:
+        """The error for a CUDA call that failed: CUDA's name, and its description."""
+        return driver_error(call, args, _name(err), f"{fn} returned it: {_describe(err)}")
+
+    @staticmethod
+    def _refuse(call: str, args: dict[str, int], reason: str) -> DriverError:
+        return driver_error(call, args, CUDA_ERROR_INVALID_VALUE, reason)
+
+    def _misaligned(self, call: str, args: dict[str, int]) -> DriverError | None:
+        """The refusal for the first size/address/alignment in ``args`` that breaks the rule."""
+        g = self._gran
+        for key, value in args.items():
+            if key == "handle":
+                continue
+            if key == "size" and value <= 0:
+                return self._refuse(call, args, f"size must be > 0, got {value}")
+            if value < 0 or value % g:
+                return self._refuse(
+                    call, args, f"{key}={value:#x} is not a multiple of the granularity {g:#x}"
+                )
+        return None
+
+    def _alignment_error(self, call: str, args: dict[str, int]) -> DriverError:
+        bad = self._misaligned(call, args)
+        return bad if bad is not None else self._refuse(call, args, "misaligned")
+
+    # -- the protocol -----------------------------------------------------------------
+
+    def granularity(self) -> int:
+        return self._gran
+
+    def reserve(self, size: int, align: int = 0) -> int:
+        args = {"size": size, "align": align}
+        bad = self._misaligned("reserve", args)
+        if bad is not None:
+            raise bad
+        if align & (align - 1):  # CUDA refuses these itself (3 x 2 MiB: INVALID_VALUE on H200)
+            raise self._refuse("reserve", args, f"align={align:#x} is not a power of two")
+        err, ptr = _drv.cuMemAddressReserve(size, align or self._gran, 0, 0)
+        if err != self._ok:
+            raise self._cuda_error("reserve", args, "cuMemAddressReserve", err)
+        va = int(ptr)
+        self._res[va] = size
+        insort(self._res_starts, va)
+        return va
+
+    def free(self, va: int, size: int) -> None:
+        args = {"va": va, "size": size}
+        got = self._res.get(va)
+        if got is None:
+            raise self._refuse("free", args, f"{va:#x} is not the start of a reservation")
+        if got != size:
+            raise self._refuse(
+                "free", args, f"the reservation at {va:#x} is {got} bytes, not {size}"
+            )
+        end = va + size
+        inside = sum(1 for s, m in self._maps.items() if s < end and s + m.size > va)
+        if inside:
+            raise self._refuse("free", args, f"{inside} mappings are still in it")
+        (err,) = _drv.cuMemAddressFree(va, size)
+        if err != self._ok:
+            raise self._cuda_error("free", args, "cuMemAddressFree", err)
+        del self._res[va]
+        self._res_starts.remove(va)
+        if self._hot_lo == va:
+            self._hot_lo = self._hot_hi = 0
+
+    def create(self, size: int) -> int:
+        if size <= 0 or size % self._gran:
+            raise self._alignment_error("create", {"size": size})
+        err, obj = self._cuMemCreate(size, self._prop, 0)
+        if err:  # CUDA_SUCCESS is 0: the cheapest test
+            raise self._cuda_error("create", {"size": size}, "cuMemCreate", err)
+        handle = self._next_handle
+        self._next_handle = handle + 1
+        self._handles[handle] = _Handle(obj, size)
+        self._physical_bytes += size
+        return handle
+
+    def release(self, handle: int) -> None:
+        h = self._handles.get(handle)
+        if h is None:
+            raise self._refuse("release", {"handle": handle}, f"handle {handle} is not live")
+        (err,) = self._cuMemRelease(h.obj)
+        if err:  # CUDA_SUCCESS is 0: the cheapest test
+            raise self._cuda_error("release", {"handle": handle}, "cuMemRelease", err)
+        h.live = False
+        del self._handles[handle]
+        if not h.maps:  # a mapped handle keeps its memory until its last unmap
+            self._physical_bytes -= h.size
+
+    def map(self, va: int, size: int, handle: int) -> None:
+        h = self._handles.get(handle)
+        if (h is None or h.size != size or va < self._hot_lo or va + size > self._hot_hi
+                or va % self._gran):
+            h = self._map_slow(va, size, handle, h)
+        (err,) = self._cuMemMap(va, size, 0, h.obj, 0)
+        if err:  # CUDA_SUCCESS is 0: the cheapest test
+            args = {"va": va, "size": size, "handle": handle}
+            raise self._cuda_error("map", args, "cuMemMap", err)
+        self._maps[va] = h
+        h.maps += 1
+
+    def _map_slow(self, va: int, size: int, handle: int, h: _Handle | None) -> _Handle:
+        """Check a map the fast test did not pass: raise, or return the handle to map."""
+        args = {"va": va, "size": size, "handle": handle}
+        bad = self._misaligned("map", {"va": va, "size": size})
+        if bad is not None:
+            raise bad
+        if h is None:
+            raise self._refuse("map", args, f"handle {handle} is not live")
+        if h.size != size:
+            # What CUDA itself answers on an H200 (driver 580, CUDA 13.0) for size != the
+            # handle's size, or offset != 0; GB300 refuses these too.
+            raise driver_error(
+                "map", args, CUDA_ERROR_NOT_SUPPORTED,
+                f"size {size} != the handle's {h.size} bytes: maps take whole handles",
+            )
+        # CUDA does not check this one: on an H200 a map straddling a reservation's end, into
+        # a freed reservation, or across two adjacent reservations succeeds.
+        i = bisect_right(self._res_starts, va) - 1
+        start = self._res_starts[i] if i >= 0 else 0
+        end = start + self._res.get(start, 0)
+        if i < 0 or va + size > end:
+            raise self._refuse("map", args, "the range is not inside one reservation")
+        self._hot_lo, self._hot_hi = start, end
+        return h
+
+    def _tiling(self, call: str, va: int, size: int) -> list[int]:
+        """Mapping starts that exactly tile ``[va, va+size)``; raise unless they do."""
+        args = {"va": va, "size": size}
+        bad = self._misaligned(call, args)
+        if bad is not None:
+            raise bad
+        maps = self._maps
+        out: list[int] = []
+        pos, end = va, va + size
+        while pos < end:
+            m = maps.get(pos)
+            if m is None:
+                inner = [s for s, n in maps.items() if s < pos < s + n.size]
+                if inner:
+                    raise self._refuse(
+                        call, args, f"{pos:#x} is inside the mapping at {inner[0]:#x}"
+                    )
+                raise self._refuse(call, args, f"nothing is mapped at {pos:#x}")
+            if pos + m.size > end:
+                raise self._refuse(
+                    call, args,
+                    f"the mapping at {pos:#x} ({m.size} bytes) ends past {end:#x}: "
+                    "part of a mapping",
+                )
+            out.append(pos)
+            pos += m.size
+        return out
+
+    def unmap(self, va: int, size: int) -> None:
+        maps = self._maps
+        m = maps.get(va)
+        starts = [va] if m is not None and m.size == size else self._tiling("unmap", va, size)
+        self._synchronize("unmap", va, size)
+        (err,) = self._cuMemUnmap(va, size)
+        if err:  # CUDA_SUCCESS is 0: the cheapest test
+            raise self._cuda_error("unmap", {"va": va, "size": size}, "cuMemUnmap", err)
+        for s in starts:
+            h = maps.pop(s)
+            h.maps -= 1
+            if not h.maps and not h.live:  # released while mapped: its memory goes now
+                self._physical_bytes -= h.size
+
+    def _synchronize(self, call: str, va: int, size: int) -> None:
+        """Wait for all work in this device's context; refuse while a capture is seen."""
+        drv = _drv
+        err, cur = self._cuCtxGetCurrent()
+        pushed = int(cur) != self._ctx_int
+        if pushed:  # another context (or none) is current on this thread: sync ours
+            drv.cuCtxPushCurrent(self._ctx)
+        try:
+            capturing = self._capturing()
+            if not capturing:
+                (err,) = self._cuCtxSynchronize()
+        finally:
+            if pushed:
+                drv.cuCtxPopCurrent()
+        if capturing:
+            raise driver_error(
+                call, {"va": va, "size": size}, "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED",
+                f"a CUDA graph capture is underway ({capturing}); nothing was unmapped and the "
+                "capture is untouched. Unmap after the capture ends",
+            )
+        if err != self._ok:
+            raise driver_error(
+                call, {"va": va, "size": size}, _name(err),
+                f"cuCtxSynchronize before the unmap returned it ({_describe(err)}); nothing "
+                "was unmapped",
+            )
+
+    def _capturing(self) -> str:
+        """Where a capture was seen ('' if none): torch's current stream, or a blocking one.
+
+        Measured on an H200: ``cuCtxSynchronize`` while any stream of the context captures
+        fails with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED *and invalidates the capture*, even
+        with the thread's capture mode relaxed. So look first. torch captures on a non-blocking
+        stream that it makes current; the legacy stream's query sees blocking streams only.
+        A capture on another non-blocking stream is not seen and is invalidated by the sync.
+        """
+        fn = self._is_capturing
+        if fn is None:
+            torch = sys.modules.get("torch")  # only if the process uses torch: never import
+            if torch is not None and torch.cuda.is_initialized():
+                fn = self._is_capturing = torch.cuda.is_current_stream_capturing
+        if fn is not None and fn():
+            return "on torch's current stream"
+        err, status = self._cuStreamIsCapturing(self._legacy)
+        if err == self._implicit or (err == self._ok and status != self._capture_none):
+            return "on a blocking stream"
+        return ""  # any other error: the synchronize reports it
+
+    def set_access(self, va: int, size: int) -> None:
+        maps = self._maps
+        m = maps.get(va)
+        if m is None or m.size != size:
+            self._tiling("set_access", va, size)
+        (err,) = self._cuMemSetAccess(va, size, self._access, 1)
+        if err:  # CUDA_SUCCESS is 0: the cheapest test
+            raise self._cuda_error("set_access", {"va": va, "size": size}, "cuMemSetAccess", err)
+
+    def mem_info(self) -> tuple[int, int]:
+        # cuMemGetInfo reads the current context: make ours current for the call.
+        drv = _drv
+        drv.cuCtxPushCurrent(self._ctx)
+        try:
+            err, free_bytes, total_bytes = drv.cuMemGetInfo()
+        finally:
+            drv.cuCtxPopCurrent()
+        if err != self._ok:
+            raise self._cuda_error("mem_info", {}, "cuMemGetInfo", err)
+        return int(free_bytes), int(total_bytes)
+
+    def stats(self) -> DriverStats:
+        return DriverStats(
+            reservations=len(self._res),
+            reserved_bytes=sum(self._res.values()),
+            handles=len(self._handles),
+            mappings=len(self._maps),
+            mapped_bytes=sum(h.size for h in self._maps.values()),  # O(n), off the hot path
+            physical_bytes=self._physical_bytes,
+        )
+
+    def close(self) -> None:
+        """Unmap, release and free everything still held, then drop the context reference.
+
+        Idempotent. Tensors over this driver's VA must be gone first (the arena sees to it):
+        touching unmapped VA is an illegal-address fault.
+        """
+        if getattr(self, "_closed", True):
+            return
+        for va, h in sorted(self._maps.items(), key=lambda item: item[0]):
+            self.unmap(va, h.size)
+        for handle in list(self._handles):
+            self.release(handle)
+        for va, size in list(self._res.items()):
+            self.free(va, size)
+        self._closed = True
+        _drv.cuDevicePrimaryCtxRelease(self._dev)
+
+
+def _name(err: Any) -> str:
+    """CUDA's name for an error code (``"CUDA_ERROR_OUT_OF_MEMORY"``)."""
+    try:
+        res, raw = _drv.cuGetErrorName(err)
+        if res == _drv.CUresult.CUDA_SUCCESS and raw:
+            return str(raw.decode() if isinstance(raw, bytes) else raw)
+    except Exception:  # the name must not hide the error it names
+        pass
+    return str(getattr(err, "name", f"CUDA_ERROR_{int(err)}"))
+
+
+def _describe(err: Any) -> str:
+    try:
+        res, raw = _drv.cuGetErrorString(err)
+        if res == _drv.CUresult.CUDA_SUCCESS and raw:
+            return str(raw.decode() if isinstance(raw, bytes) else raw)
+    except Exception:
+        pass
+    return "no description"
