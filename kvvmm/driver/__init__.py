@@ -53,8 +53,10 @@ def open_driver(kind: str = "auto", **options: Any) -> Driver:
         return HostDriver(**options)
     if kind == "cuda":
         return _open_cuda(options)
+    # "auto" passes each driver only the options it takes: capacity_bytes caps the host
+    # driver, device picks the GPU; granularity means the same to both.
     try:
-        return _open_cuda(dict(options))
+        return _open_cuda({k: v for k, v in options.items() if k in ("device", "granularity")})
     except DriverUnavailableError:
         from kvvmm.driver.host import HostDriver
 
