@@ -297,7 +297,7 @@ def run(out_dir: str, seed_file: str | None, device: int = 0) -> dict[str, Any]:
     from kvvmm.policy import Chunked, Exact, Geometric, default_policy
 
     policies = [default_policy(), Exact(), Chunked(64 * MiB), Chunked(128 * MiB),
-                Geometric(2.0, 256 * MiB)]
+                Chunked(256 * MiB), Geometric(2.0, 256 * MiB)]
     unique: dict[str, Any] = {}
     for p in policies:
         unique.setdefault(str(p), p)

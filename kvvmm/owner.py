@@ -139,6 +139,11 @@ class KvBufferOwner:
         self.prefix_tokens = 0
         self.final_tokens: int | None = None
         self._closed = False
+        # Decode growth calls ensure_prefix once per step for every buffer: keep what its
+        # fast path needs in plain lists (rows of each buffer, backed bytes mirrored from the
+        # arena after every change) so a step with nothing to back costs one pass of ints.
+        self._rows = [(d.tokens_per_row, d.row_bytes) for d in self.descs]
+        self._backed = [0] * len(self.descs)
         self.arena = Arena(driver, reserve_bytes=sum(self._limits), device=device, name=name)
         try:
             self._offsets = [self.arena.allocate(s, d.name)
@@ -182,11 +187,19 @@ class KvBufferOwner:
                 )
         gran = self.arena.granularity
         requests = []
-        for off, span, limit in zip(self._offsets, spans, self._limits, strict=True):
-            backed = self.arena.backed_of(off)
+        for off, span, limit, backed in zip(self._offsets, spans, self._limits, self._backed,
+                                            strict=True):
             if span > backed:
                 requests.append((off, policy.target_bytes(backed, span, limit, gran)))
-        return self.arena.commit_many(requests) if requests else 0
+        if not requests:
+            return 0
+        try:
+            return self.arena.commit_many(requests)
+        finally:
+            self._sync_backed()
+
+    def _sync_backed(self) -> None:
+        self._backed = [self.arena.backed_of(o) for o in self._offsets]
 
     def ensure_prefix(self, n: int) -> int:
         """Back the first ``n`` token slots of every buffer (the growth policy sizes handles).
@@ -201,8 +214,12 @@ class KvBufferOwner:
         """
         self._check_open("ensure_prefix")
         n = _tokens("n", n, lo=0, hi=self.reserved_tokens, what="0")
-        added = self._back([d.prefix_span_bytes(n, self.page_size) for d in self.descs],
-                           self.policy)
+        # KvBufferDesc.prefix_span_bytes, inlined: rows(n) * row_bytes.
+        spans = [-(-n // tpr) * rb for tpr, rb in self._rows]
+        if all(s <= b for s, b in zip(spans, self._backed, strict=True)):
+            self.prefix_tokens = max(self.prefix_tokens, n)
+            return 0
+        added = self._back(spans, self.policy)
         self.prefix_tokens = max(self.prefix_tokens, n)
         return added
 
@@ -242,7 +259,10 @@ class KvBufferOwner:
         self._check_open("shrink")
         n = _tokens("n", n, lo=self.page_size, hi=self.reserved_tokens, what="page_size")
         keep = [d.final_span_bytes(n, self.page_size) for d in self.descs]
-        given = self.arena.decommit_many(zip(self._offsets, keep, strict=True))
+        try:
+            given = self.arena.decommit_many(zip(self._offsets, keep, strict=True))
+        finally:
+            self._sync_backed()
         self.prefix_tokens = min(self.prefix_tokens, n)
         if self.final_tokens is not None:
             self.final_tokens = min(self.final_tokens, n)

@@ -100,12 +100,13 @@ class Geometric:
 
 
 def default_policy() -> GrowthPolicy:
-    """The owner's default: ``Chunked(64 MiB)``.
+    """The owner's default: ``Chunked(128 MiB)``.
 
-    64 MiB handles copied at 4.19 TB/s on the H200, the same as cudaMalloc (4.19), while
-    over-committing at most 64 MiB per buffer.
+    Measured with ``kvvmm bench`` on an H200 (64 buffers grown in 122 decode steps): 64 MiB
+    chunks left the tensors at 0.980x cudaMalloc bandwidth and took 96 ms; 128 MiB chunks
+    reached 0.993x in 66 ms, over-committing at most one chunk per buffer.
     """
-    return Chunked(64 * MiB)
+    return Chunked(128 * MiB)
 
 
 def simulate_growth(
