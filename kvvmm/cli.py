@@ -1,0 +1,276 @@
+"""The ``kvvmm`` command: ``lab``, ``map``, ``plan`` and ``bench``.
+
+- ``kvvmm lab``: JupyterLab on the repository's ``notebooks/``, with ``KVVMM_DRIVER`` set
+  for the notebooks to read (``cuda`` when a GPU is usable, else ``sim``).
+- ``kvvmm map trace.json -o map.html``: a standalone HTML page (plotly.js inline, works
+  offline) with the VA map of every arena a saved trace recorded, and its timeline.
+- ``kvvmm plan --model llama-3.1-8b --gpu h200``: the capacity plan as a table, or ``--json``.
+- ``kvvmm bench ...``: the GPU benchmarks (``kvvmm.bench``).
+
+Exit codes: 0 success, 2 bad input or a missing piece (with one line saying why), else
+what the delegated command returns.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+from kvvmm.errors import KvvmmError
+from kvvmm.units import GiB, KiB, MiB, TiB
+
+__all__ = ["find_notebooks", "lab_command", "main", "parse_bytes"]
+
+#: The environment variable the notebooks read to pick their driver.
+DRIVER_ENV = "KVVMM_DRIVER"
+
+Launcher = Callable[[Sequence[str], Mapping[str, str]], int]
+GpuProbe = Callable[[], bool]
+
+_UNITS = {"": 1, "b": 1, "kib": KiB, "mib": MiB, "gib": GiB, "tib": TiB,
+          "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
+
+
+def parse_bytes(text: str) -> int:
+    """``"80GiB"`` -> 85899345920; plain ints are bytes; KiB/MiB/GiB/TiB and KB/MB/GB/TB.
+
+    Raises:
+        argparse.ArgumentTypeError: not a size.
+    """
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", str(text))
+    if m is None or m.group(2).lower() not in _UNITS:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a size: use bytes (85899345920) or a unit (80GiB, 512MiB)")
+    value = float(m.group(1)) * _UNITS[m.group(2).lower()]
+    if value != int(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of bytes")
+    return int(value)
+
+
+# -- lab ---------------------------------------------------------------------------------
+
+
+def find_notebooks(start: Path | None = None) -> Path | None:
+    """The notebooks folder: ``./notebooks`` (or ``.`` if it holds them), else the repo's.
+
+    The repository's folder is found next to the package (an editable install or a checkout).
+    """
+    here = Path.cwd() if start is None else start
+    pkg_repo = Path(__file__).resolve().parent.parent
+    for cand in (here / "notebooks", here, pkg_repo / "notebooks"):
+        if cand.is_dir() and any(cand.glob("[0-9][0-9]_*.ipynb")):
+            return cand
+    return None
+
+
+def _gpu_usable() -> bool:
+    """True when the CUDA driver opens; asked in a child process so no context stays here."""
+    code = "from kvvmm.driver import open_driver; open_driver('cuda')"
+    try:
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=120,
+                              check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return proc.returncode == 0
+
+
+def lab_command(args: argparse.Namespace, notebooks: Path, gpu_probe: GpuProbe = _gpu_usable,
+                environ: Mapping[str, str] | None = None) -> tuple[list[str], dict[str, str]]:
+    """The argv and environment that start JupyterLab for ``kvvmm lab`` (nothing is run).
+
+    ``--driver auto`` becomes ``cuda`` when ``gpu_probe()`` says a GPU is usable, else
+    ``sim`` (every notebook runs there, and its outputs match the saved ones).
+    """
+    driver = args.driver
+    if driver == "auto":
+        driver = "cuda" if gpu_probe() else "sim"
+    argv = [sys.executable, "-m", "jupyter", "lab", f"--ServerApp.root_dir={notebooks}"]
+    tour = notebooks / "01_tour.ipynb"
+    if tour.exists():
+        argv.append("--LabApp.default_url=/lab/tree/01_tour.ipynb")
+    if args.port is not None:
+        argv.append(f"--ServerApp.port={args.port}")
+    if args.no_browser:
+        argv.append("--no-browser")
+    if is_root():
+        # Jupyter refuses to start as root without it; containers and CI machines run so.
+        argv.append("--allow-root")
+    argv += list(args.jupyter_args or [])
+    env = dict(os.environ if environ is None else environ)
+    env[DRIVER_ENV] = driver
+    return argv, env
+
+
+def is_root() -> bool:
+    """True when running as root (POSIX); Jupyter then needs ``--allow-root``."""
+    geteuid = getattr(os, "geteuid", None)
+    return geteuid is not None and geteuid() == 0
+
+
+def _launch(argv: Sequence[str], env: Mapping[str, str]) -> int:
+    try:
+        return subprocess.call(list(argv), env=dict(env))
+    except KeyboardInterrupt:
+        return 0
+
+
+def _cmd_lab(args: argparse.Namespace, launch: Launcher, gpu_probe: GpuProbe) -> int:
+    notebooks = Path(args.notebooks) if args.notebooks else find_notebooks()
+    if notebooks is None or not notebooks.is_dir():
+        _err("lab", "no notebooks folder found: run this in the kvvmm repository (it has "
+                    "notebooks/) or pass --notebooks DIR")
+        return 2
+    argv, env = lab_command(args, notebooks, gpu_probe)
+    print(f"kvvmm lab: {DRIVER_ENV}={env[DRIVER_ENV]}, notebooks in {notebooks}", flush=True)
+    return launch(argv, env)
+
+
+# -- map ---------------------------------------------------------------------------------
+
+
+def _cmd_map(args: argparse.Namespace) -> int:
+    from kvvmm.arena import replay_arenas
+    from kvvmm.trace import Trace
+    from kvvmm.viz import timeline, va_map
+
+    src = Path(args.trace)
+    out = Path(args.output) if args.output else src.with_suffix(".html")
+    trace = Trace.load(src)
+    snaps = replay_arenas(trace)
+    figs = [va_map(s) for s in snaps]
+    if not args.no_timeline:
+        figs.append(timeline(trace))
+    if not figs:
+        _err("map", f"{src} recorded no arena and no call: nothing to draw")
+        return 2
+    parts = [f.to_html(full_html=False, include_plotlyjs=(i == 0)) for i, f in enumerate(figs)]
+    title = f"kvvmm map of {src.name}"
+    page = ("<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\">"
+            f"<title>{title}</title></head><body>\n<h3 style=\"font-family:sans-serif\">{title}"
+            f" ({len(snaps)} arenas, {len(trace.driver_calls())} driver calls)</h3>\n"
+            + "\n".join(parts) + "\n</body></html>\n")
+    out.write_text(page, encoding="utf-8")
+    print(f"wrote {out} ({len(snaps)} arena maps{'' if args.no_timeline else ' + timeline'})")
+    return 0
+
+
+# -- plan --------------------------------------------------------------------------------
+
+
+def _cmd_plan(args: argparse.Namespace) -> int:
+    from kvvmm.plan import format_plan, plan
+
+    p = plan(gpu=args.gpu, model=args.model, dtype=args.dtype, page_size=args.page_size,
+             tp=args.tp, budget_bytes=args.budget_bytes, headroom_bytes=args.headroom_bytes,
+             free_bytes=args.free_bytes, layout=args.layout,
+             reserved_tokens=args.reserved_tokens, count_overhead=args.count_overhead)
+    if args.json:
+        print(json.dumps(p.to_dict(), indent=2))
+    else:
+        print(format_plan(p))
+    return 0
+
+
+# -- bench -------------------------------------------------------------------------------
+
+
+def _cmd_bench(rest: Sequence[str]) -> int:
+    try:
+        from kvvmm import bench
+    except ImportError as e:
+        _err("bench", f"the benchmarks are not available in this install ({e})")
+        return 2
+    return int(bench.main(list(rest)) or 0)
+
+
+# -- main --------------------------------------------------------------------------------
+
+
+def _err(cmd: str, msg: str) -> None:
+    print(f"kvvmm {cmd}: error: {msg}", file=sys.stderr)
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="kvvmm", description="CUDA virtual memory for LLM KV caches: lab and tools.")
+    sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+
+    lab = sub.add_parser("lab", help="open JupyterLab on the notebooks",
+                         description="Open JupyterLab on notebooks/ with KVVMM_DRIVER set.")
+    lab.add_argument("--driver", choices=["auto", "sim", "host", "cuda"], default="auto",
+                     help="driver the notebooks use (auto: cuda with a usable GPU, else sim)")
+    lab.add_argument("--port", type=int, default=None, help="JupyterLab's port")
+    lab.add_argument("--no-browser", action="store_true", help="do not open a browser")
+    lab.add_argument("--notebooks", default=None, help="notebooks folder (default: found)")
+    lab.add_argument("jupyter_args", nargs="*", help="more arguments for jupyter lab "
+                                                     "(after --)")
+
+    mp = sub.add_parser("map", help="write an HTML VA map of a saved trace",
+                        description="Replay a trace's arenas and draw them as standalone HTML.")
+    mp.add_argument("trace", help="trace JSON (Trace.save / TracingDriver)")
+    mp.add_argument("-o", "--output", default=None, help="HTML file (default: TRACE.html)")
+    mp.add_argument("--no-timeline", action="store_true", help="only the VA maps")
+
+    pl = sub.add_parser("plan", help="plan a KV cache: tokens, VA, backing, handles",
+                        description="Capacity plan for a model on one GPU (kvvmm.plan).")
+    pl.add_argument("--model", default="llama-3.1-8b",
+                    help="shipped model key, HF repo id, or path to a config.json")
+    pl.add_argument("--gpu", default="h200", help="device profile: h100, h200, b200, gb300")
+    pl.add_argument("--tp", type=int, default=1, help="tensor-parallel size")
+    pl.add_argument("--dtype", default="bfloat16", help="KV dtype")
+    pl.add_argument("--page-size", type=int, default=16, help="tokens per page")
+    pl.add_argument("--layout", default="token_major", choices=["token_major", "page_major"])
+    pl.add_argument("--budget-bytes", type=parse_bytes, default=None,
+                    help="KV budget (80GiB, or bytes); default free - headroom + backed")
+    pl.add_argument("--headroom-bytes", type=parse_bytes, default=None)
+    pl.add_argument("--free-bytes", type=parse_bytes, default=None)
+    pl.add_argument("--reserved-tokens", type=int, default=None,
+                    help="upper bound the VA is reserved for (default: the planned tokens)")
+    pl.add_argument("--count-overhead", action="store_true",
+                    help="count padding and granularity rounding against the budget")
+    pl.add_argument("--json", action="store_true", help="print the plan as JSON")
+
+    sub.add_parser("bench", help="run the GPU benchmarks (kvvmm.bench; arguments pass on)",
+                   add_help=False)
+    return ap
+
+
+def main(argv: Sequence[str] | None = None, *, launch: Launcher | None = None,
+         gpu_probe: GpuProbe | None = None) -> int:
+    """Run the ``kvvmm`` command line.
+
+    Args:
+        argv: arguments without the program name (default ``sys.argv[1:]``).
+        launch: runs ``(argv, env)`` for ``kvvmm lab`` (default: a child process); tests
+            pass a fake to see the command without starting JupyterLab.
+        gpu_probe: says whether a GPU is usable, for ``--driver auto``.
+    Returns:
+        The exit code.
+    """
+    args_in = list(sys.argv[1:] if argv is None else argv)
+    if args_in and args_in[0] == "bench":
+        return _cmd_bench(args_in[1:])
+    args = _parser().parse_args(args_in)
+    try:
+        if args.cmd == "lab":
+            return _cmd_lab(args, launch or _launch, gpu_probe or _gpu_usable)
+        if args.cmd == "map":
+            return _cmd_map(args)
+        if args.cmd == "plan":
+            return _cmd_plan(args)
+    except BrokenPipeError:  # `kvvmm plan | head`: the reader left; not an error
+        return 0
+    except (KvvmmError, ValueError, OSError) as e:
+        _err(args.cmd, f"{type(e).__name__}: {e}")
+        return 2
+    raise AssertionError(f"unhandled command {args.cmd!r}")  # argparse allows no other
+
+
+if __name__ == "__main__":
+    sys.exit(main())

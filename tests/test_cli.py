@@ -1,0 +1,184 @@
+"""The kvvmm command: map, plan, lab (without launching JupyterLab) and bench delegation."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import pytest
+
+import kvvmm
+from kvvmm import cli
+from kvvmm.units import GiB, MiB
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _trace(path: Path) -> Path:
+    drv = kvvmm.TracingDriver(kvvmm.SimDriver("h200"))
+    descs = kvvmm.mha_token_major(layers=2, kv_heads=8, head_dim=128, reserved_tokens=4096,
+                                  page_size=16, dtype="bfloat16")
+    owner = kvvmm.KvBufferOwner(driver=drv, dtype="bfloat16", page_size=16,
+                                reserved_tokens=4096, descs=descs, name="kvpool")
+    owner.finalize(2048)
+    arena = kvvmm.Arena(drv, reserve_bytes=64 * MiB, name="scratch")
+    arena.commit(arena.allocate(8 * MiB), 4 * MiB)
+    drv.trace.save(path)
+    return path
+
+
+# -- map ---------------------------------------------------------------------------------
+
+
+def test_map_writes_a_standalone_html_page_of_every_arena_in_a_trace(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    src = _trace(tmp_path / "run.json")
+    out = tmp_path / "map.html"
+    assert cli.main(["map", str(src), "-o", str(out)]) == 0
+    page = out.read_text(encoding="utf-8")
+    assert page.startswith("<!DOCTYPE html>") and page.rstrip().endswith("</html>")
+    assert "kvpool" in page and "scratch" in page
+    assert page.count("Plotly.newPlot") == 3  # two arena maps and the timeline
+    assert 'src="http' not in page and len(page) > 1_000_000  # plotly.js inline: offline
+    assert "wrote" in capsys.readouterr().out
+
+
+def test_map_defaults_its_output_next_to_the_trace(tmp_path: Path) -> None:
+    src = _trace(tmp_path / "run.json")
+    assert cli.main(["map", str(src), "--no-timeline"]) == 0
+    assert (tmp_path / "run.html").read_text(encoding="utf-8").count("Plotly.newPlot") == 2
+
+
+def test_map_of_a_file_that_is_not_a_trace_exits_2_with_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"format": "something else"}')
+    assert cli.main(["map", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("kvvmm map: error: TraceFormatError") and err.count("\n") == 1
+
+
+# -- plan --------------------------------------------------------------------------------
+
+
+def test_plan_prints_the_plan_as_a_table(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["plan", "--model", "llama-3.1-8b", "--gpu", "h200", "--tp", "2",
+                     "--budget-bytes", "40GiB"]) == 0
+    out = capsys.readouterr().out
+    from kvvmm.plan import format_plan, plan
+
+    expected = format_plan(plan(gpu="h200", model="llama-3.1-8b", tp=2,
+                                budget_bytes=40 * GiB))
+    assert out == expected + "\n"
+    assert "tokens" in out and "Chunked(64.0 MiB)" in out
+
+
+def test_plan_json_parses_and_carries_the_plan(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["plan", "--model", "qwen2.5-7b", "--page-size", "64", "--dtype", "fp16",
+                     "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["model"] == "qwen2.5-7b" and data["page_size"] == 64
+    assert data["dtype"] == "float16" and data["tokens"] % 64 == 0
+    assert isinstance(data["pools"], list) and data["pools"][0]["name"] == "full"
+
+
+def test_plan_with_bad_input_exits_2_naming_the_value(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert cli.main(["plan", "--tp", "3"]) == 2
+    assert "tp=3" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("text", "value"), [
+    ("1024", 1024), ("80GiB", 80 * GiB), ("512 MiB", 512 * MiB), ("1.5GiB", 3 * GiB // 2),
+    ("2GB", 2 * 10**9),
+])
+def test_sizes_on_the_command_line_take_units(text: str, value: int) -> None:
+    assert cli.parse_bytes(text) == value
+
+
+def test_a_size_without_a_known_unit_is_refused() -> None:
+    with pytest.raises(SystemExit):
+        cli.main(["plan", "--budget-bytes", "80 parsecs"])
+
+
+# -- lab ---------------------------------------------------------------------------------
+
+
+class _Launch:
+    """Records what ``kvvmm lab`` would run instead of running it."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[list[str], dict[str, str]]] = []
+
+    def __call__(self, argv: Sequence[str], env: Mapping[str, str]) -> int:
+        self.calls.append((list(argv), dict(env)))
+        return 0
+
+
+def test_lab_opens_jupyterlab_on_the_notebooks_with_the_sim_driver_without_a_gpu() -> None:
+    launch = _Launch()
+    assert cli.main(["lab", "--no-browser", "--port", "8899"], launch=launch,
+                    gpu_probe=lambda: False) == 0
+    ((argv, env),) = launch.calls
+    assert argv[1:4] == ["-m", "jupyter", "lab"]
+    assert f"--ServerApp.root_dir={ROOT / 'notebooks'}" in argv
+    assert "--ServerApp.port=8899" in argv and "--no-browser" in argv
+    assert "--LabApp.default_url=/lab/tree/01_tour.ipynb" in argv
+    assert env["KVVMM_DRIVER"] == "sim"
+
+
+def test_lab_allows_root_only_when_running_as_root(monkeypatch: pytest.MonkeyPatch) -> None:
+    launch = _Launch()
+    for root in (True, False):
+        monkeypatch.setattr(cli, "is_root", lambda root=root: root)
+        cli.main(["lab"], launch=launch, gpu_probe=lambda: False)
+    assert ["--allow-root" in argv for argv, _ in launch.calls] == [True, False]
+
+
+def test_lab_picks_cuda_when_a_gpu_is_usable_and_honours_an_explicit_driver() -> None:
+    launch = _Launch()
+    cli.main(["lab"], launch=launch, gpu_probe=lambda: True)
+    cli.main(["lab", "--driver", "host"], launch=launch, gpu_probe=lambda: True)
+    assert [env["KVVMM_DRIVER"] for _, env in launch.calls] == ["cuda", "host"]
+    assert "--no-browser" not in launch.calls[0][0]
+
+
+def test_lab_passes_extra_arguments_to_jupyter() -> None:
+    launch = _Launch()
+    cli.main(["lab", "--", "--ServerApp.token=abc"], launch=launch, gpu_probe=lambda: False)
+    assert launch.calls[0][0][-1] == "--ServerApp.token=abc"
+
+
+def test_lab_without_a_notebooks_folder_exits_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    launch = _Launch()
+    assert cli.main(["lab", "--notebooks", str(tmp_path / "nope")], launch=launch,
+                    gpu_probe=lambda: False) == 2
+    assert launch.calls == [] and "no notebooks folder" in capsys.readouterr().err
+
+
+def test_the_notebooks_are_found_from_the_repository_or_below_it(tmp_path: Path) -> None:
+    assert cli.find_notebooks(ROOT) == ROOT / "notebooks"
+    assert cli.find_notebooks(ROOT / "notebooks") == ROOT / "notebooks"
+    assert cli.find_notebooks(tmp_path) == ROOT / "notebooks"  # next to the package
+
+
+# -- bench -------------------------------------------------------------------------------
+
+
+def test_bench_hands_its_arguments_to_kvvmm_bench(monkeypatch: pytest.MonkeyPatch) -> None:
+    bench = pytest.importorskip("kvvmm.bench")
+    seen: list[list[str]] = []
+
+    def fake_main(argv: list[str] | None = None) -> int:
+        seen.append(list(argv or []))
+        return 3
+
+    monkeypatch.setattr(bench, "main", fake_main)
+    assert cli.main(["bench", "--out", "x.json", "--help"]) == 3
+    assert seen == [["--out", "x.json", "--help"]]

@@ -1,0 +1,337 @@
+"""kvvmm.lab panels, driven without a browser: clicks and trait assignments, as a user would.
+
+Each test sets widget values and clicks buttons through the ipywidgets API, then checks the
+arena, the figure's data and the error area (ipywidgets' own tests work the same way).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import pytest
+
+pytest.importorskip("ipywidgets")
+pytest.importorskip("plotly")
+
+import ipywidgets as widgets
+import plotly.graph_objects as go
+
+import kvvmm
+from kvvmm.driver import Fault, FaultyDriver, SimDriver
+from kvvmm.lab import (
+    ArenaLab,
+    GrowthLab,
+    LayoutExplorer,
+    decode_growth,
+    format_growth,
+)
+from kvvmm.owner import OwnerSnapshot
+from kvvmm.units import MiB
+from kvvmm.viz import VA_MAP_TRACES
+
+
+def _backed_bars(lab: Any) -> list[tuple[int, int]]:
+    """(offset, size) in bytes of the figure's backed bars."""
+    fig = lab.figure
+    unit = fig.layout.meta["unit_bytes"]
+    bars = fig.data[0]
+    return [(round(b * unit), round(x * unit)) for b, x in zip(bars.base, bars.x, strict=True)]
+
+
+def _reserve(lab: ArenaLab, mib: int = 64) -> None:
+    lab.reserve_mib.value = mib
+    lab.reserve_button.click()
+    assert lab.error_text == ""
+
+
+# -- ArenaLab ----------------------------------------------------------------------------
+
+
+def test_reserve_allocate_commit_change_the_arena_and_the_figure() -> None:
+    lab = ArenaLab()
+    _reserve(lab)
+    assert lab.arena is not None and lab.arena.reserved_bytes == 64 * MiB
+    lab.alloc_mib.value = 10
+    lab.alloc_name.value = "kv"
+    lab.allocate_button.click()
+    assert lab.target.value == "kv" and lab.commit_mib.max == 10
+    lab.commit_mib.value = 6
+    lab.commit_button.click()
+    assert lab.error_text == ""
+    snap = lab.arena.snapshot()
+    assert snap.allocation("kv").backed_bytes == 6 * MiB
+    assert _backed_bars(lab) == [(0, 6 * MiB)]
+    assert tuple(t.name for t in lab.figure.data) == VA_MAP_TRACES
+    assert "backed   6.0 MiB in 1 handle " in lab.summary.value
+    assert "create(size=6.0 MiB)" in lab.log_text()
+
+
+def test_decommit_gives_back_whole_mappings_and_the_figure_follows() -> None:
+    lab = ArenaLab()
+    _reserve(lab)
+    lab.allocate_button.click()  # 16 MiB, default name
+    for mib in (4, 8):
+        lab.commit_mib.value = mib
+        lab.commit_button.click()
+    assert _backed_bars(lab) == [(0, 4 * MiB), (4 * MiB, 4 * MiB)]
+    lab.commit_mib.value = 2
+    lab.decommit_button.click()  # keeps the first handle: it straddles 2 MiB
+    assert lab.error_text == ""
+    assert _backed_bars(lab) == [(0, 4 * MiB)]
+
+
+def test_bad_reserve_size_shows_an_error_and_changes_nothing() -> None:
+    lab = ArenaLab()
+    lab.reserve_mib.value = -5
+    lab.reserve_button.click()
+    assert "reserve_bytes=" in lab.error_text and "must be" in lab.error_text
+    assert "reserve_bytes" in lab.error.value
+    assert lab.arena is None and lab.snapshot() is None
+    assert len(lab.figure.data[0].x) == 0
+
+
+def test_allocating_past_the_reservation_shows_an_error_and_changes_nothing() -> None:
+    lab = ArenaLab()
+    _reserve(lab, 32)
+    before = lab.arena.snapshot()  # type: ignore[union-attr]
+    figure_before = lab.figure.to_json()
+    lab.alloc_mib.value = 1000
+    lab.allocate_button.click()
+    assert lab.error_text.startswith("ReservationExhaustedError")
+    assert lab.arena.snapshot() == before  # type: ignore[union-attr]
+    assert lab.figure.to_json() == figure_before
+    lab.alloc_mib.value = 8
+    lab.allocate_button.click()
+    assert lab.error_text == "" and lab.error.value == ""  # a success clears the error
+
+
+def test_reserving_twice_asks_to_close_first() -> None:
+    lab = ArenaLab()
+    _reserve(lab)
+    arena = lab.arena
+    lab.reserve_button.click()
+    assert "Close" in lab.error_text and lab.arena is arena
+
+
+def test_reserve_kv_then_finalize_backs_each_buffers_final_span() -> None:
+    lab = ArenaLab(layers=2, reserved_tokens=8192)
+    lab.reserve_kv_button.click()
+    assert lab.owner is not None and lab.tokens.max == 8192
+    lab.tokens.value = 4096
+    lab.finalize_button.click()
+    assert lab.error_text == ""
+    snap = lab.snapshot()
+    assert isinstance(snap, OwnerSnapshot) and snap.final_tokens == 4096
+    final = {t.name: t for t in lab.figure.data}["final"]
+    unit = lab.figure.layout.meta["unit_bytes"]
+    assert [round(x * unit) for x in final.x] == [b.offset + (b.final_bytes or 0)
+                                                  for b in snap.buffers]
+    assert len(_backed_bars(lab)) == snap.handles
+
+
+def test_finalize_below_one_page_shows_an_error_and_changes_nothing() -> None:
+    lab = ArenaLab(layers=2, reserved_tokens=8192)
+    lab.reserve_kv_button.click()
+    before = lab.snapshot()
+    lab.tokens.value = 8
+    lab.finalize_button.click()
+    assert lab.error_text == "ArgumentError: n=8 is invalid: must be >= page_size (16)"
+    assert lab.snapshot() == before
+
+
+def test_ensure_prefix_and_shrink_follow_the_token_slider() -> None:
+    lab = ArenaLab(layers=1, reserved_tokens=65536)
+    lab.policy.value = kvvmm.Exact()
+    lab.reserve_kv_button.click()
+    lab.tokens.value = 8192
+    lab.prefix_button.click()
+    assert lab.owner is not None and lab.owner.backed_bytes == 2 * 16 * MiB
+    lab.tokens.value = 1024  # keeps 2 MiB + 32 KiB: the [2, 16) MiB handle straddles it
+    lab.shrink_button.click()
+    assert lab.error_text == "" and lab.owner.backed_bytes == 2 * 16 * MiB
+    lab.tokens.value = 512  # keeps 1 MiB + 32 KiB: the second handle goes
+    lab.shrink_button.click()
+    assert lab.error_text == "" and lab.owner.backed_bytes == 2 * 2 * MiB
+
+
+def test_owner_buttons_without_kv_buffers_say_what_to_press() -> None:
+    lab = ArenaLab()
+    _reserve(lab)
+    lab.finalize_button.click()
+    assert "Reserve KV" in lab.error_text
+
+
+def test_close_gives_everything_back_and_keeps_the_last_map() -> None:
+    lab = ArenaLab(layers=2, reserved_tokens=4096)
+    lab.reserve_kv_button.click()
+    drv = lab.driver_object
+    assert drv is not None
+    lab.close_button.click()
+    assert lab.error_text == "" and lab.owner is None
+    assert drv.stats().clean
+    snap = lab.snapshot()
+    assert snap is not None and (snap.arena if isinstance(snap, OwnerSnapshot) else snap).closed
+    lab.reserve_kv_button.click()  # a fresh one after close
+    assert lab.error_text == "" and lab.owner is not None
+
+
+def test_a_failing_driver_call_shows_in_the_panel_and_changes_nothing() -> None:
+    faulty = FaultyDriver(SimDriver("h200"))
+    lab = ArenaLab(driver=faulty, layers=2, reserved_tokens=8192)
+    assert lab.driver.disabled and lab.driver.value == "sim"
+    lab.reserve_kv_button.click()
+    before = lab.snapshot()
+    bars = _backed_bars(lab)
+    faulty.arm(Fault(call="set_access", nth=2, error="CUDA_ERROR_UNKNOWN"))
+    lab.tokens.value = 4096
+    lab.finalize_button.click()
+    assert lab.error_text.startswith("DriverError: set_access(")
+    assert "CUDA_ERROR_UNKNOWN" in lab.error.value
+    assert lab.snapshot() == before and _backed_bars(lab) == bars
+    assert "FAILED CUDA_ERROR_UNKNOWN" in lab.log.value  # the failed call and its undo
+    faulty.disarm()
+    lab.finalize_button.click()
+    assert lab.error_text == ""
+
+
+def test_an_unavailable_driver_shows_an_error_and_changes_nothing() -> None:
+    lab = ArenaLab()
+    lab.driver.value = "cuda"
+    lab.reserve_button.click()
+    if lab.error_text == "":  # a machine with a GPU: it simply worked
+        lab.close_button.click()
+        return
+    assert "DriverUnavailableError" in lab.error_text and lab.arena is None
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the host driver is Linux-only")
+def test_the_arena_lab_works_on_the_host_driver() -> None:
+    lab = ArenaLab(driver="host", layers=1, reserved_tokens=2048)
+    lab.reserve_kv_button.click()
+    assert lab.error_text == ""
+    lab.tokens.value = 1024
+    lab.finalize_button.click()
+    assert lab.error_text == "" and lab.owner is not None
+    assert lab.owner.arena.driver.kind == "host"
+    lab.close_button.click()
+    assert lab.error_text == ""
+
+
+def test_a_panel_is_a_widget_with_a_mimebundle() -> None:
+    lab = ArenaLab()
+    assert isinstance(lab.widget, widgets.VBox)
+    bundle = lab._repr_mimebundle_()
+    assert "application/vnd.jupyter.widget-view+json" in bundle
+
+
+def test_without_figurewidget_the_map_is_drawn_into_an_output(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def no_anywidget(*a: object, **k: object) -> None:
+        raise ImportError("Please install anywidget to use the FigureWidget class")
+
+    monkeypatch.setattr(go, "FigureWidget", no_anywidget)
+    lab = ArenaLab()
+    assert isinstance(lab.plot, widgets.Output) and isinstance(lab.figure, go.Figure)
+    _reserve(lab)
+    lab.allocate_button.click()
+    lab.commit_mib.value = 4
+    lab.commit_button.click()
+    assert _backed_bars(lab) == [(0, 4 * MiB)]
+    (out,) = lab.plot.outputs
+    spec = out["data"]["application/vnd.plotly.v1+json"]
+    assert [t["name"] for t in spec["data"]] == list(VA_MAP_TRACES)
+    assert spec["layout"]["title"]["text"] == lab.figure.layout.title.text
+
+
+# -- LayoutExplorer ----------------------------------------------------------------------
+
+
+def test_the_layout_explorer_plans_on_construction_and_on_every_change() -> None:
+    ex = LayoutExplorer(model="llama-3.1-8b", gpu="h200")
+    assert ex.error_text == "" and ex.plan.tokens > 0
+    assert "64 buffers of shape" in ex.text and "VA to reserve" in ex.text
+    tokens_tp1 = ex.plan.tokens
+    ex.tp.value = 2
+    assert ex.error_text == "" and ex.plan.tp == 2 and ex.plan.tokens > tokens_tp1
+    assert ex.figure.layout.meta["kvvmm"] == "va_map"
+    assert len(ex.figure.layout.yaxis.ticktext) == 64
+
+
+def test_the_layout_explorer_shows_bad_input_and_keeps_the_last_plan() -> None:
+    ex = LayoutExplorer()
+    p, text = ex.plan, ex.report.value
+    ex.tp.value = 3
+    assert "tp=3" in ex.error_text and ex.plan is p and ex.report.value == text
+    ex.page_size.value = 0
+    assert "page_size" in ex.error_text and ex.plan is p
+    ex.page_size.value = 16
+    ex.tp.value = 1
+    assert ex.error_text == "" and ex.plan is not p
+
+
+def test_the_layout_explorer_takes_an_explicit_budget() -> None:
+    ex = LayoutExplorer(model="qwen2.5-7b")
+    ex.budget_gib.value = 10.0
+    assert ex.error_text == "" and ex.plan.budget_bytes == 10 * 1024 * MiB
+    ex.budget_gib.value = -1.0
+    assert "budget" in ex.error_text and ex.plan.budget_bytes == 10 * 1024 * MiB
+
+
+def test_the_layout_explorer_previews_a_hybrid_models_full_pool() -> None:
+    ex = LayoutExplorer(model="gpt-oss-120b")
+    assert ex.error_text == "" and len(ex.plan.pools) == 2
+    assert "full pool buffers" in ex.text
+
+
+# -- GrowthLab ---------------------------------------------------------------------------
+
+
+def test_decode_growth_counts_handles_and_calls_per_policy() -> None:
+    results = decode_growth([kvvmm.Exact(), kvvmm.Chunked(64 * MiB)], layers=2,
+                            tokens=8192, step_tokens=512)
+    exact, chunked = results
+    # 4 buffers, 2 KiB per token: 16 MiB each at the end; Exact: 2 MiB handles.
+    assert exact.handles == 4 * 8 and exact.driver_calls == 3 * 4 * 7
+    assert exact.backed_bytes == exact.needed_bytes == 4 * 16 * MiB
+    # Chunked: one extension from the slot-0 page to the whole 18 MiB allocation.
+    assert chunked.handles == 4 * 2 and chunked.max_handle_bytes == 16 * MiB
+    assert chunked.backed_bytes == 4 * 18 * MiB
+    assert exact.predicted_tb_s < chunked.predicted_tb_s
+    assert exact.tokens[-1] == 8192 and len(exact.backed_by_step) == 16
+    text = format_growth(results)
+    assert text.splitlines()[0].startswith("4 buffers grown to 8,192 tokens in 16 steps on sim")
+    assert "Exact()" in text and "Chunked(64.0 MiB)" in text
+
+
+def test_the_growth_lab_runs_three_policies_and_draws_them() -> None:
+    lab = GrowthLab(layers=1, tokens=4096, step_tokens=256)
+    assert lab.run() and lab.error_text == ""
+    assert [r.policy for r in lab.results] == ["Exact()", "Chunked(64.0 MiB)",
+                                               "Geometric(2, 256.0 MiB)"]
+    names = [t.name for t in lab.figure.data]
+    assert names[:4] == ["needed", "Exact()", "Chunked(64.0 MiB)", "Geometric(2, 256.0 MiB)"]
+    assert "Exact()" in lab.table.value
+
+
+def test_the_growth_lab_shows_bad_input_and_keeps_its_results() -> None:
+    lab = GrowthLab(layers=1, tokens=4096)
+    lab.run_button.click()
+    results = lab.results
+    lab.chunk_mib.value = 0
+    lab.run_button.click()
+    assert "min_bytes=0" in lab.error_text and lab.results is results
+    lab.chunk_mib.value = 64
+    lab.geo_factor.value = 0.5
+    assert not lab.run() and "factor" in lab.error_text
+    lab.geo_factor.value = 2.0
+    lab.step_tokens.value = 0
+    assert not lab.run() and "step_tokens" in lab.error_text and lab.results is results
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the host driver is Linux-only")
+def test_the_growth_lab_works_on_the_host_driver() -> None:
+    lab = GrowthLab(driver="host", layers=1, tokens=2048, step_tokens=512)
+    assert lab.run(), lab.error_text
+    assert all(r.driver == "host" and r.sim_us == 0 for r in lab.results)
