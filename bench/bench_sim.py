@@ -24,6 +24,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from kvvmm import Chunked, Exact, Geometric, KvBufferOwner, SimDriver, mha_token_major
 from kvvmm.driver.faults import FaultyDriver
+from kvvmm.policy import default_policy
 from kvvmm.units import MiB
 
 
@@ -97,7 +98,7 @@ def main() -> None:
         "target": {"ops_per_s": 200_000},
     }
     res["raw"] = raw_ops()
-    res["decode_growth"] = [growth(p) for p in (Exact(), Chunked(64 * MiB),
+    res["decode_growth"] = [growth(p) for p in (default_policy(), Exact(), Chunked(64 * MiB),
                                                 Geometric(2.0, 256 * MiB))]
     print(json.dumps(res, indent=1))
     os.makedirs(args.out, exist_ok=True)
