@@ -10,12 +10,19 @@ attached as a note.
 Tensors over the VA need no compilation: ``meta`` tensors on the simulator, ``frombuffer``
 over host memory, DLPack over device memory. A tensor keeps its arena alive, and ``close()``
 never unmaps memory that a live tensor can reach: it waits for the last one to go.
+
+Several devices: ``grant_access(devices)`` lets peers (other GPUs of the process) read and
+write what the arena backs, now and in every later commit; ``tensor(..., device=peer)`` is
+the peer's view of the same VA. Between processes: ``export_handles(offset)`` gives POSIX
+file descriptors for an allocation's handles, and another process backs an allocation of its
+own arena with them (``driver.import_handle`` then ``adopt``).
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import os
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -97,6 +104,8 @@ class ArenaSnapshot:
     mappings: tuple[MappingInfo, ...]  #: sorted by offset
     backed_bytes: int
     closed: bool
+    #: other devices given read/write access to everything backed (``grant_access``)
+    peer_devices: tuple[int, ...] = ()
 
     @property
     def unbacked_bytes(self) -> int:
@@ -232,6 +241,9 @@ class Arena:
         self._leftover: list[int] = []  # handles a failed close could not release
         self._pool: Any = None
         self._dropping_pool = False
+        # Devices that get access at each commit; None: the driver's own only (the default
+        # call, kept as it was: no device list on the hot path).
+        self._access: tuple[int, ...] | None = None
         self._trace: Trace | None = find_trace(driver)
         if self._trace is not None:
             self._arena_id = sum(1 for e in self._trace.events if e.op == "arena.open")
@@ -347,7 +359,10 @@ class Arena:
         undo.push(f"release(handle={h})", lambda: d.release(h))
         d.map(va, ext, h)
         undo.push(f"unmap(va={va:#x}, size={ext})", lambda: d.unmap(va, ext))
-        d.set_access(va, ext)
+        if self._access is None:
+            d.set_access(va, ext)
+        else:
+            d.set_access(va, ext, self._access)
         m = _Map(a.offset + a.backed, ext, h, 0)
         a.maps.append(m)
         a.backed = target
@@ -474,7 +489,7 @@ class Arena:
                 h = d.create(m.size)
                 try:
                     d.map(self.base + m.offset, m.size, h)
-                    d.set_access(self.base + m.offset, m.size)
+                    self._set_access(self.base + m.offset, m.size)
                 except DriverError:
                     d.release(h)
                     raise
@@ -484,9 +499,126 @@ class Arena:
                 continue
             m.handle, m.released = h, False
 
+    # -- several devices and processes -----------------------------------------------
+
+    def _set_access(self, va: int, size: int) -> None:
+        if self._access is None:
+            self.driver.set_access(va, size)
+        else:
+            self.driver.set_access(va, size, self._access)
+
+    @property
+    def peer_devices(self) -> tuple[int, ...]:
+        """Other devices given access by :meth:`grant_access` (empty: only the arena's)."""
+        return () if self._access is None else self._access[1:]
+
+    def grant_access(self, devices: Iterable[int]) -> None:
+        """Let other devices (peers) read and write all the arena backs, now and later.
+
+        Every backed allocation gets access for the arena's device and ``devices`` (one
+        ``set_access(..., devices=...)`` per allocation), and every later commit maps with
+        the same access. Access is only ever widened.
+
+        Args:
+            devices: device ordinals (the arena's own may be among them).
+        Raises:
+            ArgumentError: ``devices`` not ints.
+            DriverError: the driver refused (CUDA_ERROR_INVALID_VALUE: not a device of the
+                process; CUDA_ERROR_INVALID_DEVICE: no peer path to this device). The arena's
+                record is unchanged;
+                allocations granted before the failing call stay accessible to the peers
+                (access cannot be narrowed here). With nothing backed yet, a bad device is
+                only seen at the next commit, which then fails and is undone.
+            ClosedError: after ``close()``.
+        """
+        self._check_open("grant_access")
+        extra = list(devices)
+        for i, dev in enumerate(extra):
+            _int(f"devices[{i}]", dev, lo=0, limit="a device ordinal (an int >= 0)")
+        new = tuple(dict.fromkeys((self.device, *self.peer_devices, *extra)))
+        if len(new) == 1:
+            return
+        d = self.driver
+        for a in self._allocs:
+            if a.backed:
+                d.set_access(self.base + a.offset, a.backed, new)
+        self._access = new
+        self._note("arena.grant_access", devices=list(new))
+
+    def export_handles(self, offset: int) -> list[tuple[int, int]]:
+        """POSIX file descriptors for the handles backing the allocation at ``offset``.
+
+        Send them to another process (``multiprocessing.reduction.send_handle``), which backs
+        an allocation of its own arena with them in the same order: ``import_handle(fd,
+        size)`` and :meth:`adopt` for each. The caller owns the descriptors (close them once
+        sent). The driver must share handles (CudaDriver(exportable=True), HostDriver).
+
+        Returns:
+            ``[(fd, size_bytes), ...]`` in VA order, covering the backed prefix.
+        Raises:
+            DriverError: an export failed; descriptors already made are closed.
+        """
+        self._check_open("export_handles")
+        a = self._alloc_at(offset)
+        out: list[tuple[int, int]] = []
+        try:
+            for m in a.maps:
+                out.append((self.driver.export_handle(m.handle), m.size))
+        except DriverError:
+            for fd, _ in out:
+                os.close(fd)
+            raise
+        return out
+
+    def adopt(self, offset: int, handle: int, nbytes: int) -> int:
+        """Back the next ``nbytes`` of the allocation at ``offset`` with ``handle``.
+
+        For a handle the caller made, typically ``driver.import_handle(fd, size)`` of memory
+        another process exported: it is mapped right after the allocation's backed prefix and
+        made accessible (to peers too, after :meth:`grant_access`). From then on the arena
+        owns it and releases it on decommit or close, like its own.
+
+        Args:
+            offset: an allocation's offset.
+            handle: a live handle of this arena's driver, of exactly ``nbytes``.
+            nbytes: the handle's size, a multiple of the granularity that fits the
+                allocation after its backed prefix.
+        Returns:
+            ``nbytes``.
+        Raises:
+            ArgumentError, OutOfRangeError, AlignmentError: bad arguments; nothing changed.
+            DriverError: the map or the access failed; undone, and the handle is still the
+                caller's.
+        """
+        self._check_open("adopt")
+        a = self._alloc_at(offset)
+        room = a.size - a.backed
+        _int("nbytes", nbytes, lo=1, hi=room,
+             limit=f"in [1, {room}] (allocation {a.name!r} has {room} bytes after its "
+                   f"{a.backed} backed)")
+        if nbytes % self.granularity:
+            raise AlignmentError("nbytes", nbytes,
+                                 f"a multiple of the granularity {self.granularity}")
+        d = self.driver
+        va = self.base + a.offset + a.backed
+        d.map(va, nbytes, handle)
+        try:
+            self._set_access(va, nbytes)
+        except DriverError as e:
+            undo = _Undo()
+            undo.push(f"unmap(va={va:#x}, size={nbytes})", lambda: d.unmap(va, nbytes))
+            undo.unwind(e)
+            raise
+        a.maps.append(_Map(a.offset + a.backed, nbytes, handle, self._next_hid))
+        self._next_hid += 1
+        a.backed += nbytes
+        self._note("arena.adopt", offset=a.offset, nbytes=nbytes)
+        return nbytes
+
     # -- tensors ------------------------------------------------------------------------
 
-    def tensor(self, offset: int, shape: Sequence[int], dtype: Any) -> torch.Tensor:
+    def tensor(self, offset: int, shape: Sequence[int], dtype: Any, *,
+               device: int | None = None) -> torch.Tensor:
         """A torch tensor over ``[offset, offset + nbytes)`` of the reservation, no copy.
 
         On the simulator it is a ``meta`` tensor (shape and dtype, no memory); on host memory
@@ -498,11 +630,22 @@ class Arena:
             offset: bytes from the arena base; must leave room for the tensor.
             shape: dimensions, each > 0.
             dtype: a torch dtype or its name (``"bfloat16"``).
+            device: the device whose view it is (default: the arena's); another device must
+                have been given access (:meth:`grant_access`): on a GPU its tensor lives on
+                ``cuda:<device>`` and reads the arena's memory over the peer link.
         Raises:
             ArgumentError, OutOfRangeError, UnknownDtypeError: bad arguments.
             ClosedError: after ``close()``.
         """
         self._check_open("tensor")
+        if device is None or device == self.device:
+            view_device = self.device
+        elif device in self.peer_devices:
+            view_device = device
+        else:
+            raise ArgumentError("device", device,
+                                f"the arena's device {self.device} or one given access "
+                                f"(grant_access): {list(self.peer_devices)}")
         dims = tuple(shape)
         for i, n in enumerate(dims):
             _int(f"shape[{i}]", n, lo=1, limit="an int > 0")
@@ -535,7 +678,7 @@ class Arena:
             return flat.view(tdtype).view(dims)
         from kvvmm._dlpack import device_tensor
 
-        return device_tensor(ptr, nbytes, dims, tdtype, self.device, keeper)
+        return device_tensor(ptr, nbytes, dims, tdtype, view_device, keeper)
 
     @property
     def pool(self) -> Any:
@@ -596,6 +739,7 @@ class Arena:
             granularity=self.granularity, base=self.base, reserved_bytes=self.reserved_bytes,
             cursor_bytes=self.cursor_bytes, allocations=allocs, mappings=maps,
             backed_bytes=sum(a.backed for a in self._allocs), closed=self._closed,
+            peer_devices=self.peer_devices,
         )
 
     def close(self) -> None:
@@ -658,7 +802,7 @@ class Arena:
         for m in a.maps:
             if m not in fresh:
                 d.map(self.base + m.offset, m.size, m.handle)
-                d.set_access(self.base + m.offset, m.size)
+                self._set_access(self.base + m.offset, m.size)
 
     def _release_leftover(self) -> None:
         while self._leftover:
@@ -675,18 +819,28 @@ class Arena:
 def replay_arenas(trace: Trace, driver: Driver | None = None) -> list[ArenaSnapshot]:
     """Rebuild the arenas a trace recorded, on a SimDriver, and return their snapshots.
 
-    The arena operations noted in the trace (open, allocate, commit, decommit, close) run
-    again on ``driver`` (default: a SimDriver with the recording's granularity and the
-    H200's capacity), so the snapshots equal the recorded arenas' up to ``base``.
+    The arena operations noted in the trace (open, allocate, commit, decommit, grant
+    access, close) run again on ``driver`` (default: a SimDriver with the recording's
+    granularity and the H200's capacity; on the recorded device of a :class:`SimNode` when
+    peers were given access), so the snapshots equal the recorded arenas' up to ``base``.
+    An adopted (imported) handle is replayed as a commit of the same size.
     """
-    from kvvmm.driver.sim import DeviceProfile, SimDriver, get_profile
+    from kvvmm.driver.sim import DeviceProfile, SimDriver, SimNode, get_profile
 
     if driver is None:
         gran = int(trace.meta.get("granularity", 2 << 20))
         h200 = get_profile("h200")
-        driver = SimDriver(DeviceProfile("replay", "replay of " + str(
+        profile = DeviceProfile("replay", "replay of " + str(
             trace.meta.get("device_name", "?")), max(h200.capacity_bytes, 1 << 50), gran,
-            "a trace replay"))
+            "a trace replay")
+        # Peers granted access need a node of that many devices, on the recorded device.
+        device = int(trace.meta.get("device", 0))
+        peers = [int(x) for e in trace.events if e.op == "arena.grant_access"
+                 for x in e.args["devices"]]
+        if peers or device:
+            driver = SimNode(profile, devices=max([device, *peers]) + 1).driver(device)
+        else:
+            driver = SimDriver(profile)
     arenas: dict[int, Arena] = {}
     for ev in trace.events:
         if not ev.op.startswith("arena."):
@@ -701,6 +855,11 @@ def replay_arenas(trace: Trace, driver: Driver | None = None) -> list[ArenaSnaps
             arenas[i].commit(int(a["offset"]), int(a["nbytes"]))
         elif ev.op == "arena.decommit":
             arenas[i].decommit(int(a["offset"]), int(a["keep_bytes"]))
+        elif ev.op == "arena.grant_access":
+            arenas[i].grant_access(int(x) for x in a["devices"])
+        elif ev.op == "arena.adopt":  # an imported handle: same-sized memory of our own
+            off = int(a["offset"])
+            arenas[i].commit(off, arenas[i].backed_of(off) + int(a["nbytes"]))
         elif ev.op == "arena.close":
             arenas[i].close()
     return [arenas[i].snapshot() for i in sorted(arenas)]

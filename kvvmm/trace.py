@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,7 +27,8 @@ VERSION = 1
 _ARGS: dict[str, tuple[str, ...]] = {
     "reserve": ("size", "align"), "free": ("va", "size"), "create": ("size",),
     "release": ("handle",), "map": ("va", "size", "handle"), "unmap": ("va", "size"),
-    "set_access": ("va", "size"), "mem_info": (),
+    "set_access": ("va", "size"), "mem_info": (), "export_handle": ("handle",),
+    "import_handle": ("fd", "size"),
 }
 
 
@@ -116,6 +117,10 @@ class Trace:
                     v = args.get(key)
                     if type(v) is not int:
                         raise TypeError(f"{op} needs an int argument {key!r}, got {v!r}")
+                devices = args.get("devices")
+                if devices is not None and (not isinstance(devices, list) or not all(
+                        type(d) is int for d in devices)):
+                    raise TypeError(f"{op}'s devices must be a list of ints, got {devices!r}")
                 trace.add(op, args, e.get("result"), e.get("error"),
                           float(e.get("wall_us", 0.0)), float(e.get("sim_us", 0.0)))
             except (KeyError, TypeError, ValueError) as exc:
@@ -148,6 +153,7 @@ class TracingDriver:
         self.trace = trace if trace is not None else Trace()
         self.trace.meta.setdefault("driver", inner.kind)
         self.trace.meta.setdefault("device_name", inner.name)
+        self.trace.meta.setdefault("device", inner.device)
         self.trace.meta.setdefault("granularity", inner.granularity())
         profile = getattr(inner, "profile", None)
         if profile is not None:
@@ -158,7 +164,7 @@ class TracingDriver:
     def clock_us(self) -> float:
         return float(getattr(self.inner, "clock_us", 0.0))
 
-    def _call(self, op: str, args: dict[str, int], fn: Any, *a: int) -> Any:
+    def _call(self, op: str, args: dict[str, Any], fn: Any, *a: Any) -> Any:
         clock0 = self.clock_us
         t0 = time.perf_counter()
         try:
@@ -194,8 +200,12 @@ class TracingDriver:
     def unmap(self, va: int, size: int) -> None:
         self._call("unmap", {"va": va, "size": size}, self.inner.unmap, va, size)
 
-    def set_access(self, va: int, size: int) -> None:
-        self._call("set_access", {"va": va, "size": size}, self.inner.set_access, va, size)
+    def set_access(self, va: int, size: int, devices: Sequence[int] | None = None) -> None:
+        if devices is None:
+            self._call("set_access", {"va": va, "size": size}, self.inner.set_access, va, size)
+        else:  # peers: the device list is recorded (as a JSON list) and replayed
+            self._call("set_access", {"va": va, "size": size, "devices": list(devices)},
+                       self.inner.set_access, va, size, devices)
 
     def mem_info(self) -> tuple[int, int]:
         free, total = self._call("mem_info", {}, self.inner.mem_info)
@@ -203,6 +213,14 @@ class TracingDriver:
 
     def stats(self) -> DriverStats:
         return self.inner.stats()
+
+    def export_handle(self, handle: int) -> int:
+        return int(self._call("export_handle", {"handle": handle}, self.inner.export_handle,
+                              handle))
+
+    def import_handle(self, fd: int, size: int) -> int:
+        return int(self._call("import_handle", {"fd": fd, "size": size},
+                              self.inner.import_handle, fd, size))
 
 
 def find_trace(driver: object) -> Trace | None:
@@ -235,9 +253,15 @@ def replay(trace: Trace, driver: Driver) -> list[Mismatch]:
     Calls that failed in the recording are replayed too: the driver must refuse them again.
     Wrap a :class:`FaultyDriver` *around* the tracing driver, so injected faults (which no
     replay driver can reproduce) never reach the trace.
+
+    Handle sharing: an export is replayed (its descriptor kept for a later import of the
+    recorded one); an import of a descriptor that came from elsewhere (another process) is
+    replayed as a create of the same size, which maps the same; descriptors left unimported
+    are closed at the end.
     """
     va_map: dict[int, tuple[int, int]] = {}  # recorded reservation start -> (replay, size)
     h_map: dict[int, int] = {}
+    fd_map: dict[int, int] = {}  # recorded exported fd -> replayed one
     out: list[Mismatch] = []
 
     def tva(va: int) -> int:
@@ -270,13 +294,38 @@ def replay(trace: Trace, driver: Driver) -> list[Mismatch]:
             elif ev.op == "unmap":
                 driver.unmap(tva(a["va"]), a["size"])
             elif ev.op == "set_access":
-                driver.set_access(tva(a["va"]), a["size"])
+                devices = a.get("devices")
+                if devices is None:
+                    driver.set_access(tva(a["va"]), a["size"])
+                else:
+                    driver.set_access(tva(a["va"]), a["size"], tuple(devices))
             elif ev.op == "mem_info":
                 driver.mem_info()
+            elif ev.op == "export_handle":
+                fd = driver.export_handle(h_map.get(a["handle"], -1))
+                if ev.result is not None:
+                    old = fd_map.pop(ev.result, None)
+                    if old is not None:
+                        os.close(old)
+                    fd_map[ev.result] = fd
+                else:
+                    os.close(fd)
+            elif ev.op == "import_handle":
+                if ev.error is not None:
+                    h = driver.import_handle(-1, a["size"])  # must be refused again
+                elif a["fd"] in fd_map:
+                    h = driver.import_handle(fd_map[a["fd"]], a["size"])
+                    del fd_map[a["fd"]]  # the driver owns it now
+                else:  # exported by another process: same-sized memory of our own
+                    h = driver.create(a["size"])
+                if ev.result is not None:
+                    h_map[ev.result] = h
             got = "ok"
         except DriverError as e:
             got = e.cuda_error
         want = ev.error or "ok"
         if got != want:
             out.append(Mismatch(ev.seq, ev.op, want, got))
+    for fd in fd_map.values():
+        os.close(fd)
     return out

@@ -54,6 +54,7 @@ LAYER_OF = {
     "kvvmm._dlpack": "arena",
     "kvvmm._mempool": "arena",
     "kvvmm.owner": "owner",
+    "kvvmm.tp": "owner",  # one owner per device (tensor parallelism), spawned processes
     "kvvmm.viz": "viz",
     "kvvmm.lab": "lab",
     "kvvmm.cli": "cli",

@@ -9,7 +9,7 @@ from typing import Any
 
 from kvvmm.driver.base import Driver, DriverStats, MemoryKind
 from kvvmm.driver.faults import Fault, FaultyDriver
-from kvvmm.driver.sim import PROFILES, DeviceProfile, SimDriver, get_profile
+from kvvmm.driver.sim import PROFILES, DeviceProfile, SimDriver, SimNode, get_profile
 from kvvmm.errors import ArgumentError, DriverUnavailableError
 
 __all__ = [
@@ -21,6 +21,7 @@ __all__ = [
     "FaultyDriver",
     "MemoryKind",
     "SimDriver",
+    "SimNode",
     "get_profile",
     "open_driver",
 ]
@@ -32,9 +33,11 @@ def open_driver(kind: str = "auto", **options: Any) -> Driver:
     """Open a driver by name.
 
     Args:
-        kind: ``"sim"`` (no memory; ``profile=``, ``capacity_bytes=``...), ``"host"`` (Linux
+        kind: ``"sim"`` (no memory; ``profile=``, ``capacity_bytes=``..., or ``node=`` a
+            :class:`SimNode` and ``device=``: that device of the node), ``"host"`` (Linux
             host memory; ``granularity=``, ``capacity_bytes=``), ``"cuda"`` (a real GPU;
-            ``device=``), or ``"auto"``: cuda when a GPU is usable, else host.
+            ``device=``, ``exportable=``), or ``"auto"``: cuda when a GPU is usable, else
+            host.
         options: passed to the driver's constructor.
     Returns:
         The driver.
@@ -46,6 +49,11 @@ def open_driver(kind: str = "auto", **options: Any) -> Driver:
     if kind not in _KINDS:
         raise ArgumentError("kind", kind, f"one of {list(_KINDS)}")
     if kind == "sim":
+        node = options.pop("node", None)
+        if node is not None:
+            if not isinstance(node, SimNode) or set(options) - {"device"}:
+                raise ArgumentError("node", node, "a SimNode, with no other option than device=")
+            return node.driver(options.get("device", 0))
         return SimDriver(**options)
     if kind == "host":
         from kvvmm.driver.host import HostDriver
@@ -54,9 +62,11 @@ def open_driver(kind: str = "auto", **options: Any) -> Driver:
     if kind == "cuda":
         return _open_cuda(options)
     # "auto" passes each driver only the options it takes: capacity_bytes caps the host
-    # driver, device picks the GPU; granularity means the same to both.
+    # driver, device picks the GPU, exportable makes GPU handles shareable (host ones always
+    # are); granularity means the same to both.
     try:
-        return _open_cuda({k: v for k, v in options.items() if k in ("device", "granularity")})
+        return _open_cuda({k: v for k, v in options.items()
+                           if k in ("device", "granularity", "exportable")})
     except DriverUnavailableError:
         from kvvmm.driver.host import HostDriver
 

@@ -1,6 +1,6 @@
 """The driver protocol, the rules every driver enforces, and their shared bookkeeping.
 
-A driver is the narrow waist of kvvmm: nine methods over plain ints, one per CUDA VMM entry
+A driver is the narrow waist of kvvmm: a few methods over plain ints, one per CUDA VMM entry
 point (``cuMemAddressReserve``, ``cuMemCreate``, ``cuMemMap``, ...). Three implementations
 exist (``SimDriver``, ``HostDriver``, ``CudaDriver``) plus wrappers (``FaultyDriver``,
 ``TracingDriver``); everything above this layer is written against :class:`Driver` only.
@@ -15,7 +15,16 @@ The rules (cuda.core's VMM design lists the driver behaviour they come from):
 - an unmap covers whole mappings, never part of one (it may cover several);
 - free takes exactly one whole reservation (its exact address and size), with nothing mapped;
 - release while mapped is legal; the memory goes when the last mapping goes;
-- create beyond the device's free memory is out of memory.
+- create beyond the device's free memory is out of memory;
+- set access for other devices (peers) takes device ordinals the process can see
+  (CUDA_ERROR_INVALID_VALUE otherwise: what an H200 answers for a missing ordinal) whose peer
+  access to the memory's device is possible (``cuDeviceCanAccessPeer``;
+  CUDA_ERROR_INVALID_DEVICE otherwise, cuMemSetAccess's documented answer, not measured: no
+  two-GPU machine yet); access is only ever given to mapped VA, whole mappings, like the
+  driver's own device's;
+- an exported handle is a POSIX file descriptor the caller owns; an import takes one (on
+  success the driver owns it) and gives a handle mapped like any other, whose memory was
+  counted by the driver that created it.
 
 :class:`VmmBook` enforces them in pure Python. The simulated and host drivers share it, so
 they refuse exactly the same calls with exactly the same CUDA error names.
@@ -25,6 +34,7 @@ from __future__ import annotations
 
 import enum
 from bisect import bisect_right, insort
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -32,6 +42,7 @@ from kvvmm.errors import DriverError, DriverOutOfMemoryError
 
 __all__ = [
     "CALLS",
+    "CUDA_ERROR_INVALID_DEVICE",
     "CUDA_ERROR_INVALID_VALUE",
     "CUDA_ERROR_NOT_SUPPORTED",
     "CUDA_ERROR_OUT_OF_MEMORY",
@@ -45,9 +56,13 @@ __all__ = [
 CUDA_ERROR_INVALID_VALUE = "CUDA_ERROR_INVALID_VALUE"
 CUDA_ERROR_OUT_OF_MEMORY = "CUDA_ERROR_OUT_OF_MEMORY"
 CUDA_ERROR_NOT_SUPPORTED = "CUDA_ERROR_NOT_SUPPORTED"
+#: cuMemSetAccess's documented answer for a device that cannot reach the memory (no peer path).
+CUDA_ERROR_INVALID_DEVICE = "CUDA_ERROR_INVALID_DEVICE"
 
-#: The protocol's calls, in the order a commit or teardown makes them.
-CALLS = ("reserve", "free", "create", "release", "map", "unmap", "set_access", "mem_info")
+#: The protocol's calls, in the order a commit or teardown makes them; the handle-sharing
+#: calls (between processes) last.
+CALLS = ("reserve", "free", "create", "release", "map", "unmap", "set_access", "mem_info",
+         "export_handle", "import_handle")
 
 
 class MemoryKind(enum.Enum):
@@ -67,7 +82,9 @@ class DriverStats:
     handles: int  #: handles created and not yet released
     mappings: int  #: live mappings
     mapped_bytes: int  #: VA bytes mapped
-    physical_bytes: int  #: memory held: unreleased handles plus released-but-mapped ones
+    #: memory held: unreleased handles plus released-but-mapped ones, of the handles this
+    #: driver created (an imported handle's memory counts for the driver that created it)
+    physical_bytes: int
 
     @property
     def clean(self) -> bool:
@@ -119,8 +136,13 @@ class Driver(Protocol):
         """Unmap ``[va, va+size)``, which must cover whole mappings only."""
         ...
 
-    def set_access(self, va: int, size: int) -> None:
-        """Make mapped ``[va, va+size)`` readable and writable by this driver's device."""
+    def set_access(self, va: int, size: int, devices: Sequence[int] | None = None) -> None:
+        """Make mapped ``[va, va+size)`` readable and writable by devices.
+
+        ``devices=None`` (every existing caller): this driver's device only. Otherwise each
+        listed device ordinal gets read/write access (peers: other GPUs of the process);
+        devices not listed keep the access they had, as with ``cuMemSetAccess``.
+        """
         ...
 
     def mem_info(self) -> tuple[int, int]:
@@ -129,6 +151,18 @@ class Driver(Protocol):
 
     def stats(self) -> DriverStats:
         """What this driver holds right now, by its own accounting."""
+        ...
+
+    def export_handle(self, handle: int) -> int:
+        """A new POSIX file descriptor for ``handle``'s memory; the caller owns (closes) it."""
+        ...
+
+    def import_handle(self, fd: int, size: int) -> int:
+        """A handle for the ``size`` bytes another process exported as ``fd``.
+
+        On success the driver owns ``fd`` (the caller must not close it); on failure it is
+        still the caller's. The memory counts for the driver that created it, not this one.
+        """
         ...
 
 
@@ -141,11 +175,17 @@ def driver_error(call: str, args: dict[str, int], cuda_error: str, reason: str) 
 
 class _Handle:
     __slots__ = ("maps", "released", "size")
+    imported = False  # its memory counts for the driver that created it, not this book
 
     def __init__(self, size: int) -> None:
         self.size = size
         self.released = False
         self.maps = 0
+
+
+class _ImportedHandle(_Handle):
+    __slots__ = ()
+    imported = True
 
 
 class VmmBook:
@@ -242,6 +282,23 @@ class VmmBook:
         self.physical_bytes += size
         self.live_handles += 1
 
+    def check_export(self, handle: int) -> _Handle:
+        h = self.handles.get(handle)
+        if h is None or h.released:
+            raise self._bad("export_handle", {"handle": handle}, f"handle {handle} is not live")
+        return h
+
+    def check_import(self, fd: int, size: int) -> None:
+        args = {"fd": fd, "size": size}
+        if isinstance(fd, bool) or not isinstance(fd, int) or fd < 0:
+            raise self._bad("import_handle", args, f"fd={fd!r} is not a file descriptor")
+        self._aligned("import_handle", args, size=size)
+
+    def apply_import(self, handle: int, size: int) -> None:
+        """Record an imported handle: live and mappable, its memory counted by its creator."""
+        self.handles[handle] = _ImportedHandle(size)
+        self.live_handles += 1
+
     def check_release(self, handle: int) -> _Handle:
         h = self.handles.get(handle)
         if h is None or h.released:
@@ -254,7 +311,8 @@ class VmmBook:
         self.live_handles -= 1
         if not h.maps:
             del self.handles[handle]
-            self.physical_bytes -= h.size
+            if not h.imported:
+                self.physical_bytes -= h.size
 
     # -- map / unmap / access ---------------------------------------------------------
 
@@ -328,7 +386,8 @@ class VmmBook:
             h.maps -= 1
             if h.released and not h.maps:
                 del self.handles[handle]
-                self.physical_bytes -= h.size
+                if not h.imported:
+                    self.physical_bytes -= h.size
         # Rebuild once: removing k items one by one would be O(k * n).
         if len(starts) == 1:
             self.map_starts.pop(bisect_right(self.map_starts, starts[0]) - 1)

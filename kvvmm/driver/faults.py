@@ -7,7 +7,7 @@ call is *not* passed to the inner driver, exactly like a CUDA call that returned
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from kvvmm.driver.base import (
@@ -136,9 +136,12 @@ class FaultyDriver:
         self._gate("unmap", {"va": va, "size": size})
         self.inner.unmap(va, size)
 
-    def set_access(self, va: int, size: int) -> None:
+    def set_access(self, va: int, size: int, devices: Sequence[int] | None = None) -> None:
         self._gate("set_access", {"va": va, "size": size})
-        self.inner.set_access(va, size)
+        if devices is None:
+            self.inner.set_access(va, size)
+        else:
+            self.inner.set_access(va, size, devices)
 
     def mem_info(self) -> tuple[int, int]:
         self._gate("mem_info", {})
@@ -146,3 +149,11 @@ class FaultyDriver:
 
     def stats(self) -> DriverStats:
         return self.inner.stats()
+
+    def export_handle(self, handle: int) -> int:
+        self._gate("export_handle", {"handle": handle})
+        return self.inner.export_handle(handle)
+
+    def import_handle(self, fd: int, size: int) -> int:
+        self._gate("import_handle", {"fd": fd, "size": size})  # a refused fd stays the caller's
+        return self.inner.import_handle(fd, size)

@@ -7,6 +7,12 @@ mapped but not yet accessible, as on a GPU before ``cuMemSetAccess``); set acces
 ``mprotect(READ|WRITE)``; unmap = map the reservation's ``PROT_NONE`` placeholder back over
 the range; release = close the fd (the mapping keeps the pages); free = ``munmap``.
 
+Handles cross processes as their memfd: ``export_handle`` gives a ``dup`` of it, which another
+process receives (``multiprocessing.reduction.send_handle`` / ``recv_handle``, SCM_RIGHTS)
+and passes to ``import_handle``; both processes then map the same pages. Host memory has one
+"device": set access for any other device is refused (CUDA_ERROR_INVALID_VALUE, as CUDA
+refuses an ordinal it does not have).
+
 Touching VA that is reserved but not mapped faults (SIGSEGV), as on a GPU. The rules are
 the shared :class:`VmmBook`'s, so the host driver refuses exactly what the simulator does.
 """
@@ -18,9 +24,12 @@ import ctypes.util
 import errno
 import mmap as _mmap
 import os
+import stat
 import sys
+from collections.abc import Sequence
 
 from kvvmm.driver.base import (
+    CUDA_ERROR_INVALID_VALUE,
     CUDA_ERROR_OUT_OF_MEMORY,
     DriverStats,
     MemoryKind,
@@ -186,10 +195,23 @@ class HostDriver:
             raise self._os_error("unmap", {"va": va, "size": size}, "mmap(PROT_NONE)")
         self._book.apply_unmap(starts)
 
-    def set_access(self, va: int, size: int) -> None:
+    def set_access(self, va: int, size: int, devices: Sequence[int] | None = None) -> None:
+        if devices is not None:
+            self._check_devices(va, size, devices)
         self._book.covered("set_access", va, size)
         if self._libc.mprotect(va, size, _PROT_RW) != 0:
             raise self._os_error("set_access", {"va": va, "size": size}, "mprotect")
+
+    def _check_devices(self, va: int, size: int, devices: Sequence[int]) -> None:
+        if isinstance(devices, (str, bytes)) or not isinstance(devices, Sequence) or not devices:
+            raise ArgumentError("devices", devices, "a non-empty sequence of device ordinals")
+        for d in devices:
+            if isinstance(d, bool) or d != self.device:
+                raise driver_error(  # INVALID_VALUE: CUDA's answer for an ordinal it lacks
+                    "set_access", {"va": va, "size": size}, CUDA_ERROR_INVALID_VALUE,
+                    f"device {d!r}: host memory has one device ({self.device}); peer access "
+                    "needs GPUs (CudaDriver) or a SimNode",
+                )
 
     def mem_info(self) -> tuple[int, int]:
         book = self._book
@@ -198,6 +220,49 @@ class HostDriver:
 
     def stats(self) -> DriverStats:
         return self._book.stats()
+
+    def export_handle(self, handle: int) -> int:
+        """A ``dup`` of ``handle``'s memfd (close-on-exec); the caller owns it.
+
+        Send it to another process with ``multiprocessing.reduction.send_handle``; there,
+        ``import_handle(fd, size)`` maps the same pages.
+        """
+        self._book.check_export(handle)
+        try:
+            return os.dup(self._fds[handle])  # Python makes it non-inheritable (CLOEXEC)
+        except OSError as e:
+            raise driver_error("export_handle", {"handle": handle}, "CUDA_ERROR_UNKNOWN",
+                               f"dup: {e.strerror}") from None
+
+    def import_handle(self, fd: int, size: int) -> int:
+        """Take ``fd`` (a memfd another process exported) as a handle of ``size`` bytes.
+
+        ``fstat`` must show a regular file of exactly ``size`` bytes. On success the driver
+        owns ``fd`` (closed by ``release``); on failure it is still the caller's. The pages
+        count for the process that created them: this driver's capacity is not charged.
+        """
+        book = self._book
+        book.check_import(fd, size)
+        args = {"fd": fd, "size": size}
+        try:
+            st = os.fstat(fd)
+        except OSError as e:
+            raise driver_error("import_handle", args, CUDA_ERROR_INVALID_VALUE,
+                               f"fd {fd} is not an open file descriptor ({e.strerror})") from None
+        if not stat.S_ISREG(st.st_mode):
+            raise driver_error("import_handle", args, CUDA_ERROR_INVALID_VALUE,
+                               f"fd {fd} is not a memfd or file (mode {st.st_mode:#o})")
+        if st.st_size != size:
+            raise driver_error(
+                "import_handle", args, CUDA_ERROR_INVALID_VALUE,
+                f"fd {fd} holds {st.st_size} bytes, not {size}: maps take whole handles",
+            )
+        os.set_inheritable(fd, False)
+        handle = self._next_handle
+        self._next_handle += 1
+        self._fds[handle] = fd
+        book.apply_import(handle, size)
+        return handle
 
     def close(self) -> None:
         """Unmap, release and free everything still held (for tests and interpreter exit)."""

@@ -4,19 +4,41 @@ It refuses exactly what CUDA refuses (the shared :class:`VmmBook`), hands out de
 addresses and handles (so notebook outputs compare exactly), runs out of memory past its
 device profile's capacity, and advances a simulated clock by a cost model fitted to what an
 H200 measured (``shared/measurements/h200-seed-baseline.json``, 2026-11-29).
+
+Several GPUs of one machine: :class:`SimNode` makes N simulated devices that share one
+process-wide VA space (as CUDA's unified addressing does: a reservation is unique across
+devices), know each other (peer access, with pairs that cannot reach each other), and pass
+exported handles among themselves. ``SimNode("h200", devices=8).driver(3)`` is device 3.
 """
 
 from __future__ import annotations
 
 import math
+import os
+import stat
 from bisect import bisect_right
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from kvvmm.driver.base import DriverStats, MemoryKind, VmmBook
+from kvvmm.driver.base import (
+    CUDA_ERROR_INVALID_DEVICE,
+    CUDA_ERROR_INVALID_VALUE,
+    DriverStats,
+    MemoryKind,
+    VmmBook,
+    driver_error,
+)
 from kvvmm.errors import ArgumentError
 from kvvmm.units import GiB, MiB
 
-__all__ = ["COST_TABLE_US", "PROFILES", "DeviceProfile", "SimDriver", "get_profile"]
+__all__ = [
+    "COST_TABLE_US",
+    "PROFILES",
+    "DeviceProfile",
+    "SimDriver",
+    "SimNode",
+    "get_profile",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +133,115 @@ _COST = _CostModel(COST_TABLE_US)
 _MEM_INFO_US = 0.4  # a cheap query: the cuda-python call floor measured on the H200
 
 
+class _Space:
+    """What the drivers of one node share: the VA cursor and the exported handles."""
+
+    __slots__ = ("exports", "next_va")
+
+    def __init__(self, base_va: int) -> None:
+        self.next_va = base_va
+        # fd -> (identity of the fd's open file, exporting device, size): see export_handle.
+        self.exports: dict[int, tuple[tuple[int, int], int, int]] = {}
+
+
+def _fd_identity(fd: int) -> tuple[int, int] | None:
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino) if stat.S_ISCHR(st.st_mode) else None
+
+
+class SimNode:
+    """Several simulated GPUs of one machine, seen by one process.
+
+    The devices share one VA space (reservations made through any of them never overlap, and
+    addresses stay deterministic: they follow the order of the reserve calls, whichever
+    device makes them), may give each other access to their memory (``set_access(...,
+    devices=...)``), and import each other's exported handles.
+
+    Args:
+        profile: device profile of every device (see :class:`SimDriver`).
+        devices: how many devices, >= 1; ordinals ``0 .. devices-1``.
+        capacity_bytes, used_bytes: per device, as for :class:`SimDriver`.
+        base_va: first address handed out (shared by all devices).
+        no_peer: pairs ``(a, b)`` of devices that cannot access each other's memory
+            (``cuDeviceCanAccessPeer`` answers 0 both ways), e.g. GPUs on different PCIe
+            roots without NVLink. Every other pair can.
+    Raises:
+        ArgumentError: bad ``devices`` or a ``no_peer`` pair naming a device not in the node.
+    """
+
+    def __init__(
+        self,
+        profile: str | DeviceProfile = "h200",
+        *,
+        devices: int = 1,
+        capacity_bytes: int | None = None,
+        used_bytes: int = 0,
+        base_va: int = 0x7F00_0000_0000,
+        no_peer: Iterable[tuple[int, int]] = (),
+    ) -> None:
+        if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
+            raise ArgumentError("devices", devices, "an int >= 1 (devices in the node)")
+        self.profile = get_profile(profile)
+        self.devices = devices
+        self._capacity_bytes = capacity_bytes
+        self._used_bytes = used_bytes
+        self._space = _Space(base_va)
+        blocked: set[tuple[int, int]] = set()
+        for pair in no_peer:
+            if (not isinstance(pair, tuple) or len(pair) != 2
+                    or not all(_is_device(d, devices) for d in pair) or pair[0] == pair[1]):
+                raise ArgumentError(
+                    "no_peer", pair, f"a pair (a, b) of different devices in [0, {devices})"
+                )
+            blocked.add((pair[0], pair[1]))
+            blocked.add((pair[1], pair[0]))
+        self._no_peer = frozenset(blocked)
+        self._drivers: dict[int, SimDriver] = {}
+
+    def __repr__(self) -> str:
+        return f"SimNode(profile={self.profile.key!r}, devices={self.devices})"
+
+    def driver(self, device: int) -> SimDriver:
+        """The driver of ``device`` (made on first use; the same object afterwards)."""
+        if not _is_device(device, self.devices):
+            raise ArgumentError("device", device, f"in [0, {self.devices}) (the node's devices)")
+        d = self._drivers.get(device)
+        if d is None:
+            d = SimDriver(self.profile, device=device, capacity_bytes=self._capacity_bytes,
+                          used_bytes=self._used_bytes, node=self)
+        return d
+
+    def drivers(self) -> list[SimDriver]:
+        """One driver per device, in ordinal order."""
+        return [self.driver(i) for i in range(self.devices)]
+
+    def can_access_peer(self, device: int, peer: int) -> bool:
+        """``cuDeviceCanAccessPeer``: can ``device`` access memory that lives on ``peer``?
+
+        False for a device and itself (CUDA answers 0 there too) and for ``no_peer`` pairs.
+        """
+        return (device != peer and _is_device(device, self.devices)
+                and _is_device(peer, self.devices) and (device, peer) not in self._no_peer)
+
+    def _join(self, driver: SimDriver) -> _Space:
+        if not _is_device(driver.device, self.devices):
+            raise ArgumentError("device", driver.device,
+                                f"in [0, {self.devices}) (the node's devices)")
+        if driver.device in self._drivers:
+            raise ArgumentError("device", driver.device,
+                                "a device of the node with no driver yet; use node.driver("
+                                f"{driver.device}) for the one it has")
+        self._drivers[driver.device] = driver
+        return self._space
+
+
+def _is_device(d: object, count: int) -> bool:
+    return not isinstance(d, bool) and isinstance(d, int) and 0 <= d < count
+
+
 class SimDriver:
     """A device with no memory: the driver rules, deterministic addresses, a cost clock.
 
@@ -121,7 +252,10 @@ class SimDriver:
         capacity_bytes: override the profile's capacity (e.g. a small GPU for a notebook).
         used_bytes: memory held by others (CUDA context, other processes): create fails
             past ``capacity_bytes - used_bytes``.
-        base_va: first address handed out; reservations follow it in order.
+        base_va: first address handed out; reservations follow it in order. Ignored with
+            ``node`` (the node's VA space is shared).
+        node: the :class:`SimNode` this device belongs to (``node.driver(i)`` passes it);
+            None: a device on its own, which has no peers.
     """
 
     kind = "sim"
@@ -135,6 +269,7 @@ class SimDriver:
         capacity_bytes: int | None = None,
         used_bytes: int = 0,
         base_va: int = 0x7F00_0000_0000,
+        node: SimNode | None = None,
     ) -> None:
         self.profile = get_profile(profile)
         cap = self.profile.capacity_bytes if capacity_bytes is None else capacity_bytes
@@ -144,12 +279,19 @@ class SimDriver:
             raise ArgumentError("used_bytes", used_bytes, f"an int in [0, {cap}] (bytes)")
         if not 0 <= used_bytes <= cap:
             raise ArgumentError("used_bytes", used_bytes, f"in [0, {cap}] (the capacity)")
+        if node is not None and not isinstance(node, SimNode):
+            raise ArgumentError("node", node, "a SimNode or None")
         self.device = device
         self.name = self.profile.name
+        self.node = node
         self._book = VmmBook(self.profile.granularity_bytes, cap)
         self._used_bytes = used_bytes
-        self._next_va = base_va
+        self._space = _Space(base_va) if node is None else node._join(self)
         self._next_handle = 1
+        # Peer access given so far: mapping start -> other devices that may access it.
+        self._peers: dict[int, tuple[int, ...]] = {}
+        # Imported handles whose memory lives on another device: handle -> that device.
+        self._home: dict[int, int] = {}
         #: Simulated time spent in driver calls, in microseconds (the H200 cost model).
         self.clock_us = 0.0
 
@@ -161,8 +303,9 @@ class SimDriver:
 
     def reserve(self, size: int, align: int = 0) -> int:
         align = self._book.check_reserve(size, align)
-        va = -(-self._next_va // align) * align
-        self._next_va = va + size
+        space = self._space
+        va = -(-space.next_va // align) * align
+        space.next_va = va + size
         self._book.apply_reserve(va, size)
         self.clock_us += _COST("reserve", size)
         return va
@@ -184,6 +327,8 @@ class SimDriver:
     def release(self, handle: int) -> None:
         h = self._book.check_release(handle)
         self._book.apply_release(handle)
+        if self._home and not h.maps:
+            self._home.pop(handle, None)
         self.clock_us += _COST("release", h.size)
 
     def map(self, va: int, size: int, handle: int) -> None:
@@ -193,12 +338,75 @@ class SimDriver:
 
     def unmap(self, va: int, size: int) -> None:
         starts = self._book.covered("unmap", va, size)
+        gone = [self._book.maps[s][1] for s in starts] if self._home else ()
         self._book.apply_unmap(starts)
+        if self._peers:  # access goes with the mapping
+            for s in starts:
+                self._peers.pop(s, None)
+        if self._home:
+            for h in gone:
+                if h not in self._book.handles:
+                    self._home.pop(h, None)
         self.clock_us += _COST("unmap", size)
 
-    def set_access(self, va: int, size: int) -> None:
-        self._book.covered("set_access", va, size)
+    def set_access(self, va: int, size: int, devices: Sequence[int] | None = None) -> None:
+        if devices is not None:
+            self._set_access_for(va, size, devices)
+            return
+        starts = self._book.covered("set_access", va, size)
+        if self._home:
+            self._check_reach(va, size, starts, self.device, None)
         self.clock_us += _COST("set_access", size)
+
+    def _set_access_for(self, va: int, size: int, devices: Sequence[int]) -> None:
+        """Set access for listed devices (peers among them): the rules for peers, then record."""
+        args = {"va": va, "size": size}
+        if isinstance(devices, (str, bytes)) or not isinstance(devices, Sequence) or not devices:
+            raise ArgumentError("devices", devices, "a non-empty sequence of device ordinals")
+        node = self.node
+        count = node.devices if node is not None else 0
+        for d in devices:
+            known = (_is_device(d, count) if node is not None
+                     else not isinstance(d, bool) and d == self.device)
+            if not known:  # an H200 answers INVALID_VALUE for an ordinal it does not have
+                raise driver_error(
+                    "set_access", args, CUDA_ERROR_INVALID_VALUE,
+                    f"device {d!r} is not a device of this process "
+                    + (f"(the node has devices 0..{count - 1})" if node is not None else
+                       f"(this sim device stands alone: only {self.device}; a SimNode has "
+                       "peers)"),
+                )
+        starts = self._book.covered("set_access", va, size)
+        for d in devices:
+            self._check_reach(va, size, starts, d, devices)
+        others = tuple(sorted({d for d in devices if d != self.device}))
+        if others:
+            peers = self._peers
+            for s in starts:
+                had = peers.get(s, ())
+                peers[s] = tuple(sorted(set(had) | set(others)))
+        # A guess, not measured (one GPU was at hand): one page-table update per device.
+        self.clock_us += _COST("set_access", size) * len(set(devices))
+
+    def _check_reach(self, va: int, size: int, starts: list[int], device: int,
+                     devices: Sequence[int] | None) -> None:
+        """Refuse access by ``device`` to memory on a device it cannot reach."""
+        book = self._book
+        for s in starts:
+            home = self._home.get(book.maps[s][1], self.device)
+            if device == home:
+                continue
+            if self.node is None or not self.node.can_access_peer(device, home):
+                raise driver_error(
+                    "set_access", {"va": va, "size": size}, CUDA_ERROR_INVALID_DEVICE,
+                    f"device {device} cannot access memory on device {home} (no peer access "
+                    f"between them: cuDeviceCanAccessPeer({device}, {home}) is 0)"
+                    + (f"; devices={list(devices)}" if devices is not None else ""),
+                )
+
+    def peer_access(self, va: int) -> tuple[int, ...]:
+        """Devices other than this one that were given access to the mapping at ``va``."""
+        return self._peers.get(va, ())
 
     def mem_info(self) -> tuple[int, int]:
         self.clock_us += _MEM_INFO_US
@@ -207,3 +415,54 @@ class SimDriver:
 
     def stats(self) -> DriverStats:
         return self._book.stats()
+
+    # -- handles shared between processes ---------------------------------------------------
+
+    def export_handle(self, handle: int) -> int:
+        """A file descriptor standing for ``handle``'s memory; the caller owns it.
+
+        The simulator has no memory to share: the descriptor is a real one (``/dev/null``,
+        so closing it, sending it, ``os.dup`` all behave), and the node remembers which
+        handle it stands for. Only drivers of the same node (or this driver, alone) in this
+        process can import it.
+        """
+        h = self._book.check_export(handle)
+        fd = os.open(os.devnull, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        ident = _fd_identity(fd)
+        assert ident is not None  # /dev/null is a character device
+        home = self._home.get(handle, self.device)
+        self._space.exports[fd] = (ident, home, h.size)
+        self.clock_us += _COST("map", h.size)  # a guess: a cheap driver call
+        return fd
+
+    def import_handle(self, fd: int, size: int) -> int:
+        """A handle for the memory behind ``fd`` (from ``export_handle`` in this node).
+
+        On success this driver owns ``fd`` and closes it (the handle keeps the memory).
+        """
+        book = self._book
+        book.check_import(fd, size)
+        args = {"fd": fd, "size": size}
+        rec = self._space.exports.get(fd)
+        if rec is None or _fd_identity(fd) != rec[0]:
+            raise driver_error(
+                "import_handle", args, CUDA_ERROR_INVALID_VALUE,
+                f"fd {fd} is not a handle exported by a sim driver of this "
+                + ("node" if self.node is not None else "driver")
+                + " (simulated handles do not cross processes or nodes)",
+            )
+        _, home, exported = rec
+        if exported != size:
+            raise driver_error(
+                "import_handle", args, CUDA_ERROR_INVALID_VALUE,
+                f"the exported allocation is {exported} bytes, not {size}",
+            )
+        del self._space.exports[fd]
+        os.close(fd)
+        handle = self._next_handle
+        self._next_handle += 1
+        book.apply_import(handle, size)
+        if home != self.device:
+            self._home[handle] = home
+        self.clock_us += _COST("create", size)  # a guess: as costly as a create
+        return handle
