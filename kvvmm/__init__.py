@@ -23,6 +23,7 @@ from kvvmm.driver import (
     Fault,
     FaultyDriver,
     SimDriver,
+    SimNode,
     open_driver,
 )
 from kvvmm.errors import (
@@ -41,6 +42,7 @@ from kvvmm.errors import (
 from kvvmm.layout import KvBufferDesc, mha_token_major, mla, page_major
 from kvvmm.owner import BufferInfo, KvBufferOwner, OwnerSnapshot
 from kvvmm.policy import Chunked, Exact, Geometric, GrowthPolicy
+from kvvmm.tp import TpOwners, TpSnapshot, run_per_device, spawn_tp_snapshots
 from kvvmm.trace import Trace, TracingDriver
 
 __version__ = "0.1.0"
@@ -74,6 +76,9 @@ __all__ = [
     "OwnerSnapshot",
     "ReservationExhaustedError",
     "SimDriver",
+    "SimNode",
+    "TpOwners",
+    "TpSnapshot",
     "Trace",
     "TraceFormatError",
     "TracingDriver",
@@ -83,4 +88,6 @@ __all__ = [
     "open_driver",
     "page_major",
     "replay_arenas",
+    "run_per_device",
+    "spawn_tp_snapshots",
 ]
