@@ -8,8 +8,9 @@ Sections (each a key of the JSON result):
 - ``owner``: KvBufferOwner construction with 64 buffers (Llama-3-8B-like: 32 layers x K/V,
   8 KV heads x 128, bf16, page 64, 2M reserved tokens: ~246 GiB of VA) and close.
 - ``growth``: per policy, decode growth of those 64 buffers in 4096-token steps to 500k
-  tokens (122 steps), then finalize to 1M tokens; time, driver calls, handles, over-commit,
-  copy bandwidth of the owner's tensors vs cudaMalloc tensors of the same size.
+  tokens (122 steps): the median of three rounds with the policies' order rotated; then
+  finalize to 1M tokens; driver calls, handles, over-commit, copy bandwidth of the owner's
+  tensors vs cudaMalloc tensors of the same size.
 - ``seed`` (with ``--seed-file``): SGLang's arena on the same workload, in a subprocess
   (it compiles a stub per arena and may abort at exit).
 
@@ -168,32 +169,60 @@ def _bw_pair(vm: Any, vm2: Any) -> dict[str, Any]:
     pl2 = torch.empty_like(vm, device=vm.device)
     for x in (vm, vm2, pl, pl2):
         x.normal_()
-    a1, p1 = _bandwidth(vm2, vm), _bandwidth(pl2, pl)
-    a2, p2 = _bandwidth(vm2, vm), _bandwidth(pl2, pl)
+    # Seven alternations: one pair of runs moved the ratio by +-0.005 between runs of the
+    # benchmark on the H200, as much as the effect being measured.
+    runs_vmm, runs_plain = [], []
+    for _ in range(7):
+        runs_vmm.append(_bandwidth(vm2, vm))
+        runs_plain.append(_bandwidth(pl2, pl))
     del pl, pl2
     torch.cuda.empty_cache()
-    vmm, plain = statistics.median([a1, a2]), statistics.median([p1, p2])
-    return {"vmm_TBps": vmm, "plain_TBps": plain, "runs_vmm": [a1, a2],
-            "runs_plain": [p1, p2], "ratio": round(vmm / plain, 4)}
+    vmm, plain = statistics.median(runs_vmm), statistics.median(runs_plain)
+    return {"vmm_TBps": vmm, "plain_TBps": plain, "runs_vmm": runs_vmm,
+            "runs_plain": runs_plain, "ratio": round(vmm / plain, 4)}
 
 
-def _growth(cd: Any, policy: Any) -> dict[str, Any]:
+def _grow(cd: Any, policy: Any) -> tuple[Any, int, float]:
+    """An owner grown by decode steps; returns it, its handles before growth, and seconds."""
     import torch
 
     from kvvmm.owner import KvBufferOwner
 
-    descs = _descs()
     owner = KvBufferOwner(driver=cd, dtype="bfloat16", page_size=_PAGE,
-                          reserved_tokens=_RESERVED, descs=descs, policy=policy)
+                          reserved_tokens=_RESERVED, descs=_descs(), policy=policy)
     h0 = owner.snapshot().handles
     torch.cuda.synchronize()
     t0 = time.perf_counter()
-    steps = 0
     for n in range(_STEP, _GROW_TO + 1, _STEP):
         owner.ensure_prefix(n)
-        steps += 1
     torch.cuda.synchronize()
-    grow_s = time.perf_counter() - t0
+    return owner, h0, time.perf_counter() - t0
+
+
+def _grow_rounds(cd: Any, policies: list[Any], rounds: int = 3) -> dict[str, list[float]]:
+    """Growth times per policy over ``rounds`` rounds, the order rotated each round.
+
+    On the H200 the same growth took 30 ms in one round and 100 ms in the next (2026-11-29);
+    waiting for free memory to settle after each close changed nothing (it never rose), so
+    the cause is not the release. The median of rotated rounds keeps any one policy from
+    always drawing the quiet or the noisy slot.
+    """
+    runs: dict[str, list[float]] = {str(p): [] for p in policies}
+    n = len(policies)
+    for r in range(rounds):
+        for p in policies[r % n:] + policies[:r % n]:
+            owner, _, secs = _grow(cd, p)
+            owner.close()
+            runs[str(p)].append(round(secs * 1e3, 2))
+    return runs
+
+
+def _growth(cd: Any, policy: Any, rounds: list[float]) -> dict[str, Any]:
+    import torch
+
+    owner, h0, grow_s = _grow(cd, policy)
+    descs = owner.descs
+    steps = _GROW_TO // _STEP
     snap = owner.snapshot()
     need = sum(d.prefix_span_bytes(steps * _STEP, _PAGE) for d in descs)
     over = [b.backed_bytes - b.prefix_bytes for b in snap.buffers]
@@ -212,7 +241,9 @@ def _growth(cd: Any, policy: Any) -> dict[str, Any]:
     close_s = time.perf_counter() - t0
     handles = snap.handles - h0
     return {
-        "policy": str(policy), "steps": steps, "grow_ms": round(grow_s * 1e3, 2),
+        "policy": str(policy), "steps": steps,
+        "grow_ms": statistics.median(rounds), "grow_ms_rounds": rounds,
+        "grow_ms_with_finalize_run": round(grow_s * 1e3, 2),
         "grow_driver_calls": 3 * handles, "grow_handles": handles,
         "handles_after_growth": snap.handles, "backed_after_growth_bytes": snap.backed_bytes,
         "overcommit_bytes": snap.backed_bytes - need, "max_overcommit_per_buffer": max(over),
@@ -302,7 +333,7 @@ def run(out_dir: str, seed_file: str | None, device: int = 0) -> dict[str, Any]:
     for p in policies:
         unique.setdefault(str(p), p)
     policies = list(unique.values())
-    prog = _Progress(4 + len(policies) + (1 if seed_file else 0))
+    prog = _Progress(5 + len(policies) + (1 if seed_file else 0))
     torch.cuda.init()  # type: ignore[no-untyped-call]
     torch.empty(1, device=f"cuda:{device}")
     cd = CudaDriver(device=device)
@@ -350,10 +381,12 @@ def run(out_dir: str, seed_file: str | None, device: int = 0) -> dict[str, Any]:
                     "ctor_ms_max": round(max(octor) * 1e3, 3),
                     "close_ms_median": _med_us(oclose) / 1e3}
 
+    prog.step("growth, rotated rounds")
+    rounds = _grow_rounds(cd, policies)
     res["growth"] = []
     for p in policies:
-        prog.step(f"growth {p}")
-        res["growth"].append(_growth(cd, p))
+        prog.step(f"finalize and bandwidth {p}")
+        res["growth"].append(_growth(cd, p, rounds[str(p)]))
     prog.step("cudaMalloc of the same bytes")
     nbytes = res["growth"][0]["backed_after_finalize_bytes"]
     torch.cuda.synchronize()
@@ -385,6 +418,7 @@ def _targets(res: dict[str, Any]) -> dict[str, Any]:
         "per_call_ratio<=1.1": max(ratios) <= 1.1,
         "per_call_ratio_max": max(ratios),
         "default_growth_ms<=60": default["grow_ms"] <= 60,
+        "default_growth_ms_rounds": default["grow_ms_rounds"],
         "default_bandwidth_ratio>=0.99": default["bandwidth"]["ratio"] >= 0.99,
         "default_overcommit<=one_chunk": default["max_overcommit_per_buffer"],
     }
@@ -410,8 +444,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"kvvmm bench needs a GPU: {e}", file=sys.stderr)
         return 2
     summary = {k: res[k] for k in ("card", "arena", "owner", "targets")}
-    summary["growth"] = [{k: g[k] for k in ("policy", "grow_ms", "grow_handles",
-                                             "max_overcommit_per_buffer")}
+    summary["growth"] = [{k: g[k] for k in ("policy", "grow_ms", "grow_ms_rounds",
+                                             "grow_handles", "max_overcommit_per_buffer")}
                          | {"bw_ratio": g["bandwidth"]["ratio"]} for g in res["growth"]]
     if "seed" in res:
         summary["seed"] = res["seed"]
