@@ -20,6 +20,7 @@ an ``Output`` widget, redrawn on each change.
 
 from __future__ import annotations
 
+import copy
 import html
 import json
 import re
@@ -158,12 +159,41 @@ class _Panel:
                          "text/plain": f"<plotly figure: {len(self.figure.data)} traces>"},
             },)
 
+    def _add_dom_classes(self, panel: str) -> None:
+        """CSS classes as stable hooks for the browser test (tests/test_browser.py).
+
+        The panel's box gets ``kvvmm-<panel>``, each control, the error area and the plot
+        ``kvvmm-<attribute>`` (``reserve_kv_button`` -> ``kvvmm-reserve-kv-button``), so a
+        test finds them by name rather than by position or label.
+        """
+        self.widget.add_class(f"kvvmm-{panel}")
+        for name, value in vars(self).items():
+            if name not in ("widget", "figure") and isinstance(value, widgets.DOMWidget):
+                value.add_class(f"kvvmm-{name.replace('_', '-')}")
+
+    def _resend_figure(self) -> None:
+        """Send the FigureWidget's whole figure again, for the views about to be made.
+
+        A new view draws what the front end holds in ``_widget_data``, a copy patched by
+        every update since the widget was made. ``batch_update()`` over traces with different
+        properties leaves ``marker: undefined`` in that copy (plotly's restyle pads the
+        traces lacking a property with undefined), and plotly.js then fails to draw: the
+        panel showed no figure when it was changed before being displayed (LayoutExplorer
+        always is). plotly's own FigureWidget resends both when it is displayed; a panel
+        displays its box instead, so it does the same here.
+        """
+        fw = self.figure
+        if hasattr(fw, "_widget_data"):  # a FigureWidget, not the Output fallback's Figure
+            fw._widget_layout = copy.deepcopy(fw._layout_obj._props)
+            fw._widget_data = copy.deepcopy(fw._data)
+
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
+        self._resend_figure()
         return self.widget._repr_mimebundle_(**kwargs)
 
     def display(self) -> None:
         """Show the panel in the notebook (same as leaving it as a cell's last value)."""
-        _ipython_display(self.widget)
+        _ipython_display(self)
 
 
 def _pre(text: str) -> str:
@@ -274,6 +304,7 @@ class ArenaLab(_Panel):
             row([self.tokens, self.prefix_button, self.finalize_button, self.shrink_button]),
             self.error, self.plot, self.summary, self.log,
         ])
+        self._add_dom_classes("arena-lab")
 
     # -- state -----------------------------------------------------------------------
 
@@ -513,6 +544,7 @@ class LayoutExplorer(_Panel):
                           self.driver]),
             self.error, self.report, self.plot,
         ])
+        self._add_dom_classes("layout-explorer")
         self.update()
 
     def update(self) -> bool:
@@ -737,6 +769,7 @@ class GrowthLab(_Panel):
                           self.run_button]),
             self.error, self.table, self.plot,
         ])
+        self._add_dom_classes("growth-lab")
 
     def policies(self) -> list[GrowthPolicy]:
         """The three policies as the controls set them (raises on bad values)."""

@@ -335,3 +335,20 @@ def test_the_growth_lab_works_on_the_host_driver() -> None:
     lab = GrowthLab(driver="host", layers=1, tokens=2048, step_tokens=512)
     assert lab.run(), lab.error_text
     assert all(r.driver == "host" and r.sim_us == 0 for r in lab.results)
+
+
+def test_displaying_a_panel_resends_the_whole_figure_to_new_views() -> None:
+    # Regression (issue 5's browser test): LayoutExplorer changes its FigureWidget before it
+    # is shown, and the copy plotly keeps for new views held `marker: undefined` entries that
+    # made plotly.js draw nothing. Showing the panel must resend the figure as it is now.
+    panel = LayoutExplorer()
+    fw = panel.figure
+    if not hasattr(fw, "_widget_data"):
+        pytest.skip("no FigureWidget here (anywidget missing): the Output fallback redraws")
+    fw._widget_data = [{"type": "bar", "marker": None}]  # what a batched restyle left behind
+    panel._repr_mimebundle_()
+    assert len(fw._widget_data) == len(fw._data) > 1
+    for sent, now in zip(fw._widget_data, fw._data, strict=True):
+        assert sent.keys() == now.keys() and sent["type"] == now["type"]
+        assert sent.get("marker") is not None or now.get("marker") is None
+    assert fw._widget_layout.keys() == fw._layout_obj._props.keys()
