@@ -61,7 +61,14 @@ from kvvmm.layout import (
     model_descs,
     swa_kv_bytes_per_token,
 )
-from kvvmm.policy import Chunked, Exact, Geometric, GrowthPolicy, simulate_growth
+from kvvmm.policy import (
+    Chunked,
+    Exact,
+    Geometric,
+    GrowthPolicy,
+    default_policy,
+    simulate_growth,
+)
 from kvvmm.units import GiB, MiB, align_up, fmt_bytes
 
 __all__ = [
@@ -87,9 +94,10 @@ def default_policies() -> tuple[GrowthPolicy, ...]:
     """The policies the planner compares by default.
 
     Returns:
-        ``Exact()``, ``Chunked(64 MiB)`` and ``Geometric(2, 256 MiB)``.
+        ``Exact()``, the owner's default (``Chunked(128 MiB)``), ``Chunked(64 MiB)`` and
+        ``Geometric(2, 256 MiB)``.
     """
-    return (Exact(), Chunked(64 * MiB), Geometric(2.0, 256 * MiB))
+    return (Exact(), default_policy(), Chunked(64 * MiB), Geometric(2.0, 256 * MiB))
 
 
 @dataclass(frozen=True, slots=True)

@@ -205,3 +205,29 @@ def test_close_is_idempotent_and_waits_for_tensors_the_caller_still_holds() -> N
 
     gc.collect()
     assert owner.arena.released and drv.stats().clean
+
+
+def test_hybrid_swa_owners_commit_no_more_than_their_window_needs(drv: Driver) -> None:
+    from kvvmm.layout import hybrid_swa_descs, load_model
+
+    # gpt-oss-120b: 36 layers alternating sliding (window 128) and full, 8 KV heads x 64.
+    model = load_model("gpt-oss-120b")
+    full, swa = hybrid_swa_descs(model, reserved_tokens=100_000, page_size=16,
+                                 dtype="bfloat16")
+    assert len(full) == len(swa) == 36  # 18 layers each, K and V
+    # The sliding pool holds one window plus paging: align_up(128, 16) + 16 = 144 tokens.
+    assert [d.shape for d in swa] == [(144 + 16, 8, 64)] * 36
+    a = KvBufferOwner(driver=drv, dtype="bfloat16", page_size=16, reserved_tokens=100_000,
+                      descs=full, name="full")
+    b = KvBufferOwner(driver=drv, dtype="bfloat16", page_size=16, reserved_tokens=144,
+                      descs=swa, name="swa")
+    a.finalize(50_000)
+    b.finalize(144)
+    # Each sliding buffer: (144 + 16) tokens x 8 x 64 x 2 bytes = 163,840 bytes -> 1 granule;
+    # the window never needs more, however long the full pool grows.
+    assert b.backed_bytes == 36 * G
+    assert all(x.final_bytes == 163_840 for x in b.snapshot().buffers)
+    assert a.backed_bytes == 36 * gran_up((50_000 + 16) * 8 * 64 * 2)
+    a.close()
+    b.close()
+    assert drv.stats().clean
