@@ -41,17 +41,19 @@ def make_pool(arena: Arena) -> Any:
 
     def alloc(size: int, device: int, stream: int) -> int | None:
         a = ref()
-        if a is None or a.closed or size <= 0:
-            return None  # torch turns NULL into an out-of-memory error
-        try:
-            off = a.allocate(size, name=f"pool{id(live):x}.{count[0]}")
-        except KvvmmError:
+        # NULL (None) is torch's out-of-memory; the pool serves only its arena's device.
+        if a is None or a.closed or size <= 0 or device != a.device:
             return None
-        count[0] += 1
-        a._views += 1
-        ptr = a.base + off
-        live[ptr] = off
-        return ptr
+        with a._lock:  # torch calls from the allocating thread
+            try:
+                off = a.allocate(size, name=f"pool{id(live):x}.{count[0]}")
+            except KvvmmError:
+                return None
+            count[0] += 1
+            a._views += 1
+            ptr = a.base + off
+            live[ptr] = off
+            return ptr
 
     def free(ptr: int | None, size: int, device: int, stream: int) -> None:
         a = ref()

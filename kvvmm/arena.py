@@ -23,10 +23,11 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import threading
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 from kvvmm.driver.base import Driver, MemoryKind
 from kvvmm.errors import (
@@ -55,6 +56,24 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _locked(fn: Callable[Concatenate[Arena, _P], _R]) -> Callable[Concatenate[Arena, _P], _R]:
+    """Run an arena method under the arena's lock.
+
+    Arenas are touched from more than one thread: torch calls the pool's allocator from the
+    allocating thread, and a tensor's last reference can go (and end a view) on any thread.
+    """
+
+    @functools.wraps(fn)
+    def wrapper(self: Arena, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        with self._lock:
+            return fn(self, *args, **kwargs)
+
+    return wrapper
 
 
 # -- snapshots ---------------------------------------------------------------------------
@@ -225,6 +244,7 @@ class Arena:
         _int("reserve_bytes", reserve_bytes, lo=1, limit="an int > 0 (bytes)")
         if device is not None and device != driver.device:
             raise ArgumentError("device", device, f"the driver's device {driver.device}")
+        self._lock = threading.RLock()
         self.driver = driver
         self.name = str(name)
         self.device = driver.device
@@ -308,6 +328,7 @@ class Arena:
 
     # -- allocate -----------------------------------------------------------------------
 
+    @_locked
     def allocate(self, nbytes: int, name: str | None = None) -> int:
         """Claim ``nbytes`` of the reservation (rounded up to the granularity).
 
@@ -391,6 +412,7 @@ class Arena:
         """
         return self.commit_many([(offset, nbytes)])
 
+    @_locked
     def commit_many(self, requests: Iterable[tuple[int, int]]) -> int:
         """Commit several allocations as one transaction; see :meth:`commit`.
 
@@ -405,7 +427,7 @@ class Arena:
             for a, target in plan:
                 if target > a.backed:
                     added += self._extend(a, target, undo)
-        except DriverError as e:
+        except BaseException as e:  # a driver's OSError or a Ctrl-C must not leak handles
             undo.unwind(e)
             raise
         for a, _ in plan:  # ids only for handles that stayed: the same on replay
@@ -434,6 +456,7 @@ class Arena:
         """
         return self.decommit_many([(offset, keep_bytes)])
 
+    @_locked
     def decommit_many(self, requests: Iterable[tuple[int, int]]) -> int:
         """Decommit several allocations as one transaction; see :meth:`decommit`.
 
@@ -471,9 +494,10 @@ class Arena:
                 d.unmap(self.base + start, size)
                 done.append((a, first))
                 given += size
-        except DriverError as e:
+        except BaseException as e:
             for a, first in done:
-                self._reback(a.maps[first:], e)
+                for failure in self._reback(a.maps[first:]):
+                    e.add_note(failure)
             raise
         for a, first in plan:
             del a.maps[first:]
@@ -481,9 +505,14 @@ class Arena:
             self._note("arena.decommit", offset=a.offset, keep_bytes=a.backed)
         return given
 
-    def _reback(self, maps: Sequence[_Map], err: BaseException) -> None:
-        """Back unmapped ``maps`` again with fresh handles (undo of a partial decommit)."""
+    def _reback(self, maps: Sequence[_Map]) -> list[str]:
+        """Back unmapped ``maps`` again with fresh handles (undo of a partial decommit).
+
+        Returns:
+            One line per mapping that could not be backed again (empty when all were).
+        """
         d = self.driver
+        failures: list[str] = []
         for m in maps:
             try:
                 h = d.create(m.size)
@@ -494,10 +523,11 @@ class Arena:
                     d.release(h)
                     raise
             except DriverError as e2:
-                err.add_note(f"undo: re-backing {fmt_range(m.offset, m.offset + m.size)} "
-                             f"failed: {e2}; the arena is now inconsistent")
+                failures.append(f"undo: re-backing {fmt_range(m.offset, m.offset + m.size)} "
+                                f"failed: {e2}; the arena is now inconsistent")
                 continue
             m.handle, m.released = h, False
+        return failures
 
     # -- several devices and processes -----------------------------------------------
 
@@ -512,6 +542,7 @@ class Arena:
         """Other devices given access by :meth:`grant_access` (empty: only the arena's)."""
         return () if self._access is None else self._access[1:]
 
+    @_locked
     def grant_access(self, devices: Iterable[int]) -> None:
         """Let other devices (peers) read and write all the arena backs, now and later.
 
@@ -545,6 +576,7 @@ class Arena:
         self._access = new
         self._note("arena.grant_access", devices=list(new))
 
+    @_locked
     def export_handles(self, offset: int) -> list[tuple[int, int]]:
         """POSIX file descriptors for the handles backing the allocation at ``offset``.
 
@@ -570,6 +602,7 @@ class Arena:
             raise
         return out
 
+    @_locked
     def adopt(self, offset: int, handle: int, nbytes: int) -> int:
         """Back the next ``nbytes`` of the allocation at ``offset`` with ``handle``.
 
@@ -604,7 +637,7 @@ class Arena:
         d.map(va, nbytes, handle)
         try:
             self._set_access(va, nbytes)
-        except DriverError as e:
+        except BaseException as e:
             undo = _Undo()
             undo.push(f"unmap(va={va:#x}, size={nbytes})", lambda: d.unmap(va, nbytes))
             undo.unwind(e)
@@ -617,6 +650,7 @@ class Arena:
 
     # -- tensors ------------------------------------------------------------------------
 
+    @_locked
     def tensor(self, offset: int, shape: Sequence[int], dtype: Any, *,
                device: int | None = None) -> torch.Tensor:
         """A torch tensor over ``[offset, offset + nbytes)`` of the reservation, no copy.
@@ -667,7 +701,9 @@ class Arena:
             return torch.empty(dims, dtype=tdtype, device="meta")
         keeper = _ViewKeeper(self)
         self._views += 1
-        weakref.finalize(keeper, self._view_gone)
+        # Not at interpreter exit: atexit must not unmap memory a live tensor (still reachable
+        # from other exit hooks) can touch; the process's end gives everything back anyway.
+        weakref.finalize(keeper, self._view_gone).atexit = False
         ptr = self.base + offset
         if kind is MemoryKind.HOST:
             import ctypes
@@ -716,6 +752,7 @@ class Arena:
         finally:
             self._dropping_pool = False
 
+    @_locked
     def _view_gone(self) -> None:
         self._views -= 1
         if self._dropping_pool:
@@ -728,6 +765,7 @@ class Arena:
 
     # -- snapshot / close ---------------------------------------------------------------
 
+    @_locked
     def snapshot(self) -> ArenaSnapshot:
         """Frozen view of the arena now (works after close too)."""
         allocs = tuple(AllocationInfo(a.name, a.offset, a.size, a.requested, a.backed)
@@ -742,6 +780,7 @@ class Arena:
             peer_devices=self.peer_devices,
         )
 
+    @_locked
     def close(self) -> None:
         """Give everything back: unmap, free the reservation, release the handles.
 
@@ -766,7 +805,7 @@ class Arena:
             return  # _view_gone finishes the job
         try:
             self._teardown()
-        except DriverError:
+        except BaseException:
             if not self._released:
                 self._closed = False  # nothing was given back: usable as before
             raise
@@ -782,7 +821,7 @@ class Arena:
                 d.unmap(va, size)
                 undo.push(f"remap {a.name}", functools.partial(self._remap, a))
             d.free(self.base, self.reserved_bytes)
-        except DriverError as e:
+        except BaseException as e:
             undo.unwind(e)
             raise
         self._released = True
@@ -794,15 +833,18 @@ class Arena:
         self._release_leftover()
 
     def _remap(self, a: _Alloc) -> None:
+        """Map ``a``'s handles back after its unmap (undo in a failed close)."""
         d = self.driver
+        # Handles released while mapped lost their memory with the unmap: back them anew.
         fresh = [m for m in a.maps if m.released]
-        if fresh:  # their memory went with the unmap: back them with new handles
-            err = KvvmmError("remap")
-            self._reback(fresh, err)
+        failures = self._reback(fresh)
+        anew = {id(m) for m in fresh}
         for m in a.maps:
-            if m not in fresh:
+            if id(m) not in anew:
                 d.map(self.base + m.offset, m.size, m.handle)
                 self._set_access(self.base + m.offset, m.size)
+        if failures:  # _Undo.unwind attaches this to the error the caller sees
+            raise KvvmmError("; ".join(failures))
 
     def _release_leftover(self) -> None:
         while self._leftover:

@@ -190,7 +190,17 @@ class KvBufferOwner:
         for off, span, limit, backed in zip(self._offsets, spans, self._limits, self._backed,
                                             strict=True):
             if span > backed:
-                requests.append((off, policy.target_bytes(backed, span, limit, gran)))
+                target = policy.target_bytes(backed, span, limit, gran)
+                # A policy's answer is checked like any input: short of the span would leave
+                # token slots unbacked (illegal addresses on a GPU), past the limit or off the
+                # granularity the commit itself would refuse.
+                if not (span <= target <= limit and (target % gran == 0 or target == limit)):
+                    raise ArgumentError(
+                        "policy", policy,
+                        f"a policy whose target_bytes lies in [{span}, {limit}] and is a "
+                        f"multiple of {gran} (it answered {target} for buffer at {off})",
+                    )
+                requests.append((off, target))
         if not requests:
             return 0
         try:

@@ -169,8 +169,9 @@ class TracingDriver:
         t0 = time.perf_counter()
         try:
             result = fn(*a)
-        except DriverError as e:
-            self.trace.add(op, args, None, e.cuda_error, (time.perf_counter() - t0) * 1e6,
+        except Exception as e:  # a DriverError by its CUDA name, anything else by its type
+            name = e.cuda_error if isinstance(e, DriverError) else type(e).__name__
+            self.trace.add(op, args, None, name, (time.perf_counter() - t0) * 1e6,
                            self.clock_us - clock0)
             raise
         self.trace.add(op, args, result if isinstance(result, int) else None, None,

@@ -13,6 +13,7 @@ from collections.abc import Callable
 import pytest
 
 from kvvmm import (
+    ArgumentError,
     Chunked,
     DriverError,
     DriverOutOfMemoryError,
@@ -142,3 +143,105 @@ def test_a_failed_shrink_keeps_the_bytes_below_the_kept_span_on_the_host_driver(
     for i, t in enumerate(owner.tensors):
         assert bool((t[:2000] == i + 1).all())
     owner.close()
+
+
+class _Boom(Exception):
+    """Not a DriverError: what a driver bug, an OSError or a KeyboardInterrupt looks like."""
+
+
+def test_a_commit_interrupted_by_any_exception_is_undone() -> None:
+    # Review finding: only DriverError used to unwind a commit; an OSError (the host
+    # driver's memfd_create out of descriptors) left handles behind with no id.
+    inner = SimDriver("h200")
+
+    class Flaky(FaultyDriver):
+        def set_access(self, va: int, size: int, devices: object = None) -> None:
+            if len([c for c in self.calls if c == "set_access"]) >= 2:
+                raise _Boom("interrupted")
+            super().set_access(va, size)
+
+    drv = Flaky(inner)
+    from kvvmm import Arena
+
+    arena = Arena(drv, reserve_bytes=64 << 20)
+    offs = [arena.allocate(8 << 20, f"b{i}") for i in range(4)]
+    before = arena.snapshot()
+    with pytest.raises(_Boom):
+        arena.commit_many([(o, 8 << 20) for o in offs])
+    assert arena.snapshot() == before
+    assert inner.stats().handles == 0 and inner.stats().mappings == 0
+    arena.close()
+    assert inner.stats().clean
+
+
+def test_a_policy_that_answers_short_of_the_span_is_refused_before_any_commit() -> None:
+    class Short:
+        def target_bytes(self, backed: int, need: int, limit: int, gran: int) -> int:
+            return backed + gran  # less than asked
+
+    drv = SimDriver("h200")
+    descs = mha_token_major(layers=1, kv_heads=8, head_dim=128, reserved_tokens=100_000,
+                            page_size=16, dtype="bfloat16")
+    owner = KvBufferOwner(driver=drv, dtype="bfloat16", page_size=16, reserved_tokens=100_000,
+                          descs=descs, policy=Short())  # type: ignore[arg-type]
+    snap = owner.snapshot()
+    with pytest.raises(ArgumentError, match="policy"):
+        owner.ensure_prefix(50_000)
+    assert owner.snapshot() == snap
+    owner.close()
+
+
+def test_a_tensor_alive_at_interpreter_exit_is_not_unmapped_under_it() -> None:
+    # Review finding: weakref.finalize's atexit hook tore a closed arena down at exit while
+    # a tensor was still reachable from a later exit hook (segfault on the host driver).
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent("""
+        import atexit
+        hook = []
+        atexit.register(lambda: hook[0]())  # runs after weakref's own exit hook
+        from kvvmm.arena import Arena
+        from kvvmm.driver.host import HostDriver
+        G = 2 << 20
+        d = HostDriver(capacity_bytes=1 << 30)
+        a = Arena(d, reserve_bytes=4 * G)
+        o = a.allocate(G, "x")
+        a.commit(o, G)
+        t = a.tensor(o, (16,), "float32")
+        t.fill_(1.0)
+        hook.append(lambda: print("at exit:", float(t.sum()), flush=True))
+        a.close()  # deferred: t is alive
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "at exit: 16.0" in proc.stdout
+
+
+def test_two_threads_allocating_never_get_the_same_offset() -> None:
+    # Review finding: torch's pool callbacks and finalizers reach an arena from any thread.
+    import sys
+    import threading
+
+    from kvvmm import Arena
+
+    g = 2 << 20
+    arena = Arena(SimDriver("h200"), reserve_bytes=20_000 * g)
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        workers = [threading.Thread(target=lambda t=t: [arena.allocate(g, f"{t}{i}")
+                                                        for i in range(5000)])
+                   for t in "ab"]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+    finally:
+        sys.setswitchinterval(old)
+    snap = arena.snapshot()
+    assert len({a.offset for a in snap.allocations}) == 10_000
+    snap.check()
+    arena.close()

@@ -335,12 +335,14 @@ class CudaDriver:
 
     def reserve(self, size: int, align: int = 0) -> int:
         args = {"size": size, "align": align}
-        bad = self._misaligned("reserve", args)
+        bad = self._misaligned("reserve", {"size": size})
         if bad is not None:
             raise bad
-        if align & (align - 1):  # CUDA refuses these itself (3 x 2 MiB: INVALID_VALUE on H200)
-            raise self._refuse("reserve", args, f"align={align:#x} is not a power of two")
-        err, ptr = _drv.cuMemAddressReserve(size, align or self._gran, 0, 0)
+        # As the H200 answers (and the rule book): 0 or any power of two, 4 KiB included,
+        # the VA aligned to at least the granularity; 3 x 2 MiB is INVALID_VALUE.
+        if align < 0 or align & (align - 1):
+            raise self._refuse("reserve", args, f"align={align:#x} is not 0 or a power of two")
+        err, ptr = _drv.cuMemAddressReserve(size, max(align, self._gran), 0, 0)
         if err != self._ok:
             raise self._cuda_error("reserve", args, "cuMemAddressReserve", err)
         va = int(ptr)

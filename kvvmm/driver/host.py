@@ -159,15 +159,17 @@ class HostDriver:
         book = self._book
         book.check_create(size, book.capacity_bytes - book.physical_bytes)
         args = {"size": size}
-        fd = os.memfd_create("kvvmm", os.MFD_CLOEXEC)
+        fd = -1
         try:
+            fd = os.memfd_create("kvvmm", os.MFD_CLOEXEC)
             os.ftruncate(fd, size)
             os.posix_fallocate(fd, 0, size)
         except OSError as e:
-            os.close(fd)
-            name = CUDA_ERROR_OUT_OF_MEMORY if e.errno in (errno.ENOMEM, errno.ENOSPC) else (
-                "CUDA_ERROR_UNKNOWN"
-            )
+            if fd >= 0:
+                os.close(fd)
+            # Out of memory, or out of file descriptors (one per live handle: EMFILE).
+            full = (errno.ENOMEM, errno.ENOSPC, errno.EMFILE, errno.ENFILE)
+            name = CUDA_ERROR_OUT_OF_MEMORY if e.errno in full else "CUDA_ERROR_UNKNOWN"
             raise driver_error("create", args, name, f"memfd: {e.strerror}") from None
         handle = self._next_handle
         self._next_handle += 1
