@@ -45,7 +45,7 @@ from kvvmm.layout import (
     model_descs,
 )
 from kvvmm.owner import KvBufferOwner, OwnerSnapshot
-from kvvmm.policy import Chunked, Exact, Geometric, GrowthPolicy
+from kvvmm.policy import Chunked, Exact, Geometric, GrowthPolicy, default_policy
 from kvvmm.trace import Trace, TracingDriver
 from kvvmm.units import GiB, MiB, fmt_bytes
 from kvvmm.viz import H200_BANDWIDTH, _table, describe, predicted_bandwidth_tb_s, va_map
@@ -201,7 +201,9 @@ def _pre(text: str) -> str:
 
 
 def _policy_options() -> list[tuple[str, GrowthPolicy]]:
-    ps: list[GrowthPolicy] = [Chunked(64 * MiB), Exact(), Geometric(2.0, 256 * MiB)]
+    # The owner's default first, so the panel starts where the library does.
+    ps: list[GrowthPolicy] = [default_policy(), Chunked(64 * MiB), Exact(),
+                              Geometric(2.0, 256 * MiB)]
     return [(str(p), p) for p in ps]
 
 
