@@ -254,6 +254,7 @@ class Arena:
         self.cursor_bytes = 0
         self._allocs: list[_Alloc] = []
         self._by_offset: dict[int, _Alloc] = {}
+        self._names: set[str] = set()  # allocation names, for the uniqueness check
         self._next_hid = 1
         self._closed = False
         self._released = False  # VA freed (teardown done)
@@ -353,10 +354,11 @@ class Arena:
                 f"are left; reserve more VA (it costs no memory)"
             )
         label = f"alloc{len(self._allocs)}" if name is None else str(name)
-        if any(a.name == label for a in self._allocs):
+        if label in self._names:
             raise ArgumentError("name", label, "unique within the arena")
         a = _Alloc(label, self.cursor_bytes, size, nbytes)
         self._allocs.append(a)
+        self._names.add(label)
         self._by_offset[a.offset] = a
         self.cursor_bytes += size
         self._note("arena.allocate", name=label, nbytes=nbytes, offset=a.offset)
@@ -380,10 +382,7 @@ class Arena:
         undo.push(f"release(handle={h})", lambda: d.release(h))
         d.map(va, ext, h)
         undo.push(f"unmap(va={va:#x}, size={ext})", lambda: d.unmap(va, ext))
-        if self._access is None:
-            d.set_access(va, ext)
-        else:
-            d.set_access(va, ext, self._access)
+        self._set_access(va, ext)
         m = _Map(a.offset + a.backed, ext, h, 0)
         a.maps.append(m)
         a.backed = target
