@@ -9,9 +9,9 @@ PYTEST_ARGS ?=
 LAB_ARGS ?=
 BENCH_ARGS ?=
 
-# The stamp's name carries a hash of what the install depends on: a changed pyproject.toml
-# or constraints.txt reinstalls, an unchanged one makes `make venv` a no-op.
-DEPS_HASH := $(shell cat pyproject.toml constraints.txt 2>/dev/null | sha256sum | cut -c1-16)
+# The stamp's name carries a hash of what the install depends on: a changed pyproject.toml,
+# constraints.txt or C extension reinstalls (and rebuilds it); unchanged, `make venv` is a no-op.
+DEPS_HASH := $(shell cat pyproject.toml constraints.txt kvvmm/driver/_cudafast.c 2>/dev/null | sha256sum | cut -c1-16)
 STAMP := $(VENV)/.kvvmm-installed-$(DEPS_HASH)
 
 # Notebooks run as tests under nbval, in the same pytest run as tests/, once there are any.
@@ -19,7 +19,7 @@ NOTEBOOKS := $(wildcard notebooks/*.ipynb)
 SANITIZE := $(wildcard notebooks/sanitize.cfg)
 NBVAL_ARGS := $(if $(NOTEBOOKS),--nbval --nbval-current-env $(if $(SANITIZE),--nbval-sanitize-with $(SANITIZE)) notebooks)
 
-.PHONY: venv test lab lint bench bench-sim clean
+.PHONY: venv test lab lint bench bench-sim clean ext
 
 venv: $(STAMP)
 
@@ -34,6 +34,13 @@ $(STAMP):
 	$(PY) -m pip install --disable-pip-version-check -q -c constraints.txt -e '.[test]'
 	@rm -f $(VENV)/.kvvmm-installed-*
 	@touch $@
+
+# The C extension in place, with gcc and Python's headers only (no pip, no setuptools): for a
+# checkout used with PYTHONPATH=$PWD, as on a GPU machine. `make venv` builds it by itself.
+EXT_INCLUDE = $(shell $(PYTHON) -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
+ext:
+	gcc -O2 -Wall -shared -fPIC -I$(EXT_INCLUDE) kvvmm/driver/_cudafast.c \
+	  -o kvvmm/driver/_cudafast.abi3.so
 
 test: venv
 	$(PY) -m pytest tests $(NBVAL_ARGS) $(PYTEST_ARGS)

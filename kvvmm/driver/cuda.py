@@ -27,14 +27,21 @@ unmapped VA (all CUDA_ERROR_INVALID_VALUE); a map over mapped VA (CUDA_ERROR_INV
 a create past free memory (CUDA_ERROR_OUT_OF_MEMORY, in 3 ms).
 
 Cost: kvvmm's bookkeeping sits on the hot path, so it is kept to a handle record, one dict
-entry per mapping, a cached "last reservation" range and bound functions; the pre-built
-``CUmemAllocationProp`` / ``CUmemAccessDesc`` are passed as they are. The shared
+entry per mapping and a cached "last reservation" range (the shared
 :class:`~kvvmm.driver.base.VmmBook` would cost 2.3-2.6 µs per map+unmap pair on the H200's host
-CPU, more than the raw ``cuMemMap`` itself (1.1 µs for 2 MiB, called inline). Measured there
-against raw cuda-python (``bench/results/h200-cuda-overhead.json``, medians): map +0.44 µs
-(1.40x; since then one tuple per map is gone, -0.03 µs on the development CPU), set access
-1.02x, create 0.90x, release 1.07x, unmap of an accessed 2 MiB mapping 16.8 µs against 13.6
-raw (14.5 raw with the synchronize it needs: 1.16x).
+CPU, more than the raw ``cuMemMap`` itself). Even so, in Python it is 0.4-0.6 µs per call, and
+a 2 MiB ``cuMemMap`` through cuda-python is 1.5 µs: map 1.6-1.7x, unmap 1.15-1.3x the raw
+call. So
+create, map, set access (own device), unmap and release run in C when the package's one
+extension is built (``_cudafast.c``, CPython's limited API; it links to nothing: the
+addresses of libcuda's entry points are looked up here, in the libcuda cuda-python loaded).
+It does the same checks on the same dicts and takes only the common, valid case; anything
+else (a failed check, an odd argument, a capture, another current context) runs the Python
+methods below, which are also the whole driver when the extension is missing or
+``KVVMM_CUDA_FASTPATH=0``. Against raw cuda-python on the H200 (``kvvmm bench``, 2-512 MiB):
+map 0.64-0.69x (C skips cuda-python's own wrapper), unmap with its synchronize 0.99-1.03x,
+create 0.97-1.07x, set access 0.95-0.99x, release 0.98-1.00x
+(``bench/results/gpu-2026-11-29-cfast.json``).
 
 Unmap synchronizes the context first: unmapping VA that a running kernel still reads or
 writes is an illegal-address fault that kills the context. A synchronize while any stream of
@@ -101,25 +108,66 @@ __all__ = ["CudaDriver"]
 _FALLBACK = 'open_driver("sim") works everywhere; open_driver("host") gives real bytes on Linux'
 
 
-class _Handle:
-    """One ``cuMemCreate`` allocation as this driver tracks it."""
+class _PyHandle:
+    """One ``cuMemCreate`` allocation as this driver tracks it (``_cudafast.Handle`` in C)."""
 
-    __slots__ = ("live", "maps", "obj", "size")
-    imported = False  #: its memory counts for the process that created it, not this driver
+    __slots__ = ("imported", "live", "maps", "raw", "size")
 
-    def __init__(self, obj: Any, size: int) -> None:
-        self.obj = obj  #: the ``CUmemGenericAllocationHandle`` (passed as is: no conversion)
+    def __init__(self, raw: int, size: int, imported: bool = False) -> None:
+        self.raw = raw  #: the ``CUmemGenericAllocationHandle`` as an int
         self.size = size  #: bytes
         self.maps = 0  #: live mappings of it
         self.live = True  #: not yet released
+        #: from another process (``import_handle``): its memory is not this driver's to count
+        self.imported = imported
 
 
-class _ImportedHandle(_Handle):
-    """A handle from ``cuMemImportFromShareableHandle`` (a class of its own: create's path
-    stays exactly as it was)."""
+class _PyBook:
+    """The driver's counters, when the C fast path is not in use (``_cudafast.Fast`` holds
+    the same ones when it is)."""
 
-    __slots__ = ()
-    imported = True
+    __slots__ = ("capture_check", "hot_hi", "hot_lo", "next_handle", "physical_bytes")
+
+    def __init__(self) -> None:
+        # The reservation the last map landed in, as [hot_lo, hot_hi): maps mostly land in
+        # the reservation the previous one did, so the hot path compares two ints, no bisect.
+        self.hot_lo = self.hot_hi = 0
+        self.next_handle = 1
+        self.physical_bytes = 0
+        self.capture_check: Any = None  # torch's "current stream capturing?", once seen
+
+
+# The hot calls in C (kvvmm/driver/_cudafast.c), built with the package when a C compiler
+# and Python's headers are there; without it every call runs the Python below, which gives
+# the same answers (tests/test_cudafast.py, tests/gpu/test_gpu_parity.py run both).
+try:
+    from kvvmm.driver import _cudafast
+except ImportError:  # pragma: no cover - depends on the build
+    _cudafast = None  # type: ignore[assignment]
+
+_Handle: Any = _cudafast.Handle if _cudafast is not None else _PyHandle
+
+#: The libcuda entry points the C fast path calls, in the order ``_cudafast.Fast`` takes them.
+_FAST_FUNCTIONS = ("cuMemMap", "cuMemUnmap", "cuMemCreate", "cuMemRelease", "cuMemSetAccess",
+                   "cuCtxGetCurrent", "cuCtxSynchronize", "cuStreamIsCapturing")
+
+
+def _libcuda_functions() -> tuple[int, ...] | None:
+    """Addresses of ``_FAST_FUNCTIONS`` in the libcuda that cuda-python already loaded.
+
+    ``RTLD_NOLOAD``: the very library the bindings call, never a second copy. These names
+    have one ABI each (the versioned ``_v2`` functions are other symbols), and
+    ``cuStreamIsCapturing`` without ``_ptsz`` is the legacy-stream one, as passed.
+    """
+    import ctypes
+
+    try:
+        lib = ctypes.CDLL("libcuda.so.1", mode=os.RTLD_NOLOAD | os.RTLD_NOW)
+        out = tuple(ctypes.cast(getattr(lib, n), ctypes.c_void_p).value or 0
+                    for n in _FAST_FUNCTIONS)
+    except (OSError, AttributeError):
+        return None
+    return out if all(out) else None
 
 
 def _unavailable(what: str) -> DriverUnavailableError:
@@ -168,6 +216,7 @@ class CudaDriver:
         if problem:
             raise _unavailable(problem)
         self._set_granularity(granularity)
+        self._start_fast_path()
 
     # -- construction -----------------------------------------------------------------
 
@@ -262,19 +311,52 @@ class CudaDriver:
         self._res_starts: list[int] = []  # sorted reservation starts (for the slow lookup)
         # The reservation the last map landed in, as [start, end): maps mostly land in the
         # reservation the previous one did, so the hot path compares two ints, no bisect.
-        self._hot_lo = self._hot_hi = 0
-        self._is_capturing: Any = None  # torch.cuda.is_current_stream_capturing, once seen
+        self._b: Any = _PyBook()  # counters; a _cudafast.Fast once the fast path is on
+        self.fast_path = False  #: whether the hot calls run in C (_cudafast)
         self._legacy = drv.CUstream(drv.CU_STREAM_LEGACY)
         self._cuStreamIsCapturing = drv.cuStreamIsCapturing
         self._capture_none = drv.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE
         self._implicit = drv.CUresult.CUDA_ERROR_STREAM_CAPTURE_IMPLICIT
         # Live handles only: a released handle that is still mapped lives on in _maps.
-        self._handles: dict[int, _Handle] = {}  # our handle id -> record
+        self._handles: dict[int, Any] = {}  # our handle id -> record (_Handle)
         # Mapping start -> its handle; a mapping's size is its handle's (maps take whole ones).
-        self._maps: dict[int, _Handle] = {}
-        self._next_handle = 1
-        self._physical_bytes = 0
+        self._maps: dict[int, Any] = {}
         return ""
+
+    def _start_fast_path(self) -> None:
+        """Hand the hot calls to C (``_cudafast``) when it is built and libcuda's entry
+        points are found; ``KVVMM_CUDA_FASTPATH=0`` keeps them in Python."""
+        if _cudafast is None or os.environ.get("KVVMM_CUDA_FASTPATH", "1") == "0":
+            return
+        fns = _libcuda_functions()
+        if fns is None:
+            return
+        fast = _cudafast.Fast(
+            fns, self._ctx_int, int(self._prop.getPtr()), int(self._access[0].getPtr()),
+            self._gran, self._handles, self._maps, self, _cudafast.Handle,
+        )
+        b = self._b
+        fast.capture_check = b.capture_check
+        self._b = fast
+        # Instance attributes over the class's methods: a call reaches C with no Python
+        # frame. The class's methods stay the slow path (``_py_*``), called from C.
+        self.__dict__.update(map=fast.map, unmap=fast.unmap, create=fast.create,
+                             release=fast.release, set_access=fast.set_access)
+        self.fast_path = True
+
+    def _fast_failed(self, call: str, fn: str, args: tuple[int, ...], err: int) -> None:
+        """Raise the DriverError for a CUDA call the C fast path made and CUDA refused."""
+        names = {"map": ("va", "size", "handle"), "unmap": ("va", "size"), "create": ("size",),
+                 "release": ("handle",), "set_access": ("va", "size")}[call]
+        res = _drv.CUresult(err)
+        kw = dict(zip(names, args, strict=True))
+        if fn == "cuCtxSynchronize":
+            raise driver_error(
+                call, kw, _name(res),
+                f"cuCtxSynchronize before the unmap returned it ({_describe(res)}); nothing "
+                "was unmapped",
+            )
+        raise self._cuda_error(call, kw, fn, res)
 
     def _set_granularity(self, granularity: str | int) -> None:
         gmin = self.granularity_min
@@ -368,8 +450,8 @@ class CudaDriver:
             raise self._cuda_error("free", args, "cuMemAddressFree", err)
         del self._res[va]
         self._res_starts.remove(va)
-        if self._hot_lo == va:
-            self._hot_lo = self._hot_hi = 0
+        if self._b.hot_lo == va:
+            self._b.hot_lo = self._b.hot_hi = 0
 
     def create(self, size: int) -> int:
         if size <= 0 or size % self._gran:
@@ -377,37 +459,39 @@ class CudaDriver:
         err, obj = self._cuMemCreate(size, self._prop, 0)
         if err:  # CUDA_SUCCESS is 0: the cheapest test
             raise self._cuda_error("create", {"size": size}, "cuMemCreate", err)
-        handle = self._next_handle
-        self._next_handle = handle + 1
-        self._handles[handle] = _Handle(obj, size)
-        self._physical_bytes += size
+        b = self._b
+        handle: int = b.next_handle
+        b.next_handle = handle + 1
+        self._handles[handle] = _Handle(int(obj), size)
+        b.physical_bytes += size
         return handle
 
     def release(self, handle: int) -> None:
         h = self._handles.get(handle)
         if h is None:
             raise self._refuse("release", {"handle": handle}, f"handle {handle} is not live")
-        (err,) = self._cuMemRelease(h.obj)
+        (err,) = self._cuMemRelease(h.raw)
         if err:  # CUDA_SUCCESS is 0: the cheapest test
             raise self._cuda_error("release", {"handle": handle}, "cuMemRelease", err)
         h.live = False
         del self._handles[handle]
         if not h.maps and not h.imported:  # a mapped handle keeps its memory till unmapped
-            self._physical_bytes -= h.size
+            self._b.physical_bytes -= h.size
 
     def map(self, va: int, size: int, handle: int) -> None:
         h = self._handles.get(handle)
-        if (h is None or h.size != size or va < self._hot_lo or va + size > self._hot_hi
+        b = self._b
+        if (h is None or h.size != size or va < b.hot_lo or va + size > b.hot_hi
                 or va % self._gran):
             h = self._map_slow(va, size, handle, h)
-        (err,) = self._cuMemMap(va, size, 0, h.obj, 0)
+        (err,) = self._cuMemMap(va, size, 0, h.raw, 0)
         if err:  # CUDA_SUCCESS is 0: the cheapest test
             args = {"va": va, "size": size, "handle": handle}
             raise self._cuda_error("map", args, "cuMemMap", err)
         self._maps[va] = h
         h.maps += 1
 
-    def _map_slow(self, va: int, size: int, handle: int, h: _Handle | None) -> _Handle:
+    def _map_slow(self, va: int, size: int, handle: int, h: Any) -> Any:
         """Check a map the fast test did not pass: raise, or return the handle to map."""
         args = {"va": va, "size": size, "handle": handle}
         bad = self._misaligned("map", {"va": va, "size": size})
@@ -429,7 +513,7 @@ class CudaDriver:
         end = start + self._res.get(start, 0)
         if i < 0 or va + size > end:
             raise self._refuse("map", args, "the range is not inside one reservation")
-        self._hot_lo, self._hot_hi = start, end
+        self._b.hot_lo, self._b.hot_hi = start, end
         return h
 
     def _tiling(self, call: str, va: int, size: int) -> list[int]:
@@ -472,7 +556,7 @@ class CudaDriver:
             h = maps.pop(s)
             h.maps -= 1
             if not h.maps and not h.live and not h.imported:  # released while mapped: now
-                self._physical_bytes -= h.size
+                self._b.physical_bytes -= h.size
 
     def _synchronize(self, call: str, va: int, size: int) -> None:
         """Wait for all work in this device's context; refuse while a capture is seen."""
@@ -510,11 +594,16 @@ class CudaDriver:
         stream that it makes current; the legacy stream's query sees blocking streams only.
         A capture on another non-blocking stream is not seen and is invalidated by the sync.
         """
-        fn = self._is_capturing
+        fn = self._b.capture_check
         if fn is None:
             torch = sys.modules.get("torch")  # only if the process uses torch: never import
             if torch is not None and torch.cuda.is_initialized():
-                fn = self._is_capturing = torch.cuda.is_current_stream_capturing
+                # The C function behind torch.cuda.is_current_stream_capturing (a Python
+                # frame less); the C fast path calls it too, once it is known.
+                fn = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None)
+                if fn is None:
+                    fn = torch.cuda.is_current_stream_capturing
+                self._b.capture_check = fn
         if fn is not None and fn():
             return "on torch's current stream"
         err, status = self._cuStreamIsCapturing(self._legacy)
@@ -581,6 +670,14 @@ class CudaDriver:
         self._access_lists[tuple(devices)] = out
         return out
 
+    # The Python implementations, which the C fast path calls for anything but the common
+    # valid case (and which run every call when it is off).
+    _py_create = create
+    _py_release = release
+    _py_map = map
+    _py_unmap = unmap
+    _py_set_access = set_access
+
     def can_access_peer(self, device: int) -> bool:
         """``cuDeviceCanAccessPeer(device, this device)``: can ``device`` use our memory?
 
@@ -610,7 +707,7 @@ class CudaDriver:
         h = self._handles.get(handle)
         if h is None:
             raise self._refuse("export_handle", args, f"handle {handle} is not live")
-        err, fd = _drv.cuMemExportToShareableHandle(h.obj, self._posix_fd, 0)
+        err, fd = _drv.cuMemExportToShareableHandle(h.raw, self._posix_fd, 0)
         if err != self._ok:
             e = self._cuda_error("export_handle", args, "cuMemExportToShareableHandle", err)
             if not self.exportable:
@@ -635,9 +732,10 @@ class CudaDriver:
         if err != self._ok:
             raise self._cuda_error("import_handle", args, "cuMemImportFromShareableHandle", err)
         os.close(fd)
-        handle = self._next_handle
-        self._next_handle = handle + 1
-        self._handles[handle] = _ImportedHandle(obj, size)
+        b = self._b
+        handle: int = b.next_handle
+        b.next_handle = handle + 1
+        self._handles[handle] = _Handle(int(obj), size, imported=True)
         return handle
 
     def mem_info(self) -> tuple[int, int]:
@@ -659,7 +757,7 @@ class CudaDriver:
             handles=len(self._handles),
             mappings=len(self._maps),
             mapped_bytes=sum(h.size for h in self._maps.values()),  # O(n), off the hot path
-            physical_bytes=self._physical_bytes,
+            physical_bytes=self._b.physical_bytes,
         )
 
     def close(self) -> None:

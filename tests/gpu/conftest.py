@@ -59,12 +59,36 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.skip(reason=why))
 
 
-@pytest.fixture
-def cuda() -> Iterator[Any]:
-    """A fresh CudaDriver on device 0; closed after the test, which must leave it clean."""
-    from kvvmm.driver.cuda import CudaDriver
+#: The two ways CudaDriver runs its hot calls: in C (``_cudafast``, the default where it is
+#: built) and in Python (``KVVMM_CUDA_FASTPATH=0``). Every test on the ``cuda`` fixture runs
+#: on both, so the rules, errors and bookkeeping are checked for each.
+PATHS = ["c", "python"]
 
-    d = CudaDriver()
+
+def open_cuda(path: str, monkeypatch: pytest.MonkeyPatch, **kw: Any) -> Any:
+    from kvvmm.driver import cuda as cuda_mod
+
+    if path == "c" and cuda_mod._cudafast is None:
+        pytest.skip("the C fast path (kvvmm/driver/_cudafast.c) is not built here")
+    monkeypatch.setenv("KVVMM_CUDA_FASTPATH", "1" if path == "c" else "0")
+    d = cuda_mod.CudaDriver(**kw)
+    assert d.fast_path == (path == "c")
+    return d
+
+
+@pytest.fixture(params=PATHS)
+def open_cuda_on_path(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> Callable[..., Any]:
+    """``open_cuda_on_path(**kw)``: a CudaDriver with its hot calls in C, then in Python."""
+    return lambda **kw: open_cuda(request.param, monkeypatch, **kw)
+
+
+@pytest.fixture(params=PATHS)
+def cuda(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """A fresh CudaDriver on device 0, hot calls in C or in Python; closed after the test,
+    which must leave it clean."""
+    d = open_cuda(request.param, monkeypatch)
     yield d
     d.close()
 

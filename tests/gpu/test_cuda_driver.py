@@ -378,9 +378,14 @@ def test_unmap_during_cuda_graph_capture_is_refused_and_the_capture_survives(
     g = cuda.granularity()
     va = cuda.reserve(4 * g)
     h = cuda.create(g)
+    x = torch.zeros(16, device="cuda")
+    # One unmap before the capture: it finds torch's capture check, and from then on the C
+    # fast path (when on) makes the check itself; the refusal below is then its doing.
+    cuda.map(va, g, h)
+    cuda.unmap(va, g)
+    assert cuda._b.capture_check is not None
     cuda.map(va, g, h)
     cuda.set_access(va, g)
-    x = torch.zeros(16, device="cuda")
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -401,3 +406,16 @@ def test_unmap_during_cuda_graph_capture_is_refused_and_the_capture_survives(
     cuda.unmap(va, g)
     cuda.release(h)
     cuda.free(va, 4 * g)
+
+
+def test_the_c_fast_path_is_on_wherever_it_is_built(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvvmm.driver import cuda as cuda_mod
+
+    monkeypatch.delenv("KVVMM_CUDA_FASTPATH", raising=False)
+    d = cuda_mod.CudaDriver()
+    try:
+        assert d.fast_path == (cuda_mod._cudafast is not None)
+        if d.fast_path:  # the hot calls are C methods, no Python frame
+            assert type(d.map).__name__ == "builtin_function_or_method"
+    finally:
+        d.close()

@@ -13,7 +13,6 @@ import torch
 
 from kvvmm import DriverError, SimDriver
 from kvvmm.driver.base import Driver
-from kvvmm.driver.cuda import CudaDriver
 from kvvmm.units import GiB, MiB
 
 G = 2 * MiB
@@ -169,9 +168,11 @@ class Twin:
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
-def test_random_operation_sequences_get_the_same_answers_on_sim_and_cuda(seed: int) -> None:
+def test_random_operation_sequences_get_the_same_answers_on_sim_and_cuda(
+    seed: int, open_cuda_on_path: Callable[..., Driver]
+) -> None:
     torch.empty(1, device="cuda")
-    cuda = CudaDriver()
+    cuda = open_cuda_on_path()
     twin = Twin(SimDriver("h200"), cuda)
     rng = random.Random(seed)
     try:
