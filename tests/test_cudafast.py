@@ -38,8 +38,8 @@ class FakeLibcuda:
         self.calls: list[tuple[Any, ...]] = []
         self.fail: dict[str, int] = {}  # entry point -> error code it returns (once)
         self.current = CTX  # what cuCtxGetCurrent answers
-        self.legacy_capturing = 0  # cuStreamIsCapturing's status for the legacy stream
-        self.legacy_error = 0
+        self.capturing: set[int] = set()  # streams cuStreamIsCapturing says are capturing
+        self.legacy_error = 0  # what it returns for the legacy stream
         self.next_raw = 0x1000
         self.on_map: Any = None  # called inside cuMemMap (with the GIL released by C)
 
@@ -81,10 +81,11 @@ class FakeLibcuda:
             self.calls.append(("cuCtxSynchronize",))
             return ret("cuCtxSynchronize")
 
-        def is_capturing(stream: int, out: Any) -> int:
+        def is_capturing(stream: int | None, out: Any) -> int:
+            stream = stream or 0
             self.calls.append(("cuStreamIsCapturing", stream))
-            out[0] = self.legacy_capturing
-            return self.legacy_error
+            out[0] = 1 if stream in self.capturing else 0
+            return self.legacy_error if stream == 1 else 0
 
         self._callbacks = [
             CFUNCTYPE(c_int, c_uint64, c_size_t, c_size_t, c_uint64, c_uint64)(mem_map),
@@ -267,26 +268,44 @@ def test_a_failed_set_access_raises(env: Any) -> None:
         env.fast.set_access(BASE, G)
 
 
+TORCH_STREAM = 0x5000
+
+
 def test_unmap_goes_to_python_until_the_capture_check_is_known(env: Any) -> None:
     mapped(env)
     assert env.fast.unmap(BASE, G) == "slow"
-    env.fast.capture_check = lambda: False
+    env.fast.capture_check = lambda: TORCH_STREAM  # torch's current stream on the device
     assert env.fast.unmap(BASE, G) is None
-    # Look for a capture, confirm our context, synchronize, then unmap.
-    assert env.lib.names() == ["cuStreamIsCapturing", "cuCtxGetCurrent", "cuCtxSynchronize",
-                               "cuMemUnmap"]
-    assert env.lib.calls[0][1] == 1  # CU_STREAM_LEGACY
+    # Look for a capture on torch's stream and the legacy one, confirm our context,
+    # synchronize, then unmap.
+    assert env.lib.calls[:2] == [("cuStreamIsCapturing", TORCH_STREAM),
+                                 ("cuStreamIsCapturing", 1)]  # CU_STREAM_LEGACY
+    assert env.lib.names()[2:] == ["cuCtxGetCurrent", "cuCtxSynchronize", "cuMemUnmap"]
     assert env.maps == {} and env.handles[1].maps == 0
 
 
-@pytest.mark.parametrize("case", ["torch_capturing", "legacy_capturing", "implicit",
-                                  "other_context", "part", "several", "released"])
+def test_an_older_torchs_yes_or_no_capture_check_works_too(env: Any) -> None:
+    mapped(env, 2)
+    env.fast.capture_check = lambda: False
+    assert env.fast.unmap(BASE, G) is None
+    assert env.lib.names() == ["cuStreamIsCapturing", "cuCtxGetCurrent", "cuCtxSynchronize",
+                               "cuMemUnmap"]
+    env.fast.capture_check = lambda: True
+    assert env.fast.unmap(BASE + G, G) == "slow"
+
+
+@pytest.mark.parametrize("case", ["torch_capturing", "torch_stream_odd", "legacy_capturing",
+                                  "implicit", "other_context", "part", "several", "released"])
 def test_unmap_hands_captures_other_contexts_and_odd_cases_to_python(env: Any, case: str) -> None:
     hs = mapped(env, 2)
-    env.fast.capture_check = lambda: case == "torch_capturing"
+    env.fast.capture_check = lambda: TORCH_STREAM
     size = G
-    if case == "legacy_capturing":
-        env.lib.legacy_capturing = 1
+    if case == "torch_capturing":
+        env.lib.capturing.add(TORCH_STREAM)
+    elif case == "torch_stream_odd":  # neither a pointer nor a bool: Python judges
+        env.fast.capture_check = lambda: "stream?"
+    elif case == "legacy_capturing":
+        env.lib.capturing.add(1)
     elif case == "implicit":
         env.lib.legacy_error = CAPTURE_IMPLICIT
     elif case == "other_context":

@@ -125,7 +125,8 @@ static PyMemberDef fast_members[] = {
     {"next_handle", T_LONGLONG, offsetof(Fast, next_handle), 0, "the next handle id"},
     {"physical_bytes", T_LONGLONG, offsetof(Fast, physical_bytes), 0, "bytes held"},
     {"capture_check", T_OBJECT_EX, offsetof(Fast, capture_check), 0,
-     "a no-argument callable: is a CUDA graph capture underway? (None: unknown)"},
+     "a no-argument callable: torch's current stream on this device (an int), or whether "
+     "a capture is underway (a bool); None: not known yet"},
     {NULL, 0, 0, 0, NULL},
 };
 
@@ -376,17 +377,24 @@ static PyObject *fast_unmap(PyObject *self, PyObject *const *args, Py_ssize_t n,
     }
     if ((u64)h->size != size || !h->live || h->imported)
         return slow(f, "_py_unmap", args, n, kwnames);
-    /* A synchronize while a stream captures would invalidate the capture: look first. */
+    /* A synchronize while a stream captures would invalidate the capture: look first.
+     * capture_check answers torch's current stream on this device, as a raw pointer, or
+     * (older torch) whether a capture is underway; anything doubtful goes to Python. */
     PyObject *check = f->capture_check;
     Py_INCREF(check); /* Python may replace it while it runs */
     PyObject *cap = PyObject_CallNoArgs(check);
     Py_DECREF(check);
     if (cap == NULL)
         return NULL;
-    int capturing = PyObject_IsTrue(cap);
+    int capturing = 1;
+    u64 stream;
+    if (PyBool_Check(cap)) {
+        capturing = cap == Py_True;
+    } else if (get_u64(cap, &stream)) {
+        int st = 0;
+        capturing = f->iscap((void *)(uintptr_t)stream, &st) != 0 || st != 0;
+    }
     Py_DECREF(cap);
-    if (capturing < 0)
-        return NULL;
     if (capturing)
         return slow(f, "_py_unmap", args, n, kwnames);
     int status = 0;

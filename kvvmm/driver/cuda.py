@@ -47,10 +47,11 @@ Unmap synchronizes the context first: unmapping VA that a running kernel still r
 writes is an illegal-address fault that kills the context. A synchronize while any stream of
 the context is capturing a CUDA graph fails *and invalidates that capture*, even with the
 thread's capture mode relaxed (measured). So an unmap first looks for a capture on torch's
-current stream (when the process uses torch) and on blocking streams (the legacy stream's
-query), and refuses with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED without touching anything:
-**unmap during CUDA graph capture is refused**; decommit after the capture ends. A capture on
-some other non-blocking stream is not seen; the synchronize then invalidates it.
+current stream of this driver's device (when the process uses torch) and on blocking streams
+(the legacy stream's query), and refuses with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED without
+touching anything: **unmap during CUDA graph capture is refused**; decommit after the capture
+ends. A capture on some other non-blocking stream is not seen; the synchronize then
+invalidates it.
 
 The VMM calls need no current context; the synchronize and ``cuMemGetInfo`` do, and run with
 this device's primary context pushed when another (or none) is current on the calling thread.
@@ -79,6 +80,7 @@ another size is refused by CUDA.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from bisect import bisect_right, insort
@@ -598,14 +600,24 @@ class CudaDriver:
         if fn is None:
             torch = sys.modules.get("torch")  # only if the process uses torch: never import
             if torch is not None and torch.cuda.is_initialized():
-                # The C function behind torch.cuda.is_current_stream_capturing (a Python
-                # frame less); the C fast path calls it too, once it is known.
-                fn = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None)
-                if fn is None:
+                # torch's current stream on *this driver's* device, as a raw pointer (torch's
+                # own is_current_stream_capturing looks at its current device, which may be
+                # another); the C fast path calls it too, once it is known.
+                raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+                if raw is not None:
+                    fn = functools.partial(raw, self.device)
+                else:  # an older torch: its current device's stream, as a bool
                     fn = torch.cuda.is_current_stream_capturing
                 self._b.capture_check = fn
-        if fn is not None and fn():
-            return "on torch's current stream"
+        if fn is not None:
+            got = fn()
+            if isinstance(got, bool):
+                if got:
+                    return "on torch's current stream"
+            else:
+                err, status = self._cuStreamIsCapturing(_drv.CUstream(got))
+                if err == self._implicit or (err == self._ok and status != self._capture_none):
+                    return f"on torch's current stream of device {self.device}"
         err, status = self._cuStreamIsCapturing(self._legacy)
         if err == self._implicit or (err == self._ok and status != self._capture_none):
             return "on a blocking stream"
