@@ -39,9 +39,9 @@ It does the same checks on the same dicts and takes only the common, valid case;
 else (a failed check, an odd argument, a capture, another current context) runs the Python
 methods below, which are also the whole driver when the extension is missing or
 ``KVVMM_CUDA_FASTPATH=0``. Against raw cuda-python on the H200 (``kvvmm bench``, 2-512 MiB):
-map 0.63-0.68x (C skips cuda-python's own wrapper), unmap with its synchronize 0.98-1.03x,
-create 0.97-1.07x, set access 0.95-0.99x, release 0.96-1.00x, over two runs
-(``bench/results/gpu-2026-11-29-cfast-a.json``, ``-b.json``).
+map 0.63-0.71x (C skips cuda-python's own wrapper), unmap with its synchronize 0.97-1.03x,
+create 0.97-1.07x, set access 0.95-0.99x, release 0.96-1.00x, over three runs
+(``bench/results/gpu-2026-11-29-cfast-{a,b,c}.json``).
 
 Unmap synchronizes the context first: unmapping VA that a running kernel still reads or
 writes is an illegal-address fault that kills the context. A synchronize while any stream of
