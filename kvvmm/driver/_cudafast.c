@@ -230,72 +230,51 @@ static void fast_dealloc(PyObject *self) {
     Py_DECREF(tp);
 }
 
-/* Call the driver's method `name` with `args` (a new tuple, stolen): the slow path. */
-static PyObject *to_driver(Fast *f, const char *name, PyObject *args) {
-    if (args == NULL)
-        return NULL;
-    PyObject *drv = PyObject_CallNoArgs(f->driver_ref);
-    if (drv == NULL) {
-        Py_DECREF(args);
-        return NULL;
-    }
-    if (drv == Py_None) {
-        Py_DECREF(drv);
-        Py_DECREF(args);
+/* Call the driver's method `name` with `args` (a new tuple, stolen; NULL passes an error on)
+ * and `kw` (a new dict or NULL, stolen). */
+static PyObject *to_driver(Fast *f, const char *name, PyObject *args, PyObject *kw) {
+    PyObject *out = NULL;
+    PyObject *drv = args == NULL ? NULL : PyObject_CallNoArgs(f->driver_ref);
+    if (drv == Py_None)
         PyErr_SetString(PyExc_RuntimeError, "the CudaDriver behind this fast path is gone");
-        return NULL;
+    else if (drv != NULL) {
+        PyObject *meth = PyObject_GetAttrString(drv, name);
+        if (meth != NULL) {
+            out = PyObject_Call(meth, args, kw);
+            Py_DECREF(meth);
+        }
     }
-    PyObject *meth = PyObject_GetAttrString(drv, name);
-    Py_DECREF(drv);
-    if (meth == NULL) {
-        Py_DECREF(args);
-        return NULL;
-    }
-    PyObject *out = PyObject_Call(meth, args, NULL);
-    Py_DECREF(meth);
-    Py_DECREF(args);
+    Py_XDECREF(drv);
+    Py_XDECREF(args);
+    Py_XDECREF(kw);
     return out;
 }
 
-static PyObject *slow(Fast *f, const char *name, PyObject *const *args, Py_ssize_t n,
-                     PyObject *kwnames) {
-    /* The Python implementation, with the call's arguments exactly as they came. */
-    Py_ssize_t nkw = kwnames == NULL ? 0 : PyTuple_Size(kwnames);
+/* The n arguments as a new tuple, or NULL. */
+static PyObject *as_tuple(PyObject *const *args, Py_ssize_t n) {
     PyObject *t = PyTuple_New(n);
-    PyObject *kw = nkw ? PyDict_New() : NULL;
-    if (t == NULL || (nkw && kw == NULL)) {
-        Py_XDECREF(t);
-        Py_XDECREF(kw);
-        return NULL;
-    }
-    for (Py_ssize_t i = 0; i < n; i++) {
+    for (Py_ssize_t i = 0; t != NULL && i < n; i++) {
         Py_INCREF(args[i]);
         PyTuple_SetItem(t, i, args[i]);
     }
-    for (Py_ssize_t i = 0; i < nkw; i++) {
-        if (PyDict_SetItem(kw, PyTuple_GetItem(kwnames, i), args[n + i]) < 0) {
-            Py_DECREF(t);
-            Py_DECREF(kw);
+    return t;
+}
+
+/* The slow path: the driver's Python method, with the call's arguments exactly as they came. */
+static PyObject *slow(Fast *f, const char *name, PyObject *const *args, Py_ssize_t n,
+                     PyObject *kwnames) {
+    Py_ssize_t nkw = kwnames == NULL ? 0 : PyTuple_Size(kwnames);
+    PyObject *kw = NULL;
+    if (nkw) {
+        kw = PyDict_New();
+        for (Py_ssize_t i = 0; kw != NULL && i < nkw; i++) {
+            if (PyDict_SetItem(kw, PyTuple_GetItem(kwnames, i), args[n + i]) < 0)
+                Py_CLEAR(kw);
+        }
+        if (kw == NULL)
             return NULL;
-        }
     }
-    PyObject *drv = PyObject_CallNoArgs(f->driver_ref);
-    if (drv == NULL || drv == Py_None) {
-        if (drv != NULL) {
-            Py_DECREF(drv);
-            PyErr_SetString(PyExc_RuntimeError, "the CudaDriver behind this fast path is gone");
-        }
-        Py_DECREF(t);
-        Py_XDECREF(kw);
-        return NULL;
-    }
-    PyObject *meth = PyObject_GetAttrString(drv, name);
-    Py_DECREF(drv);
-    PyObject *out = meth == NULL ? NULL : PyObject_Call(meth, t, kw);
-    Py_XDECREF(meth);
-    Py_DECREF(t);
-    Py_XDECREF(kw);
-    return out;
+    return to_driver(f, name, as_tuple(args, n), kw);
 }
 
 #define HAS_KW(kwnames) ((kwnames) != NULL && PyTuple_Size(kwnames) > 0)
@@ -303,14 +282,11 @@ static PyObject *slow(Fast *f, const char *name, PyObject *const *args, Py_ssize
 /* A CUDA call failed: the driver raises the DriverError (CUDA's name, the arguments). */
 static PyObject *failed(Fast *f, const char *call, const char *fn, PyObject *const *args,
                         Py_ssize_t n, cu_result err) {
-    PyObject *a = PyTuple_New(n);
+    PyObject *a = as_tuple(args, n);
     if (a == NULL)
         return NULL;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        Py_INCREF(args[i]);
-        PyTuple_SetItem(a, i, args[i]);
-    }
-    PyObject *out = to_driver(f, "_fast_failed", Py_BuildValue("(ssNi)", call, fn, a, (int)err));
+    PyObject *out =
+        to_driver(f, "_fast_failed", Py_BuildValue("(ssNi)", call, fn, a, (int)err), NULL);
     if (out != NULL) {
         Py_DECREF(out);
         PyErr_Format(PyExc_RuntimeError, "%s failed with CUDA error %d", fn, (int)err);

@@ -311,9 +311,9 @@ class CudaDriver:
 
         self._res: dict[int, int] = {}  # reservation start -> size
         self._res_starts: list[int] = []  # sorted reservation starts (for the slow lookup)
-        # The reservation the last map landed in, as [start, end): maps mostly land in the
-        # reservation the previous one did, so the hot path compares two ints, no bisect.
-        self._b: Any = _PyBook()  # counters; a _cudafast.Fast once the fast path is on
+        # Counters and the last map's reservation (see _PyBook); a _cudafast.Fast, holding
+        # the same ones, once the fast path is on.
+        self._b: Any = _PyBook()
         self.fast_path = False  #: whether the hot calls run in C (_cudafast)
         self._legacy = drv.CUstream(drv.CU_STREAM_LEGACY)
         self._cuStreamIsCapturing = drv.cuStreamIsCapturing
@@ -333,12 +333,11 @@ class CudaDriver:
         fns = _libcuda_functions()
         if fns is None:
             return
+        # Called from __init__, before any call: the fresh book has nothing to carry over.
         fast = _cudafast.Fast(
             fns, self._ctx_int, int(self._prop.getPtr()), int(self._access[0].getPtr()),
             self._gran, self._handles, self._maps, self, _cudafast.Handle,
         )
-        b = self._b
-        fast.capture_check = b.capture_check
         self._b = fast
         # Instance attributes over the class's methods: a call reaches C with no Python
         # frame. The class's methods stay the slow path (``_py_*``), called from C.
@@ -461,11 +460,15 @@ class CudaDriver:
         err, obj = self._cuMemCreate(size, self._prop, 0)
         if err:  # CUDA_SUCCESS is 0: the cheapest test
             raise self._cuda_error("create", {"size": size}, "cuMemCreate", err)
+        self._b.physical_bytes += size
+        return self._record(int(obj), size, imported=False)
+
+    def _record(self, raw: int, size: int, *, imported: bool) -> int:
+        """Keep a new live handle; return its id."""
         b = self._b
         handle: int = b.next_handle
         b.next_handle = handle + 1
-        self._handles[handle] = _Handle(int(obj), size)
-        b.physical_bytes += size
+        self._handles[handle] = _Handle(raw, size, imported=imported)
         return handle
 
     def release(self, handle: int) -> None:
@@ -614,14 +617,18 @@ class CudaDriver:
             if isinstance(got, bool):
                 if got:
                     return "on torch's current stream"
-            else:
-                err, status = self._cuStreamIsCapturing(_drv.CUstream(got))
-                if err == self._implicit or (err == self._ok and status != self._capture_none):
-                    return f"on torch's current stream of device {self.device}"
-        err, status = self._cuStreamIsCapturing(self._legacy)
-        if err == self._implicit or (err == self._ok and status != self._capture_none):
+            elif self._stream_capturing(_drv.CUstream(got)):
+                return f"on torch's current stream of device {self.device}"
+        if self._stream_capturing(self._legacy):
             return "on a blocking stream"
-        return ""  # any other error: the synchronize reports it
+        return ""
+
+    def _stream_capturing(self, stream: Any) -> bool:
+        """``cuStreamIsCapturing`` says a capture is underway (or one on a blocking stream
+        makes the legacy stream's query implicit); any other error: the synchronize
+        reports it."""
+        err, status = self._cuStreamIsCapturing(stream)
+        return bool(err == self._implicit or (err == self._ok and status != self._capture_none))
 
     def set_access(self, va: int, size: int, devices: Sequence[int] | None = None) -> None:
         if devices is not None:
@@ -744,11 +751,7 @@ class CudaDriver:
         if err != self._ok:
             raise self._cuda_error("import_handle", args, "cuMemImportFromShareableHandle", err)
         os.close(fd)
-        b = self._b
-        handle: int = b.next_handle
-        b.next_handle = handle + 1
-        self._handles[handle] = _Handle(int(obj), size, imported=True)
-        return handle
+        return self._record(int(obj), size, imported=True)
 
     def mem_info(self) -> tuple[int, int]:
         # cuMemGetInfo reads the current context: make ours current for the call.
