@@ -307,13 +307,19 @@ def mha_token_major(
         ArgumentError: a size is not an int > 0, or ``tp`` does not fit ``kv_heads``.
         UnknownDtypeError: unknown dtype.
     """
+    itemsize, hpr = _mha_checks(layers, kv_heads, head_dim, reserved_tokens, page_size,
+                                dtype, tp)
+    shape = (reserved_tokens + page_size, hpr, head_dim)
+    return _kv_pair(layers, shape, hpr * head_dim * itemsize, 1)
+
+
+def _mha_checks(layers: int, kv_heads: int, head_dim: int, reserved_tokens: int,
+                page_size: int, dtype: object, tp: int) -> tuple[int, int]:
+    """Check the arguments of an MHA layout; return (itemsize, heads per rank)."""
     _positive_int("layers", layers)
     _positive_int("head_dim", head_dim, "elements")
     _check_tokens(reserved_tokens, page_size)
-    itemsize = dtype_itemsize(dtype)
-    hpr = heads_per_rank(kv_heads, tp)
-    shape = (reserved_tokens + page_size, hpr, head_dim)
-    return _kv_pair(layers, shape, hpr * head_dim * itemsize, 1)
+    return dtype_itemsize(dtype), heads_per_rank(kv_heads, tp)
 
 
 def page_major(
@@ -340,11 +346,8 @@ def page_major(
         ArgumentError: a size is not an int > 0, or ``tp`` does not fit ``kv_heads``.
         UnknownDtypeError: unknown dtype.
     """
-    _positive_int("layers", layers)
-    _positive_int("head_dim", head_dim, "elements")
-    _check_tokens(reserved_tokens, page_size)
-    itemsize = dtype_itemsize(dtype)
-    hpr = heads_per_rank(kv_heads, tp)
+    itemsize, hpr = _mha_checks(layers, kv_heads, head_dim, reserved_tokens, page_size,
+                                dtype, tp)
     pages = -(-reserved_tokens // page_size)
     shape = (pages + 1, hpr, page_size, head_dim)
     return _kv_pair(layers, shape, hpr * page_size * head_dim * itemsize, page_size)
