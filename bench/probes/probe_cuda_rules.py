@@ -2,9 +2,9 @@
 
 Run on a GPU machine from the repository root::
 
-    PYTHONPATH=. python3 bench/probe_cuda_rules.py            # JSON on stdout, and in
-                                                             # $OUT/cuda_rules.json if OUT is set
-    PYTHONPATH=. python3 bench/probe_cuda_rules.py --overhead-only
+    PYTHONPATH=. python3 bench/probes/probe_cuda_rules.py     # JSON on stdout, and in
+                                                            # $OUT/cuda_rules.json if OUT is set
+    PYTHONPATH=. python3 bench/probes/probe_cuda_rules.py --overhead-only
 
 "rules": every case calls cuda-python directly (no kvvmm in between) and records the
 ``CUresult`` name of each step, so ``SimDriver`` can be made to refuse exactly what CUDA

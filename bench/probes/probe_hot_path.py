@@ -5,7 +5,7 @@ forms, the capture checks, the current-context query) and a map with the bookkee
 carries, beside the raw cuda-python calls, plus a pure-Python loop to compare this CPU with
 another. Writes ``hot-path-parts.json`` under the folder given (``$OUT`` on the device).
 
-    PYTHONPATH=$PWD python3 bench/probe_hot_path.py "$OUT"
+    PYTHONPATH=$PWD python3 bench/probes/probe_hot_path.py "$OUT"
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ Runs on a GPU (the device machine): the benchmark's decode growth (64 buffers x 
 rounds and an ``Exact()`` growth (7808 small handles) in between, and times every driver call
 of each round by kind. Writes ``growth-variance.json`` under ``$OUT`` (or the folder given).
 
-    PYTHONPATH=$PWD python3 bench/probe_growth_variance.py "$OUT"
+    PYTHONPATH=$PWD python3 bench/probes/probe_growth_variance.py "$OUT"
 """
 
 from __future__ import annotations

@@ -4,7 +4,9 @@ The device machine has no plotly or ipywidgets, so this runs with their wheels c
 along; tests/gpu stays free of them. Drives ArenaLab through its widgets exactly as
 tests/test_lab.py does on the sim and host drivers, and GrowthLab on the sim.
 
-    python bench/check_lab_cuda.py   # prints what it saw; exit 1 on a mismatch
+    PYTHONPATH=$PWD python3 bench/probes/check_lab_cuda.py
+
+It prints what it saw and exits 1 on a mismatch.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ A. kvvmm's 32 MiB creates took 1.56-1.75x the raw ones in three runs, 2 MiB and 
 B. Copy bandwidth of a 1 GiB bf16 tensor over eight 128 MiB handles whose VA starts 2 MiB
    past, or exactly at, a 128 MiB or 1 GiB boundary, against cudaMalloc tensors.
 
-    PYTHONPATH=$PWD python3 bench/probe_alignment.py "$OUT"
+    PYTHONPATH=$PWD python3 bench/probes/probe_alignment.py "$OUT"
 """
 
 from __future__ import annotations
