@@ -1,17 +1,23 @@
-"""The saved notebooks are small, clean, executed, and end in asserts (nbval runs them).
+"""The saved notebooks are their sources, small, clean, executed, and end in asserts.
 
 nbval (``pytest --nbval notebooks/``) checks that re-running each notebook reproduces its
-saved outputs; this file checks how they are saved: the five notebooks exist, each is at
-most 200 KB, carries no widget state, has its outputs and execution counts, tags every
-figure and widget cell so nbval does not compare it, and ends in a cell of asserts.
+saved outputs; this file checks how they are made and saved: each ``.ipynb`` has the cells
+of its jupytext source ``notebooks/src/NN_name.py`` (``notebooks/build.py`` generates it;
+a notebook edited but not rebuilt, or rebuilt from an edited file, fails here), the
+sources are clean Python, and each of the five notebooks is at most 200 KB, carries no
+widget state, has its outputs and execution counts, tags every figure and widget cell so
+nbval does not compare it, and ends in a cell of asserts.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
+import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -22,6 +28,7 @@ NAMES = ("01_tour", "02_layouts", "03_growth", "04_failures", "05_gpu")
 IGNORE = "nbval-ignore-output"
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 MAX_BYTES = 200 * 1000
+REBUILD = "rebuild with: python notebooks/build.py"
 
 
 def _load(name: str) -> dict[str, Any]:
@@ -38,15 +45,69 @@ def _source(cell: dict[str, Any]) -> str:
     return "".join(src) if isinstance(src, list) else str(src)
 
 
+def _build_script() -> ModuleType:
+    """``notebooks/build.py``, loaded under a name no installed package has (``build`` is one)."""
+    spec = importlib.util.spec_from_file_location("kvvmm_notebooks_build",
+                                                  NOTEBOOKS / "build.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def test_the_five_notebooks_are_there() -> None:
     found = sorted(p.stem for p in NOTEBOOKS.glob("*.ipynb"))
     assert found == list(NAMES)
 
 
+def test_each_notebook_has_a_source_and_nothing_else_does() -> None:
+    found = sorted(p.stem for p in (NOTEBOOKS / "src").glob("*.py"))
+    assert found == list(NAMES)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_notebook_has_the_cells_of_its_source(name: str) -> None:
+    pytest.importorskip("jupytext")
+    problem = _build_script().drift(name)
+    assert problem is None, f"{problem}\n{REBUILD} {name}"
+
+
+def test_the_drift_check_names_the_first_cell_that_differs(tmp_path: Path) -> None:
+    pytest.importorskip("jupytext")
+    nbformat = pytest.importorskip("nbformat")
+    build = _build_script()
+    build.HERE = tmp_path  # the saved notebooks it reads; the sources stay the repo's
+    nb = nbformat.read(NOTEBOOKS / "01_tour.ipynb", as_version=4)
+    untagged = next(i for i, c in enumerate(nb.cells) if c.metadata.get("tags"))
+    nb.cells[untagged].metadata["tags"] = []
+    nbformat.write(nb, tmp_path / "01_tour.ipynb")
+    assert f"cell {untagged} (code) differs from src/01_tour.py in tags" in build.drift("01_tour")
+    nb.cells[3].source += "\nprint('edited in JupyterLab')"
+    nbformat.write(nb, tmp_path / "01_tour.ipynb")
+    problem = build.drift("01_tour")
+    assert problem is not None and "cell 3 (code)" in problem and "edited" in problem
+    del nb.cells[3:]
+    nbformat.write(nb, tmp_path / "01_tour.ipynb")
+    assert "cell 3 is only in the source" in build.drift("01_tour")
+    assert "missing" in build.drift("02_layouts")
+
+
+def test_the_sources_pass_ruff_and_compile() -> None:
+    """Notebook idioms (an import where a cell first needs it, a bare name to display a
+    widget) are allowed by pyproject's per-file-ignores for notebooks/src; nothing else is."""
+    for path in sorted((NOTEBOOKS / "src").glob("*.py")):
+        compile(path.read_text(encoding="utf-8"), str(path), "exec")
+    proc = subprocess.run(
+        [sys.executable, "-m", "ruff", "check", "--no-cache", "--output-format=concise",
+         "notebooks"],
+        cwd=ROOT, capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, f"ruff check notebooks:\n{proc.stdout}{proc.stderr}"
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_a_notebook_is_at_most_200_kb(name: str) -> None:
     size = (NOTEBOOKS / f"{name}.ipynb").stat().st_size
-    assert size <= MAX_BYTES, f"{name}.ipynb is {size} bytes: rebuild with notebooks/_build.py"
+    assert size <= MAX_BYTES, f"{name}.ipynb is {size} bytes: {REBUILD} {name}"
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -1,0 +1,222 @@
+# %% [markdown]
+# # 01 · A tour: reserve once, back later
+#
+# An LLM server keeps every token's keys and values (the **KV cache**) in a few large
+# tensors, one or two per layer. Two constraints pull against each other:
+#
+# - **CUDA graphs** are captured once, early, and bake the tensors' *addresses* into the
+#   graph. The KV tensors must exist, at their final addresses, before capture.
+# - The KV cache should take **whatever memory is left after capture** (weights,
+#   activations and the graphs themselves come first), and that is only known afterwards.
+#
+# With `cudaMalloc` you must pick the size before capture. CUDA's **virtual memory
+# management** (VMM) splits an allocation in two: **reserve** a range of virtual addresses
+# (VA, free: no memory behind it), then **create** physical *handles* and **map** them into
+# the range as needed. So the KV tensors can be created at their upper-bound shape, graphs
+# captured against them, and memory **backed** later, only as much as the budget allows
+# (SGLang does exactly this). kvvmm is that idea as a library, and this notebook walks
+# through it, drawing the VA map after each step.
+#
+# | word | meaning |
+# |---|---|
+# | reserve / free | take / give back a VA range (no memory) |
+# | granularity | the driver's allocation unit (2 MiB on H100/H200) |
+# | create / release, map / unmap | make / drop a physical handle; attach / detach it at a VA |
+# | commit / decommit | create + map + set access / unmap + release |
+# | backed | committed, physically present |
+#
+# Every code cell can be changed and re-run. Cells that draw figures or widgets are not
+# compared by the tests; the printed summaries are.
+
+# %%
+import os
+from collections import Counter
+
+import kvvmm
+from kvvmm.units import MiB, fmt_bytes
+from kvvmm.viz import describe, describe_stats, va_map
+
+# `kvvmm lab` sets KVVMM_DRIVER (cuda on a GPU machine). Without it, and under nbval,
+# the notebooks run on the simulator, whose addresses and costs are deterministic.
+DRIVER = os.environ.get("KVVMM_DRIVER", "sim")
+
+
+def open_driver() -> kvvmm.Driver:
+    """A fresh driver of the chosen kind (the sim one simulates an H200)."""
+    return kvvmm.open_driver(DRIVER, **({"profile": "h200"} if DRIVER == "sim" else {}))
+
+
+drv = kvvmm.TracingDriver(open_driver())  # records every driver call
+free_bytes, total_bytes = drv.mem_info()
+print(f"{drv.kind} driver on {drv.name}: granularity {fmt_bytes(drv.granularity())}, "
+      f"{fmt_bytes(free_bytes)} free of {fmt_bytes(total_bytes)}")
+
+# %% [markdown]
+# ## 1. Describe the KV buffers
+#
+# A `KvBufferDesc` is one buffer: an upper-bound tensor whose leading dimension counts
+# token rows. `mha_token_major` builds SGLang's layout: one K and one V buffer per layer,
+# each `(reserved_tokens + page_size, kv_heads, head_dim)`. The extra page absorbs the dummy
+# writes CUDA-graph capture sends to slot 0.
+
+# %%
+LAYERS, KV_HEADS, HEAD_DIM = 4, 8, 128  # a small Llama-like model: change them
+RESERVED_TOKENS, PAGE = 65_536, 16
+descs = kvvmm.mha_token_major(layers=LAYERS, kv_heads=KV_HEADS, head_dim=HEAD_DIM,
+                              reserved_tokens=RESERVED_TOKENS, page_size=PAGE,
+                              dtype="bfloat16")
+print(descs[0])
+print(f"{len(descs)} buffers, each {fmt_bytes(descs[0].reserved_span_bytes(2))} at the "
+      f"upper bound, {fmt_bytes(descs[0].row_bytes)} per token")
+
+# %% [markdown]
+# ## 2. Reserve, make the tensors, back slot 0
+#
+# `KvBufferOwner` does the pre-capture part in one go: it **reserves** one VA range for all
+# buffers (each rounded up to the granularity), makes a tensor over each buffer's range,
+# and **backs one page** of each (slot 0). Nothing else has memory yet.
+
+# %%
+owner = kvvmm.KvBufferOwner(driver=drv, dtype="bfloat16", page_size=PAGE,
+                            reserved_tokens=RESERVED_TOKENS, descs=descs,
+                            policy=kvvmm.Chunked(64 * MiB))
+print(describe(owner.snapshot()))
+
+# %% [markdown]
+# The map: one band per buffer across its reserved span. Green is backed (one shade per
+# handle), grey unbacked, light orange the granularity padding past the tensor's bytes;
+# the markers are the end of slot 0's page, the prefix, and (later) the final span. Hover
+# for exact `[start, end)` addresses.
+
+# %% tags=["nbval-ignore-output"]
+va_map(owner.snapshot())
+
+# %% [markdown]
+# ## 3. The tensors
+#
+# The tensors already have their full shape. On the simulator they are `meta` tensors
+# (shape and dtype, no memory); on the host driver they alias host memory, on CUDA device
+# memory, with no copy and no compiled extension. Their addresses are fixed for life.
+
+# %%
+for d, t in list(zip(descs, owner.tensors, strict=True))[:3]:
+    print(f"{d.name}: shape {tuple(t.shape)}, {t.dtype}, on {t.device.type}")
+snap = owner.snapshot()
+pointers = {b.name: snap.arena.base + b.offset for b in snap.buffers}
+print("offsets from the arena base:",
+      ", ".join(f"{b.name} +{fmt_bytes(b.offset)}" for b in snap.buffers[:4]), "...")
+
+# %% [markdown]
+# ## 4. Capture
+#
+# On a GPU, this is where the server captures its CUDA graphs against `owner.tensors`.
+# During capture every dummy KV write goes to slot 0, which is why slot 0's page is backed
+# already; everything else may stay unbacked. The graph records the pointers above.
+#
+# The simulator has no GPU and so no capture: we only keep the pointers the graph would
+# have baked in, and check at the end that nothing moved. (`05_gpu.ipynb` writes to the
+# tensors over real memory.)
+
+# %%
+captured = dict(pointers)  # what a captured graph would hold
+slot0 = snap.buffers[0]
+print(f"slot 0 of each buffer: {fmt_bytes(slot0.page0_bytes)} of data, backed by a "
+      f"{fmt_bytes(slot0.backed_bytes)} handle (the granularity)")
+
+# %% [markdown]
+# ## 5. Finalize: back what the budget allows
+#
+# After capture the server reads free memory and sizes the KV cache. `finalize(n)` backs
+# each buffer's final span for `n` tokens (plus the padded page), exactly, with one handle
+# per buffer.
+
+# %%
+budget_bytes = 512 * MiB  # say 512 MiB are left for KV after weights, activations, graphs
+bytes_per_token = sum(d.row_bytes for d in descs)  # token-major: one row per token
+capacity = budget_bytes // bytes_per_token // PAGE * PAGE
+print(f"{fmt_bytes(bytes_per_token)} per token -> capacity {capacity:,} tokens")
+owner.finalize(capacity)
+print(describe(owner.snapshot()))
+
+# %% tags=["nbval-ignore-output"]
+va_map(owner.snapshot())
+
+# %% [markdown]
+# ## 6. Grow on demand, give back
+#
+# `ensure_prefix(n)` backs the first `n` token slots when they are needed; the growth
+# policy (`Chunked(64 MiB)` here) decides the handle size. `shrink(n)` gives back whole
+# mappings beyond `n` tokens: a handle that straddles the boundary stays, because maps are
+# whole handles.
+
+# %%
+owner.ensure_prefix(40_000)
+print("after ensure_prefix(40_000):", fmt_bytes(owner.backed_bytes), "backed")
+owner.shrink(16_384)
+print("after shrink(16_384):      ", fmt_bytes(owner.backed_bytes), "backed")
+print(describe(owner.snapshot()))
+
+# %% tags=["nbval-ignore-output"]
+va_map(owner.snapshot())
+
+# %% [markdown]
+# ## 7. What the driver did
+#
+# Every call went through the `TracingDriver`. On the simulator each call also advances a
+# clock by the cost measured for it on an H200. A trace saves to JSON; `kvvmm map
+# trace.json -o map.html` draws it anywhere.
+
+# %%
+calls = Counter(e.op for e in drv.trace.driver_calls())
+print(", ".join(f"{op} {n}" for op, n in sorted(calls.items())))
+if DRIVER == "sim":
+    print(f"simulated driver time: {drv.clock_us / 1000:.3f} ms")
+
+# %% tags=["nbval-ignore-output"]
+from kvvmm.viz import timeline
+
+timeline(drv.trace)
+
+# %% [markdown]
+# ## 8. Your turn: the arena lab
+#
+# The panel below drives the same library: **Reserve KV** makes an owner like the one
+# above, the token slider with **Ensure prefix / Finalize / Shrink** backs and gives back,
+# **Reserve** + **Allocate** + **Commit** work on a bare arena. Bad values show an error
+# and change nothing. The cell after it clicks the buttons from code.
+
+# %% tags=["nbval-ignore-output"]
+from kvvmm.lab import ArenaLab
+
+lab = ArenaLab(driver=DRIVER, layers=2, reserved_tokens=8192)
+lab
+
+# %%
+lab.reserve_kv_button.click()
+lab.tokens.value = 4096
+lab.finalize_button.click()
+print(lab.error_text or "finalize(4096): ok")
+lab.tokens.value = 8  # below one page: refused, nothing changes
+lab.finalize_button.click()
+print(lab.error_text)
+print(describe(lab.snapshot()))
+
+# %% [markdown]
+# ## 9. Close
+#
+# `close()` unmaps, frees the reservation and releases the handles; the driver then holds
+# nothing. (If a tensor were still alive, the arena would wait for it: see `05_gpu`.)
+
+# %%
+owner.close()
+lab.close_button.click()
+print(describe_stats(drv.stats()))
+
+# %%
+# The tour's claims, checked.
+final = owner.snapshot()
+assert final.arena.closed and final.backed_bytes == 0
+assert drv.stats().clean, drv.stats()
+assert {b.name: final.arena.base + b.offset for b in final.buffers} == captured
+assert calls["create"] == calls["map"] == calls["set_access"]
+assert lab.owner is None and lab.last_error is None

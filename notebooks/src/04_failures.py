@@ -1,0 +1,179 @@
+# %% [markdown]
+# # 04 · Failures: fault injection, bad input, recovery
+#
+# Every multi-step change in kvvmm is a **transaction**: if any driver call fails, the
+# calls before it are undone, nothing leaks, the snapshot is as it was, and the error is
+# re-raised (with any failure of the undo attached as a note). Bad input is refused before
+# any driver call. This notebook proves both with `FaultyDriver`, which fails chosen calls
+# with chosen CUDA errors, and shows how to recover.
+
+# %%
+import os
+
+import kvvmm
+from kvvmm.driver import Fault, FaultyDriver
+from kvvmm.units import MiB, fmt_bytes
+from kvvmm.viz import describe, describe_stats
+
+# `kvvmm lab` sets KVVMM_DRIVER (cuda on a GPU machine). Without it, and under nbval,
+# the notebooks run on the simulator, whose addresses and costs are deterministic.
+DRIVER = os.environ.get("KVVMM_DRIVER", "sim")
+
+
+def open_driver() -> kvvmm.Driver:
+    """A fresh driver of the chosen kind (the sim one simulates an H200)."""
+    return kvvmm.open_driver(DRIVER, **({"profile": "h200"} if DRIVER == "sim" else {}))
+
+
+descs = kvvmm.mha_token_major(layers=2, kv_heads=8, head_dim=128, reserved_tokens=16_384,
+                              page_size=16, dtype="bfloat16")
+
+
+def make_owner(driver: kvvmm.Driver,
+               policy: kvvmm.GrowthPolicy | None = None) -> kvvmm.KvBufferOwner:
+    return kvvmm.KvBufferOwner(driver=driver, dtype="bfloat16", page_size=16,
+                               reserved_tokens=16_384, descs=descs,
+                               policy=policy or kvvmm.Exact())
+
+
+def show(e: Exception) -> None:
+    print(f"{type(e).__name__}: {e}")
+    for note in getattr(e, "__notes__", []):
+        print("  note:", note)
+
+
+# %% [markdown]
+# ## A failure during construction
+#
+# The owner backs slot 0 of its 4 buffers while it is constructed: 4 creates. Make the
+# 3rd one run out of memory: construction fails, and the two handles already made, the
+# tensors and the reservation are all given back.
+
+# %%
+faulty = FaultyDriver(open_driver(), fail={"create": 3})
+try:
+    make_owner(faulty)
+except kvvmm.DriverError as e:
+    show(e)
+print("calls:", " ".join(faulty.calls))
+print("driver holds:", describe_stats(faulty.stats()))
+
+# %% [markdown]
+# ## A failure while growing
+#
+# With the fault spent, construction works. Now fail the 2nd `map` of the next growth:
+# `ensure_prefix` had created and mapped the first buffer's extension, so it unmaps and
+# releases it again. The snapshot is exactly as before.
+
+# %%
+owner = make_owner(faulty)
+before = owner.snapshot()
+faulty.arm(Fault(call="map", nth=2, error="CUDA_ERROR_UNKNOWN"))
+try:
+    owner.ensure_prefix(4096)
+except kvvmm.DriverError as e:
+    show(e)
+print("snapshot unchanged:", owner.snapshot() == before)
+print(describe(owner.snapshot()))
+
+# %% [markdown]
+# ## Every position, every kind of call
+#
+# A small fault matrix: fail the n-th `create`, `map` or `set_access` of a 4-buffer
+# growth and check that the snapshot and the driver's own accounting are unchanged.
+# (`tests/` runs the full matrix on every operation.)
+
+# %%
+rows = []
+for call in ("create", "map", "set_access"):
+    for nth in (1, 2, 4):
+        faulty.disarm()
+        faulty.arm(Fault(call=call, nth=nth, error="CUDA_ERROR_UNKNOWN"))
+        snap0, stats0 = owner.snapshot(), faulty.stats()
+        try:
+            owner.ensure_prefix(8192)
+            outcome = "no failure"
+        except kvvmm.DriverError as e:
+            outcome = e.cuda_error
+        same = owner.snapshot() == snap0 and faulty.stats() == stats0
+        rows.append(same)
+        print(f"{call:<10} #{nth}: {outcome:<20} unchanged: {same}")
+faulty.disarm()
+
+# %% [markdown]
+# ## Bad input
+#
+# Wrong values are refused before any driver call, with a message that names the value,
+# the limit and often the fix. kvvmm never clamps.
+
+# %%
+calls_before = len(faulty.calls)
+for attempt in (lambda: owner.finalize(10**9),
+                lambda: owner.ensure_prefix(-1),
+                lambda: owner.shrink(8),
+                lambda: make_owner(faulty, policy=kvvmm.Chunked(0)),
+                lambda: kvvmm.KvBufferOwner(driver=faulty, dtype="int4", page_size=16,
+                                            reserved_tokens=1024, descs=descs)):
+    try:
+        attempt()
+    except (kvvmm.KvvmmError, ValueError) as e:
+        show(e)
+print("driver calls made by the bad input:", len(faulty.calls) - calls_before)
+
+# %% [markdown]
+# ## Out of memory, and recovering from it
+#
+# A simulated GPU with 64 MiB free: finalizing 16k tokens needs more, so `create` fails
+# with `CUDA_ERROR_OUT_OF_MEMORY` and everything is undone. Finalizing to what fits works.
+
+# %%
+small = kvvmm.SimDriver("h200", capacity_bytes=64 * MiB)
+tight = make_owner(small)
+try:
+    tight.finalize(16_384)
+except kvvmm.DriverOutOfMemoryError as e:
+    show(e)
+print(describe_stats(small.stats()))
+free, _ = small.mem_info()
+fits = (free // (4 * 2048)) // 16 * 16 - 16  # per token: 4 buffers x 2 KiB; keep a page
+print(f"{fmt_bytes(free)} free -> finalize({fits})")
+tight.finalize(fits)
+print(describe(tight.snapshot()))
+tight.close()
+
+# %% [markdown]
+# ## The lab shows errors too
+#
+# An `ArenaLab` on a faulty driver: the failure appears in the panel, and the map and the
+# summary stay as they were.
+
+# %% tags=["nbval-ignore-output"]
+from kvvmm.lab import ArenaLab
+
+lab_driver = FaultyDriver(kvvmm.SimDriver("h200"))
+lab = ArenaLab(driver=lab_driver, layers=2, reserved_tokens=8192)
+lab.reserve_kv_button.click()
+lab_driver.arm(Fault(call="set_access", nth=1, error="CUDA_ERROR_UNKNOWN"))
+lab.tokens.value = 4096
+lab.finalize_button.click()
+lab
+
+# %%
+print(lab.error_text)
+print(describe(lab.snapshot()))
+lab_driver.disarm()
+lab.finalize_button.click()  # recovery: the same click works once the fault is gone
+print(lab.error_text or "finalize(4096): ok,", fmt_bytes(lab.snapshot().backed_bytes),
+      "backed")
+
+# %%
+owner.finalize(8192)
+owner.close()
+lab.close_button.click()
+print(describe_stats(faulty.stats()), "|", describe_stats(lab_driver.stats()))
+
+# %%
+assert all(rows), rows
+assert faulty.stats().clean and small.stats().clean and lab_driver.stats().clean
+assert len(faulty.injected) >= 8
+assert lab.last_error is None
