@@ -167,7 +167,7 @@ def test_the_notebooks_are_as_the_cleaner_leaves_them() -> None:
     for name in NAMES:
         text = (NOTEBOOKS / f"{name}.ipynb").read_text(encoding="utf-8")
         nb = nbformat.reads(text, as_version=4)
-        assert nbformat.writes(clean(nb)) + "\n" == text, f"{name}: run notebooks/_clean.py"
+        assert nbformat.writes(clean(nb)) + "\n" == text, f"{name}: {REBUILD} {name}"
 
 
 def test_the_sanitize_file_masks_addresses_but_not_offsets() -> None:
