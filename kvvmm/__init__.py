@@ -14,7 +14,7 @@ GPU; torch is imported when the first tensor is made.
 
 from __future__ import annotations
 
-from kvvmm.arena import AllocationInfo, Arena, ArenaSnapshot, MappingInfo, replay_arenas
+from kvvmm.arena import Arena
 from kvvmm.driver import (
     PROFILES,
     DeviceProfile,
@@ -40,10 +40,19 @@ from kvvmm.errors import (
     UnknownDtypeError,
 )
 from kvvmm.layout import KvBufferDesc, mha_token_major, mla, page_major
-from kvvmm.owner import BufferInfo, KvBufferOwner, OwnerSnapshot
+from kvvmm.owner import KvBufferOwner
 from kvvmm.policy import Chunked, Exact, Geometric, GrowthPolicy
-from kvvmm.tp import TpOwners, TpSnapshot, run_per_device, spawn_tp_snapshots
-from kvvmm.trace import Trace, TracingDriver
+from kvvmm.record import Trace, TracingDriver
+from kvvmm.replay import replay_arenas
+from kvvmm.snapshot import (
+    AllocationInfo,
+    ArenaSnapshot,
+    BufferInfo,
+    MappingInfo,
+    OwnerSnapshot,
+    TpSnapshot,
+)
+from kvvmm.tp import TpOwners, run_per_device, spawn_tp_snapshots
 
 __version__ = "0.1.0"
 

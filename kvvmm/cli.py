@@ -135,8 +135,8 @@ def _cmd_lab(args: argparse.Namespace, launch: Launcher, gpu_probe: GpuProbe) ->
 
 
 def _cmd_map(args: argparse.Namespace) -> int:
-    from kvvmm.arena import replay_arenas
-    from kvvmm.trace import Trace
+    from kvvmm.record import Trace
+    from kvvmm.replay import replay_arenas
     from kvvmm.viz import timeline, va_map
 
     src = Path(args.trace)
@@ -164,7 +164,8 @@ def _cmd_map(args: argparse.Namespace) -> int:
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
-    from kvvmm.plan import format_plan, plan
+    from kvvmm.layout import plan
+    from kvvmm.viz import format_plan
 
     p = plan(gpu=args.gpu, model=args.model, dtype=args.dtype, page_size=args.page_size,
              tp=args.tp, budget_bytes=args.budget_bytes, headroom_bytes=args.headroom_bytes,

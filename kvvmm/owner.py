@@ -16,14 +16,16 @@ decides handle sizes (see :mod:`kvvmm.policy`).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from kvvmm.arena import Arena, ArenaSnapshot
+from kvvmm.arena import Arena
 from kvvmm.driver.base import Driver
+from kvvmm.dtypes import dtype_itemsize, dtype_name
 from kvvmm.errors import ArgumentError, ClosedError, DriverError, OutOfRangeError
-from kvvmm.layout import KvBufferDesc, dtype_itemsize, dtype_name
+from kvvmm.layout import KvBufferDesc
 from kvvmm.policy import Chunked, Exact, Geometric, GrowthPolicy, default_policy
+from kvvmm.record.trace import Trace
+from kvvmm.snapshot import BufferInfo, OwnerSnapshot
 from kvvmm.units import align_up
 
 if TYPE_CHECKING:
@@ -32,43 +34,6 @@ if TYPE_CHECKING:
 __all__ = ["BufferInfo", "Chunked", "Exact", "Geometric", "KvBufferOwner", "OwnerSnapshot"]
 
 _EXACT = Exact()
-
-
-@dataclass(frozen=True, slots=True)
-class BufferInfo:
-    """One KV buffer's place and state in the owner's arena."""
-
-    name: str
-    offset: int  #: from the arena base
-    shape: tuple[int, ...]
-    reserved_span_bytes: int  #: the whole upper-bound tensor
-    aligned_bytes: int  #: reserved span rounded up to the granularity (its allocation)
-    backed_bytes: int
-    page0_bytes: int  #: the slot-0 page's span (backed since construction)
-    prefix_bytes: int  #: span of the ensured prefix
-    final_bytes: int | None  #: final span after ``finalize``, else None
-
-
-@dataclass(frozen=True, slots=True)
-class OwnerSnapshot:
-    """An owner at one moment: its arena's snapshot plus the token-level marks."""
-
-    arena: ArenaSnapshot
-    dtype: str
-    page_size: int
-    reserved_tokens: int
-    prefix_tokens: int  #: largest n given to ensure_prefix (or the page at construction)
-    final_tokens: int | None  #: serving capacity set by finalize (or lowered by shrink)
-    policy: str
-    buffers: tuple[BufferInfo, ...]
-
-    @property
-    def backed_bytes(self) -> int:
-        return self.arena.backed_bytes
-
-    @property
-    def handles(self) -> int:
-        return len(self.arena.mappings)
 
 
 class KvBufferOwner:
@@ -82,8 +47,9 @@ class KvBufferOwner:
         reserved_tokens: upper bound on tokens the buffers can ever hold, >= ``page_size``.
         descs: the buffers (:class:`~kvvmm.layout.KvBufferDesc`), K buffers first by
             convention; names must be unique.
-        policy: growth policy for ``ensure_prefix`` (default ``Chunked(64 MiB)``).
+        policy: growth policy for ``ensure_prefix`` (default: :func:`~kvvmm.policy.default_policy`).
         name: the arena's name.
+        trace: a :class:`~kvvmm.record.Trace` the arena records its operations in.
     Raises:
         ArgumentError, OutOfRangeError, UnknownDtypeError: bad arguments; nothing reserved.
         DriverError: reserving or backing slot 0 failed; nothing is left behind.
@@ -100,6 +66,7 @@ class KvBufferOwner:
         descs: Sequence[KvBufferDesc],
         policy: GrowthPolicy | None = None,
         name: str = "kv",
+        trace: Trace | None = None,
     ) -> None:
         self.dtype = dtype_name(dtype)
         self.itemsize = dtype_itemsize(self.dtype)
@@ -144,7 +111,8 @@ class KvBufferOwner:
         # arena after every change) so a step with nothing to back costs one pass of ints.
         self._rows = [(d.tokens_per_row, d.row_bytes) for d in self.descs]
         self._backed = [0] * len(self.descs)
-        self.arena = Arena(driver, reserve_bytes=sum(self._limits), device=device, name=name)
+        self.arena = Arena(driver, reserve_bytes=sum(self._limits), device=device, name=name,
+                           trace=trace)
         try:
             self._offsets = [self.arena.allocate(s, d.name)
                              for d, s in zip(self.descs, self._spans, strict=True)]

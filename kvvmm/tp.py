@@ -22,14 +22,15 @@ import multiprocessing
 import time
 import traceback
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from kvvmm.driver.base import Driver
+from kvvmm.dtypes import dtype_name
 from kvvmm.errors import ArgumentError, KvvmmError
-from kvvmm.layout import KvBufferDesc, ModelLike, dtype_name, load_model, model_descs
-from kvvmm.owner import KvBufferOwner, OwnerSnapshot
+from kvvmm.layout import KvBufferDesc, ModelLike, load_model, model_descs
+from kvvmm.owner import KvBufferOwner
 from kvvmm.policy import GrowthPolicy
+from kvvmm.snapshot import OwnerSnapshot, TpSnapshot
 
 if TYPE_CHECKING:
     from kvvmm.driver.sim import DeviceProfile, SimNode
@@ -52,26 +53,6 @@ class TpWorkerError(KvvmmError):
     Raised in the parent after every worker has ended (or was stopped on timeout): the
     reason is in the worker, so read its traceback, fix the cause, and run again.
     """
-
-
-@dataclass(frozen=True, slots=True)
-class TpSnapshot:
-    """All ranks of a tensor-parallel KV cache at one moment: one owner snapshot per rank."""
-
-    model: str
-    tp: int
-    devices: tuple[int, ...]  #: device of each rank, in rank order
-    owners: tuple[OwnerSnapshot, ...]  #: in rank order
-
-    @property
-    def backed_bytes(self) -> int:
-        """Bytes backed on all devices together."""
-        return sum(o.backed_bytes for o in self.owners)
-
-    @property
-    def reserved_bytes(self) -> int:
-        """VA reserved on all devices together."""
-        return sum(o.arena.reserved_bytes for o in self.owners)
 
 
 def tp_descs(

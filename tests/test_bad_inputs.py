@@ -39,7 +39,8 @@ from kvvmm import (
     page_major,
 )
 from kvvmm.driver import Driver
-from kvvmm.layout import dtype_itemsize, hybrid_swa_descs, load_model, model_descs
+from kvvmm.dtypes import dtype_itemsize
+from kvvmm.layout import hybrid_swa_descs, load_model, model_descs
 from kvvmm.units import GiB, MiB
 
 MakeDriver = Callable[..., Driver]

@@ -20,9 +20,10 @@ def _trace(path: Path) -> Path:
     descs = kvvmm.mha_token_major(layers=2, kv_heads=8, head_dim=128, reserved_tokens=4096,
                                   page_size=16, dtype="bfloat16")
     owner = kvvmm.KvBufferOwner(driver=drv, dtype="bfloat16", page_size=16,
-                                reserved_tokens=4096, descs=descs, name="kvpool")
+                                reserved_tokens=4096, descs=descs, name="kvpool",
+                                trace=drv.trace)
     owner.finalize(2048)
-    arena = kvvmm.Arena(drv, reserve_bytes=64 * MiB, name="scratch")
+    arena = kvvmm.Arena(drv, reserve_bytes=64 * MiB, name="scratch", trace=drv.trace)
     arena.commit(arena.allocate(8 * MiB), 4 * MiB)
     drv.trace.save(path)
     return path
@@ -68,7 +69,8 @@ def test_plan_prints_the_plan_as_a_table(capsys: pytest.CaptureFixture[str]) -> 
     assert cli.main(["plan", "--model", "llama-3.1-8b", "--gpu", "h200", "--tp", "2",
                      "--budget-bytes", "40GiB"]) == 0
     out = capsys.readouterr().out
-    from kvvmm.plan import format_plan, plan
+    from kvvmm.layout import plan
+    from kvvmm.viz import format_plan
 
     expected = format_plan(plan(gpu="h200", model="llama-3.1-8b", tp=2,
                                 budget_bytes=40 * GiB))

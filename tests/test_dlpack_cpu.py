@@ -1,4 +1,4 @@
-"""The DLPack capsule of ``kvvmm._dlpack``, proven on the CPU.
+"""The DLPack capsule of ``kvvmm.arena._dlpack``, proven on the CPU.
 
 The GPU path (``device_tensor``) builds the very same capsule with device type kDLCUDA; here it
 is built with kDLCPU over a ctypes buffer, so aliasing, lifetime and dtype handling are tested
@@ -15,7 +15,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from kvvmm import _dlpack  # noqa: E402
+from kvvmm.arena import _dlpack  # noqa: E402
 from kvvmm.errors import (  # noqa: E402
     ArgumentError,
     DriverUnavailableError,
@@ -149,5 +149,5 @@ def test_importing_the_module_does_not_import_torch():
     import subprocess
     import sys
 
-    code = "import sys, kvvmm._dlpack; sys.exit('torch' in sys.modules)"
+    code = "import sys, kvvmm.arena._dlpack; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0

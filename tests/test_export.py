@@ -18,11 +18,12 @@ from typing import Any
 
 import pytest
 
-from kvvmm.arena import Arena, replay_arenas
+from kvvmm.arena import Arena
 from kvvmm.driver import Driver, FaultyDriver, SimDriver, SimNode
 from kvvmm.driver.base import CUDA_ERROR_INVALID_VALUE
 from kvvmm.errors import ArgumentError, DriverError
-from kvvmm.trace import Trace, TracingDriver, replay
+from kvvmm.record import Trace, TracingDriver
+from kvvmm.replay import replay, replay_arenas
 from kvvmm.units import GiB, MiB
 
 MakeDriver = Callable[..., Driver]
@@ -366,7 +367,7 @@ def test_an_import_from_another_process_replays_as_a_create_of_the_same_size() -
     node = SimNode(devices=2)
     exporter = node.driver(0)  # not traced: it stands for the other process
     t = TracingDriver(node.driver(1))
-    arena = Arena(t, reserve_bytes=64 * MiB, name="child")
+    arena = Arena(t, reserve_bytes=64 * MiB, name="child", trace=t.trace)
     off = arena.allocate(16 * MiB, "kv")
     fd = exporter.export_handle(exporter.create(4 * MiB))
     arena.adopt(off, t.import_handle(fd, 4 * MiB), 4 * MiB)

@@ -19,16 +19,11 @@ import plotly.graph_objects as go
 
 import kvvmm
 from kvvmm.driver import Fault, FaultyDriver, SimDriver
-from kvvmm.lab import (
-    ArenaLab,
-    GrowthLab,
-    LayoutExplorer,
-    decode_growth,
-    format_growth,
-)
-from kvvmm.owner import OwnerSnapshot
+from kvvmm.growth import decode_growth
+from kvvmm.lab import ArenaLab, GrowthLab, LayoutExplorer
+from kvvmm.snapshot import OwnerSnapshot
 from kvvmm.units import MiB
-from kvvmm.viz import VA_MAP_TRACES
+from kvvmm.viz import VA_MAP_TRACES, format_growth
 
 
 def _backed_bars(lab: Any) -> list[tuple[int, int]]:

@@ -16,14 +16,16 @@ from collections.abc import Callable
 
 import pytest
 
-from kvvmm.arena import Arena, replay_arenas
+from kvvmm.arena import Arena
 from kvvmm.driver import Driver, FaultyDriver, SimDriver, SimNode, open_driver
 from kvvmm.driver.base import CUDA_ERROR_INVALID_DEVICE, CUDA_ERROR_INVALID_VALUE
 from kvvmm.errors import ArgumentError, DriverError
 from kvvmm.layout import model_descs
-from kvvmm.owner import KvBufferOwner, OwnerSnapshot
-from kvvmm.tp import TpOwners, TpSnapshot, TpWorkerError, run_per_device, spawn_tp_snapshots
-from kvvmm.trace import TracingDriver, replay
+from kvvmm.owner import KvBufferOwner
+from kvvmm.record import TracingDriver
+from kvvmm.replay import replay, replay_arenas
+from kvvmm.snapshot import OwnerSnapshot, TpSnapshot
+from kvvmm.tp import TpOwners, TpWorkerError, run_per_device, spawn_tp_snapshots
 from kvvmm.units import GiB, MiB
 
 MakeDriver = Callable[..., Driver]
@@ -290,7 +292,7 @@ def test_a_peer_view_of_an_arena_needs_a_grant() -> None:
 def test_a_traced_arena_with_peers_replays_to_the_same_snapshot() -> None:
     node = SimNode(devices=3)
     t = TracingDriver(node.driver(2))
-    arena = Arena(t, reserve_bytes=512 * MiB, name="peers")
+    arena = Arena(t, reserve_bytes=512 * MiB, name="peers", trace=t.trace)
     a = arena.allocate(100 * MiB, "a")
     arena.commit(a, 10 * MiB)
     arena.grant_access([0])

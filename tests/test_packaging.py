@@ -102,7 +102,7 @@ def test_pyproject_declares_the_cli_the_typed_marker_and_the_model_configs() -> 
     assert project["project"]["name"] == "kvvmm"
     assert project["project"]["scripts"] == {"kvvmm": "kvvmm.cli:main"}
     package_data = project["tool"]["setuptools"]["package-data"]["kvvmm"]
-    assert {"py.typed", "models/*.json"} <= set(package_data)
+    assert {"py.typed", "layout/models/*.json", "hardware/data/*.json"} <= set(package_data)
     assert (ROOT / "kvvmm" / "py.typed").is_file()
 
 

@@ -9,18 +9,21 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvvmm.driver.sim import PROFILES
 from kvvmm.errors import ArgumentError, KvvmmError, OutOfRangeError, UnknownDtypeError
-from kvvmm.layout import hybrid_swa_descs, list_models, load_model, model_descs
-from kvvmm.plan import (
+from kvvmm.hardware import PROFILES
+from kvvmm.layout import (
     DEFAULT_HEADROOM_BYTES,
     Plan,
     PoolPlan,
-    format_plan,
+    hybrid_swa_descs,
+    list_models,
+    load_model,
+    model_descs,
     plan,
 )
 from kvvmm.policy import Chunked, Exact, Geometric
 from kvvmm.units import GiB, MiB, align_up
+from kvvmm.viz import format_plan
 
 
 def _final_backed(p: Plan, pool: PoolPlan, tokens: int) -> int:

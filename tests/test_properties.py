@@ -226,7 +226,7 @@ class ArenaModel:
 
 def run_arena_ops(driver: Driver, ops: list[tuple[Any, ...]]) -> None:
     tracer = TracingDriver(driver)
-    arena = Arena(tracer, reserve_bytes=ARENA_RESERVE, name="prop")
+    arena = Arena(tracer, reserve_bytes=ARENA_RESERVE, name="prop", trace=tracer.trace)
     model = ArenaModel(arena.reserved_bytes)
     assert model.reserved == 25 * G
     try:
@@ -367,7 +367,8 @@ def run_owner_ops(driver: Driver, setup: Any, ops: list[tuple[str, object]]) -> 
     page, reserved, descs, policy = setup
     tracer = TracingDriver(driver)
     owner = KvBufferOwner(driver=tracer, dtype=descs_dtype(descs), page_size=page,
-                          reserved_tokens=reserved, descs=descs, policy=policy)
+                          reserved_tokens=reserved, descs=descs, policy=policy,
+                          trace=tracer.trace)
     try:
         check_owner(owner, driver)
         for name, n in ops:

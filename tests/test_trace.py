@@ -28,10 +28,12 @@ from kvvmm import (
     mha_token_major,
     replay_arenas,
 )
-from kvvmm.arena import Arena, ArenaSnapshot
+from kvvmm.arena import Arena
 from kvvmm.driver import Driver
 from kvvmm.errors import DriverError, KvvmmError
-from kvvmm.trace import FORMAT, VERSION, find_trace, replay
+from kvvmm.record import FORMAT, VERSION
+from kvvmm.replay import replay
+from kvvmm.snapshot import ArenaSnapshot
 from kvvmm.units import MiB
 
 MakeDriver = Callable[..., Driver]
@@ -112,7 +114,7 @@ def test_tracing_driver_records_every_call_with_its_arguments_result_and_error(
 def test_a_trace_round_trips_through_json_unchanged(tmp_path: Path, driver: Driver) -> None:
     t = TracingDriver(driver)
     raw_session(t)
-    with Arena(t, reserve_bytes=4 * G, name="notes") as arena:
+    with Arena(t, reserve_bytes=4 * G, name="notes", trace=t.trace) as arena:
         arena.commit(arena.allocate(3 * G, "x"), G)
     path = tmp_path / "run.json"
     t.trace.save(path)
@@ -143,7 +145,7 @@ def _doc(**over: Any) -> dict[str, Any]:
     [
         (_doc(format="chrome-trace"), "format"),
         ({k: v for k, v in _doc().items() if k != "format"}, "format"),
-        (_doc(version=2), "version 2"),
+        (_doc(version=3), "version 3"),
         (_doc(version="1"), "version '1'"),
         (_doc(version=None), "version None"),
         ([_doc()], "format"),
@@ -257,7 +259,6 @@ def test_injected_faults_never_reach_the_trace_and_the_replay_agrees(
         arena.commit(b, G)  # the 2nd map fails; the create before it is undone
     assert faulty.injected == ["map"]
     assert all(e.error is None for e in t.trace.driver_calls())
-    assert find_trace(faulty) is t.trace
     assert replay(t.trace, SimDriver()) == []
     arena.close()
 
@@ -284,7 +285,7 @@ DESCS = mha_token_major(layers=2, kv_heads=8, head_dim=128, reserved_tokens=4096
 
 def owner_session(t: TracingDriver, *, close: bool = False) -> KvBufferOwner:
     owner = KvBufferOwner(driver=t, dtype="bfloat16", page_size=16, reserved_tokens=4096,
-                          descs=DESCS, policy=Chunked(4 * G), name="kv")
+                          descs=DESCS, policy=Chunked(4 * G), name="kv", trace=t.trace)
     owner.ensure_prefix(300)
     owner.ensure_prefix(2500)
     with pytest.raises(KvvmmError):
@@ -314,9 +315,9 @@ def test_replaying_an_owner_session_rebuilds_the_same_arena_on_sim_and_host(
         recorded[kind] = owner.arena.snapshot()
         replayed[kind] = replay_arenas(t.trace)
         assert [s.closed for s in replayed[kind]] == [close]
-        ops = [e.op for e in t.trace.events if e.op.startswith("arena.")]
-        assert ops[:2] == ["arena.open", "arena.allocate"]
-        assert ("arena.close" in ops) is close
+        ops = [o.op for o in t.trace.ops]
+        assert ops[:2] == ["open", "allocate"]
+        assert ("close" in ops) is close
         if not close:
             owner.close()
     assert comparable(recorded["sim"]) == comparable(recorded["host"])
@@ -331,7 +332,7 @@ def test_replaying_an_owner_session_rebuilds_the_same_arena_on_sim_and_host(
 def test_replaying_two_arenas_gives_one_snapshot_each_in_order(make_driver: MakeDriver) -> None:
     t = TracingDriver(make_driver("host"))
     owner_session(t, close=True)
-    second = Arena(t, reserve_bytes=6 * G, name="second")
+    second = Arena(t, reserve_bytes=6 * G, name="second", trace=t.trace)
     second.commit(second.allocate(5 * G, "only"), 3 * G)
     snaps = replay_arenas(t.trace)
     assert [s.name for s in snaps] == ["kv", "second"]
@@ -341,15 +342,16 @@ def test_replaying_two_arenas_gives_one_snapshot_each_in_order(make_driver: Make
 
 def test_a_traced_arena_notes_its_operations_apart_from_driver_calls(driver: Driver) -> None:
     t = TracingDriver(driver)
-    with Arena(t, reserve_bytes=4 * G, name="a") as arena:
+    with Arena(t, reserve_bytes=4 * G, name="a", trace=t.trace) as arena:
         off = arena.allocate(3 * G, "x")
         arena.commit(off, 2 * G)
         arena.decommit(off, 0)
-    notes = [e for e in t.trace if e.op.startswith("arena.")]
-    assert [e.op for e in notes] == ["arena.open", "arena.allocate", "arena.commit",
-                                     "arena.decommit", "arena.close"]
-    assert notes[1].args == {"arena": 0, "name": "x", "nbytes": 3 * G, "offset": 0}
-    assert not any(e.op.startswith("arena.") for e in t.trace.driver_calls())
+    notes = t.trace.ops
+    assert [o.op for o in notes] == ["open", "allocate", "commit", "decommit", "close"]
+    assert notes[1].arena == 0
+    assert notes[1].args == {"name": "x", "nbytes": 3 * G, "offset": 0}
+    seqs = sorted([e.seq for e in t.trace.events] + [o.seq for o in t.trace.ops])
+    assert seqs == list(range(len(seqs)))  # one sequence over both lists
     assert [e.op for e in t.trace.driver_calls()] == [
         "reserve", "create", "map", "set_access", "release", "unmap", "free"]
     assert replay_arenas(t.trace)[0].closed
@@ -359,7 +361,7 @@ def test_the_recorded_policy_shapes_the_replayed_handles(make_driver: MakeDriver
     # Exact: one handle per extension, so the replay has as many handles as the session.
     t = TracingDriver(make_driver("sim"))
     owner = KvBufferOwner(driver=t, dtype="bfloat16", page_size=16, reserved_tokens=4096,
-                          descs=DESCS, policy=Exact())
+                          descs=DESCS, policy=Exact(), trace=t.trace)
     for n in (100, 1100, 2100, 4096):
         owner.ensure_prefix(n)
     snap = replay_arenas(t.trace)[0]

@@ -7,21 +7,20 @@ import pytest
 pytest.importorskip("plotly")
 
 import kvvmm
-from kvvmm.arena import Arena, ArenaSnapshot
+from kvvmm.arena import Arena
 from kvvmm.driver import SimDriver
 from kvvmm.errors import ArgumentError
-from kvvmm.owner import KvBufferOwner, OwnerSnapshot
+from kvvmm.hardware import H200_BANDWIDTH, BandwidthTable, predicted_bandwidth_tb_s
+from kvvmm.owner import KvBufferOwner
+from kvvmm.snapshot import ArenaSnapshot, OwnerSnapshot
 from kvvmm.units import GiB, MiB, fmt_range
 from kvvmm.viz import (
-    H200_BANDWIDTH,
     HEATMAP_THRESHOLD,
     VA_MAP_TRACES,
-    BandwidthTable,
     bandwidth_by_handle_size,
     describe,
     describe_stats,
     handle_sizes,
-    predicted_bandwidth_tb_s,
     timeline,
     va_map,
 )
@@ -194,7 +193,7 @@ def test_handle_sizes_counts_handles_per_size_and_per_label() -> None:
 
 
 def test_the_bandwidth_table_is_the_h200_measurement_with_its_source() -> None:
-    assert "h200-bandwidth-by-handle-size.txt" in H200_BANDWIDTH.source
+    assert "device_bw.py" in H200_BANDWIDTH.source and "H200" in H200_BANDWIDTH.source
     by = {p.label: p for p in H200_BANDWIDTH.points}
     assert by["vmm_2MiB"].runs_tb_s == (3.607, 3.618) and by["vmm_2MiB"].handle_bytes == 2 * MiB
     assert by["vmm_1handle"].handle_bytes == GiB and by["plain"].handle_bytes is None

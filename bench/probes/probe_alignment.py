@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from cuda.bindings import driver as d
 
-from kvvmm._dlpack import device_tensor
+from kvvmm.arena._dlpack import device_tensor
 from kvvmm.bench import _bandwidth
 from kvvmm.driver.cuda import CudaDriver
 

@@ -9,8 +9,9 @@ from typing import Any
 
 from kvvmm.driver.base import Driver, DriverStats, MemoryKind
 from kvvmm.driver.faults import Fault, FaultyDriver
-from kvvmm.driver.sim import PROFILES, DeviceProfile, SimDriver, SimNode, get_profile
+from kvvmm.driver.sim import SimDriver, SimNode
 from kvvmm.errors import ArgumentError, DriverUnavailableError
+from kvvmm.hardware import PROFILES, DeviceProfile, get_profile
 
 __all__ = [
     "PROFILES",

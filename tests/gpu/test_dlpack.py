@@ -1,4 +1,4 @@
-"""Torch tensors over CudaDriver VA through ``kvvmm._dlpack.device_tensor``, on a real GPU."""
+"""Torch tensors over CudaDriver VA through ``kvvmm.arena._dlpack.device_tensor``, on a real GPU."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from kvvmm import _dlpack  # noqa: E402
+from kvvmm.arena import _dlpack  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("needs_torch_cuda")
 
@@ -120,7 +120,7 @@ def test_a_graph_captured_before_a_range_is_mapped_writes_there_after(cuda: Any)
 _UNMAP_UNDER_A_KERNEL = textwrap.dedent(
     """
     import time, torch
-    from kvvmm._dlpack import device_tensor
+    from kvvmm.arena._dlpack import device_tensor
     from kvvmm.driver.cuda import CudaDriver
     torch.cuda.init()
     torch.empty(1, device="cuda")

@@ -146,7 +146,7 @@ def test_an_import_in_the_same_process_aliases_the_same_memory(xdrv: CudaDriver)
     _record("import in the exporting process", "CUDA_SUCCESS")
     xdrv.map(va + 4 * g, g, h2)
     xdrv.set_access(va + 4 * g, g)
-    from kvvmm._dlpack import device_tensor
+    from kvvmm.arena._dlpack import device_tensor
 
     a = device_tensor(va, g, (g,), torch.uint8, 0, object())
     b = device_tensor(va + 4 * g, g, (g,), torch.uint8, 0, object())

@@ -76,7 +76,7 @@ def test_naming_the_own_device_is_the_default_access(cuda: Any) -> None:
     h = cuda.create(g)
     cuda.map(va, g, h)
     cuda.set_access(va, g, devices=(0,))
-    from kvvmm._dlpack import device_tensor
+    from kvvmm.arena._dlpack import device_tensor
 
     t = device_tensor(va, g, (g // 4,), torch.float32, 0, object())
     t.fill_(2.0)
@@ -139,7 +139,7 @@ def test_a_peer_reads_and_writes_memory_given_to_it(pair: tuple[CudaDriver, Cuda
     h = d0.create(2 * g)
     d0.map(va, 2 * g, h)
     d0.set_access(va, 2 * g, devices=(0, 1))
-    from kvvmm._dlpack import device_tensor
+    from kvvmm.arena._dlpack import device_tensor
 
     on0 = device_tensor(va, 2 * g, (2 * g // 4,), torch.float32, 0, object())
     on1 = device_tensor(va, 2 * g, (2 * g // 4,), torch.float32, 1, object())

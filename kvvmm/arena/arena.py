@@ -24,12 +24,15 @@ import functools
 import logging
 import os
 import threading
-import weakref
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
+from kvvmm.arena.transaction import Transaction
+from kvvmm.arena.views import ViewLease, make_tensor
+from kvvmm.checks import int_arg
 from kvvmm.driver.base import Driver, MemoryKind
+from kvvmm.dtypes import dtype_itemsize, dtype_name
 from kvvmm.errors import (
     AlignmentError,
     ArgumentError,
@@ -40,20 +43,14 @@ from kvvmm.errors import (
     OutOfRangeError,
     ReservationExhaustedError,
 )
-from kvvmm.layout import dtype_itemsize, dtype_name
-from kvvmm.trace import Trace, find_trace
+from kvvmm.record.trace import Trace
+from kvvmm.snapshot import AllocationInfo, ArenaSnapshot, MappingInfo
 from kvvmm.units import align_up, fmt_bytes, fmt_range
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = [
-    "AllocationInfo",
-    "Arena",
-    "ArenaSnapshot",
-    "MappingInfo",
-    "replay_arenas",
-]
+__all__ = ["Arena"]
 
 log = logging.getLogger(__name__)
 
@@ -74,93 +71,6 @@ def _locked(fn: Callable[Concatenate[Arena, _P], _R]) -> Callable[Concatenate[Ar
             return fn(self, *args, **kwargs)
 
     return wrapper
-
-
-# -- snapshots ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class MappingInfo:
-    """One mapping: a whole handle attached to VA."""
-
-    offset: int  #: start, from the arena base
-    size_bytes: int  #: the handle's size
-    handle_id: int  #: the arena's own id for the handle (1, 2, ...), the same on any driver
-    allocation: str  #: name of the allocation it backs
-
-    @property
-    def end(self) -> int:
-        return self.offset + self.size_bytes
-
-
-@dataclass(frozen=True, slots=True)
-class AllocationInfo:
-    """One allocation: a granularity-aligned piece of the reservation, backed from its start."""
-
-    name: str
-    offset: int  #: start, from the arena base (a multiple of the granularity)
-    size_bytes: int  #: its span, rounded up to the granularity
-    requested_bytes: int  #: what ``allocate`` was asked for
-    backed_bytes: int  #: backed prefix, from ``offset``
-
-    @property
-    def end(self) -> int:
-        return self.offset + self.size_bytes
-
-
-@dataclass(frozen=True, slots=True)
-class ArenaSnapshot:
-    """Everything viz needs about an arena at one moment; nothing live."""
-
-    name: str
-    driver: str  #: driver kind: "sim", "host" or "cuda"
-    device_name: str
-    granularity: int
-    base: int  #: address of the reservation
-    reserved_bytes: int
-    cursor_bytes: int  #: bump cursor: allocations lie in [0, cursor)
-    allocations: tuple[AllocationInfo, ...]
-    mappings: tuple[MappingInfo, ...]  #: sorted by offset
-    backed_bytes: int
-    closed: bool
-    #: other devices given read/write access to everything backed (``grant_access``)
-    peer_devices: tuple[int, ...] = ()
-
-    @property
-    def unbacked_bytes(self) -> int:
-        """Reserved VA with no memory behind it (inside allocations or beyond the cursor)."""
-        return self.reserved_bytes - self.backed_bytes
-
-    @property
-    def slack_bytes(self) -> int:
-        """Reserved VA no allocation has claimed yet."""
-        return self.reserved_bytes - self.cursor_bytes
-
-    def allocation(self, name: str) -> AllocationInfo:
-        """The allocation called ``name``."""
-        for a in self.allocations:
-            if a.name == name:
-                return a
-        raise ArgumentError("name", name, f"one of {[a.name for a in self.allocations]}")
-
-    def check(self) -> None:
-        """Assert the conservation laws; raises AssertionError naming the broken one."""
-        mapped = sum(m.size_bytes for m in self.mappings)
-        per_alloc = sum(a.backed_bytes for a in self.allocations)
-        assert mapped == per_alloc == self.backed_bytes, (mapped, per_alloc, self.backed_bytes)
-        assert self.backed_bytes + self.unbacked_bytes == self.reserved_bytes
-        assert 0 <= self.cursor_bytes <= self.reserved_bytes
-        pos = 0
-        for a in self.allocations:
-            assert a.offset >= pos and a.end <= self.cursor_bytes, a
-            assert 0 <= a.backed_bytes <= a.size_bytes, a
-            pos = a.end
-        by_alloc: dict[str, int] = {}
-        for m in self.mappings:
-            a = self.allocation(m.allocation)
-            start = a.offset + by_alloc.get(a.name, 0)
-            assert m.offset == start, f"mapping {m} does not continue {a.name}'s backed prefix"
-            by_alloc[a.name] = by_alloc.get(a.name, 0) + m.size_bytes
 
 
 # -- live state --------------------------------------------------------------------------
@@ -185,45 +95,6 @@ class _Alloc:
     maps: list[_Map] = field(default_factory=list)
 
 
-class _Undo:
-    """A stack of undo steps; arguments are bound when a step is pushed."""
-
-    __slots__ = ("steps",)
-
-    def __init__(self) -> None:
-        self.steps: list[tuple[str, Callable[[], object]]] = []
-
-    def push(self, label: str, fn: Callable[[], object]) -> None:
-        self.steps.append((label, fn))
-
-    def unwind(self, err: BaseException) -> None:
-        """Run the steps newest first; attach each one's failure to ``err`` as a note."""
-        while self.steps:
-            label, fn = self.steps.pop()
-            try:
-                fn()
-            except Exception as e:  # the original error matters more; keep this one as a note
-                err.add_note(f"undo {label} also failed: {e}")
-
-
-class _ViewKeeper:
-    """Held by every tensor an arena makes (through its storage); keeps the arena alive."""
-
-    __slots__ = ("__weakref__", "arena")
-
-    def __init__(self, arena: Arena) -> None:
-        self.arena = arena
-
-
-def _int(name: str, value: object, *, lo: int, hi: int | None = None, limit: str = "") -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ArgumentError(name, value, limit or "an int")
-    if value < lo or (hi is not None and value > hi):
-        cls = ArgumentError if value < lo else OutOfRangeError
-        raise cls(name, value, limit or (f">= {lo}" if hi is None else f"in [{lo}, {hi}]"))
-    return value
-
-
 class Arena:
     """One VA reservation with bump allocation, commit/decommit and tensor views.
 
@@ -232,6 +103,9 @@ class Arena:
         reserve_bytes: VA to reserve (rounded up to the granularity); costs no memory.
         device: device ordinal for tensors (default: the driver's).
         name: shown in snapshots, plots and errors.
+        trace: a :class:`~kvvmm.record.Trace` to record the arena's operations in (open,
+            allocate, commit, ...), next to the driver calls a ``TracingDriver`` records
+            there; :func:`kvvmm.replay.replay_arenas` rebuilds the arena from it.
     Raises:
         ArgumentError: ``reserve_bytes`` not a positive int.
         DriverError: the reservation failed.
@@ -239,9 +113,9 @@ class Arena:
 
     def __init__(
         self, driver: Driver, *, reserve_bytes: int, device: int | None = None,
-        name: str = "arena",
+        name: str = "arena", trace: Trace | None = None,
     ) -> None:
-        _int("reserve_bytes", reserve_bytes, lo=1, limit="an int > 0 (bytes)")
+        int_arg("reserve_bytes", reserve_bytes, lo=1, limit="an int > 0 (bytes)")
         if device is not None and device != driver.device:
             raise ArgumentError("device", device, f"the driver's device {driver.device}")
         self._lock = threading.RLock()
@@ -265,11 +139,11 @@ class Arena:
         # Devices that get access at each commit; None: the driver's own only (the default
         # call, kept as it was: no device list on the hot path).
         self._access: tuple[int, ...] | None = None
-        self._trace: Trace | None = find_trace(driver)
-        if self._trace is not None:
-            self._arena_id = sum(1 for e in self._trace.events if e.op == "arena.open")
-            self._note("arena.open", name=self.name, reserve_bytes=self.reserved_bytes,
-                       base=self.base)
+        if trace is not None and not isinstance(trace, Trace):
+            raise ArgumentError("trace", trace, "a kvvmm.record.Trace or None")
+        self._trace = trace
+        self._arena_id = trace.open_arena() if trace is not None else -1
+        self._note("open", name=self.name, reserve_bytes=self.reserved_bytes, base=self.base)
 
     # -- basics -------------------------------------------------------------------------
 
@@ -306,7 +180,7 @@ class Arena:
 
     def _note(self, op: str, **args: Any) -> None:
         if self._trace is not None:
-            self._trace.add(op, {"arena": self._arena_id, **args})
+            self._trace.add_op(self._arena_id, op, **args)
 
     def _check_open(self, what: str) -> None:
         if self._closed:
@@ -344,7 +218,7 @@ class Arena:
             ClosedError: after ``close()``.
         """
         self._check_open("allocate")
-        _int("nbytes", nbytes, lo=1, limit="an int > 0 (bytes)")
+        int_arg("nbytes", nbytes, lo=1, limit="an int > 0 (bytes)")
         size = align_up(nbytes, self.granularity)
         left = self.reserved_bytes - self.cursor_bytes
         if size > left:
@@ -361,19 +235,19 @@ class Arena:
         self._names.add(label)
         self._by_offset[a.offset] = a
         self.cursor_bytes += size
-        self._note("arena.allocate", name=label, nbytes=nbytes, offset=a.offset)
+        self._note("allocate", name=label, nbytes=nbytes, offset=a.offset)
         return a.offset
 
     # -- commit -------------------------------------------------------------------------
 
     def _check_commit(self, offset: object, nbytes: object) -> tuple[_Alloc, int]:
         a = self._alloc_at(offset)
-        _int("nbytes", nbytes, lo=0, hi=a.size,
+        int_arg("nbytes", nbytes, lo=0, hi=a.size,
              limit=f"in [0, {a.size}] (allocation {a.name!r} is {a.size} bytes)")
         assert isinstance(nbytes, int)
         return a, align_up(nbytes, self.granularity)
 
-    def _extend(self, a: _Alloc, target: int, undo: _Undo) -> int:
+    def _extend(self, a: _Alloc, target: int, undo: Transaction) -> int:
         """Back ``a`` up to ``target`` with one new handle, pushing undo steps."""
         d = self.driver
         ext = target - a.backed
@@ -420,7 +294,7 @@ class Arena:
         """
         self._check_open("commit")
         plan = [self._check_commit(o, n) for o, n in requests]
-        undo = _Undo()
+        undo = Transaction()
         added = 0
         try:
             for a, target in plan:
@@ -436,7 +310,7 @@ class Arena:
                     self._next_hid += 1
         if self._trace is not None:
             for a, target in plan:
-                self._note("arena.commit", offset=a.offset, nbytes=target)
+                self._note("commit", offset=a.offset, nbytes=target)
         return added
 
     # -- decommit -----------------------------------------------------------------------
@@ -469,7 +343,7 @@ class Arena:
         keep: dict[int, int] = {}  # offset -> smallest keep asked for it (one unmap each)
         for o, k in requests:
             a = self._alloc_at(o)
-            _int("keep_bytes", k, lo=0, hi=a.size,
+            int_arg("keep_bytes", k, lo=0, hi=a.size,
                  limit=f"in [0, {a.size}] (allocation {a.name!r} is {a.size} bytes)")
             keep[a.offset] = min(k, keep.get(a.offset, k))
         plan: list[tuple[_Alloc, int]] = []
@@ -501,7 +375,7 @@ class Arena:
         for a, first in plan:
             del a.maps[first:]
             a.backed = a.maps[-1].offset + a.maps[-1].size - a.offset if a.maps else 0
-            self._note("arena.decommit", offset=a.offset, keep_bytes=a.backed)
+            self._note("decommit", offset=a.offset, keep_bytes=a.backed)
         return given
 
     def _reback(self, maps: Sequence[_Map]) -> list[str]:
@@ -564,7 +438,7 @@ class Arena:
         self._check_open("grant_access")
         extra = list(devices)
         for i, dev in enumerate(extra):
-            _int(f"devices[{i}]", dev, lo=0, limit="a device ordinal (an int >= 0)")
+            int_arg(f"devices[{i}]", dev, lo=0, limit="a device ordinal (an int >= 0)")
         new = tuple(dict.fromkeys((self.device, *self.peer_devices, *extra)))
         if len(new) == 1:
             return
@@ -573,7 +447,7 @@ class Arena:
             if a.backed:
                 d.set_access(self.base + a.offset, a.backed, new)
         self._access = new
-        self._note("arena.grant_access", devices=list(new))
+        self._note("grant_access", devices=list(new))
 
     @_locked
     def export_handles(self, offset: int) -> list[tuple[int, int]]:
@@ -625,7 +499,7 @@ class Arena:
         self._check_open("adopt")
         a = self._alloc_at(offset)
         room = a.size - a.backed
-        _int("nbytes", nbytes, lo=1, hi=room,
+        int_arg("nbytes", nbytes, lo=1, hi=room,
              limit=f"in [1, {room}] (allocation {a.name!r} has {room} bytes after its "
                    f"{a.backed} backed)")
         if nbytes % self.granularity:
@@ -637,14 +511,14 @@ class Arena:
         try:
             self._set_access(va, nbytes)
         except BaseException as e:
-            undo = _Undo()
+            undo = Transaction()
             undo.push(f"unmap(va={va:#x}, size={nbytes})", lambda: d.unmap(va, nbytes))
             undo.unwind(e)
             raise
         a.maps.append(_Map(a.offset + a.backed, nbytes, handle, self._next_hid))
         self._next_hid += 1
         a.backed += nbytes
-        self._note("arena.adopt", offset=a.offset, nbytes=nbytes)
+        self._note("adopt", offset=a.offset, nbytes=nbytes)
         return nbytes
 
     # -- tensors ------------------------------------------------------------------------
@@ -681,39 +555,18 @@ class Arena:
                                 f"(grant_access): {list(self.peer_devices)}")
         dims = tuple(shape)
         for i, n in enumerate(dims):
-            _int(f"shape[{i}]", n, lo=1, limit="an int > 0")
+            int_arg(f"shape[{i}]", n, lo=1, limit="an int > 0")
         name = dtype_name(dtype)
         itemsize = dtype_itemsize(name)
         nbytes = itemsize
         for n in dims:
             nbytes *= n
-        _int("offset", offset, lo=0, hi=self.reserved_bytes - nbytes,
+        int_arg("offset", offset, lo=0, hi=self.reserved_bytes - nbytes,
              limit=f"in [0, {self.reserved_bytes - nbytes}] so that {nbytes} bytes fit in the "
                    f"{self.reserved_bytes}-byte reservation")
         if offset % itemsize:
             raise AlignmentError("offset", offset, f"a multiple of the itemsize {itemsize}")
-        import torch
-
-        tdtype = getattr(torch, name)
-        kind = self.driver.memory
-        if kind is MemoryKind.NONE:
-            return torch.empty(dims, dtype=tdtype, device="meta")
-        keeper = _ViewKeeper(self)
-        self._views += 1
-        # Not at interpreter exit: atexit must not unmap memory a live tensor (still reachable
-        # from other exit hooks) can touch; the process's end gives everything back anyway.
-        weakref.finalize(keeper, self._view_gone).atexit = False
-        ptr = self.base + offset
-        if kind is MemoryKind.HOST:
-            import ctypes
-
-            buf = (ctypes.c_uint8 * nbytes).from_address(ptr)
-            buf.keeper = keeper  # type: ignore[attr-defined]  # frombuffer holds buf
-            flat = torch.frombuffer(buf, dtype=torch.uint8)
-            return flat.view(tdtype).view(dims)
-        from kvvmm._dlpack import device_tensor
-
-        return device_tensor(ptr, nbytes, dims, tdtype, view_device, keeper)
+        return make_tensor(self, self.base + offset, nbytes, dims, name, view_device)
 
     @property
     def pool(self) -> Any:
@@ -734,7 +587,7 @@ class Arena:
                 f"{self.driver.kind!r} (use Arena.tensor, which works on every driver)"
             )
         if self._pool is None:
-            from kvvmm._mempool import make_pool
+            from kvvmm.arena.mempool import make_pool
 
             self._pool = make_pool(self)
         return self._pool
@@ -750,6 +603,21 @@ class Arena:
             torch.cuda.empty_cache()
         finally:
             self._dropping_pool = False
+
+    @_locked
+    def lease(self) -> ViewLease:
+        """A claim on the arena's memory for something that can still reach it.
+
+        :meth:`close` waits until every lease has ended (``lease.release()``, or the lease
+        garbage-collected). Tensors from :meth:`tensor` and segments of :attr:`pool` each hold
+        one; a caller that hands the arena's VA to other code can take one too.
+
+        Raises:
+            ClosedError: after ``close()``.
+        """
+        self._check_open("lease")
+        self._views += 1
+        return ViewLease(self, self._view_gone)
 
     @_locked
     def _view_gone(self) -> None:
@@ -811,7 +679,7 @@ class Arena:
 
     def _teardown(self) -> None:
         d = self.driver
-        undo = _Undo()
+        undo = Transaction()
         try:
             for a in self._allocs:
                 if not a.maps:
@@ -824,7 +692,7 @@ class Arena:
             undo.unwind(e)
             raise
         self._released = True
-        self._note("arena.close")
+        self._note("close")
         self._leftover = [m.handle for a in self._allocs for m in a.maps if not m.released]
         for a in self._allocs:
             a.maps.clear()
@@ -855,52 +723,3 @@ class Arena:
                            f"{len(self._leftover)} handles; call close() again to release them")
                 raise
             self._leftover.pop(0)
-
-
-def replay_arenas(trace: Trace, driver: Driver | None = None) -> list[ArenaSnapshot]:
-    """Rebuild the arenas a trace recorded, on a SimDriver, and return their snapshots.
-
-    The arena operations noted in the trace (open, allocate, commit, decommit, grant
-    access, close) run again on ``driver`` (default: a SimDriver with the recording's
-    granularity and the H200's capacity; on the recorded device of a :class:`SimNode` when
-    peers were given access), so the snapshots equal the recorded arenas' up to ``base``.
-    An adopted (imported) handle is replayed as a commit of the same size.
-    """
-    from kvvmm.driver.sim import DeviceProfile, SimDriver, SimNode, get_profile
-
-    if driver is None:
-        gran = int(trace.meta.get("granularity", 2 << 20))
-        h200 = get_profile("h200")
-        profile = DeviceProfile("replay", "replay of " + str(
-            trace.meta.get("device_name", "?")), max(h200.capacity_bytes, 1 << 50), gran,
-            "a trace replay")
-        # Peers granted access need a node of that many devices, on the recorded device.
-        device = int(trace.meta.get("device", 0))
-        peers = [int(x) for e in trace.events if e.op == "arena.grant_access"
-                 for x in e.args["devices"]]
-        if peers or device:
-            driver = SimNode(profile, devices=max([device, *peers]) + 1).driver(device)
-        else:
-            driver = SimDriver(profile)
-    arenas: dict[int, Arena] = {}
-    for ev in trace.events:
-        if not ev.op.startswith("arena."):
-            continue
-        a = ev.args
-        i = int(a["arena"])
-        if ev.op == "arena.open":
-            arenas[i] = Arena(driver, reserve_bytes=int(a["reserve_bytes"]), name=str(a["name"]))
-        elif ev.op == "arena.allocate":
-            arenas[i].allocate(int(a["nbytes"]), str(a["name"]))
-        elif ev.op == "arena.commit":
-            arenas[i].commit(int(a["offset"]), int(a["nbytes"]))
-        elif ev.op == "arena.decommit":
-            arenas[i].decommit(int(a["offset"]), int(a["keep_bytes"]))
-        elif ev.op == "arena.grant_access":
-            arenas[i].grant_access(int(x) for x in a["devices"])
-        elif ev.op == "arena.adopt":  # an imported handle: same-sized memory of our own
-            off = int(a["offset"])
-            arenas[i].commit(off, arenas[i].backed_of(off) + int(a["nbytes"]))
-        elif ev.op == "arena.close":
-            arenas[i].close()
-    return [arenas[i].snapshot() for i in sorted(arenas)]

@@ -1,30 +1,13 @@
-"""KV buffer descriptions, layout presets and model configs: what an owner lays out, and why.
+"""Model configs: public Hugging Face config fields, and the KV buffers a model needs.
 
-Everything here is pure arithmetic over ints: no torch, no driver. A KV cache is a list of
-:class:`KvBufferDesc` (SGLang's description of its KV buffers, ``shared/reference/README.md``):
-each buffer is a tensor of an upper-bound ``shape`` whose leading dimension counts *rows*; a row
-holds ``tokens_per_row`` token slots and takes ``row_bytes`` bytes. The owner backs a buffer's
-first rows as tokens arrive, so the spans below are what it commits.
-
-Presets build the lists engines use:
-
-- :func:`mha_token_major`: one K and one V buffer per layer, a row per token (NHD), as SGLang's
-  MHA pool, which allocates ``size + page_size`` rows (the extra page absorbs the dummy writes
-  that CUDA-graph capture sends to slot 0).
-- :func:`page_major`: the same buffers with a row per page (HND: pages, heads, page, head_dim),
-  as paged kernels (FlashInfer's HND layout) read them.
-- :func:`mla`: one latent buffer per layer (DeepSeek's multi-head latent attention), not
-  sharded by tensor parallelism.
-
-Model configs ship as small JSON files of public Hugging Face config fields under
-``kvvmm/models/`` (:func:`list_models`, :func:`load_model`). Hybrid sliding-window models
-(gpt-oss, Gemma 3) need two pools (:func:`hybrid_swa_descs`), one per owner.
+Configs ship as small JSON files under ``kvvmm/layout/models/`` (:func:`list_models`,
+:func:`load_model`); any HF ``config.json`` loads too. Hybrid sliding-window models (gpt-oss,
+Gemma 3) need two pools (:func:`hybrid_swa_descs`), one per owner.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -32,382 +15,39 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from kvvmm.errors import ArgumentError, OutOfRangeError, UnknownDtypeError
+from kvvmm.checks import int_arg, is_int
+from kvvmm.dtypes import dtype_itemsize
+from kvvmm.errors import ArgumentError, OutOfRangeError
+from kvvmm.layout.desc import KvBufferDesc
+from kvvmm.layout.presets import (
+    _check_layout,
+    _check_tokens,
+    heads_per_rank,
+    mha_token_major,
+    mla,
+    page_major,
+)
 from kvvmm.units import align_up
 
 __all__ = [
-    "DTYPE_ITEMSIZE",
     "FULL_ATTENTION",
-    "LAYOUTS",
     "SLIDING_ATTENTION",
-    "KvBufferDesc",
     "ModelConfig",
-    "dtype_itemsize",
-    "dtype_name",
-    "heads_per_rank",
+    "ModelLike",
+    "full_pool_descs",
     "hybrid_swa_descs",
     "kv_bytes_per_token",
     "list_models",
     "load_model",
-    "mha_token_major",
-    "mla",
     "model_descs",
-    "page_major",
     "swa_kv_bytes_per_token",
     "swa_reserved_tokens_default",
 ]
-
-#: Bytes per element of every KV dtype kvvmm knows, by torch's name for it.
-DTYPE_ITEMSIZE: dict[str, int] = {
-    "float32": 4,
-    "float16": 2,
-    "bfloat16": 2,
-    "float8_e4m3fn": 1,
-    "float8_e5m2": 1,
-    "int8": 1,
-    "uint8": 1,
-}
-
-# Short names people type on a command line; each maps to exactly one torch name.
-_DTYPE_ALIASES: dict[str, str] = {
-    "fp32": "float32",
-    "float": "float32",
-    "fp16": "float16",
-    "half": "float16",
-    "bf16": "bfloat16",
-}
 
 #: ``layer_types`` values, as Hugging Face configs spell them.
 FULL_ATTENTION = "full_attention"
 SLIDING_ATTENTION = "sliding_attention"
 _LAYER_TYPES = (FULL_ATTENTION, SLIDING_ATTENTION)
-
-#: Layouts :func:`model_descs` builds.
-LAYOUTS = ("token_major", "page_major")
-
-
-# -- argument checks ---------------------------------------------------------------------------
-
-
-def _positive_int(name: str, value: object, unit: str = "") -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        what = f"an int > 0{f' ({unit})' if unit else ''}"
-        raise ArgumentError(name, value, what)
-    return value
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-# -- dtypes ------------------------------------------------------------------------------------
-
-
-def dtype_name(dtype: object) -> str:
-    """The torch name of a KV dtype, from a name or a torch dtype object (torch not imported).
-
-    Args:
-        dtype: ``"bfloat16"``, ``"torch.bfloat16"``, a short alias (``"bf16"``, ``"fp16"``,
-            ``"half"``, ``"fp32"``, ``"float"``) or a ``torch.dtype`` (read through ``str()``).
-    Returns:
-        One of :data:`DTYPE_ITEMSIZE`'s keys (``"bfloat16"``).
-    Raises:
-        UnknownDtypeError: the dtype is none of those; the message lists the known names.
-    """
-    if isinstance(dtype, str) or type(dtype).__name__ == "dtype":
-        text = str(dtype).strip().lower()
-        text = text.removeprefix("torch.")
-        text = _DTYPE_ALIASES.get(text, text)
-        if text in DTYPE_ITEMSIZE:
-            return text
-    raise UnknownDtypeError(
-        "dtype", dtype, f"one of {sorted(DTYPE_ITEMSIZE)} (a name or a torch dtype)"
-    )
-
-
-def dtype_itemsize(dtype: object) -> int:
-    """Bytes per element of a KV dtype.
-
-    Args:
-        dtype: a name or torch dtype, as :func:`dtype_name` takes.
-    Returns:
-        The element size in bytes (``2`` for ``bfloat16``).
-    Raises:
-        UnknownDtypeError: the dtype is unknown.
-    """
-    return DTYPE_ITEMSIZE[dtype_name(dtype)]
-
-
-# -- buffer descriptions -----------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class KvBufferDesc:
-    """One KV buffer: an upper-bound tensor whose leading dimension counts rows of tokens.
-
-    Spans are the bytes from the buffer's start that must be backed; they follow SGLang's
-    ``KvBufferDesc`` exactly (``shared/reference/README.md``).
-    """
-
-    name: str  #: buffer name (``"k0"``, ``"v31"``, ``"kv60"``), unique within a pool
-    shape: tuple[int, ...]  #: the tensor's upper-bound shape; ``shape[0]`` counts rows
-    row_bytes: int  #: bytes of one row (one leading-dimension index)
-    tokens_per_row: int  #: token slots per row: 1 (token-major) or the page size (page-major)
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not self.name:
-            raise ArgumentError("name", self.name, "a non-empty str")
-        shape: object = self.shape  # typed loosely: callers may pass anything
-        if isinstance(shape, (str, bytes)) or not isinstance(shape, Sequence) or not shape:
-            raise ArgumentError("shape", shape, "a non-empty tuple of ints > 0")
-        for dim in shape:
-            if not _is_int(dim) or dim <= 0:
-                raise ArgumentError(
-                    "shape", shape, "a non-empty tuple of ints > 0", f"buffer {self.name!r}"
-                )
-        # Frozen: normalise a list to a tuple through object.__setattr__ (dataclass idiom).
-        object.__setattr__(self, "shape", tuple(shape))
-        _positive_int("row_bytes", self.row_bytes, "bytes")
-        _positive_int("tokens_per_row", self.tokens_per_row, "token slots")
-
-    def rows(self, n_tokens: int) -> int:
-        """Rows that hold the first ``n_tokens`` token slots: ``ceil(max(n, 0) / tokens_per_row)``.
-
-        Args:
-            n_tokens: token slots; negative counts as 0.
-        Returns:
-            A row count (``17`` tokens in 16-token pages -> ``2`` rows).
-        Raises:
-            ArgumentError: ``n_tokens`` is not an int.
-        """
-        if not _is_int(n_tokens):
-            raise ArgumentError("n_tokens", n_tokens, "an int (token slots)")
-        return -(-max(n_tokens, 0) // self.tokens_per_row)
-
-    def reserved_span_bytes(self, itemsize: int) -> int:
-        """Bytes of the whole upper-bound tensor: ``prod(shape) * itemsize``.
-
-        Args:
-            itemsize: bytes per element (:func:`dtype_itemsize`).
-        Returns:
-            The reserved span in bytes.
-        Raises:
-            ArgumentError: ``itemsize`` is not an int > 0.
-        """
-        _positive_int("itemsize", itemsize, "bytes")
-        return math.prod(self.shape) * itemsize
-
-    def prefix_span_bytes(self, n_tokens: int, page_size: int) -> int:
-        """Bytes that make the first ``n_tokens`` token slots usable: ``rows(n) * row_bytes``.
-
-        Args:
-            n_tokens: token slots.
-            page_size: tokens per page (checked, not used: the row size already holds it).
-        Returns:
-            The prefix span in bytes.
-        Raises:
-            ArgumentError: ``n_tokens`` is not an int or ``page_size`` not an int > 0.
-        """
-        _positive_int("page_size", page_size, "tokens")
-        return self.rows(n_tokens) * self.row_bytes
-
-    def final_span_bytes(self, n_tokens: int, page_size: int) -> int:
-        """Bytes backed at finalize for ``n_tokens``: ``rows(n + page_size) * row_bytes``.
-
-        The extra page is the padded page that absorbs dummy writes to slot 0 (SGLang sizes
-        its pools ``size + page_size``); ``n=17, page_size=16`` in 16-token rows -> 3 rows.
-
-        Args:
-            n_tokens: the serving capacity in tokens.
-            page_size: tokens per page, > 0.
-        Returns:
-            The final span in bytes.
-        Raises:
-            ArgumentError: ``n_tokens`` is not an int or ``page_size`` not an int > 0.
-        """
-        _positive_int("page_size", page_size, "tokens")
-        if not _is_int(n_tokens):
-            raise ArgumentError("n_tokens", n_tokens, "an int (token slots)")
-        return self.rows(n_tokens + page_size) * self.row_bytes
-
-
-# -- presets -----------------------------------------------------------------------------------
-
-
-def heads_per_rank(kv_heads: int, tp: int) -> int:
-    """KV heads one tensor-parallel rank stores.
-
-    When ``tp`` divides ``kv_heads`` each rank holds ``kv_heads // tp``. When ``tp`` exceeds
-    ``kv_heads`` and is a multiple of it, each rank holds one head, replicated on
-    ``tp // kv_heads`` ranks (vLLM and SGLang replicate KV heads this way).
-
-    Args:
-        kv_heads: the model's KV heads, > 0.
-        tp: tensor-parallel size, > 0.
-    Returns:
-        Heads per rank.
-    Raises:
-        ArgumentError: either is not an int > 0, or neither divides the other.
-    """
-    _positive_int("kv_heads", kv_heads)
-    _positive_int("tp", tp, "tensor-parallel ranks")
-    if kv_heads % tp == 0:
-        return kv_heads // tp
-    if tp > kv_heads and tp % kv_heads == 0:
-        return 1
-    raise ArgumentError(
-        "tp",
-        tp,
-        f"a divisor of kv_heads={kv_heads} or a multiple of it",
-        f"{kv_heads} KV heads cannot be split evenly over {tp} ranks",
-    )
-
-
-def _check_tokens(reserved_tokens: int, page_size: int) -> None:
-    _positive_int("reserved_tokens", reserved_tokens, "token slots")
-    _positive_int("page_size", page_size, "tokens")
-
-
-def _kv_pair(
-    layers: int, shape: tuple[int, ...], row_bytes: int, tokens_per_row: int
-) -> list[KvBufferDesc]:
-    # K buffers k0..k(L-1) first, then v0..v(L-1): SGLang's order, which owners keep.
-    return [
-        KvBufferDesc(f"{kind}{i}", shape, row_bytes, tokens_per_row)
-        for kind in ("k", "v")
-        for i in range(layers)
-    ]
-
-
-def mha_token_major(
-    *,
-    layers: int,
-    kv_heads: int,
-    head_dim: int,
-    reserved_tokens: int,
-    page_size: int,
-    dtype: object,
-    tp: int = 1,
-) -> list[KvBufferDesc]:
-    """K and V buffers per layer, one row per token (NHD), as SGLang's MHA pool.
-
-    Each buffer has shape ``(reserved_tokens + page_size, heads_per_rank, head_dim)``.
-
-    Args:
-        layers: attention layers, > 0.
-        kv_heads: the model's KV heads (before sharding), > 0.
-        head_dim: elements per head, > 0.
-        reserved_tokens: token slots the pool can ever hold (its upper bound), > 0.
-        page_size: tokens per page, > 0.
-        dtype: KV dtype (name or torch dtype).
-        tp: tensor-parallel size; see :func:`heads_per_rank`.
-    Returns:
-        ``2 * layers`` descs: k0..k(L-1), then v0..v(L-1).
-    Raises:
-        ArgumentError: a size is not an int > 0, or ``tp`` does not fit ``kv_heads``.
-        UnknownDtypeError: unknown dtype.
-    """
-    itemsize, hpr = _mha_checks(layers, kv_heads, head_dim, reserved_tokens, page_size,
-                                dtype, tp)
-    shape = (reserved_tokens + page_size, hpr, head_dim)
-    return _kv_pair(layers, shape, hpr * head_dim * itemsize, 1)
-
-
-def _mha_checks(layers: int, kv_heads: int, head_dim: int, reserved_tokens: int,
-                page_size: int, dtype: object, tp: int) -> tuple[int, int]:
-    """Check the arguments of an MHA layout; return (itemsize, heads per rank)."""
-    _positive_int("layers", layers)
-    _positive_int("head_dim", head_dim, "elements")
-    _check_tokens(reserved_tokens, page_size)
-    return dtype_itemsize(dtype), heads_per_rank(kv_heads, tp)
-
-
-def page_major(
-    *,
-    layers: int,
-    kv_heads: int,
-    head_dim: int,
-    reserved_tokens: int,
-    page_size: int,
-    dtype: object,
-    tp: int = 1,
-) -> list[KvBufferDesc]:
-    """K and V buffers per layer, one row per page (HND: pages, heads, page, head_dim).
-
-    Each buffer has shape ``(pages + 1, heads_per_rank, page_size, head_dim)`` with
-    ``pages = ceil(reserved_tokens / page_size)``; the extra page is the padded page.
-
-    Args:
-        layers, kv_heads, head_dim, reserved_tokens, page_size, dtype, tp: as
-            :func:`mha_token_major`.
-    Returns:
-        ``2 * layers`` descs with ``tokens_per_row == page_size``.
-    Raises:
-        ArgumentError: a size is not an int > 0, or ``tp`` does not fit ``kv_heads``.
-        UnknownDtypeError: unknown dtype.
-    """
-    itemsize, hpr = _mha_checks(layers, kv_heads, head_dim, reserved_tokens, page_size,
-                                dtype, tp)
-    pages = -(-reserved_tokens // page_size)
-    shape = (pages + 1, hpr, page_size, head_dim)
-    return _kv_pair(layers, shape, hpr * page_size * head_dim * itemsize, page_size)
-
-
-def mla(
-    *,
-    layers: int,
-    kv_lora_rank: int,
-    qk_rope_head_dim: int,
-    reserved_tokens: int,
-    page_size: int,
-    dtype: object,
-    layout: str = "token_major",
-) -> list[KvBufferDesc]:
-    """One latent buffer per layer (multi-head latent attention), named kv0..kv(L-1).
-
-    Token-major shape ``(reserved_tokens + page_size, 1, kv_lora_rank + qk_rope_head_dim)``
-    (SGLang's MLA pool); page-major ``(pages + 1, 1, page_size, kv_lora_rank + qk_rope_head_dim)``.
-    The latent is shared by all heads, so tensor parallelism does not shard it: every rank
-    stores the whole buffer.
-
-    Args:
-        layers: attention layers, > 0.
-        kv_lora_rank: compressed KV width in elements, > 0.
-        qk_rope_head_dim: decoupled RoPE key width in elements, > 0.
-        reserved_tokens: token slots the pool can ever hold, > 0.
-        page_size: tokens per page, > 0.
-        dtype: KV dtype.
-        layout: ``"token_major"`` or ``"page_major"``.
-    Returns:
-        ``layers`` descs.
-    Raises:
-        ArgumentError: a size is not an int > 0 or the layout is unknown.
-        UnknownDtypeError: unknown dtype.
-    """
-    _positive_int("layers", layers)
-    _positive_int("kv_lora_rank", kv_lora_rank, "elements")
-    _positive_int("qk_rope_head_dim", qk_rope_head_dim, "elements")
-    _check_tokens(reserved_tokens, page_size)
-    _check_layout(layout)
-    itemsize = dtype_itemsize(dtype)
-    width = kv_lora_rank + qk_rope_head_dim
-    if layout == "token_major":
-        shape: tuple[int, ...] = (reserved_tokens + page_size, 1, width)
-        row_bytes, per_row = width * itemsize, 1
-    else:
-        pages = -(-reserved_tokens // page_size)
-        shape = (pages + 1, 1, page_size, width)
-        row_bytes, per_row = page_size * width * itemsize, page_size
-    return [KvBufferDesc(f"kv{i}", shape, row_bytes, per_row) for i in range(layers)]
-
-
-def _check_layout(layout: object) -> str:
-    if layout not in LAYOUTS:
-        raise ArgumentError("layout", layout, f"one of {list(LAYOUTS)}")
-    return str(layout)
-
-
-# -- model configs -----------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -437,7 +77,7 @@ class ModelConfig:
         where = f"model {self.name!r}"
         for field in ("num_layers", "num_attention_heads", "num_kv_heads", "head_dim"):
             value = getattr(self, field)
-            if not _is_int(value) or value <= 0:
+            if not is_int(value) or value <= 0:
                 raise ArgumentError(field, value, "an int > 0", where)
         if self.num_attention_heads % self.num_kv_heads:
             raise ArgumentError(
@@ -448,7 +88,7 @@ class ModelConfig:
             )
         for field in ("kv_lora_rank", "qk_rope_head_dim", "sliding_window"):
             value = getattr(self, field)
-            if value is not None and (not _is_int(value) or value <= 0):
+            if value is not None and (not is_int(value) or value <= 0):
                 raise ArgumentError(field, value, "an int > 0 or None", where)
         if (self.kv_lora_rank is None) != (self.qk_rope_head_dim is None):
             raise ArgumentError(
@@ -519,7 +159,7 @@ ModelLike = ModelConfig | str | os.PathLike[str] | Mapping[str, Any]
 
 
 def _models_dir() -> Any:
-    return resources.files("kvvmm").joinpath("models")
+    return resources.files("kvvmm.layout").joinpath("models")
 
 
 def _shipped() -> dict[str, Any]:
@@ -546,7 +186,7 @@ def _get(cfg: Mapping[str, Any], key: str, where: str, *, required: bool) -> int
         if required:
             raise ArgumentError(key, None, "present in the config (an int > 0)", where)
         return None
-    if not _is_int(value) or value <= 0:
+    if not is_int(value) or value <= 0:
         raise ArgumentError(key, value, "an int > 0", where)
     return int(value)
 
@@ -565,7 +205,7 @@ def _layer_types_from_hf(
     if pattern is not None:
         # Gemma 3: every pattern-th layer is global, the others slide (transformers'
         # Gemma3TextConfig: sliding unless (i + 1) % pattern == 0).
-        if not _is_int(pattern) or pattern <= 0:
+        if not is_int(pattern) or pattern <= 0:
             raise ArgumentError("sliding_window_pattern", pattern, "an int > 0", where)
         return tuple(
             FULL_ATTENTION if (i + 1) % pattern == 0 else SLIDING_ATTENTION for i in range(layers)
@@ -573,7 +213,7 @@ def _layer_types_from_hf(
     if cfg.get("use_sliding_window") is True and cfg.get("max_window_layers") is not None:
         # Qwen2: the first max_window_layers layers attend fully, the rest slide.
         mwl = cfg["max_window_layers"]
-        if not _is_int(mwl) or mwl < 0:
+        if not is_int(mwl) or mwl < 0:
             raise ArgumentError("max_window_layers", mwl, "an int >= 0", where)
         return tuple(FULL_ATTENTION if i < mwl else SLIDING_ATTENTION for i in range(layers))
     return None
@@ -744,7 +384,7 @@ def model_descs(
     """
     m = _as_model(model)
     _check_layout(layout)
-    _positive_int("tp", tp, "tensor-parallel ranks")
+    int_arg("tp", tp, lo=1, unit="tensor-parallel ranks")
     if m.is_hybrid_swa:
         raise ArgumentError(
             "model",
@@ -833,7 +473,7 @@ def hybrid_swa_descs(
     if swa_reserved_tokens is None:
         swa_tokens = swa_default
     else:
-        _positive_int("swa_reserved_tokens", swa_reserved_tokens, "token slots")
+        int_arg("swa_reserved_tokens", swa_reserved_tokens, lo=1, unit="token slots")
         if swa_reserved_tokens > reserved_tokens:
             raise OutOfRangeError(
                 "swa_reserved_tokens",
@@ -867,7 +507,7 @@ def kv_bytes_per_token(model: ModelLike, dtype: object, tp: int = 1) -> int:
     """
     m = _as_model(model)
     itemsize = dtype_itemsize(dtype)
-    _positive_int("tp", tp, "tensor-parallel ranks")
+    int_arg("tp", tp, lo=1, unit="tensor-parallel ranks")
     if m.is_mla:
         assert m.kv_lora_rank is not None and m.qk_rope_head_dim is not None
         return m.num_layers * (m.kv_lora_rank + m.qk_rope_head_dim) * itemsize
@@ -892,3 +532,14 @@ def swa_kv_bytes_per_token(model: ModelLike, dtype: object, tp: int = 1) -> int:
     itemsize = dtype_itemsize(dtype)
     hpr = heads_per_rank(m.num_kv_heads, tp)
     return len(m.sliding_layers) * 2 * hpr * m.head_dim * itemsize
+
+
+def full_pool_descs(model: str, *, layout: str, reserved_tokens: int, page_size: int,
+                dtype: str, tp: int) -> list[KvBufferDesc]:
+    """The full-attention pool's buffers (hybrid sliding-window models: their full pool)."""
+    m = load_model(model)
+    if m.is_hybrid_swa:
+        return hybrid_swa_descs(m, reserved_tokens=reserved_tokens, page_size=page_size,
+                                dtype=dtype, tp=tp, layout=layout)[0]
+    return model_descs(m, layout=layout, reserved_tokens=reserved_tokens,
+                       page_size=page_size, dtype=dtype, tp=tp)

@@ -6,9 +6,9 @@ ctypes callbacks into Python: nothing is built, nothing is loaded from disk, and
 of pools per process and processes per host work.
 
 Each pool allocation is a bump ``Arena.allocate`` (unbacked until committed, as in the
-seed's route) and counts as a live view: ``Arena.close`` waits until torch hands every pool
-segment back (pool destroyed, ``empty_cache``). The callbacks take the GIL (ctypes does it
-for them); torch calls them from the allocating thread.
+seed's route) and holds a :class:`~kvvmm.arena.views.ViewLease`: ``Arena.close`` waits
+until torch hands every pool segment back (pool destroyed, ``empty_cache``). The callbacks
+take the GIL (ctypes does it for them); torch calls them from the allocating thread.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any
 from kvvmm.errors import KvvmmError
 
 if TYPE_CHECKING:
-    from kvvmm.arena import Arena
+    from kvvmm.arena.arena import Arena
+    from kvvmm.arena.views import ViewLease
 
 __all__ = ["make_pool"]
 
@@ -36,7 +37,7 @@ def make_pool(arena: Arena) -> Any:
     import torch
 
     ref = weakref.ref(arena)
-    live: dict[int, int] = {}  # pointer -> offset, of segments torch holds
+    live: dict[int, ViewLease] = {}  # pointer -> the lease of a segment torch holds
     count = [0]
 
     def alloc(size: int, device: int, stream: int) -> int | None:
@@ -44,22 +45,20 @@ def make_pool(arena: Arena) -> Any:
         # NULL (None) is torch's out-of-memory; the pool serves only its arena's device.
         if a is None or a.closed or size <= 0 or device != a.device:
             return None
-        with a._lock:  # torch calls from the allocating thread
-            try:
-                off = a.allocate(size, name=f"pool{id(live):x}.{count[0]}")
-            except KvvmmError:
-                return None
-            count[0] += 1
-            a._views += 1
-            ptr = a.base + off
-            live[ptr] = off
-            return ptr
+        try:  # torch calls from the allocating thread; the arena locks itself
+            off = a.allocate(size, name=f"pool{id(live):x}.{count[0]}")
+            lease = a.lease()
+        except KvvmmError:  # exhausted, or closed in between (the VA stays claimed: no memory)
+            return None
+        count[0] += 1
+        ptr = a.base + off
+        live[ptr] = lease
+        return ptr
 
     def free(ptr: int | None, size: int, device: int, stream: int) -> None:
-        a = ref()
-        if ptr is None or live.pop(ptr, None) is None or a is None:
-            return
-        a._view_gone()
+        lease = live.pop(ptr, None) if ptr is not None else None
+        if lease is not None:
+            lease.release()
 
     cb_alloc, cb_free = _ALLOC(alloc), _FREE(free)
     _KEEP.append((cb_alloc, cb_free))

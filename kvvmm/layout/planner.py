@@ -47,14 +47,13 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from kvvmm.driver.sim import DeviceProfile, get_profile
+from kvvmm.dtypes import dtype_itemsize, dtype_name
 from kvvmm.errors import ArgumentError, OutOfRangeError
-from kvvmm.layout import (
-    KvBufferDesc,
+from kvvmm.hardware import DeviceProfile, get_profile
+from kvvmm.layout.desc import KvBufferDesc
+from kvvmm.layout.models import (
     ModelConfig,
     ModelLike,
-    dtype_itemsize,
-    dtype_name,
     hybrid_swa_descs,
     kv_bytes_per_token,
     load_model,
@@ -78,7 +77,6 @@ __all__ = [
     "Plan",
     "PoolPlan",
     "default_policies",
-    "format_plan",
     "plan",
 ]
 
@@ -607,95 +605,3 @@ def plan(
         handles=_sum_handles(pools),
         pools=tuple(pools),
     )
-
-
-# -- presentation ------------------------------------------------------------------------------
-
-
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    line = "  ".join
-
-    def fmt(r: Sequence[str]) -> str:
-        # First column left-aligned (names), numbers right-aligned.
-        return line(
-            [r[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(r[1:], widths[1:], strict=True)]
-        ).rstrip()
-
-    return [fmt(header), fmt(["-" * w for w in widths]), *(fmt(r) for r in rows)]
-
-
-def format_plan(p: Plan) -> str:
-    """A plan as a plain-text report for people (sizes via :func:`kvvmm.units.fmt_bytes`).
-
-    Args:
-        p: a :class:`Plan`.
-    Returns:
-        Lines of text: the inputs, the budget, one row per pool, one row per policy.
-    """
-    budget_how = (
-        "explicit"
-        if p.free_bytes is None
-        else f"free {fmt_bytes(p.free_bytes)} - headroom {fmt_bytes(p.headroom_bytes or 0)}"
-        f" + backed {fmt_bytes(p.backed_bytes)}"
-    )
-    counted = "padding and granularity counted" if p.count_overhead else "token slots only"
-    out = [
-        f"{p.model} on {p.gpu_name} ({p.gpu}): {p.dtype}, page {p.page_size}, tp {p.tp}, "
-        f"{p.layout}",
-        f"granularity     {fmt_bytes(p.granularity_bytes)}",
-        f"budget          {fmt_bytes(p.budget_bytes)} ({budget_how}; {counted})",
-        f"bytes per token {fmt_bytes(p.bytes_per_token)} ({p.bytes_per_token} B per rank)",
-        f"tokens          {p.tokens:,}",
-        f"VA to reserve   {fmt_bytes(p.va_reserve_bytes)} over {p.num_buffers} buffers",
-        f"backed at final {fmt_bytes(p.final_backed_bytes)} (padding {fmt_bytes(p.padding_bytes)}"
-        f", granularity waste {fmt_bytes(p.granularity_waste_bytes)}"
-        f", over budget {fmt_bytes(p.over_budget_bytes)})",
-        "",
-    ]
-    pool_rows = [
-        [
-            q.name,
-            str(q.num_layers),
-            str(q.num_buffers),
-            fmt_bytes(q.bytes_per_token),
-            f"{q.tokens:,}",
-            fmt_bytes(q.budget_bytes),
-            fmt_bytes(q.final_backed_bytes),
-            fmt_bytes(q.granularity_waste_bytes),
-            fmt_bytes(q.va_reserve_bytes),
-        ]
-        for q in p.pools
-    ]
-    out += _table(
-        [
-            "pool",
-            "layers",
-            "buffers",
-            "per token",
-            "tokens",
-            "budget",
-            "backed",
-            "gran waste",
-            "VA",
-        ],
-        pool_rows,
-    )
-    out += [
-        "",
-        f"handles while growing by {p.decode_step_tokens:,}-token decode steps, then finalize",
-    ]
-    out += _table(
-        ["policy", "handles", "smallest", "largest", "backed"],
-        [
-            [
-                h.policy,
-                f"{h.handles:,}",
-                fmt_bytes(h.min_handle_bytes),
-                fmt_bytes(h.max_handle_bytes),
-                fmt_bytes(h.backed_bytes),
-            ]
-            for h in p.handles
-        ],
-    )
-    return "\n".join(out)

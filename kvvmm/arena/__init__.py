@@ -1,0 +1,16 @@
+"""The arena wing: one VA reservation, its allocations and backing, and views of its memory.
+
+- :mod:`~kvvmm.arena.arena`: :class:`Arena` (reserve, allocate, commit/decommit, close);
+- :mod:`~kvvmm.arena.transaction`: the undo stack every multi-step change runs in;
+- :mod:`~kvvmm.arena.views`: :class:`ViewLease` and the tensors over the VA;
+- :mod:`~kvvmm.arena.mempool`: ``Arena.pool``, a ``torch.cuda.MemPool`` over the reservation;
+- ``_dlpack``: device tensors through DLPack, with no compilation.
+"""
+
+from __future__ import annotations
+
+from kvvmm.arena.arena import Arena
+from kvvmm.arena.transaction import Transaction
+from kvvmm.arena.views import ViewLease
+
+__all__ = ["Arena", "Transaction", "ViewLease"]

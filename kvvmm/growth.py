@@ -1,0 +1,139 @@
+"""Decode growth as an experiment: a model's KV buffers grown step by step under each policy.
+
+Every policy gets a real :class:`~kvvmm.owner.KvBufferOwner` on a fresh driver (the sim one on
+a laptop, CUDA on a GPU), grown by ``ensure_prefix`` once per decode step; the result records
+handles, driver calls, over-commit and the bandwidth the handle sizes predict. ``GrowthLab``
+runs it; :func:`kvvmm.viz.format_growth` and :func:`kvvmm.viz.growth_figure` show it.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from kvvmm.driver import Driver, open_driver
+from kvvmm.hardware import predicted_bandwidth_tb_s
+from kvvmm.layout import KvBufferDesc
+from kvvmm.layout.models import full_pool_descs
+from kvvmm.owner import KvBufferOwner
+from kvvmm.policy import GrowthPolicy
+from kvvmm.record import Trace, TracingDriver
+
+__all__ = ["GrowthResult", "decode_growth", "open_sim_or"]
+
+
+def open_sim_or(kind: str, profile: str) -> Driver:
+    """A fresh driver: the sim one with the profile, host or cuda as they are."""
+    return open_driver(kind, **({"profile": profile} if kind == "sim" else {}))
+
+
+@dataclass(frozen=True, slots=True)
+class GrowthResult:
+    """One growth policy's run of a decode-growth workload on one driver."""
+
+    policy: str  #: ``str(policy)``
+    driver: str  #: driver kind the owner ran on
+    buffers: int  #: KV buffers that grew together
+    handles: int  #: handles backing the buffers at the end (slot-0 pages included)
+    driver_calls: int  #: create/map/set_access calls during growth
+    min_handle_bytes: int
+    max_handle_bytes: int
+    handle_bytes: tuple[int, ...]  #: every handle's size at the end, in VA order
+    backed_bytes: int  #: backed at the end
+    needed_bytes: int  #: what the prefix spans needed at the end
+    max_over_commit_bytes: int  #: largest ``backed - needed`` seen after any step
+    predicted_tb_s: float  #: copy bandwidth predicted from the handle sizes (H200 table)
+    sim_us: float  #: simulated driver time of the growth (0 on real drivers)
+    wall_s: float  #: wall time of the growth steps
+    tokens: tuple[int, ...]  #: token count after each step
+    backed_by_step: tuple[int, ...]  #: backed bytes after each step
+    needed_by_step: tuple[int, ...]  #: needed bytes after each step
+
+    @property
+    def over_commit_bytes(self) -> int:
+        """Backed beyond what the final prefix needs."""
+        return self.backed_bytes - self.needed_bytes
+
+
+def _first_layers(descs: list[KvBufferDesc], layers: int | None) -> list[KvBufferDesc]:
+    if layers is None:
+        return descs
+    if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
+        raise ValueError(f"layers={layers!r} is invalid: must be an int >= 1 or None")
+    keep = [d for d in descs if int(re.sub(r"^\D+", "", d.name) or 0) < layers]
+    return keep or descs
+
+
+def decode_growth(
+    policies: Sequence[GrowthPolicy],
+    *,
+    driver: str | Callable[[], Driver] = "sim",
+    profile: str = "h200",
+    model: str = "llama-3.1-8b",
+    layers: int | None = None,
+    dtype: str = "bfloat16",
+    page_size: int = 16,
+    tp: int = 1,
+    tokens: int = 32768,
+    step_tokens: int = 256,
+) -> list[GrowthResult]:
+    """Grow a model's KV buffers by decode steps under each policy, on a real owner each.
+
+    For each policy a fresh driver (``driver``: a kind, or a factory returning a driver)
+    gets a :class:`~kvvmm.owner.KvBufferOwner` of ``tokens`` reserved tokens, which then
+    runs ``ensure_prefix(step_tokens)``, ``ensure_prefix(2 * step_tokens)``, ... up to
+    ``tokens``; the owner is closed after. Driver calls are counted through a
+    :class:`~kvvmm.trace.TracingDriver`.
+
+    Args:
+        policies: growth policies to compare.
+        driver: ``"sim"``, ``"host"``, ``"cuda"``, or a zero-argument driver factory.
+        profile: sim device profile.
+        model: a shipped model key (hybrid models grow their full-attention pool).
+        layers: use only the first ``layers`` layers (None: all), to keep runs small.
+        dtype, page_size, tp: the layout.
+        tokens: tokens to grow to, > 0.
+        step_tokens: tokens per decode step, > 0.
+    Returns:
+        One :class:`GrowthResult` per policy, in order.
+    Raises:
+        ArgumentError and friends: bad layout arguments; DriverError: a failed driver call.
+    """
+    if isinstance(step_tokens, bool) or not isinstance(step_tokens, int) or step_tokens < 1:
+        raise ValueError(f"step_tokens={step_tokens!r} is invalid: must be an int >= 1")
+    descs = _first_layers(full_pool_descs(model, layout="token_major", reserved_tokens=tokens,
+                                      page_size=page_size, dtype=dtype, tp=tp), layers)
+    steps = [*range(step_tokens, tokens, step_tokens), tokens]
+    out = []
+    for policy in policies:
+        inner = driver() if callable(driver) else open_sim_or(driver, profile)
+        drv = TracingDriver(inner, Trace())
+        owner = KvBufferOwner(driver=drv, dtype=dtype, page_size=page_size,
+                              reserved_tokens=tokens, descs=descs, policy=policy)
+        try:
+            before = len(drv.trace.events)
+            backed, needed = [], []
+            t0 = time.perf_counter()
+            for n in steps:
+                owner.ensure_prefix(n)
+                backed.append(owner.backed_bytes)
+                needed.append(sum(d.prefix_span_bytes(n, page_size) for d in descs))
+            wall = time.perf_counter() - t0
+            snap = owner.snapshot()
+            grow = drv.trace.events[before:]
+        finally:
+            owner.close()
+        sizes = [m.size_bytes for m in snap.arena.mappings]
+        out.append(GrowthResult(
+            policy=str(policy), driver=inner.kind, buffers=len(descs), handles=len(sizes),
+            driver_calls=len(grow), min_handle_bytes=min(sizes), max_handle_bytes=max(sizes),
+            handle_bytes=tuple(sizes),
+            backed_bytes=snap.backed_bytes, needed_bytes=needed[-1],
+            max_over_commit_bytes=max(b - n for b, n in zip(backed, needed, strict=True)),
+            predicted_tb_s=predicted_bandwidth_tb_s(sizes, interleaved=len(descs) > 1),
+            sim_us=sum(e.sim_us for e in grow), wall_s=wall, tokens=tuple(steps),
+            backed_by_step=tuple(backed), needed_by_step=tuple(needed),
+        ))
+    return out

@@ -1,0 +1,34 @@
+"""Facts about GPUs, as data: profiles, the driver-call cost model, the copy-bandwidth model.
+
+Everything here is read from small JSON files shipped in ``kvvmm/hardware/data/``, each
+figure with its source; nothing here acts on a device. The simulator charges calls from
+:mod:`~kvvmm.hardware.cost`, the planner sizes pools from :mod:`~kvvmm.hardware.profiles`, and
+the lab predicts bandwidth from :mod:`~kvvmm.hardware.bandwidth`.
+"""
+
+from __future__ import annotations
+
+from kvvmm.hardware.bandwidth import (
+    H200_BANDWIDTH,
+    BandwidthPoint,
+    BandwidthTable,
+    predicted_bandwidth_tb_s,
+)
+from kvvmm.hardware.cost import COST_TABLE_US, CostModel, default_cost_model
+from kvvmm.hardware.interp import Log2Curve
+from kvvmm.hardware.profiles import PROFILES, DeviceProfile, get_profile, load_profile
+
+__all__ = [
+    "COST_TABLE_US",
+    "H200_BANDWIDTH",
+    "PROFILES",
+    "BandwidthPoint",
+    "BandwidthTable",
+    "CostModel",
+    "DeviceProfile",
+    "Log2Curve",
+    "default_cost_model",
+    "get_profile",
+    "load_profile",
+    "predicted_bandwidth_tb_s",
+]

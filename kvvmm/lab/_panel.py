@@ -1,0 +1,168 @@
+"""What every panel shares: the figure view, error display, and how a panel shows itself."""
+
+from __future__ import annotations
+
+import copy
+import html
+import json
+from collections.abc import Callable
+from typing import Any
+
+import ipywidgets as widgets
+import plotly.graph_objects as go
+
+from kvvmm.driver import PROFILES, Driver
+from kvvmm.growth import open_sim_or
+from kvvmm.policy import Chunked, Exact, Geometric, GrowthPolicy, default_policy
+from kvvmm.snapshot import ArenaSnapshot
+from kvvmm.units import MiB
+
+DRIVERS = ("sim", "host", "cuda")
+DTYPES = ("bfloat16", "float16", "float8_e4m3fn", "float32")
+
+
+def _open(kind: str, profile: str) -> Driver:
+    return open_sim_or(kind, profile)
+
+
+def _figure_view(fig: go.Figure) -> tuple[Any, Any]:
+    """(figure to update, widget to show): a FigureWidget, or a Figure in an Output."""
+    try:
+        fw = go.FigureWidget(fig)
+    except ImportError:  # plotly's FigureWidget needs anywidget
+        out = widgets.Output(layout={"min_height": "260px"})
+        return go.Figure(fig), out
+    return fw, fw
+
+
+def _sync(target: Any, new: go.Figure) -> None:
+    """Make ``target``'s traces and layout those of ``new``, in one batch when possible."""
+    same = len(target.data) == len(new.data) and all(
+        a.type == b.type for a, b in zip(target.data, new.data, strict=True))
+    if not same:
+        target.data = ()
+        target.add_traces(list(new.data))
+    with target.batch_update():
+        if same:
+            for t, n in zip(target.data, new.data, strict=True):
+                props = n.to_plotly_json()
+                props.pop("type", None)
+                props.pop("uid", None)
+                t.update(props, overwrite=True)
+        target.layout.update(new.layout.to_plotly_json(), overwrite=True)
+
+
+def _ipython_display(obj: object) -> None:
+    import IPython.display
+
+    show: Any = IPython.display.display  # untyped
+    show(obj)
+
+
+class _Panel:
+    """What every panel shares: an error area, the figure, display support."""
+
+    widget: widgets.Widget
+
+    def __init__(self, fig: go.Figure) -> None:
+        self.error = widgets.HTML(value="")
+        self.last_error: BaseException | None = None
+        self.figure, self.plot = _figure_view(fig)
+        if isinstance(self.plot, widgets.Output):
+            self._show(fig)
+
+    @property
+    def error_text(self) -> str:
+        """The error shown now, as plain text ("" when the last action succeeded)."""
+        if self.last_error is None:
+            return ""
+        e = self.last_error
+        return "\n".join([f"{type(e).__name__}: {e}", *getattr(e, "__notes__", [])])
+
+    def _run(self, action: Callable[[], object]) -> bool:
+        """Run one action; show its error in the panel instead of raising. True if it ran."""
+        try:
+            action()
+        except Exception as e:  # a lab shows every failure; the library changed nothing
+            self.last_error = e
+            self.error.value = (
+                '<pre style="color:#c92a2a;white-space:pre-wrap;margin:0">'
+                + html.escape(self.error_text) + "</pre>")
+            self._after_error()
+            return False
+        self.last_error = None
+        self.error.value = ""
+        return True
+
+    def _after_error(self) -> None:
+        """Show what a failed action did (its calls and their undo); the state is unchanged."""
+
+    def _show(self, fig: go.Figure) -> None:
+        _sync(self.figure, fig)
+        if isinstance(self.plot, widgets.Output):
+            # Set the Output's outputs trait (synced over the widget's comm) rather than
+            # display() into it: a display message goes to whichever cell runs, and would
+            # land in that cell's outputs wherever no frontend routes it (nbval, nbclient).
+            spec = json.loads(self.figure.to_json())
+            spec["config"] = {"responsive": True}
+            self.plot.outputs = ({
+                "output_type": "display_data", "metadata": {},
+                "data": {"application/vnd.plotly.v1+json": spec,
+                         "text/plain": f"<plotly figure: {len(self.figure.data)} traces>"},
+            },)
+
+    def _add_dom_classes(self, panel: str) -> None:
+        """CSS classes as stable hooks for the browser test (tests/test_browser.py).
+
+        The panel's box gets ``kvvmm-<panel>``, each control, the error area and the plot
+        ``kvvmm-<attribute>`` (``reserve_kv_button`` -> ``kvvmm-reserve-kv-button``), so a
+        test finds them by name rather than by position or label.
+        """
+        self.widget.add_class(f"kvvmm-{panel}")
+        for name, value in vars(self).items():
+            if name not in ("widget", "figure") and isinstance(value, widgets.DOMWidget):
+                value.add_class(f"kvvmm-{name.replace('_', '-')}")
+
+    def _resend_figure(self) -> None:
+        """Send the FigureWidget's whole figure again, for the views about to be made.
+
+        A new view draws what the front end holds in ``_widget_data``, a copy patched by
+        every update since the widget was made. ``batch_update()`` over traces with different
+        properties leaves ``marker: undefined`` in that copy (plotly's restyle pads the
+        traces lacking a property with undefined), and plotly.js then fails to draw: the
+        panel showed no figure when it was changed before being displayed (LayoutExplorer
+        always is). plotly's own FigureWidget resends both when it is displayed; a panel
+        displays its box instead, so it does the same here.
+        """
+        fw = self.figure
+        if hasattr(fw, "_widget_data"):  # a FigureWidget, not the Output fallback's Figure
+            fw._widget_layout = copy.deepcopy(fw._layout_obj._props)
+            fw._widget_data = copy.deepcopy(fw._data)
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
+        self._resend_figure()
+        return self.widget._repr_mimebundle_(**kwargs)
+
+    def display(self) -> None:
+        """Show the panel in the notebook (same as leaving it as a cell's last value)."""
+        _ipython_display(self)
+
+
+def _pre(text: str) -> str:
+    return f'<pre style="margin:0;font-size:12px">{html.escape(text)}</pre>'
+
+
+def _policy_options() -> list[tuple[str, GrowthPolicy]]:
+    # The owner's default first, so the panel starts where the library does.
+    ps: list[GrowthPolicy] = [default_policy(), Chunked(64 * MiB), Exact(),
+                              Geometric(2.0, 256 * MiB)]
+    return [(str(p), p) for p in ps]
+
+
+def _empty_snapshot(profile: str) -> ArenaSnapshot:
+    """What the map shows before anything is reserved: an empty 64 MiB reservation."""
+    p = PROFILES[profile]
+    return ArenaSnapshot(name="(nothing reserved)", driver="-", device_name=p.name,
+                         granularity=p.granularity_bytes, base=0, reserved_bytes=64 * MiB,
+                         cursor_bytes=0, allocations=(), mappings=(), backed_bytes=0,
+                         closed=False)

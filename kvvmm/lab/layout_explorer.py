@@ -1,0 +1,115 @@
+"""LayoutExplorer: a model's KV cache planned on a GPU, and its finalized layout's VA map."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ipywidgets as widgets
+
+from kvvmm.driver import PROFILES
+from kvvmm.dtypes import dtype_itemsize
+from kvvmm.lab._panel import DRIVERS, DTYPES, _empty_snapshot, _open, _Panel, _pre
+from kvvmm.layout import (
+    LAYOUTS,
+    list_models,
+)
+from kvvmm.layout.models import full_pool_descs
+from kvvmm.owner import KvBufferOwner
+from kvvmm.units import GiB
+from kvvmm.viz import describe_descs, va_map
+
+__all__ = ["LayoutExplorer"]
+
+
+class LayoutExplorer(_Panel):
+    """Plan a model's KV cache on a GPU and see its layout.
+
+    Changing any control re-plans with :func:`kvvmm.plan.plan` (budget: the explicit
+    ``budget GiB``, or the device's capacity less 4 GiB of headroom when it is 0) and shows
+    the plan's report, the buffers, and the VA map of the full-attention pool built on the
+    chosen driver. On ``sim`` (a simulator of the chosen GPU) the map is finalized at the
+    planned capacity; on ``host`` or ``cuda`` it only reserves the VA and backs slot 0,
+    because finalizing would back the whole budget.
+
+    Args:
+        model, gpu, dtype, page_size, tp, layout, driver: initial control values.
+    """
+
+    def __init__(self, model: str = "llama-3.1-8b", gpu: str = "h200", *,
+                 dtype: str = "bfloat16", page_size: int = 16, tp: int = 1,
+                 layout: str = "token_major", driver: str = "sim") -> None:
+        style = {"description_width": "initial"}
+        small = widgets.Layout(width="190px")
+        self.model = widgets.Dropdown(options=list_models(), value=model, description="model",
+                                      layout=widgets.Layout(width="260px"))
+        self.layout = widgets.Dropdown(options=list(LAYOUTS), value=layout,
+                                       description="layout", layout=small)
+        self.dtype = widgets.Dropdown(options=list(DTYPES), value=dtype, description="dtype",
+                                      layout=small)
+        self.page_size = widgets.IntText(value=page_size, description="page", layout=small)
+        self.tp = widgets.IntText(value=tp, description="TP", layout=small)
+        self.gpu = widgets.Dropdown(options=sorted(PROFILES), value=gpu, description="GPU",
+                                    layout=small)
+        self.budget_gib = widgets.FloatText(value=0.0, description="budget GiB (0: auto)",
+                                            style=style, layout=widgets.Layout(width="220px"))
+        self.reserved_tokens = widgets.IntText(value=0,
+                                               description="reserved tokens (0: planned)",
+                                               style=style, layout=widgets.Layout(width="260px"))
+        self.driver = widgets.Dropdown(options=list(DRIVERS), value=driver,
+                                       description="driver", layout=small)
+        self.report = widgets.HTML(value="")
+        self.plan: Any = None
+        self.text = ""
+        super().__init__(va_map(_empty_snapshot(gpu)))
+        self._controls = [self.model, self.layout, self.dtype, self.page_size, self.tp,
+                          self.gpu, self.budget_gib, self.reserved_tokens, self.driver]
+        for c in self._controls:
+            c.observe(lambda _: self.update(), names="value")
+        self.widget = widgets.VBox([
+            widgets.HBox([self.model, self.gpu, self.dtype, self.layout]),
+            widgets.HBox([self.page_size, self.tp, self.budget_gib, self.reserved_tokens,
+                          self.driver]),
+            self.error, self.report, self.plot,
+        ])
+        self._add_dom_classes("layout-explorer")
+        self.update()
+
+    def update(self) -> bool:
+        """Re-plan from the controls; True if it worked (else the error shows)."""
+        return self._run(self._update)
+
+    def _update(self) -> None:
+        from kvvmm.layout import plan
+        from kvvmm.viz import format_plan
+
+        budget = self.budget_gib.value
+        if budget < 0:
+            raise ValueError(f"budget GiB={budget!r} is invalid: must be >= 0 (0: automatic)")
+        rt = self.reserved_tokens.value
+        p = plan(gpu=self.gpu.value, model=self.model.value, dtype=self.dtype.value,
+                 page_size=self.page_size.value, tp=self.tp.value, layout=self.layout.value,
+                 budget_bytes=int(budget * GiB) if budget else None,
+                 reserved_tokens=rt if rt else None)
+        full = p.pools[0]
+        descs = full_pool_descs(self.model.value, layout=self.layout.value,
+                            reserved_tokens=full.reserved_tokens, page_size=self.page_size.value,
+                            dtype=self.dtype.value, tp=self.tp.value)
+        kind = self.driver.value
+        drv = _open(kind, self.gpu.value)
+        owner = KvBufferOwner(driver=drv, dtype=self.dtype.value, page_size=self.page_size.value,
+                              reserved_tokens=full.reserved_tokens, descs=descs,
+                              name=f"{self.model.value} ({full.name} pool)")
+        try:
+            if kind == "sim":
+                owner.finalize(full.tokens)
+            snap = owner.snapshot()
+        finally:
+            owner.close()
+        itemsize = dtype_itemsize(self.dtype.value)
+        text = "\n".join([
+            format_plan(p), "",
+            f"{full.name} pool buffers:", describe_descs(descs, itemsize),
+        ])
+        self.plan, self.text = p, text
+        self.report.value = _pre(text)
+        self._show(va_map(snap))

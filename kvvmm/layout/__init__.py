@@ -1,0 +1,67 @@
+"""The layout wing: what an owner lays out, for which model, and how much of it fits.
+
+- :mod:`~kvvmm.layout.desc`: :class:`KvBufferDesc` and its spans;
+- :mod:`~kvvmm.layout.presets`: MHA token-major, page-major and MLA buffer lists;
+- :mod:`~kvvmm.layout.models`: model configs (shipped JSON of public HF config fields);
+- :mod:`~kvvmm.layout.planner`: GPU + model + budget -> tokens, VA, waste, handles.
+
+Everything here is arithmetic over ints: no torch, no driver.
+"""
+
+from __future__ import annotations
+
+from kvvmm.dtypes import DTYPE_ITEMSIZE, dtype_itemsize, dtype_name
+from kvvmm.layout.desc import KvBufferDesc
+from kvvmm.layout.models import (
+    FULL_ATTENTION,
+    SLIDING_ATTENTION,
+    ModelConfig,
+    ModelLike,
+    hybrid_swa_descs,
+    kv_bytes_per_token,
+    list_models,
+    load_model,
+    model_descs,
+    swa_kv_bytes_per_token,
+    swa_reserved_tokens_default,
+)
+from kvvmm.layout.planner import (
+    DEFAULT_HEADROOM_BYTES,
+    DEFAULT_PAGE_SIZE,
+    HandleCount,
+    Plan,
+    PoolPlan,
+    default_policies,
+    plan,
+)
+from kvvmm.layout.presets import LAYOUTS, heads_per_rank, mha_token_major, mla, page_major
+
+__all__ = [
+    "DEFAULT_HEADROOM_BYTES",
+    "DEFAULT_PAGE_SIZE",
+    "DTYPE_ITEMSIZE",
+    "FULL_ATTENTION",
+    "LAYOUTS",
+    "SLIDING_ATTENTION",
+    "HandleCount",
+    "KvBufferDesc",
+    "ModelConfig",
+    "ModelLike",
+    "Plan",
+    "PoolPlan",
+    "default_policies",
+    "dtype_itemsize",
+    "dtype_name",
+    "heads_per_rank",
+    "hybrid_swa_descs",
+    "kv_bytes_per_token",
+    "list_models",
+    "load_model",
+    "mha_token_major",
+    "mla",
+    "model_descs",
+    "page_major",
+    "plan",
+    "swa_kv_bytes_per_token",
+    "swa_reserved_tokens_default",
+]

@@ -1,0 +1,263 @@
+"""Figures over traces and measurements: the call timeline, handle sizes, bandwidth, growth.
+
+Pure functions of frozen data (traces, snapshots, tables, results); each returns a plotly
+figure and changes nothing.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import plotly.graph_objects as go
+
+from kvvmm.driver.base import CALLS
+from kvvmm.errors import ArgumentError
+from kvvmm.hardware import H200_BANDWIDTH, BandwidthTable
+from kvvmm.record.trace import Trace
+from kvvmm.snapshot import ArenaSnapshot, OwnerSnapshot
+from kvvmm.units import MiB, fmt_bytes
+from kvvmm.viz._common import _arena_of, _unit
+
+if TYPE_CHECKING:
+    from kvvmm.growth import GrowthResult
+
+__all__ = ["bandwidth_by_handle_size", "growth_figure", "handle_sizes", "timeline"]
+
+
+def timeline(trace: Trace, *, x: str = "time") -> go.Figure:
+    """Backed bytes and driver calls over a trace, on one shared x axis.
+
+    Top: bytes mapped (backed) after each call, as a step line, with arena operations
+    marked. Bottom: each driver call's cost in µs (simulated on the sim driver, else wall
+    time), one trace per call kind, failed calls as crosses.
+
+    Args:
+        trace: a :class:`~kvvmm.trace.Trace` (``TracingDriver.trace`` or ``Trace.load``).
+        x: ``"time"`` (cumulative call cost in µs: simulated when the trace has any, else
+            wall) or ``"seq"`` (event number).
+    Returns:
+        A two-row ``plotly.graph_objects.Figure``.
+    Raises:
+        ArgumentError: ``x`` is neither.
+    """
+    from plotly.subplots import make_subplots
+
+    if x not in ("time", "seq"):
+        raise ArgumentError("x", x, "'time' or 'seq'")
+    simulated = any(e.sim_us for e in trace.events)
+    clock = 0.0
+    xs: list[float] = []
+    backed: list[int] = []
+    mapped = 0
+    for e in trace.events:
+        cost = e.sim_us if simulated else e.wall_us
+        clock += cost
+        xs.append(clock if x == "time" else float(e.seq))
+        if e.error is None and e.op in ("map", "unmap"):
+            size = int(e.args.get("size", 0))
+            mapped += size if e.op == "map" else -size
+        backed.append(mapped)
+    peak = max(backed, default=0)
+    unit, unit_name = _unit(max(peak, 1))
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08,
+                        row_heights=[0.55, 0.45])
+    fig.add_trace(go.Scatter(name="backed", x=xs, y=[b / unit for b in backed],
+                             mode="lines", line={"shape": "hv", "color": "#2f9e44"},
+                             hovertemplate=f"%{{y:.4g}} {unit_name}<extra>backed</extra>"),
+                  row=1, col=1)
+    # An arena operation sits at the last driver call before it (its calls come first).
+    seqs = [e.seq for e in trace.events]
+    notes = [(bisect_left(seqs, o.seq) - 1, o) for o in trace.ops]
+    fig.add_trace(go.Scatter(
+        name="arena ops", x=[xs[i] if i >= 0 else 0.0 for i, _ in notes],
+        y=[backed[i] / unit if i >= 0 else 0.0 for i, _ in notes],
+        mode="markers", marker={"symbol": "circle-open", "size": 8, "color": "#495057"},
+        hovertext=[f"#{o.seq} arena {o.arena} {o.op} {_short_args(o.args)}" for _, o in notes],
+        hovertemplate="%{hovertext}<extra></extra>"), row=1, col=1)
+    cost_kind = "simulated µs" if simulated else "wall µs"
+    for op in CALLS:
+        evs = [(i, e) for i, e in enumerate(trace.events) if e.op == op and e.error is None]
+        if not evs:
+            continue
+        fig.add_trace(go.Scatter(
+            name=op, x=[xs[i] for i, _ in evs],
+            y=[e.sim_us if simulated else e.wall_us for _, e in evs], mode="markers",
+            marker={"size": 5},
+            hovertext=[f"#{e.seq} {op}({_short_args(e.args)})" for _, e in evs],
+            hovertemplate=f"%{{hovertext}}<br>%{{y:.3g}} {cost_kind}<extra></extra>"),
+            row=2, col=1)
+    failed = [(i, e) for i, e in enumerate(trace.events) if e.error is not None]
+    fig.add_trace(go.Scatter(
+        name="failed", x=[xs[i] for i, _ in failed],
+        y=[e.sim_us if simulated else e.wall_us for _, e in failed], mode="markers",
+        marker={"symbol": "x", "size": 9, "color": "#e03131"},
+        hovertext=[f"#{e.seq} {e.op}({_short_args(e.args)}): {e.error}" for _, e in failed],
+        hovertemplate="%{hovertext}<extra>failed</extra>", showlegend=bool(failed)),
+        row=2, col=1)
+    xtitle = f"cumulative {cost_kind}" if x == "time" else "event number"
+    fig.update_xaxes(title_text=xtitle, row=2, col=1)
+    fig.update_yaxes(title_text=f"backed ({unit_name})", row=1, col=1)
+    fig.update_yaxes(title_text=cost_kind, type="log", row=2, col=1)
+    n_calls = len(trace.driver_calls())
+    fig.update_layout(
+        title={"text": f"{n_calls} driver calls, peak {fmt_bytes(peak)} backed "
+                       f"({trace.meta.get('driver', '?')}, {trace.meta.get('device_name', '?')})",
+               "font": {"size": 14}},
+        height=520, margin={"l": 10, "r": 10, "t": 50, "b": 40}, plot_bgcolor="white",
+        meta={"kvvmm": "timeline", "unit_bytes": unit, "x": x, "simulated": simulated},
+    )
+    return fig
+
+
+def _short_args(args: Mapping[str, Any]) -> str:
+    out = []
+    for k, v in args.items():
+        if k in ("va", "base") and isinstance(v, int):
+            out.append(f"{k}={v:#x}")
+        elif k in ("size", "nbytes", "reserve_bytes", "keep_bytes") and isinstance(v, int):
+            out.append(f"{k}={fmt_bytes(v)}")
+        else:
+            out.append(f"{k}={v}")
+    return ", ".join(out)
+
+
+def _sizes_of(source: object) -> list[int]:
+    if isinstance(source, (ArenaSnapshot, OwnerSnapshot)):
+        return [m.size_bytes for m in _arena_of(source).mappings]
+    if isinstance(source, Iterable) and not isinstance(source, (str, bytes, Mapping)):
+        sizes = list(source)
+        for s in sizes:
+            if isinstance(s, bool) or not isinstance(s, int) or s <= 0:
+                raise ArgumentError("handle size", s, "an int > 0 (bytes)")
+        return sizes
+    raise ArgumentError("source", type(source).__name__,
+                        "a snapshot or a list of handle sizes in bytes")
+
+
+def handle_sizes(
+    source: ArenaSnapshot | OwnerSnapshot | Sequence[int]
+    | Mapping[str, ArenaSnapshot | OwnerSnapshot | Sequence[int]],
+) -> go.Figure:
+    """How many handles of each size: one bar per distinct size (sorted), per source.
+
+    Args:
+        source: a snapshot, a list of handle sizes in bytes, or a mapping of labels (policy
+            names, say) to either; each label gets its own bar series.
+    Returns:
+        A ``plotly.graph_objects.Figure`` with one ``Bar`` per label (x: size, y: count).
+    Raises:
+        ArgumentError: a source is neither.
+    """
+    series = dict(source) if isinstance(source, Mapping) else {"handles": source}
+    counted = {label: Counter(_sizes_of(s)) for label, s in series.items()}
+    all_sizes = sorted({s for c in counted.values() for s in c})
+    labels = [fmt_bytes(s) for s in all_sizes]
+    fig = go.Figure()
+    for label, cnt in counted.items():
+        fig.add_trace(go.Bar(
+            name=label, x=labels, y=[cnt.get(s, 0) for s in all_sizes],
+            hovertext=[f"{label}: {cnt.get(s, 0)} handles of {fmt_bytes(s)} = "
+                       f"{fmt_bytes(cnt.get(s, 0) * s)}" for s in all_sizes],
+            hovertemplate="%{hovertext}<extra></extra>",
+        ))
+    total = sum(sum(c.values()) for c in counted.values())
+    fig.update_layout(
+        title={"text": f"handle sizes ({total} handles)", "font": {"size": 14}},
+        barmode="group", height=360, plot_bgcolor="white",
+        xaxis={"title": {"text": "handle size"}, "type": "category"},
+        yaxis={"title": {"text": "handles"}},
+        margin={"l": 10, "r": 10, "t": 50, "b": 40},
+        meta={"kvvmm": "handle_sizes", "sizes": all_sizes},
+    )
+    return fig
+
+
+def bandwidth_by_handle_size(table: BandwidthTable | None = None) -> go.Figure:
+    """Measured copy bandwidth by handle size, with cudaMalloc as the line to match.
+
+    Args:
+        table: the measurements (default :data:`H200_BANDWIDTH`, from the H200 run in
+            ``shared/measurements/``).
+    Returns:
+        A ``plotly.graph_objects.Figure``: a bar per handle size (plain and interleaved
+        series), error bars spanning the runs, dashed lines for the non-VMM references.
+    """
+    table = H200_BANDWIDTH if table is None else table
+    fig = go.Figure()
+    for inter, name, color in ((False, "VMM handles", "#2f9e44"),
+                               (True, "interleaved with other buffers", "#f08c00")):
+        ps = sorted((p for p in table.points if p.handle_bytes is not None
+                     and p.interleaved == inter), key=lambda p: p.handle_bytes or 0)
+        if not ps:
+            continue
+        fig.add_trace(go.Bar(
+            name=name, x=[fmt_bytes(p.handle_bytes or 0) for p in ps], y=[p.tb_s for p in ps],
+            marker={"color": color},
+            error_y={"type": "data", "symmetric": False,
+                     "array": [max(p.runs_tb_s) - p.tb_s for p in ps],
+                     "arrayminus": [p.tb_s - min(p.runs_tb_s) for p in ps]},
+            hovertext=[f"{p.label}: {p.tb_s:.3f} TB/s (runs {', '.join(map(str, p.runs_tb_s))})"
+                       for p in ps],
+            hovertemplate="%{hovertext}<extra></extra>",
+        ))
+    refs = [p for p in table.points if p.handle_bytes is None]
+    order = sorted({fmt_bytes(p.handle_bytes) for p in table.points
+                    if p.handle_bytes is not None},
+                   key=lambda s: next(p.handle_bytes or 0 for p in table.points
+                                      if p.handle_bytes is not None
+                                      and fmt_bytes(p.handle_bytes) == s))
+    for p, dash in zip(refs, ("dash", "dot", "dashdot", "longdash", "solid"), strict=False):
+        fig.add_trace(go.Scatter(
+            name=f"{p.label} {p.tb_s:.2f}", x=[order[0], order[-1]] if order else [0, 1],
+            y=[p.tb_s, p.tb_s], mode="lines", line={"dash": dash, "width": 1},
+            hovertemplate=f"{p.label}: {p.tb_s:.3f} TB/s<extra></extra>",
+        ))
+    lo = min((min(p.runs_tb_s) for p in table.points), default=0.0)
+    hi = max((max(p.runs_tb_s) for p in table.points), default=1.0)
+    fig.update_layout(
+        title={"text": f"copy bandwidth of a {fmt_bytes(table.tensor_bytes)} tensor by handle "
+                       f"size ({table.device})", "font": {"size": 14}},
+        barmode="group", height=400, plot_bgcolor="white",
+        xaxis={"title": {"text": "handle size"}, "type": "category",
+               "categoryorder": "array", "categoryarray": order},
+        yaxis={"title": {"text": "TB/s"}, "range": [lo - 0.3, hi + 0.1]},
+        margin={"l": 10, "r": 10, "t": 50, "b": 40},
+        meta={"kvvmm": "bandwidth_by_handle_size", "source": table.source},
+    )
+    return fig
+
+
+def growth_figure(results: Sequence[GrowthResult]) -> go.Figure:
+    """Backed vs needed bytes per step (left) and predicted bandwidth (right)."""
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(rows=1, cols=2, column_widths=[0.68, 0.32],
+                        subplot_titles=("backed while decoding", "predicted copy bandwidth"))
+    if results:
+        r0 = results[0]
+        fig.add_trace(go.Scatter(name="needed", x=list(r0.tokens),
+                                 y=[n / MiB for n in r0.needed_by_step], mode="lines",
+                                 line={"color": "#495057", "dash": "dot"}), row=1, col=1)
+    for r in results:
+        fig.add_trace(go.Scatter(name=r.policy, x=list(r.tokens),
+                                 y=[b / MiB for b in r.backed_by_step], mode="lines",
+                                 line={"shape": "hv"}), row=1, col=1)
+    fig.add_trace(go.Bar(name="TB/s", x=[r.policy for r in results],
+                         y=[r.predicted_tb_s for r in results], showlegend=False,
+                         text=[f"{r.predicted_tb_s:.2f}" for r in results],
+                         marker={"color": "#2f9e44"}), row=1, col=2)
+    ref = H200_BANDWIDTH.reference_tb_s("plain")
+    if ref is not None:
+        fig.add_trace(go.Scatter(name=f"cudaMalloc {ref:.2f} TB/s",
+                                 x=[r.policy for r in results] or [""],
+                                 y=[ref] * max(1, len(results)), mode="lines",
+                                 line={"dash": "dash", "color": "#e8590c"}), row=1, col=2)
+    fig.update_xaxes(title_text="tokens", row=1, col=1)
+    fig.update_yaxes(title_text="MiB", row=1, col=1)
+    fig.update_yaxes(title_text="TB/s (H200 table)", range=[3.0, 4.4], row=1, col=2)
+    fig.update_layout(height=380, margin={"l": 10, "r": 10, "t": 50, "b": 40},
+                      plot_bgcolor="white", meta={"kvvmm": "growth"})
+    return fig

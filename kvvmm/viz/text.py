@@ -1,0 +1,203 @@
+"""Text reports: what notebooks print and nbval compares, and what the CLI prints.
+
+Pure functions of snapshots, stats, plans and results. On the sim driver every figure in them
+is deterministic; absolute addresses appear only as ``base 0x...`` so that a sanitizer can mask
+them on real drivers.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from kvvmm.driver.base import DriverStats
+from kvvmm.errors import ArgumentError
+from kvvmm.hardware import H200_BANDWIDTH
+from kvvmm.layout import KvBufferDesc, Plan
+from kvvmm.snapshot import ArenaSnapshot, OwnerSnapshot
+from kvvmm.units import fmt_bytes, fmt_range
+from kvvmm.viz._common import _arena_of, _count, _table
+
+if TYPE_CHECKING:
+    from kvvmm.growth import GrowthResult
+
+__all__ = ["describe", "describe_descs", "describe_stats", "format_growth", "format_plan"]
+
+
+def describe(snapshot: ArenaSnapshot | OwnerSnapshot) -> str:
+    """A multi-line text summary of an arena or owner snapshot, for people and for nbval.
+
+    Offsets are from the arena base and identical on every driver; the one absolute
+    address is the ``base 0x...`` on the second line.
+
+    Args:
+        snapshot: ``arena.snapshot()`` or ``owner.snapshot()``.
+    Returns:
+        Lines: what the arena is, its reserved / backed / slack VA, then one line per
+        allocation (for an owner: per buffer, with its slot-0, prefix and final spans).
+    Raises:
+        ArgumentError: ``snapshot`` is not a snapshot.
+    """
+    a = _arena_of(snapshot)
+    handles = Counter(m.allocation for m in a.mappings)
+    out = []
+    if isinstance(snapshot, OwnerSnapshot):
+        final = "-" if snapshot.final_tokens is None else f"{snapshot.final_tokens:,}"
+        out.append(f"owner {a.name!r}: {len(snapshot.buffers)} buffers, {snapshot.dtype}, "
+                   f"page {snapshot.page_size} tokens, policy {snapshot.policy}")
+        out.append(f"tokens: reserved {snapshot.reserved_tokens:,}, prefix "
+                   f"{snapshot.prefix_tokens:,}, final {final}")
+    state = ", closed" if a.closed else ""
+    out.append(f"arena {a.name!r} on {a.driver} ({a.device_name}), granularity "
+               f"{fmt_bytes(a.granularity)}{state}")
+    pct = 100.0 * a.backed_bytes / a.reserved_bytes if a.reserved_bytes else 0.0
+    out.append(f"reserved {fmt_bytes(a.reserved_bytes)} at base {a.base:#x}, cursor "
+               f"{fmt_bytes(a.cursor_bytes)}, slack {fmt_bytes(a.slack_bytes)}")
+    out.append(f"backed   {fmt_bytes(a.backed_bytes)} in {_count(len(a.mappings), 'handle')} "
+               f"({pct:.1f}% of reserved), unbacked {fmt_bytes(a.unbacked_bytes)}")
+    if isinstance(snapshot, OwnerSnapshot):
+        header = ["buffer", "offsets", "span", "backed", "handles", "slot 0", "prefix", "final"]
+        rows = [[b.name, fmt_range(b.offset, b.offset + b.aligned_bytes),
+                 fmt_bytes(b.reserved_span_bytes), fmt_bytes(b.backed_bytes),
+                 str(handles.get(b.name, 0)), fmt_bytes(b.page0_bytes),
+                 fmt_bytes(b.prefix_bytes),
+                 "-" if b.final_bytes is None else fmt_bytes(b.final_bytes)]
+                for b in snapshot.buffers]
+    else:
+        header = ["allocation", "offsets", "size", "requested", "backed", "handles"]
+        rows = [[x.name, fmt_range(x.offset, x.end), fmt_bytes(x.size_bytes),
+                 fmt_bytes(x.requested_bytes), fmt_bytes(x.backed_bytes),
+                 str(handles.get(x.name, 0))] for x in a.allocations]
+    if rows:
+        out += _table(header, rows)
+    return "\n".join(out)
+
+
+def describe_stats(stats: DriverStats) -> str:
+    """One line on what a driver holds (``driver.stats()``); says ``clean`` when nothing.
+
+    Args:
+        stats: a :class:`~kvvmm.driver.base.DriverStats`.
+    Returns:
+        ``"1 reservation (40.0 MiB), 4 handles, 4 mappings (8.0 MiB), physical 8.0 MiB"``
+        or ``"clean: no reservation, handle, mapping or memory held"``.
+    """
+    if not isinstance(stats, DriverStats):
+        raise ArgumentError("stats", type(stats).__name__, "a DriverStats (driver.stats())")
+    if stats.clean:
+        return "clean: no reservation, handle, mapping or memory held"
+    return (f"{_count(stats.reservations, 'reservation')} ({fmt_bytes(stats.reserved_bytes)}), "
+            f"{_count(stats.handles, 'handle')}, {_count(stats.mappings, 'mapping')} "
+            f"({fmt_bytes(stats.mapped_bytes)}), physical {fmt_bytes(stats.physical_bytes)}")
+
+
+def describe_descs(descs: Sequence[KvBufferDesc], itemsize: int) -> str:
+    """One line per distinct buffer shape: how many, shape, bytes per row and per buffer."""
+    groups: dict[tuple[tuple[int, ...], int, int], int] = {}
+    for d in descs:
+        key = (d.shape, d.row_bytes, d.tokens_per_row)
+        groups[key] = groups.get(key, 0) + 1
+    lines = []
+    for (shape, row, per_row), n in groups.items():
+        span = itemsize
+        for dim in shape:
+            span *= dim
+        unit = "token" if per_row == 1 else f"{per_row}-token page"
+        lines.append(f"{n} buffers of shape {shape}: {fmt_bytes(row)} per {unit}, "
+                     f"{fmt_bytes(span)} each")
+    return "\n".join(lines)
+
+
+def format_plan(p: Plan) -> str:
+    """A plan as a plain-text report for people (sizes via :func:`kvvmm.units.fmt_bytes`).
+
+    Args:
+        p: a :class:`Plan`.
+    Returns:
+        Lines of text: the inputs, the budget, one row per pool, one row per policy.
+    """
+    budget_how = (
+        "explicit"
+        if p.free_bytes is None
+        else f"free {fmt_bytes(p.free_bytes)} - headroom {fmt_bytes(p.headroom_bytes or 0)}"
+        f" + backed {fmt_bytes(p.backed_bytes)}"
+    )
+    counted = "padding and granularity counted" if p.count_overhead else "token slots only"
+    out = [
+        f"{p.model} on {p.gpu_name} ({p.gpu}): {p.dtype}, page {p.page_size}, tp {p.tp}, "
+        f"{p.layout}",
+        f"granularity     {fmt_bytes(p.granularity_bytes)}",
+        f"budget          {fmt_bytes(p.budget_bytes)} ({budget_how}; {counted})",
+        f"bytes per token {fmt_bytes(p.bytes_per_token)} ({p.bytes_per_token} B per rank)",
+        f"tokens          {p.tokens:,}",
+        f"VA to reserve   {fmt_bytes(p.va_reserve_bytes)} over {p.num_buffers} buffers",
+        f"backed at final {fmt_bytes(p.final_backed_bytes)} (padding {fmt_bytes(p.padding_bytes)}"
+        f", granularity waste {fmt_bytes(p.granularity_waste_bytes)}"
+        f", over budget {fmt_bytes(p.over_budget_bytes)})",
+        "",
+    ]
+    pool_rows = [
+        [
+            q.name,
+            str(q.num_layers),
+            str(q.num_buffers),
+            fmt_bytes(q.bytes_per_token),
+            f"{q.tokens:,}",
+            fmt_bytes(q.budget_bytes),
+            fmt_bytes(q.final_backed_bytes),
+            fmt_bytes(q.granularity_waste_bytes),
+            fmt_bytes(q.va_reserve_bytes),
+        ]
+        for q in p.pools
+    ]
+    out += _table(
+        [
+            "pool",
+            "layers",
+            "buffers",
+            "per token",
+            "tokens",
+            "budget",
+            "backed",
+            "gran waste",
+            "VA",
+        ],
+        pool_rows,
+    )
+    out += [
+        "",
+        f"handles while growing by {p.decode_step_tokens:,}-token decode steps, then finalize",
+    ]
+    out += _table(
+        ["policy", "handles", "smallest", "largest", "backed"],
+        [
+            [
+                h.policy,
+                f"{h.handles:,}",
+                fmt_bytes(h.min_handle_bytes),
+                fmt_bytes(h.max_handle_bytes),
+                fmt_bytes(h.backed_bytes),
+            ]
+            for h in p.handles
+        ],
+    )
+    return "\n".join(out)
+
+
+def format_growth(results: Sequence[GrowthResult]) -> str:
+    """A table of :func:`decode_growth` results (no wall times: the text is deterministic)."""
+    ref = H200_BANDWIDTH.reference_tb_s("plain") or 1.0
+    rows = [[r.policy, f"{r.handles:,}", f"{r.driver_calls:,}", fmt_bytes(r.min_handle_bytes),
+             fmt_bytes(r.max_handle_bytes), fmt_bytes(r.backed_bytes),
+             fmt_bytes(r.max_over_commit_bytes), f"{r.predicted_tb_s:.2f}",
+             f"{r.predicted_tb_s / ref:.2f}x",
+             f"{r.sim_us / 1000:.1f} ms" if r.sim_us else "-"] for r in results]
+    head = ["policy", "handles", "calls", "smallest", "largest", "backed", "max over",
+            "TB/s", "vs malloc", "driver time"]
+    if not results:
+        return "no results"
+    r0 = results[0]
+    lines = [f"{r0.buffers} buffers grown to {r0.tokens[-1]:,} tokens in {len(r0.tokens)} "
+             f"steps on {r0.driver}; needed at the end {fmt_bytes(r0.needed_bytes)}"]
+    return "\n".join(lines + _table(head, rows))
