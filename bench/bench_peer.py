@@ -12,8 +12,9 @@ same kernels run on a buffer local to the reader for comparison:
 - ``copy_local``: the same copy from the reader's own KV buffer.
 
 Bandwidth is bytes read (plus written for copies) over the median time of ``--repeats``
-runs after a warm-up, in GB/s (1e9 bytes/s). Results go to
-``bench/results/<gpu>-x2-peer-<date>.json`` with the card, versions and date.
+runs after a warm-up, in GB/s (1e9 bytes/s). The result goes to
+``bench/results/<gpu>-x2-peer.json`` (``h200-x2-peer.json``) with the card, versions and
+date inside.
 """
 
 from __future__ import annotations
@@ -170,8 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(doc, indent=1))
     os.makedirs(args.out, exist_ok=True)
     slug = gpu.lower().replace("nvidia ", "").replace(" ", "-")
-    path = os.path.join(args.out,
-                        f"{slug}-x2-peer-{datetime.date.today().isoformat()}.json")
+    path = os.path.join(args.out, f"{slug}-x2-peer.json")
     with open(path, "w") as f:
         json.dump(doc, f, indent=1)
     print(f"wrote {path}")

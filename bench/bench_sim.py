@@ -1,6 +1,6 @@
 """Benchmark (not a test): SimDriver operations per second, and a simulated decode growth.
 
-    python bench/bench_sim.py [--out bench/results]
+    python bench/bench_sim.py [--out bench/results]   # writes sim-bench.json there
 
 1. Raw SimDriver throughput: create+map+set_access then unmap+release of 2 MiB handles, in
    a 1 TiB reservation (target: >= 200k driver operations per second).
@@ -102,7 +102,7 @@ def main() -> None:
                                                 Geometric(2.0, 256 * MiB))]
     print(json.dumps(res, indent=1))
     os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, f"sim-{str(res['date'])[:10]}.json")
+    path = os.path.join(args.out, "sim-bench.json")  # the date is inside
     with open(path, "w") as f:
         json.dump(res, f, indent=1)
     print("wrote", path)

@@ -15,10 +15,16 @@ Sections (each a key of the JSON result):
   default policy three rounds back to back as well; then finalize to 1M tokens; driver
   calls, handles, over-commit, copy bandwidth of the owner's tensors vs cudaMalloc tensors
   of the same size (median of 21 alternations).
-- ``seed`` (with ``--seed-file``): SGLang's arena on the same workload, in a subprocess
-  (it compiles a stub per arena and may abort at exit).
+- ``seed`` (with ``--seed-file``): SGLang's arena on the same workload, run by
+  ``bench/seed_side_by_side.py`` in a child process (the seed compiles a stub per arena and
+  may abort at exit). That script is a bench file, not part of the package: it is found in
+  the repository checkout next to the package (an editable install or ``PYTHONPATH``), or
+  in ``./bench/``, or given with ``--seed-script``.
 
-Results go to ``bench/results/gpu-<date>.json`` with the card, versions and date.
+The result goes to ``bench/results/<card>-kvvmm-bench.json`` (``h200-kvvmm-bench.json``),
+with the card, versions and date inside; a new run replaces the file and git keeps the old
+one. What the figures have shown so far, and why the sections are timed as they are:
+``docs/MEASUREMENTS.md``. A progress bar (tqdm, the ``bench`` extra) goes to stderr.
 """
 
 from __future__ import annotations
@@ -35,11 +41,12 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from kvvmm.units import GiB, MiB
 
-__all__ = ["main"]
+__all__ = ["SEED_SCRIPT", "find_seed_script", "main", "run"]
 
 _LAYERS, _HEADS, _DIM, _PAGE, _RESERVED = 32, 8, 128, 64, 2_000_000
 _STEP, _GROW_TO, _FINAL = 4096, 500_000, 1_000_000
@@ -47,19 +54,8 @@ _STEP, _GROW_TO, _FINAL = 4096, 500_000, 1_000_000
 _SETTLE_S = 2.0
 
 
-class _Progress:
-    """A one-line progress bar on stderr (no dependency)."""
-
-    def __init__(self, total: int) -> None:
-        self.total, self.done = total, 0
-
-    def step(self, label: str) -> None:
-        self.done += 1
-        n = 30 * self.done // self.total
-        sys.stderr.write(f"\r[{'#' * n}{'.' * (30 - n)}] {self.done}/{self.total} {label:<40}")
-        sys.stderr.flush()
-        if self.done == self.total:
-            sys.stderr.write("\n")
+#: The seed's side of the benchmark, a bench file (see the module docstring).
+SEED_SCRIPT = Path("bench") / "seed_side_by_side.py"
 
 
 def _med_us(xs: list[float]) -> float:
@@ -141,9 +137,8 @@ def _per_call(drv_mod: Any, cd: Any, cd_py: Any | None = None) -> dict[str, Any]
         runners: list[Callable[[], None]] = [raw_rep]
         runners += [functools.partial(kvvmm_rep, w, drv, k_va) for w, drv, k_va in k_vas]
         # A fresh random order each rep (seeded): what one call costs depends on the call
-        # before it (a 32 MiB create right after one runner's release took 1.6x one right
-        # after another's, in a fixed cyclic order, 2026-11-29), so every runner must follow
-        # every other as often. Turning a fixed order is not enough: it keeps who follows whom.
+        # before it, so every runner must follow every other as often. Turning a fixed order
+        # is not enough: it keeps who follows whom (docs/MEASUREMENTS.md, "Per-call costs").
         rng = random.Random(size)
         for _ in range(reps):
             rng.shuffle(runners)
@@ -202,8 +197,8 @@ def _bw_pair(vm: Any, vm2: Any) -> dict[str, Any]:
     pl2 = torch.empty_like(vm, device=vm.device)
     for x in (vm, vm2, pl, pl2):
         x.normal_()
-    # 21 alternations: seven moved the ratio by +-0.005 between runs of the benchmark on the
-    # H200 (single copies of the same pair vary by 1.5%), as much as the effect measured.
+    # 21 alternations: with fewer, the ratio moved between runs of the benchmark by as much
+    # as the effect measured (docs/MEASUREMENTS.md, "Copy bandwidth").
     runs_vmm, runs_plain = [], []
     for _ in range(21):
         runs_vmm.append(_bandwidth(vm2, vm))
@@ -236,12 +231,10 @@ def _grow_rounds(cd: Any, policies: list[Any], rounds: int = 3) -> dict[str, lis
     """Growth times per policy over ``rounds`` rounds, the order rotated each round, each
     started ``_SETTLE_S`` after the previous owner closed.
 
-    Why the pause (``bench/probe_growth_variance.py``, ``bench/results/``): on the H200 a
-    growth started right after an owner released its 64 GiB took 38-61 ms, its cuMemCreate
-    calls 2-3.5x slower (12-27 ms for 512 creates against 7.4-8.3 ms); started 0.3 s or more
-    after, 31.7-34.1 ms in every round. The driver is still reclaiming the released memory.
-    A server grows its KV cache long after anything that large was freed, so the growth is
-    timed settled; ``_back_to_back`` times the other case, reported beside it.
+    Why the pause: right after an owner released its 64 GiB, the driver's creates run
+    slower for a while (it is still reclaiming the memory; docs/MEASUREMENTS.md, "Decode
+    growth"). A server grows its KV cache long after anything that large was freed, so the
+    growth is timed settled; ``_back_to_back`` times the other case, reported beside it.
     """
     runs: dict[str, list[float]] = {str(p): [] for p in policies}
     n = len(policies)
@@ -304,50 +297,54 @@ def _growth(cd: Any, policy: Any, rounds: list[float]) -> dict[str, Any]:
     }
 
 
-_SEED_SCRIPT = r"""
-import json, sys, time, statistics
-sys.path.insert(0, sys.argv[1])
-import torch
-import kv_vmm_backing_seed as seed
-from kvvmm.layout import mha_token_major
-from kvvmm.bench import _bw_pair, _PAGE, _RESERVED, _STEP, _GROW_TO, _FINAL, _LAYERS, _HEADS, _DIM
-R = {}
-t = time.perf_counter(); a = seed.KvVmmArena(0, reserve_bytes=64 << 30)
-R["arena_ctor_s"] = round(time.perf_counter() - t, 3)
-t = time.perf_counter(); a.close(); R["arena_close_ms"] = round((time.perf_counter() - t) * 1e3, 2)
-descs = mha_token_major(layers=_LAYERS, kv_heads=_HEADS, head_dim=_DIM,
-                        reserved_tokens=_RESERVED, page_size=_PAGE, dtype="bfloat16")
-t = time.perf_counter()
-own = seed.KvVmmBufferOwner(device="cuda:0", device_id=0, store_dtype=torch.bfloat16,
-                            page_size=_PAGE, reserved_num_tokens=_RESERVED, buffer_descs=descs)
-R["owner_ctor_s"] = round(time.perf_counter() - t, 3)
-R["reserved_bytes"] = own._arena.reserved
-torch.cuda.synchronize(); t = time.perf_counter()
-for n in range(_STEP, _GROW_TO + 1, _STEP):
-    own.ensure_prefix(n)
-torch.cuda.synchronize(); R["grow_ms"] = round((time.perf_counter() - t) * 1e3, 2)
-R["handles_after_growth"] = len(own._arena._ranges)
-t = time.perf_counter(); own.finalize(_FINAL); torch.cuda.synchronize()
-R["finalize_1M_ms"] = round((time.perf_counter() - t) * 1e3, 2)
-nb = 1 << 30
-vm = own.tensors[2].view(-1)[: nb // 2]; vm2 = own.tensors[3].view(-1)[: nb // 2]
-R["bandwidth"] = _bw_pair(vm, vm2)
-del vm, vm2
-t = time.perf_counter(); own.close(); R["close_ms"] = round((time.perf_counter() - t) * 1e3, 2)
-print("SEED_JSON " + json.dumps(R), flush=True)
-"""
+def _package_parent() -> Path:
+    """The folder holding the ``kvvmm`` package: the repository checkout, when it is one."""
+    import kvvmm
+
+    return Path(kvvmm.__file__).resolve().parent.parent
 
 
-def _seed(seed_file: str) -> dict[str, Any]:
-    seed_dir = os.path.dirname(os.path.abspath(seed_file))
-    want = os.path.join(seed_dir, "kv_vmm_backing_seed.py")
-    if os.path.abspath(seed_file) != want:
+def find_seed_script(explicit: str | None = None) -> Path:
+    """The seed's side of the benchmark: ``bench/seed_side_by_side.py``.
+
+    Args:
+        explicit: a path given with ``--seed-script``; used as is.
+    Returns:
+        ``explicit``, else the file in the repository checkout that holds this package (an
+        editable install, or ``PYTHONPATH`` set to the checkout), else ``./bench/``'s.
+    Raises:
+        FileNotFoundError: none of them exists (an installed wheel has no ``bench/``).
+    """
+    if explicit is not None:
+        cands = [Path(explicit)]
+    else:
+        cands = [_package_parent() / SEED_SCRIPT, Path.cwd() / SEED_SCRIPT]
+    for cand in cands:
+        if cand.is_file():
+            return cand
+    raise FileNotFoundError(
+        f"the seed's benchmark script is not at {' or '.join(map(str, cands))}: run kvvmm "
+        "bench from a kvvmm checkout, or pass --seed-script PATH/seed_side_by_side.py")
+
+
+def _check_seed_file(seed_file: str) -> str:
+    """The seed file's absolute path; it must exist and be named ``kv_vmm_backing_seed.py``."""
+    path = os.path.abspath(seed_file)
+    if os.path.basename(path) != "kv_vmm_backing_seed.py":
         raise SystemExit(f"--seed-file must be named kv_vmm_backing_seed.py, got {seed_file}")
+    if not os.path.isfile(path):
+        raise SystemExit(f"--seed-file {seed_file}: no such file")
+    return path
+
+
+def _seed(seed_file: str, script: Path) -> dict[str, Any]:
+    """Run ``script`` on the seed file in a child process; its ``SEED_JSON`` line, or the error."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(
-        [os.path.dirname(os.path.dirname(os.path.abspath(__file__))), env.get("PYTHONPATH", "")])
-    proc = subprocess.run([sys.executable, "-c", _SEED_SCRIPT, seed_dir], capture_output=True,
-                          text=True, env=env, timeout=540)
+    # The child imports the same kvvmm as this process (the script takes its workload from
+    # kvvmm.bench).
+    env["PYTHONPATH"] = os.pathsep.join([str(_package_parent()), env.get("PYTHONPATH", "")])
+    proc = subprocess.run([sys.executable, str(script), seed_file],
+                          capture_output=True, text=True, env=env, timeout=540)
     for line in proc.stdout.splitlines():
         if line.startswith("SEED_JSON "):
             res: dict[str, Any] = json.loads(line[len("SEED_JSON "):])
@@ -366,16 +363,45 @@ def _timed(fn: Callable[[], Any], reps: int) -> list[float]:
     return out
 
 
-def run(out_dir: str, seed_file: str | None, device: int = 0) -> dict[str, Any]:
-    """Run every section; return the result dict (also written as JSON under ``out_dir``)."""
+def _tqdm() -> Any:
+    """tqdm's bar class (the ``bench`` extra), imported here so ``import kvvmm`` needs none."""
+    try:
+        from tqdm import tqdm  # type: ignore[import-untyped]
+    except ImportError as e:
+        e.add_note("kvvmm bench shows its progress with tqdm: pip install 'kvvmm[bench]'")
+        raise
+    return tqdm
+
+
+def _card_slug(card: str) -> str:
+    """``"NVIDIA H200"`` -> ``"h200"``: the card's part of a result's file name."""
+    return card.lower().replace("nvidia ", "").strip().replace(" ", "-")
+
+
+def run(out_dir: str, seed_file: str | None, device: int = 0,
+        seed_script: str | None = None) -> dict[str, Any]:
+    """Run every section; return the result dict (also written as JSON under ``out_dir``).
+
+    Args:
+        out_dir: folder for ``<card>-kvvmm-bench.json`` (made if missing).
+        seed_file: SGLang's ``kv_vmm_backing_seed.py`` to run side by side, or None.
+        device: the CUDA device ordinal.
+        seed_script: the seed's benchmark script (default: :func:`find_seed_script`).
+    Returns:
+        The result, with ``"path"`` set to the file written.
+    Raises:
+        DriverUnavailableError: no usable GPU.
+        FileNotFoundError: ``seed_file`` is given and the seed's script is not found.
+        ImportError: tqdm is missing.
+    """
     import importlib.metadata as md
 
-    import torch
-    from cuda.bindings import driver as d
+    import kvvmm
 
-    from kvvmm.arena import Arena
-    from kvvmm.driver.cuda import CudaDriver
-    from kvvmm.owner import KvBufferOwner
+    # All three checked before minutes of measuring, not after them.
+    seed = _check_seed_file(seed_file) if seed_file else None
+    script = find_seed_script(seed_script) if seed else None
+    tqdm = _tqdm()
     from kvvmm.policy import Chunked, Exact, Geometric, default_policy
 
     policies = [default_policy(), Exact(), Chunked(64 * MiB), Chunked(128 * MiB),
@@ -384,7 +410,14 @@ def run(out_dir: str, seed_file: str | None, device: int = 0) -> dict[str, Any]:
     for p in policies:
         unique.setdefault(str(p), p)
     policies = list(unique.values())
-    prog = _Progress(5 + len(policies) + (1 if seed_file else 0))
+
+    import torch
+    from cuda.bindings import driver as d
+
+    from kvvmm.arena import Arena
+    from kvvmm.driver.cuda import CudaDriver
+    from kvvmm.owner import KvBufferOwner
+
     torch.cuda.init()  # type: ignore[no-untyped-call]
     torch.empty(1, device=f"cuda:{device}")
     cd = CudaDriver(device=device)
@@ -394,7 +427,7 @@ def run(out_dir: str, seed_file: str | None, device: int = 0) -> dict[str, Any]:
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "card": torch.cuda.get_device_name(device),
         "versions": {"torch": torch.__version__, "cuda_bindings": md.version("cuda-bindings"),
-                     "driver": int(_ck(d.cuDriverGetVersion())), "kvvmm": "0.1.0",
+                     "driver": int(_ck(d.cuDriverGetVersion())), "kvvmm": kvvmm.__version__,
                      "python": platform.python_version()},
         "mem_total_bytes": total, "mem_free_bytes": free,
         "granularity_min": cd.granularity_min,
@@ -404,68 +437,91 @@ def run(out_dir: str, seed_file: str | None, device: int = 0) -> dict[str, Any]:
                      "grow_to_tokens": _GROW_TO, "finalize_tokens": _FINAL},
         "default_policy": str(default_policy()),
     }
-    prog.step("per-call costs")
-    old = os.environ.get("KVVMM_CUDA_FASTPATH")
-    os.environ["KVVMM_CUDA_FASTPATH"] = "0"
-    try:
-        cd_py = CudaDriver(device=device)  # every call in Python, timed beside the default
-    finally:
-        if old is None:
-            del os.environ["KVVMM_CUDA_FASTPATH"]
-        else:
-            os.environ["KVVMM_CUDA_FASTPATH"] = old
-    res["fast_path"] = cd.fast_path
-    res["per_call"] = _per_call(d, cd, cd_py)
-    cd_py.close()
 
-    prog.step("arena construction")
+    def per_call() -> None:
+        old = os.environ.get("KVVMM_CUDA_FASTPATH")
+        os.environ["KVVMM_CUDA_FASTPATH"] = "0"
+        try:
+            cd_py = CudaDriver(device=device)  # every call in Python, timed beside the default
+        finally:
+            if old is None:
+                del os.environ["KVVMM_CUDA_FASTPATH"]
+            else:
+                os.environ["KVVMM_CUDA_FASTPATH"] = old
+        res["fast_path"] = cd.fast_path
+        res["per_call"] = _per_call(d, cd, cd_py)
+        cd_py.close()
 
-    Arena(cd, reserve_bytes=64 * GiB).close()  # warm-up: the first reserve costs more
-    arenas: list[Arena] = []
-    ctor = _timed(lambda: arenas.append(Arena(cd, reserve_bytes=64 * GiB)), 10)
-    close = _timed(lambda: arenas.pop().close(), 10)
-    res["arena"] = {"reserve_bytes": 64 * GiB, "ctor_ms_median": _med_us(ctor) / 1e3,
-                    "ctor_ms_max": round(max(ctor) * 1e3, 3),
-                    "close_ms_median": _med_us(close) / 1e3}
+    def arena() -> None:
+        Arena(cd, reserve_bytes=64 * GiB).close()  # warm-up: the first reserve costs more
+        arenas: list[Arena] = []
+        ctor = _timed(lambda: arenas.append(Arena(cd, reserve_bytes=64 * GiB)), 10)
+        close = _timed(lambda: arenas.pop().close(), 10)
+        res["arena"] = {"reserve_bytes": 64 * GiB, "ctor_ms_median": _med_us(ctor) / 1e3,
+                        "ctor_ms_max": round(max(ctor) * 1e3, 3),
+                        "close_ms_median": _med_us(close) / 1e3}
 
-    prog.step("owner construction")
-    owners: list[KvBufferOwner] = []
+    def owner() -> None:
+        owners: list[KvBufferOwner] = []
 
-    def make_owner() -> None:
-        owners.append(KvBufferOwner(driver=cd, dtype="bfloat16", page_size=_PAGE,
-                                    reserved_tokens=_RESERVED, descs=_descs()))
+        def make_owner() -> None:
+            owners.append(KvBufferOwner(driver=cd, dtype="bfloat16", page_size=_PAGE,
+                                        reserved_tokens=_RESERVED, descs=_descs()))
 
-    octor = _timed(make_owner, 5)
-    reserved = owners[0].arena.reserved_bytes
-    oclose = _timed(lambda: owners.pop().close(), 5)
-    res["owner"] = {"buffers": 2 * _LAYERS, "reserved_bytes": reserved,
-                    "ctor_ms_median": _med_us(octor) / 1e3,
-                    "ctor_ms_max": round(max(octor) * 1e3, 3),
-                    "close_ms_median": _med_us(oclose) / 1e3}
+        octor = _timed(make_owner, 5)
+        reserved = owners[0].arena.reserved_bytes
+        oclose = _timed(lambda: owners.pop().close(), 5)
+        res["owner"] = {"buffers": 2 * _LAYERS, "reserved_bytes": reserved,
+                        "ctor_ms_median": _med_us(octor) / 1e3,
+                        "ctor_ms_max": round(max(octor) * 1e3, 3),
+                        "close_ms_median": _med_us(oclose) / 1e3}
 
-    prog.step("growth, rotated rounds")
-    rounds = _grow_rounds(cd, policies)
-    b2b = _back_to_back(cd, policies[0])
-    res["growth"] = []
-    for p in policies:
-        prog.step(f"finalize and bandwidth {p}")
-        res["growth"].append(_growth(cd, p, rounds[str(p)]))
-    res["growth"][0]["grow_ms_back_to_back"] = b2b
-    prog.step("cudaMalloc of the same bytes")
-    nbytes = res["growth"][0]["backed_after_finalize_bytes"]
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    big = torch.empty(nbytes, dtype=torch.uint8, device=f"cuda:{device}")
-    torch.cuda.synchronize()
-    res["cudaMalloc_same_bytes_ms"] = round((time.perf_counter() - t0) * 1e3, 2)
-    del big
-    torch.cuda.empty_cache()
-    if seed_file:
-        prog.step("seed (SGLang arena) in a subprocess")
-        res["seed"] = _seed(seed_file)
+    rounds: dict[str, list[float]] = {}
+    b2b: list[float] = []
+
+    def growth_rounds() -> None:
+        rounds.update(_grow_rounds(cd, policies))
+        b2b.extend(_back_to_back(cd, policies[0]))
+        res["growth"] = []
+
+    def growth(p: Any) -> None:
+        g = _growth(cd, p, rounds[str(p)])
+        if p is policies[0]:
+            g["grow_ms_back_to_back"] = b2b
+        res["growth"].append(g)
+
+    def malloc() -> None:
+        nbytes = res["growth"][0]["backed_after_finalize_bytes"]
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        big = torch.empty(nbytes, dtype=torch.uint8, device=f"cuda:{device}")
+        torch.cuda.synchronize()
+        res["cudaMalloc_same_bytes_ms"] = round((time.perf_counter() - t0) * 1e3, 2)
+        del big
+        torch.cuda.empty_cache()
+
+    sections: list[tuple[str, Callable[[], None]]] = [
+        ("per-call costs", per_call), ("arena construction", arena),
+        ("owner construction", owner), ("growth, rotated rounds", growth_rounds),
+        *[(f"finalize and bandwidth {p}", functools.partial(growth, p)) for p in policies],
+        ("cudaMalloc of the same bytes", malloc),
+    ]
+    if seed is not None and script is not None:
+        seed_path, script_path = seed, script
+
+        def seed_side_by_side() -> None:
+            res["seed"] = _seed(seed_path, script_path)
+
+        sections.append(("seed (SGLang arena) in a subprocess", seed_side_by_side))
+    # One step of the bar per section, on stderr: stdout is the summary.
+    with tqdm(total=len(sections), file=sys.stderr, unit="section", dynamic_ncols=True) as bar:
+        for label, section in sections:
+            bar.set_description_str(label)
+            section()
+            bar.update()
     res["targets"] = _targets(res)
     os.makedirs(out_dir, exist_ok=True)
-    path = os.path.join(out_dir, f"gpu-{res['date'][:10]}.json")
+    path = os.path.join(out_dir, f"{_card_slug(res['card'])}-kvvmm-bench.json")
     with open(path, "w") as f:
         json.dump(res, f, indent=1)
     res["path"] = path
@@ -499,12 +555,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed-file", default=None,
                     help="path to SGLang's kv_vmm_backing as kv_vmm_backing_seed.py: run it "
                          "side by side")
+    ap.add_argument("--seed-script", default=None,
+                    help="the seed's benchmark script (default: bench/seed_side_by_side.py "
+                         "of the kvvmm checkout, or of ./bench)")
     ap.add_argument("--device", type=int, default=0)
     args = ap.parse_args(argv)
     from kvvmm.errors import DriverUnavailableError
 
+    script = None
+    if args.seed_file:
+        try:
+            script = str(find_seed_script(args.seed_script))
+        except FileNotFoundError as e:
+            print(f"kvvmm bench: {e}", file=sys.stderr)
+            return 2
     try:
-        res = run(args.out, args.seed_file, args.device)
+        res = run(args.out, args.seed_file, args.device, seed_script=script)
     except DriverUnavailableError as e:
         print(f"kvvmm bench needs a GPU: {e}", file=sys.stderr)
         return 2
