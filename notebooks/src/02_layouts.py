@@ -13,9 +13,10 @@ from kvvmm.layout import (
     load_model,
     mha_token_major,
     page_major,
+    plan,
 )
-from kvvmm.plan import format_plan, plan
 from kvvmm.units import GiB, fmt_bytes
+from kvvmm.viz import format_plan
 
 # %% [markdown]
 # ## Model configs

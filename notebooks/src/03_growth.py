@@ -16,10 +16,11 @@
 import os
 
 import kvvmm
-from kvvmm.lab import decode_growth, format_growth
+from kvvmm.growth import decode_growth
+from kvvmm.hardware import H200_BANDWIDTH, predicted_bandwidth_tb_s
 from kvvmm.policy import simulate_growth
 from kvvmm.units import MiB, fmt_bytes
-from kvvmm.viz import H200_BANDWIDTH, predicted_bandwidth_tb_s
+from kvvmm.viz import format_growth
 
 # `kvvmm lab` sets KVVMM_DRIVER (cuda on a GPU machine). Without it, and under nbval,
 # the notebooks run on the simulator, whose addresses and costs are deterministic.
