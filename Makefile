@@ -14,12 +14,12 @@ BENCH_ARGS ?=
 DEPS_HASH := $(shell cat pyproject.toml constraints.txt kvvmm/driver/_cudafast.c 2>/dev/null | sha256sum | cut -c1-16)
 STAMP := $(VENV)/.kvvmm-installed-$(DEPS_HASH)
 
-# Notebooks run as tests under nbval, in the same pytest run as tests/, once there are any.
+# Notebooks run as tests under nbval, in the same pytest run as tests/.
 NOTEBOOKS := $(wildcard notebooks/*.ipynb)
 SANITIZE := $(wildcard notebooks/sanitize.cfg)
 NBVAL_ARGS := $(if $(NOTEBOOKS),--nbval --nbval-current-env $(if $(SANITIZE),--nbval-sanitize-with $(SANITIZE)) notebooks)
 
-.PHONY: venv test lab lint bench bench-sim clean ext
+.PHONY: venv test lab lint bench bench-sim clean ext notebooks
 
 venv: $(STAMP)
 
@@ -56,8 +56,15 @@ lab: venv
 	fi
 
 lint: venv
-	$(PY) -m ruff check kvvmm tests
+	$(PY) -m ruff check kvvmm tests notebooks
 	$(PY) -m mypy --strict kvvmm
+
+# Regenerate and execute the notebooks from their jupytext sources (notebooks/src/*.py), on
+# the sim driver, e.g. `make notebooks NB=03_growth`. `notebooks/build.py --check` (and the
+# test suite) fails when a saved notebook differs from its source.
+NB ?=
+notebooks: venv
+	$(PY) notebooks/build.py $(NB)
 
 # `kvvmm bench` wants a GPU; results land in bench/results/. bench-sim runs anywhere.
 bench: venv

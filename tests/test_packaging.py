@@ -111,3 +111,27 @@ def test_pytest_markers_are_declared() -> None:
     declared = {m.split(":", 1)[0] for m in pytest_cfg["markers"]}
     assert {"cuda", "browser", "slow"} <= declared
     assert "--strict-markers" in pytest_cfg["addopts"]
+
+
+_LAB_ONLY = ("jupyterlab", "notebook", "ipywidgets", "plotly", "nbval", "anywidget", "jupytext",
+             "kaleido", "nbclient", "nbformat", "ipykernel", "playwright")
+
+
+def test_a_plain_install_pulls_no_jupyter_plotly_or_test_package() -> None:
+    names = {_requirement_key(r)[0] for r in _pyproject()["project"]["dependencies"]}
+    assert not names & set(_LAB_ONLY), sorted(names & set(_LAB_ONLY))
+    assert "torch" not in names  # an engine brings its own torch build
+
+
+def test_the_lab_extra_brings_jupyterlab_widgets_plotly_and_the_test_extra_the_lab() -> None:
+    extras = _pyproject()["project"]["optional-dependencies"]
+    lab = {_requirement_key(r)[0] for r in extras["lab"]}
+    assert {"jupyterlab", "ipywidgets", "plotly", "anywidget", "jupytext"} <= lab
+    assert any(r.replace(" ", "") == "kvvmm[torch,lab]" for r in extras["test"])
+    assert {_requirement_key(r)[0] for r in extras["torch"]} == {"torch"}
+
+
+def test_environment_yml_installs_the_project_with_the_lab_and_torch() -> None:
+    env = _environment_yml()
+    pip_list = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))
+    assert "-e .[torch,lab]" in pip_list
