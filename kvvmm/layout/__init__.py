@@ -30,9 +30,11 @@ from kvvmm.layout.planner import (
     DEFAULT_PAGE_SIZE,
     HandleCount,
     Plan,
+    PlanRequest,
     PoolPlan,
     default_policies,
     plan,
+    plan_request,
 )
 from kvvmm.layout.presets import LAYOUTS, heads_per_rank, mha_token_major, mla, page_major
 
@@ -48,6 +50,7 @@ __all__ = [
     "ModelConfig",
     "ModelLike",
     "Plan",
+    "PlanRequest",
     "PoolPlan",
     "default_policies",
     "dtype_itemsize",
@@ -62,6 +65,7 @@ __all__ = [
     "model_descs",
     "page_major",
     "plan",
+    "plan_request",
     "swa_kv_bytes_per_token",
     "swa_reserved_tokens_default",
 ]

@@ -47,6 +47,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from kvvmm.checks import int_arg
 from kvvmm.dtypes import dtype_itemsize, dtype_name
 from kvvmm.errors import ArgumentError, OutOfRangeError
 from kvvmm.hardware import DeviceProfile, get_profile
@@ -75,9 +76,11 @@ __all__ = [
     "DEFAULT_PAGE_SIZE",
     "HandleCount",
     "Plan",
+    "PlanRequest",
     "PoolPlan",
     "default_policies",
     "plan",
+    "plan_request",
 ]
 
 #: Tokens per page when none is given (vLLM's default block size; SGLang serves 1 to 64).
@@ -181,12 +184,6 @@ def _plain(value: Any) -> Any:
 
 
 # -- checks ------------------------------------------------------------------------------------
-
-
-def _int_at_least(name: str, value: object, low: int, unit: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ArgumentError(name, value, f"an int >= {low} ({unit})")
-    return value
 
 
 def _policies(policy: object) -> tuple[GrowthPolicy, ...]:
@@ -352,7 +349,290 @@ def _sum_handles(pools: Sequence[PoolPlan]) -> tuple[HandleCount, ...]:
     return tuple(out)
 
 
-# -- the planner -------------------------------------------------------------------------------
+# -- the planner: resolve the request, compute the budget, fit tokens, build pools ----------
+
+
+@dataclass(frozen=True, slots=True)
+class PlanRequest:
+    """What :func:`plan` was asked, checked and resolved (profile and model loaded)."""
+
+    profile: DeviceProfile  #: the device
+    model: ModelConfig  #: the model's attention geometry
+    dtype: str  #: KV dtype (torch name)
+    itemsize: int  #: bytes per KV element
+    page_size: int  #: tokens per page
+    tp: int  #: tensor-parallel size
+    layout: str  #: ``"token_major"`` or ``"page_major"``
+    policies: tuple[GrowthPolicy, ...]  #: growth policies whose handles to count
+    decode_step_tokens: int  #: tokens per growth step in the handle simulation
+    reserved_tokens: int | None  #: the full pool's upper bound (``None``: the planned tokens)
+    swa_reserved_tokens: int | None  #: the sliding pool's capacity (``None``: the default)
+    count_overhead: bool  #: count padding and granularity rounding against the budget
+    budget_bytes: int | None  #: an explicit budget (``None``: computed)
+    free_bytes: int | None  #: free memory after weights and capture (``None``: derived)
+    headroom_bytes: int | None  #: memory kept back (``None``: the default)
+    backed_bytes: int  #: KV memory already backed when ``free_bytes`` was read
+
+    @classmethod
+    def resolve(cls, **options: Any) -> PlanRequest:
+        """Check :func:`plan`'s keyword arguments and load the profile and the model.
+
+        Raises:
+            ArgumentError, OutOfRangeError, UnknownDtypeError: as :func:`plan` documents.
+        """
+        o = {**_DEFAULTS, **options}
+        name = dtype_name(o["dtype"])
+        if o["layout"] not in ("token_major", "page_major"):
+            raise ArgumentError("layout", o["layout"], "one of ['token_major', 'page_major']")
+        if not isinstance(o["count_overhead"], bool):
+            raise ArgumentError("count_overhead", o["count_overhead"], "a bool")
+        return cls(
+            profile=get_profile(o["gpu"]),
+            model=load_model(o["model"]),
+            dtype=name,
+            itemsize=dtype_itemsize(name),
+            page_size=int_arg("page_size", o["page_size"], lo=1, unit="tokens"),
+            tp=int_arg("tp", o["tp"], lo=1, unit="tensor-parallel ranks"),
+            layout=o["layout"],
+            policies=_policies(o["policy"]),
+            decode_step_tokens=int_arg(
+                "decode_step_tokens", o["decode_step_tokens"], lo=1, unit="tokens"
+            ),
+            reserved_tokens=_opt_int("reserved_tokens", o["reserved_tokens"], 1, "tokens"),
+            swa_reserved_tokens=_opt_int(
+                "swa_reserved_tokens", o["swa_reserved_tokens"], 1, "tokens"
+            ),
+            count_overhead=o["count_overhead"],
+            budget_bytes=_opt_int("budget_bytes", o["budget_bytes"], 0, "bytes"),
+            free_bytes=_opt_int("free_bytes", o["free_bytes"], 0, "bytes"),
+            headroom_bytes=_opt_int("headroom_bytes", o["headroom_bytes"], 0, "bytes"),
+            backed_bytes=int_arg("backed_bytes", o["backed_bytes"], lo=0, unit="bytes"),
+        )
+
+
+#: :func:`plan`'s keyword defaults, in one place for :meth:`PlanRequest.resolve`.
+_DEFAULTS: dict[str, Any] = dict(
+    dtype="bfloat16",
+    page_size=DEFAULT_PAGE_SIZE,
+    tp=1,
+    budget_bytes=None,
+    headroom_bytes=None,
+    free_bytes=None,
+    backed_bytes=0,
+    layout="token_major",
+    policy=None,
+    decode_step_tokens=4096,
+    reserved_tokens=None,
+    swa_reserved_tokens=None,
+    count_overhead=False,
+)
+
+
+def _opt_int(name: str, value: object, lo: int, unit: str) -> int | None:
+    return None if value is None else int_arg(name, value, lo=lo, unit=unit)
+
+
+@dataclass(frozen=True, slots=True)
+class _Budget:
+    budget_bytes: int  # what the pools are sized from
+    free_bytes: int | None  # None: explicit budget
+    headroom_bytes: int | None  # None: explicit budget
+    how: str  # the formula with its figures, for error messages
+
+
+def _budget(req: PlanRequest) -> _Budget:
+    """The KV budget: explicit, or SGLang's post-capture ``free - headroom + backed``."""
+    cap, key = req.profile.capacity_bytes, req.profile.key
+    if req.budget_bytes is not None:
+        if req.free_bytes is not None or req.headroom_bytes is not None or req.backed_bytes:
+            raise ArgumentError(
+                "budget_bytes",
+                req.budget_bytes,
+                "given alone",
+                "it replaces free_bytes - headroom_bytes + backed_bytes; pass one or the other",
+            )
+        if req.budget_bytes > cap:
+            raise OutOfRangeError(
+                "budget_bytes", req.budget_bytes, f"<= {cap} ({key}'s capacity, bytes)"
+            )
+        return _Budget(req.budget_bytes, None, None, "explicit")
+    free = cap if req.free_bytes is None else req.free_bytes
+    if free > cap:
+        raise OutOfRangeError("free_bytes", free, f"<= {cap} ({key}'s capacity)")
+    head = DEFAULT_HEADROOM_BYTES if req.headroom_bytes is None else req.headroom_bytes
+    backed = req.backed_bytes
+    if free + backed > cap:
+        raise OutOfRangeError(
+            "backed_bytes",
+            backed,
+            f"<= {cap - free} (capacity {cap} - free_bytes {free})",
+            "backed memory is not free memory: free + backed cannot exceed the device",
+        )
+    how = f"free {fmt_bytes(free)} - headroom {fmt_bytes(head)} + backed {fmt_bytes(backed)}"
+    return _Budget(free - head + backed, free, head, how)
+
+
+def _pool_descs(
+    req: PlanRequest, full_tokens: int, swa_tokens: int | None
+) -> tuple[list[KvBufferDesc], ...]:
+    # Row sizes, all the span arithmetic needs, do not depend on the capacity the descs are
+    # built for: descs built for any capacity size the pools, and the final ones reserve VA.
+    common: dict[str, Any] = dict(
+        page_size=req.page_size, dtype=req.dtype, tp=req.tp, layout=req.layout
+    )
+    if req.model.is_hybrid_swa:
+        return hybrid_swa_descs(
+            req.model, reserved_tokens=full_tokens, swa_reserved_tokens=swa_tokens, **common
+        )
+    return (model_descs(req.model, reserved_tokens=full_tokens, **common),)
+
+
+@dataclass(frozen=True, slots=True)
+class _Sizing:
+    bpt: int  # the full pool's bytes per token
+    tokens: int  # the full pool's tokens
+    upper: int  # the full pool's reserved tokens
+    full_budget: int  # the full pool's share of the budget
+    swa_bpt: int  # the sliding pool's bytes per token (0: none)
+    swa_tokens: int | None  # the sliding pool's tokens (None: no sliding pool)
+    swa_cost: int  # the sliding pool's share of the budget
+
+
+def _swa_share(req: PlanRequest) -> tuple[int | None, int, int]:
+    """The sliding pool's (tokens, bytes per token, cost): sized first, by its window."""
+    m = req.model
+    if req.swa_reserved_tokens is not None and not m.is_hybrid_swa:
+        raise ArgumentError(
+            "swa_reserved_tokens",
+            req.swa_reserved_tokens,
+            "None for a model without sliding-window layers",
+            f"{m.name} has a single full-attention pool",
+        )
+    if not m.is_hybrid_swa:
+        return None, 0, 0
+    page = req.page_size
+    if req.swa_reserved_tokens is None:
+        # swa_reserved_tokens_default() capped by the full pool's tokens, which are not
+        # known yet: take the window, and check the cap once the full pool is sized.
+        assert m.sliding_window is not None
+        swa_tokens = align_up(m.sliding_window, page) + page
+    else:
+        swa_tokens = req.swa_reserved_tokens
+    swa_bpt = swa_kv_bytes_per_token(m, req.dtype, req.tp)
+    if not req.count_overhead:
+        return swa_tokens, swa_bpt, swa_tokens * swa_bpt
+    groups = _groups(_pool_descs(req, swa_tokens, swa_tokens)[1])
+    return (
+        swa_tokens,
+        swa_bpt,
+        _final_backed(groups, swa_tokens, page, req.profile.granularity_bytes),
+    )
+
+
+def _size_pools(req: PlanRequest, budget: _Budget) -> _Sizing:
+    """Fit the full pool's tokens into what the sliding pool leaves of the budget."""
+    m, page, gran = req.model, req.page_size, req.profile.granularity_bytes
+    bpt = kv_bytes_per_token(m, req.dtype, req.tp)  # also checks tp against the KV heads
+    if bpt == 0:
+        raise ArgumentError(
+            "model", m.name, "a model with at least one full-attention layer", "every layer slides"
+        )
+    swa_tokens, swa_bpt, swa_cost = _swa_share(req)
+    full_budget = budget.budget_bytes - swa_cost
+    groups = _groups(_pool_descs(req, max(page, swa_tokens or 0), swa_tokens)[0])
+    tokens = _fit_tokens(full_budget, bpt, groups, page, gran, req.count_overhead)
+    if tokens == 0:
+        one_page = _final_backed(groups, page, page, gran) if req.count_overhead else page * bpt
+        raise OutOfRangeError(
+            "budget_bytes",
+            budget.budget_bytes,
+            f">= {one_page + swa_cost} bytes (one page of KV"
+            + (f" plus the sliding pool's {swa_cost}" if swa_cost else "")
+            + ")",
+            f"budget = {budget.how}; {m.name} takes {bpt} bytes per token per rank",
+        )
+    if swa_tokens is not None and swa_tokens > tokens:
+        raise OutOfRangeError(
+            "swa_reserved_tokens",
+            swa_tokens,
+            f"<= {tokens} (the full pool's tokens at this budget)",
+            "the budget is too small for the sliding pool to be smaller than the full pool",
+        )
+    upper = tokens if req.reserved_tokens is None else req.reserved_tokens
+    if upper < tokens:
+        raise OutOfRangeError(
+            "reserved_tokens",
+            upper,
+            f">= {tokens} (the tokens that fit the budget)",
+            "finalize would back spans beyond the reservation",
+        )
+    return _Sizing(bpt, tokens, upper, full_budget, swa_bpt, swa_tokens, swa_cost)
+
+
+def _build_pools(req: PlanRequest, s: _Sizing) -> tuple[PoolPlan, ...]:
+    """Lay the sized pools out for VA and simulate each policy's handles."""
+    descs = _pool_descs(req, s.upper, s.swa_tokens)
+    m = req.model
+    sized = [("full", len(m.full_layers), s.bpt, s.full_budget, s.tokens, s.upper)]
+    if s.swa_tokens is not None:
+        sized.append(
+            ("swa", len(m.sliding_layers), s.swa_bpt, s.swa_cost, s.swa_tokens, s.swa_tokens)
+        )
+    return tuple(
+        _pool(
+            name,
+            n_layers,
+            pool_descs,
+            bpt=bpt,
+            budget=budget,
+            tokens=tokens,
+            reserved_tokens=reserved,
+            itemsize=req.itemsize,
+            page=req.page_size,
+            gran=req.profile.granularity_bytes,
+            step=req.decode_step_tokens,
+            policies=req.policies,
+        )
+        for (name, n_layers, bpt, budget, tokens, reserved), pool_descs in zip(
+            sized, descs, strict=True
+        )
+    )
+
+
+def plan_request(req: PlanRequest) -> Plan:
+    """Plan a resolved request: budget, tokens, pools, handle counts (see :func:`plan`)."""
+    budget = _budget(req)
+    sizing = _size_pools(req, budget)
+    pools = _build_pools(req, sizing)
+    final_backed = sum(p.final_backed_bytes for p in pools)
+    return Plan(
+        gpu=req.profile.key,
+        gpu_name=req.profile.name,
+        capacity_bytes=req.profile.capacity_bytes,
+        granularity_bytes=req.profile.granularity_bytes,
+        model=req.model.name,
+        dtype=req.dtype,
+        page_size=req.page_size,
+        tp=req.tp,
+        layout=req.layout,
+        count_overhead=req.count_overhead,
+        free_bytes=budget.free_bytes,
+        headroom_bytes=budget.headroom_bytes,
+        backed_bytes=req.backed_bytes,
+        budget_bytes=budget.budget_bytes,
+        bytes_per_token=sizing.bpt,
+        tokens=sizing.tokens,
+        num_buffers=sum(p.num_buffers for p in pools),
+        va_reserve_bytes=sum(p.va_reserve_bytes for p in pools),
+        final_backed_bytes=final_backed,
+        padding_bytes=sum(p.padding_bytes for p in pools),
+        granularity_waste_bytes=sum(p.granularity_waste_bytes for p in pools),
+        va_slack_bytes=sum(p.va_slack_bytes for p in pools),
+        over_budget_bytes=max(0, final_backed - budget.budget_bytes),
+        decode_step_tokens=req.decode_step_tokens,
+        handles=_sum_handles(pools),
+        pools=pools,
+    )
 
 
 def plan(
@@ -408,200 +688,22 @@ def plan(
             one page, or ``reserved_tokens`` below the planned tokens.
         UnknownDtypeError: unknown dtype.
     """
-    profile = get_profile(gpu)
-    m: ModelConfig = load_model(model)
-    name = dtype_name(dtype)
-    itemsize = dtype_itemsize(name)
-    page = _int_at_least("page_size", page_size, 1, "tokens")
-    step = _int_at_least("decode_step_tokens", decode_step_tokens, 1, "tokens")
-    policies = _policies(policy)
-    if layout not in ("token_major", "page_major"):
-        raise ArgumentError("layout", layout, "one of ['token_major', 'page_major']")
-    if not isinstance(count_overhead, bool):
-        raise ArgumentError("count_overhead", count_overhead, "a bool")
-    cap, gran = profile.capacity_bytes, profile.granularity_bytes
-
-    # The budget: explicit, or SGLang's post-capture formula.
-    if budget_bytes is not None:
-        if free_bytes is not None or headroom_bytes is not None or backed_bytes != 0:
-            raise ArgumentError(
-                "budget_bytes",
-                budget_bytes,
-                "given alone",
-                "it replaces free_bytes - headroom_bytes + backed_bytes; pass one or the other",
-            )
-        budget = _int_at_least("budget_bytes", budget_bytes, 0, "bytes")
-        shown_free: int | None = None
-        shown_head: int | None = None
-        if budget > cap:
-            raise OutOfRangeError(
-                "budget_bytes", budget, f"<= {cap} ({profile.key}'s capacity, bytes)"
-            )
-        how = "explicit"
-    else:
-        free = cap if free_bytes is None else _int_at_least("free_bytes", free_bytes, 0, "bytes")
-        if free > cap:
-            raise OutOfRangeError("free_bytes", free, f"<= {cap} ({profile.key}'s capacity)")
-        head = (
-            DEFAULT_HEADROOM_BYTES
-            if headroom_bytes is None
-            else _int_at_least("headroom_bytes", headroom_bytes, 0, "bytes")
+    return plan_request(
+        PlanRequest.resolve(
+            gpu=gpu,
+            model=model,
+            dtype=dtype,
+            page_size=page_size,
+            tp=tp,
+            budget_bytes=budget_bytes,
+            headroom_bytes=headroom_bytes,
+            free_bytes=free_bytes,
+            backed_bytes=backed_bytes,
+            layout=layout,
+            policy=policy,
+            decode_step_tokens=decode_step_tokens,
+            reserved_tokens=reserved_tokens,
+            swa_reserved_tokens=swa_reserved_tokens,
+            count_overhead=count_overhead,
         )
-        backed0 = _int_at_least("backed_bytes", backed_bytes, 0, "bytes")
-        if free + backed0 > cap:
-            raise OutOfRangeError(
-                "backed_bytes",
-                backed0,
-                f"<= {cap - free} (capacity {cap} - free_bytes {free})",
-                "backed memory is not free memory: free + backed cannot exceed the device",
-            )
-        budget = free - head + backed0
-        shown_free, shown_head = free, head
-        how = f"free {fmt_bytes(free)} - headroom {fmt_bytes(head)} + backed {fmt_bytes(backed0)}"
-
-    bpt = kv_bytes_per_token(m, name, tp)  # also checks tp against the KV heads
-    if bpt == 0:
-        raise ArgumentError(
-            "model", m.name, "a model with at least one full-attention layer", "every layer slides"
-        )
-
-    if swa_reserved_tokens is not None and not m.is_hybrid_swa:
-        raise ArgumentError(
-            "swa_reserved_tokens",
-            swa_reserved_tokens,
-            "None for a model without sliding-window layers",
-            f"{m.name} has a single full-attention pool",
-        )
-
-    # Row sizes, all the span arithmetic needs, do not depend on the capacity the descs are
-    # built for: descs built for any capacity size the pools, and the final ones reserve VA.
-    def build(full_tokens: int, swa_tokens: int | None) -> tuple[list[KvBufferDesc], ...]:
-        if m.is_hybrid_swa:
-            return hybrid_swa_descs(
-                m,
-                reserved_tokens=full_tokens,
-                swa_reserved_tokens=swa_tokens,
-                page_size=page,
-                dtype=name,
-                tp=tp,
-                layout=layout,
-            )
-        return (
-            model_descs(
-                m,
-                layout=layout,
-                reserved_tokens=full_tokens,
-                page_size=page,
-                dtype=name,
-                tp=tp,
-            ),
-        )
-
-    # Sliding pool first: its capacity is fixed by the window (or the caller), not the budget.
-    swa_tokens: int | None = None
-    swa_cost = swa_bpt = 0
-    if m.is_hybrid_swa:
-        if swa_reserved_tokens is None:
-            # swa_reserved_tokens_default() capped by the full pool's tokens, which are not
-            # known yet: take the window, and check the cap once the full pool is sized.
-            assert m.sliding_window is not None
-            swa_tokens = align_up(m.sliding_window, page) + page
-        else:
-            swa_tokens = _int_at_least("swa_reserved_tokens", swa_reserved_tokens, 1, "tokens")
-        swa_bpt = swa_kv_bytes_per_token(m, name, tp)
-        swa_groups = _groups(build(swa_tokens, swa_tokens)[1])
-        swa_cost = (
-            _final_backed(swa_groups, swa_tokens, page, gran)
-            if count_overhead
-            else swa_tokens * swa_bpt
-        )
-
-    full_budget = budget - swa_cost
-    full_groups = _groups(build(max(page, swa_tokens or 0), swa_tokens)[0])
-    tokens = _fit_tokens(full_budget, bpt, full_groups, page, gran, count_overhead)
-    one_page = _final_backed(full_groups, page, page, gran) if count_overhead else page * bpt
-    if tokens == 0:
-        raise OutOfRangeError(
-            "budget_bytes",
-            budget,
-            f">= {one_page + swa_cost} bytes (one page of KV"
-            + (f" plus the sliding pool's {swa_cost}" if swa_cost else "")
-            + ")",
-            f"budget = {how}; {m.name} takes {bpt} bytes per token per rank",
-        )
-    if swa_tokens is not None and swa_tokens > tokens:
-        raise OutOfRangeError(
-            "swa_reserved_tokens",
-            swa_tokens,
-            f"<= {tokens} (the full pool's tokens at this budget)",
-            "the budget is too small for the sliding pool to be smaller than the full pool",
-        )
-    if reserved_tokens is None:
-        upper = tokens
-    else:
-        upper = _int_at_least("reserved_tokens", reserved_tokens, 1, "tokens")
-        if upper < tokens:
-            raise OutOfRangeError(
-                "reserved_tokens",
-                upper,
-                f">= {tokens} (the tokens that fit the budget)",
-                "finalize would back spans beyond the reservation",
-            )
-
-    descs = build(upper, swa_tokens)
-    sized = [("full", len(m.full_layers), bpt, full_budget, tokens, upper)]
-    if swa_tokens is not None:
-        sized.append(("swa", len(m.sliding_layers), swa_bpt, swa_cost, swa_tokens, swa_tokens))
-    pools = [
-        _pool(
-            pool_name,
-            n_layers,
-            pool_descs,
-            bpt=pool_bpt,
-            budget=pool_budget,
-            tokens=pool_tokens,
-            reserved_tokens=pool_reserved,
-            itemsize=itemsize,
-            page=page,
-            gran=gran,
-            step=step,
-            policies=policies,
-        )
-        for (
-            pool_name,
-            n_layers,
-            pool_bpt,
-            pool_budget,
-            pool_tokens,
-            pool_reserved,
-        ), pool_descs in zip(sized, descs, strict=True)
-    ]
-    final_backed = sum(p.final_backed_bytes for p in pools)
-    return Plan(
-        gpu=profile.key,
-        gpu_name=profile.name,
-        capacity_bytes=cap,
-        granularity_bytes=gran,
-        model=m.name,
-        dtype=name,
-        page_size=page,
-        tp=tp,
-        layout=layout,
-        count_overhead=count_overhead,
-        free_bytes=shown_free,
-        headroom_bytes=shown_head,
-        backed_bytes=backed_bytes,
-        budget_bytes=budget,
-        bytes_per_token=bpt,
-        tokens=tokens,
-        num_buffers=sum(p.num_buffers for p in pools),
-        va_reserve_bytes=sum(p.va_reserve_bytes for p in pools),
-        final_backed_bytes=final_backed,
-        padding_bytes=sum(p.padding_bytes for p in pools),
-        granularity_waste_bytes=sum(p.granularity_waste_bytes for p in pools),
-        va_slack_bytes=sum(p.va_slack_bytes for p in pools),
-        over_budget_bytes=max(0, final_backed - budget),
-        decode_step_tokens=step,
-        handles=_sum_handles(pools),
-        pools=tuple(pools),
     )
