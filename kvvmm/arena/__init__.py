@@ -9,8 +9,8 @@
 
 from __future__ import annotations
 
-from kvvmm.arena.arena import Arena
+from kvvmm.arena.arena import Arena, DecommitResult
 from kvvmm.arena.transaction import Transaction
 from kvvmm.arena.views import ViewLease
 
-__all__ = ["Arena", "Transaction", "ViewLease"]
+__all__ = ["Arena", "DecommitResult", "Transaction", "ViewLease"]

@@ -50,7 +50,7 @@ from kvvmm.units import align_up, fmt_bytes, fmt_range
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["Arena"]
+__all__ = ["Arena", "DecommitResult"]
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +82,6 @@ class _Map:
     size: int
     handle: int  # the driver's handle
     hid: int  # the arena's id for it
-    released: bool = False  # handle released while still mapped (a failed decommit)
 
 
 @dataclass(slots=True)
@@ -93,6 +92,40 @@ class _Alloc:
     requested: int
     backed: int = 0
     maps: list[_Map] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class DecommitResult:
+    """What one decommit did to one allocation (a record: nothing live).
+
+    Maps are whole handles, so a decommit gives back only the mappings that lie wholly at or
+    beyond ``keep_bytes``; the mapping that straddles it stays, and with it more than was
+    asked to stay. ``given_bytes == 0`` with a ``kept_mapping`` is the silent no-op the lab
+    must be able to explain: that mapping is the boundary that stopped it.
+    """
+
+    name: str  #: the allocation's name
+    offset: int  #: the allocation's offset from the arena base
+    keep_bytes: int  #: bytes asked to stay backed from the allocation's start
+    given_bytes: int  #: bytes given back (unmapped and released)
+    backed_bytes: int  #: bytes backed from the allocation's start afterwards
+    #: ``[start, end)`` (from the arena base) of the mapping that straddles ``keep_bytes`` and
+    #: so stayed; None when the backing now ends at or before ``keep_bytes``
+    kept_mapping: tuple[int, int] | None
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes that stayed backed beyond ``keep_bytes`` because a mapping straddles it."""
+        return max(self.backed_bytes - self.keep_bytes, 0)
+
+    def __str__(self) -> str:
+        text = f"{self.name}: gave back {fmt_bytes(self.given_bytes)}"
+        if self.kept_mapping is not None:
+            start, end = self.kept_mapping
+            text += (f"; the mapping {fmt_range(start, end)} straddles keep "
+                     f"{fmt_bytes(self.keep_bytes)}, so {fmt_bytes(self.held_bytes)} beyond it "
+                     f"stays backed (maps are whole handles)")
+        return text
 
 
 class Arena:
@@ -133,7 +166,9 @@ class Arena:
         self._closed = False
         self._released = False  # VA freed (teardown done)
         self._views = 0
-        self._leftover: list[int] = []  # handles a failed close could not release
+        # (handle, size) of handles a failed release left with the arena (close or decommit):
+        # their VA is already unmapped, so only a later release can give the memory back.
+        self._leftover: list[tuple[int, int]] = []
         self._pool: Any = None
         self._dropping_pool = False
         # Devices that get access at each commit; None: the driver's own only (the default
@@ -319,25 +354,56 @@ class Arena:
         """Give back whole mappings of the allocation at ``offset`` beyond ``keep_bytes``.
 
         A mapping that straddles ``keep_bytes`` stays (maps are whole handles), so more
-        than ``keep_bytes`` may stay backed.
+        than ``keep_bytes`` may stay backed, and a decommit may give back nothing at all:
+        :meth:`decommit_report` says which mapping stopped it.
 
         Returns:
             Bytes given back.
         Raises:
             ArgumentError, OutOfRangeError: bad offset or size; nothing changed.
-            DriverError: a driver call failed; the mappings are as they were.
+            DriverError: a driver call failed; see :meth:`decommit_many`.
         """
         return self.decommit_many([(offset, keep_bytes)])
 
-    @_locked
-    def decommit_many(self, requests: Iterable[tuple[int, int]]) -> int:
-        """Decommit several allocations as one transaction; see :meth:`decommit`.
+    def decommit_report(self, offset: int, keep_bytes: int) -> DecommitResult:
+        """:meth:`decommit`, returning what it did (bytes given back, the mapping kept)."""
+        return self.decommit_many_report([(offset, keep_bytes)])[0]
 
-        Handles are released first (legal while mapped: the mappings keep the memory, so a
-        failure there changes nothing visible), then each allocation's dropped range is
-        unmapped in one call. If a later unmap fails, the ranges already unmapped are
-        backed again with fresh memory (their bytes were being given up) under the same
-        handle ids, so the snapshot is as it was.
+    def decommit_many(self, requests: Iterable[tuple[int, int]]) -> int:
+        """Decommit several allocations as one transaction; see :meth:`decommit_many_report`.
+
+        Returns:
+            Bytes given back in all.
+        """
+        return sum(r.given_bytes for r in self.decommit_many_report(requests))
+
+    @_locked
+    def decommit_many_report(
+        self, requests: Iterable[tuple[int, int]]
+    ) -> tuple[DecommitResult, ...]:
+        """Decommit several allocations as one transaction and say what happened to each.
+
+        Every request is checked before any driver call. Each allocation's dropped range is
+        unmapped in one call first, and each unmap pushes its undo (map the same handles
+        back, set access): the handles still hold the memory, so a failed unmap puts every
+        byte back where it was. Only when every unmap succeeded are the handles released.
+
+        A release cannot lose a byte anyone can still reach (the VA is already unmapped), but
+        it can fail: then the decommit stands (the snapshot shows the mappings gone), the
+        arena keeps the handles it could not release (:attr:`unreleased_bytes`) and retries
+        them at the next decommit that gives something back and at :meth:`close`, and the
+        error says so in a note.
+
+        Args:
+            requests: ``(offset, keep_bytes)`` pairs; ``keep_bytes`` in ``[0, size]``. An
+                allocation named twice keeps the smaller of its two.
+        Returns:
+            One :class:`DecommitResult` per allocation, in the order first named.
+        Raises:
+            ArgumentError, OutOfRangeError: a bad request; nothing changed.
+            DriverError: an unmap or a set access failed (every mapping and every byte is as
+                it was), or a release failed after the unmaps (the decommit stands; see above).
+            ClosedError: after ``close()``.
         """
         self._check_open("decommit")
         keep: dict[int, int] = {}  # offset -> smallest keep asked for it (one unmap each)
@@ -353,54 +419,51 @@ class Arena:
             if drop:
                 plan.append((a, drop[0]))
         d = self.driver
-        for a, first in plan:  # phase 1: release while mapped
-            for m in a.maps[first:]:
-                if not m.released:
-                    d.release(m.handle)
-                    m.released = True
-        done: list[tuple[_Alloc, int]] = []
-        given = 0
+        undo = Transaction()
         try:
-            for a, first in plan:  # phase 2: one unmap per allocation
+            for a, first in plan:  # one unmap per allocation, each undone by mapping back
                 start = a.maps[first].offset
-                size = a.offset + a.backed - start
-                d.unmap(self.base + start, size)
-                done.append((a, first))
-                given += size
-        except BaseException as e:
-            for a, first in done:
-                for failure in self._reback(a.maps[first:]):
-                    e.add_note(failure)
+                d.unmap(self.base + start, a.offset + a.backed - start)
+                for m in a.maps[first:]:
+                    undo.push(f"map back handle {m.hid} at offset {m.offset}", self._map_back, m)
+        except BaseException as e:  # a Ctrl-C between unmaps must not lose the bytes either
+            undo.unwind(e)
             raise
+        undo.commit()
+        given: dict[int, int] = {}
+        gone: list[tuple[int, int]] = []
         for a, first in plan:
+            before = a.backed
+            gone += [(m.handle, m.size) for m in a.maps[first:]]
             del a.maps[first:]
             a.backed = a.maps[-1].offset + a.maps[-1].size - a.offset if a.maps else 0
+            given[a.offset] = before - a.backed
             self._note("decommit", offset=a.offset, keep_bytes=a.backed)
-        return given
+        results = tuple(self._decommit_result(self._by_offset[o], k, given.get(o, 0))
+                        for o, k in keep.items())
+        # Past the point of no return: the VA no longer reaches these handles.
+        self._leftover += gone
+        if gone:
+            self._release_leftover("decommit or close again to retry")
+        return results
 
-    def _reback(self, maps: Sequence[_Map]) -> list[str]:
-        """Back unmapped ``maps`` again with fresh handles (undo of a partial decommit).
+    def _decommit_result(self, a: _Alloc, keep_bytes: int, given: int) -> DecommitResult:
+        kept: tuple[int, int] | None = None
+        if a.maps and keep_bytes < a.backed:
+            last = a.maps[-1]  # the mapping that straddles keep_bytes
+            kept = (last.offset, last.offset + last.size)
+        return DecommitResult(name=a.name, offset=a.offset, keep_bytes=keep_bytes,
+                              given_bytes=given, backed_bytes=a.backed, kept_mapping=kept)
 
-        Returns:
-            One line per mapping that could not be backed again (empty when all were).
-        """
-        d = self.driver
-        failures: list[str] = []
-        for m in maps:
-            try:
-                h = d.create(m.size)
-                try:
-                    d.map(self.base + m.offset, m.size, h)
-                    self._set_access(self.base + m.offset, m.size)
-                except DriverError:
-                    d.release(h)
-                    raise
-            except DriverError as e2:
-                failures.append(f"undo: re-backing {fmt_range(m.offset, m.offset + m.size)} "
-                                f"failed: {e2}; the arena is now inconsistent")
-                continue
-            m.handle, m.released = h, False
-        return failures
+    def _map_back(self, m: _Map) -> None:
+        """Map a handle back where it was (undo of an unmap: the handle kept its bytes)."""
+        self.driver.map(self.base + m.offset, m.size, m.handle)
+        self._set_access(self.base + m.offset, m.size)
+
+    @property
+    def unreleased_bytes(self) -> int:
+        """Memory of handles a failed release left with the arena (0 normally)."""
+        return sum(size for _, size in self._leftover)
 
     # -- several devices and processes -----------------------------------------------
 
@@ -693,7 +756,7 @@ class Arena:
             raise
         self._released = True
         self._note("close")
-        self._leftover = [m.handle for a in self._allocs for m in a.maps if not m.released]
+        self._leftover += [(m.handle, m.size) for a in self._allocs for m in a.maps]
         for a in self._allocs:
             a.maps.clear()
             a.backed = 0
@@ -701,25 +764,16 @@ class Arena:
 
     def _remap(self, a: _Alloc) -> None:
         """Map ``a``'s handles back after its unmap (undo in a failed close)."""
-        d = self.driver
-        # Handles released while mapped lost their memory with the unmap: back them anew.
-        fresh = [m for m in a.maps if m.released]
-        failures = self._reback(fresh)
-        anew = {id(m) for m in fresh}
         for m in a.maps:
-            if id(m) not in anew:
-                d.map(self.base + m.offset, m.size, m.handle)
-                self._set_access(self.base + m.offset, m.size)
-        if failures:  # _Undo.unwind attaches this to the error the caller sees
-            raise KvvmmError("; ".join(failures))
+            self._map_back(m)
 
-    def _release_leftover(self) -> None:
+    def _release_leftover(self, retry: str = "call close() again to release them") -> None:
         while self._leftover:
-            h = self._leftover[0]
+            h, _ = self._leftover[0]
             try:
                 self.driver.release(h)
             except DriverError as e:
-                e.add_note(f"arena {self.name!r} is closed and still holds "
-                           f"{len(self._leftover)} handles; call close() again to release them")
+                e.add_note(f"arena {self.name!r} still holds {len(self._leftover)} handles "
+                           f"({self.unreleased_bytes} bytes) it could not release; {retry}")
                 raise
             self._leftover.pop(0)
