@@ -24,7 +24,7 @@ Sections (each a key of the JSON result):
 The result goes to ``bench/results/<card>-kvvmm-bench.json`` (``h200-kvvmm-bench.json``),
 with the card, versions and date inside; a new run replaces the file and git keeps the old
 one. What the figures have shown so far, and why the sections are timed as they are:
-``docs/MEASUREMENTS.md``. A progress bar (tqdm, the ``bench`` extra) goes to stderr.
+``docs/MEASUREMENTS.md``. A progress bar (tqdm) goes to stderr, the summary to stdout.
 """
 
 from __future__ import annotations
@@ -364,11 +364,11 @@ def _timed(fn: Callable[[], Any], reps: int) -> list[float]:
 
 
 def _tqdm() -> Any:
-    """tqdm's bar class (the ``bench`` extra), imported here so ``import kvvmm`` needs none."""
+    """tqdm's bar class, imported only here: ``import kvvmm`` does not load it."""
     try:
         from tqdm import tqdm  # type: ignore[import-untyped]
     except ImportError as e:
-        e.add_note("kvvmm bench shows its progress with tqdm: pip install 'kvvmm[bench]'")
+        e.add_note("kvvmm bench shows its progress with tqdm, a kvvmm dependency: pip install tqdm")
         raise
     return tqdm
 
