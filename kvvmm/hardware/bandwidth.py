@@ -47,7 +47,7 @@ class BandwidthTable:
     @classmethod
     def from_mapping(cls, data: Mapping[str, Sequence[float]], *, device: str, source: str,
                      tensor_bytes: int = GiB) -> BandwidthTable:
-        """Read ``{"vmm_64MiB": [4.188, 4.19], "plain": [...], ...}`` (``device_bw.py``'s keys).
+        """Read ``{"vmm_64MiB": [4.188, 4.19], "plain": [...], ...}`` (docs/MEASUREMENTS.md §4).
 
         ``vmm_<N>MiB`` and ``vmm_<N>MiB_interleaved`` are N-MiB handles, ``vmm_1handle`` one
         handle for the whole tensor; other keys (``plain``, ``expandable_segments:True``) are
@@ -86,7 +86,7 @@ def _shipped_table(key: str) -> BandwidthTable:
 
 
 #: Copy bandwidth of a 1 GiB bf16 tensor on an H200, two runs each (the shipped
-#: ``h200.json``'s ``bandwidth``, from ``device_bw.py``).
+#: ``h200.json``'s ``bandwidth``; docs/MEASUREMENTS.md §4).
 H200_BANDWIDTH = _shipped_table("h200")
 
 

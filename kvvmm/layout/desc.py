@@ -24,7 +24,7 @@ class KvBufferDesc:
     """One KV buffer: an upper-bound tensor whose leading dimension counts rows of tokens.
 
     Spans are the bytes from the buffer's start that must be backed; they follow SGLang's
-    ``KvBufferDesc`` exactly (``shared/reference/README.md``).
+    ``KvBufferDesc`` exactly (SGLang's ``memory_pool.py``).
     """
 
     name: str  #: buffer name (``"k0"``, ``"v31"``, ``"kv60"``), unique within a pool
