@@ -15,10 +15,13 @@ decides handle sizes (see :mod:`kvvmm.policy`).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from kvvmm.arena import Arena
+from kvvmm.arena import Arena, DecommitResult
+from kvvmm.arena.arena import MAX_RESERVE_BYTES, check_driver
 from kvvmm.driver.base import Driver
 from kvvmm.dtypes import dtype_itemsize, dtype_name
 from kvvmm.errors import ArgumentError, ClosedError, DriverError, OutOfRangeError
@@ -26,32 +29,79 @@ from kvvmm.layout import KvBufferDesc
 from kvvmm.policy import Chunked, Exact, Geometric, GrowthPolicy, default_policy
 from kvvmm.record.trace import Trace
 from kvvmm.snapshot import BufferInfo, OwnerSnapshot
-from kvvmm.units import align_up
+from kvvmm.units import align_up, fmt_bytes
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["BufferInfo", "Chunked", "Exact", "Geometric", "KvBufferOwner", "OwnerSnapshot"]
+__all__ = ["BufferInfo", "Chunked", "Exact", "Geometric", "KvBufferOwner", "OwnerSnapshot",
+           "ShrinkResult"]
 
 _EXACT = Exact()
+
+
+@dataclass(frozen=True, slots=True)
+class ShrinkResult:
+    """What one :meth:`KvBufferOwner.shrink` did: bytes given back, and what stopped it.
+
+    Maps are whole handles: a buffer whose last mapping straddles its kept span gives back
+    less than asked, maybe nothing. ``held`` lists those buffers, each naming the mapping
+    (its ``[start, end)`` from the arena base) that stayed, so a lab can say why.
+    """
+
+    tokens: int  #: the token count shrunk to
+    given_bytes: int  #: bytes given back across all buffers
+    buffers: tuple[DecommitResult, ...]  #: one per buffer, in ``descs`` order
+
+    @property
+    def held(self) -> tuple[DecommitResult, ...]:
+        """Buffers that kept more than their span because a mapping straddles it."""
+        return tuple(b for b in self.buffers if b.kept_mapping is not None)
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes that stayed backed beyond the kept spans (whole handles straddling them)."""
+        return sum(b.held_bytes for b in self.buffers)
+
+    def __str__(self) -> str:
+        text = f"shrink({self.tokens}): gave back {fmt_bytes(self.given_bytes)}"
+        held = self.held
+        if held:
+            text += (f"; {len(held)} of {len(self.buffers)} buffers keep "
+                     f"{fmt_bytes(self.held_bytes)} beyond their spans in mappings that "
+                     f"straddle them (first: {held[0]})")
+        return text
 
 
 class KvBufferOwner:
     """Owns one arena and the KV buffers laid out in it, in ``descs`` order.
 
+    What the descriptors already say is not stated twice: ``page_size`` defaults to the
+    page-major descs' ``tokens_per_row``, ``reserved_tokens`` to the most tokens every
+    buffer holds with its padded page (``shape[0] * tokens_per_row - page_size``). A value
+    given anyway must agree with the descs; so must ``dtype``, whose itemsize every desc's
+    ``row_bytes`` states (``row_bytes == prod(shape[1:]) * itemsize``). ``dtype`` stays
+    required: the descs give its size, not which 2-byte type it is.
+
     Args:
-        driver: any driver.
+        driver: any driver object (not a kind's name: ``kvvmm.open_driver("sim")`` first).
         device: device ordinal (default: the driver's).
         dtype: a torch dtype or its name (``"bfloat16"``).
-        page_size: tokens per page, > 0.
-        reserved_tokens: upper bound on tokens the buffers can ever hold, >= ``page_size``.
+        page_size: tokens per page, > 0 (default: the page-major descs' ``tokens_per_row``;
+            required when every desc is token-major).
+        reserved_tokens: upper bound on tokens the buffers can ever hold, in
+            ``[page_size, what the descs hold]`` (default: what the descs hold). Less than
+            the descs hold is allowed: the rest is VA, which costs no memory.
         descs: the buffers (:class:`~kvvmm.layout.KvBufferDesc`), K buffers first by
             convention; names must be unique.
-        policy: growth policy for ``ensure_prefix`` (default: :func:`~kvvmm.policy.default_policy`).
+        policy: a growth policy *instance* for ``ensure_prefix`` (default:
+            :func:`~kvvmm.policy.default_policy`).
         name: the arena's name.
         trace: a :class:`~kvvmm.record.Trace` the arena records its operations in.
     Raises:
-        ArgumentError, OutOfRangeError, UnknownDtypeError: bad arguments; nothing reserved.
+        ArgumentError, OutOfRangeError, UnknownDtypeError: bad arguments or descs that
+            disagree with each other or with ``dtype``/``page_size``/``reserved_tokens``,
+            naming the one that is wrong; nothing reserved.
         DriverError: reserving or backing slot 0 failed; nothing is left behind.
     """
 
@@ -61,18 +111,20 @@ class KvBufferOwner:
         driver: Driver,
         device: int | None = None,
         dtype: Any,
-        page_size: int,
-        reserved_tokens: int,
+        page_size: int | None = None,
+        reserved_tokens: int | None = None,
         descs: Sequence[KvBufferDesc],
         policy: GrowthPolicy | None = None,
         name: str = "kv",
         trace: Trace | None = None,
     ) -> None:
+        check_driver(driver)
         self.dtype = dtype_name(dtype)
         self.itemsize = dtype_itemsize(self.dtype)
-        self.page_size = _tokens("page_size", page_size, lo=1, hi=None)
-        self.reserved_tokens = _tokens("reserved_tokens", reserved_tokens, lo=page_size,
-                                       hi=None, what="page_size")
+        if page_size is not None:
+            _tokens("page_size", page_size, lo=1, hi=None)
+        if reserved_tokens is not None:
+            _tokens("reserved_tokens", reserved_tokens, lo=1, hi=None)
         if isinstance(descs, (str, bytes)) or not isinstance(descs, Sequence) or not descs:
             raise ArgumentError("descs", descs, "a non-empty sequence of KvBufferDesc")
         for i, d in enumerate(descs):
@@ -82,27 +134,24 @@ class KvBufferOwner:
         if len(set(names)) != len(names):
             dup = sorted({n for n in names if names.count(n) > 1})
             raise ArgumentError("descs", dup, "buffers with unique names")
-        if policy is None:
-            policy = default_policy()
-        if not isinstance(policy, (Exact, Chunked, Geometric)) and not callable(
-            getattr(policy, "target_bytes", None)
-        ):
-            raise ArgumentError("policy", policy, "Exact(), Chunked(...) or Geometric(...)")
-        self.policy: GrowthPolicy = policy
         self.descs: tuple[KvBufferDesc, ...] = tuple(descs)
+        _check_itemsize(self.descs, dtype, self.itemsize)
+        self.page_size = _agreed_page_size(self.descs, page_size)
+        self.reserved_tokens = _agreed_reserved_tokens(self.descs, self.page_size,
+                                                       reserved_tokens, self.itemsize)
+        self.policy: GrowthPolicy = _checked_policy(policy)
         gran = driver.granularity()
         self._spans = [d.reserved_span_bytes(self.itemsize) for d in self.descs]
         self._limits = [align_up(s, gran) for s in self._spans]
-        # A desc too small for reserved_tokens is a layout bug: refuse before reserving.
-        for d, span in zip(self.descs, self._spans, strict=True):
-            need = d.final_span_bytes(self.reserved_tokens, self.page_size)
-            if need > span:
-                raise OutOfRangeError(
-                    "reserved_tokens", reserved_tokens,
-                    f"at most what buffer {d.name!r} holds: its final span at "
-                    f"{reserved_tokens} tokens is {need} bytes but its shape {d.shape} "
-                    f"reserves {span}",
-                )
+        total = sum(self._limits)
+        if total > MAX_RESERVE_BYTES:  # refused here, naming what the caller can change
+            arg = "descs" if reserved_tokens is None else "reserved_tokens"
+            raise OutOfRangeError(
+                arg, self.reserved_tokens if arg == "reserved_tokens" else len(self.descs),
+                f"small enough that the buffers fit in {MAX_RESERVE_BYTES} bytes of VA "
+                f"(256 TiB, the most an arena reserves)",
+                f"the {len(self.descs)} buffers need {total} bytes",
+            )
         self.prefix_tokens = 0
         self.final_tokens: int | None = None
         self._closed = False
@@ -111,7 +160,7 @@ class KvBufferOwner:
         # arena after every change) so a step with nothing to back costs one pass of ints.
         self._rows = [(d.tokens_per_row, d.row_bytes) for d in self.descs]
         self._backed = [0] * len(self.descs)
-        self.arena = Arena(driver, reserve_bytes=sum(self._limits), device=device, name=name,
+        self.arena = Arena(driver, reserve_bytes=total, device=device, name=name,
                            trace=trace)
         try:
             self._offsets = [self.arena.allocate(s, d.name)
@@ -121,9 +170,9 @@ class KvBufferOwner:
                 for o, d in zip(self._offsets, self.descs, strict=True)
             ]
             # Slot 0 before capture, exactly one page: the budget is unknown until after it.
-            self._back([d.prefix_span_bytes(self.page_size, self.page_size) for d in self.descs],
-                       _EXACT)
-            self.prefix_tokens = self.page_size
+            ps = self.page_size
+            self._back([d.prefix_span_bytes(ps, ps) for d in self.descs], _EXACT)
+            self.prefix_tokens = ps
         except BaseException:
             self.tensors = []
             self.arena.close()
@@ -224,7 +273,8 @@ class KvBufferOwner:
     def shrink(self, n: int) -> int:
         """Give back whole mappings beyond each buffer's final span for ``n`` tokens.
 
-        Maps are whole handles, so a handle straddling the span stays backed.
+        Maps are whole handles, so a handle straddling the span stays backed, and a shrink
+        may give back nothing: :meth:`shrink_report` says which mappings stopped it.
 
         Args:
             n: tokens to keep, ``page_size <= n <= reserved_tokens``.
@@ -232,19 +282,41 @@ class KvBufferOwner:
             Bytes given back.
         Raises:
             ArgumentError, OutOfRangeError: bad ``n``; nothing changed.
-            DriverError: a driver call failed; every buffer is as it was.
+            DriverError: a driver call failed; see :meth:`shrink_report`.
+        """
+        return self.shrink_report(n).given_bytes
+
+    def shrink_report(self, n: int) -> ShrinkResult:
+        """:meth:`shrink`, returning what it did to each buffer (see :class:`ShrinkResult`).
+
+        Raises:
+            ArgumentError, OutOfRangeError: bad ``n``; nothing changed.
+            DriverError: an unmap failed: every buffer and every byte is as it was. Or a
+                release failed after every unmap succeeded: the shrink stands (the mappings
+                are gone, the token counts capped at ``n``) and the arena keeps the handles
+                it could not release until the next shrink or ``close()`` (see
+                :meth:`Arena.decommit_many_report`).
         """
         self._check_open("shrink")
         n = _tokens("n", n, lo=self.page_size, hi=self.reserved_tokens, what="page_size")
         keep = [d.final_span_bytes(n, self.page_size) for d in self.descs]
+        before = self._backed
         try:
-            given = self.arena.decommit_many(zip(self._offsets, keep, strict=True))
-        finally:
+            results = self.arena.decommit_many_report(zip(self._offsets, keep, strict=True))
+        except DriverError:
             self._sync_backed()
+            if self._backed != before:  # past the unmaps: the shrink stood
+                self._cap_tokens(n)
+            raise
+        self._sync_backed()
+        self._cap_tokens(n)
+        return ShrinkResult(tokens=n, given_bytes=sum(r.given_bytes for r in results),
+                            buffers=results)
+
+    def _cap_tokens(self, n: int) -> None:
         self.prefix_tokens = min(self.prefix_tokens, n)
         if self.final_tokens is not None:
             self.final_tokens = min(self.final_tokens, n)
-        return given
 
     # -- state ----------------------------------------------------------------------------
 
@@ -309,3 +381,107 @@ def _tokens(name: str, value: object, *, lo: int, hi: int | None, what: str = ""
     if hi is not None and value > hi:
         raise OutOfRangeError(name, value, f"<= reserved_tokens ({hi})")
     return value
+
+
+def _checked_policy(policy: object) -> GrowthPolicy:
+    """The default for None; refuse a policy class (``Exact``, not ``Exact()``) and non-policies."""
+    if policy is None:
+        return default_policy()
+    if isinstance(policy, type):
+        raise ArgumentError("policy", policy, f"a policy instance such as {policy.__name__}() "
+                                              f"(the class was passed, not an instance)")
+    if not isinstance(policy, GrowthPolicy):
+        raise ArgumentError("policy", policy, "Exact(), Chunked(...), Geometric(...) or an "
+                                              "object with target_bytes(backed, need, limit, gran)")
+    return policy
+
+
+def _check_itemsize(descs: Sequence[KvBufferDesc], dtype: object, itemsize: int) -> None:
+    """Every desc's row must be ``prod(shape[1:])`` elements of ``dtype``'s itemsize.
+
+    A row_bytes smaller than its shape's row makes the owner back less than the tensor's rows
+    (slots reported as backed that are not: a segfault on the host driver); larger wastes.
+    Blame ``dtype`` when every desc agrees on another itemsize, else the first desc that
+    disagrees.
+    """
+    implied: list[int | None] = []
+    for d in descs:
+        elements = math.prod(d.shape[1:])
+        implied.append(d.row_bytes // elements if d.row_bytes % elements == 0 else None)
+    if all(x == itemsize for x in implied):
+        return
+    first = implied[0]
+    if first is not None and all(x == first for x in implied):
+        d = descs[0]
+        raise ArgumentError(
+            "dtype", dtype, f"a dtype of {first} bytes per element, as the descs say",
+            f"{dtype_name(dtype)} has {itemsize}; descs[0] {d.name!r}: row_bytes={d.row_bytes} "
+            f"over prod(shape[1:])={math.prod(d.shape[1:])} elements",
+        )
+    i = next(i for i, x in enumerate(implied) if x != itemsize)
+    d = descs[i]
+    need = math.prod(d.shape[1:]) * itemsize
+    raise ArgumentError(
+        f"descs[{i}].row_bytes", d.row_bytes,
+        f"{need} = prod(shape[1:]) * itemsize for buffer {d.name!r} of shape {d.shape} "
+        f"in {dtype_name(dtype)} ({itemsize} bytes per element)",
+    )
+
+
+def _agreed_page_size(descs: Sequence[KvBufferDesc], page_size: int | None) -> int:
+    """The page size: page-major descs state it (tokens_per_row); a given one must agree."""
+    paged = [(i, d) for i, d in enumerate(descs) if d.tokens_per_row > 1]
+    for i, d in paged:
+        if math.prod(d.shape[1:]) % d.tokens_per_row:
+            raise ArgumentError(f"descs[{i}].shape", d.shape,
+                                f"a row of {d.tokens_per_row} token slots (tokens_per_row): "
+                                f"prod(shape[1:]) a multiple of it", f"buffer {d.name!r}")
+    if paged:
+        i0, d0 = paged[0]
+        for i, d in paged[1:]:
+            if d.tokens_per_row != d0.tokens_per_row:
+                raise ArgumentError(f"descs[{i}].tokens_per_row", d.tokens_per_row,
+                                    f"{d0.tokens_per_row}, as descs[{i0}] {d0.name!r} "
+                                    f"(one page size per owner)", f"buffer {d.name!r}")
+        if page_size is None:
+            return d0.tokens_per_row
+        if page_size != d0.tokens_per_row:
+            raise ArgumentError("page_size", page_size,
+                                f"{d0.tokens_per_row}, the token slots per row of the "
+                                f"page-major descs (descs[{i0}] {d0.name!r}); or leave it out")
+        return page_size
+    if page_size is None:
+        raise ArgumentError("page_size", None, "an int > 0 (tokens): every desc is "
+                                               "token-major, so none of them states it")
+    return page_size
+
+
+def _agreed_reserved_tokens(descs: Sequence[KvBufferDesc], page_size: int,
+                            reserved_tokens: int | None, itemsize: int) -> int:
+    """Tokens the owner serves at most: what every buffer holds with its padded page.
+
+    A buffer of ``shape[0]`` rows of ``tokens_per_row`` slots holds ``n`` tokens when its
+    final span fits: ``ceil((n + page_size) / tokens_per_row) <= shape[0]``, that is
+    ``n <= shape[0] * tokens_per_row - page_size``.
+    """
+    holds = [d.shape[0] * d.tokens_per_row - page_size for d in descs]
+    i = min(range(len(descs)), key=holds.__getitem__)
+    d, most = descs[i], holds[i]
+    if reserved_tokens is None:
+        if most < page_size:
+            raise ArgumentError(f"descs[{i}].shape", d.shape,
+                                f"room for two pages of {page_size} tokens (one to serve, "
+                                f"the padded one)", f"buffer {d.name!r}")
+        return most
+    if reserved_tokens < page_size:
+        raise ArgumentError("reserved_tokens", reserved_tokens, f">= page_size ({page_size})")
+    if reserved_tokens > most:
+        why = (f"buffer {d.name!r} of shape {d.shape} reserves "
+               f"{d.reserved_span_bytes(itemsize)} bytes and holds {most} tokens with its "
+               f"padded page (shape[0] * tokens_per_row - page_size = {d.shape[0]} * "
+               f"{d.tokens_per_row} - {page_size})")
+        if d.tokens_per_row == 1:
+            why += "; if the descs were built for a smaller page_size, page_size is the wrong one"
+        raise OutOfRangeError("reserved_tokens", reserved_tokens,
+                              f"at most {most}, what the descs hold", why)
+    return reserved_tokens

@@ -50,7 +50,13 @@ from kvvmm.units import align_up, fmt_bytes, fmt_range
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["Arena", "DecommitResult"]
+__all__ = ["MAX_RESERVE_BYTES", "Arena", "DecommitResult"]
+
+#: The most VA one arena may reserve: 2**48 bytes (256 TiB). CUDA's VA space on Hopper and
+#: Blackwell is 49 bits (part of it taken by the process's other mappings) and x86-64 user
+#: space is 47 bits, so no driver could give more; asking for more is a layout bug (a token
+#: count off by orders of magnitude), refused before the driver is asked.
+MAX_RESERVE_BYTES = 1 << 48
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +77,20 @@ def _locked(fn: Callable[Concatenate[Arena, _P], _R]) -> Callable[Concatenate[Ar
             return fn(self, *args, **kwargs)
 
     return wrapper
+
+
+def check_driver(driver: object, name: str = "driver") -> None:
+    """Refuse what is not a driver object (None, a kind's name) before it is first called.
+
+    Raises:
+        ArgumentError: naming ``name``; a kind's name gets the hint to open it first.
+    """
+    if isinstance(driver, Driver):
+        return
+    hint = (f"; open it first: kvvmm.open_driver({driver!r})"
+            if driver in ("auto", "sim", "host", "cuda") else "")
+    raise ArgumentError(name, driver, f"a driver object (SimDriver, HostDriver, CudaDriver, "
+                                      f"or a wrapper of one){hint}")
 
 
 # -- live state --------------------------------------------------------------------------
@@ -140,7 +160,8 @@ class Arena:
             allocate, commit, ...), next to the driver calls a ``TracingDriver`` records
             there; :func:`kvvmm.replay.replay_arenas` rebuilds the arena from it.
     Raises:
-        ArgumentError: ``reserve_bytes`` not a positive int.
+        ArgumentError: ``driver`` not a driver, or ``reserve_bytes`` not a positive int.
+        OutOfRangeError: ``reserve_bytes`` above :data:`MAX_RESERVE_BYTES`; nothing reserved.
         DriverError: the reservation failed.
     """
 
@@ -148,7 +169,10 @@ class Arena:
         self, driver: Driver, *, reserve_bytes: int, device: int | None = None,
         name: str = "arena", trace: Trace | None = None,
     ) -> None:
-        int_arg("reserve_bytes", reserve_bytes, lo=1, limit="an int > 0 (bytes)")
+        check_driver(driver)
+        int_arg("reserve_bytes", reserve_bytes, lo=1, hi=MAX_RESERVE_BYTES,
+                limit=f"an int > 0 and <= {MAX_RESERVE_BYTES} (bytes; 256 TiB, more VA "
+                      f"than any device addresses)")
         if device is not None and device != driver.device:
             raise ArgumentError("device", device, f"the driver's device {driver.device}")
         self._lock = threading.RLock()
