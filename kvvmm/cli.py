@@ -170,7 +170,9 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     p = plan(gpu=args.gpu, model=args.model, dtype=args.dtype, page_size=args.page_size,
              tp=args.tp, budget_bytes=args.budget_bytes, headroom_bytes=args.headroom_bytes,
              free_bytes=args.free_bytes, layout=args.layout,
-             reserved_tokens=args.reserved_tokens, count_overhead=args.count_overhead)
+             reserved_tokens=args.reserved_tokens, count_overhead=args.count_overhead,
+             mem_fraction_static=args.mem_fraction_static, weights_dtype=args.weights_dtype,
+             max_total_tokens=args.max_total_tokens)
     if args.json:
         print(json.dumps(p.to_dict(), indent=2))
     else:
@@ -228,9 +230,21 @@ def _parser() -> argparse.ArgumentParser:
     pl.add_argument("--page-size", type=int, default=16, help="tokens per page")
     pl.add_argument("--layout", default="token_major", choices=["token_major", "page_major"])
     pl.add_argument("--budget-bytes", type=parse_bytes, default=None,
-                    help="KV budget (80GiB, or bytes); default free - headroom + backed")
-    pl.add_argument("--headroom-bytes", type=parse_bytes, default=None)
-    pl.add_argument("--free-bytes", type=parse_bytes, default=None)
+                    help="KV budget (80GiB, or bytes), alone; default "
+                         "max(0, free - headroom) + backed, as SGLang sizes after capture")
+    pl.add_argument("--free-bytes", type=parse_bytes, default=None,
+                    help="free memory measured after loading weights and capturing graphs "
+                         "(torch.cuda.mem_get_info); default: the card less the weights")
+    pl.add_argument("--headroom-bytes", type=parse_bytes, default=None,
+                    help="memory kept back for activations, graphs and the allocator; "
+                         "default total * (1 - mem-fraction-static)")
+    pl.add_argument("--mem-fraction-static", type=float, default=None,
+                    help="SGLang's share of the card for weights + KV (default 0.9); "
+                         "not with --headroom-bytes")
+    pl.add_argument("--weights-dtype", default="bfloat16",
+                    help="dtype the weights are counted in (default bfloat16)")
+    pl.add_argument("--max-total-tokens", type=int, default=None,
+                    help="cap on the KV tokens (SGLang's --max-total-tokens)")
     pl.add_argument("--reserved-tokens", type=int, default=None,
                     help="upper bound the VA is reserved for (default: the planned tokens)")
     pl.add_argument("--count-overhead", action="store_true",

@@ -85,9 +85,13 @@ def test_the_buffers_of_a_shipped_model_add_up_to_its_bytes_per_token(key: str) 
 def test_every_shipped_model_file_says_where_its_figures_come_from(key: str) -> None:
     path = Path(__file__).parents[1] / "kvvmm" / "layout" / "models" / f"{key}.json"
     data = json.loads(path.read_text(encoding="utf-8"))
-    assert "config.json" in data["_source"]
+    # Issue 12 item 9: the public config it comes from, "repo: file", and nothing else.
+    assert data["_source"] == f"{data['_name']}: config.json"
     assert "/" in data["_name"]  # a Hugging Face repo id
-    assert load_model(data["_name"]).name == key  # loadable by repo id too
+    assert data["_name"] in data["hf_id"]
+    for repo_id in data["hf_id"]:  # loadable by every repo id it lists, in any case
+        assert load_model(repo_id).name == key
+        assert load_model(repo_id.upper()).name == key
 
 
 def test_model_layers_and_heads_match_the_published_configs() -> None:

@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 from kvvmm.errors import ArgumentError, KvvmmError, OutOfRangeError, UnknownDtypeError
 from kvvmm.hardware import PROFILES
 from kvvmm.layout import (
-    DEFAULT_HEADROOM_BYTES,
+    DEFAULT_MEM_FRACTION_STATIC,
+    LARGE_TOKENS,
     Plan,
     PoolPlan,
     hybrid_swa_descs,
@@ -20,9 +21,10 @@ from kvvmm.layout import (
     load_model,
     model_descs,
     plan,
+    weights_bytes_per_rank,
 )
 from kvvmm.policy import Chunked, Exact, Geometric
-from kvvmm.units import GiB, MiB, align_up
+from kvvmm.units import GiB, MiB, TiB, align_up
 from kvvmm.viz import format_plan
 
 
@@ -118,11 +120,108 @@ def test_the_budget_is_free_minus_headroom_plus_backed_as_sglang_sizes_after_cap
     assert (p.free_bytes, p.headroom_bytes, p.backed_bytes) == (60 * GiB, 5 * GiB, 2 * MiB)
 
 
-def test_free_defaults_to_the_whole_device_and_headroom_to_the_default() -> None:
+def test_free_defaults_to_the_device_less_the_weights_and_headroom_to_mem_fraction() -> None:
     p = plan(gpu="h200", model="qwen2.5-7b")
     cap = PROFILES["h200"].capacity_bytes
-    assert p.budget_bytes == cap - DEFAULT_HEADROOM_BYTES
-    assert p.free_bytes == cap and p.capacity_bytes == cap
+    weights = weights_bytes_per_rank("qwen2.5-7b", "bfloat16", 1)
+    assert weights is not None and p.weights_bytes == weights and p.weights_dtype == "bfloat16"
+    assert p.free_bytes == cap - weights and p.capacity_bytes == cap
+    assert p.mem_fraction_static == DEFAULT_MEM_FRACTION_STATIC == 0.9
+    assert p.headroom_bytes == round(cap * (1 - 0.9))
+    assert p.budget_bytes == p.memory_budget_bytes == cap - weights - p.headroom_bytes
+    assert p.warnings == ()
+
+
+# Published parameter counts (model cards / HF "Model size"), text decoder only:
+# Llama-3.1-8B 8.03B, Llama-3.1-70B 70.6B (Meta's model cards), Mistral-7B-v0.3 7.25B,
+# Qwen2.5-7B 7.61B (Qwen2.5 report: 7.61B), DeepSeek-V3 671B without its 14B MTP module
+# (DeepSeek-V3 technical report), gpt-oss-120b 117B (OpenAI's model card: 116.8B),
+# Gemma-3-27B's text part ~27.0B (27.4B with the 0.4B SigLIP vision tower).
+PUBLISHED_PARAMETERS = {
+    "llama-3.1-8b": 8.03e9,
+    "llama-3.1-70b": 70.6e9,
+    "mistral-7b": 7.25e9,
+    "qwen2.5-7b": 7.61e9,
+    "deepseek-v3": 671e9,
+    "gpt-oss-120b": 116.8e9,
+    "gemma-3-27b": 27.0e9,
+}
+
+
+@pytest.mark.parametrize("key", sorted(PUBLISHED_PARAMETERS))
+def test_weights_of_every_shipped_model_are_within_2_percent_of_the_published_size(
+    key: str,
+) -> None:
+    assert sorted(PUBLISHED_PARAMETERS) == list_models()
+    count = load_model(key).parameter_count
+    assert count is not None
+    assert abs(count / PUBLISHED_PARAMETERS[key] - 1) < 0.02, count
+    assert weights_bytes_per_rank(key, "bfloat16", 1) == 2 * count
+    assert weights_bytes_per_rank(key, "float8_e4m3fn", 4) == -(-count // 4)
+
+
+def test_llama_70b_on_eight_h200s_leaves_room_for_weights_and_headroom() -> None:
+    # Before issue 12: the whole card less 4 GiB, 3.56M tokens, no room for the weights.
+    p = plan(gpu="h200", model="llama-3.1-70b", tp=8)
+    cap = PROFILES["h200"].capacity_bytes
+    assert p.weights_bytes is not None and 16 * GiB < p.weights_bytes < 17 * GiB
+    assert p.headroom_bytes == round(cap * (1 - 0.9))
+    assert p.budget_bytes == cap - p.weights_bytes - p.headroom_bytes
+    assert p.bytes_per_token == 80 * 2 * 1 * 128 * 2  # one KV head per rank
+    assert p.tokens == 2_867_664
+    assert p.tokens * p.bytes_per_token <= p.budget_bytes < (p.tokens + 16) * p.bytes_per_token
+
+
+def test_a_lower_mem_fraction_keeps_more_headroom_and_fewer_tokens() -> None:
+    high = plan(gpu="h200", model="llama-3.1-8b", mem_fraction_static=0.9)
+    low = plan(gpu="h200", model="llama-3.1-8b", mem_fraction_static=0.7)
+    assert low.headroom_bytes is not None and high.headroom_bytes is not None
+    assert low.headroom_bytes > high.headroom_bytes and low.tokens < high.tokens
+
+
+def test_measured_free_memory_already_excludes_the_weights() -> None:
+    p = plan(gpu="h200", model="llama-3.1-8b", free_bytes=100 * GiB, headroom_bytes=10 * GiB)
+    assert p.budget_bytes == 90 * GiB and p.mem_fraction_static is None
+    assert p.weights_bytes is not None  # reported, not subtracted again
+
+
+def test_fp8_weights_take_half_the_memory_and_leave_more_for_kv() -> None:
+    bf16 = plan(gpu="h200", model="llama-3.1-70b", tp=4)
+    fp8 = plan(gpu="h200", model="llama-3.1-70b", tp=4, weights_dtype="float8_e4m3fn")
+    assert bf16.weights_bytes == 2 * (fp8.weights_bytes or 0)
+    assert fp8.tokens > bf16.tokens
+
+
+def test_the_token_cap_caps_the_budget_as_sglang_max_total_tokens_does() -> None:
+    p = plan(gpu="h200", model="llama-3.1-8b", max_total_tokens=100_003)
+    assert p.tokens == 100_000 and p.max_total_tokens == 100_003
+    assert p.budget_bytes == 100_000 * 131072 < p.memory_budget_bytes
+    strict = plan(gpu="h200", model="llama-3.1-8b", max_total_tokens=100_000,
+                  count_overhead=True)  # fmt: skip
+    assert strict.tokens == 100_000 and strict.over_budget_bytes == 0
+
+
+def test_a_config_without_sizes_plans_on_the_whole_device_with_a_warning() -> None:
+    cfg = {"num_hidden_layers": 2, "num_attention_heads": 4, "head_dim": 8}
+    p = plan(gpu="h100", model=cfg)
+    assert p.weights_bytes is None and p.free_bytes == p.capacity_bytes
+    assert len(p.warnings) == 1 and "weights are not counted" in p.warnings[0]
+
+
+def test_absurd_reservations_warn_in_the_plan_and_the_report() -> None:
+    # 2**35 slots of 40 KiB (70B at tp 8) reserve 1280 TiB of VA: both limits are crossed.
+    p = plan(gpu="h200", model="llama-3.1-70b", tp=8, reserved_tokens=16 * LARGE_TOKENS)
+    assert p.va_reserve_bytes > 1024 * TiB and len(p.warnings) == 2
+    assert "VA reservation" in p.warnings[0] and "2**31" in p.warnings[1]
+    text = format_plan(p)
+    assert all(f"warning: {w}" in text for w in p.warnings)
+    assert plan(gpu="h200", model="llama-3.1-70b", tp=8).warnings == ()
+
+
+def test_weights_larger_than_the_device_ask_for_more_tensor_parallel_ranks() -> None:
+    with pytest.raises(OutOfRangeError) as e:
+        plan(gpu="h200", model="deepseek-v3")
+    assert e.value.name == "tp" and "weights" in str(e.value)
 
 
 def test_an_explicit_budget_reports_no_free_or_headroom() -> None:
@@ -209,8 +308,10 @@ def test_the_report_names_the_model_the_pools_and_the_policies() -> None:
 
 
 def test_the_plan_converts_to_json_and_keeps_its_figures() -> None:
-    p = plan(gpu="b200", model="deepseek-v3", dtype="float8_e4m3fn")
+    p = plan(gpu="b200", model="deepseek-v3", dtype="float8_e4m3fn", tp=8,
+             weights_dtype="float8_e4m3fn")  # fmt: skip
     d = json.loads(json.dumps(p.to_dict()))
+    assert d["weights_bytes"] == p.weights_bytes and d["warnings"] == []
     assert d["tokens"] == p.tokens and d["bytes_per_token"] == 61 * 576
     assert d["pools"][0]["handles"][0]["policy"] == "Exact()"
     assert isinstance(d["handles"], list)
@@ -242,6 +343,18 @@ BAD_PLANS: list[tuple[str, dict[str, Any], type[KvvmmError], str]] = [
      "budget_bytes"),
     ("budget and headroom together", {"budget_bytes": GiB, "headroom_bytes": 0}, ArgumentError,
      "budget_bytes"),
+    ("budget and mem fraction together", {"budget_bytes": GiB, "mem_fraction_static": 0.8},
+     ArgumentError, "budget_bytes"),
+    ("headroom and mem fraction together", {"headroom_bytes": GiB, "mem_fraction_static": 0.8},
+     ArgumentError, "headroom_bytes"),
+    ("mem fraction above one", {"mem_fraction_static": 1.5}, ArgumentError,
+     "mem_fraction_static"),
+    ("mem fraction zero", {"mem_fraction_static": 0.0}, ArgumentError, "mem_fraction_static"),
+    ("mem fraction as a string", {"mem_fraction_static": "0.9"}, ArgumentError,
+     "mem_fraction_static"),
+    ("unknown weights dtype", {"weights_dtype": "int3"}, UnknownDtypeError, "dtype"),
+    ("zero token cap", {"max_total_tokens": 0}, ArgumentError, "max_total_tokens"),
+    ("token cap under a page", {"max_total_tokens": 15}, OutOfRangeError, "max_total_tokens"),
     ("free beyond the device", {"free_bytes": _CAP + 1}, OutOfRangeError, "free_bytes"),
     ("negative free", {"free_bytes": -1}, ArgumentError, "free_bytes"),
     ("negative headroom", {"headroom_bytes": -1}, ArgumentError, "headroom_bytes"),

@@ -24,10 +24,13 @@ from kvvmm.layout.models import (
     model_descs,
     swa_kv_bytes_per_token,
     swa_reserved_tokens_default,
+    weights_bytes_per_rank,
 )
 from kvvmm.layout.planner import (
-    DEFAULT_HEADROOM_BYTES,
+    DEFAULT_MEM_FRACTION_STATIC,
     DEFAULT_PAGE_SIZE,
+    LARGE_TOKENS,
+    LARGE_VA_BYTES,
     HandleCount,
     Plan,
     PlanRequest,
@@ -39,10 +42,12 @@ from kvvmm.layout.planner import (
 from kvvmm.layout.presets import LAYOUTS, heads_per_rank, mha_token_major, mla, page_major
 
 __all__ = [
-    "DEFAULT_HEADROOM_BYTES",
+    "DEFAULT_MEM_FRACTION_STATIC",
     "DEFAULT_PAGE_SIZE",
     "DTYPE_ITEMSIZE",
     "FULL_ATTENTION",
+    "LARGE_TOKENS",
+    "LARGE_VA_BYTES",
     "LAYOUTS",
     "SLIDING_ATTENTION",
     "HandleCount",
@@ -68,4 +73,5 @@ __all__ = [
     "plan_request",
     "swa_kv_bytes_per_token",
     "swa_reserved_tokens_default",
+    "weights_bytes_per_rank",
 ]

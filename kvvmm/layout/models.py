@@ -42,6 +42,7 @@ __all__ = [
     "model_descs",
     "swa_kv_bytes_per_token",
     "swa_reserved_tokens_default",
+    "weights_bytes_per_rank",
 ]
 
 #: ``layer_types`` values, as Hugging Face configs spell them.
@@ -70,6 +71,7 @@ class ModelConfig:
     sliding_window: int | None  #: window in tokens of the sliding layers
     layer_types: tuple[str, ...] | None  #: per layer ``"full_attention"``/``"sliding_attention"``
     source: str  #: where the figures come from
+    parameter_count: int | None = None  #: weights' parameters (None: the config lacks sizes)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -128,6 +130,12 @@ class ModelConfig:
             object.__setattr__(self, "layer_types", types)
         if not isinstance(self.source, str):
             raise ArgumentError("source", self.source, "a str", where)
+        if self.parameter_count is not None and (
+            not is_int(self.parameter_count) or self.parameter_count <= 0
+        ):
+            raise ArgumentError(
+                "parameter_count", self.parameter_count, "an int > 0 or None", where
+            )
 
     @property
     def is_mla(self) -> bool:
@@ -219,9 +227,77 @@ def _layer_types_from_hf(
     return None
 
 
+def _attention_params(cfg: Mapping[str, Any], hidden: int, head_dim: int, where: str) -> int:
+    """Parameters of one attention block (projections; norms and biases where they exist)."""
+    heads = _get(cfg, "num_attention_heads", where, required=True) or 0
+    kv_lora = _get(cfg, "kv_lora_rank", where, required=False)
+    if kv_lora is None:
+        kv_heads = _get(cfg, "num_key_value_heads", where, required=False) or heads
+        qkv = head_dim * (heads + 2 * kv_heads)
+        # Qwen2 always has q/k/v biases; others say so with attention_bias (gpt-oss).
+        bias = cfg.get("attention_bias") is True or cfg.get("model_type") == "qwen2"
+        return hidden * qkv + heads * head_dim * hidden + (qkv if bias else 0)
+    # MLA (DeepSeek-V2/V3): low-rank query and a shared KV latent, decompressed per head.
+    nope = _get(cfg, "qk_nope_head_dim", where, required=True) or 0
+    rope = _get(cfg, "qk_rope_head_dim", where, required=True) or 0
+    v_dim = _get(cfg, "v_head_dim", where, required=False) or nope
+    q_lora = _get(cfg, "q_lora_rank", where, required=False)
+    q_out = heads * (nope + rope)
+    q = hidden * q_out if q_lora is None else hidden * q_lora + q_lora + q_lora * q_out
+    kv = hidden * (kv_lora + rope) + kv_lora + kv_lora * heads * (nope + v_dim)
+    return q + kv + heads * v_dim * hidden
+
+
+def _parameter_count(
+    cfg: Mapping[str, Any], outer: Mapping[str, Any], head_dim: int, where: str
+) -> int | None:
+    """Decoder parameters from HF config fields; ``None`` if a size the sum needs is missing.
+
+    Embeddings (twice unless ``tie_word_embeddings``), per layer attention + MLP (or MoE:
+    routed and shared experts of ``moe_intermediate_size`` plus the router, dense for the
+    first ``first_k_dense_replace`` layers) + two norms, and the final norm. Vision towers
+    and multi-token-prediction layers are not counted: published text-model sizes leave them
+    out too; an engine that loads them measures ``free_bytes`` after loading.
+    """
+    hidden = _get(cfg, "hidden_size", where, required=False)
+    inter = _get(cfg, "intermediate_size", where, required=False)
+    vocab = _get(cfg, "vocab_size", where, required=False)
+    layers = _get(cfg, "num_hidden_layers", where, required=True) or 0
+    if hidden is None or inter is None or vocab is None:
+        return None
+    # DeepSeek, Mixtral/gpt-oss and Qwen-MoE spell the routed expert count three ways.
+    experts = next(
+        (
+            _get(cfg, k, where, required=False) or 0
+            for k in ("n_routed_experts", "num_local_experts", "num_experts")
+            if cfg.get(k)
+        ),
+        0,
+    )
+    dense_mlp = 3 * hidden * inter  # gate, up, down
+    moe_inter = _get(cfg, "moe_intermediate_size", where, required=False) or inter
+    shared = _get(cfg, "n_shared_experts", where, required=False) or 0
+    moe_mlp = (experts + shared) * 3 * hidden * moe_inter + hidden * experts
+    first_dense = cfg.get("first_k_dense_replace") or 0
+    if not is_int(first_dense) or first_dense < 0:
+        raise ArgumentError("first_k_dense_replace", first_dense, "an int >= 0", where)
+    n_dense = min(layers, first_dense) if experts else layers
+    per_layer = _attention_params(cfg, hidden, head_dim, where) + 2 * hidden
+    tied = cfg.get("tie_word_embeddings", outer.get("tie_word_embeddings", True))
+    embeddings = vocab * hidden * (1 if tied else 2)
+    return (
+        embeddings
+        + layers * per_layer
+        + n_dense * dense_mlp
+        + (layers - n_dense) * moe_mlp
+        + hidden
+    )
+
+
 def _from_hf(cfg: Mapping[str, Any], name: str, source: str) -> ModelConfig:
     where = f"model {name!r}"
     text = cfg.get("text_config")
+    outer = cfg
     if cfg.get("num_hidden_layers") is None and isinstance(text, Mapping):
         # Multimodal wrappers (Gemma 3) nest the decoder's fields under text_config.
         cfg = text
@@ -261,6 +337,7 @@ def _from_hf(cfg: Mapping[str, Any], name: str, source: str) -> ModelConfig:
         sliding_window=window,
         layer_types=_layer_types_from_hf(cfg, layers, window, where),
         source=source,
+        parameter_count=_parameter_count(cfg, outer, head_dim, where),
     )
 
 
@@ -282,9 +359,10 @@ def load_model(model: ModelLike, *, name: str | None = None) -> ModelConfig:
     """Load a model's attention geometry from a shipped key, a JSON file or a config dict.
 
     Args:
-        model: a shipped key (``"llama-3.1-8b"``, see :func:`list_models`) or its Hugging Face
-            repo id (``"meta-llama/Llama-3.1-8B"``); a path to a ``config.json`` (or a
-            directory holding one); or a mapping of Hugging Face config fields
+        model: a shipped key (``"llama-3.1-8b"``, see :func:`list_models`) or a Hugging Face
+            repo id its file lists (``"meta-llama/Llama-3.1-8B-Instruct"``, any case); a path
+            to a ``config.json`` (or a directory holding one); or a mapping of Hugging Face
+            config fields
             (``num_hidden_layers``, ``num_attention_heads``, ``num_key_value_heads``,
             ``head_dim`` or ``hidden_size``, ``kv_lora_rank``, ``qk_rope_head_dim``,
             ``sliding_window``, ``layer_types`` or ``sliding_window_pattern``; a nested
@@ -309,9 +387,13 @@ def load_model(model: ModelLike, *, name: str | None = None) -> ModelConfig:
     key = _normalise_key(text)
     entry = shipped.get(key)
     if entry is None:
+        # A Hugging Face repo id: the shipped file's _name or any of its hf_id list (base and
+        # instruct checkpoints share one geometry), compared case-insensitively as the Hub does.
+        wanted = text.strip().lower()
         for k, e in shipped.items():
             data = _read_json(e.read_text(encoding="utf-8"), k)
-            if str(data.get("_name", "")).lower() == text.strip().lower():
+            ids = [data.get("_name", ""), *(data.get("hf_id") or [])]
+            if wanted in (str(i).lower() for i in ids):
                 key, entry = k, e
                 break
     if entry is not None:
@@ -534,12 +616,44 @@ def swa_kv_bytes_per_token(model: ModelLike, dtype: object, tp: int = 1) -> int:
     return len(m.sliding_layers) * 2 * hpr * m.head_dim * itemsize
 
 
-def full_pool_descs(model: str, *, layout: str, reserved_tokens: int, page_size: int,
-                dtype: str, tp: int) -> list[KvBufferDesc]:
+def full_pool_descs(
+    model: str, *, layout: str, reserved_tokens: int, page_size: int, dtype: str, tp: int
+) -> list[KvBufferDesc]:
     """The full-attention pool's buffers (hybrid sliding-window models: their full pool)."""
     m = load_model(model)
     if m.is_hybrid_swa:
-        return hybrid_swa_descs(m, reserved_tokens=reserved_tokens, page_size=page_size,
-                                dtype=dtype, tp=tp, layout=layout)[0]
-    return model_descs(m, layout=layout, reserved_tokens=reserved_tokens,
-                       page_size=page_size, dtype=dtype, tp=tp)
+        return hybrid_swa_descs(
+            m,
+            reserved_tokens=reserved_tokens,
+            page_size=page_size,
+            dtype=dtype,
+            tp=tp,
+            layout=layout,
+        )[0]
+    return model_descs(
+        m, layout=layout, reserved_tokens=reserved_tokens, page_size=page_size, dtype=dtype, tp=tp
+    )
+
+
+def weights_bytes_per_rank(model: ModelLike, dtype: object = "bfloat16", tp: int = 1) -> int | None:
+    """Bytes of the model's weights on one tensor-parallel rank, ``None`` if not known.
+
+    ``ceil(parameter_count * itemsize / tp)``: every weight sharded evenly, as an estimate
+    (replicated norms and routers are a rounding error next to the matrices).
+
+    Args:
+        model: a :class:`ModelConfig` or anything :func:`load_model` takes.
+        dtype: the weights' dtype (``"bfloat16"``, ``"float8_e4m3fn"``, ...).
+        tp: tensor-parallel size, > 0.
+    Returns:
+        Bytes per rank, or ``None`` when the config lacks the sizes to count parameters.
+    Raises:
+        ArgumentError: ``tp`` not an int > 0.
+        UnknownDtypeError: unknown dtype.
+    """
+    m = _as_model(model)
+    itemsize = dtype_itemsize(dtype)
+    int_arg("tp", tp, lo=1, unit="tensor-parallel ranks")
+    if m.parameter_count is None:
+        return None
+    return -(-m.parameter_count * itemsize // tp)

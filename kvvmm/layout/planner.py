@@ -1,11 +1,16 @@
 """Capacity planner: how many KV tokens fit a GPU, how much VA to reserve, what backing costs.
 
 SGLang sizes its KV pool after CUDA-graph capture from the memory left then: the budget is
-``free - headroom + backed`` (``backed`` being KV memory already committed when ``free`` was
-read, such as the slot-0 page), and the pool holds ``budget // bytes_per_token`` tokens, rounded
-down to whole pages. :func:`plan` does the same arithmetic for a device profile and a model,
-then lays the pool out (:mod:`kvvmm.layout`) to report what a VMM owner would reserve and back,
-and how many handles each growth policy would create on the way.
+``max(0, free - headroom) + backed`` (``backed`` being KV memory already committed when
+``free`` was read, such as the slot-0 page), and the pool holds ``budget // bytes_per_token``
+tokens, rounded down to whole pages. :func:`plan` does the same arithmetic for a device profile
+and a model, then lays the pool out (:mod:`kvvmm.layout`) to report what a VMM owner would
+reserve and back, and how many handles each growth policy would create on the way.
+
+Without measured figures the terms are estimated as SGLang defines them: ``total`` is the
+device's capacity (the memory before weights), ``headroom = total * (1 - mem_fraction_static)``
+(activations, CUDA graphs, the allocator), ``free = total - weights`` with the weights counted
+from the model config's sizes (parameters x dtype bytes / tp).
 
 What counts against the budget
 ------------------------------
@@ -24,6 +29,9 @@ With ``count_overhead=True`` everything finalize backs counts. For every pool::
     final_backed_bytes(tokens) <= budget_bytes < final_backed_bytes(tokens + page_size)
 
 so ``over_budget_bytes`` is 0, at the price of up to one granularity per buffer of tokens.
+
+A token cap (``max_total_tokens``, as SGLang's option) caps the tokens at whole pages of it
+and the budget at what those tokens cost.
 
 VA reserved
 -----------
@@ -60,6 +68,7 @@ from kvvmm.layout.models import (
     load_model,
     model_descs,
     swa_kv_bytes_per_token,
+    weights_bytes_per_rank,
 )
 from kvvmm.policy import (
     Chunked,
@@ -69,11 +78,13 @@ from kvvmm.policy import (
     default_policy,
     simulate_growth,
 )
-from kvvmm.units import GiB, MiB, align_up, fmt_bytes
+from kvvmm.units import MiB, TiB, align_up, fmt_bytes
 
 __all__ = [
-    "DEFAULT_HEADROOM_BYTES",
+    "DEFAULT_MEM_FRACTION_STATIC",
     "DEFAULT_PAGE_SIZE",
+    "LARGE_TOKENS",
+    "LARGE_VA_BYTES",
     "HandleCount",
     "Plan",
     "PlanRequest",
@@ -86,9 +97,23 @@ __all__ = [
 #: Tokens per page when none is given (vLLM's default block size; SGLang serves 1 to 64).
 DEFAULT_PAGE_SIZE = 16
 
-#: Memory kept back for activations and the allocator after capture, when none is given.
-#: An engine knows its own figure (SGLang derives it from ``mem_fraction_static``); pass it.
-DEFAULT_HEADROOM_BYTES = 4 * GiB
+#: Share of the device's memory (before weights) for weights + KV when no headroom is given;
+#: the rest, ``total * (1 - mem_fraction_static)``, is kept back for activations, CUDA graphs
+#: and the allocator. SGLang sizes its pool so (python/sglang/srt/model_executor/
+#: model_runner.py, ``profile_max_num_token``: ``rest_memory = available_gpu_memory -
+#: total_gpu_memory * (1 - self.mem_fraction_static)``, ``total_gpu_memory`` read before the
+#: weights load). SGLang's own default (``ServerArgs``, server_args.py) depends on the GPU's
+#: memory and the TP size, roughly 0.8 to 0.9; 0.9 is the top of that range, pass the figure
+#: your engine uses.
+DEFAULT_MEM_FRACTION_STATIC = 0.9
+
+#: A VA reservation above this draws a warning: VA costs no memory, but a petabyte for one
+#: rank's KV cache is a mistake of units or of a missing cap, not a plan.
+LARGE_VA_BYTES = 1024 * TiB
+
+#: More token slots than this draw a warning: engines index KV slots with int32 (SGLang's
+#: ``req_to_token`` table), so 2**31 slots cannot be addressed.
+LARGE_TOKENS = 2**31
 
 
 def default_policies() -> tuple[GrowthPolicy, ...]:
@@ -148,10 +173,15 @@ class Plan:
     tp: int  #: tensor-parallel size; every figure is per rank
     layout: str  #: ``"token_major"`` or ``"page_major"``
     count_overhead: bool  #: whether padding and granularity rounding count against the budget
-    free_bytes: int | None  #: free memory the budget came from (``None``: explicit budget)
+    weights_dtype: str  #: dtype the weights were counted in
+    weights_bytes: int | None  #: the model's weights per rank (``None``: config lacks sizes)
+    mem_fraction_static: float | None  #: the fraction the headroom came from (``None``: given)
+    free_bytes: int | None  #: free memory after weights the budget came from (``None``: explicit)
     headroom_bytes: int | None  #: memory kept back (``None``: explicit budget)
     backed_bytes: int  #: KV memory already backed when ``free_bytes`` was read (added back)
-    budget_bytes: int  #: KV budget: explicit, or ``free - headroom + backed``
+    memory_budget_bytes: int  #: explicit, or ``max(0, free - headroom) + backed``, before the cap
+    max_total_tokens: int | None  #: the token cap (``None``: none)
+    budget_bytes: int  #: KV budget: ``memory_budget_bytes``, capped by ``max_total_tokens``
     bytes_per_token: int  #: the full pool's KV bytes per token per rank
     tokens: int  #: the full pool's capacity in tokens
     num_buffers: int  #: buffers over all pools
@@ -164,6 +194,7 @@ class Plan:
     decode_step_tokens: int  #: tokens per growth step in the handle simulation
     handles: tuple[HandleCount, ...]  #: per policy, over all pools
     pools: tuple[PoolPlan, ...]  #: ``(full,)`` or ``(full, swa)`` for hybrid models
+    warnings: tuple[str, ...]  #: figures that are legal but almost surely a mistake
 
     def to_dict(self) -> dict[str, Any]:
         """The plan as plain JSON-ready data (dicts, lists, ints, strs, bools, None).
@@ -370,8 +401,11 @@ class PlanRequest:
     count_overhead: bool  #: count padding and granularity rounding against the budget
     budget_bytes: int | None  #: an explicit budget (``None``: computed)
     free_bytes: int | None  #: free memory after weights and capture (``None``: derived)
-    headroom_bytes: int | None  #: memory kept back (``None``: the default)
+    headroom_bytes: int | None  #: memory kept back (``None``: from ``mem_fraction_static``)
+    mem_fraction_static: float | None  #: weights + KV share of the device (``None``: default)
     backed_bytes: int  #: KV memory already backed when ``free_bytes`` was read
+    weights_dtype: str  #: the weights' dtype
+    max_total_tokens: int | None  #: cap on the full pool's tokens (``None``: none)
 
     @classmethod
     def resolve(cls, **options: Any) -> PlanRequest:
@@ -386,6 +420,11 @@ class PlanRequest:
             raise ArgumentError("layout", o["layout"], "one of ['token_major', 'page_major']")
         if not isinstance(o["count_overhead"], bool):
             raise ArgumentError("count_overhead", o["count_overhead"], "a bool")
+        mfs = o["mem_fraction_static"]
+        if mfs is not None and (
+            isinstance(mfs, bool) or not isinstance(mfs, (int, float)) or not 0 < mfs <= 1
+        ):
+            raise ArgumentError("mem_fraction_static", mfs, "a float in (0, 1]")
         return cls(
             profile=get_profile(o["gpu"]),
             model=load_model(o["model"]),
@@ -406,7 +445,10 @@ class PlanRequest:
             budget_bytes=_opt_int("budget_bytes", o["budget_bytes"], 0, "bytes"),
             free_bytes=_opt_int("free_bytes", o["free_bytes"], 0, "bytes"),
             headroom_bytes=_opt_int("headroom_bytes", o["headroom_bytes"], 0, "bytes"),
+            mem_fraction_static=None if mfs is None else float(mfs),
             backed_bytes=int_arg("backed_bytes", o["backed_bytes"], lo=0, unit="bytes"),
+            weights_dtype=dtype_name(o["weights_dtype"]),
+            max_total_tokens=_opt_int("max_total_tokens", o["max_total_tokens"], 1, "tokens"),
         )
 
 
@@ -425,6 +467,9 @@ _DEFAULTS: dict[str, Any] = dict(
     reserved_tokens=None,
     swa_reserved_tokens=None,
     count_overhead=False,
+    mem_fraction_static=None,
+    weights_dtype="bfloat16",
+    max_total_tokens=None,
 )
 
 
@@ -434,17 +479,22 @@ def _opt_int(name: str, value: object, lo: int, unit: str) -> int | None:
 
 @dataclass(frozen=True, slots=True)
 class _Budget:
-    budget_bytes: int  # what the pools are sized from
+    budget_bytes: int  # what the pools are sized from, before the token cap
+    weights_bytes: int | None  # the weights per rank (None: unknown)
+    mem_fraction_static: float | None  # where the headroom came from (None: given or explicit)
     free_bytes: int | None  # None: explicit budget
     headroom_bytes: int | None  # None: explicit budget
     how: str  # the formula with its figures, for error messages
+    warnings: tuple[str, ...]
 
 
 def _budget(req: PlanRequest) -> _Budget:
-    """The KV budget: explicit, or SGLang's post-capture ``free - headroom + backed``."""
+    """The KV budget: explicit, or SGLang's post-capture ``max(0, free - headroom) + backed``."""
     cap, key = req.profile.capacity_bytes, req.profile.key
+    weights = weights_bytes_per_rank(req.model, req.weights_dtype, req.tp)
     if req.budget_bytes is not None:
-        if req.free_bytes is not None or req.headroom_bytes is not None or req.backed_bytes:
+        given = (req.free_bytes, req.headroom_bytes, req.mem_fraction_static)
+        if any(v is not None for v in given) or req.backed_bytes:
             raise ArgumentError(
                 "budget_bytes",
                 req.budget_bytes,
@@ -455,11 +505,19 @@ def _budget(req: PlanRequest) -> _Budget:
             raise OutOfRangeError(
                 "budget_bytes", req.budget_bytes, f"<= {cap} ({key}'s capacity, bytes)"
             )
-        return _Budget(req.budget_bytes, None, None, "explicit")
-    free = cap if req.free_bytes is None else req.free_bytes
-    if free > cap:
-        raise OutOfRangeError("free_bytes", free, f"<= {cap} ({key}'s capacity)")
-    head = DEFAULT_HEADROOM_BYTES if req.headroom_bytes is None else req.headroom_bytes
+        return _Budget(req.budget_bytes, weights, None, None, None, "explicit", ())
+    if req.headroom_bytes is not None and req.mem_fraction_static is not None:
+        raise ArgumentError(
+            "headroom_bytes",
+            req.headroom_bytes,
+            "given without mem_fraction_static",
+            "the headroom is total * (1 - mem_fraction_static); pass one or the other",
+        )
+    free, notes = _free_after_weights(req, weights)
+    mfs = None
+    if req.headroom_bytes is None:
+        mfs = req.mem_fraction_static or DEFAULT_MEM_FRACTION_STATIC
+    head = round(cap * (1 - mfs)) if mfs is not None else req.headroom_bytes or 0
     backed = req.backed_bytes
     if free + backed > cap:
         raise OutOfRangeError(
@@ -469,7 +527,34 @@ def _budget(req: PlanRequest) -> _Budget:
             "backed memory is not free memory: free + backed cannot exceed the device",
         )
     how = f"free {fmt_bytes(free)} - headroom {fmt_bytes(head)} + backed {fmt_bytes(backed)}"
-    return _Budget(free - head + backed, free, head, how)
+    if req.free_bytes is None and weights is not None:
+        how += f" (free = capacity {fmt_bytes(cap)} - weights {fmt_bytes(weights)})"
+    return _Budget(max(0, free - head) + backed, weights, mfs, free, head, how, notes)
+
+
+def _free_after_weights(req: PlanRequest, weights: int | None) -> tuple[int, tuple[str, ...]]:
+    """Free memory after weights: measured (``free_bytes``), or the device less the weights."""
+    cap, key = req.profile.capacity_bytes, req.profile.key
+    if req.free_bytes is not None:
+        if req.free_bytes > cap:
+            raise OutOfRangeError("free_bytes", req.free_bytes, f"<= {cap} ({key}'s capacity)")
+        return req.free_bytes, ()  # measured: the weights are already out of it
+    if weights is None:
+        return cap, (
+            f"{req.model.name}'s config lacks hidden_size, intermediate_size or vocab_size: "
+            "its weights are not counted, free = the whole device; pass --free-bytes",
+        )
+    if weights >= cap:
+        need = -(-weights * req.tp // cap)
+        raise OutOfRangeError(
+            "tp",
+            req.tp,
+            f"> {need - 1} for {req.model.name}'s weights to fit {key} at all",
+            f"its weights take {fmt_bytes(weights)} per rank in {req.weights_dtype} at tp "
+            f"{req.tp}, the device has {fmt_bytes(cap)}; raise tp, pass a smaller "
+            "weights_dtype, or pass free_bytes measured after loading",
+        )
+    return cap - weights, ()
 
 
 def _pool_descs(
@@ -489,6 +574,7 @@ def _pool_descs(
 
 @dataclass(frozen=True, slots=True)
 class _Sizing:
+    budget: int  # the budget after the token cap
     bpt: int  # the full pool's bytes per token
     tokens: int  # the full pool's tokens
     upper: int  # the full pool's reserved tokens
@@ -538,9 +624,13 @@ def _size_pools(req: PlanRequest, budget: _Budget) -> _Sizing:
             "model", m.name, "a model with at least one full-attention layer", "every layer slides"
         )
     swa_tokens, swa_bpt, swa_cost = _swa_share(req)
-    full_budget = budget.budget_bytes - swa_cost
     groups = _groups(_pool_descs(req, max(page, swa_tokens or 0), swa_tokens)[0])
+    capped = _cap_budget(req, budget.budget_bytes, bpt, groups, swa_cost)
+    full_budget = capped - swa_cost
     tokens = _fit_tokens(full_budget, bpt, groups, page, gran, req.count_overhead)
+    if req.max_total_tokens is not None:
+        # Granularity rounding makes the capped cost fit a few more pages: cap the tokens too.
+        tokens = min(tokens, req.max_total_tokens // page * page)
     if tokens == 0:
         one_page = _final_backed(groups, page, page, gran) if req.count_overhead else page * bpt
         raise OutOfRangeError(
@@ -566,7 +656,31 @@ def _size_pools(req: PlanRequest, budget: _Budget) -> _Sizing:
             f">= {tokens} (the tokens that fit the budget)",
             "finalize would back spans beyond the reservation",
         )
-    return _Sizing(bpt, tokens, upper, full_budget, swa_bpt, swa_tokens, swa_cost)
+    return _Sizing(capped, bpt, tokens, upper, full_budget, swa_bpt, swa_tokens, swa_cost)
+
+
+def _cap_budget(
+    req: PlanRequest, budget: int, bpt: int, groups: Counter[tuple[int, int]], swa_cost: int
+) -> int:
+    """``budget`` capped at what ``max_total_tokens`` (in whole pages) would cost.
+
+    SGLang takes ``min(max_total_tokens, tokens that fit)``; capping the budget at the cost
+    of the capped tokens gives the same tokens and keeps the fill invariant.
+    """
+    if req.max_total_tokens is None:
+        return budget
+    page = req.page_size
+    if req.max_total_tokens < page:
+        raise OutOfRangeError(
+            "max_total_tokens",
+            req.max_total_tokens,
+            f">= {page} (one page)",
+            "tokens come in pages",
+        )
+    tokens = req.max_total_tokens // page * page
+    gran = req.profile.granularity_bytes
+    cost = _final_backed(groups, tokens, page, gran) if req.count_overhead else tokens * bpt
+    return min(budget, cost + swa_cost)
 
 
 def _build_pools(req: PlanRequest, s: _Sizing) -> tuple[PoolPlan, ...]:
@@ -616,10 +730,15 @@ def plan_request(req: PlanRequest) -> Plan:
         tp=req.tp,
         layout=req.layout,
         count_overhead=req.count_overhead,
+        weights_dtype=req.weights_dtype,
+        weights_bytes=budget.weights_bytes,
+        mem_fraction_static=budget.mem_fraction_static,
         free_bytes=budget.free_bytes,
         headroom_bytes=budget.headroom_bytes,
         backed_bytes=req.backed_bytes,
-        budget_bytes=budget.budget_bytes,
+        memory_budget_bytes=budget.budget_bytes,
+        max_total_tokens=req.max_total_tokens,
+        budget_bytes=sizing.budget,
         bytes_per_token=sizing.bpt,
         tokens=sizing.tokens,
         num_buffers=sum(p.num_buffers for p in pools),
@@ -628,11 +747,30 @@ def plan_request(req: PlanRequest) -> Plan:
         padding_bytes=sum(p.padding_bytes for p in pools),
         granularity_waste_bytes=sum(p.granularity_waste_bytes for p in pools),
         va_slack_bytes=sum(p.va_slack_bytes for p in pools),
-        over_budget_bytes=max(0, final_backed - budget.budget_bytes),
+        over_budget_bytes=max(0, final_backed - sizing.budget),
         decode_step_tokens=req.decode_step_tokens,
         handles=_sum_handles(pools),
         pools=pools,
+        warnings=budget.warnings + _warnings(pools),
     )
+
+
+def _warnings(pools: Sequence[PoolPlan]) -> tuple[str, ...]:
+    """Legal figures that are almost surely a mistake: say so rather than refuse."""
+    out = []
+    va = sum(p.va_reserve_bytes for p in pools)
+    if va > LARGE_VA_BYTES:
+        out.append(
+            f"VA reservation {fmt_bytes(va)} > {fmt_bytes(LARGE_VA_BYTES)}: check reserved_tokens "
+            "and the units of the sizes given"
+        )
+    for p in pools:
+        if p.reserved_tokens > LARGE_TOKENS:  # reserved_tokens >= tokens: one check for both
+            out.append(
+                f"{p.name} pool: {p.reserved_tokens:,} token slots (tokens {p.tokens:,}) > 2**31: "
+                "int32 KV slot indices cannot address them"
+            )
+    return tuple(out)
 
 
 def plan(
@@ -652,6 +790,9 @@ def plan(
     reserved_tokens: int | None = None,
     swa_reserved_tokens: int | None = None,
     count_overhead: bool = False,
+    mem_fraction_static: float | None = None,
+    weights_dtype: object = "bfloat16",
+    max_total_tokens: int | None = None,
 ) -> Plan:
     """Plan a KV cache for ``model`` on one rank of ``gpu``: tokens, VA, backing, handles.
 
@@ -662,10 +803,12 @@ def plan(
         page_size: tokens per page, > 0; ``tokens`` is a multiple of it.
         tp: tensor-parallel size; figures are per rank.
         budget_bytes: the KV budget in bytes; give it alone, or leave it ``None`` to compute
-            ``free_bytes - headroom_bytes + backed_bytes``.
-        headroom_bytes: memory kept back, >= 0 (default :data:`DEFAULT_HEADROOM_BYTES`).
+            SGLang's ``max(0, free_bytes - headroom_bytes) + backed_bytes``.
+        headroom_bytes: memory kept back for activations, CUDA graphs and the allocator, >= 0
+            (default ``capacity * (1 - mem_fraction_static)``).
         free_bytes: free device memory after weights and graph capture, in
-            ``[0, capacity]`` (default: the profile's whole capacity, a KV-only upper bound).
+            ``[0, capacity]``, as the engine measures it (default: the capacity less the
+            model's weights per rank; graphs and activations come out of the headroom).
         backed_bytes: KV memory already backed when ``free_bytes`` was read, >= 0 (SGLang
             adds it back: the slot-0 page is part of the pool, not lost memory).
         layout: ``"token_major"`` or ``"page_major"``.
@@ -678,14 +821,22 @@ def plan(
             sequence's window, :func:`~kvvmm.layout.swa_reserved_tokens_default`).
         count_overhead: count padded pages and granularity rounding against the budget (see
             the module docstring for the invariant each choice keeps).
+        mem_fraction_static: the share of the device's memory for weights + KV, in (0, 1]
+            (SGLang's option; default :data:`DEFAULT_MEM_FRACTION_STATIC`); not with
+            ``headroom_bytes``.
+        weights_dtype: dtype the weights are counted in (default bf16).
+        max_total_tokens: cap on the full pool's tokens, >= ``page_size`` (SGLang's option);
+            the budget is capped at what the capped tokens cost.
     Returns:
         The :class:`Plan`.
     Raises:
         ArgumentError: a bad option (unknown gpu, model, layout or policy; a size that is not
-            an int in range; ``budget_bytes`` given with the figures it replaces; ``tp`` not
-            fitting the KV heads; a model with no full-attention layer).
-        OutOfRangeError: a budget or memory figure outside the device, a budget too small for
-            one page, or ``reserved_tokens`` below the planned tokens.
+            an int in range; ``budget_bytes`` given with the figures it replaces, or
+            ``headroom_bytes`` with ``mem_fraction_static``; ``tp`` not fitting the KV heads; a
+            model with no full-attention layer).
+        OutOfRangeError: a budget or memory figure outside the device, weights larger than
+            the device (named ``tp``), a budget too small for one page, ``reserved_tokens``
+            below the planned tokens, ``max_total_tokens`` under one page.
         UnknownDtypeError: unknown dtype.
     """
     return plan_request(
@@ -705,5 +856,8 @@ def plan(
             reserved_tokens=reserved_tokens,
             swa_reserved_tokens=swa_reserved_tokens,
             count_overhead=count_overhead,
+            mem_fraction_static=mem_fraction_static,
+            weights_dtype=weights_dtype,
+            max_total_tokens=max_total_tokens,
         )
     )

@@ -117,18 +117,13 @@ def format_plan(p: Plan) -> str:
     Returns:
         Lines of text: the inputs, the budget, one row per pool, one row per policy.
     """
-    budget_how = (
-        "explicit"
-        if p.free_bytes is None
-        else f"free {fmt_bytes(p.free_bytes)} - headroom {fmt_bytes(p.headroom_bytes or 0)}"
-        f" + backed {fmt_bytes(p.backed_bytes)}"
-    )
     counted = "padding and granularity counted" if p.count_overhead else "token slots only"
     out = [
         f"{p.model} on {p.gpu_name} ({p.gpu}): {p.dtype}, page {p.page_size}, tp {p.tp}, "
         f"{p.layout}",
         f"granularity     {fmt_bytes(p.granularity_bytes)}",
-        f"budget          {fmt_bytes(p.budget_bytes)} ({budget_how}; {counted})",
+        *_budget_lines(p),
+        f"budget          {fmt_bytes(p.budget_bytes)} ({_budget_how(p)}; {counted})",
         f"bytes per token {fmt_bytes(p.bytes_per_token)} ({p.bytes_per_token} B per rank)",
         f"tokens          {p.tokens:,}",
         f"VA to reserve   {fmt_bytes(p.va_reserve_bytes)} over {p.num_buffers} buffers",
@@ -182,7 +177,45 @@ def format_plan(p: Plan) -> str:
             for h in p.handles
         ],
     )
+    out += [f"warning: {w}" for w in p.warnings]
     return "\n".join(out)
+
+
+def _budget_lines(p: Plan) -> list[str]:
+    # Each term of SGLang's post-capture formula on its own line, saying what it is, so a
+    # reader can check the figure against what the engine logs.
+    if p.weights_bytes is None:
+        weights = "weights         unknown (the config lacks the sizes to count parameters)"
+    else:
+        weights = (f"weights         {fmt_bytes(p.weights_bytes)} per rank ({p.weights_dtype}, "
+                   "parameters counted from the config / tp)")
+    lines = [f"total           {fmt_bytes(p.capacity_bytes)} (device memory before weights)",
+             weights]
+    if p.free_bytes is None:
+        return lines
+    if p.mem_fraction_static is None:
+        head = "given"
+    else:
+        head = f"total * (1 - mem_fraction_static {p.mem_fraction_static:g})"
+    derived = p.weights_bytes is not None and p.free_bytes == p.capacity_bytes - p.weights_bytes
+    lines += [
+        f"headroom        {fmt_bytes(p.headroom_bytes or 0)} ({head}: activations, CUDA graphs,"
+        " allocator)",
+        f"free            {fmt_bytes(p.free_bytes)} ("
+        + ("after weights: total - weights; graphs come out of the headroom)" if derived
+           else "after weights and graphs, as measured and given)"),
+        f"backed          {fmt_bytes(p.backed_bytes)} (KV already backed when free was read, "
+        "added back)",
+    ]
+    return lines
+
+
+def _budget_how(p: Plan) -> str:
+    how = "explicit" if p.free_bytes is None else "max(0, free - headroom) + backed"
+    if p.max_total_tokens is None:
+        return how + ", no token cap"
+    return (f"{how} = {fmt_bytes(p.memory_budget_bytes)}, capped by token cap "
+            f"{p.max_total_tokens:,}")
 
 
 def format_growth(results: Sequence[GrowthResult]) -> str:
