@@ -60,6 +60,7 @@ LAYER_OF = {
     "kvvmm.lab": "lab",
     "kvvmm.cli": "cli",
     "kvvmm.bench": "cli",  # `kvvmm bench`: drives owners and arenas on a GPU
+    "kvvmm.workspace": "cli",  # the lab's working copies of the notebooks (stdlib only)
     "kvvmm.__main__": "cli",
     # The package root re-exports everything: only the CLI may import it from inside.
     "kvvmm": "cli",
