@@ -19,7 +19,8 @@ import plotly.graph_objects as go
 
 import kvvmm
 from kvvmm.driver import Fault, FaultyDriver, SimDriver
-from kvvmm.growth import decode_growth
+from kvvmm.growth import decode_growth, growth_cost
+from kvvmm.policy import default_policy
 from kvvmm.lab import ArenaLab, GrowthLab, LayoutExplorer
 from kvvmm.snapshot import OwnerSnapshot
 from kvvmm.units import MiB
@@ -251,7 +252,7 @@ def test_the_layout_explorer_plans_on_construction_and_on_every_change() -> None
     ex.tp.value = 2
     assert ex.error_text == "" and ex.plan.tp == 2 and ex.plan.tokens > tokens_tp1
     assert ex.figure.layout.meta["kvvmm"] == "va_map"
-    assert len(ex.figure.layout.yaxis.ticktext) == 64
+    assert len(ex.figure.layout.meta["rows"]) == 64  # one per buffer, however drawn
 
 
 def test_the_layout_explorer_shows_bad_input_and_keeps_the_last_plan() -> None:
@@ -266,6 +267,43 @@ def test_the_layout_explorer_shows_bad_input_and_keeps_the_last_plan() -> None:
     assert ex.error_text == "" and ex.plan is not p
 
 
+def test_a_refused_change_marks_the_layout_explorers_plan_stale() -> None:
+    # Issue 12, item 2: an error over a plan of other inputs must say the plan is stale.
+    ex = LayoutExplorer()
+    assert not ex.stale and ex.error.value == ""
+    ex.tp.value = 3
+    assert ex.stale and "stale: the last change failed: " in ex.error.value
+    ex.tp.value = 1
+    assert not ex.stale and ex.error.value == ""
+
+
+def test_the_arena_labs_errors_are_never_stale_because_nothing_changed() -> None:
+    lab = ArenaLab(layers=1, reserved_tokens=4096)
+    lab.reserve_kv_button.click()
+    lab.tokens.value = 8
+    lab.finalize_button.click()
+    assert lab.last_error is not None and not lab.stale and "stale" not in lab.error.value
+
+
+def test_the_arena_lab_shows_the_chosen_policys_over_commit() -> None:
+    lab = ArenaLab(layers=2, reserved_tokens=8192)
+    assert str(default_policy()) in lab.policy_cost.value
+    assert "over-commit (backed - needed): at worst" in lab.policy_cost.value
+    lab.policy.value = kvvmm.Exact()
+    assert "Exact() on 4 buffers" in lab.policy_cost.value
+    lab.layers.value = 0  # refused by the layout: the readout says why, nothing raises
+    assert "layers" in lab.policy_cost.value
+
+
+def test_panels_lay_controls_out_to_wrap_and_figures_to_fill_the_cell() -> None:
+    # Issue 12, item 3: at 1280 px LayoutExplorer's driver dropdown was off-screen.
+    for panel in (ArenaLab(), LayoutExplorer(), GrowthLab()):
+        rows = [c for c in panel.widget.children if isinstance(c, widgets.Box)
+                and c.layout.flex_flow == "row wrap"]
+        assert rows, type(panel).__name__
+        assert panel.figure.layout.width is None and panel.figure.layout.autosize
+
+
 def test_the_layout_explorer_takes_an_explicit_budget() -> None:
     ex = LayoutExplorer(model="qwen2.5-7b")
     ex.budget_gib.value = 10.0
@@ -275,7 +313,7 @@ def test_the_layout_explorer_takes_an_explicit_budget() -> None:
 
 
 def test_the_layout_explorer_previews_a_hybrid_models_full_pool() -> None:
-    ex = LayoutExplorer(model="gpt-oss-120b")
+    ex = LayoutExplorer(model="gpt-oss-120b", tp=2)  # its weights fit an H200 from TP 2
     assert ex.error_text == "" and len(ex.plan.pools) == 2
     assert "full pool buffers" in ex.text
 
@@ -300,14 +338,58 @@ def test_decode_growth_counts_handles_and_calls_per_policy() -> None:
     assert "Exact()" in text and "Chunked(64.0 MiB)" in text
 
 
-def test_the_growth_lab_runs_three_policies_and_draws_them() -> None:
+def test_the_growth_lab_runs_the_default_and_three_policies_and_draws_them() -> None:
     lab = GrowthLab(layers=1, tokens=4096, step_tokens=256)
     assert lab.run() and lab.error_text == ""
-    assert [r.policy for r in lab.results] == ["Exact()", "Chunked(64.0 MiB)",
+    default = str(default_policy())
+    assert [r.policy for r in lab.results] == [default, "Exact()", "Chunked(64.0 MiB)",
                                                "Geometric(2, 256.0 MiB)"]
     names = [t.name for t in lab.figure.data]
-    assert names[:4] == ["needed", "Exact()", "Chunked(64.0 MiB)", "Geometric(2, 256.0 MiB)"]
+    assert names[:5] == ["needed", default, "Exact()", "Chunked(64.0 MiB)",
+                         "Geometric(2, 256.0 MiB)"]
     assert "Exact()" in lab.table.value
+
+
+def test_the_growth_lab_shows_progress_and_disables_run_while_it_runs() -> None:
+    # Issue 12, item 5: a 70B run took ~15 s with no sign of life.
+    lab = GrowthLab(layers=1, tokens=4096, step_tokens=256)
+    seen: list[tuple[bool, int, str]] = []
+    lab.progress.observe(lambda ch: seen.append(
+        (lab.run_button.disabled, ch["new"], lab.progress.layout.visibility)), names="value")
+    assert lab.run()
+    steps = 4096 // 256
+    assert seen and all(disabled and vis == "visible" for disabled, _, vis in seen), seen
+    assert seen[-1][1] == lab.progress.max == 4 * steps
+    assert not lab.run_button.disabled and lab.progress.layout.visibility == "hidden"
+    lab.step_tokens.value = 0
+    assert not lab.run() and not lab.run_button.disabled  # re-enabled after a failure too
+
+
+def test_the_growth_lab_shows_each_policys_over_commit_next_to_it() -> None:
+    # Issue 12, item 11: the default's cost, where the policy is chosen, before any Run.
+    lab = GrowthLab(layers=4, tokens=32768, step_tokens=256)
+    assert "at worst" in lab.default_cost.value  # whatever the default is now
+    assert "at worst 12.0 MiB" in lab.exact_cost.value
+    lab.chunk_mib.value = 0  # refused: its own line says so, the others stand
+    assert "min_bytes=0" in lab.chunked_cost.value and "at worst" in lab.exact_cost.value
+    lab.chunk_mib.value = 16
+    assert lab.run()
+    costs = lab.cost_texts()
+    for r, text in zip(lab.results, costs, strict=True):
+        from kvvmm.units import fmt_bytes
+        assert f"at worst {fmt_bytes(r.max_over_commit_bytes)} while growing" in text, (r, text)
+
+
+def test_a_failed_run_marks_the_growth_labs_results_stale() -> None:
+    lab = GrowthLab(layers=1, tokens=4096)
+    lab.chunk_mib.value = 0
+    assert not lab.run() and not lab.stale  # nothing shown yet: only the error
+    assert not lab.error.value.count("stale")
+    lab.chunk_mib.value = 64
+    assert lab.run() and not lab.stale and lab.error.value == ""
+    lab.chunk_mib.value = 0
+    assert not lab.run() and lab.stale
+    assert "stale: the last change failed: ArgumentError: min_bytes=0" in lab.error.value
 
 
 def test_the_growth_lab_shows_bad_input_and_keeps_its_results() -> None:
@@ -347,3 +429,34 @@ def test_displaying_a_panel_resends_the_whole_figure_to_new_views() -> None:
         assert sent.keys() == now.keys() and sent["type"] == now["type"]
         assert sent.get("marker") is not None or now.get("marker") is None
     assert fw._widget_layout.keys() == fw._layout_obj._props.keys()
+
+
+def test_decode_growth_counts_the_driver_calls_a_trace_would_record() -> None:
+    # The count comes from the handles added (no TracingDriver: it cost a third of a run).
+    traced: list[kvvmm.TracingDriver] = []
+
+    def factory() -> kvvmm.Driver:
+        traced.append(kvvmm.TracingDriver(SimDriver("h200")))
+        return traced[-1]
+
+    policies = [kvvmm.Exact(), kvvmm.Chunked(8 * MiB), kvvmm.Geometric(2.0, 64 * MiB)]
+    results = decode_growth(policies, driver=factory, layers=2, tokens=8192, step_tokens=512)
+    for r, drv in zip(results, traced, strict=True):
+        ops = [e.op for e in drv.trace.driver_calls()]
+        slot0 = 3 * len(r.handle_bytes) - r.driver_calls  # construction's create/map/access
+        grown = ops[slot0:slot0 + r.driver_calls]
+        assert len(grown) == r.driver_calls and set(grown) == {"create", "map", "set_access"}
+
+
+def test_growth_cost_predicts_what_decode_growth_measures_on_a_real_owner() -> None:
+    from kvvmm.layout.models import full_pool_descs
+
+    descs = full_pool_descs("llama-3.1-8b", layout="token_major", reserved_tokens=16384,
+                            page_size=16, dtype="bfloat16", tp=1)[:8]
+    policies = [default_policy(), kvvmm.Exact(), kvvmm.Geometric(2.0, 256 * MiB)]
+    measured = decode_growth(policies, layers=4, tokens=16384, step_tokens=256)
+    for policy, r in zip(policies, measured, strict=True):
+        c = growth_cost(policy, descs, page_size=16, itemsize=2, tokens=16384,
+                        granularity_bytes=2 * MiB, step_tokens=256)
+        assert (c.backed_bytes, c.needed_bytes, c.max_over_commit_bytes) == (
+            r.backed_bytes, r.needed_bytes, r.max_over_commit_bytes), policy

@@ -12,10 +12,10 @@ import ipywidgets as widgets
 import plotly.graph_objects as go
 
 from kvvmm.driver import PROFILES, Driver
-from kvvmm.growth import open_sim_or
+from kvvmm.growth import GrowthCost, open_sim_or
 from kvvmm.policy import Chunked, Exact, Geometric, GrowthPolicy, default_policy
 from kvvmm.snapshot import ArenaSnapshot
-from kvvmm.units import MiB
+from kvvmm.units import MiB, fmt_bytes
 
 DRIVERS = ("sim", "host", "cuda")
 DTYPES = ("bfloat16", "float16", "float8_e4m3fn", "float32")
@@ -30,7 +30,7 @@ def _figure_view(fig: go.Figure) -> tuple[Any, Any]:
     try:
         fw = go.FigureWidget(fig)
     except ImportError:  # plotly's FigureWidget needs anywidget
-        out = widgets.Output(layout={"min_height": "260px"})
+        out = widgets.Output(layout={"min_height": "260px", "width": "100%"})
         return go.Figure(fig), out
     return fw, fw
 
@@ -63,13 +63,24 @@ class _Panel:
     """What every panel shares: an error area, the figure, display support."""
 
     widget: widgets.Widget
+    #: Whether a failed action leaves a result that no longer matches the controls (a
+    #: plan, a growth run): then the error says the result shown is stale. ArenaLab's map
+    #: is never stale: a failed call changes nothing, so the map still shows the arena.
+    _stale_on_error = False
 
     def __init__(self, fig: go.Figure) -> None:
-        self.error = widgets.HTML(value="")
+        self.error = widgets.HTML(value="", layout={"width": "100%"})
         self.last_error: BaseException | None = None
+        #: True once an action has put a result on screen: a later failure leaves that
+        #: result showing, and the error then says it is stale.
+        self._has_result = False
         self.figure, self.plot = _figure_view(fig)
-        if isinstance(self.plot, widgets.Output):
-            self._show(fig)
+        self._show(fig, result=False)
+
+    @property
+    def stale(self) -> bool:
+        """True when the last action failed over an earlier result (still shown)."""
+        return self._stale_on_error and self.last_error is not None and self._has_result
 
     @property
     def error_text(self) -> str:
@@ -85,9 +96,11 @@ class _Panel:
             action()
         except Exception as e:  # a lab shows every failure; the library changed nothing
             self.last_error = e
+            # Over an earlier result, say that what is shown is not what was asked for.
+            lead = "stale: the last change failed: " if self.stale else ""
             self.error.value = (
                 '<pre style="color:#c92a2a;white-space:pre-wrap;margin:0">'
-                + html.escape(self.error_text) + "</pre>")
+                + html.escape(lead + self.error_text) + "</pre>")
             self._after_error()
             return False
         self.last_error = None
@@ -97,8 +110,11 @@ class _Panel:
     def _after_error(self) -> None:
         """Show what a failed action did (its calls and their undo); the state is unchanged."""
 
-    def _show(self, fig: go.Figure) -> None:
+    def _show(self, fig: go.Figure, *, result: bool = True) -> None:
+        # No fixed width: the figure follows its cell (the FigureWidget resizes on resize).
+        fig.update_layout(width=None, autosize=True)
         _sync(self.figure, fig)
+        self._has_result = self._has_result or result
         if isinstance(self.plot, widgets.Output):
             # Set the Output's outputs trait (synced over the widget's comm) rather than
             # display() into it: a display message goes to whichever cell runs, and would
@@ -146,6 +162,27 @@ class _Panel:
     def display(self) -> None:
         """Show the panel in the notebook (same as leaving it as a cell's last value)."""
         _ipython_display(self)
+
+
+def _controls(*children: widgets.Widget) -> widgets.Box:
+    """A row of controls that wraps onto the next line when the cell is narrow."""
+    return widgets.Box(list(children), layout=widgets.Layout(
+        display="flex", flex_flow="row wrap", align_items="center", width="100%",
+        grid_gap="4px 12px"))
+
+
+def _field(width: str = "auto") -> dict[str, Any]:
+    """Keyword arguments for a labelled control whose label and value are never cut."""
+    return {"style": {"description_width": "initial"},
+            "layout": widgets.Layout(width=width, min_width="max-content")}
+
+
+def _cost_line(c: GrowthCost) -> str:
+    """One policy's over-commit, at worst while growing and at the end."""
+    share = c.over_commit_bytes / max(1, c.needed_bytes)
+    return (f"over-commit (backed - needed): at worst {fmt_bytes(c.max_over_commit_bytes)} "
+            f"while growing; {fmt_bytes(c.over_commit_bytes)} at {c.tokens:,} tokens "
+            f"({share:.0%} of the {fmt_bytes(c.needed_bytes)} needed)")
 
 
 def _pre(text: str) -> str:

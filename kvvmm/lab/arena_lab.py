@@ -6,10 +6,19 @@ import ipywidgets as widgets
 
 from kvvmm.arena import Arena
 from kvvmm.driver import PROFILES, Driver
-from kvvmm.lab._panel import DRIVERS, _empty_snapshot, _open, _Panel, _policy_options, _pre
-from kvvmm.layout import (
-    mha_token_major,
+from kvvmm.growth import growth_cost
+from kvvmm.lab._panel import (
+    DRIVERS,
+    _controls,
+    _cost_line,
+    _empty_snapshot,
+    _field,
+    _open,
+    _Panel,
+    _policy_options,
+    _pre,
 )
+from kvvmm.layout import KvBufferDesc, mha_token_major
 from kvvmm.owner import KvBufferOwner
 from kvvmm.record import Trace, TracingDriver
 from kvvmm.snapshot import ArenaSnapshot, OwnerSnapshot
@@ -50,35 +59,35 @@ class ArenaLab(_Panel):
         self.trace = Trace()
         self._driver: Driver | None = None
         self._last: ArenaSnapshot | OwnerSnapshot | None = None
-        style = {"description_width": "initial"}
-        small = widgets.Layout(width="170px")
         self.driver = widgets.Dropdown(options=list(DRIVERS), value=kind, description="driver",
-                                       disabled=self._given is not None, layout=small)
+                                       disabled=self._given is not None, **_field())
         self.profile = widgets.Dropdown(options=sorted(PROFILES), value=profile,
-                                        description="profile", layout=small)
+                                        description="profile", **_field())
         # Bare arena.
         self.reserve_mib = widgets.IntText(value=reserve_mib, description="reserve MiB",
-                                           style=style, layout=small)
+                                           **_field("180px"))
         self.reserve_button = widgets.Button(description="Reserve", button_style="primary")
-        self.alloc_mib = widgets.IntText(value=16, description="allocate MiB", style=style,
-                                         layout=small)
+        self.alloc_mib = widgets.IntText(value=16, description="allocate MiB",
+                                         **_field("180px"))
         self.alloc_name = widgets.Text(value="", placeholder="name (optional)",
                                        layout=widgets.Layout(width="140px"))
         self.allocate_button = widgets.Button(description="Allocate")
-        self.target = widgets.Dropdown(options=[], description="allocation", style=style,
-                                       layout=widgets.Layout(width="220px"))
+        self.target = widgets.Dropdown(options=[], description="allocation", **_field())
         self.commit_mib = widgets.IntSlider(value=0, min=0, max=0, step=2,
                                             description="MiB", continuous_update=False)
         self.commit_button = widgets.Button(description="Commit")
         self.decommit_button = widgets.Button(description="Decommit to")
         # KV owner.
-        self.layers = widgets.IntText(value=layers, description="layers", layout=small)
+        self.layers = widgets.IntText(value=layers, description="layers", **_field("130px"))
         self.reserved_tokens = widgets.IntText(value=reserved_tokens,
-                                               description="reserved tokens", style=style,
-                                               layout=widgets.Layout(width="210px"))
-        self.page_size = widgets.IntText(value=page_size, description="page", layout=small)
+                                               description="reserved tokens", **_field("210px"))
+        self.page_size = widgets.IntText(value=page_size, description="page",
+                                         **_field("120px"))
         self.policy = widgets.Dropdown(options=_policy_options(), description="policy",
-                                       layout=widgets.Layout(width="260px"))
+                                       **_field())
+        # What the chosen policy costs, next to where it is chosen: the default's chunks
+        # back far more than a short prefix needs on a model with many buffers.
+        self.policy_cost = widgets.HTML(value="")
         self.reserve_kv_button = widgets.Button(description="Reserve KV",
                                                 button_style="primary")
         self.tokens = widgets.IntSlider(value=0, min=0, max=reserved_tokens,
@@ -103,21 +112,44 @@ class ArenaLab(_Panel):
         self.close_button.on_click(lambda _: self._run(self._close))
         self.target.observe(lambda _: self._fit_commit_slider(), names="value")
 
-        box = widgets.VBox
-        row = widgets.HBox
-        self.widget = box([
-            row([self.driver, self.profile, self.close_button]),
-            row([self.reserve_mib, self.reserve_button, self.alloc_mib, self.alloc_name,
-                 self.allocate_button]),
-            row([self.target, self.commit_mib, self.commit_button, self.decommit_button]),
-            row([self.layers, self.reserved_tokens, self.page_size, self.policy,
-                 self.reserve_kv_button]),
-            row([self.tokens, self.prefix_button, self.finalize_button, self.shrink_button]),
+        for c in (self.policy, self.layers, self.reserved_tokens, self.page_size):
+            c.observe(lambda _: self._show_policy_cost(), names="value")
+        self._show_policy_cost()
+        self.widget = widgets.VBox([
+            _controls(self.driver, self.profile, self.close_button),
+            _controls(self.reserve_mib, self.reserve_button, self.alloc_mib, self.alloc_name,
+                      self.allocate_button),
+            _controls(self.target, self.commit_mib, self.commit_button, self.decommit_button),
+            _controls(self.layers, self.reserved_tokens, self.page_size, self.policy,
+                      self.reserve_kv_button),
+            self.policy_cost,
+            _controls(self.tokens, self.prefix_button, self.finalize_button,
+                      self.shrink_button),
             self.error, self.plot, self.summary, self.log,
-        ])
+        ], layout={"width": "100%"})
         self._add_dom_classes("arena-lab")
 
     # -- state -----------------------------------------------------------------------
+
+    def policy_cost_text(self) -> str:
+        """What the chosen policy backs beyond need, decoding the KV buffers to capacity."""
+        descs = self._kv_descs()
+        cost = growth_cost(self.policy.value, descs, page_size=self.page_size.value,
+                           itemsize=2, tokens=self.reserved_tokens.value,
+                           granularity_bytes=PROFILES[self.profile.value].granularity_bytes)
+        return f"{cost.policy} on {cost.buffers} buffers: {_cost_line(cost)}"
+
+    def _show_policy_cost(self) -> None:
+        try:
+            text = self.policy_cost_text()
+        except Exception as e:  # a half-typed value: say why, the controls stay usable
+            text = f"over-commit: - ({type(e).__name__}: {e})"
+        self.policy_cost.value = _pre(text)
+
+    def _kv_descs(self) -> list[KvBufferDesc]:
+        return mha_token_major(layers=self.layers.value, kv_heads=8, head_dim=128,
+                               reserved_tokens=self.reserved_tokens.value,
+                               page_size=self.page_size.value, dtype="bfloat16")
 
     def snapshot(self) -> ArenaSnapshot | OwnerSnapshot | None:
         """The owner's or arena's snapshot now (the last one after close), None before."""
@@ -209,9 +241,7 @@ class ArenaLab(_Panel):
 
     def _reserve_kv(self) -> None:
         drv = self._new_driver()
-        descs = mha_token_major(layers=self.layers.value, kv_heads=8, head_dim=128,
-                                reserved_tokens=self.reserved_tokens.value,
-                                page_size=self.page_size.value, dtype="bfloat16")
+        descs = self._kv_descs()
         owner = KvBufferOwner(driver=drv, dtype="bfloat16", page_size=self.page_size.value,
                               reserved_tokens=self.reserved_tokens.value, descs=descs,
                               policy=self.policy.value, trace=drv.trace)

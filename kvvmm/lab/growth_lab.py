@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import ipywidgets as widgets
 
 from kvvmm.driver import PROFILES
-from kvvmm.growth import GrowthResult, decode_growth
-from kvvmm.lab._panel import DRIVERS, DTYPES, _Panel, _pre
-from kvvmm.layout import (
-    list_models,
-)
-from kvvmm.policy import Chunked, Exact, Geometric, GrowthPolicy
+from kvvmm.dtypes import dtype_itemsize
+from kvvmm.growth import GrowthResult, decode_growth, growth_cost
+from kvvmm.lab._panel import DRIVERS, DTYPES, _controls, _cost_line, _field, _Panel, _pre
+from kvvmm.layout import list_models
+from kvvmm.layout.models import full_pool_descs
+from kvvmm.policy import Chunked, Exact, Geometric, GrowthPolicy, default_policy
 from kvvmm.units import MiB
 from kvvmm.viz import format_growth, growth_figure
 
@@ -20,72 +22,146 @@ __all__ = ["GrowthLab"]
 class GrowthLab(_Panel):
     """Growth policies side by side on a decode-growth workload (:func:`decode_growth`).
 
-    Press **Run**: each policy (``Exact()``, ``Chunked(chunk MiB)``, ``Geometric(factor,
-    max MiB)``) grows a fresh owner on the chosen driver. The table shows handles, driver
-    calls, over-commit and the copy bandwidth predicted from the handle sizes (the H200
-    table, ``kvvmm.viz.H200_BANDWIDTH``); the figure shows backed bytes per step against
-    what the tokens need, and the predicted bandwidth.
+    Press **Run**: each policy (the owner's default, ``Exact()``, ``Chunked(chunk MiB)``,
+    ``Geometric(factor, max MiB)``) grows a fresh owner on the chosen driver, with a
+    progress bar while it runs. Next to each policy, its over-commit (backed - needed) on
+    this workload, worked out as the controls change (:func:`~kvvmm.growth.growth_cost`).
+    The table shows handles, driver calls, over-commit and the copy bandwidth predicted
+    from the handle sizes (the H200 table, ``kvvmm.hardware.H200_BANDWIDTH``); the figure
+    shows backed bytes per step against what the tokens need, and the predicted bandwidth.
+    A run that fails leaves the last results showing, marked stale.
 
     Args:
         driver, profile, model, layers, tokens, step_tokens: initial control values
             (``layers=0`` means all the model's layers).
     """
 
+    _stale_on_error = True
+
     def __init__(self, driver: str = "sim", profile: str = "h200", *,
                  model: str = "llama-3.1-8b", layers: int = 4, tokens: int = 32768,
                  step_tokens: int = 256) -> None:
-        style = {"description_width": "initial"}
-        small = widgets.Layout(width="190px")
         self.driver = widgets.Dropdown(options=list(DRIVERS), value=driver,
-                                       description="driver", layout=small)
+                                       description="driver", **_field())
         self.profile = widgets.Dropdown(options=sorted(PROFILES), value=profile,
-                                        description="profile", layout=small)
+                                        description="profile", **_field())
         self.model = widgets.Dropdown(options=list_models(), value=model, description="model",
-                                      layout=widgets.Layout(width="260px"))
+                                      **_field())
         self.layers = widgets.IntText(value=layers, description="layers (0: all)",
-                                      style=style, layout=small)
+                                      **_field("160px"))
         self.dtype = widgets.Dropdown(options=list(DTYPES), value="bfloat16",
-                                      description="dtype", layout=small)
-        self.page_size = widgets.IntText(value=16, description="page", layout=small)
-        self.tokens = widgets.IntText(value=tokens, description="tokens", layout=small)
+                                      description="dtype", **_field())
+        self.page_size = widgets.IntText(value=16, description="page", **_field("120px"))
+        self.tokens = widgets.IntText(value=tokens, description="tokens", **_field("170px"))
         self.step_tokens = widgets.IntText(value=step_tokens, description="step tokens",
-                                           style=style, layout=small)
-        self.chunk_mib = widgets.IntText(value=64, description="Chunked MiB", style=style,
-                                         layout=small)
+                                           **_field("160px"))
+        self.chunk_mib = widgets.IntText(value=64, description="Chunked MiB",
+                                         **_field("170px"))
         self.geo_factor = widgets.FloatText(value=2.0, description="Geometric factor",
-                                            style=style, layout=small)
-        self.geo_max_mib = widgets.IntText(value=256, description="Geometric max MiB",
-                                           style=style, layout=widgets.Layout(width="220px"))
+                                            **_field("190px"))
+        self.geo_max_mib = widgets.IntText(value=256, description="max MiB",
+                                           **_field("150px"))
+        # One "over-commit" readout per policy, next to the control that sets it.
+        self.default_cost = widgets.HTML(value="")
+        self.exact_cost = widgets.HTML(value="")
+        self.chunked_cost = widgets.HTML(value="")
+        self.geometric_cost = widgets.HTML(value="")
         self.run_button = widgets.Button(description="Run", button_style="primary")
+        self.progress = widgets.IntProgress(value=0, min=0, max=1, description="",
+                                            layout=widgets.Layout(width="240px",
+                                                                  visibility="hidden"))
         self.table = widgets.HTML(value=_pre("press Run"))
         self.results: list[GrowthResult] = []
         super().__init__(growth_figure([]))
         self.run_button.on_click(lambda _: self.run())
+        for c in (self.model, self.layers, self.dtype, self.page_size, self.tokens,
+                  self.step_tokens, self.chunk_mib, self.geo_factor, self.geo_max_mib,
+                  self.profile):
+            c.observe(lambda _: self._show_costs(), names="value")
+        label = widgets.HTML
         self.widget = widgets.VBox([
-            widgets.HBox([self.driver, self.profile, self.model, self.layers]),
-            widgets.HBox([self.dtype, self.page_size, self.tokens, self.step_tokens]),
-            widgets.HBox([self.chunk_mib, self.geo_factor, self.geo_max_mib,
-                          self.run_button]),
+            _controls(self.driver, self.profile, self.model, self.layers),
+            _controls(self.dtype, self.page_size, self.tokens, self.step_tokens),
+            _controls(label(_pre(f"default {default_policy()}")), self.default_cost),
+            _controls(label(_pre("Exact()")), self.exact_cost),
+            _controls(self.chunk_mib, self.chunked_cost),
+            _controls(self.geo_factor, self.geo_max_mib, self.geometric_cost),
+            _controls(self.run_button, self.progress),
             self.error, self.table, self.plot,
-        ])
+        ], layout={"width": "100%"})
         self._add_dom_classes("growth-lab")
+        self._show_costs()
 
     def policies(self) -> list[GrowthPolicy]:
-        """The three policies as the controls set them (raises on bad values)."""
-        return [Exact(), Chunked(self.chunk_mib.value * MiB),
-                Geometric(self.geo_factor.value, self.geo_max_mib.value * MiB)]
+        """The owner's default and the three policies as the controls set them.
+
+        Raises:
+            ArgumentError: a chunk, factor or cap the policies refuse.
+        """
+        return [make() for make in self._makers()]
+
+    def _makers(self) -> list[Callable[[], GrowthPolicy]]:
+        return [default_policy, Exact, lambda: Chunked(self.chunk_mib.value * MiB),
+                lambda: Geometric(self.geo_factor.value, self.geo_max_mib.value * MiB)]
 
     def run(self) -> bool:
         """Run the workload under each policy; True if it worked (else the error shows)."""
-        return self._run(self._run_all)
+        self.run_button.disabled = True
+        self.progress.value, self.progress.layout.visibility = 0, "visible"
+        try:
+            return self._run(self._run_all)
+        finally:
+            self.run_button.disabled = False
+            self.progress.layout.visibility = "hidden"
+
+    def _on_progress(self, done: int, total: int) -> None:
+        # About 100 updates a run: each is a comm message to the page.
+        if done == total or done % max(1, total // 100) == 0:
+            self.progress.max, self.progress.value = total, done
+
+    def _layers(self) -> int | None:
+        return None if self.layers.value == 0 else self.layers.value
 
     def _run_all(self) -> None:
-        layers = self.layers.value
         results = decode_growth(
             self.policies(), driver=self.driver.value, profile=self.profile.value,
-            model=self.model.value, layers=None if layers == 0 else layers,
-            dtype=self.dtype.value, page_size=self.page_size.value, tokens=self.tokens.value,
-            step_tokens=self.step_tokens.value)
+            model=self.model.value, layers=self._layers(), dtype=self.dtype.value,
+            page_size=self.page_size.value, tokens=self.tokens.value,
+            step_tokens=self.step_tokens.value, progress=self._on_progress)
         self.results = results
         self.table.value = _pre(format_growth(results))
         self._show(growth_figure(results))
+
+    def cost_texts(self) -> list[str]:
+        """Each policy's over-commit on the workload the controls describe, one a line.
+
+        A policy whose control holds a refused value gets that error as its line.
+        """
+        from kvvmm.growth import _first_layers  # the same buffers decode_growth grows
+
+        try:
+            descs = _first_layers(full_pool_descs(
+                self.model.value, layout="token_major", reserved_tokens=self.tokens.value,
+                page_size=self.page_size.value, dtype=self.dtype.value, tp=1),
+                self._layers())
+            itemsize = dtype_itemsize(self.dtype.value)
+        except Exception as e:  # a half-typed workload: every line says why
+            return [f"over-commit: - ({type(e).__name__}: {e})"] * len(self._makers())
+        out = []
+        for make in self._makers():
+            try:
+                c = growth_cost(make(), descs, page_size=self.page_size.value,
+                                itemsize=itemsize, tokens=self.tokens.value,
+                                granularity_bytes=PROFILES[self.profile.value].granularity_bytes,
+                                step_tokens=self.step_tokens.value)
+            except Exception as e:  # this policy's value is refused; the others stand
+                out.append(f"over-commit: - ({type(e).__name__}: {e})")
+                continue
+            out.append(_cost_line(c))
+        return out
+
+    def _show_costs(self) -> None:
+        outs = (self.default_cost, self.exact_cost, self.chunked_cost, self.geometric_cost)
+        for out, text in zip(outs, self.cost_texts(), strict=True):
+            out.value = _pre(text)
+

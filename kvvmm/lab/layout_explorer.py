@@ -8,7 +8,16 @@ import ipywidgets as widgets
 
 from kvvmm.driver import PROFILES
 from kvvmm.dtypes import dtype_itemsize
-from kvvmm.lab._panel import DRIVERS, DTYPES, _empty_snapshot, _open, _Panel, _pre
+from kvvmm.lab._panel import (
+    DRIVERS,
+    DTYPES,
+    _controls,
+    _empty_snapshot,
+    _field,
+    _open,
+    _Panel,
+    _pre,
+)
 from kvvmm.layout import (
     LAYOUTS,
     list_models,
@@ -24,6 +33,9 @@ __all__ = ["LayoutExplorer"]
 class LayoutExplorer(_Panel):
     """Plan a model's KV cache on a GPU and see its layout.
 
+    A change that fails (a TP that does not split the heads) leaves the last plan showing,
+    with the error above it saying that plan is stale.
+
     Changing any control re-plans with :func:`kvvmm.plan.plan` (budget: the explicit
     ``budget GiB``, or the device's capacity less 4 GiB of headroom when it is 0) and shows
     the plan's report, the buffers, and the VA map of the full-attention pool built on the
@@ -35,28 +47,29 @@ class LayoutExplorer(_Panel):
         model, gpu, dtype, page_size, tp, layout, driver: initial control values.
     """
 
+    _stale_on_error = True
+
     def __init__(self, model: str = "llama-3.1-8b", gpu: str = "h200", *,
                  dtype: str = "bfloat16", page_size: int = 16, tp: int = 1,
                  layout: str = "token_major", driver: str = "sim") -> None:
-        style = {"description_width": "initial"}
-        small = widgets.Layout(width="190px")
         self.model = widgets.Dropdown(options=list_models(), value=model, description="model",
-                                      layout=widgets.Layout(width="260px"))
+                                      **_field())
         self.layout = widgets.Dropdown(options=list(LAYOUTS), value=layout,
-                                       description="layout", layout=small)
+                                       description="layout", **_field())
         self.dtype = widgets.Dropdown(options=list(DTYPES), value=dtype, description="dtype",
-                                      layout=small)
-        self.page_size = widgets.IntText(value=page_size, description="page", layout=small)
-        self.tp = widgets.IntText(value=tp, description="TP", layout=small)
+                                      **_field())
+        self.page_size = widgets.IntText(value=page_size, description="page",
+                                         **_field("120px"))
+        self.tp = widgets.IntText(value=tp, description="TP", **_field("110px"))
         self.gpu = widgets.Dropdown(options=sorted(PROFILES), value=gpu, description="GPU",
-                                    layout=small)
+                                    **_field())
         self.budget_gib = widgets.FloatText(value=0.0, description="budget GiB (0: auto)",
-                                            style=style, layout=widgets.Layout(width="220px"))
+                                            **_field("230px"))
         self.reserved_tokens = widgets.IntText(value=0,
                                                description="reserved tokens (0: planned)",
-                                               style=style, layout=widgets.Layout(width="260px"))
+                                               **_field("270px"))
         self.driver = widgets.Dropdown(options=list(DRIVERS), value=driver,
-                                       description="driver", layout=small)
+                                       description="driver", **_field())
         self.report = widgets.HTML(value="")
         self.plan: Any = None
         self.text = ""
@@ -66,11 +79,10 @@ class LayoutExplorer(_Panel):
         for c in self._controls:
             c.observe(lambda _: self.update(), names="value")
         self.widget = widgets.VBox([
-            widgets.HBox([self.model, self.gpu, self.dtype, self.layout]),
-            widgets.HBox([self.page_size, self.tp, self.budget_gib, self.reserved_tokens,
-                          self.driver]),
+            _controls(self.model, self.gpu, self.dtype, self.layout, self.driver),
+            _controls(self.page_size, self.tp, self.budget_gib, self.reserved_tokens),
             self.error, self.report, self.plot,
-        ])
+        ], layout={"width": "100%"})
         self._add_dom_classes("layout-explorer")
         self.update()
 
