@@ -5,18 +5,31 @@ changes a driver.
 
 - :mod:`~kvvmm.viz.va_map`: the VA map of an arena or owner;
 - :mod:`~kvvmm.viz.figures`: call timeline, handle sizes, bandwidth by handle size, growth;
-- :mod:`~kvvmm.viz.text`: the text reports notebooks print and nbval compares.
+- :mod:`~kvvmm.viz.plans`: capacity plans as figures (tokens by TP, waste, handles);
+- :mod:`~kvvmm.viz.text`: the text reports notebooks print and nbval compares;
+- :mod:`~kvvmm.viz.export`: :func:`save_figure` to HTML, PNG, SVG or PDF.
 """
 
 from __future__ import annotations
 
+from kvvmm.viz.export import ExportError, save_figure
 from kvvmm.viz.figures import bandwidth_by_handle_size, growth_figure, handle_sizes, timeline
+from kvvmm.viz.plans import handles_by_policy, tokens_by_tp, waste_by_model
 from kvvmm.viz.text import describe, describe_descs, describe_stats, format_growth, format_plan
-from kvvmm.viz.va_map import HEATMAP_THRESHOLD, VA_MAP_TRACES, va_map
+from kvvmm.viz.va_map import (
+    HEATMAP_THRESHOLD,
+    MAX_ROWS,
+    VA_MAP_GROUP_TRACES,
+    VA_MAP_TRACES,
+    va_map,
+)
 
 __all__ = [
     "HEATMAP_THRESHOLD",
+    "MAX_ROWS",
+    "VA_MAP_GROUP_TRACES",
     "VA_MAP_TRACES",
+    "ExportError",
     "bandwidth_by_handle_size",
     "describe",
     "describe_descs",
@@ -25,6 +38,10 @@ __all__ = [
     "format_plan",
     "growth_figure",
     "handle_sizes",
+    "handles_by_policy",
+    "save_figure",
     "timeline",
+    "tokens_by_tp",
     "va_map",
+    "waste_by_model",
 ]

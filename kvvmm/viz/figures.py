@@ -6,6 +6,7 @@ figure and changes nothing.
 
 from __future__ import annotations
 
+import html
 from bisect import bisect_left
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
@@ -18,8 +19,8 @@ from kvvmm.errors import ArgumentError
 from kvvmm.hardware import H200_BANDWIDTH, BandwidthTable
 from kvvmm.record.trace import Trace
 from kvvmm.snapshot import ArenaSnapshot, OwnerSnapshot
-from kvvmm.units import MiB, fmt_bytes
-from kvvmm.viz._common import _arena_of, _unit
+from kvvmm.units import fmt_bytes
+from kvvmm.viz._common import _arena_of, _count, _unit
 
 if TYPE_CHECKING:
     from kvvmm.growth import GrowthResult
@@ -100,13 +101,15 @@ def timeline(trace: Trace, *, x: str = "time") -> go.Figure:
     xtitle = f"cumulative {cost_kind}" if x == "time" else "event number"
     fig.update_xaxes(title_text=xtitle, row=2, col=1)
     fig.update_yaxes(title_text=f"backed ({unit_name})", row=1, col=1)
-    fig.update_yaxes(title_text=cost_kind, type="log", row=2, col=1)
+    # Decades only: plotly's default log ticks (2, 5 between decades) crowd a short axis.
+    fig.update_yaxes(title_text=cost_kind, type="log", dtick=1, tickformat="~s", row=2, col=1)
     n_calls = len(trace.driver_calls())
     fig.update_layout(
-        title={"text": f"{n_calls} driver calls, peak {fmt_bytes(peak)} backed "
+        title={"text": f"{_count(n_calls, 'driver call')}, peak {fmt_bytes(peak)} backed "
                        f"({trace.meta.get('driver', '?')}, {trace.meta.get('device_name', '?')})",
                "font": {"size": 14}},
-        height=520, margin={"l": 10, "r": 10, "t": 50, "b": 40}, plot_bgcolor="white",
+        height=520, autosize=True, margin={"l": 10, "r": 10, "t": 60, "b": 40},
+        plot_bgcolor="white",
         meta={"kvvmm": "timeline", "unit_bytes": unit, "x": x, "simulated": simulated},
     )
     return fig
@@ -158,18 +161,19 @@ def handle_sizes(
     fig = go.Figure()
     for label, cnt in counted.items():
         fig.add_trace(go.Bar(
-            name=label, x=labels, y=[cnt.get(s, 0) for s in all_sizes],
-            hovertext=[f"{label}: {cnt.get(s, 0)} handles of {fmt_bytes(s)} = "
+            name=html.escape(str(label)), x=labels, y=[cnt.get(s, 0) for s in all_sizes],
+            hovertext=[f"{html.escape(str(label))}: {_count(cnt.get(s, 0), 'handle')} of "
+                       f"{fmt_bytes(s)} = "
                        f"{fmt_bytes(cnt.get(s, 0) * s)}" for s in all_sizes],
             hovertemplate="%{hovertext}<extra></extra>",
         ))
     total = sum(sum(c.values()) for c in counted.values())
     fig.update_layout(
-        title={"text": f"handle sizes ({total} handles)", "font": {"size": 14}},
-        barmode="group", height=360, plot_bgcolor="white",
+        title={"text": f"handle sizes ({_count(total, 'handle')})", "font": {"size": 14}},
+        barmode="group", height=360, autosize=True, plot_bgcolor="white",
         xaxis={"title": {"text": "handle size"}, "type": "category"},
         yaxis={"title": {"text": "handles"}},
-        margin={"l": 10, "r": 10, "t": 50, "b": 40},
+        margin={"l": 10, "r": 10, "t": 60, "b": 40},
         meta={"kvvmm": "handle_sizes", "sizes": all_sizes},
     )
     return fig
@@ -186,6 +190,7 @@ def bandwidth_by_handle_size(table: BandwidthTable | None = None) -> go.Figure:
         series), error bars spanning the runs, dashed lines for the non-VMM references.
     """
     table = H200_BANDWIDTH if table is None else table
+    ref = table.reference_tb_s("plain")
     fig = go.Figure()
     for inter, name, color in ((False, "VMM handles", "#2f9e44"),
                                (True, "interleaved with other buffers", "#f08c00")):
@@ -196,6 +201,10 @@ def bandwidth_by_handle_size(table: BandwidthTable | None = None) -> go.Figure:
         fig.add_trace(go.Bar(
             name=name, x=[fmt_bytes(p.handle_bytes or 0) for p in ps], y=[p.tb_s for p in ps],
             marker={"color": color},
+            # Each bar says how it compares with cudaMalloc: with the axis from 0 the bars
+            # look alike, and the ratio is the figure's point.
+            text=[f"{p.tb_s / ref:.2f}×" if ref else f"{p.tb_s:.2f}" for p in ps],
+            textposition="inside", insidetextanchor="end", textfont={"color": "white"},
             error_y={"type": "data", "symmetric": False,
                      "array": [max(p.runs_tb_s) - p.tb_s for p in ps],
                      "arrayminus": [p.tb_s - min(p.runs_tb_s) for p in ps]},
@@ -215,49 +224,77 @@ def bandwidth_by_handle_size(table: BandwidthTable | None = None) -> go.Figure:
             y=[p.tb_s, p.tb_s], mode="lines", line={"dash": dash, "width": 1},
             hovertemplate=f"{p.label}: {p.tb_s:.3f} TB/s<extra></extra>",
         ))
-    lo = min((min(p.runs_tb_s) for p in table.points), default=0.0)
     hi = max((max(p.runs_tb_s) for p in table.points), default=1.0)
+    ratio = " (bar labels: ratio to cudaMalloc)" if ref else ""
     fig.update_layout(
         title={"text": f"copy bandwidth of a {fmt_bytes(table.tensor_bytes)} tensor by handle "
-                       f"size ({table.device})", "font": {"size": 14}},
-        barmode="group", height=400, plot_bgcolor="white",
+                       f"size ({table.device})",
+               "subtitle": {"text": f"from 0 TB/s{ratio}", "font": {"size": 11}},
+               "font": {"size": 14}},
+        barmode="group", height=420, autosize=True, plot_bgcolor="white",
         xaxis={"title": {"text": "handle size"}, "type": "category",
                "categoryorder": "array", "categoryarray": order},
-        yaxis={"title": {"text": "TB/s"}, "range": [lo - 0.3, hi + 0.1]},
-        margin={"l": 10, "r": 10, "t": 50, "b": 40},
+        # From 0: a range starting at 3 TB/s made a 15% difference look like 2x.
+        yaxis={"title": {"text": "TB/s"}, "range": [0, hi * 1.08], "rangemode": "tozero"},
+        legend={"orientation": "h", "yanchor": "top", "y": -0.18, "x": 0},
+        margin={"l": 10, "r": 10, "t": 70, "b": 40},
         meta={"kvvmm": "bandwidth_by_handle_size", "source": table.source},
     )
     return fig
 
 
 def growth_figure(results: Sequence[GrowthResult]) -> go.Figure:
-    """Backed vs needed bytes per step (left) and predicted bandwidth (right)."""
+    """Backed vs needed bytes per step (left) and predicted bandwidth (right).
+
+    The bytes axis takes its unit from the largest value (GiB for big pools, never "20k
+    MiB"); the bandwidth axis starts at 0, and each bar is labelled with its ratio to
+    cudaMalloc (the H200 table's plain copy), which is what the bars compare.
+
+    Args:
+        results: :func:`kvvmm.growth.compare_policies` results (or any with the same fields).
+    Returns:
+        A two-panel ``plotly.graph_objects.Figure``; ``layout.meta["unit_bytes"]`` is the
+        bytes axis' unit.
+    """
     from plotly.subplots import make_subplots
 
     fig = make_subplots(rows=1, cols=2, column_widths=[0.68, 0.32],
                         subplot_titles=("backed while decoding", "predicted copy bandwidth"))
+    peak = max((max([*r.backed_by_step, *r.needed_by_step], default=0) for r in results),
+               default=0)
+    unit, unit_name = _unit(max(peak, 1))
     if results:
         r0 = results[0]
         fig.add_trace(go.Scatter(name="needed", x=list(r0.tokens),
-                                 y=[n / MiB for n in r0.needed_by_step], mode="lines",
+                                 y=[n / unit for n in r0.needed_by_step], mode="lines",
                                  line={"color": "#495057", "dash": "dot"}), row=1, col=1)
     for r in results:
-        fig.add_trace(go.Scatter(name=r.policy, x=list(r.tokens),
-                                 y=[b / MiB for b in r.backed_by_step], mode="lines",
-                                 line={"shape": "hv"}), row=1, col=1)
-    fig.add_trace(go.Bar(name="TB/s", x=[r.policy for r in results],
-                         y=[r.predicted_tb_s for r in results], showlegend=False,
-                         text=[f"{r.predicted_tb_s:.2f}" for r in results],
-                         marker={"color": "#2f9e44"}), row=1, col=2)
+        fig.add_trace(go.Scatter(name=html.escape(r.policy), x=list(r.tokens),
+                                 y=[b / unit for b in r.backed_by_step], mode="lines",
+                                 line={"shape": "hv"},
+                                 hovertemplate=f"%{{y:.4g}} {unit_name} at %{{x:,}} tokens"
+                                               "<extra>%{fullData.name}</extra>"),
+                      row=1, col=1)
     ref = H200_BANDWIDTH.reference_tb_s("plain")
+    policies = [html.escape(r.policy) for r in results]
+    fig.add_trace(go.Bar(name="TB/s", x=policies,
+                         y=[r.predicted_tb_s for r in results], showlegend=False,
+                         text=[f"{r.predicted_tb_s:.2f} ({r.predicted_tb_s / ref:.2f}×)"
+                               if ref else f"{r.predicted_tb_s:.2f}" for r in results],
+                         textposition="inside", insidetextanchor="end",
+                         textfont={"color": "white", "size": 11},
+                         marker={"color": "#2f9e44"}), row=1, col=2)
     if ref is not None:
-        fig.add_trace(go.Scatter(name=f"cudaMalloc {ref:.2f} TB/s",
-                                 x=[r.policy for r in results] or [""],
-                                 y=[ref] * max(1, len(results)), mode="lines",
+        fig.add_trace(go.Scatter(name=f"cudaMalloc {ref:.2f} TB/s", x=policies or [""],
+                                 y=[ref] * max(1, len(results)), mode="lines+markers",
+                                 marker={"symbol": "line-ew-open", "size": 14},
                                  line={"dash": "dash", "color": "#e8590c"}), row=1, col=2)
+    top = max([ref or 0.0, *(r.predicted_tb_s for r in results)], default=1.0)
     fig.update_xaxes(title_text="tokens", row=1, col=1)
-    fig.update_yaxes(title_text="MiB", row=1, col=1)
-    fig.update_yaxes(title_text="TB/s (H200 table)", range=[3.0, 4.4], row=1, col=2)
-    fig.update_layout(height=380, margin={"l": 10, "r": 10, "t": 50, "b": 40},
-                      plot_bgcolor="white", meta={"kvvmm": "growth"})
+    fig.update_yaxes(title_text=f"backed ({unit_name})", rangemode="tozero", row=1, col=1)
+    fig.update_yaxes(title_text="TB/s (H200 table; labels: ratio to cudaMalloc)",
+                     range=[0, top * 1.1], row=1, col=2)
+    fig.update_layout(height=400, autosize=True, margin={"l": 10, "r": 10, "t": 60, "b": 40},
+                      legend={"orientation": "h", "yanchor": "top", "y": -0.18, "x": 0},
+                      plot_bgcolor="white", meta={"kvvmm": "growth", "unit_bytes": unit})
     return fig

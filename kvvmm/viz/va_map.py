@@ -1,37 +1,61 @@
-"""The VA map: an arena's reservation, one horizontal band per allocation or KV buffer.
+"""The VA map: an arena's reservation, drawn so that 1 or 1,000 buffers both read.
 
-Across each band's reserved span: backed (one bar per handle), unbacked, granularity padding,
-slack VA beyond the cursor, the cursor, and for an owner the slot-0 page, prefix and final
-marks. Drawn with a few traces, one per category, never a shape per mapping: plotly's
-``add_shape`` in a loop is quadratic. Past :data:`HEATMAP_THRESHOLD` mappings the bars give way
-to a heatmap of backed fractions, which the browser draws at once.
+Three views, picked by size (or asked for):
+
+- ``bars`` (up to ``max_rows`` rows and :data:`HEATMAP_THRESHOLD` mappings): one band per
+  allocation or KV buffer, one bar per handle (shades alternate at handle boundaries), then
+  unbacked, granularity padding, slack, the cursor and, for an owner, the slot-0 page, prefix
+  and final marks. Each row's label ends with its backed fraction.
+- ``heatmap`` (more rows, or more mappings): one thin row per buffer, every row drawn from its
+  own start (so 160 buffers of one shape line up instead of making a diagonal of slivers),
+  coloured by backed fraction; rows grouped (K / V / latent pools from names like ``k0``,
+  ``v0``, ``kv0``, or ``group_by=``), one label per group, and a side panel of each group's
+  backed against reserved bytes. This is what PyTorch's memory_viz does on big snapshots:
+  summarise, then let the reader drill down.
+- ``buffer`` (``buffer="k3"``): the drill-down, one buffer's handles as bars.
+
+Drawn with a few traces, one per category, never a shape per mapping: plotly's ``add_shape``
+in a loop is quadratic. Every name that reaches hover text or a label is HTML-escaped (plotly
+renders a subset of HTML there, and buffer names are user strings).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import html
+import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import plotly.graph_objects as go
 
 from kvvmm.errors import ArgumentError
-from kvvmm.snapshot import ArenaSnapshot, OwnerSnapshot
+from kvvmm.snapshot import ArenaSnapshot, MappingInfo, OwnerSnapshot
 from kvvmm.units import fmt_bytes, fmt_range
-from kvvmm.viz._common import Snapshot, _arena_of, _array, _unit
+from kvvmm.viz._common import Snapshot, _arena_of, _array, _count, _unit
 
-__all__ = ["HEATMAP_THRESHOLD", "VA_MAP_TRACES", "va_map"]
+__all__ = ["HEATMAP_THRESHOLD", "MAX_ROWS", "VA_MAP_GROUP_TRACES", "VA_MAP_TRACES", "va_map"]
 
+#: Past this many mappings the per-handle bars give way to the heatmap (the browser draws a
+#: heatmap at once, and a bar per handle stops being visible long before this).
 HEATMAP_THRESHOLD = 10_000
 
-#: Trace names of :func:`va_map`, in drawing order (the lab updates them in place by index).
+#: Rows drawn as labelled bands; past it, the heatmap view (a label per row stops fitting).
+MAX_ROWS = 40
+
+#: Trace names of :func:`va_map`, in drawing order: every view starts with these, in this
+#: order (a view without a category leaves its trace empty), so the lab can update them in
+#: place by index. In the heatmap view ``backed`` is the ``go.Heatmap``.
 VA_MAP_TRACES = ("backed", "unbacked", "padding", "slack", "cursor", "slot-0 page", "prefix",
                  "final")
 
+#: Traces the heatmap view adds after :data:`VA_MAP_TRACES`: the per-group summary panel.
+VA_MAP_GROUP_TRACES = ("group reserved", "group backed")
+
 _COLORS = {
-    "backed": ("#2f9e44", "#69db7c"),  # alternating shades show handle boundaries
+    "backed": ("#2b8a3e", "#69db7c"),  # alternating shades show handle boundaries
     "unbacked": "#dee2e6",
-    "padding": "#ffe8cc",
+    "padding": "#ffd8a8",
     "slack": "#f8f9fa",
     "cursor": "#e8590c",
     "slot-0 page": "#1c7ed6",
@@ -39,6 +63,9 @@ _COLORS = {
     "final": "#c2255c",
 }
 
+_VIEWS = ("auto", "bars", "heatmap")
+_GROUP_BY = ("auto", "kind", "layer", "none")
+_NAME = re.compile(r"^(.*?)(\d+)$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,71 +88,202 @@ def _rows(snapshot: Snapshot) -> list[_Row]:
                  a.backed_bytes) for a in snapshot.allocations]
 
 
+def _pct(part: int, whole: int) -> str:
+    return f"{100 * part / whole:.0f}%" if whole else "-"
+
+
+def _group_key(group_by: object) -> Callable[[str], str]:
+    """Row name -> group name. ``kind``: the name without its trailing number (``k12`` -> ``k``);
+    ``layer``: the trailing number (``k12`` -> ``layer 12``); ``none``: one group."""
+    if callable(group_by):
+        return lambda name: str(group_by(name))
+    if group_by in ("auto", "kind"):
+        def kind(name: str) -> str:
+            m = _NAME.match(name)
+            return (m.group(1) or name) if m else name
+        return kind
+    if group_by == "layer":
+        def layer(name: str) -> str:
+            m = _NAME.match(name)
+            return f"layer {m.group(2)}" if m else name
+        return layer
+    if group_by == "none":
+        return lambda name: "all"
+    raise ArgumentError("group_by", group_by,
+                        f"one of {list(_GROUP_BY)} or a function of a buffer name")
+
+
+@dataclass(frozen=True, slots=True)
+class _Group:
+    name: str
+    rows: tuple[int, ...]  # indices into the ordered rows
+
+    def label(self, rows: Sequence[_Row]) -> str:
+        first, last = rows[self.rows[0]].name, rows[self.rows[-1]].name
+        names = first if first == last else f"{first}–{last}"
+        return html.escape(names)
+
+
+def _grouped(rows: list[_Row], group_by: object) -> tuple[list[_Row], list[_Group]]:
+    """Rows ordered by group (first appearance in VA order), then VA order; and the groups."""
+    key = _group_key(group_by)
+    order: dict[str, list[_Row]] = {}
+    for r in rows:
+        order.setdefault(key(r.name), []).append(r)
+    out: list[_Row] = []
+    groups: list[_Group] = []
+    for name, members in order.items():
+        groups.append(_Group(name, tuple(range(len(out), len(out) + len(members)))))
+        out.extend(members)
+    return out, groups
+
+
 def va_map(
     snapshot: ArenaSnapshot | OwnerSnapshot,
     *,
+    view: str = "auto",
+    buffer: str | None = None,
+    group_by: str | Callable[[str], str] = "auto",
     heatmap: bool | None = None,
+    max_rows: int = MAX_ROWS,
+    align: str = "auto",
     title: str | None = None,
-    bins: int = 800,
+    bins: int = 200,
 ) -> go.Figure:
-    """Draw an arena's VA: one band per allocation (or KV buffer) across its reserved span.
+    """Draw an arena's VA: backed against unbacked, per allocation or KV buffer.
 
-    x is the offset from the arena base in the unit named on the axis (``layout.meta``
-    holds ``unit_bytes``: multiply back to get bytes); rows are allocations in VA order, plus
-    a ``slack`` row for reserved VA beyond the cursor. Traces, always in this order
-    (:data:`VA_MAP_TRACES`): ``backed`` (one bar per handle, shades alternating),
-    ``unbacked`` (inside the logical span), ``padding`` (unbacked VA past the span, up to the
-    granularity), ``slack``, ``cursor``, then for an :class:`~kvvmm.owner.OwnerSnapshot` the
-    marks ``slot-0 page``, ``prefix`` and ``final`` at the end of each span. Hovering gives
-    each piece's absolute ``[start, end)`` and size.
+    ``layout.meta`` says what was drawn: ``mode`` (``"bars"``, ``"heatmap"`` or
+    ``"buffer"``), ``align`` (``"arena"``: x is the offset from the arena base; ``"start"``:
+    x is the offset inside each row's own allocation), ``unit_bytes`` (x times it is bytes),
+    ``base``, ``rows`` (row names, top first) and, in the heatmap, ``groups``. Hover always
+    gives absolute ``[start, end)`` and sizes (in a heatmap of more than 50,000 cells, the
+    row, offset and backed fraction only).
+
+    Traces start with :data:`VA_MAP_TRACES` in every view; the heatmap adds
+    :data:`VA_MAP_GROUP_TRACES`.
 
     Args:
         snapshot: ``arena.snapshot()`` or ``owner.snapshot()``.
-        heatmap: draw backed fractions as a heatmap instead of bars; default: only past
-            :data:`HEATMAP_THRESHOLD` mappings (the first trace is then a ``go.Heatmap``).
-        title: figure title; default names the arena, its driver and what is backed.
-        bins: heatmap columns across the reservation.
+        view: ``"auto"`` (bars up to ``max_rows`` rows and :data:`HEATMAP_THRESHOLD`
+            mappings, else the heatmap), ``"bars"`` or ``"heatmap"``.
+        buffer: draw only this allocation or buffer, one bar per handle (the drill-down).
+        group_by: how rows group: ``"auto"``/``"kind"`` (the name without its trailing
+            number: ``k``, ``v``, ``kv``), ``"layer"`` (its trailing number), ``"none"``, or a
+            function of a row name returning its group.
+        heatmap: the older switch: ``True`` is ``view="heatmap"``, ``False`` ``view="bars"``.
+        max_rows: the most rows drawn as labelled bands in the auto view, >= 1.
+        align: bars view: ``"arena"`` (x from the arena base: the true layout, with slack and
+            cursor), ``"start"`` (each row from its own start) or ``"auto"`` (arena up to 4
+            rows).
+        title: figure title (plain text, escaped); default names the arena and what is backed.
+        bins: heatmap columns across a row, >= 1.
     Returns:
-        A ``plotly.graph_objects.Figure``.
+        A ``plotly.graph_objects.Figure`` (autosized: it fills its cell's width).
     Raises:
-        ArgumentError: ``snapshot`` is not a snapshot.
+        ArgumentError: ``snapshot`` is not a snapshot, ``buffer`` is not one of its rows, or
+            ``view``, ``align``, ``group_by``, ``max_rows`` or ``bins`` is not one of the
+            values above.
     """
     arena = _arena_of(snapshot)
+    if view not in _VIEWS:
+        raise ArgumentError("view", view, f"one of {list(_VIEWS)}")
+    for name, value in (("max_rows", max_rows), ("bins", bins)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ArgumentError(name, value, "an int >= 1")
+    if align not in ("auto", "arena", "start"):
+        raise ArgumentError("align", align, "one of ['auto', 'arena', 'start']")
+    if heatmap is not None and view == "auto":
+        view = "heatmap" if heatmap else "bars"
     rows = _rows(snapshot)
-    unit, unit_name = _unit(arena.reserved_bytes)
+    if buffer is not None:
+        chosen = [r for r in rows if r.name == buffer]
+        if not chosen:
+            raise ArgumentError("buffer", buffer, f"one of {[r.name for r in rows][:8]}"
+                                + (" ..." if len(rows) > 8 else ""))
+        return _bars(snapshot, arena, chosen, [], title, mode="buffer", align="start")
+    rows, groups = _grouped(rows, group_by)
+    if view == "auto":
+        big = len(rows) > max_rows or len(arena.mappings) > HEATMAP_THRESHOLD
+        view = "heatmap" if big else "bars"
+    if view == "heatmap":
+        return _heatmap(snapshot, arena, rows, groups, title, bins)
+    # A handful of rows: the true layout (offsets from the arena base). More rows: each from
+    # its own start, else every band is a sliver of the width (the diagonal of issue 12).
+    if align == "auto":
+        align = "arena" if len(rows) <= 4 else "start"
+    return _bars(snapshot, arena, rows, groups, title, mode="bars", align=align)
+
+
+def _default_title(arena: ArenaSnapshot, what: str | None = None) -> tuple[str, str]:
+    state = " (closed)" if arena.closed else ""
+    head = html.escape(what if what is not None else f"{arena.name}{state}")
+    return (f"{head}: {fmt_bytes(arena.backed_bytes)} backed of "
+            f"{fmt_bytes(arena.reserved_bytes)} reserved "
+            f"({_pct(arena.backed_bytes, arena.reserved_bytes)}), "
+            f"{_count(len(arena.mappings), 'handle')}",
+            f"{html.escape(arena.driver)}, {html.escape(arena.device_name)}, "
+            f"granularity {fmt_bytes(arena.granularity)}, base {arena.base:#x}")
+
+
+def _layout(fig: go.Figure, titles: tuple[str, str], height: int,
+            meta: dict[str, Any]) -> None:
+    title, subtitle = titles
+    fig.update_layout(
+        # A subtitle rather than a second line after <br>: plotly anchors a title's first
+        # line only, so a two-line title at the top was clipped.
+        title={"text": title, "subtitle": {"text": subtitle, "font": {"size": 11}},
+               "font": {"size": 14}, "x": 0.01, "xanchor": "left", "xref": "container",
+               "yref": "paper", "y": 1, "yanchor": "bottom", "automargin": True,
+               "pad": {"b": 34}},
+        autosize=True, height=height,
+        margin={"l": 10, "r": 10, "t": 78, "b": 44, "autoexpand": True},
+        legend={"orientation": "h", "yanchor": "bottom", "y": 1.0, "xanchor": "right", "x": 1,
+                "font": {"size": 11}},
+        plot_bgcolor="white", meta=meta,
+    )
+
+
+def _bars(snapshot: Snapshot, arena: ArenaSnapshot, rows: list[_Row], groups: list[_Group],
+          title: str | None, *, mode: str, align: str) -> go.Figure:
+    """One band per row, one bar per handle (the ``bars`` and ``buffer`` views)."""
+    base = arena.base
+    row_of = {r.name: i for i, r in enumerate(rows)}
+    origin = {r.name: (0 if align == "arena" else r.offset) for r in rows}
+    if align == "arena":
+        span = arena.reserved_bytes
+    else:
+        span = max((r.size_bytes for r in rows), default=arena.reserved_bytes)
+    unit, unit_name = _unit(span)
     slack = arena.reserved_bytes - arena.cursor_bytes
-    names = [r.name for r in rows]
+    names = [f"{html.escape(r.name)}  <b>{_pct(r.backed_bytes, r.size_bytes)}</b>"
+             for r in rows]
     slack_row = len(rows)
-    if slack > 0 or not rows:
+    show_slack = align == "arena" and mode == "bars" and (slack > 0 or not rows)
+    if show_slack:
         names.append("slack")
     n_rows = len(names)
-    base = arena.base
-    use_heatmap = len(arena.mappings) > HEATMAP_THRESHOLD if heatmap is None else heatmap
 
     def rng(start: int, end: int) -> str:
         return f"{fmt_range(base + start, base + end)}<br>{fmt_bytes(end - start)}"
 
-    row_of = {r.name: i for i, r in enumerate(rows)}
-    traces: list[Any] = []
-    if use_heatmap:
-        traces.append(_heatmap(arena, rows, n_rows, unit, unit_name, bins))
-    else:
-        # One bar per handle: y, base (start) and x (length) in axis units.
-        # Numeric colours on a two-step scale, and arrays rather than lists: plotly
-        # validates a list of colour strings one regex at a time (0.4 s for 10k bars).
-        ms = arena.mappings
-        dark, light = _COLORS["backed"]
-        traces.append(go.Bar(
-            name="backed", orientation="h", width=0.8,
-            y=_array([row_of[m.allocation] for m in ms]),
-            base=_array([m.offset / unit for m in ms]),
-            x=_array([m.size_bytes / unit for m in ms]),
-            marker={"color": _array([m.handle_id % 2 for m in ms]), "cmin": 0, "cmax": 1,
-                    "colorscale": [[0, dark], [1, light]], "line_width": 0},
-            hovertext=_array([f"{m.allocation}: handle #{m.handle_id}<br>"
-                              f"{rng(m.offset, m.end)}" for m in ms], text=True),
-            hovertemplate="%{hovertext}<extra>backed</extra>",
-        ))
+    ms: Sequence[MappingInfo] = (arena.mappings if mode == "bars" and align == "arena"
+                                 else [m for m in arena.mappings if m.allocation in row_of])
+    esc = {r.name: html.escape(r.name) for r in rows}
+    dark, light = _COLORS["backed"]
+    # Numeric colours on a two-step scale, and arrays rather than lists: plotly validates a
+    # list of colour strings one regex at a time (0.4 s for 10k bars).
+    traces: list[Any] = [go.Bar(
+        name="backed", orientation="h", width=0.8,
+        y=_array([row_of[m.allocation] for m in ms]),
+        base=_array([(m.offset - origin[m.allocation]) / unit for m in ms]),
+        x=_array([m.size_bytes / unit for m in ms]),
+        marker={"color": _array([m.handle_id % 2 for m in ms]), "cmin": 0, "cmax": 1,
+                "colorscale": [[0, dark], [1, light]], "line_width": 0},
+        hovertext=_array([f"{esc[m.allocation]}: handle #{m.handle_id}<br>"
+                          f"{rng(m.offset, m.end)}" for m in ms], text=True),
+        hovertemplate="%{hovertext}<extra>backed</extra>",
+        showlegend=True,
+    )]
     # Unbacked inside the span, then padding past it: each row's unbacked tail in two parts.
     unb: list[tuple[int, int, int, str]] = []
     pad: list[tuple[int, int, int, str]] = []
@@ -136,30 +294,28 @@ def va_map(
             unb.append((i, lo, span_end, r.name))
         if max(lo, span_end) < end:
             pad.append((i, max(lo, span_end), end, r.name))
-    if slack > 0:
-        slack_pieces = [(slack_row, arena.cursor_bytes, arena.reserved_bytes, "slack")]
-    elif not rows:
-        slack_pieces = [(slack_row, 0, arena.reserved_bytes, "slack")]
-    else:
-        slack_pieces = []
+    slack_pieces: list[tuple[int, int, int, str]] = []
+    if show_slack:
+        slack_pieces = [(slack_row, arena.cursor_bytes if rows else 0, arena.reserved_bytes,
+                         "slack")]
     for label, pieces in (("unbacked", unb), ("padding", pad), ("slack", slack_pieces)):
-        if use_heatmap and label != "slack":
-            pieces = []  # the heatmap shows them
         traces.append(go.Bar(
             name=label, orientation="h", width=0.8 if label != "slack" else 0.5,
-            y=[p[0] for p in pieces], base=[p[1] / unit for p in pieces],
+            y=[p[0] for p in pieces],
+            base=[(p[1] - origin.get(p[3], 0)) / unit for p in pieces],
             x=[(p[2] - p[1]) / unit for p in pieces],
             marker={"color": _COLORS[label], "line_width": 0.5, "line_color": "#adb5bd"},
-            hovertext=[f"{p[3]}: {label}<br>{rng(p[1], p[2])}" for p in pieces],
+            hovertext=[f"{html.escape(p[3])}: {label}<br>{rng(p[1], p[2])}" for p in pieces],
             hovertemplate=f"%{{hovertext}}<extra>{label}</extra>",
             showlegend=bool(pieces),
         ))
     c = arena.cursor_bytes
+    cursor_x = [c / unit, c / unit] if align == "arena" and mode == "bars" else []
     traces.append(go.Scatter(
-        name="cursor", mode="lines", x=[c / unit, c / unit], y=[-0.5, n_rows - 0.5],
+        name="cursor", mode="lines", x=cursor_x, y=[-0.5, n_rows - 0.5] if cursor_x else [],
         line={"color": _COLORS["cursor"], "width": 2, "dash": "dash"},
-        hovertext=[f"cursor at offset {fmt_bytes(c)} ({base + c:#x})"] * 2,
-        hovertemplate="%{hovertext}<extra>cursor</extra>",
+        hovertext=[f"cursor at offset {fmt_bytes(c)} ({base + c:#x})"] * len(cursor_x),
+        hovertemplate="%{hovertext}<extra>cursor</extra>", showlegend=bool(cursor_x),
     ))
     for label, attr, symbol in (("slot-0 page", "page0_bytes", "triangle-down"),
                                 ("prefix", "prefix_bytes", "line-ns-open"),
@@ -168,73 +324,178 @@ def va_map(
                  if getattr(r, attr) is not None]
         traces.append(go.Scatter(
             name=label, mode="markers", y=[m[0] for m in marks],
-            x=[(m[1] + m[2]) / unit for m in marks],
-            marker={"symbol": symbol, "size": 11 if n_rows <= 16 else 6, "color": _COLORS[label],
-                    "line": {"width": 2, "color": _COLORS[label]}},
-            hovertext=[f"{rows[m[0]].name}: {label} span<br>{rng(m[1], m[1] + m[2])}"
+            x=[(m[1] - origin[rows[m[0]].name] + m[2]) / unit for m in marks],
+            marker={"symbol": symbol, "size": 11 if n_rows <= 16 else 7,
+                    "color": _COLORS[label], "line": {"width": 2, "color": _COLORS[label]}},
+            hovertext=[f"{esc[rows[m[0]].name]}: {label} span<br>{rng(m[1], m[1] + m[2])}"
                        for m in marks],
             hovertemplate=f"%{{hovertext}}<extra>{label}</extra>",
             showlegend=bool(marks),
         ))
     fig = go.Figure(data=traces)
-    if title is None:
-        state = " (closed)" if arena.closed else ""
-        title = (f"{arena.name}{state}: {fmt_bytes(arena.backed_bytes)} backed of "
-                 f"{fmt_bytes(arena.reserved_bytes)} reserved, {len(arena.mappings)} handles "
-                 f"({arena.driver}, {arena.device_name})")
+    if title is not None:
+        text = (html.escape(title), "")
+    elif mode == "buffer":
+        r = rows[0]
+        text = (f"{html.escape(r.name)} in {html.escape(arena.name)}: "
+                f"{fmt_bytes(r.backed_bytes)} backed of {fmt_bytes(r.size_bytes)} "
+                f"({_pct(r.backed_bytes, r.size_bytes)}) in {_count(len(ms), 'handle')}",
+                f"{fmt_range(base + r.offset, base + r.offset + r.size_bytes)}")
+    else:
+        text = _default_title(arena)
+    x_title = (f"offset from arena base ({unit_name}); base {base:#x}" if align == "arena"
+               else f"offset inside each {'buffer' if mode == 'bars' else 'allocation'} "
+                    f"({unit_name})")
+    # Separators between groups: a line per boundary, set at once (not add_shape in a loop).
+    shapes = [{"type": "line", "xref": "paper", "x0": 0, "x1": 1, "yref": "y",
+               "y0": g.rows[0] - 0.5, "y1": g.rows[0] - 0.5,
+               "line": {"color": "#868e96", "width": 1}} for g in groups[1:]
+              if any(len(h.rows) > 1 for h in groups)][:64]
+    per_row = 34 if n_rows <= 4 else 26 if n_rows <= 16 else 18
+    _layout(fig, text, max(240, min(1400, per_row * n_rows + 150)),
+            {"kvvmm": "va_map", "mode": mode, "align": align, "unit_bytes": unit,
+             "base": base, "rows": [r.name for r in rows]})
     fig.update_layout(
-        title={"text": title, "font": {"size": 14}},
-        barmode="overlay",
-        height=max(260, min(1600, (26 if n_rows <= 16 else 16) * n_rows + 150)),
-        margin={"l": 10, "r": 10, "t": 50, "b": 40},
-        xaxis={"title": {"text": f"offset from arena base ({unit_name}); base {base:#x}"},
-               "range": [0, arena.reserved_bytes / unit], "zeroline": False},
+        barmode="overlay", shapes=shapes,
+        xaxis={"title": {"text": x_title}, "range": [0, span / unit], "zeroline": False},
         yaxis={"tickvals": list(range(n_rows)), "ticktext": names, "autorange": "reversed",
-               "range": None, "showgrid": False},
-        legend={"orientation": "h", "yanchor": "bottom", "y": 1.0, "xanchor": "right", "x": 1},
-        plot_bgcolor="white",
-        meta={"kvvmm": "va_map", "unit_bytes": unit, "base": base,
-              "mode": "heatmap" if use_heatmap else "bars"},
+               "showgrid": False, "automargin": True},
     )
     return fig
 
 
-def _heatmap(arena: ArenaSnapshot, rows: Sequence[_Row], n_rows: int, unit: int,
-             unit_name: str, bins: int) -> go.Heatmap:
-    """Backed fraction per (row, column) cell; None outside the row's allocation."""
-    if isinstance(bins, bool) or not isinstance(bins, int) or bins < 1:
-        raise ArgumentError("bins", bins, "an int >= 1")
-    total = arena.reserved_bytes
-    width = max(arena.granularity, -(-total // bins))
-    ncols = -(-total // width)
-    z: list[list[float | None]] = []
-    counts: list[list[int]] = []
-    starts_by_alloc: dict[str, list[int]] = {}
-    for m in arena.mappings:
-        starts_by_alloc.setdefault(m.allocation, []).append(m.offset)
-    for r in rows:
-        line: list[float | None] = [None] * ncols
-        cnt = [0] * ncols
-        lo, end, backed_end = r.offset, r.offset + r.size_bytes, r.offset + r.backed_bytes
-        for col in range(lo // width, -(-end // width)):
-            c0, c1 = col * width, min((col + 1) * width, total)
-            a0, a1 = max(c0, lo), min(c1, end)
-            if a1 <= a0:
-                continue
-            line[col] = max(0, min(a1, backed_end) - a0) / (a1 - a0)
-        for s in starts_by_alloc.get(r.name, ()):
-            cnt[s // width] += 1
-        z.append(line)
-        counts.append(cnt)
-    z += [[None] * ncols for _ in range(n_rows - len(rows))]
-    counts += [[0] * ncols for _ in range(n_rows - len(rows))]
-    return go.Heatmap(
-        name="backed", z=_array(z, floats=True),
-        customdata=_array(counts),
-        x=_array([(col + 0.5) * width / unit for col in range(ncols)]), y=list(range(n_rows)),
-        zmin=0, zmax=1, colorscale=[[0, _COLORS["unbacked"]], [1, _COLORS["backed"][1]]],
-        colorbar={"title": {"text": "backed"}, "tickformat": ".0%", "len": 0.6},
-        hovertemplate=(f"offset %{{x:.4g}} {unit_name} ± {fmt_bytes(width // 2)}<br>"
-                       "backed %{z:.0%}<br>%{customdata} handles start here<extra></extra>"),
-        xgap=0, ygap=2,
-    )
+def _heat_row(r: _Row, c0s: Sequence[int], width: int) -> list[float | None]:
+    """Backed fraction of each column of one row (drawn from its start); None past its end.
+
+    Backing is a prefix, so a row is ones, one partial column, zeros, then gaps: built by
+    list arithmetic, not a loop over cells (1000 rows x 200 columns stays cheap).
+    """
+    ncols = len(c0s)
+    used = min(ncols, -(-r.size_bytes // width))
+    full = min(r.backed_bytes // width, used)
+    line: list[float | None] = [1.0] * full
+    if full < used:
+        c0 = full * width
+        c1 = min(c0 + width, r.size_bytes)
+        line.append(max(0, min(r.backed_bytes, c1) - c0) / (c1 - c0))
+        line += [0.0] * (used - full - 1)
+    return line + [None] * (ncols - used)
+
+
+def _heatmap(snapshot: Snapshot, arena: ArenaSnapshot, rows: list[_Row],
+             groups: list[_Group], title: str | None, bins: int) -> go.Figure:
+    """Backed fraction per (row, column), rows from their own start; groups summarised."""
+    from plotly.subplots import make_subplots
+
+    base = arena.base
+    span = max((r.size_bytes for r in rows), default=arena.reserved_bytes)
+    unit, unit_name = _unit(span)
+    width = max(1, -(-span // bins))
+    ncols = -(-span // width)
+    c0s = [c * width for c in range(ncols)]
+    z = [_heat_row(r, c0s, width) for r in rows]
+    n = len(rows)
+    cells = n * ncols
+    # Per-cell hover (absolute ranges) while it stays cheap to build and send.
+    text: Any = None
+    if cells <= 50_000:
+        def cell(r: _Row, c0: int) -> str:
+            if c0 >= r.size_bytes:
+                return ""
+            c1 = min(c0 + width, r.size_bytes)
+            return (f"{html.escape(r.name)} {_pct(r.backed_bytes, r.size_bytes)} backed<br>"
+                    f"{fmt_range(base + r.offset + c0, base + r.offset + c1)}<br>"
+                    f"{fmt_bytes(c1 - c0)}")
+
+        text = _array([[cell(r, c0) for c0 in c0s] for r in rows], text=True)
+    y = list(range(n))
+    fig = make_subplots(rows=1, cols=2, column_widths=[0.74, 0.26], horizontal_spacing=0.02,
+                        shared_yaxes=False)
+    fig.add_trace(go.Heatmap(
+        name="backed", z=_array(z, floats=True), x=_array([(c + width / 2) / unit for c in c0s]),
+        y=y, zmin=0, zmax=1, text=text,
+        colorscale=[[0, _COLORS["unbacked"]], [1, _COLORS["backed"][0]]],
+        colorbar={"title": {"text": "", "side": "right"}, "ticktext": ["unbacked", "50%", "backed"],
+                  "orientation": "h", "len": 0.22, "lenmode": "fraction", "thickness": 10,
+                  "x": 0.74, "xanchor": "right", "y": 1.0, "yanchor": "bottom",
+                  "tickvals": [0, 0.5, 1]},
+        hovertemplate=("%{text}<br>cell backed %{z:.0%}<extra></extra>" if text is not None
+                       else f"row %{{y}}<br>offset %{{x:.4g}} {unit_name}<br>"
+                            "cell backed %{z:.0%}<extra></extra>"),
+        xgap=0, ygap=1 if n <= 200 else 0, showscale=True,
+    ), row=1, col=1)
+    # The categories of VA_MAP_TRACES the heatmap has no place for stay as empty traces, so
+    # every view keeps the same leading trace names.
+    # The prefix and final marks still fit: one small tick per row.
+    for label in VA_MAP_TRACES[1:]:
+        attr = {"prefix": "prefix_bytes", "final": "final_bytes"}.get(label)
+        marks = [(i, getattr(r, attr)) for i, r in enumerate(rows)
+                 if attr is not None and getattr(r, attr) is not None]
+        if label in ("unbacked", "padding", "slack"):
+            fig.add_trace(go.Bar(name=label, x=[], y=[], showlegend=False), row=1, col=1)
+            continue
+        fig.add_trace(go.Scatter(
+            name=label, mode="markers", x=[m[1] / unit for m in marks], y=[m[0] for m in marks],
+            marker={"symbol": "line-ns-open", "size": max(3, min(9, 700 // max(n, 1))),
+                    "color": _COLORS[label], "line": {"width": 2, "color": _COLORS[label]}},
+            hovertext=[f"{html.escape(rows[i].name)}: {label} span<br>"
+                       f"{fmt_range(base + rows[i].offset, base + rows[i].offset + b)}<br>"
+                       f"{fmt_bytes(b)}" for i, b in marks],
+            hovertemplate=f"%{{hovertext}}<extra>{label}</extra>", showlegend=bool(marks),
+        ), row=1, col=1)
+    # Summary: each group's reserved and backed bytes, and slack beyond the cursor.
+    gu, gname = _unit(max((sum(rows[i].size_bytes for i in g.rows) for g in groups),
+                          default=1))
+    labels = [f"{html.escape(g.name)} ({len(g.rows)})" for g in groups]
+    reserved = [sum(rows[i].size_bytes for i in g.rows) for g in groups]
+    backed = [sum(rows[i].backed_bytes for i in g.rows) for g in groups]
+    slack = arena.reserved_bytes - arena.cursor_bytes
+    if slack > 0:
+        labels.append("slack")
+        reserved.append(slack)
+        backed.append(0)
+    fig.add_trace(go.Bar(
+        name="group reserved", orientation="h", y=labels, x=[v / gu for v in reserved],
+        marker={"color": _COLORS["unbacked"], "line_width": 0.5, "line_color": "#adb5bd"},
+        hovertext=[f"{lb}: {fmt_bytes(v)} reserved" for lb, v in zip(labels, reserved,
+                                                                          strict=True)],
+        hovertemplate="%{hovertext}<extra></extra>", showlegend=False, width=0.7,
+    ), row=1, col=2)
+    fig.add_trace(go.Bar(
+        name="group backed", orientation="h", y=labels, x=[v / gu for v in backed],
+        marker={"color": _COLORS["backed"][0]}, width=0.7,
+        text=[_pct(b, r) for b, r in zip(backed, reserved, strict=True)],
+        textposition="outside", cliponaxis=False, textfont={"size": 11},
+        hovertext=[f"{lb}: {fmt_bytes(b)} backed of {fmt_bytes(r)} ({_pct(b, r)})"
+                   for lb, b, r in zip(labels, backed, reserved, strict=True)],
+        hovertemplate="%{hovertext}<extra></extra>", showlegend=False,
+    ), row=1, col=2)
+    # One label per group, thinned so labels stay >= ~14 px apart.
+    height = max(360, min(1100, 4 * n + 170)) if n > 60 else max(360, 9 * n + 170)
+    plot_px = height - 78 - 44
+    stride = max(1, -(-14 * len(groups) // max(plot_px, 1)))
+    shown = groups[::stride]
+    tickvals = [(g.rows[0] + g.rows[-1]) / 2 for g in shown]
+    def group_pct(g: _Group) -> str:
+        return _pct(sum(rows[i].backed_bytes for i in g.rows),
+                    sum(rows[i].size_bytes for i in g.rows))
+
+    ticktext = [f"{g.label(rows)}  <b>{group_pct(g)}</b>" for g in shown]
+    shapes = [{"type": "line", "xref": "x domain", "x0": 0, "x1": 1, "yref": "y",
+               "y0": g.rows[0] - 0.5, "y1": g.rows[0] - 0.5,
+               "line": {"color": "#495057", "width": 1}} for g in groups[1:]][:64]
+    text_title = (html.escape(title), "") if title is not None else _default_title(arena)
+    _layout(fig, text_title, height,
+            {"kvvmm": "va_map", "mode": "heatmap", "align": "start", "unit_bytes": unit,
+             "base": base, "rows": [r.name for r in rows], "groups": [g.name for g in groups],
+             "column_bytes": width, "group_unit_bytes": gu})
+    fig.update_layout(shapes=shapes, barmode="overlay", showlegend=True)
+    fig.update_xaxes(title_text=f"offset inside each buffer ({unit_name})",
+                     range=[0, span / unit], row=1, col=1)
+    fig.update_yaxes(tickvals=tickvals, ticktext=ticktext, autorange="reversed",
+                     showgrid=False, automargin=True, row=1, col=1)
+    fig.update_xaxes(title_text=f"backed of reserved ({gname})", row=1, col=2, showgrid=True,
+                     gridcolor="#f1f3f5")
+    fig.update_yaxes(autorange="reversed", side="right", automargin=True, row=1, col=2,
+                     showticklabels=True)
+    return fig
