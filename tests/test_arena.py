@@ -230,7 +230,7 @@ def test_decommit_gives_back_the_whole_mappings_beyond_keep_in_one_unmap(driver:
     arena, a, b = three_mappings(d)
     before = len(d.calls)
     assert arena.decommit(a, 2 * G) == 4 * G
-    assert d.calls[before:] == ["release", "release", "unmap"]
+    assert d.calls[before:] == ["unmap", "release", "release"]
     assert arena.backed_of(a) == 2 * G and arena.backed_of(b) == 2 * G
     assert maps(arena) == [(0, 2 * G, 1, "a"), (6 * G, 2 * G, 4, "b")]
     s = driver.stats()
@@ -343,30 +343,55 @@ def _decommit_many_setup(d: Driver) -> tuple[Arena, list[tuple[int, int]]]:
 
 
 @pytest.mark.parametrize("error", ERRORS)
-def test_decommit_many_failing_at_any_call_leaves_the_mappings_and_memory_as_they_were(
+def test_decommit_many_failing_at_an_unmap_leaves_every_mapping_and_byte_as_it_was(
     driver_kind: str, make_driver: MakeDriver, error: str
 ) -> None:
     calls = _calls_of(_decommit_many_setup, "decommit_many", make_driver(driver_kind))
-    assert calls == ["release"] * 3 + ["unmap"] * 2  # releases first, then one unmap each
-    for pos, call in enumerate(calls, start=1):
+    assert calls == ["unmap"] * 2 + ["release"] * 3  # one unmap each, then the releases
+    for pos in (1, 2):
         inner = make_driver(driver_kind)
         d = FaultyDriver(inner)
         arena, requests = _decommit_many_setup(d)
-        snap, before = arena.snapshot(), held(inner)
+        snap, stats = arena.snapshot(), inner.stats()
         d.arm(Fault("*", nth=pos, error=error))
         with pytest.raises(DriverError) as info:
             arena.decommit_many(requests)
-        where = f"call {pos} ({call}) failing with {error}"
-        assert (info.value.call, info.value.cuda_error) == (call, error), where
-        # A failed second unmap backs the first allocation's range again, with fresh memory
-        # under the same handle ids: the snapshot cannot tell.
+        where = f"unmap {pos} failing with {error}"
+        assert (info.value.call, info.value.cuda_error) == ("unmap", error), where
+        # The first allocation's unmap is undone by mapping its handles back: they kept
+        # their bytes, so nothing at all changed.
         assert arena.snapshot() == snap, where
-        assert held(inner) == before, where
+        assert inner.stats() == stats, where
         d.disarm()
         assert arena.decommit_many(requests) == 6 * G, where
         checked(arena, inner)
         arena.close()
         assert inner.stats().clean, where
+
+
+@pytest.mark.parametrize("error", ERRORS)
+def test_decommit_many_failing_at_a_release_stands_and_the_arena_releases_the_rest_later(
+    driver_kind: str, make_driver: MakeDriver, error: str
+) -> None:
+    for pos in (3, 4, 5):  # the first, second and third release
+        inner = make_driver(driver_kind)
+        d = FaultyDriver(inner)
+        arena, requests = _decommit_many_setup(d)
+        d.arm(Fault("*", nth=pos, error=error))
+        with pytest.raises(DriverError) as info:
+            arena.decommit_many(requests)
+        where = f"call {pos} (release) failing with {error}"
+        assert (info.value.call, info.value.cuda_error) == ("release", error), where
+        assert any("decommit or close again" in n for n in info.value.__notes__), where
+        # The VA is unmapped: the decommit stands, and the arena keeps the handles left.
+        assert maps(arena) == [(0, 2 * G, 1, "a")], where
+        left = (6 - pos) * 2 * G  # the failed release's handle and those after it
+        assert arena.unreleased_bytes == left, where
+        s = inner.stats()
+        assert (s.mappings, s.physical_bytes) == (1, 2 * G + left), where
+        d.disarm()
+        arena.close()  # retries them
+        assert arena.unreleased_bytes == 0 and inner.stats().clean, where
 
 
 def test_an_undo_that_fails_too_is_attached_to_the_error_as_a_note(driver: Driver) -> None:
