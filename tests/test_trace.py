@@ -353,7 +353,7 @@ def test_a_traced_arena_notes_its_operations_apart_from_driver_calls(driver: Dri
     seqs = sorted([e.seq for e in t.trace.events] + [o.seq for o in t.trace.ops])
     assert seqs == list(range(len(seqs)))  # one sequence over both lists
     assert [e.op for e in t.trace.driver_calls()] == [
-        "reserve", "create", "map", "set_access", "release", "unmap", "free"]
+        "reserve", "create", "map", "set_access", "unmap", "release", "free"]  # b1e73e2
     assert replay_arenas(t.trace)[0].closed
 
 

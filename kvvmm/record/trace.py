@@ -21,22 +21,22 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvvmm.driver.base import CALLS
+from kvvmm.checks import is_int
 from kvvmm.errors import TraceFormatError
+from kvvmm.record.validate import (
+    ARENA_OPS,
+    check_call,
+    check_meta,
+    check_op,
+    check_order,
+    label,
+    show,
+)
 
 __all__ = ["ARENA_OPS", "FORMAT", "VERSION", "ArenaOp", "Trace", "TraceEvent"]
 
 FORMAT = "kvvmm-trace"
 VERSION = 2
-#: What an arena records, in the order they can happen.
-ARENA_OPS = ("open", "allocate", "commit", "decommit", "grant_access", "adopt", "close")
-# The int arguments each driver call must carry to be replayed.
-_ARGS: dict[str, tuple[str, ...]] = {
-    "reserve": ("size", "align"), "free": ("va", "size"), "create": ("size",),
-    "release": ("handle",), "map": ("va", "size", "handle"), "unmap": ("va", "size"),
-    "set_access": ("va", "size"), "mem_info": (), "export_handle": ("handle",),
-    "import_handle": ("fd", "size"),
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,71 +137,93 @@ class Trace:
         with open(path, "w") as f:
             json.dump(self.to_json(), f)
 
+    def validate(self) -> None:
+        """Raise TraceFormatError unless every record is one a replay can run.
+
+        The same checks :meth:`from_json` makes, for a trace built in memory (``add`` and
+        ``add_op`` take any value); :mod:`kvvmm.replay` calls this before it replays.
+
+        Raises:
+            TraceFormatError: naming the first bad record (``event 3 (seq 5, map)``) and field.
+        """
+        check_meta(self.meta)
+        for i, e in enumerate(self.events):
+            check_call(f"event {i}", e.seq, e.op, e.args, e.result, e.error, e.wall_us,
+                       e.sim_us)
+        for i, o in enumerate(self.ops):
+            check_op(f"arena op {i}", o.seq, o.arena, o.op, o.args)
+        check_order([(label(f"event {i}", e.seq, e.op), e.seq)
+                     for i, e in enumerate(self.events)],
+                    [(label(f"arena op {i}", o.seq, o.op), o.seq, o.arena, o.op)
+                     for i, o in enumerate(self.ops)])
+
     @classmethod
     def from_json(cls, data: object) -> Trace:
-        """Rebuild a trace from :meth:`to_json` output; raise TraceFormatError if malformed."""
-        if not isinstance(data, dict) or data.get("format") != FORMAT:
-            raise TraceFormatError(f"not a kvvmm trace: format must be {FORMAT!r}")
+        """Rebuild a trace from :meth:`to_json` output (version 1 or 2), checking every field.
+
+        Raises:
+            TraceFormatError: not a trace, an unsupported version, or a record that breaks the
+                format: the message names it (``event 3 (seq 5, map)``) and the field.
+        """
+        if not isinstance(data, dict):
+            raise TraceFormatError(f"not a kvvmm trace: format must be {FORMAT!r} "
+                                   f"(a JSON object), got {show(data)}")
+        if data.get("format") != FORMAT:
+            raise TraceFormatError(f"not a kvvmm trace: format must be {FORMAT!r}, got "
+                                   f"{show(data.get('format'))}")
         version = data.get("version")
-        if type(version) is not int or version not in (1, VERSION):
+        if not is_int(version) or version not in (1, VERSION):
             raise TraceFormatError(
-                f"trace version {data.get('version')!r} is not supported: must be 1 or {VERSION}"
-            )
-        meta, raw = data.get("meta", {}), data.get("events")
-        raw_ops = data.get("arena_ops", [])
-        if not isinstance(meta, dict) or not isinstance(raw, list) or not isinstance(
-                raw_ops, list):
-            raise TraceFormatError("a trace needs a 'meta' object and an 'events' list")
+                f"trace version {show(version)} is not supported: must be 1 or {VERSION}")
+        known = ("format", "version", "meta", "events") + (("arena_ops",) if version == 2
+                                                            else ())
+        for k in data:
+            if k not in known:
+                raise TraceFormatError(f"a version {version} trace has no field {show(k)} "
+                                       f"(it has {', '.join(known)})")
+        meta = data.get("meta", {})
+        check_meta(meta)
+        raw, raw_ops = data.get("events"), data.get("arena_ops", [])
+        if not isinstance(raw, list):
+            raise TraceFormatError(f"a trace needs an 'events' list, got {show(raw)}")
+        if not isinstance(raw_ops, list):
+            raise TraceFormatError(f"a trace's 'arena_ops' must be a list, got {show(raw_ops)}")
         trace = cls(meta=meta)
+        calls: list[tuple[str, Any]] = []
+        ops: list[tuple[str, Any]] = []
         if version == 1:  # arena operations were "arena.<op>" events among the calls
-            calls = [e for e in raw if not _is_v1_op(e)]
-            raw_ops = [_v1_op(e) for e in raw if _is_v1_op(e)]
+            for i, e in enumerate(raw):
+                (ops if _is_v1_op(e) else calls).append(
+                    (f"event {i}", _v1_op(e) if _is_v1_op(e) else e))
         else:
-            calls = raw
-        for i, e in enumerate(calls):
-            try:
-                trace._load_call(e)
-            except (KeyError, TypeError, ValueError) as exc:
-                raise TraceFormatError(f"event {i} is malformed: {exc}") from None
-        for i, o in enumerate(raw_ops):
-            try:
-                trace._load_op(o)
-            except (KeyError, TypeError, ValueError) as exc:
-                raise TraceFormatError(f"arena op {i} is malformed: {exc}") from None
+            calls = [(f"event {i}", e) for i, e in enumerate(raw)]
+            ops = [(f"arena op {i}", o) for i, o in enumerate(raw_ops)]
+        where_calls = [trace._load_call(where, e) for where, e in calls]
+        where_ops = [trace._load_op(where, o) for where, o in ops]
+        check_order([(w, e.seq) for w, e in zip(where_calls, trace.events, strict=True)],
+                    [(w, o.seq, o.arena, o.op)
+                     for w, o in zip(where_ops, trace.ops, strict=True)])
         # Keep the recorded order: both lists sorted by their recorded seq, renumbered.
         trace._renumber()
         return trace
 
-    def _load_call(self, e: Any) -> None:
-        op, args = e["op"], e["args"]
-        if not isinstance(op, str) or not isinstance(args, dict):
-            raise TypeError("op must be a string and args an object")
-        if op not in CALLS:
-            raise ValueError(f"unknown op {op!r}")
-        for key in _ARGS.get(op, ()):
-            v = args.get(key)
-            if type(v) is not int:
-                raise TypeError(f"{op} needs an int argument {key!r}, got {v!r}")
-        devices = args.get("devices")
-        if devices is not None and (not isinstance(devices, list) or not all(
-                type(d) is int for d in devices)):
-            raise TypeError(f"{op}'s devices must be a list of ints, got {devices!r}")
-        seq = e.get("seq", len(self.events))
-        self.events.append(TraceEvent(seq if type(seq) is int else len(self.events), op, args,
-                                      e.get("result"), e.get("error"),
-                                      float(e.get("wall_us", 0.0)), float(e.get("sim_us", 0.0))))
+    def _load_call(self, where: str, e: object) -> str:
+        d = _record(where, e, _CALL_FIELDS, ("seq", "op", "args"))
+        seq, op, args = d["seq"], d["op"], d["args"]
+        result, error = d.get("result"), d.get("error")
+        wall_us, sim_us = d.get("wall_us", 0.0), d.get("sim_us", 0.0)
+        check_call(where, seq, op, args, result, error, wall_us, sim_us)
+        self.events.append(TraceEvent(seq, op, args, result, error, float(wall_us),
+                                      float(sim_us)))
+        return label(where, seq, op)
 
-    def _load_op(self, o: Any) -> None:
-        op, args, arena = o["op"], o["args"], o["arena"]
-        if not isinstance(op, str) or not isinstance(args, dict):
-            raise TypeError("op must be a string and args an object")
-        if op not in ARENA_OPS:
-            raise ValueError(f"unknown arena op {op!r}")
-        if type(arena) is not int:
-            raise TypeError(f"arena must be an int, got {arena!r}")
-        seq = o.get("seq", len(self.ops))
-        self.ops.append(ArenaOp(seq if type(seq) is int else len(self.ops), arena, op, args))
+    def _load_op(self, where: str, o: object) -> str:
+        d = _record(where, o, _OP_FIELDS, _OP_FIELDS)
+        seq, arena, op, args = d["seq"], d["arena"], d["op"], d["args"]
+        check_op(where, seq, arena, op, args)
+        self.ops.append(ArenaOp(seq, arena, op, args))
         self.arenas = max(self.arenas, arena + 1)
+        return label(where, seq, op)
 
     def _renumber(self) -> None:
         merged: list[tuple[int, int, int]] = [(e.seq, 0, i) for i, e in enumerate(self.events)]
@@ -221,21 +243,91 @@ class Trace:
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Trace:
-        """Read a trace written by :meth:`save` (version 1 or 2)."""
+        """Read a trace written by :meth:`save` (version 1 or 2), checking every field.
+
+        Raises:
+            TraceFormatError: the file cannot be read, is not UTF-8 JSON, or is not a valid
+                trace (see :meth:`from_json`); the message starts with the path.
+        """
+        where = os.fspath(path)
         try:
-            with open(path) as f:
-                data = json.load(f)
+            with open(path, "rb") as f:
+                text = f.read()
+        except OSError as e:  # a missing file is as unreadable as a broken one, to a caller
+            raise TraceFormatError(f"{where}: cannot read it: {e.strerror or e}") from None
+        try:
+            return cls.loads(text)
+        except TraceFormatError as e:
+            raise TraceFormatError(f"{where}: {e}") from None
+
+    @classmethod
+    def loads(cls, text: str | bytes) -> Trace:
+        """Parse a trace from JSON text (what :meth:`save` writes), checking every field.
+
+        Raises:
+            TraceFormatError: not UTF-8, not JSON, nested too deeply to parse, a key repeated in
+                one object, or not a valid trace (see :meth:`from_json`).
+        """
+        if isinstance(text, bytes):
+            try:
+                text = text.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise TraceFormatError(f"not UTF-8 text: byte {e.start} is "
+                                       f"{text[e.start:e.start + 1]!r}") from None
+        try:
+            data = json.loads(text, object_pairs_hook=_no_repeats)
         except json.JSONDecodeError as e:
-            raise TraceFormatError(f"{os.fspath(path)} is not JSON: {e}") from None
+            raise TraceFormatError(f"not JSON: {e}") from None
+        except RecursionError:  # json.loads recurses once per nested list or object
+            raise TraceFormatError("not a kvvmm trace: JSON nested too deeply to parse") \
+                from None
+        except ValueError as e:  # e.g. an int literal of more than 4300 digits
+            raise TraceFormatError(f"not JSON a trace can hold: {e}") from None
         return cls.from_json(data)
+
+
+# The fields of each record as saved, and the ones a record may leave out.
+_CALL_FIELDS = ("seq", "op", "args", "result", "error", "wall_us", "sim_us")
+_OP_FIELDS = ("seq", "arena", "op", "args")
+
+
+def _record(where: str, e: object, fields: tuple[str, ...],
+            required: tuple[str, ...]) -> dict[str, Any]:
+    if not isinstance(e, dict):
+        raise TraceFormatError(f"{where}: a record must be an object, got {show(e)}")
+    for k in e:
+        if k not in fields:
+            raise TraceFormatError(f"{label(where, e.get('seq'))}: unknown field {show(k)} "
+                                   f"(a record has {', '.join(fields)})")
+    for k in required:
+        if k not in e:
+            raise TraceFormatError(f"{label(where, e.get('seq'), e.get('op'))}: field {k!r} "
+                                   "is missing")
+    return e
+
+
+def _no_repeats(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    # json.loads keeps the last of two equal keys silently; a trace that says two things
+    # about one field is not one we can trust.
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise TraceFormatError(f"field {show(k)} appears twice in one object")
+        out[k] = v
+    return out
 
 
 def _is_v1_op(e: object) -> bool:
     return isinstance(e, dict) and isinstance(e.get("op"), str) and e["op"].startswith("arena.")
 
 
-def _v1_op(e: dict[str, Any]) -> dict[str, Any]:
-    args = dict(e.get("args") or {}) if isinstance(e.get("args"), dict) else e.get("args")
-    arena = args.pop("arena", None) if isinstance(args, dict) else None
-    return {"seq": e.get("seq"), "arena": arena, "op": e["op"].removeprefix("arena."),
-            "args": args}
+def _v1_op(e: Any) -> dict[str, Any]:
+    # Version 1 kept the arena's number among the arguments; the call fields (result, error,
+    # times) of such an event meant nothing and are dropped.
+    out = {k: e[k] for k in ("seq", "args") if k in e}
+    out["op"] = e["op"].removeprefix("arena.")
+    if isinstance(out.get("args"), dict):
+        out["args"] = dict(out["args"])
+        if "arena" in out["args"]:
+            out["arena"] = out["args"].pop("arena")
+    return out
