@@ -3,9 +3,13 @@
 - ``kvvmm lab``: JupyterLab on the repository's ``notebooks/``, with ``KVVMM_DRIVER`` set
   for the notebooks to read (``cuda`` when a GPU is usable, else ``sim``).
 - ``kvvmm map trace.json -o map.html``: a standalone HTML page (plotly.js inline, works
-  offline) with the VA map of every arena a saved trace recorded, and its timeline.
+  offline) with the VA map of every arena a saved trace recorded, and its timeline. With
+  ``-o map.png`` (or .svg, .pdf) each figure becomes one image (kaleido + Chromium):
+  ``map.png`` for one figure, ``map-0.png``, ``map-1.png``, ... in page order for several.
 - ``kvvmm plan --model llama-3.1-8b --gpu h200``: the capacity plan as a table, or ``--json``.
-- ``kvvmm bench ...``: the GPU benchmarks (``kvvmm.bench``).
+- ``kvvmm bench ...``: the GPU benchmarks (``kvvmm.bench``); without a usable GPU it says
+  so in one line.
+- ``kvvmm --version``.
 
 Exit codes: 0 success, 2 bad input or a missing piece (with one line saying why), else
 what the delegated command returns.
@@ -14,6 +18,7 @@ what the delegated command returns.
 from __future__ import annotations
 
 import argparse
+import html
 import json
 import os
 import re
@@ -134,6 +139,10 @@ def _cmd_lab(args: argparse.Namespace, launch: Launcher, gpu_probe: GpuProbe) ->
 # -- map ---------------------------------------------------------------------------------
 
 
+#: Suffixes ``kvvmm map -o`` writes as images (one per figure) rather than one HTML page.
+_IMAGE_SUFFIXES = (".png", ".svg", ".pdf")
+
+
 def _cmd_map(args: argparse.Namespace) -> int:
     from kvvmm.record import Trace
     from kvvmm.replay import replay_arenas
@@ -149,15 +158,36 @@ def _cmd_map(args: argparse.Namespace) -> int:
     if not figs:
         _err("map", f"{src} recorded no arena and no call: nothing to draw")
         return 2
+    what = f"{len(snaps)} arena maps{'' if args.no_timeline else ' + timeline'}"
+    if out.suffix.lower() in _IMAGE_SUFFIXES:
+        written = _map_images(figs, out)
+        print(f"wrote {', '.join(map(str, written))} ({what})")
+        return 0
     parts = [f.to_html(full_html=False, include_plotlyjs=(i == 0)) for i, f in enumerate(figs)]
-    title = f"kvvmm map of {src.name}"
+    # The trace's file name is the user's (or an attacker's) text: escape it, or a name such
+    # as "<script>...</script>.json" runs in the browser of whoever opens the page.
+    title = html.escape(f"kvvmm map of {src.name}")
     page = ("<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\">"
             f"<title>{title}</title></head><body>\n<h3 style=\"font-family:sans-serif\">{title}"
             f" ({len(snaps)} arenas, {len(trace.driver_calls())} driver calls)</h3>\n"
             + "\n".join(parts) + "\n</body></html>\n")
     out.write_text(page, encoding="utf-8")
-    print(f"wrote {out} ({len(snaps)} arena maps{'' if args.no_timeline else ' + timeline'})")
+    print(f"wrote {out} ({what})")
     return 0
+
+
+def _map_images(figs: Sequence[object], out: Path) -> list[Path]:
+    """One image per figure: ``out`` itself for one, ``stem-0``, ``stem-1``... for several.
+
+    Separate files rather than one stacked image: the figures differ in kind and height
+    (a VA map per arena, a timeline), and each stays readable at its own size.
+    """
+    from kvvmm.viz.export import save_figure
+
+    if len(figs) == 1:
+        return [save_figure(figs[0], out)]
+    return [save_figure(f, out.with_name(f"{out.stem}-{i}{out.suffix}"))
+            for i, f in enumerate(figs)]
 
 
 # -- plan --------------------------------------------------------------------------------
@@ -183,25 +213,54 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 # -- bench -------------------------------------------------------------------------------
 
 
-def _cmd_bench(rest: Sequence[str]) -> int:
+def _torch_cuda_usable() -> bool:
+    """True when torch is installed with CUDA and sees a GPU (what the benchmarks run on)."""
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+def _cmd_bench(rest: Sequence[str], gpu_probe: GpuProbe) -> int:
     try:
         from kvvmm import bench
     except ImportError as e:
         _err("bench", f"the benchmarks are not available in this install ({e})")
         return 2
-    return int(bench.main(list(rest)) or 0)
+    asks_help = any(a in ("-h", "--help") for a in rest)
+    if not asks_help and not gpu_probe():
+        # Said here, in one line: deeper down torch raises an AssertionError with a traceback.
+        _err("bench", "needs a CUDA GPU and a CUDA build of torch; none is usable here "
+                      "(torch.cuda.is_available() is False). Run it on a GPU machine; "
+                      "`kvvmm lab` runs the notebooks on the sim driver.")
+        return 2
+    try:
+        return int(bench.main(list(rest)) or 0)
+    except KvvmmError as e:
+        _err("bench", f"{type(e).__name__}: {e}")
+        return 2
 
 
 # -- main --------------------------------------------------------------------------------
 
 
 def _err(cmd: str, msg: str) -> None:
-    print(f"kvvmm {cmd}: error: {msg}", file=sys.stderr)
+    # One line, whatever the message holds (a hostile trace's text may carry newlines).
+    one_line = msg.replace("\r", "\\r").replace("\n", "\\n")
+    print(f"kvvmm {cmd}: error: {one_line}", file=sys.stderr)
+
+
+def _version() -> str:
+    from kvvmm import __version__
+
+    return __version__
 
 
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="kvvmm", description="CUDA virtual memory for LLM KV caches: lab and tools.")
+    ap.add_argument("--version", action="version", version=f"kvvmm {_version()}")
     sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
 
     lab = sub.add_parser("lab", help="open JupyterLab on the notebooks",
@@ -215,15 +274,21 @@ def _parser() -> argparse.ArgumentParser:
                                                      "(after --)")
 
     mp = sub.add_parser("map", help="write an HTML VA map of a saved trace",
-                        description="Replay a trace's arenas and draw them as standalone HTML.")
+                        description="Replay a trace's arenas and draw them as standalone HTML "
+                                    "(or images: -o map.png).")
     mp.add_argument("trace", help="trace JSON (Trace.save / TracingDriver)")
-    mp.add_argument("-o", "--output", default=None, help="HTML file (default: TRACE.html)")
+    mp.add_argument("-o", "--output", default=None,
+                    help="HTML file (default: TRACE.html); .png/.svg/.pdf write one image per "
+                         "figure (MAP-0.png, MAP-1.png, ... when several; needs kaleido and "
+                         "Chromium)")
     mp.add_argument("--no-timeline", action="store_true", help="only the VA maps")
 
     pl = sub.add_parser("plan", help="plan a KV cache: tokens, VA, backing, handles",
                         description="Capacity plan for a model on one GPU (kvvmm.plan).")
     pl.add_argument("--model", default="llama-3.1-8b",
-                    help="shipped model key, HF repo id, or path to a config.json")
+                    help="shipped model key (llama-3.1-8b, ...), a Hugging Face repo id of one "
+                         "(meta-llama/Llama-3.1-8B-Instruct, Qwen/Qwen2.5-7B, ...), or a path "
+                         "to a config.json")
     pl.add_argument("--gpu", default="h200", help="device profile: h100, h200, b200, gb300")
     pl.add_argument("--tp", type=int, default=1, help="tensor-parallel size")
     pl.add_argument("--dtype", default="bfloat16", help="KV dtype")
@@ -264,13 +329,14 @@ def main(argv: Sequence[str] | None = None, *, launch: Launcher | None = None,
         argv: arguments without the program name (default ``sys.argv[1:]``).
         launch: runs ``(argv, env)`` for ``kvvmm lab`` (default: a child process); tests
             pass a fake to see the command without starting JupyterLab.
-        gpu_probe: says whether a GPU is usable, for ``--driver auto``.
+        gpu_probe: says whether a GPU is usable, for ``lab --driver auto`` and ``bench``
+            (default: a child process opening the CUDA driver; for bench, torch's view).
     Returns:
         The exit code.
     """
     args_in = list(sys.argv[1:] if argv is None else argv)
     if args_in and args_in[0] == "bench":
-        return _cmd_bench(args_in[1:])
+        return _cmd_bench(args_in[1:], gpu_probe or _torch_cuda_usable)
     args = _parser().parse_args(args_in)
     try:
         if args.cmd == "lab":

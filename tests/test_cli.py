@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import html
 import json
+import shutil
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -15,7 +17,7 @@ from kvvmm.units import GiB, MiB
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _trace(path: Path) -> Path:
+def _trace(path: Path, arena_name: str = "scratch") -> Path:
     drv = kvvmm.TracingDriver(kvvmm.SimDriver("h200"))
     descs = kvvmm.mha_token_major(layers=2, kv_heads=8, head_dim=128, reserved_tokens=4096,
                                   page_size=16, dtype="bfloat16")
@@ -23,7 +25,7 @@ def _trace(path: Path) -> Path:
                                 reserved_tokens=4096, descs=descs, name="kvpool",
                                 trace=drv.trace)
     owner.finalize(2048)
-    arena = kvvmm.Arena(drv, reserve_bytes=64 * MiB, name="scratch", trace=drv.trace)
+    arena = kvvmm.Arena(drv, reserve_bytes=64 * MiB, name=arena_name, trace=drv.trace)
     arena.commit(arena.allocate(8 * MiB), 4 * MiB)
     drv.trace.save(path)
     return path
@@ -62,6 +64,64 @@ def test_map_of_a_file_that_is_not_a_trace_exits_2_with_one_line(
     assert err.startswith("kvvmm map: error: TraceFormatError") and err.count("\n") == 1
 
 
+# Issue 18 item 8: the trace's name went into the page unescaped.
+@pytest.mark.parametrize("name", ["<img src=x onerror=alert(1)>.json",
+                                  "\"><svg onload=alert('q')>.json"])
+def test_map_escapes_the_trace_name_in_the_page(tmp_path: Path, name: str) -> None:
+    src = _trace(tmp_path / name)
+    out = tmp_path / "map.html"
+    assert cli.main(["map", str(src), "-o", str(out), "--no-timeline"]) == 0
+    page = out.read_text(encoding="utf-8")
+    assert name not in page
+    assert f"<title>{html.escape('kvvmm map of ' + name)}</title>" in page
+
+
+def test_map_keeps_a_hostile_arena_name_inside_the_figure_data(tmp_path: Path) -> None:
+    src = _trace(tmp_path / "run.json", arena_name="</script><script>alert(1)</script>")
+    out = tmp_path / "map.html"
+    assert cli.main(["map", str(src), "-o", str(out), "--no-timeline"]) == 0
+    assert "<script>alert(1)</script>" not in out.read_text(encoding="utf-8")
+
+
+BROKEN_TRACES = {
+    "not json": "{",
+    "a list": "[1, 2, 3]",
+    "events of the wrong type": '{"format": "kvvmm-trace", "version": 1, "events": 7}',
+    "a name with a newline": '{"format": "bad\\nline"}',
+}
+
+
+# Issue 18 item 9: a broken trace must end in one line and exit 2, never a traceback.
+@pytest.mark.parametrize("text", list(BROKEN_TRACES.values()), ids=list(BROKEN_TRACES))
+def test_map_of_a_broken_trace_exits_2_with_one_line_and_no_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str,
+) -> None:
+    bad = tmp_path / "broken.json"
+    bad.write_text(text, encoding="utf-8")
+    assert cli.main(["map", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("kvvmm map: error: ") and err.count("\n") == 1
+    assert "Traceback" not in err
+
+
+def _can_draw_images() -> bool:
+    try:
+        import kaleido  # noqa: F401
+    except ImportError:
+        return False
+    return any(shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome"))
+
+
+@pytest.mark.skipif(not _can_draw_images(), reason="needs kaleido and Chrome/Chromium")
+def test_map_to_png_writes_one_png_per_figure(tmp_path: Path) -> None:
+    src = _trace(tmp_path / "run.json")
+    out = tmp_path / "map.png"
+    assert cli.main(["map", str(src), "-o", str(out), "--no-timeline"]) == 0
+    files = sorted(tmp_path.glob("map*.png"))
+    assert [f.name for f in files] == ["map-0.png", "map-1.png"]  # one per arena
+    assert all(f.read_bytes().startswith(b"\x89PNG\r\n") for f in files)
+
+
 # -- plan --------------------------------------------------------------------------------
 
 
@@ -92,6 +152,68 @@ def test_plan_with_bad_input_exits_2_naming_the_value(
 ) -> None:
     assert cli.main(["plan", "--tp", "3"]) == 2
     assert "tp=3" in capsys.readouterr().err
+
+
+def test_plan_names_every_term_of_the_budget_for_llama_70b_on_eight_h200s(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert cli.main(["plan", "--model", "llama-3.1-70b", "--gpu", "h200", "--tp", "8"]) == 0
+    out = capsys.readouterr().out
+    lines: dict[str, str] = {}
+    for line in out.splitlines():
+        if line.strip():
+            lines.setdefault(line.split()[0], line)  # the first "backed" is the term
+    assert "device memory before weights" in lines["total"]
+    assert "16.4 GiB per rank (bfloat16" in lines["weights"]
+    assert "mem_fraction_static 0.9" in lines["headroom"]
+    assert "total - weights" in lines["free"] and "added back" in lines["backed"]
+    assert "max(0, free - headroom) + backed, no token cap" in lines["budget"]
+    assert "2,867,664" in lines["tokens"]  # was 3,559,... before weights and headroom counted
+    assert "warning" not in out
+
+
+def test_plan_takes_sglangs_memory_options(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["plan", "--mem-fraction-static", "0.8", "--weights-dtype", "float8_e4m3fn",
+                     "--max-total-tokens", "50000", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["mem_fraction_static"] == 0.8 and data["weights_dtype"] == "float8_e4m3fn"
+    assert data["tokens"] == 50000 and data["max_total_tokens"] == 50000
+
+
+def test_plan_prints_a_warning_line_for_an_absurd_reservation(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert cli.main(["plan", "--model", "llama-3.1-70b", "--tp", "8",
+                     "--reserved-tokens", str(2**35)]) == 0
+    warnings = [x for x in capsys.readouterr().out.splitlines() if x.startswith("warning: ")]
+    assert len(warnings) == 2 and "VA reservation" in warnings[0] and "2**31" in warnings[1]
+
+
+@pytest.mark.parametrize(("repo_id", "key"), [
+    ("meta-llama/Llama-3.1-70B", "llama-3.1-70b"),
+    ("meta-llama/Llama-3.1-8B-Instruct", "llama-3.1-8b"),
+    ("meta-llama/meta-llama-3.1-8b-instruct", "llama-3.1-8b"),
+    ("Qwen/Qwen2.5-7B", "qwen2.5-7b"),
+    ("qwen/qwen2.5-7b-instruct", "qwen2.5-7b"),
+    ("mistralai/Mistral-7B-Instruct-v0.3", "mistral-7b"),
+    ("deepseek-ai/DeepSeek-V3", "deepseek-v3"),
+    ("openai/gpt-oss-120b", "gpt-oss-120b"),
+    ("google/gemma-3-27b-it", "gemma-3-27b"),
+])
+def test_plan_takes_the_hugging_face_repo_ids_its_help_promises(
+    capsys: pytest.CaptureFixture[str], repo_id: str, key: str,
+) -> None:
+    assert cli.main(["plan", "--model", repo_id, "--tp", "8", "--budget-bytes", "40GiB",
+                     "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["model"] == key
+
+
+def test_plan_of_an_unknown_repo_id_exits_2_listing_the_keys(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert cli.main(["plan", "--model", "meta-llama/Llama-9-1T"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "llama-3.1-8b" in err
 
 
 @pytest.mark.parametrize(("text", "value"), [
@@ -170,7 +292,32 @@ def test_the_notebooks_are_found_from_the_repository_or_below_it(tmp_path: Path)
     assert cli.find_notebooks(tmp_path) == ROOT / "notebooks"  # next to the package
 
 
-# -- bench -------------------------------------------------------------------------------
+# -- version and bench -------------------------------------------------------------------
+
+
+def test_version_prints_the_package_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--version"])
+    assert e.value.code == 0
+    assert capsys.readouterr().out == f"kvvmm {kvvmm.__version__}\n"
+
+
+def test_bench_without_a_gpu_says_so_in_one_line_and_exits_2(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:
+    bench = pytest.importorskip("kvvmm.bench")
+    called: list[object] = []
+    monkeypatch.setattr(bench, "main", lambda argv=None: called.append(argv) or 0)
+    assert cli.main(["bench", "--out", "x"], gpu_probe=lambda: False) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("kvvmm bench: error: needs a CUDA GPU") and err.count("\n") == 1
+    assert called == []  # the benchmarks never start
+
+
+def test_bench_help_needs_no_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    bench = pytest.importorskip("kvvmm.bench")
+    monkeypatch.setattr(bench, "main", lambda argv=None: 0)
+    assert cli.main(["bench", "-h"], gpu_probe=lambda: False) == 0
 
 
 def test_bench_hands_its_arguments_to_kvvmm_bench(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -183,4 +330,5 @@ def test_bench_hands_its_arguments_to_kvvmm_bench(monkeypatch: pytest.MonkeyPatc
 
     monkeypatch.setattr(bench, "main", fake_main)
     assert cli.main(["bench", "--out", "x.json", "--help"]) == 3
-    assert seen == [["--out", "x.json", "--help"]]
+    assert cli.main(["bench", "--out", "y"], gpu_probe=lambda: True) == 3
+    assert seen == [["--out", "x.json", "--help"], ["--out", "y"]]

@@ -16,6 +16,7 @@ from kvvmm.layout import (
     LARGE_TOKENS,
     Plan,
     PoolPlan,
+    default_policies,
     hybrid_swa_descs,
     list_models,
     load_model,
@@ -268,12 +269,18 @@ def test_handle_counts_follow_each_policy_for_decode_growth() -> None:
 
 
 def test_bigger_handles_mean_fewer_handles() -> None:
-    p = plan(gpu="h200", model="llama-3.1-70b", tp=8)
+    policies = [Exact(), Chunked(64 * MiB), Chunked(128 * MiB), Geometric(2.0, 256 * MiB)]
+    p = plan(gpu="h200", model="llama-3.1-70b", tp=8, policy=policies)
     by = {h.policy: h.handles for h in p.handles}
-    assert list(by) == ["Exact()", "Chunked(128.0 MiB)", "Chunked(64.0 MiB)",
+    assert list(by) == ["Exact()", "Chunked(64.0 MiB)", "Chunked(128.0 MiB)",
                         "Geometric(2, 256.0 MiB)"]
     assert by["Exact()"] > by["Chunked(64.0 MiB)"] > by["Chunked(128.0 MiB)"]
     assert by["Chunked(64.0 MiB)"] > by["Geometric(2, 256.0 MiB)"]
+
+
+def test_the_default_policies_are_reported_in_their_order() -> None:
+    p = plan(gpu="h200", model="llama-3.1-70b", tp=8)
+    assert [h.policy for h in p.handles] == [str(x) for x in default_policies()]
 
 
 def test_a_single_policy_is_reported_alone() -> None:
