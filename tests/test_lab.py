@@ -20,8 +20,8 @@ import plotly.graph_objects as go
 import kvvmm
 from kvvmm.driver import Fault, FaultyDriver, SimDriver
 from kvvmm.growth import decode_growth, growth_cost
-from kvvmm.policy import default_policy
 from kvvmm.lab import ArenaLab, GrowthLab, LayoutExplorer
+from kvvmm.policy import default_policy
 from kvvmm.snapshot import OwnerSnapshot
 from kvvmm.units import MiB
 from kvvmm.viz import VA_MAP_TRACES, format_growth

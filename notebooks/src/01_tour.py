@@ -14,8 +14,9 @@
 # (VA, free: no memory behind it), then **create** physical *handles* and **map** them into
 # the range as needed. So the KV tensors can be created at their upper-bound shape, graphs
 # captured against them, and memory **backed** later, only as much as the budget allows
-# (SGLang does exactly this). kvvmm is that idea as a library, and this notebook walks
-# through it, drawing the VA map after each step.
+# (SGLang does exactly this, in `kv_vmm_backing.py`: **the seed**, the implementation
+# kvvmm follows and measures itself against). kvvmm is that idea as a library, and this
+# notebook walks through it, drawing the VA map after each step.
 #
 # | word | meaning |
 # |---|---|
@@ -24,9 +25,17 @@
 # | create / release, map / unmap | make / drop a physical handle; attach / detach it at a VA |
 # | commit / decommit | create + map + set access / unmap + release |
 # | backed | committed, physically present |
+# | prefix (of `n` tokens) | a buffer's bytes for its first `n` token slots: backed to use them |
+# | final (span) | what `finalize(n)` backs: the prefix of `n` tokens plus one padded page |
+# | slack | the granularity padding past a buffer's last byte (reserved, never used) |
+# | cursor | the arena's allocation cursor: where the next allocation's VA would start |
 #
 # Every code cell can be changed and re-run. Cells that draw figures or widgets are not
 # compared by the tests; the printed summaries are.
+#
+# You are editing a working copy: `kvvmm lab` opens the notebooks from `notebooks/.work/`
+# (ignored by git), copied from `notebooks/` on first launch and never overwritten after,
+# so your edits stay there across launches. Delete a copy to get the current version back.
 
 # %%
 import os
@@ -84,9 +93,10 @@ print(describe(owner.snapshot()))
 
 # %% [markdown]
 # The map: one band per buffer across its reserved span. Green is backed (one shade per
-# handle), grey unbacked, light orange the granularity padding past the tensor's bytes;
-# the markers are the end of slot 0's page, the prefix, and (later) the final span. Hover
-# for exact `[start, end)` addresses.
+# handle), grey unbacked, light orange the **slack** (granularity padding past the tensor's
+# bytes); the dashed line is the **cursor** (the end of what the arena has allocated); the
+# markers are the end of slot 0's page, the **prefix** (the token slots backed for use),
+# and, after `finalize`, the **final** span. Hover for exact `[start, end)` addresses.
 
 # %% tags=["nbval-ignore-output"]
 va_map(owner.snapshot())
@@ -180,26 +190,34 @@ timeline(drv.trace)
 # %% [markdown]
 # ## 8. Your turn: the arena lab
 #
-# The panel below drives the same library: **Reserve KV** makes an owner like the one
-# above, the token slider with **Ensure prefix / Finalize / Shrink** backs and gives back,
-# **Reserve** + **Allocate** + **Commit** work on a bare arena. Bad values show an error
-# and change nothing. The cell after it clicks the buttons from code.
+# The panel below drives the same library. It has pressed **Reserve KV** for you: an
+# owner like the one above (2 layers, so 4 buffers), slot 0 backed. Move the token slider
+# and press **Ensure prefix**, **Finalize** or **Shrink**; **Close**, then **Reserve** +
+# **Allocate** + **Commit** work on a bare arena. Next to the policy, what that policy
+# over-commits (backs beyond need) while the buffers grow. Bad values show an error in
+# red and change nothing.
 
 # %% tags=["nbval-ignore-output"]
 from kvvmm.lab import ArenaLab
 
 lab = ArenaLab(driver=DRIVER, layers=2, reserved_tokens=8192)
+lab.reserve_kv_button.click()
 lab
 
+# %% [markdown]
+# The cell below checks the panel from code, on a panel of its own (so the one above stays
+# as you left it): finalize works, fewer tokens than a page are refused.
+
 # %%
-lab.reserve_kv_button.click()
-lab.tokens.value = 4096
-lab.finalize_button.click()
-print(lab.error_text or "finalize(4096): ok")
-lab.tokens.value = 8  # below one page: refused, nothing changes
-lab.finalize_button.click()
-print(lab.error_text)
-print(describe(lab.snapshot()))
+check = ArenaLab(driver=DRIVER, layers=2, reserved_tokens=8192)
+check.reserve_kv_button.click()
+check.tokens.value = 4096
+check.finalize_button.click()
+print(check.error_text or "finalize(4096): ok")
+check.tokens.value = 8  # below one page: refused, nothing changes
+check.finalize_button.click()
+print(check.error_text)
+print(describe(check.snapshot()))
 
 # %% [markdown]
 # ## 9. Close
@@ -209,7 +227,7 @@ print(describe(lab.snapshot()))
 
 # %%
 owner.close()
-lab.close_button.click()
+check.close_button.click()
 print(describe_stats(drv.stats()))
 
 # %%
@@ -219,4 +237,5 @@ assert final.arena.closed and final.backed_bytes == 0
 assert drv.stats().clean, drv.stats()
 assert {b.name: final.arena.base + b.offset for b in final.buffers} == captured
 assert calls["create"] == calls["map"] == calls["set_access"]
-assert lab.owner is None and lab.last_error is None
+assert check.owner is None and check.last_error is None
+assert lab.owner is not None and lab.last_error is None  # the reader's panel: KV reserved

@@ -7,7 +7,9 @@
 # granularity wastes. Everything here is arithmetic: no driver is needed.
 
 # %%
+from kvvmm.errors import OutOfRangeError
 from kvvmm.layout import (
+    Plan,
     kv_bytes_per_token,
     list_models,
     load_model,
@@ -16,7 +18,7 @@ from kvvmm.layout import (
     plan,
 )
 from kvvmm.units import GiB, fmt_bytes
-from kvvmm.viz import format_plan
+from kvvmm.viz import format_plan, handles_by_policy, tokens_by_tp, waste_by_model
 
 # %% [markdown]
 # ## Model configs
@@ -71,24 +73,41 @@ print(format_plan(p))
 # more tokens per rank. Past `tp = kv_heads` heads are replicated, and the gain stops.
 
 # %%
-for tp in (1, 2, 4, 8, 16):
-    q = plan(gpu="h200", model="llama-3.1-70b", tp=tp)
-    print(f"llama-3.1-70b tp {tp:>2}: {fmt_bytes(q.bytes_per_token):>9} per token per "
+by_tp = [plan(gpu="h200", model="llama-3.1-70b", tp=tp) for tp in (2, 4, 8, 16)]
+for q in by_tp:
+    print(f"llama-3.1-70b tp {q.tp:>2}: {fmt_bytes(q.bytes_per_token):>9} per token per "
           f"rank -> {q.tokens:>9,} tokens, VA {fmt_bytes(q.va_reserve_bytes)}")
+
+# %% tags=["nbval-ignore-output"]
+tokens_by_tp(by_tp)
 
 # %% [markdown]
 # ## Every model on two GPUs, and the granularity's cost
 #
 # The granularity (2 MiB) rounds each buffer's backing up: a model with many small
-# buffers wastes up to 2 MiB per buffer. The padded page costs one page per buffer.
+# buffers wastes up to 2 MiB per buffer. The padded page costs one page per buffer. Each
+# model runs at the smallest TP its weights fit at (the planner refuses a TP at which
+# they do not).
 
 # %%
-for gpu in ("h200", "b200"):
-    for key in list_models():
-        q = plan(gpu=gpu, model=key, dtype="bfloat16")
-        print(f"{gpu} {key:<14} {q.tokens:>10,} tokens in {q.num_buffers:>3} buffers, "
-              f"waste {fmt_bytes(q.granularity_waste_bytes):>9}, "
-              f"padding {fmt_bytes(q.padding_bytes):>9}")
+def fitting_plan(gpu: str, model: str) -> Plan:
+    """The plan at the smallest TP (1, 2, 4, 8 or 16) at which the model's weights fit."""
+    for tp in (1, 2, 4, 8, 16):
+        try:
+            return plan(gpu=gpu, model=model, dtype="bfloat16", tp=tp)
+        except OutOfRangeError:
+            continue
+    raise ValueError(f"{model}'s weights do not fit {gpu} at TP 16")
+
+
+every = [fitting_plan(gpu, key) for gpu in ("h200", "b200") for key in list_models()]
+for q in every:
+    print(f"{q.gpu} {q.model:<14} tp {q.tp} {q.tokens:>10,} tokens in {q.num_buffers:>3} "
+          f"buffers, waste {fmt_bytes(q.granularity_waste_bytes):>9}, "
+          f"padding {fmt_bytes(q.padding_bytes):>9}")
+
+# %% tags=["nbval-ignore-output"]
+waste_by_model([q for q in every if q.gpu == "h200"])
 
 # %%
 for page in (1, 16, 64):
@@ -98,33 +117,49 @@ for page in (1, 16, 64):
           f"over budget {fmt_bytes(q.over_budget_bytes)}")
 
 # %% [markdown]
+# ## Handles per growth policy
+#
+# How many handles each policy creates while the pool grows to its planned capacity (and
+# how many `finalize` makes instead): fewer, larger handles copy faster (`03_growth`).
+
+# %%
+for h in p.handles:
+    print(f"{h.policy:<38} {h.handles:>6,} handles")
+
+# %% tags=["nbval-ignore-output"]
+handles_by_policy(p)
+
+# %% [markdown]
 # ## Explore
 #
 # The panel re-plans on every change and draws the finalized full-attention pool on the
-# simulator of the chosen GPU. The cell after it sets the controls from code.
+# simulator of the chosen GPU: here llama-3.1-70b at TP 8, its 160 buffers. A change the
+# planner refuses shows the error in red over the last good plan, marked stale. The cell
+# after it checks the controls from code, on a panel of its own.
 
 # %% tags=["nbval-ignore-output"]
 from kvvmm.lab import LayoutExplorer
 
-explorer = LayoutExplorer(model="llama-3.1-8b", gpu="h200")
+explorer = LayoutExplorer(model="llama-3.1-70b", gpu="h200", tp=8)
 explorer
 
 # %%
-explorer.model.value = "deepseek-v3"
-explorer.tp.value = 8  # MLA: the latent is not sharded, every rank keeps it whole
-print("\n".join(explorer.text.splitlines()[:7]))
-explorer.tp.value = 3  # refused for GQA models whose heads do not split; MLA ignores tp
-explorer.model.value = "llama-3.1-8b"
-print(explorer.error_text)
+check = LayoutExplorer(model="deepseek-v3", gpu="h200", tp=16)  # its weights need 16
+# MLA: the latent is not sharded, every rank keeps it whole
+print("\n".join(check.text.splitlines()[:7]))
+check.model.value = "llama-3.1-8b"
+check.tp.value = 3  # refused: 8 KV heads do not split over 3 ranks
+print(check.error_text)
+print("stale:", check.stale)
 
 # %%
 # The planner's invariants, checked on every shipped model.
-for key in list_models():
-    q = plan(gpu="h200", model=key)
+for q in every:
     full = q.pools[0]
     assert full.tokens % q.page_size == 0
     assert full.tokens * full.bytes_per_token <= full.budget_bytes
     assert full.budget_bytes < (full.tokens + q.page_size) * full.bytes_per_token
     assert q.va_reserve_bytes >= q.final_backed_bytes
     assert q.va_reserve_bytes % q.granularity_bytes == 0
-assert explorer.last_error is not None and explorer.plan.model == "deepseek-v3"
+assert check.stale and check.plan.model == "llama-3.1-8b" and check.plan.tp == 16
+assert explorer.last_error is None and explorer.plan.tp == 8  # the reader's panel

@@ -5,8 +5,9 @@
 # handles are matters on a GPU: copying a 1 GiB tensor on an H200 ran at 4.22 TB/s over
 # one handle but 3.61 TB/s over 2 MiB handles, and 3.49 when those handles were created
 # interleaved with other buffers' handles, which is what growing many buffers step by
-# step does. The seed implementation (one small handle per extension) left its KV tensors
-# at 0.87x of `cudaMalloc` bandwidth.
+# step does. The seed (SGLang's `kv_vmm_backing.py`, the implementation kvvmm follows)
+# grew one small handle per extension and left its KV tensors at 0.87x of `cudaMalloc`
+# bandwidth.
 #
 # A **growth policy** trades handles for over-commit (memory backed before it is needed):
 # `Exact()` backs exactly what is needed, `Chunked(min_bytes)` at least a chunk,
@@ -18,7 +19,7 @@ import os
 import kvvmm
 from kvvmm.growth import decode_growth
 from kvvmm.hardware import H200_BANDWIDTH, predicted_bandwidth_tb_s
-from kvvmm.policy import simulate_growth
+from kvvmm.policy import default_policy, simulate_growth
 from kvvmm.units import MiB, fmt_bytes
 from kvvmm.viz import format_growth
 
@@ -28,6 +29,10 @@ DRIVER = os.environ.get("KVVMM_DRIVER", "sim")
 
 # %% [markdown]
 # ## The measurements
+#
+# The H200 table the lab predicts bandwidth from; where it was measured and how is in
+# `docs/MEASUREMENTS.md` §4 of this repository, and `kvvmm bench`'s own runs are under
+# `bench/results/` (`h200-kvvmm-bench.json`).
 
 # %%
 print(H200_BANDWIDTH.source)
@@ -47,11 +52,13 @@ bandwidth_by_handle_size()
 # one Llama-8B K buffer (2 KiB per token) grows to 32k tokens, 256 tokens per step.
 
 # %%
-POLICIES = [kvvmm.Exact(), kvvmm.Chunked(64 * MiB), kvvmm.Geometric(2.0, 256 * MiB)]
+DEFAULT = default_policy()  # what an owner uses when given no policy
+print("the owner's default policy:", DEFAULT)
+POLICIES = [kvvmm.Exact(), kvvmm.Chunked(64 * MiB), kvvmm.Geometric(2.0, 256 * MiB), DEFAULT]
 needs = [n * 2048 for n in range(256, 32_768 + 1, 256)]
 for policy in POLICIES:
     handles = simulate_growth(policy, needs, limit_bytes=66 * MiB, gran=2 * MiB)
-    print(f"{policy!s:<24} {len(handles):>3} handle{'s' if len(handles) != 1 else ' '}: "
+    print(f"{policy!s:<38} {len(handles):>3} handle{'s' if len(handles) != 1 else ' '}: "
           + ", ".join(fmt_bytes(h) for h in handles[:6]) + (" ..." if len(handles) > 6 else ""))
 
 # %% [markdown]
@@ -77,16 +84,23 @@ handle_sizes({r.policy: list(r.handle_bytes) for r in results})
 #
 # - `Exact()` makes a 2 MiB handle every 1024 tokens per buffer: the most driver calls,
 #   the least over-commit, and the seed's bandwidth penalty.
-# - `Chunked(64 MiB)` (the owner's default) makes 64 MiB handles: predicted at the
-#   bandwidth of `cudaMalloc`, with at most one chunk over-committed per buffer.
+# - `Chunked(64 MiB)` makes 64 MiB handles: predicted at the bandwidth of `cudaMalloc`,
+#   with up to one chunk over-committed per buffer: on a model with many buffers and a
+#   short prefix that is most of what is backed (the "max over" column).
 # - `Geometric` starts small and doubles: few handles early, bounded over-commit late.
+# - The last row is the owner's default (printed above: `default_policy()`),
+#   what every owner given no policy grows with. Its cost is the over-commit column.
 #
 # `finalize` always backs exactly (the size is known, over-commit buys nothing), so
 # policies only matter for on-demand growth.
 #
 # ## Explore
 #
-# Change the workload and policies and press **Run**.
+# The panel below has run the default workload (the first 4 layers of llama-3.1-8b to
+# 16k tokens). Next to each policy is its over-commit (backed - needed) on the workload,
+# worked out as you type; change the workload or policies and press **Run** (a progress
+# bar shows while it runs; all 80 layers of llama-3.1-70b take a few seconds). A value a
+# policy refuses shows the error in red over the last results, marked stale.
 
 # %% tags=["nbval-ignore-output"]
 from kvvmm.lab import GrowthLab
@@ -95,17 +109,23 @@ growth_lab = GrowthLab(driver=DRIVER, layers=4, tokens=16_384)
 growth_lab.run()
 growth_lab
 
-# %%
-growth_lab.chunk_mib.value = 0  # not a chunk size: the error shows, results stay
-print(growth_lab.run(), growth_lab.error_text)
-print(len(growth_lab.results), "results kept")
+# %% [markdown]
+# The cell below checks the panel from code, on a panel of its own.
 
 # %%
-exact, chunked, geometric = results
+check = GrowthLab(driver=DRIVER, layers=4, tokens=16_384)
+print(check.run(), [r.policy for r in check.results])
+check.chunk_mib.value = 0  # not a chunk size: the error shows, results stay
+print(check.run(), check.error_text)
+print(len(check.results), "results kept, stale:", check.stale)
+
+# %%
+exact, chunked, geometric, default = results
 malloc = H200_BANDWIDTH.reference_tb_s("plain")
 assert exact.handles > geometric.handles > chunked.handles
 assert exact.max_over_commit_bytes < chunked.max_over_commit_bytes
 assert all(r.backed_bytes >= r.needed_bytes for r in results)
 assert chunked.predicted_tb_s / malloc > 0.98 > 0.9 > exact.predicted_tb_s / malloc
 assert predicted_bandwidth_tb_s([64 * MiB]) > predicted_bandwidth_tb_s([2 * MiB])
-assert growth_lab.last_error is not None and len(growth_lab.results) == 3
+assert check.stale and len(check.results) == 4
+assert growth_lab.last_error is None and len(growth_lab.results) == 4  # the reader's panel

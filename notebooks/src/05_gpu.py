@@ -64,7 +64,8 @@ va_map(owner.snapshot())
 # ## Close never pulls memory from under a live tensor
 #
 # `close()` gives everything back, unless a tensor made over the arena is still alive: then
-# the arena is marked closed and its memory goes when the last such tensor goes. (The seed
+# the arena is marked closed and its memory goes when the last such tensor goes. (The seed,
+# SGLang's `kv_vmm_backing.py` that kvvmm follows,
 # aborted at exit with "invalid device pointer" for want of this.)
 
 # %%
