@@ -14,7 +14,9 @@ from typing import Any
 __all__ = [
     "AlignmentError",
     "ArgumentError",
+    "BusyError",
     "ClosedError",
+    "DriverArgumentError",
     "DriverError",
     "DriverOutOfMemoryError",
     "DriverUnavailableError",
@@ -82,6 +84,14 @@ class ClosedError(KvvmmError):
     """An arena or owner was used after ``close()``. Create a new one."""
 
 
+class BusyError(KvvmmError):
+    """A driver (or other owner of memory) was asked to close while what it gave out is in use.
+
+    Nothing was given back. Drop the tensors over its memory and close their arenas first,
+    then close again.
+    """
+
+
 class DriverUnavailableError(KvvmmError):
     """The requested driver cannot run here (no GPU, no CUDA driver library, not Linux).
 
@@ -122,6 +132,32 @@ class DriverOutOfMemoryError(DriverError):
 
     Back fewer bytes, shrink other owners, or free memory held elsewhere in the process.
     """
+
+
+class DriverArgumentError(ArgumentError, DriverError):
+    """A driver call got an argument that is not an int (a bool, float, str, None, ...).
+
+    Both an :class:`ArgumentError` (it names the value and what it must be) and a
+    :class:`DriverError` with ``CUDA_ERROR_INVALID_VALUE`` (code that catches driver failures
+    keeps catching it). Nothing was called: pass an int.
+    """
+
+    def __init__(self, call: str, name: str, value: object, limit: str,
+                 detail: str = "") -> None:
+        self.call = call
+        self.call_args: dict[str, int] = {}  # the arguments were not all ints
+        self.cuda_error = "CUDA_ERROR_INVALID_VALUE"
+        self.reason = detail
+        self.name = name
+        self.value = value
+        self.limit = limit
+        self.detail = f"{call}() refused it: {detail or 'CUDA_ERROR_INVALID_VALUE'}"
+        # Not super().__init__: ArgumentError's would hand the message to DriverError's.
+        Exception.__init__(self, f"{name}={value!r} is invalid: must be {limit} ({self.detail})")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.call, self.name, self.value, self.limit, self.reason),
+                self.__dict__)
 
 
 class TraceFormatError(KvvmmError, ValueError):

@@ -12,7 +12,12 @@
  * is not a plain int, a capture underway, another context current, a handle released while
  * mapped) goes to the Python implementation, which gives the typed error or does the rare
  * work. A CUDA error is handed to the driver's _fast_failed, which raises the DriverError.
- * The GIL is released around every driver call, as cuda-python does.
+ *
+ * Threads: the GIL is the lock of the C path. cuMemMap runs with the GIL held, so its check,
+ * call and record are one step; release and unmap take the handle or mapping out of the
+ * dicts *before* they release the GIL for the driver call (and the synchronize, which may
+ * wait long), and put it back if CUDA refuses, so no two threads act on the same one.
+ * Handle ids must be exact ints (True == 1 and 1.0 == 1 as dict keys: they go to Python).
  */
 #define PY_SSIZE_T_CLEAN
 #define Py_LIMITED_API 0x030B0000
@@ -305,7 +310,8 @@ static PyObject *fast_map(PyObject *self, PyObject *const *args, Py_ssize_t n,
                           PyObject *kwnames) {
     Fast *f = (Fast *)self;
     u64 va, size;
-    if (n != 3 || HAS_KW(kwnames) || !get_u64(args[0], &va) || !get_u64(args[1], &size))
+    if (n != 3 || HAS_KW(kwnames) || !get_u64(args[0], &va) || !get_u64(args[1], &size) ||
+        !PyLong_CheckExact(args[2]))
         return slow(f, "_py_map", args, n, kwnames);
     Handle *h = as_handle(f, PyDict_GetItemWithError(f->handles, args[2]));
     if (h == NULL) {
@@ -315,21 +321,17 @@ static PyObject *fast_map(PyObject *self, PyObject *const *args, Py_ssize_t n,
     if ((u64)h->size != size || va < f->hot_lo || va + size > f->hot_hi || va + size < va ||
         va % f->gran)
         return slow(f, "_py_map", args, n, kwnames);
-    Py_INCREF((PyObject *)h); /* another thread may release it while the GIL is down */
-    cu_result err;
-    u64 raw = h->raw;
-    Py_BEGIN_ALLOW_THREADS
-    err = f->map(va, (size_t)size, 0, raw, 0);
-    Py_END_ALLOW_THREADS
+    Py_INCREF((PyObject *)h);
+    /* The GIL stays held (a few us): no other thread can release the handle or map over
+     * this VA between the checks above and the record below. */
+    cu_result err = f->map(va, (size_t)size, 0, h->raw, 0);
     if (err) {
         Py_DECREF((PyObject *)h);
         return failed(f, "map", "cuMemMap", args, n, err);
     }
     if (PyDict_SetItem(f->maps, args[0], (PyObject *)h) < 0) {
         /* Out of memory for the record: undo the map so nothing is left unaccounted. */
-        Py_BEGIN_ALLOW_THREADS
         f->unmap(va, (size_t)size);
-        Py_END_ALLOW_THREADS
         Py_DECREF((PyObject *)h);
         return NULL;
     }
@@ -379,6 +381,11 @@ static PyObject *fast_unmap(PyObject *self, PyObject *const *args, Py_ssize_t n,
         cur != f->ctx)
         return slow(f, "_py_unmap", args, n, kwnames);
     Py_INCREF((PyObject *)h);
+    /* Out of the book before the GIL goes: no other thread can unmap it too. */
+    if (PyDict_DelItem(f->maps, args[0]) < 0) {
+        Py_DECREF((PyObject *)h);
+        return NULL;
+    }
     cu_result serr, err = 0;
     Py_BEGIN_ALLOW_THREADS
     serr = f->sync();
@@ -386,14 +393,14 @@ static PyObject *fast_unmap(PyObject *self, PyObject *const *args, Py_ssize_t n,
         err = f->unmap(va, (size_t)size);
     Py_END_ALLOW_THREADS
     if (serr || err) {
+        /* Nothing was unmapped: the mapping goes back in the book. */
+        int bad = PyDict_SetItem(f->maps, args[0], (PyObject *)h);
         Py_DECREF((PyObject *)h);
+        if (bad < 0)
+            return NULL;
         if (serr)
             return failed(f, "unmap", "cuCtxSynchronize", args, n, serr);
         return failed(f, "unmap", "cuMemUnmap", args, n, err);
-    }
-    if (PyDict_DelItem(f->maps, args[0]) < 0) {
-        Py_DECREF((PyObject *)h);
-        return NULL;
     }
     h->maps--;
     Py_DECREF((PyObject *)h);
@@ -444,7 +451,7 @@ static PyObject *fast_create(PyObject *self, PyObject *const *args, Py_ssize_t n
 static PyObject *fast_release(PyObject *self, PyObject *const *args, Py_ssize_t n,
                               PyObject *kwnames) {
     Fast *f = (Fast *)self;
-    if (n != 1 || HAS_KW(kwnames))
+    if (n != 1 || HAS_KW(kwnames) || !PyLong_CheckExact(args[0]))
         return slow(f, "_py_release", args, n, kwnames);
     Handle *h = as_handle(f, PyDict_GetItemWithError(f->handles, args[0]));
     if (h == NULL) {
@@ -452,22 +459,27 @@ static PyObject *fast_release(PyObject *self, PyObject *const *args, Py_ssize_t 
         return slow(f, "_py_release", args, n, kwnames);
     }
     Py_INCREF((PyObject *)h);
+    /* Out of the book before the GIL goes: no other thread can release or map it now. */
+    if (PyDict_DelItem(f->handles, args[0]) < 0) {
+        Py_DECREF((PyObject *)h);
+        return NULL;
+    }
     cu_result err;
     u64 raw = h->raw;
     Py_BEGIN_ALLOW_THREADS
     err = f->release(raw);
     Py_END_ALLOW_THREADS
     if (err) {
+        int bad = PyDict_SetItem(f->handles, args[0], (PyObject *)h); /* still live */
         Py_DECREF((PyObject *)h);
+        if (bad < 0)
+            return NULL;
         return failed(f, "release", "cuMemRelease", args, n, err);
     }
     h->live = 0;
-    int bad = PyDict_DelItem(f->handles, args[0]);
     if (!h->maps && !h->imported)
         f->physical_bytes -= h->size;
     Py_DECREF((PyObject *)h);
-    if (bad < 0)
-        return NULL;
     Py_RETURN_NONE;
 }
 

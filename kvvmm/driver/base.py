@@ -26,6 +26,29 @@ The rules (cuda.core's VMM design lists the driver behaviour they come from):
   success the driver owns it) and gives a handle mapped like any other, whose memory was
   counted by the driver that created it.
 
+Arguments (:func:`check_call_ints`, the one check every driver runs before any syscall or CUDA
+call, so a refused call changes nothing and leaks nothing):
+
+- sizes, addresses, alignments, handles, file descriptors and device ordinals are ints.
+  Anything ``operator.index`` accepts (a numpy integer) counts as its int value; a ``bool``,
+  ``float``, ``str``, ``None`` or any other object is refused with
+  :class:`~kvvmm.errors.DriverArgumentError`: an :class:`~kvvmm.errors.ArgumentError`
+  (naming the value and what it must be) that is also a ``DriverError`` with
+  CUDA_ERROR_INVALID_VALUE, so code catching either keeps working (cuda-python itself would
+  raise ``TypeError``: CUDA never sees such a value);
+- an int CUDA cannot take is refused with ``DriverError(CUDA_ERROR_INVALID_VALUE)``, as
+  CUDA answers: a negative value, or one that does not fit the 64 bits of ``size_t`` /
+  ``CUdeviceptr`` (``>= 2**64``; the host driver would otherwise truncate it to a smaller
+  size at the ``mmap``), a range ``[va, va+size)`` that wraps past ``2**64``, a file
+  descriptor past ``2**31 - 1``;
+- zero is refused where CUDA refuses it (sizes), and accepted where CUDA takes it (an
+  alignment of 0 means "the granularity"; address 0 and handle 0 are refused as not a
+  reservation / not live by the rules above).
+
+Thread safety: every driver is safe to share between threads. Each call's check and act on
+the driver's book run under one lock per driver (one per :class:`~kvvmm.driver.sim.SimNode`,
+whose devices share a VA space), so concurrent calls are applied one after the other.
+
 :class:`VmmBook` enforces them in pure Python. The simulated and host drivers share it, so
 they refuse exactly the same calls with exactly the same CUDA error names.
 """
@@ -33,12 +56,14 @@ they refuse exactly the same calls with exactly the same CUDA error names.
 from __future__ import annotations
 
 import enum
+import functools
+import operator
 from bisect import bisect_right, insort
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
-from kvvmm.errors import DriverError, DriverOutOfMemoryError
+from kvvmm.errors import BusyError, DriverArgumentError, DriverError, DriverOutOfMemoryError
 
 __all__ = [
     "CALLS",
@@ -46,11 +71,15 @@ __all__ = [
     "CUDA_ERROR_INVALID_VALUE",
     "CUDA_ERROR_NOT_SUPPORTED",
     "CUDA_ERROR_OUT_OF_MEMORY",
+    "U64_LIMIT",
     "Driver",
     "DriverStats",
     "MemoryKind",
     "VmmBook",
+    "check_call_ints",
     "driver_error",
+    "locked",
+    "refuse_close",
 ]
 
 CUDA_ERROR_INVALID_VALUE = "CUDA_ERROR_INVALID_VALUE"
@@ -63,6 +92,89 @@ CUDA_ERROR_INVALID_DEVICE = "CUDA_ERROR_INVALID_DEVICE"
 #: calls (between processes) last.
 CALLS = ("reserve", "free", "create", "release", "map", "unmap", "set_access", "mem_info",
          "export_handle", "import_handle")
+
+
+#: CUDA's sizes and addresses are 64-bit (``size_t``, ``CUdeviceptr``): no value reaches this.
+U64_LIMIT = 1 << 64
+#: The largest file descriptor (a C ``int``).
+FD_LIMIT = (1 << 31) - 1
+
+#: What each kind of argument must be, as an :class:`ArgumentError` states it.
+_KIND_LIMIT = {
+    "fd": "an int file descriptor in [0, 2**31)",
+    "handle": "an int handle (from create or import_handle)",
+    "device": "an int device ordinal",
+}
+
+
+def _not_int(call: str, name: str, value: object) -> DriverArgumentError:
+    limit = _KIND_LIMIT.get(name, "an int in [0, 2**64) (bytes)")
+    detail = "not a file descriptor" if name == "fd" else "CUDA_ERROR_INVALID_VALUE"
+    return DriverArgumentError(call, name, value, limit, detail)
+
+
+def _as_int(call: str, name: str, value: object) -> int:
+    """``value`` as an int; refuse (DriverArgumentError) what is not one."""
+    if type(value) is int:
+        return value
+    if isinstance(value, bool) or value is None:
+        raise _not_int(call, name, value)
+    try:
+        return operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        raise _not_int(call, name, value) from None
+
+
+def check_call_ints(call: str, **values: object) -> dict[str, int]:
+    """Check a driver call's int arguments; return them as plain ints, in the order given.
+
+    The one check every driver (sim, host, cuda's Python path, and so its C path's fallback)
+    runs first, before any syscall or CUDA call: see the module docstring for what is refused
+    and with which error. ``va``/``size`` pairs are also checked not to wrap past ``2**64``.
+
+    Raises:
+        DriverArgumentError: a value that is not an int (bool, float, str, None, ...).
+        DriverError: CUDA_ERROR_INVALID_VALUE for an int CUDA cannot take.
+    """
+    out = {k: _as_int(call, k, v) for k, v in values.items()}
+    for k, v in out.items():
+        hi = FD_LIMIT if k == "fd" else U64_LIMIT - 1
+        if v < 0 or v > hi:
+            raise driver_error(call, out, CUDA_ERROR_INVALID_VALUE,
+                               f"{k}={v} is outside [0, {hi}]: "
+                               + ("not a file descriptor" if k == "fd" else
+                                  "CUDA takes 64-bit unsigned sizes and addresses"))
+    va, size = out.get("va"), out.get("size")
+    if va is not None and size is not None and va + size > U64_LIMIT:
+        raise driver_error(call, out, CUDA_ERROR_INVALID_VALUE,
+                           f"[{va:#x}, {va + size:#x}) wraps past the end of the 64-bit VA")
+    return out
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def locked(fn: _F) -> _F:
+    """Run a driver method under ``self._lock``: its check and act on the book as one step.
+
+    The lock is held for the call's syscalls too (mmap and friends are short, and never
+    wait on a device).
+    """
+    @functools.wraps(fn)
+    def call(self: Any, *args: Any, **kw: Any) -> Any:
+        with self._lock:
+            return fn(self, *args, **kw)
+    return call  # type: ignore[return-value]
+
+
+def refuse_close(kind: str, stats: DriverStats, pinned: int) -> None:
+    """Raise :class:`BusyError` if ``pinned`` reservations still have tensors over them."""
+    if pinned:
+        raise BusyError(
+            f"{kind} driver: close() refused: {pinned} reservations are pinned (a tensor or "
+            f"other view can still reach their memory; live: {stats}). Drop the tensors and "
+            "close their arenas first; nothing was given back"
+        )
 
 
 class MemoryKind(enum.Enum):

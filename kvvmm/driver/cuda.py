@@ -76,6 +76,26 @@ shareable allocation might cost more to create; on an H200 it did not, measurabl
 1 GiB 341 vs 351; ``bench/results/h200-export-peer-1gpu.json``). CUDA cannot tell an
 imported handle's size: ``import_handle(fd, size)`` trusts ``size`` (aligned), and a map of
 another size is refused by CUDA.
+
+Arguments: every call's ints pass :func:`~kvvmm.driver.base.check_call_ints` before CUDA is
+called (the C fast path takes only exact ints in ``[0, 2**64)`` and hands anything else,
+``True`` and ``1.0`` included, to the Python path, which refuses it).
+
+Threads: the Python path holds one lock per driver across each call's check, CUDA call and
+book update, except the ``cuCtxSynchronize`` before an unmap, which runs with the mapping
+already taken out of the book (so no other call can use it) and the lock still held: a
+synchronize waits for the device, so an unmap may hold the lock that long (noted: the pool's
+background thread should not unmap). The C fast path relies on the GIL instead: it keeps
+the GIL across ``cuMemMap`` (a few µs), and takes a handle or mapping out of the book
+*before* it releases the GIL for ``cuMemRelease`` or the synchronize + ``cuMemUnmap``, and
+puts it back if CUDA refuses, so two threads never act on the same handle or mapping.
+
+Fresh memory is not zeroed: ``cuMemCreate`` gives pages with whatever bytes they last held
+(possibly another tenant's in this process); kvvmm does not clear them. Unbacked VA is not
+readable on CUDA (an illegal-address fault); a read-only zero page over unbacked granules is
+not offered yet (see the 0.2 "safe reads" issue).
+
+Close refuses (``BusyError``) while a reservation is pinned (:meth:`CudaDriver.pin`).
 """
 
 from __future__ import annotations
@@ -83,6 +103,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
+import threading
 from bisect import bisect_right, insort
 from collections.abc import Sequence
 from typing import Any
@@ -93,9 +114,12 @@ from kvvmm.driver.base import (
     CUDA_ERROR_NOT_SUPPORTED,
     DriverStats,
     MemoryKind,
+    check_call_ints,
     driver_error,
+    locked,
+    refuse_close,
 )
-from kvvmm.errors import ArgumentError, DriverError, DriverUnavailableError
+from kvvmm.errors import ArgumentError, BusyError, DriverError, DriverUnavailableError
 
 try:  # Imported here (not lazily) because this module is itself imported lazily.
     from cuda.bindings import driver as _drv
@@ -267,6 +291,8 @@ class CudaDriver:
         self._ctx_int = int(ctx)
         self._closed = False
         self._ok = ok
+        self._lock = threading.RLock()
+        self._pins: dict[int, int] = {}  # reservation start -> pins (views that reach it)
 
         prop = drv.CUmemAllocationProp()
         prop.type = drv.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
@@ -416,7 +442,9 @@ class CudaDriver:
     def granularity(self) -> int:
         return self._gran
 
+    @locked
     def reserve(self, size: int, align: int = 0) -> int:
+        size, align = check_call_ints("reserve", size=size, align=align).values()
         args = {"size": size, "align": align}
         bad = self._misaligned("reserve", {"size": size})
         if bad is not None:
@@ -433,8 +461,13 @@ class CudaDriver:
         insort(self._res_starts, va)
         return va
 
+    @locked
     def free(self, va: int, size: int) -> None:
+        va, size = check_call_ints("free", va=va, size=size).values()
         args = {"va": va, "size": size}
+        if self._b.hot_lo == va:
+            # First: from now on the C map of this reservation takes the slow path (the lock).
+            self._b.hot_lo = self._b.hot_hi = 0
         got = self._res.get(va)
         if got is None:
             raise self._refuse("free", args, f"{va:#x} is not the start of a reservation")
@@ -446,15 +479,19 @@ class CudaDriver:
         inside = sum(1 for s, m in self._maps.items() if s < end and s + m.size > va)
         if inside:
             raise self._refuse("free", args, f"{inside} mappings are still in it")
+        if self._pins.get(va):
+            raise BusyError(f"free({va:#x}, {size}) refused: the reservation is pinned (a "
+                            "tensor can still reach it); nothing was freed")
         (err,) = _drv.cuMemAddressFree(va, size)
         if err != self._ok:
             raise self._cuda_error("free", args, "cuMemAddressFree", err)
         del self._res[va]
         self._res_starts.remove(va)
-        if self._b.hot_lo == va:
-            self._b.hot_lo = self._b.hot_hi = 0
+        self._pins.pop(va, None)
 
+    @locked
     def create(self, size: int) -> int:
+        (size,) = check_call_ints("create", size=size).values()
         if size <= 0 or size % self._gran:
             raise self._alignment_error("create", {"size": size})
         err, obj = self._cuMemCreate(size, self._prop, 0)
@@ -471,30 +508,44 @@ class CudaDriver:
         self._handles[handle] = _Handle(raw, size, imported=imported)
         return handle
 
+    @locked
     def release(self, handle: int) -> None:
-        h = self._handles.get(handle)
+        (handle,) = check_call_ints("release", handle=handle).values()
+        h = self._handles.pop(handle, None)  # taken out first: no other call can use it now
         if h is None:
             raise self._refuse("release", {"handle": handle}, f"handle {handle} is not live")
         (err,) = self._cuMemRelease(h.raw)
         if err:  # CUDA_SUCCESS is 0: the cheapest test
+            self._handles[handle] = h
             raise self._cuda_error("release", {"handle": handle}, "cuMemRelease", err)
         h.live = False
-        del self._handles[handle]
         if not h.maps and not h.imported:  # a mapped handle keeps its memory till unmapped
             self._b.physical_bytes -= h.size
 
+    @locked
     def map(self, va: int, size: int, handle: int) -> None:
-        h = self._handles.get(handle)
+        va, size, handle = check_call_ints("map", va=va, size=size, handle=handle).values()
+        h: Any = self._handles.get(handle)
         b = self._b
         if (h is None or h.size != size or va < b.hot_lo or va + size > b.hot_hi
                 or va % self._gran):
             h = self._map_slow(va, size, handle, h)
+        # Booked first (a release of the handle meanwhile, on the C path, sees it mapped),
+        # unless a mapping starts here already: then CUDA refuses and that record stays.
+        booked = va not in self._maps
+        if booked:
+            self._maps[va] = h
+            h.maps += 1
         (err,) = self._cuMemMap(va, size, 0, h.raw, 0)
         if err:  # CUDA_SUCCESS is 0: the cheapest test
+            if booked and va in self._maps and self._maps[va] is h:
+                del self._maps[va]
+                h.maps -= 1
             args = {"va": va, "size": size, "handle": handle}
             raise self._cuda_error("map", args, "cuMemMap", err)
-        self._maps[va] = h
-        h.maps += 1
+        if not booked:  # CUDA took a map over a mapping's start (it does not): book it now
+            self._maps[va] = h
+            h.maps += 1
 
     def _map_slow(self, va: int, size: int, handle: int, h: Any) -> Any:
         """Check a map the fast test did not pass: raise, or return the handle to map."""
@@ -523,6 +574,7 @@ class CudaDriver:
 
     def _tiling(self, call: str, va: int, size: int) -> list[int]:
         """Mapping starts that exactly tile ``[va, va+size)``; raise unless they do."""
+        va, size = check_call_ints(call, va=va, size=size).values()
         args = {"va": va, "size": size}
         bad = self._misaligned(call, args)
         if bad is not None:
@@ -549,16 +601,21 @@ class CudaDriver:
             pos += m.size
         return out
 
+    @locked
     def unmap(self, va: int, size: int) -> None:
+        va, size = check_call_ints("unmap", va=va, size=size).values()
         maps = self._maps
         m = maps.get(va)
         starts = [va] if m is not None and m.size == size else self._tiling("unmap", va, size)
         self._synchronize("unmap", va, size)
+        # Taken out of the book before CUDA is called (the C path cannot pick them up), put
+        # back if CUDA refuses.
+        taken = [(s, maps.pop(s)) for s in starts]
         (err,) = self._cuMemUnmap(va, size)
         if err:  # CUDA_SUCCESS is 0: the cheapest test
+            maps.update(taken)
             raise self._cuda_error("unmap", {"va": va, "size": size}, "cuMemUnmap", err)
-        for s in starts:
-            h = maps.pop(s)
+        for _, h in taken:
             h.maps -= 1
             if not h.maps and not h.live and not h.imported:  # released while mapped: now
                 self._b.physical_bytes -= h.size
@@ -630,7 +687,9 @@ class CudaDriver:
         err, status = self._cuStreamIsCapturing(stream)
         return bool(err == self._implicit or (err == self._ok and status != self._capture_none))
 
+    @locked
     def set_access(self, va: int, size: int, devices: Sequence[int] | None = None) -> None:
+        va, size = check_call_ints("set_access", va=va, size=size).values()
         if devices is not None:
             self._set_access_for(va, size, devices)
             return
@@ -663,8 +722,9 @@ class CudaDriver:
             raise ArgumentError("devices", devices, "a non-empty sequence of device ordinals")
         args = {"va": va, "size": size}
         n = self._device_count
+        devices = [check_call_ints("set_access", device=d)["device"] for d in devices]
         for d in devices:
-            if isinstance(d, bool) or not isinstance(d, int) or not 0 <= d < n:
+            if not 0 <= d < n:
                 # What raw cuMemSetAccess answers on an H200 for an ordinal it does not have
                 # (tests/gpu/test_gpu_peer.py, bench/results/h200-export-peer-1gpu.json).
                 raise driver_error(
@@ -716,12 +776,14 @@ class CudaDriver:
 
     # -- handles shared between processes -----------------------------------------------
 
+    @locked
     def export_handle(self, handle: int) -> int:
         """A POSIX file descriptor for ``handle`` (``cuMemExportToShareableHandle``).
 
         The caller owns the descriptor: send it (``multiprocessing.reduction.send_handle``)
         and close it. Needs a driver made with ``exportable=True``.
         """
+        (handle,) = check_call_ints("export_handle", handle=handle).values()
         args = {"handle": handle}
         h = self._handles.get(handle)
         if h is None:
@@ -735,6 +797,7 @@ class CudaDriver:
             raise e
         return int(fd)
 
+    @locked
     def import_handle(self, fd: int, size: int) -> int:
         """A handle for the memory another process exported as ``fd``.
 
@@ -742,9 +805,8 @@ class CudaDriver:
         memory), on failure it is still the caller's. CUDA cannot tell the allocation's
         size: ``size`` must be the exported handle's (a map of any other size is refused).
         """
+        fd, size = check_call_ints("import_handle", fd=fd, size=size).values()
         args = {"fd": fd, "size": size}
-        if isinstance(fd, bool) or not isinstance(fd, int) or fd < 0:
-            raise self._refuse("import_handle", args, f"fd={fd!r} is not a file descriptor")
         if size <= 0 or size % self._gran:
             raise self._alignment_error("import_handle", {"size": size})
         err, obj = _drv.cuMemImportFromShareableHandle(fd, self._posix_fd)
@@ -753,6 +815,7 @@ class CudaDriver:
         os.close(fd)
         return self._record(int(obj), size, imported=True)
 
+    @locked
     def mem_info(self) -> tuple[int, int]:
         # cuMemGetInfo reads the current context: make ours current for the call.
         drv = _drv
@@ -765,6 +828,7 @@ class CudaDriver:
             raise self._cuda_error("mem_info", {}, "cuMemGetInfo", err)
         return int(free_bytes), int(total_bytes)
 
+    @locked
     def stats(self) -> DriverStats:
         return DriverStats(
             reservations=len(self._res),
@@ -783,6 +847,30 @@ class CudaDriver:
         """
         if getattr(self, "_closed", True):
             return
+        with self._lock:
+            self._close()
+
+    @locked
+    def pin(self, va: int) -> None:
+        """Mark the reservation at ``va`` as reachable by a view: ``free`` and ``close()``
+        of it are refused (:class:`BusyError`) until :meth:`unpin`. Pins count."""
+        (va,) = check_call_ints("pin", va=va).values()
+        if va not in self._res:
+            raise self._refuse("pin", {"va": va}, f"{va:#x} is not the start of a reservation")
+        self._pins[va] = self._pins.get(va, 0) + 1
+
+    @locked
+    def unpin(self, va: int) -> None:
+        """Drop one pin of the reservation at ``va`` (a no-op if it has none)."""
+        (va,) = check_call_ints("unpin", va=va).values()
+        n = self._pins.get(va, 0)
+        if n <= 1:
+            self._pins.pop(va, None)
+        else:
+            self._pins[va] = n - 1
+
+    def _close(self) -> None:
+        refuse_close("cuda", self.stats(), sum(1 for n in self._pins.values() if n))
         for va, h in sorted(self._maps.items(), key=lambda item: item[0]):
             self.unmap(va, h.size)
         for handle in list(self._handles):

@@ -1,11 +1,27 @@
 """HostDriver: the VMM protocol on Linux host memory, with real bytes.
 
-reserve = ``mmap(PROT_NONE, MAP_PRIVATE|MAP_ANONYMOUS|MAP_NORESERVE)``; create =
-``memfd_create`` + ``ftruncate`` + ``posix_fallocate`` (the pages exist once created, like
-``cuMemCreate``); map = ``mmap(MAP_SHARED|MAP_FIXED)`` of the fd at the VA (``PROT_NONE``:
-mapped but not yet accessible, as on a GPU before ``cuMemSetAccess``); set access =
-``mprotect(READ|WRITE)``; unmap = map the reservation's ``PROT_NONE`` placeholder back over
-the range; release = close the fd (the mapping keeps the pages); free = ``munmap``.
+reserve = ``mmap(PROT_READ, MAP_PRIVATE|MAP_ANONYMOUS|MAP_NORESERVE)`` (a read-only view of
+the kernel's zero page: see "Safe reads" below); create = ``memfd_create(MFD_ALLOW_SEALING)`` +
+``ftruncate`` + ``posix_fallocate`` + ``F_ADD_SEALS(F_SEAL_SHRINK|F_SEAL_GROW)`` (the pages
+exist once created, like ``cuMemCreate``; fresh memfd pages are zero, so a recommit never shows
+an earlier tenant's bytes); map = ``mmap(MAP_SHARED|MAP_FIXED)`` of the fd at the VA
+(``PROT_NONE``: mapped but not yet accessible, as on a GPU before ``cuMemSetAccess``); set
+access = ``mprotect(READ|WRITE)``; unmap = map the reservation's read-only placeholder back
+over the range; release = close the fd (the mapping keeps the pages); free = ``munmap``.
+
+Safe reads: reserved VA that is not mapped reads as zeros (printing a tensor before its
+commit shows zeros instead of killing the process with SIGSEGV); *writing* to it still faults
+(SIGSEGV), as touching unbacked VA does on a GPU, so a write past the backed span never lands
+anywhere. Mapped VA before ``set_access`` faults on any touch.
+
+Sealed handles: the memfd behind every handle is sealed against shrinking and growing once
+its size is set, so a process that imports an exported handle cannot ``ftruncate`` it (EPERM)
+and kill this one with SIGBUS; ``import_handle`` takes only memfds sealed that way.
+
+Close: ``close()`` gives back everything still held, but refuses (``BusyError``, nothing
+given back) while a reservation is pinned (:meth:`HostDriver.pin`: a tensor can still reach
+it); ``free`` of a pinned reservation is refused the same way. Calls from several threads are
+safe: one lock per driver around each call's check and act.
 
 Handles cross processes as their memfd: ``export_handle`` gives a ``dup`` of it, which another
 process receives (``multiprocessing.reduction.send_handle`` / ``recv_handle``, SCM_RIGHTS)
@@ -13,8 +29,9 @@ and passes to ``import_handle``; both processes then map the same pages. Host me
 "device": set access for any other device is refused (CUDA_ERROR_INVALID_VALUE, as CUDA
 refuses an ordinal it does not have).
 
-Touching VA that is reserved but not mapped faults (SIGSEGV), as on a GPU. The rules are
-the shared :class:`VmmBook`'s, so the host driver refuses exactly what the simulator does.
+The rules are the shared :class:`VmmBook`'s, and the arguments pass the shared
+:func:`~kvvmm.driver.base.check_call_ints`, so the host driver refuses exactly what the
+simulator does, before any syscall.
 """
 
 from __future__ import annotations
@@ -22,10 +39,12 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import errno
+import fcntl
 import mmap as _mmap
 import os
 import stat
 import sys
+import threading
 from collections.abc import Sequence
 
 from kvvmm.driver.base import (
@@ -34,14 +53,18 @@ from kvvmm.driver.base import (
     DriverStats,
     MemoryKind,
     VmmBook,
+    check_call_ints,
     driver_error,
+    locked,
+    refuse_close,
 )
-from kvvmm.errors import ArgumentError, DriverUnavailableError
+from kvvmm.errors import ArgumentError, BusyError, DriverUnavailableError
 from kvvmm.units import MiB
 
 __all__ = ["HostDriver"]
 
 _PROT_NONE = 0
+_PROT_READ = _mmap.PROT_READ
 _PROT_RW = _mmap.PROT_READ | _mmap.PROT_WRITE
 _MAP_SHARED = 0x01
 _MAP_PRIVATE = 0x02
@@ -49,6 +72,9 @@ _MAP_FIXED = 0x10
 _MAP_ANONYMOUS = 0x20
 _MAP_NORESERVE = 0x4000
 _MAP_FAILED = ctypes.c_void_p(-1).value
+#: The seals every handle's memfd gets: its size can no longer change (no SIGBUS by a peer).
+_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW
+
 
 
 def _libc() -> ctypes.CDLL:
@@ -114,6 +140,9 @@ class HostDriver:
         self._book = VmmBook(granularity, cap)
         self._fds: dict[int, int] = {}  # handle -> memfd (handle ids are our own counter)
         self._next_handle = 1
+        self._pins: dict[int, int] = {}  # reservation start -> pins (views that reach it)
+        # Reentrant: close() makes the driver's own calls under it.
+        self._lock = threading.RLock()
 
     def __repr__(self) -> str:
         book = self._book
@@ -127,15 +156,22 @@ class HostDriver:
         return driver_error(call, args, name, f"{what}: {os.strerror(err)}")
 
     def _placeholder(self, va: int, size: int, fixed: bool) -> int:
+        # PROT_READ over private anonymous memory never written: every page reads as the
+        # kernel's one zero page (no memory used); a write faults.
         flags = _MAP_PRIVATE | _MAP_ANONYMOUS | _MAP_NORESERVE | (_MAP_FIXED if fixed else 0)
-        got = self._libc.mmap(va if fixed else None, size, _PROT_NONE, flags, -1, 0)
+        got = self._libc.mmap(va if fixed else None, size, _PROT_READ, flags, -1, 0)
         return -1 if got in (None, _MAP_FAILED) else int(got)
 
     def granularity(self) -> int:
         return self._book.gran
 
+    @locked
     def reserve(self, size: int, align: int = 0) -> int:
+        size, align = check_call_ints("reserve", size=size, align=align).values()
         align = self._book.check_reserve(size, align)
+        if size + align >= 1 << 64:  # the over-reservation below must not wrap in size_t
+            raise driver_error("reserve", {"size": size, "align": align},
+                               CUDA_ERROR_OUT_OF_MEMORY, "no VA range that large exists")
         # Over-reserve by `align`, then trim both ends to an aligned range.
         raw = self._placeholder(0, size + align, fixed=False)
         if raw < 0:
@@ -149,21 +185,31 @@ class HostDriver:
         self._book.apply_reserve(va, size)
         return va
 
+    @locked
     def free(self, va: int, size: int) -> None:
+        va, size = check_call_ints("free", va=va, size=size).values()
         self._book.check_free(va, size)
+        if self._pins.get(va):
+            raise BusyError(f"free({va:#x}, {size}) refused: the reservation is pinned (a "
+                            "tensor can still reach it); nothing was freed")
         if self._libc.munmap(va, size) != 0:
             raise self._os_error("free", {"va": va, "size": size}, "munmap")
         self._book.apply_free(va)
+        self._pins.pop(va, None)
 
+    @locked
     def create(self, size: int) -> int:
+        (size,) = check_call_ints("create", size=size).values()
         book = self._book
         book.check_create(size, book.capacity_bytes - book.physical_bytes)
         args = {"size": size}
         fd = -1
         try:
-            fd = os.memfd_create("kvvmm", os.MFD_CLOEXEC)
+            fd = os.memfd_create("kvvmm", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
             os.ftruncate(fd, size)
             os.posix_fallocate(fd, 0, size)
+            # Fixed size from now on: a peer that imports it cannot truncate it under us.
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _SEALS)
         except OSError as e:
             if fd >= 0:
                 os.close(fd)
@@ -177,12 +223,16 @@ class HostDriver:
         book.apply_create(handle, size)
         return handle
 
+    @locked
     def release(self, handle: int) -> None:
+        (handle,) = check_call_ints("release", handle=handle).values()
         self._book.check_release(handle)
         os.close(self._fds.pop(handle))  # a live mapping keeps the pages
         self._book.apply_release(handle)
 
+    @locked
     def map(self, va: int, size: int, handle: int) -> None:
+        va, size, handle = check_call_ints("map", va=va, size=size, handle=handle).values()
         res = self._book.check_map(va, size, handle)
         got = self._libc.mmap(va, size, _PROT_NONE, _MAP_SHARED | _MAP_FIXED, self._fds[handle], 0)
         if got in (None, _MAP_FAILED):
@@ -191,13 +241,17 @@ class HostDriver:
             raise self._os_error("map", {"va": va, "size": size, "handle": handle}, "mmap(fd)")
         self._book.apply_map(va, size, handle, res)
 
+    @locked
     def unmap(self, va: int, size: int) -> None:
+        va, size = check_call_ints("unmap", va=va, size=size).values()
         starts = self._book.covered("unmap", va, size)
         if self._placeholder(va, size, fixed=True) != va:
             raise self._os_error("unmap", {"va": va, "size": size}, "mmap(PROT_NONE)")
         self._book.apply_unmap(starts)
 
+    @locked
     def set_access(self, va: int, size: int, devices: Sequence[int] | None = None) -> None:
+        va, size = check_call_ints("set_access", va=va, size=size).values()
         if devices is not None:
             self._check_devices(va, size, devices)
         self._book.covered("set_access", va, size)
@@ -208,27 +262,32 @@ class HostDriver:
         if isinstance(devices, (str, bytes)) or not isinstance(devices, Sequence) or not devices:
             raise ArgumentError("devices", devices, "a non-empty sequence of device ordinals")
         for d in devices:
-            if isinstance(d, bool) or d != self.device:
+            d = check_call_ints("set_access", device=d)["device"]
+            if d != self.device:
                 raise driver_error(  # INVALID_VALUE: CUDA's answer for an ordinal it lacks
                     "set_access", {"va": va, "size": size}, CUDA_ERROR_INVALID_VALUE,
                     f"device {d!r}: host memory has one device ({self.device}); peer access "
                     "needs GPUs (CudaDriver) or a SimNode",
                 )
 
+    @locked
     def mem_info(self) -> tuple[int, int]:
         book = self._book
         free = min(book.capacity_bytes - book.physical_bytes, _mem_available())
         return max(free, 0), book.capacity_bytes
 
+    @locked
     def stats(self) -> DriverStats:
         return self._book.stats()
 
+    @locked
     def export_handle(self, handle: int) -> int:
         """A ``dup`` of ``handle``'s memfd (close-on-exec); the caller owns it.
 
         Send it to another process with ``multiprocessing.reduction.send_handle``; there,
         ``import_handle(fd, size)`` maps the same pages.
         """
+        (handle,) = check_call_ints("export_handle", handle=handle).values()
         self._book.check_export(handle)
         try:
             return os.dup(self._fds[handle])  # Python makes it non-inheritable (CLOEXEC)
@@ -236,16 +295,24 @@ class HostDriver:
             raise driver_error("export_handle", {"handle": handle}, "CUDA_ERROR_UNKNOWN",
                                f"dup: {e.strerror}") from None
 
+    @locked
     def import_handle(self, fd: int, size: int) -> int:
         """Take ``fd`` (a memfd another process exported) as a handle of ``size`` bytes.
 
-        ``fstat`` must show a regular file of exactly ``size`` bytes. On success the driver
+        ``fstat`` must show a regular file of exactly ``size`` bytes, sealed against shrinking
+        and growing (a memfd from ``export_handle``: nobody can truncate it under the mapping
+        and kill this process with SIGBUS), and not one of this driver's own. On success the driver
         owns ``fd`` (closed by ``release``); on failure it is still the caller's. The pages
         count for the process that created them: this driver's capacity is not charged.
         """
+        fd, size = check_call_ints("import_handle", fd=fd, size=size).values()
         book = self._book
         book.check_import(fd, size)
         args = {"fd": fd, "size": size}
+        if fd in self._fds.values():
+            raise driver_error("import_handle", args, CUDA_ERROR_INVALID_VALUE,
+                               f"fd {fd} is this driver's own memfd of a live handle; import "
+                               "a descriptor from export_handle (a dup) instead")
         try:
             st = os.fstat(fd)
         except OSError as e:
@@ -259,6 +326,16 @@ class HostDriver:
                 "import_handle", args, CUDA_ERROR_INVALID_VALUE,
                 f"fd {fd} holds {st.st_size} bytes, not {size}: maps take whole handles",
             )
+        try:
+            seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
+        except OSError:  # EINVAL: not a memfd (a plain file can be truncated by anyone)
+            seals = 0
+        if seals & _SEALS != _SEALS:
+            raise driver_error(
+                "import_handle", args, CUDA_ERROR_INVALID_VALUE,
+                f"fd {fd} is not a memfd sealed against resizing (seals {seals:#x}): another "
+                "process could truncate it under the mapping (SIGBUS)",
+            )
         os.set_inheritable(fd, False)
         handle = self._next_handle
         self._next_handle += 1
@@ -266,9 +343,43 @@ class HostDriver:
         book.apply_import(handle, size)
         return handle
 
+    @locked
+    def pin(self, va: int) -> None:
+        """Mark the reservation starting at ``va`` as reachable by a view (a tensor).
+
+        While pinned, ``free`` of it and ``close()`` are refused (:class:`BusyError`):
+        unmapping the VA under a live tensor would crash the process, or alias its bytes
+        with whatever the OS puts there next. Pins count; :meth:`unpin` drops one.
+
+        Raises:
+            DriverError: CUDA_ERROR_INVALID_VALUE if ``va`` is not a reservation's start.
+        """
+        (va,) = check_call_ints("pin", va=va).values()
+        if va not in self._book.res:
+            raise driver_error("pin", {"va": va}, CUDA_ERROR_INVALID_VALUE,
+                               f"{va:#x} is not the start of a reservation")
+        self._pins[va] = self._pins.get(va, 0) + 1
+
+    @locked
+    def unpin(self, va: int) -> None:
+        """Drop one pin of the reservation at ``va`` (a no-op if it has none)."""
+        (va,) = check_call_ints("unpin", va=va).values()
+        n = self._pins.get(va, 0)
+        if n <= 1:
+            self._pins.pop(va, None)
+        else:
+            self._pins[va] = n - 1
+
+    @locked
     def close(self) -> None:
-        """Unmap, release and free everything still held (for tests and interpreter exit)."""
+        """Unmap, release and free everything still held (for tests and interpreter exit).
+
+        Raises:
+            BusyError: a reservation is pinned (a tensor can still reach it); nothing was
+                given back.
+        """
         book = self._book
+        refuse_close("host", book.stats(), sum(1 for n in self._pins.values() if n))
         for va in list(book.map_starts):
             self.unmap(va, book.maps[va][0])
         for h in list(self._fds):

@@ -9,21 +9,31 @@ Several GPUs of one machine: :class:`SimNode` makes N simulated devices that sha
 process-wide VA space (as CUDA's unified addressing does: a reservation is unique across
 devices), know each other (peer access, with pairs that cannot reach each other), and pass
 exported handles among themselves. ``SimNode("h200", devices=8).driver(3)`` is device 3.
+
+Arguments pass the shared :func:`~kvvmm.driver.base.check_call_ints` (as on the host driver:
+the same values are refused with the same errors). A reservation whose end would pass
+:data:`VA_LIMIT` (2**57, the widest VA of any CPU or GPU: 5-level page tables) is out of
+memory, as ``mmap`` and ``cuMemAddressReserve`` answer for VA they do not have. Calls are
+thread safe: one lock per node (the devices of a node share the VA cursor and exports).
 """
 
 from __future__ import annotations
 
 import os
 import stat
+import threading
 from collections.abc import Iterable, Sequence
 
 from kvvmm.driver.base import (
     CUDA_ERROR_INVALID_DEVICE,
     CUDA_ERROR_INVALID_VALUE,
+    CUDA_ERROR_OUT_OF_MEMORY,
     DriverStats,
     MemoryKind,
     VmmBook,
+    check_call_ints,
     driver_error,
+    locked,
 )
 from kvvmm.errors import ArgumentError
 from kvvmm.hardware import COST_TABLE_US, PROFILES, DeviceProfile, default_cost_model, get_profile
@@ -31,11 +41,15 @@ from kvvmm.hardware import COST_TABLE_US, PROFILES, DeviceProfile, default_cost_
 __all__ = [
     "COST_TABLE_US",
     "PROFILES",
+    "VA_LIMIT",
     "DeviceProfile",
     "SimDriver",
     "SimNode",
     "get_profile",
 ]
+
+#: No reservation of the simulator ends past this address (see the module docstring).
+VA_LIMIT = 1 << 57
 
 
 _COST = default_cost_model()
@@ -44,10 +58,12 @@ _COST = default_cost_model()
 class _Space:
     """What the drivers of one node share: the VA cursor and the exported handles."""
 
-    __slots__ = ("exports", "next_va")
+    __slots__ = ("exports", "lock", "next_va")
 
     def __init__(self, base_va: int) -> None:
         self.next_va = base_va
+        # One lock for every driver of the node: they share this cursor and the exports.
+        self.lock = threading.RLock()
         # fd -> (identity of the fd's open file, exporting device, size): see export_handle.
         self.exports: dict[int, tuple[tuple[int, int], int, int]] = {}
 
@@ -195,6 +211,7 @@ class SimDriver:
         self._book = VmmBook(self.profile.granularity_bytes, cap)
         self._used_bytes = used_bytes
         self._space = _Space(base_va) if node is None else node._join(self)
+        self._lock = self._space.lock
         self._next_handle = 1
         # Peer access given so far: mapping start -> other devices that may access it.
         self._peers: dict[int, tuple[int, ...]] = {}
@@ -209,21 +226,31 @@ class SimDriver:
     def granularity(self) -> int:
         return self._book.gran
 
+    @locked
     def reserve(self, size: int, align: int = 0) -> int:
+        size, align = check_call_ints("reserve", size=size, align=align).values()
         align = self._book.check_reserve(size, align)
         space = self._space
         va = -(-space.next_va // align) * align
+        if va + size > VA_LIMIT:
+            raise driver_error("reserve", {"size": size, "align": align},
+                               CUDA_ERROR_OUT_OF_MEMORY,
+                               f"no free VA range of {size} bytes below {VA_LIMIT:#x}")
         space.next_va = va + size
         self._book.apply_reserve(va, size)
         self.clock_us += _COST("reserve", size)
         return va
 
+    @locked
     def free(self, va: int, size: int) -> None:
+        va, size = check_call_ints("free", va=va, size=size).values()
         self._book.check_free(va, size)
         self._book.apply_free(va)
         self.clock_us += _COST("free", size)
 
+    @locked
     def create(self, size: int) -> int:
+        (size,) = check_call_ints("create", size=size).values()
         book = self._book
         book.check_create(size, book.capacity_bytes - self._used_bytes - book.physical_bytes)
         handle = self._next_handle
@@ -232,19 +259,25 @@ class SimDriver:
         self.clock_us += _COST("create", size)
         return handle
 
+    @locked
     def release(self, handle: int) -> None:
+        (handle,) = check_call_ints("release", handle=handle).values()
         h = self._book.check_release(handle)
         self._book.apply_release(handle)
         if self._home and not h.maps:
             self._home.pop(handle, None)
         self.clock_us += _COST("release", h.size)
 
+    @locked
     def map(self, va: int, size: int, handle: int) -> None:
+        va, size, handle = check_call_ints("map", va=va, size=size, handle=handle).values()
         res = self._book.check_map(va, size, handle)
         self._book.apply_map(va, size, handle, res)
         self.clock_us += _COST("map", size)
 
+    @locked
     def unmap(self, va: int, size: int) -> None:
+        va, size = check_call_ints("unmap", va=va, size=size).values()
         starts = self._book.covered("unmap", va, size)
         gone = [self._book.maps[s][1] for s in starts] if self._home else ()
         self._book.apply_unmap(starts)
@@ -257,7 +290,9 @@ class SimDriver:
                     self._home.pop(h, None)
         self.clock_us += _COST("unmap", size)
 
+    @locked
     def set_access(self, va: int, size: int, devices: Sequence[int] | None = None) -> None:
+        va, size = check_call_ints("set_access", va=va, size=size).values()
         if devices is not None:
             self._set_access_for(va, size, devices)
             return
@@ -273,6 +308,7 @@ class SimDriver:
             raise ArgumentError("devices", devices, "a non-empty sequence of device ordinals")
         node = self.node
         count = node.devices if node is not None else 0
+        devices = [check_call_ints("set_access", device=d)["device"] for d in devices]
         for d in devices:
             known = (_is_device(d, count) if node is not None
                      else not isinstance(d, bool) and d == self.device)
@@ -312,20 +348,24 @@ class SimDriver:
                     + (f"; devices={list(devices)}" if devices is not None else ""),
                 )
 
+    @locked
     def peer_access(self, va: int) -> tuple[int, ...]:
         """Devices other than this one that were given access to the mapping at ``va``."""
         return self._peers.get(va, ())
 
+    @locked
     def mem_info(self) -> tuple[int, int]:
         self.clock_us += _COST.mem_info_us
         book = self._book
         return book.capacity_bytes - self._used_bytes - book.physical_bytes, book.capacity_bytes
 
+    @locked
     def stats(self) -> DriverStats:
         return self._book.stats()
 
     # -- handles shared between processes ---------------------------------------------------
 
+    @locked
     def export_handle(self, handle: int) -> int:
         """A file descriptor standing for ``handle``'s memory; the caller owns it.
 
@@ -334,6 +374,7 @@ class SimDriver:
         handle it stands for. Only drivers of the same node (or this driver, alone) in this
         process can import it.
         """
+        (handle,) = check_call_ints("export_handle", handle=handle).values()
         h = self._book.check_export(handle)
         fd = os.open(os.devnull, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         ident = _fd_identity(fd)
@@ -343,11 +384,13 @@ class SimDriver:
         self.clock_us += _COST("map", h.size)  # a guess: a cheap driver call
         return fd
 
+    @locked
     def import_handle(self, fd: int, size: int) -> int:
         """A handle for the memory behind ``fd`` (from ``export_handle`` in this node).
 
         On success this driver owns ``fd`` and closes it (the handle keeps the memory).
         """
+        fd, size = check_call_ints("import_handle", fd=fd, size=size).values()
         book = self._book
         book.check_import(fd, size)
         args = {"fd": fd, "size": size}
