@@ -1,0 +1,142 @@
+"""Issue 18 on a GPU: the CUDA driver, both paths (C fast path and Python), refuses every
+argument it cannot take before CUDA sees it (the same answers as sim and host), keeps its book
+consistent under threads, and refuses close() while a reservation is pinned.
+
+Not here (not implemented): ``CudaDriver(zero_page=True)``, a read-only zero handle over
+unbacked granules; unbacked device VA still faults on read.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from typing import Any
+
+import pytest
+
+from kvvmm import ArgumentError, BusyError, DriverError
+from kvvmm.driver.base import CUDA_ERROR_INVALID_VALUE
+
+G = 2 << 20
+NOT_INTS: list[Any] = [True, False, 1.5, float(4 * G), "2097152", None, [G], object()]
+BAD_INTS: list[int] = [-1, -G, 1 << 64, (1 << 64) + 4 * G]
+CALLS = {
+    "reserve.size": lambda d, s, x: d.reserve(x),
+    "reserve.align": lambda d, s, x: d.reserve(G, x),
+    "free.va": lambda d, s, x: d.free(x, 8 * G),
+    "create.size": lambda d, s, x: d.create(x),
+    "release.handle": lambda d, s, x: d.release(x),
+    "map.va": lambda d, s, x: d.map(x, G, s["h"]),
+    "map.size": lambda d, s, x: d.map(s["va"] + G, x, s["h"]),
+    "map.handle": lambda d, s, x: d.map(s["va"] + G, G, x),
+    "unmap.va": lambda d, s, x: d.unmap(x, G),
+    "unmap.size": lambda d, s, x: d.unmap(s["va"], x),
+    "set_access.va": lambda d, s, x: d.set_access(x, G),
+    "set_access.size": lambda d, s, x: d.set_access(s["va"], x),
+    "set_access.device": lambda d, s, x: d.set_access(s["va"], G, [x]),
+    "import_handle.fd": lambda d, s, x: d.import_handle(x, G),
+}
+
+
+@pytest.fixture(params=["cuda-c", "cuda-python"])
+def cuda(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Any:
+    from kvvmm.driver import cuda as cuda_mod
+
+    fast = request.param == "cuda-c"
+    if fast and cuda_mod._cudafast is None:
+        pytest.skip("the C fast path is not built")
+    monkeypatch.setenv("KVVMM_CUDA_FASTPATH", "1" if fast else "0")
+    d = cuda_mod.CudaDriver()
+    assert d.fast_path == fast
+    yield d
+    d.close()
+
+
+@pytest.mark.parametrize("x", NOT_INTS + BAD_INTS, ids=lambda x: repr(x)[:20])
+@pytest.mark.parametrize("call", list(CALLS))
+def test_the_cuda_driver_refuses_what_no_driver_can_take_before_cuda_sees_it(
+    cuda: Any, call: str, x: Any
+) -> None:
+    va = cuda.reserve(8 * G)
+    h0 = cuda.create(G)
+    cuda.map(va, G, h0)
+    cuda.set_access(va, G)
+    s = {"va": va, "h": cuda.create(G)}
+    before = cuda.stats()
+    with pytest.raises(DriverError) as e:
+        CALLS[call](cuda, s, x)
+    assert e.value.cuda_error == CUDA_ERROR_INVALID_VALUE
+    is_int = type(x) is int
+    assert isinstance(e.value, ArgumentError) == (not is_int), e.value
+    assert cuda.stats() == before
+
+
+def test_threads_on_one_cuda_driver_leave_it_clean(cuda: Any) -> None:
+    errors: list[BaseException] = []
+    vas = [cuda.reserve(64 * G) for _ in range(8)]
+
+    def work(i: int) -> None:
+        rng = random.Random(i)
+        try:
+            for _ in range(100):
+                n = rng.randrange(1, 4)
+                hs = [cuda.create(G) for _ in range(n)]
+                for k, h in enumerate(hs):
+                    cuda.map(vas[i] + k * G, G, h)
+                cuda.set_access(vas[i], n * G)
+                if rng.random() < 0.5:
+                    for h in hs:
+                        cuda.release(h)
+                    cuda.unmap(vas[i], n * G)
+                else:
+                    cuda.unmap(vas[i], n * G)
+                    for h in hs:
+                        cuda.release(h)
+        except BaseException as e:
+            errors.append(e)
+
+    ts = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(120)
+    assert not any(t.is_alive() for t in ts)
+    assert not errors, errors[:3]
+    for va in vas:
+        cuda.free(va, 64 * G)
+    assert cuda.stats().clean
+
+
+def test_two_threads_releasing_one_cuda_handle_release_it_once(cuda: Any) -> None:
+    for _ in range(50):
+        h = cuda.create(G)
+        won: list[int] = []
+        barrier = threading.Barrier(2)
+
+        def go(h: int = h, barrier: threading.Barrier = barrier, won: list[int] = won) -> None:
+            barrier.wait()
+            try:
+                cuda.release(h)
+                won.append(1)
+            except DriverError:
+                pass
+
+        ts = [threading.Thread(target=go) for _ in range(2)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(30)
+        assert won == [1]
+    assert cuda.stats().clean
+
+
+def test_cuda_close_refuses_while_a_reservation_is_pinned(cuda: Any) -> None:
+    va = cuda.reserve(4 * G)
+    cuda.pin(va)
+    with pytest.raises(BusyError):
+        cuda.close()
+    with pytest.raises(BusyError):
+        cuda.free(va, 4 * G)
+    cuda.unpin(va)
+    cuda.free(va, 4 * G)
+    assert cuda.stats().clean
