@@ -1,8 +1,10 @@
 """The lab as a person uses it: JupyterLab in headless Chromium, driven through Playwright.
 
 nbval proves the notebooks' outputs; it cannot see a panel that never renders (a missing
-front-end extension, a widget whose view fails). This test starts JupyterLab on a copy of
-``notebooks/`` (private Jupyter directories, news and autosave off, ``KVVMM_DRIVER=sim``),
+front-end extension, a widget whose view fails). This test starts JupyterLab on the working
+folder ``kvvmm.workspace`` makes in a git checkout of the notebooks (private Jupyter
+directories, news and autosave off, ``KVVMM_DRIVER=sim``; saving must leave ``git status``
+clean),
 opens ``01_tour.ipynb`` in the system's Chromium, runs all cells, and then uses the
 ArenaLab panel with clicks and typing: Reserve, Allocate, Commit, Reserve KV, Finalize, and
 a token count below one page, whose error must appear in the panel. ``02_layouts.ipynb``
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -35,6 +38,7 @@ from browser_support import (
 )
 
 from kvvmm.units import MiB, fmt_bytes
+from kvvmm.workspace import prepare_workspace
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -68,14 +72,33 @@ FIGURE_JS = """
 # -- fixtures ----------------------------------------------------------------------------
 
 
+def _git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args],
+                          cwd=repo, check=True, capture_output=True, text=True).stdout
+
+
 @pytest.fixture(scope="module")
-def lab_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabServer]:
-    """JupyterLab on a copy of notebooks/ (so nothing the page does reaches the repo)."""
+def checkout(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A git repository holding the tracked notebooks and .gitignore, committed: a checkout."""
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+    repo = tmp_path_factory.mktemp("checkout")
+    (repo / "notebooks").mkdir()
+    for nb in NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"):
+        shutil.copy(nb, repo / "notebooks" / nb.name)
+    shutil.copy(NOTEBOOKS.parent / ".gitignore", repo / ".gitignore")
+    _git(repo, "init", "-q")
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-q", "-m", "notebooks")
+    return repo
+
+
+@pytest.fixture(scope="module")
+def lab_server(checkout: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabServer]:
+    """JupyterLab on the checkout's working folder, as `kvvmm lab` opens it."""
     browser_tools()  # skip (fail in CI) before starting anything
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    root = tmp_path_factory.mktemp("notebooks")
-    for nb in NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"):
-        shutil.copy(nb, root / nb.name)
+    root = prepare_workspace(checkout / "notebooks")
     server = LabServer(root, tmp_path_factory.mktemp("jupyter"), env={"KVVMM_DRIVER": "sim"})
     try:
         server.start()
@@ -109,8 +132,9 @@ def page(browser: Any, lab_server: LabServer,
     Each test gets its own workspace (``?reset``: nothing restored from an earlier page)
     and its kernels are shut down after it.
     """
-    # Tall enough that a whole panel fits on screen, so its screenshot is the panel.
-    context = browser.new_context(viewport={"width": 1400, "height": 2000})
+    # The laptop size the lab must fit (issue 12, item 3); element screenshots still show a
+    # whole panel, taller than the window or not.
+    context = browser.new_context(viewport={"width": 1280, "height": 800})
     pg = context.new_page()
     errors = ConsoleErrors(pg)
     # Only the local server may be reached: anything else (news, fonts, CDNs) is refused
@@ -202,13 +226,19 @@ def test_arena_lab_renders_and_its_buttons_change_the_va_map(
         _expect(lab.locator(".kvvmm-plot .main-svg").first,
                 "the ArenaLab panel draws its VA map (a plotly figure)"
                 ).to_be_visible(timeout=STEP_MS)
-        # The notebook's own cells reserved, finalized and closed the lab's owner.
-        fig = _wait_title(lab, "(closed)", "Run All")
-        assert fig["backed_bytes"] == 0, fig
-        assert {"unbacked", "cursor"} <= set(fig["legend"]), fig
+        # The state the prose describes: KV buffers reserved, slot 0 backed, no error (the
+        # notebook's checks click a panel of their own).
+        fig = _wait_title(lab, "kv:", "Run All")
+        assert fig["backed_bytes"] > 0, fig
+        _no_error(lab, "Run All")
+        _expect(lab.locator(".kvvmm-policy-cost"), "the policy's over-commit shows beside it"
+                ).to_contain_text("over-commit (backed - needed)", timeout=STEP_MS)
+        _fits(lab, "ArenaLab after Run All")
         _shot(lab, "01-arena-lab-after-run-all")
 
-        # Bare arena: Reserve, Allocate, then Commit 8 MiB of the allocation.
+        # Bare arena: Close the KV owner, Reserve, Allocate, Commit 8 MiB of the allocation.
+        _click(lab, "kvvmm-close-button")
+        _wait_title(lab, "(closed)", "Close")
         reserve_mib = int(lab.locator(".kvvmm-reserve-mib input").input_value())
         _click(lab, "kvvmm-reserve-button")
         fig = _wait_title(lab, f"{fmt_bytes(0)} backed of {fmt_bytes(reserve_mib * MiB)}",
@@ -279,12 +309,14 @@ def test_layout_explorer_replans_when_its_controls_change(
                 "the LayoutExplorer draws its VA map").to_be_visible(timeout=STEP_MS)
         report = ex.locator(".kvvmm-report")
         error = ex.locator(".kvvmm-error")
+        # A real model's VA map: llama-3.1-70b at TP 8, 160 buffers, as the prose says.
+        _expect(ex.locator(".kvvmm-plot .gtitle"), "the map of llama-3.1-70b renders"
+                ).to_contain_text("llama-3.1-70b", timeout=STEP_MS)
+        _expect(report, "the report is of TP 8").to_contain_text("tp 8", timeout=STEP_MS)
+        _expect(report, "all 160 buffers").to_contain_text("160 buffers")
+        _no_error(ex, "Run All")
+        _fits(ex, "LayoutExplorer after Run All")
         _shot(ex, "05-layout-explorer-after-run-all")
-
-        # Start from a plan that works whatever the notebook left (its last cell leaves a
-        # refused TP on screen): TP 1 is valid for every model.
-        _type_int(ex, "kvvmm-tp", 1)
-        _expect(error, "TP 1 plans without an error").to_have_text("", timeout=STEP_MS)
         before = _capacity(report)
 
         model = _select_other(ex, "kvvmm-model", ("qwen2.5-7b", "llama-3.1-8b"))
@@ -300,7 +332,7 @@ def test_layout_explorer_replans_when_its_controls_change(
 
         layout = _select_other(ex, "kvvmm-layout", ("page_major", "token_major"))
         _expect(report, "the layout preset re-plans").to_contain_text(
-            f"tp 1, {layout}", timeout=STEP_MS)
+            f"tp 8, {layout}", timeout=STEP_MS)
         _expect(report, "the buffers follow the layout").to_contain_text(
             "-token page" if layout == "page_major" else "per token")
         assert _capacity(report) == after_gpu  # the layout moves bytes, not capacity
@@ -312,9 +344,81 @@ def test_layout_explorer_replans_when_its_controls_change(
         _type_int(ex, "kvvmm-tp", 3)
         _expect(error.locator("pre"), "TP 3 shows an error in the panel").to_contain_text(
             "tp=3 is invalid", timeout=STEP_MS)
+        _expect(error.locator("pre"), "over the old plan, marked stale").to_contain_text(
+            "stale: the last change failed: ")
         assert _capacity(report) == after_gpu
         _shot(ex, "06-layout-explorer-replanned")
         errors.check("after using the LayoutExplorer panel")
+
+
+def _fits(panel: Any, why: str) -> None:
+    """Every control, the error area and the figure lie within the panel: nothing cut off."""
+    boxes = panel.evaluate("""(root) => {
+      const r = root.getBoundingClientRect();
+      const out = [];
+      for (const el of root.querySelectorAll('.widget-dropdown, .widget-text, .widget-button,'
+                                             + ' .widget-slider, .kvvmm-plot .main-svg')) {
+        const b = el.getBoundingClientRect();
+        if (b.width === 0) continue;
+        out.push({cls: el.className.baseVal ?? el.className, right: b.right, limit: r.right,
+                  clipped: el.scrollWidth > el.clientWidth + 1 && el.tagName !== 'svg'});
+      }
+      for (const s of root.querySelectorAll('select')) {
+        // a dropdown whose value does not fit shows it cut ("token_majo")
+        if (s.scrollWidth > s.clientWidth + 1) out.push({cls: 'select ' + s.value,
+                                                          right: 0, limit: 0, clipped: true});
+      }
+      return out; }""")
+    bad = [b for b in boxes if b["right"] > b["limit"] + 1 or b["clipped"]]
+    assert not bad, f"cut off in {why}: {bad}"
+    # Not checked yet: the figure's width. A FigureWidget drawn while its cell is off
+    # screen (JupyterLab's windowed notebook) keeps plotly's 700 px until the window is
+    # resized, although its layout sets no width (issue 12, item 3: open).
+
+
+def test_saving_in_jupyterlab_leaves_the_checkout_clean(
+        page: tuple[Any, ConsoleErrors], checkout: Path, lab_server: LabServer) -> None:
+    # Issue 12, item 4: autosave rewrote the tracked 03_growth.ipynb and broke `make test`.
+    pg, errors = page
+    with screenshot_on_exit(pg, "03_growth-page"):
+        tab = NotebookTab.open(pg, "03_growth.ipynb", timeout_ms=OPEN_MS)
+        tab.run_all(timeout_ms=RUN_ALL_MS)
+        gl = tab.panel("kvvmm-growth-lab")
+        _expect(gl.locator(".kvvmm-table"), "GrowthLab shows its run, as the prose says"
+                ).to_contain_text("grown to", timeout=STEP_MS)
+        _no_error(gl, "Run All")
+        _expect(gl.locator(".kvvmm-default-cost"), "the default's over-commit shows"
+                ).to_contain_text("over-commit", timeout=STEP_MS)
+        _fits(gl, "GrowthLab after Run All")
+        _shot(gl, "07-growth-lab-after-run-all")
+        saved = Path(lab_server.root_dir) / "03_growth.ipynb"
+        before = saved.stat().st_mtime_ns
+        pg.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")
+        pg.wait_for_function(
+            """() => { const w = window.jupyterapp.shell.currentWidget;
+                       return w && w.context && !w.context.model.dirty; }""", timeout=STEP_MS)
+        assert saved.stat().st_mtime_ns != before, "the working copy was not saved"
+        status = _git(checkout, "status", "--porcelain", "--untracked-files=all")
+        assert status == "", f"saving in JupyterLab changed the checkout:\n{status}"
+        errors.check("after saving 03_growth.ipynb")
+
+
+def test_the_failures_notebooks_panel_shows_its_error_after_run_all(
+        page: tuple[Any, ConsoleErrors]) -> None:
+    # Issue 12, item 2: the 04 section meant to show an error showed a closed arena.
+    pg, errors = page
+    with screenshot_on_exit(pg, "04_failures-page"):
+        tab = NotebookTab.open(pg, "04_failures.ipynb", timeout_ms=OPEN_MS)
+        tab.run_all(timeout_ms=RUN_ALL_MS)
+        lab = tab.panel("kvvmm-arena-lab")
+        _expect(lab.locator(".kvvmm-error pre"), "the injected failure shows in the panel"
+                ).to_contain_text("CUDA_ERROR_UNKNOWN", timeout=STEP_MS)
+        _wait_title(lab, "kv:", "Run All")
+        _fits(lab, "04's ArenaLab")
+        _shot(lab, "08-arena-lab-failure")
+        pg.set_viewport_size({"width": 1800, "height": 1000})
+        _shot(lab, "09-arena-lab-failure-1800")
+        errors.check("after Run All on 04_failures.ipynb")
 
 
 def _type_int(panel: Any, css_class: str, value: int) -> None:

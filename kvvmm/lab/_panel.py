@@ -186,7 +186,9 @@ def _cost_line(c: GrowthCost) -> str:
 
 
 def _pre(text: str) -> str:
-    return f'<pre style="margin:0;font-size:12px">{html.escape(text)}</pre>'
+    # A table wider than the cell scrolls rather than wraps (wrapped columns read as rows).
+    return ('<pre style="margin:0;font-size:12px;white-space:pre;overflow-x:auto">'
+            f'{html.escape(text)}</pre>')
 
 
 def _policy_options() -> list[tuple[str, GrowthPolicy]]:
