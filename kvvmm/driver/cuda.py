@@ -704,7 +704,10 @@ class CudaDriver:
     def _set_access_for(self, va: int, size: int, devices: Sequence[int]) -> None:
         """Set access for each listed device: the peer rules, then one cuMemSetAccess."""
         try:
-            access = self._access_lists.get(tuple(devices))
+            key = tuple(devices)
+            # Exact ints only: (False,) and (0.0,) equal (0,) as dict keys.
+            access = (self._access_lists.get(key)
+                      if all(type(d) is int for d in key) else None)
         except TypeError:  # not iterable, or unhashable items: _access_list says why
             access = None
         if access is None:
