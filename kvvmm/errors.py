@@ -25,6 +25,7 @@ __all__ = [
     "ReservationExhaustedError",
     "TraceFormatError",
     "UnknownDtypeError",
+    "WorkloadFormatError",
 ]
 
 
@@ -162,6 +163,13 @@ class DriverArgumentError(ArgumentError, DriverError):
 
 class TraceFormatError(KvvmmError, ValueError):
     """A saved trace cannot be read: wrong format, unknown version or a malformed event."""
+
+
+class WorkloadFormatError(KvvmmError, ValueError):
+    """A request trace (Azure CSV, JSONL) has a bad row; the message names its row and field.
+
+    Fix or drop that row of the file; nothing was loaded.
+    """
 
 
 def _show_int(key: str, value: int) -> str:
