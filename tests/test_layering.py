@@ -32,6 +32,7 @@ LAYERS = (
     "layout",  # buffer descriptions, presets, model configs, capacity planner (pure)
     "arena",  # the arena, its transactions, views and pool
     "owner",  # KV owners, TP owners, replays, the decode-growth experiment
+    "workload",  # request traces, generator, serving model, memory strategies, replay
     "viz",
     "lab",
     "cli",
@@ -56,6 +57,8 @@ LAYER_OF = {
     "kvvmm.tp": "owner",  # one owner per device (tensor parallelism), spawned processes
     "kvvmm.replay": "owner",  # rebuilds arenas from a trace
     "kvvmm.growth": "owner",  # decode growth under each policy, on real owners
+    "kvvmm.workload": "workload",
+    "kvvmm.workload.cli": "cli",  # `kvvmm replay`: writes reports through kvvmm.viz
     "kvvmm.viz": "viz",
     "kvvmm.lab": "lab",
     "kvvmm.cli": "cli",
