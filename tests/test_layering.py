@@ -35,6 +35,7 @@ LAYERS = (
     "workload",  # request traces, generator, serving model, memory strategies, replay
     "viz",
     "lab",
+    "integrations",  # engine adapters (SGLang): the library's public API behind an engine's
     "cli",
 )
 
@@ -61,6 +62,7 @@ LAYER_OF = {
     "kvvmm.workload.cli": "cli",  # `kvvmm replay`: writes reports through kvvmm.viz
     "kvvmm.viz": "viz",
     "kvvmm.lab": "lab",
+    "kvvmm.integrations": "integrations",
     "kvvmm.cli": "cli",
     "kvvmm.bench": "cli",  # `kvvmm bench`: drives owners and arenas on a GPU
     "kvvmm.workspace": "cli",  # the lab's working copies of the notebooks (stdlib only)

@@ -1,0 +1,10 @@
+"""Engine adapters: kvvmm behind the APIs serving engines already call.
+
+:mod:`kvvmm.integrations.sglang` is SGLang's ``kv_vmm_backing.KvVmmBufferOwner``, backed by a
+:class:`~kvvmm.owner.KvBufferOwner`. Adapters sit above the lab and below the CLI: they use the
+library's public API only, and ``import kvvmm`` does not import them.
+"""
+
+from __future__ import annotations
+
+__all__: list[str] = []

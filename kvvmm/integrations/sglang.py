@@ -1,0 +1,537 @@
+"""SGLang's ``KvVmmBufferOwner``, backed by kvvmm: swap one import, keep SGLang's calls.
+
+SGLang sizes its KV pool after CUDA-graph capture with ``kv_vmm_backing.KvVmmBufferOwner``
+(``python/sglang/srt/mem_cache/kv_vmm_backing.py``, "the seed"). This module offers the same
+class, with the same keyword constructor, attributes and methods, built on
+:class:`kvvmm.owner.KvBufferOwner`: no C++ stub compiled per arena (the seed builds one with
+``torch.utils.cpp_extension`` into a shared temp dir, ~20 s each), every multi-step change
+undone on failure, a close that never unmaps memory a live tensor can reach, and an owner the
+lab can draw (:meth:`KvVmmBufferOwner.snapshot`).
+
+Use it either way::
+
+    from kvvmm.integrations.sglang import KvVmmBufferOwner   # code you can change
+    import kvvmm.integrations.sglang as k; k.install()        # SGLang's own import, unchanged
+
+or launch SGLang through ``python -m kvvmm.integrations.sglang_launch sglang.launch_server
+...`` so its spawned worker processes get the swap too (see :func:`install`).
+
+Same as the seed:
+
+- ``KvVmmBufferOwner(*, device, device_id, store_dtype, page_size, reserved_num_tokens,
+  buffer_descs)``; ``tensors`` in ``buffer_descs`` order, at their upper-bound shapes, one
+  page (slot 0) backed by construction; ``ensure_prefix(n)``, ``finalize(n)`` (``page_size
+  <= n <= reserved_num_tokens``), ``backed_bytes``, an idempotent ``close()``.
+- Spans: ``prefix = rows(n) * row_bytes``, ``final = rows(n + page_size) * row_bytes``,
+  ``rows(n) = ceil(n / tokens_per_row)``; each rounded up to the granularity and backed.
+- Growth is ``Exact()`` by default: one handle per extension, as large as the extension (pass
+  ``policy=`` to choose another, a kvvmm extension). Backed bytes equal the seed's.
+- Descriptors are SGLang's own objects, read duck-typed: ``name``, ``shape``, ``row_bytes``,
+  ``tokens_per_row`` (nothing else is called on them). :class:`KvBufferDesc` here is a
+  compatible class with SGLang's ``item_len_bytes(page_size)``.
+
+Where kvvmm deliberately differs:
+
+- **ensure_prefix bounds.** The seed accepts any ``n`` whose prefix fits the tensor (its check
+  is in bytes: up to ``shape[0] * tokens_per_row`` tokens, i.e. the padded page too). kvvmm
+  accepts ``0 <= n <= reserved_num_tokens`` and refuses more with
+  :class:`~kvvmm.errors.OutOfRangeError` (a ``ValueError``, the class the seed raises for a
+  span out of range): the slots past the capacity are the padded page, which ``finalize``
+  backs, and a prefix beyond the capacity is a caller's bug kvvmm will not hide.
+- **Checked at construction.** ``reserved_num_tokens`` must fit what the descriptors hold
+  with their padded page (``shape[0] * tokens_per_row - page_size``), ``row_bytes`` must be
+  ``prod(shape[1:]) * store_dtype.itemsize``, names unique. The seed constructs anyway and
+  fails at ``finalize`` (or backs fewer bytes than the tensor's rows).
+- **close with live tensors.** The seed unmaps at once, so a tensor SGLang still holds (its
+  pool's ``k_buffer``, a captured graph's inputs) points at unmapped VA: an illegal address on
+  the next touch. kvvmm drops the owner's tensors and gives the memory back when the last
+  tensor over it goes. ``close(wait=True, timeout=...)`` waits for that (raising
+  :class:`~kvvmm.errors.BusyError` on timeout); ``released`` says whether it happened,
+  ``live_tensors`` how many still hold it.
+- **Errors.** Failures the seed raises as ``RuntimeError`` (driver calls, use after close, VA
+  exhausted) reach SGLang as ``RuntimeError`` *and* keep their kvvmm type: each is re-raised
+  as a subclass of both its kvvmm class and :class:`KvVmmError` (``KvvmmError`` +
+  ``RuntimeError``), with the same fields and notes, ``from`` the original. Multiple
+  inheritance rather than wrapping, because a wrapper would hide the type:
+  ``except DriverOutOfMemoryError`` (kvvmm), ``except KvvmmError`` and ``except RuntimeError``
+  (SGLang) all catch the same object. Argument errors stay what they are, ``ValueError``
+  (``OutOfRangeError``, ...), as the seed's span and ``finalize`` checks are.
+- **Device.** ``device="cuda"`` (or ``"cuda:N"``) opens kvvmm's CUDA driver on ``device_id``;
+  ``driver=`` (a kvvmm extension) runs the same class on any driver, the host or sim one
+  included, with ``device`` then only recorded.
+
+Later upstream calls: ``release_beyond(n)`` (kvvmm's shrink: give back whole mappings beyond
+the final span of ``n`` tokens), ``bytes_per_token()``, ``backed_tokens``.
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib.util
+import sys
+import time
+import types
+import warnings
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from kvvmm.driver import open_driver
+from kvvmm.driver.base import Driver
+from kvvmm.errors import ArgumentError, BusyError, KvvmmError
+from kvvmm.layout import KvBufferDesc as _KvvmmDesc
+from kvvmm.owner import KvBufferOwner
+from kvvmm.policy import Exact, GrowthPolicy
+from kvvmm.snapshot import OwnerSnapshot
+from kvvmm.units import align_up  # the seed's module-level helper, re-exported
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = [
+    "SGLANG_MODULE",
+    "InstallResult",
+    "KvBufferDesc",
+    "KvVmmBufferOwner",
+    "KvVmmError",
+    "align_up",
+    "install",
+    "uninstall",
+]
+
+#: The module SGLang imports the seed from.
+SGLANG_MODULE = "sglang.srt.mem_cache.kv_vmm_backing"
+
+
+class KvVmmError(KvvmmError, RuntimeError):
+    """A kvvmm failure SGLang catches as ``RuntimeError`` (the seed raised one there).
+
+    Every such error from this module is also an instance of its own kvvmm class
+    (``DriverOutOfMemoryError``, ``ClosedError``, ...): catch whichever the code knows.
+    """
+
+
+class runtime_errors:  # a namespace, lower-case as the module path it makes reads
+    """The ``RuntimeError`` twins of kvvmm's errors, made on first use.
+
+    Each is ``class X(kvvmm.errors.X, KvVmmError)``; they live here, under their kvvmm name,
+    so a pickled error (errors cross processes) finds its class again.
+    """
+
+
+def _runtime_class(cls: type[KvvmmError]) -> type[KvvmmError]:
+    sub = runtime_errors.__dict__.get(cls.__name__)
+    if not (isinstance(sub, type) and issubclass(sub, cls)):
+        sub = types.new_class(cls.__name__, (cls, KvVmmError))
+        sub.__module__ = __name__
+        sub.__qualname__ = f"runtime_errors.{cls.__name__}"
+        sub.__doc__ = cls.__doc__
+        setattr(runtime_errors, cls.__name__, sub)
+    return sub
+
+
+def as_runtime_error(err: KvvmmError) -> KvvmmError:
+    """``err`` as an instance of its class's ``RuntimeError`` twin, same fields and notes.
+
+    Argument errors (``ValueError``/``TypeError``) and errors that already are
+    ``RuntimeError`` come back unchanged.
+    """
+    if isinstance(err, (ValueError, TypeError, RuntimeError)):
+        return err
+    try:
+        # kvvmm errors rebuild from their fields through __reduce__ (they cross processes).
+        reduced = err.__reduce__()
+        args = reduced[1] if isinstance(reduced, tuple) and len(reduced) > 1 else err.args
+        new = _runtime_class(type(err))(*args)
+        state = reduced[2] if isinstance(reduced, tuple) and len(reduced) > 2 else None
+        if isinstance(state, dict):
+            new.__dict__.update(state)
+    except Exception:  # an error class that cannot be rebuilt: keep its text, lose its type
+        return KvVmmError(str(err))
+    return new
+
+
+@contextmanager
+def _sglang_errors() -> Iterator[None]:
+    try:
+        yield
+    except KvvmmError as e:
+        converted = as_runtime_error(e)
+        if converted is e:
+            raise
+        raise converted from e
+
+
+@dataclass(frozen=True, slots=True)
+class KvBufferDesc(_KvvmmDesc):
+    """kvvmm's :class:`~kvvmm.layout.KvBufferDesc` with SGLang's ``item_len_bytes``.
+
+    Fields as SGLang's ``KvBufferDesc`` (``memory_pool.py``): ``name``, ``shape``,
+    ``row_bytes``, ``tokens_per_row``; spans as :class:`kvvmm.layout.KvBufferDesc`.
+    """
+
+    def item_len_bytes(self, page_size: int) -> int:
+        """Bytes of one page of this buffer: ``row_bytes * page_size / tokens_per_row``.
+
+        What SGLang calls a buffer's item length (``get_contiguous_buf_infos``: one token's
+        bytes times ``page_size`` for token-major buffers, one row for page-major ones), the
+        unit its KV transfer and host pools move.
+
+        Args:
+            page_size: tokens per page, > 0, a multiple of ``tokens_per_row``.
+        Raises:
+            ArgumentError: ``page_size`` is not such an int.
+        """
+        if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size <= 0:
+            raise ArgumentError("page_size", page_size, "an int > 0 (tokens)")
+        if page_size % self.tokens_per_row:
+            raise ArgumentError(
+                "page_size", page_size,
+                f"a multiple of tokens_per_row ({self.tokens_per_row}) for buffer "
+                f"{self.name!r}: a page must be whole rows")
+        return self.row_bytes * (page_size // self.tokens_per_row)
+
+
+_DESC_FIELDS = ("name", "shape", "row_bytes", "tokens_per_row")
+
+
+def _as_desc(i: int, d: object) -> KvBufferDesc:
+    """One of SGLang's descriptor objects (or anything with its four fields) as ours."""
+    if isinstance(d, KvBufferDesc):
+        return d
+    missing = [f for f in _DESC_FIELDS if not hasattr(d, f)]
+    if missing:
+        raise ArgumentError(f"buffer_descs[{i}]", d,
+                            "a KvBufferDesc: an object with name, shape, row_bytes and "
+                            "tokens_per_row", f"it has no {', '.join(missing)}")
+    shape: Any = d.shape  # type: ignore[attr-defined]
+    if isinstance(shape, list):  # a tuple (torch.Size is one) passes as is; ints checked there
+        shape = tuple(shape)
+    return KvBufferDesc(d.name, shape, d.row_bytes, d.tokens_per_row)  # type: ignore[attr-defined]
+
+
+def _cuda_ordinal(device: object, device_id: int) -> bool:
+    """True when ``device`` names a CUDA device; a ``cuda:N`` must agree with ``device_id``."""
+    text = str(device)
+    if text != "cuda" and not text.startswith("cuda:"):
+        return False
+    if text.startswith("cuda:") and text[5:] != str(device_id):
+        raise ArgumentError("device", device, f"'cuda' or 'cuda:{device_id}', as device_id says")
+    return True
+
+
+class KvVmmBufferOwner:
+    """SGLang's KV buffer owner: tensors at their upper-bound shapes, backed as SGLang asks.
+
+    Args:
+        device: ``"cuda"`` or ``"cuda:<device_id>"`` (kvvmm's CUDA driver is opened on
+            ``device_id``); with ``driver=`` any string, only recorded.
+        device_id: the device ordinal.
+        store_dtype: the KV dtype (a torch dtype or its name).
+        page_size: tokens per page, > 0.
+        reserved_num_tokens: the most tokens ``finalize`` may serve, in ``[page_size, what
+            the descriptors hold]``.
+        buffer_descs: SGLang's descriptors (``name``, ``shape``, ``row_bytes``,
+            ``tokens_per_row``), K buffers first; ``tensors`` follow their order.
+        driver: a kvvmm driver to run on instead of opening CUDA's (kvvmm extension; the
+            caller keeps it and closes it).
+        policy: growth policy for ``ensure_prefix`` (kvvmm extension; default ``Exact()``,
+            the seed's).
+        name: the arena's name, shown by the lab.
+    Raises:
+        ArgumentError, OutOfRangeError, UnknownDtypeError (``ValueError``/``TypeError``):
+            bad arguments or descriptors; nothing reserved.
+        KvVmmError (``RuntimeError``): no CUDA here, or reserving/backing slot 0 failed;
+            nothing left behind.
+    """
+
+    def __init__(
+        self,
+        *,
+        device: str,
+        device_id: int,
+        store_dtype: Any,
+        page_size: int,
+        reserved_num_tokens: int,
+        buffer_descs: Sequence[Any],
+        driver: Driver | None = None,
+        policy: GrowthPolicy | None = None,
+        name: str = "kv",
+    ) -> None:
+        self.device = device
+        if isinstance(device_id, bool) or not isinstance(device_id, int) or device_id < 0:
+            raise ArgumentError("device_id", device_id, "an int >= 0 (a device ordinal)")
+        self.device_id = device_id
+        self.store_dtype = store_dtype
+        self.page_size = page_size
+        if isinstance(buffer_descs, (str, bytes)) or not isinstance(buffer_descs, Sequence):
+            raise ArgumentError("buffer_descs", buffer_descs, "a sequence of KvBufferDesc")
+        descs = [_as_desc(i, d) for i, d in enumerate(buffer_descs)]
+        with _sglang_errors():
+            self._owns_driver = driver is None
+            if driver is None:
+                if not _cuda_ordinal(device, device_id):
+                    raise ArgumentError(
+                        "device", device, "'cuda' or 'cuda:<device_id>'",
+                        "pass driver=kvvmm.open_driver('host' | 'sim') to run elsewhere")
+                driver = open_driver("cuda", device=device_id)
+            self.driver: Driver = driver
+            try:
+                self.owner = KvBufferOwner(
+                    driver=driver, device=device_id, dtype=store_dtype, page_size=page_size,
+                    reserved_tokens=reserved_num_tokens, descs=descs,
+                    policy=Exact() if policy is None else policy, name=name)
+            except BaseException:
+                if self._owns_driver:
+                    _close_driver(driver)
+                raise
+        self.buffer_descs: tuple[KvBufferDesc, ...] = tuple(descs)
+
+    def __repr__(self) -> str:
+        return f"KvVmmBufferOwner(device={self.device!r}, {self.owner!r})"
+
+    # -- the seed's API -------------------------------------------------------------------
+
+    @property
+    def tensors(self) -> list[torch.Tensor]:
+        """The KV tensors in ``buffer_descs`` order (empty after close), pointers fixed."""
+        return self.owner.tensors
+
+    @property
+    def reserved_num_tokens(self) -> int:
+        return self.owner.reserved_tokens
+
+    def ensure_prefix(self, num_tokens: int) -> None:
+        """Back the first ``num_tokens`` slots of every buffer.
+
+        Args:
+            num_tokens: ``0 <= num_tokens <= reserved_num_tokens`` (the seed allows up to
+                the tensor's span; see the module docstring).
+        Raises:
+            ArgumentError, OutOfRangeError (``ValueError``): bad ``num_tokens``; nothing
+                backed.
+            KvVmmError (``RuntimeError``): a driver call failed (every buffer as it was), or
+                after close.
+        """
+        with _sglang_errors():
+            self.owner.ensure_prefix(num_tokens)
+
+    def finalize(self, final_num_tokens: int) -> None:
+        """Back each buffer's final span for ``final_num_tokens`` (plus the padded page).
+
+        Args:
+            final_num_tokens: ``page_size <= n <= reserved_num_tokens``.
+        Raises:
+            ArgumentError, OutOfRangeError (``ValueError``): bad ``n``; nothing backed.
+            KvVmmError (``RuntimeError``): a driver call failed (every buffer as it was), or
+                after close.
+        """
+        with _sglang_errors():
+            self.owner.finalize(final_num_tokens)
+
+    @property
+    def final_num_tokens(self) -> int | None:
+        """The serving capacity ``finalize`` set (None before it)."""
+        return self.owner.final_tokens
+
+    @property
+    def backed_bytes(self) -> int:
+        """Bytes backed across all buffers, whole handles (0 after close)."""
+        return self.owner.backed_bytes
+
+    def close(self, *, wait: bool = False, timeout: float | None = None) -> bool:
+        """Drop the tensors and give the memory back once no tensor can reach it.
+
+        Idempotent. Tensors the caller still holds keep the memory until they go (the seed
+        unmapped it under them).
+
+        Args:
+            wait: block until the memory is given back (tensors held elsewhere must be
+                dropped by other code meanwhile; reference cycles are collected first).
+            timeout: seconds to wait at most (None: no limit); only with ``wait``.
+        Returns:
+            :attr:`released`: True when the memory is given back.
+        Raises:
+            BusyError (``RuntimeError``): ``wait`` and tensors were still alive after
+                ``timeout``; the owner stays closed and gives its memory back later.
+            KvVmmError (``RuntimeError``): a driver call failed giving memory back.
+        """
+        if timeout is not None and (isinstance(timeout, bool)
+                                    or not isinstance(timeout, (int, float)) or timeout < 0):
+            raise ArgumentError("timeout", timeout, "None or a number of seconds >= 0")
+        with _sglang_errors():
+            self.owner.close()
+            if wait and not self.released:
+                self._wait_released(timeout)
+            if self.released and self._owns_driver:
+                _close_driver(self.driver)
+        return self.released
+
+    def _wait_released(self, timeout: float | None) -> None:
+        gc.collect()  # tensors in reference cycles (graphs, pools) go only when collected
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self.released:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise BusyError(
+                    f"close(wait=True, timeout={timeout}): {self.live_tensors} tensors over "
+                    f"arena {self.owner.arena.name!r} are still alive after {timeout} s; "
+                    "drop them (the pool's buffers, captured graphs' inputs) and the memory "
+                    "is given back when the last goes")
+            time.sleep(0.005)
+
+    @property
+    def released(self) -> bool:
+        """True once the reservation and all its memory are given back to the driver."""
+        return self.owner.arena.released
+
+    @property
+    def live_tensors(self) -> int:
+        """Tensors (and views) over the arena still alive: what a close waits for."""
+        return self.owner.arena.live_views
+
+    # -- later upstream calls -------------------------------------------------------------
+
+    def release_beyond(self, num_tokens: int) -> int:
+        """Give back backing beyond ``num_tokens`` (kvvmm's ``shrink``).
+
+        Each buffer keeps its final span for ``num_tokens`` (the tokens plus the padded page
+        that absorbs slot-0 writes) and gives back the whole mappings past it; a mapping
+        straddling that span stays (maps are whole handles).
+
+        Args:
+            num_tokens: ``page_size <= n <= reserved_num_tokens``.
+        Returns:
+            Bytes given back.
+        Raises:
+            ArgumentError, OutOfRangeError (``ValueError``): bad ``n``; nothing changed.
+            KvVmmError (``RuntimeError``): a driver call failed (see
+                :meth:`KvBufferOwner.shrink_report`), or after close.
+        """
+        with _sglang_errors():
+            return self.owner.shrink(num_tokens)
+
+    def bytes_per_token(self) -> int:
+        """Bytes one token slot takes across all buffers: sum of ``row_bytes / tokens_per_row``."""
+        return sum(d.row_bytes // d.tokens_per_row for d in self.buffer_descs)
+
+    @property
+    def backed_tokens(self) -> int:
+        """The most tokens usable with nothing more to back, capped at ``reserved_num_tokens``.
+
+        The largest ``n`` for which ``ensure_prefix(n)`` would back nothing: each buffer's
+        backed bytes, in whole rows, times ``tokens_per_row``, the least over the buffers.
+        0 after close.
+        """
+        if self.owner.closed:
+            return 0
+        rows = (b.backed_bytes // d.row_bytes * d.tokens_per_row
+                for b, d in zip(self.owner.snapshot().buffers, self.buffer_descs, strict=True))
+        return min(min(rows), self.owner.reserved_tokens)
+
+    # -- for the lab ----------------------------------------------------------------------
+
+    @property
+    def arena(self) -> Any:
+        """The kvvmm arena (``kvvmm.arena.Arena``) the buffers live in."""
+        return self.owner.arena
+
+    def snapshot(self) -> OwnerSnapshot:
+        """Frozen view of the owner now: what ``kvvmm.viz.describe`` and ``va_map`` draw."""
+        return self.owner.snapshot()
+
+
+def _close_driver(driver: Driver) -> None:
+    close = getattr(driver, "close", None)
+    if callable(close):
+        close()
+
+
+# -- install ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class InstallResult:
+    """What :func:`install` did, and why."""
+
+    #: "installed": SGLang's import will resolve to kvvmm; "already": it did before;
+    #: "replaced": SGLang had imported the seed already: later imports get kvvmm, names
+    #: bound from the seed before stay the seed's.
+    status: Literal["installed", "already", "replaced"]
+    module: str  #: the module name aliased
+    sglang_installed: bool  #: whether ``sglang`` is importable here
+
+    def __str__(self) -> str:
+        where = "" if self.sglang_installed else " (sglang is not installed here)"
+        return f"{self.module} -> {__name__}: {self.status}{where}"
+
+
+_previous: dict[str, types.ModuleType | None] = {}
+
+
+def install(module: str = SGLANG_MODULE) -> InstallResult:
+    """Make SGLang's ``import ...kv_vmm_backing`` resolve to this module.
+
+    Puts this module in ``sys.modules`` under SGLang's name (and on its parent package when
+    that is imported), so ``from sglang.srt.mem_cache.kv_vmm_backing import
+    KvVmmBufferOwner`` gets kvvmm's class. Call it before SGLang builds its KV pool:
+
+    - sglang not imported yet (or not installed): the alias waits in ``sys.modules``; Python
+      finds it there first and never loads the seed (nothing of sglang is imported here).
+    - the seed already imported: the alias replaces it for later imports; a class bound
+      from the seed before (``from ... import KvVmmBufferOwner`` at module level) stays
+      the seed's, so a ``RuntimeWarning`` says so (call ``install()`` earlier).
+    - already installed: nothing changes.
+
+    ``sys.modules`` is per process: SGLang's spawned workers need the call too. Running
+    SGLang as ``python -m kvvmm.integrations.sglang_launch sglang.launch_server ...`` does
+    that (spawned children re-import the launcher, which installs at import).
+
+    Args:
+        module: the module name to alias (SGLang's, by default).
+    Returns:
+        What was done (:class:`InstallResult`).
+    """
+    if not isinstance(module, str) or not module:
+        raise ArgumentError("module", module, "a dotted module name")
+    me = sys.modules[__name__]
+    top = module.partition(".")[0]
+    try:
+        present = importlib.util.find_spec(top) is not None
+    except (ImportError, ValueError):
+        present = False
+    current = sys.modules.get(module)
+    if current is me:
+        return InstallResult("already", module, present)
+    _previous.setdefault(module, current)
+    sys.modules[module] = me
+    parent_name, _, leaf = module.rpartition(".")
+    parent = sys.modules.get(parent_name)
+    if parent is not None:
+        setattr(parent, leaf, me)
+    if current is None:
+        return InstallResult("installed", module, present)
+    warnings.warn(
+        f"{module} was imported before kvvmm's install(): later imports get kvvmm's "
+        f"KvVmmBufferOwner, names already bound from the seed keep the seed's; call "
+        f"install() before SGLang is imported", RuntimeWarning, stacklevel=2)
+    return InstallResult("replaced", module, present)
+
+
+def uninstall(module: str = SGLANG_MODULE) -> bool:
+    """Undo :func:`install`: put back what ``sys.modules`` held before. True if it did."""
+    me = sys.modules[__name__]
+    if sys.modules.get(module) is not me:
+        return False
+    before = _previous.pop(module, None)
+    parent_name, _, leaf = module.rpartition(".")
+    parent = sys.modules.get(parent_name)
+    if before is None:
+        del sys.modules[module]
+        if parent is not None and getattr(parent, leaf, None) is me:
+            delattr(parent, leaf)
+    else:
+        sys.modules[module] = before
+        if parent is not None:
+            setattr(parent, leaf, before)
+    return True
