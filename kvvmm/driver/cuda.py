@@ -5,8 +5,8 @@ point (``cuMemAddressReserve``, ``cuMemCreate``, ``cuMemMap``, ``cuMemSetAccess`
 device's *primary* context, the one torch uses (vLLM reports "context mismatch" when
 cuda-python work runs in a context of its own).
 
-What the real driver enforces was measured on an H200 (driver 580.159, CUDA 13.0, cuda-bindings
-13.3.1; ``bench/probe_cuda_rules.py``, ``bench/results/h200-cuda-rules.json``). It does not
+What the real driver enforces was recorded on an H200 (``bench/results/h200-cuda-rules.json``,
+by ``bench/probes/probe_cuda_rules.py``; docs/MEASUREMENTS.md §1). It does not
 enforce every rule of ``base``, so this driver checks the missing ones itself, before CUDA is
 called, and answers with the name CUDA uses for the same mistake where CUDA has one:
 
@@ -24,29 +24,24 @@ CUDA itself refuses, with these names: misaligned sizes and addresses, zero size
 alignment that is not a power of two, any free that is not one exact reservation or still has
 a mapping in it, an unmap of part of a mapping, an access change of part of a mapping or of
 unmapped VA (all CUDA_ERROR_INVALID_VALUE); a map over mapped VA (CUDA_ERROR_INVALID_VALUE);
-a create past free memory (CUDA_ERROR_OUT_OF_MEMORY, in 3 ms).
+a create past free memory (CUDA_ERROR_OUT_OF_MEMORY).
 
 Cost: kvvmm's bookkeeping sits on the hot path, so it is kept to a handle record, one dict
 entry per mapping and a cached "last reservation" range (the shared
-:class:`~kvvmm.driver.base.VmmBook` would cost 2.3-2.6 µs per map+unmap pair on the H200's host
-CPU, more than the raw ``cuMemMap`` itself). Even so, in Python it is 0.4-0.6 µs per call, and
-a 2 MiB ``cuMemMap`` through cuda-python is 1.5 µs: map 1.6-1.7x, unmap 1.15-1.3x the raw
-call. So
-create, map, set access (own device), unmap and release run in C when the package's one
+:class:`~kvvmm.driver.base.VmmBook` would cost more than the raw ``cuMemMap`` itself). Even
+so, in Python map and unmap miss the 1.1x target (docs/MEASUREMENTS.md §2), so create, map, set access (own device), unmap and release run in C when the package's one
 extension is built (``_cudafast.c``, CPython's limited API; it links to nothing: the
 addresses of libcuda's entry points are looked up here, in the libcuda cuda-python loaded).
 It does the same checks on the same dicts and takes only the common, valid case; anything
 else (a failed check, an odd argument, a capture, another current context) runs the Python
 methods below, which are also the whole driver when the extension is missing or
-``KVVMM_CUDA_FASTPATH=0``. Against raw cuda-python on the H200 (``kvvmm bench``, 2-512 MiB):
-map 0.63-0.71x (C skips cuda-python's own wrapper), unmap with its synchronize 0.97-1.03x,
-create 0.97-1.07x, set access 0.95-0.99x, release 0.96-1.00x, over three runs
-(``bench/results/gpu-2026-11-29-cfast-{a,b,c}.json``).
+``KVVMM_CUDA_FASTPATH=0``. The C path meets the 1.1x target, and beats the raw call on map
+because C skips cuda-python's own wrapper (docs/MEASUREMENTS.md §2).
 
 Unmap synchronizes the context first: unmapping VA that a running kernel still reads or
 writes is an illegal-address fault that kills the context. A synchronize while any stream of
 the context is capturing a CUDA graph fails *and invalidates that capture*, even with the
-thread's capture mode relaxed (measured). So an unmap first looks for a capture on torch's
+thread's capture mode relaxed (docs/MEASUREMENTS.md §6). So an unmap first looks for a capture on torch's
 current stream of this driver's device (when the process uses torch) and on blocking streams
 (the legacy stream's query), and refuses with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED without
 touching anything: **unmap during CUDA graph capture is refused**; decommit after the capture
@@ -71,9 +66,8 @@ Handles between processes: with ``exportable=True`` every ``cuMemCreate`` asks f
 ``export_handle`` (``cuMemExportToShareableHandle``) can give a file descriptor; another
 process passes it to ``import_handle`` (``cuMemImportFromShareableHandle``), which closes it
 (the imported handle holds the memory) and maps it like any handle. Off by default: a
-shareable allocation might cost more to create; on an H200 it did not, measurably
-(create+release medians, plain vs exportable: 2 MiB 19.46 vs 19.41 µs, 64 MiB 37.83 vs 37.93,
-1 GiB 341 vs 351; ``bench/results/h200-export-peer-1gpu.json``). CUDA cannot tell an
+shareable allocation might cost more to create; on an H200 exportable handles cost no more
+(docs/MEASUREMENTS.md §7). CUDA cannot tell an
 imported handle's size: ``import_handle(fd, size)`` trusts ``size`` (aligned), and a map of
 another size is refused by CUDA.
 

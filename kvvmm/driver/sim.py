@@ -329,7 +329,7 @@ class SimDriver:
             for s in starts:
                 had = peers.get(s, ())
                 peers[s] = tuple(sorted(set(had) | set(others)))
-        # A guess, not measured (one GPU was at hand): one page-table update per device.
+        # A guess, not measured (docs/MEASUREMENTS.md §7): one page-table update per device.
         self.clock_us += _COST("set_access", size) * len(set(devices))
 
     def _check_reach(self, va: int, size: int, starts: list[int], device: int,

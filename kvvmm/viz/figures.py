@@ -183,8 +183,8 @@ def bandwidth_by_handle_size(table: BandwidthTable | None = None) -> go.Figure:
     """Measured copy bandwidth by handle size, with cudaMalloc as the line to match.
 
     Args:
-        table: the measurements (default :data:`H200_BANDWIDTH`, from the H200 run in
-            ``shared/measurements/``).
+        table: the measurements (default :data:`~kvvmm.hardware.H200_BANDWIDTH`:
+            docs/MEASUREMENTS.md §4).
     Returns:
         A ``plotly.graph_objects.Figure``: a bar per handle size (plain and interleaved
         series), error bars spanning the runs, dashed lines for the non-VMM references.
