@@ -1,0 +1,304 @@
+"""kvvmm.integrations.sglang runs SGLang's own call sequence on the host driver (issue 15).
+
+SGLang's descriptors are stood in for by a small duck-typed class (``SglDesc``: the four fields
+SGLang's ``KvBufferDesc`` has, nothing else), built the way SGLang's pools build them: MHA one
+token-major K and V buffer per layer of ``(size + page_size, heads, head_dim)``; hybrid SWA two
+such pools (full layers, sliding-window layers), each with its own owner in one process.
+
+The spans are re-derived here from ``reference/README.md``'s formulas, written independently of
+``kvvmm.layout``: rows(n) = ceil(max(n, 0) / tokens_per_row); prefix = rows(n) * row_bytes;
+final = rows(n + page_size) * row_bytes; each backed rounded up to the granularity (the seed's
+``commit_range`` aligns every want up).
+"""
+
+from __future__ import annotations
+
+import pickle
+import sys
+import types
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from kvvmm.driver import FaultyDriver  # noqa: E402
+from kvvmm.errors import (  # noqa: E402
+    ArgumentError,
+    BusyError,
+    ClosedError,
+    DriverError,
+    DriverOutOfMemoryError,
+    KvvmmError,
+    OutOfRangeError,
+)
+from kvvmm.integrations import sglang  # noqa: E402
+from kvvmm.integrations.sglang import KvBufferDesc, KvVmmBufferOwner, KvVmmError  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
+                                reason="the host driver needs Linux")
+
+GRAN = 2 << 20  # the test host driver's granularity (conftest: 2 MiB, as on an H200)
+PAGE = 16
+ITEMSIZE = 2  # bfloat16
+
+
+class SglDesc:
+    """What SGLang hands the owner: an object with four fields (no kvvmm type, no methods)."""
+
+    def __init__(self, name: str, shape: tuple[int, ...], row_bytes: int,
+                 tokens_per_row: int) -> None:
+        self.name, self.shape = name, shape
+        self.row_bytes, self.tokens_per_row = row_bytes, tokens_per_row
+
+
+def mha_descs(layers: int, size: int, heads: int = 2, head_dim: int = 64,
+              prefix: str = "") -> list[SglDesc]:
+    """SGLang's MHATokenToKVPool layout: k0..k(L-1) then v0..v(L-1), (size + page, H, D)."""
+    row = heads * head_dim * ITEMSIZE
+    return [SglDesc(f"{prefix}{kv}{i}", (size + PAGE, heads, head_dim), row, 1)
+            for kv in "kv" for i in range(layers)]
+
+
+def rows(n: int, tokens_per_row: int) -> int:
+    return -(-max(n, 0) // tokens_per_row)
+
+
+def up(n: int) -> int:
+    return -(-n // GRAN) * GRAN
+
+
+def seed_prefix_backed(descs: list[SglDesc], n: int) -> int:
+    return sum(up(rows(n, d.tokens_per_row) * d.row_bytes) for d in descs)
+
+
+def seed_final_backed(descs: list[SglDesc], n: int) -> int:
+    return sum(up(rows(n + PAGE, d.tokens_per_row) * d.row_bytes) for d in descs)
+
+
+def build(make_driver: Callable[..., Any], descs: list[SglDesc], size: int,
+          **kw: Any) -> KvVmmBufferOwner:
+    return KvVmmBufferOwner(device="cpu", device_id=0, store_dtype=torch.bfloat16,
+                            page_size=PAGE, reserved_num_tokens=size, buffer_descs=descs,
+                            driver=kw.pop("driver", None) or make_driver("host"), **kw)
+
+
+def budget_tokens(budget_bytes: int, per_token_bytes: int) -> int:
+    """How SGLang turns a memory budget into a pool size: whole pages that fit."""
+    return budget_bytes // per_token_bytes // PAGE * PAGE
+
+
+def test_sglangs_mha_sequence_backs_the_seeds_spans_with_stable_pointers_and_contents(
+        make_driver: Callable[..., Any]) -> None:
+    size = 20_000
+    descs = mha_descs(layers=3, size=size)
+    own = build(make_driver, descs, size)
+    # Tensors: descs order, upper-bound shapes, the store dtype.
+    assert [tuple(t.shape) for t in own.tensors] == [d.shape for d in descs]
+    assert all(t.dtype == torch.bfloat16 for t in own.tensors)
+    # Slot 0 (one page) backed by construction, as the seed's ensure_prefix(page_size).
+    assert own.backed_bytes == seed_prefix_backed(descs, PAGE)
+    ptrs = [t.data_ptr() for t in own.tensors]
+    for i, t in enumerate(own.tensors):  # capture's dummy writes land in slot 0
+        t[0].fill_(i + 1)
+
+    per_token = own.bytes_per_token()
+    assert per_token == sum(d.row_bytes for d in descs)
+    final = budget_tokens(8 * GRAN, per_token)
+    own.finalize(final)
+    assert own.final_num_tokens == final
+    assert own.backed_bytes == seed_final_backed(descs, final)
+    assert [t.data_ptr() for t in own.tensors] == ptrs  # graphs keep their addresses
+    for i, t in enumerate(own.tensors):
+        assert bool((t[0] == i + 1).all())  # slot 0 survived finalize
+        t[: final + PAGE] = float(i + 10)  # every final slot is writable (padded page too)
+    assert all(bool((t[final + PAGE - 1] == i + 10).all()) for i, t in enumerate(own.tensors))
+
+    own.ensure_prefix(final)  # already backed: nothing to do
+    assert own.backed_bytes == seed_final_backed(descs, final)
+    own.ensure_prefix(size)
+    assert own.backed_bytes == seed_prefix_backed(descs, size)
+    assert own.backed_tokens == size
+    del t  # the loop's last tensor: kvvmm's close waits for every live tensor
+    own.close()
+    assert own.tensors == [] and own.backed_bytes == 0 and own.released
+
+
+def test_hybrid_swa_pools_are_two_owners_in_one_process_each_finalized_to_its_budget(
+        make_driver: Callable[..., Any]) -> None:
+    drv = make_driver("host")
+    full_size, swa_size = 12_000, 3_000
+    full, swa = mha_descs(2, full_size, prefix="full_"), mha_descs(4, swa_size, prefix="swa_")
+    owners = [build(make_driver, full, full_size, driver=drv, name="full"),
+              build(make_driver, swa, swa_size, driver=drv, name="swa")]
+    ptrs = [[t.data_ptr() for t in o.tensors] for o in owners]
+    for o, descs, size in zip(owners, (full, swa), (full_size, swa_size), strict=True):
+        n = min(budget_tokens(4 * GRAN, o.bytes_per_token()), size)
+        o.finalize(n)
+        assert o.backed_bytes == seed_final_backed(descs, n)
+        for t in o.tensors:
+            t[: n + PAGE] = 3.0
+    assert [[t.data_ptr() for t in o.tensors] for o in owners] == ptrs
+    # The two arenas do not overlap: one process, two reservations.
+    a, b = (o.snapshot().arena for o in owners)
+    assert a.base + a.reserved_bytes <= b.base or b.base + b.reserved_bytes <= a.base
+    del t  # the loop's last tensor: kvvmm's close waits for every live tensor
+    for o in owners:
+        o.close()
+    assert all(o.released for o in owners)
+
+
+def test_ensure_prefix_accepts_up_to_reserved_num_tokens_and_refuses_more_as_a_value_error(
+        make_driver: Callable[..., Any]) -> None:
+    size = 4_000
+    own = build(make_driver, mha_descs(1, size), size)
+    own.ensure_prefix(0)
+    own.ensure_prefix(size)
+    backed = own.backed_bytes
+    # The seed would take size + PAGE here (its bound is the tensor's bytes); kvvmm stops at
+    # the capacity: the padded page is finalize's.
+    with pytest.raises(OutOfRangeError) as e:
+        own.ensure_prefix(size + 1)
+    assert isinstance(e.value, ValueError) and str(size) in str(e.value)
+    with pytest.raises(ValueError):
+        own.finalize(PAGE - 1)  # the seed's bound: page_size <= n <= reserved
+    with pytest.raises(ValueError):
+        own.finalize(size + 1)
+    assert own.backed_bytes == backed  # nothing committed by a refused call
+    own.close()
+
+
+def test_release_beyond_gives_back_whole_mappings_past_the_final_span_of_n_tokens(
+        make_driver: Callable[..., Any]) -> None:
+    size = 20_000
+    descs = mha_descs(2, size)
+    own = build(make_driver, descs, size)
+    own.finalize(size)
+    full = own.backed_bytes
+    given = own.release_beyond(PAGE)
+    # Exact growth: slot 0's one-granule handle, then one handle per extension; the
+    # extension lies wholly past final_span(PAGE) and goes, the first handle stays.
+    assert own.backed_bytes == seed_final_backed(descs, PAGE) == len(descs) * GRAN
+    assert given == full - own.backed_bytes
+    assert own.backed_tokens == GRAN // descs[0].row_bytes
+    assert own.release_beyond(PAGE) == 0  # idempotent
+    own.ensure_prefix(size)  # backs again after a release
+    assert own.backed_bytes == seed_prefix_backed(descs, size)
+    with pytest.raises(ValueError):
+        own.release_beyond(0)  # slot 0 stays: graphs write it
+    own.close()
+
+
+def test_seed_runtime_errors_reach_sglang_as_runtime_error_and_keep_their_kvvmm_type(
+        make_driver: Callable[..., Any]) -> None:
+    size = 20_000
+    faulty = FaultyDriver(make_driver("host"))
+    own = build(make_driver, mha_descs(1, size), size, driver=faulty)
+    backed = own.backed_bytes
+    faulty.arm({"create": 1})
+    with pytest.raises(RuntimeError) as e:
+        own.finalize(size)
+    err = e.value
+    assert isinstance(err, DriverOutOfMemoryError) and isinstance(err, DriverError)
+    assert isinstance(err, KvvmmError) and isinstance(err, KvVmmError)
+    assert err.cuda_error == "CUDA_ERROR_OUT_OF_MEMORY" and err.call == "create"
+    assert isinstance(err.__cause__, DriverOutOfMemoryError)
+    assert not isinstance(err.__cause__, RuntimeError)  # the original, kept as the cause
+    assert own.backed_bytes == backed  # the failed finalize undid itself
+    # The twin crosses processes like the original (tp spawns workers).
+    again = pickle.loads(pickle.dumps(err))
+    assert type(again) is type(err) and again.call_args == err.call_args
+    own.close()
+    with pytest.raises(RuntimeError) as e2:
+        own.ensure_prefix(PAGE)
+    assert isinstance(e2.value, ClosedError)
+
+
+def test_close_with_a_live_tensor_waits_for_it_and_close_wait_times_out_with_busy_error(
+        make_driver: Callable[..., Any]) -> None:
+    size = 4_000
+    own = build(make_driver, mha_descs(1, size), size)
+    held = own.tensors[0][:8]  # SGLang's pool keeps its k_buffer views
+    held.fill_(1.0)
+    assert own.close() is False  # the seed would unmap under `held` here
+    assert own.tensors == [] and not own.released and own.live_tensors >= 1
+    assert float(held.sum()) == 8 * 2 * 64  # still backed: no fault
+    with pytest.raises(RuntimeError) as e:
+        own.close(wait=True, timeout=0.02)
+    assert isinstance(e.value, BusyError) and "0.02" in str(e.value)
+    del held
+    assert own.close(wait=True, timeout=5.0) is True
+    assert own.released and own.close() is True  # idempotent
+
+
+def test_sglang_descriptors_are_read_duck_typed_and_a_missing_field_is_named(
+        make_driver: Callable[..., Any]) -> None:
+    class NoRows:
+        name, shape, row_bytes = "k0", (32, 2, 64), 256
+
+    with pytest.raises(ArgumentError, match="tokens_per_row"):
+        build(make_driver, [NoRows()], 16)  # type: ignore[list-item]
+    # Descriptors disagreeing with the dtype: the seed would back fewer bytes than the rows.
+    with pytest.raises(ValueError, match=r"row_bytes|dtype"):
+        build(make_driver, [SglDesc("k0", (32, 2, 64), 128, 1)], 16)
+    # A CUDA device string is required without driver=: no silent fallback to the host.
+    with pytest.raises(ArgumentError, match="device"):
+        KvVmmBufferOwner(device="cpu", device_id=0, store_dtype=torch.bfloat16,
+                         page_size=PAGE, reserved_num_tokens=16,
+                         buffer_descs=mha_descs(1, 16))
+
+
+def test_page_major_descs_back_whole_pages_and_item_len_is_one_page_of_a_buffer(
+        make_driver: Callable[..., Any]) -> None:
+    pages, heads, dim = 600, 2, 64
+    row = PAGE * heads * dim * ITEMSIZE
+    descs = [SglDesc(f"kv{i}", (pages, PAGE, heads, dim), row, PAGE) for i in range(2)]
+    size = (pages - 1) * PAGE  # one page is the padded one
+    own = build(make_driver, descs, size)
+    own.finalize(1000)
+    assert own.backed_bytes == seed_final_backed(descs, 1000)
+    assert own.bytes_per_token() == 2 * heads * dim * ITEMSIZE
+    own.close()
+    # item_len_bytes(page) = row_bytes * page_size / tokens_per_row (one page of the buffer).
+    assert KvBufferDesc("kv0", (pages, PAGE, heads, dim), row, PAGE).item_len_bytes(PAGE) == row
+    tok = KvBufferDesc("k0", (size + PAGE, heads, dim), heads * dim * ITEMSIZE, 1)
+    assert tok.item_len_bytes(PAGE) == PAGE * heads * dim * ITEMSIZE
+    assert tok.prefix_span_bytes(17, PAGE) == 17 * heads * dim * ITEMSIZE
+    with pytest.raises(ArgumentError):
+        KvBufferDesc("kv0", (pages, PAGE, heads, dim), row, PAGE).item_len_bytes(8)
+
+
+def test_install_makes_sglangs_import_resolve_to_kvvmm_and_uninstall_puts_back_what_was_there(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    name = sglang.SGLANG_MODULE
+    monkeypatch.delitem(sys.modules, name, raising=False)
+    try:
+        res = sglang.install()
+        assert res.status == "installed" and name in str(res)
+        assert sglang.install().status == "already"
+        # What SGLang's memory_pool.py does; works whether or not sglang is installed.
+        from sglang.srt.mem_cache.kv_vmm_backing import (  # type: ignore[import-not-found]
+            KvVmmBufferOwner as Imported,
+        )
+        assert Imported is KvVmmBufferOwner
+    finally:
+        assert sglang.uninstall()
+    assert name not in sys.modules
+    assert not sglang.uninstall()
+
+
+def test_install_after_the_seed_was_imported_replaces_it_and_warns(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    name = sglang.SGLANG_MODULE
+    seed = types.ModuleType(name)  # stands for the seed module SGLang imported first
+    parent = types.ModuleType(name.rpartition(".")[0])
+    parent.kv_vmm_backing = seed  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, name, seed)
+    monkeypatch.setitem(sys.modules, parent.__name__, parent)
+    with pytest.warns(RuntimeWarning, match="imported before"):
+        res = sglang.install()
+    assert res.status == "replaced"
+    assert sys.modules[name] is sglang and parent.kv_vmm_backing is sglang  # type: ignore[attr-defined]
+    assert sglang.uninstall()
+    assert sys.modules[name] is seed and parent.kv_vmm_backing is seed  # type: ignore[attr-defined]
