@@ -131,8 +131,14 @@ def _cmd_lab(args: argparse.Namespace, launch: Launcher, gpu_probe: GpuProbe) ->
         _err("lab", "no notebooks folder found: run this in the kvvmm repository (it has "
                     "notebooks/) or pass --notebooks DIR")
         return 2
-    argv, env = lab_command(args, notebooks, gpu_probe)
-    print(f"kvvmm lab: {DRIVER_ENV}={env[DRIVER_ENV]}, notebooks in {notebooks}", flush=True)
+    # JupyterLab autosaves whatever it opens: it opens working copies in an ignored folder,
+    # so using the lab never changes a tracked notebook (a user's edits stay in the copies).
+    from kvvmm.workspace import prepare_workspace
+
+    work = prepare_workspace(notebooks)
+    argv, env = lab_command(args, work, gpu_probe)
+    print(f"kvvmm lab: {DRIVER_ENV}={env[DRIVER_ENV]}, working copies of {notebooks} in "
+          f"{work} (git ignores them; delete one to get the current version back)", flush=True)
     return launch(argv, env)
 
 

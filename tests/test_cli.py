@@ -249,7 +249,7 @@ def test_lab_opens_jupyterlab_on_the_notebooks_with_the_sim_driver_without_a_gpu
                     gpu_probe=lambda: False) == 0
     ((argv, env),) = launch.calls
     assert argv[1:4] == ["-m", "jupyter", "lab"]
-    assert f"--ServerApp.root_dir={ROOT / 'notebooks'}" in argv
+    assert f"--ServerApp.root_dir={ROOT / 'notebooks' / '.work'}" in argv
     assert "--ServerApp.port=8899" in argv and "--no-browser" in argv
     assert "--LabApp.default_url=/lab/tree/01_tour.ipynb" in argv
     assert env["KVVMM_DRIVER"] == "sim"
@@ -284,6 +284,20 @@ def test_lab_without_a_notebooks_folder_exits_2(
     assert cli.main(["lab", "--notebooks", str(tmp_path / "nope")], launch=launch,
                     gpu_probe=lambda: False) == 2
     assert launch.calls == [] and "no notebooks folder" in capsys.readouterr().err
+
+
+def test_lab_opens_working_copies_in_an_ignored_folder_and_never_the_tracked_notebooks(
+    tmp_path: Path,
+) -> None:
+    nbs = tmp_path / "notebooks"
+    nbs.mkdir()
+    (nbs / "01_tour.ipynb").write_text("{}", encoding="utf-8")
+    launch = _Launch()
+    assert cli.main(["lab", "--notebooks", str(nbs)], launch=launch,
+                    gpu_probe=lambda: False) == 0
+    (argv, _env), = launch.calls
+    assert f"--ServerApp.root_dir={nbs / '.work'}" in argv
+    assert (nbs / ".work" / "01_tour.ipynb").read_text(encoding="utf-8") == "{}"
 
 
 def test_the_notebooks_are_found_from_the_repository_or_below_it(tmp_path: Path) -> None:

@@ -29,7 +29,8 @@ a create past free memory (CUDA_ERROR_OUT_OF_MEMORY).
 Cost: kvvmm's bookkeeping sits on the hot path, so it is kept to a handle record, one dict
 entry per mapping and a cached "last reservation" range (the shared
 :class:`~kvvmm.driver.base.VmmBook` would cost more than the raw ``cuMemMap`` itself). Even
-so, in Python map and unmap miss the 1.1x target (docs/MEASUREMENTS.md §2), so create, map, set access (own device), unmap and release run in C when the package's one
+so, in Python map and unmap miss the 1.1x target (docs/MEASUREMENTS.md §2), so create, map,
+set access (own device), unmap and release run in C when the package's one
 extension is built (``_cudafast.c``, CPython's limited API; it links to nothing: the
 addresses of libcuda's entry points are looked up here, in the libcuda cuda-python loaded).
 It does the same checks on the same dicts and takes only the common, valid case; anything
@@ -41,12 +42,12 @@ because C skips cuda-python's own wrapper (docs/MEASUREMENTS.md §2).
 Unmap synchronizes the context first: unmapping VA that a running kernel still reads or
 writes is an illegal-address fault that kills the context. A synchronize while any stream of
 the context is capturing a CUDA graph fails *and invalidates that capture*, even with the
-thread's capture mode relaxed (docs/MEASUREMENTS.md §6). So an unmap first looks for a capture on torch's
-current stream of this driver's device (when the process uses torch) and on blocking streams
-(the legacy stream's query), and refuses with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED without
-touching anything: **unmap during CUDA graph capture is refused**; decommit after the capture
-ends. A capture on some other non-blocking stream is not seen; the synchronize then
-invalidates it.
+thread's capture mode relaxed (docs/MEASUREMENTS.md §6). So an unmap first looks for a
+capture on torch's current stream of this driver's device (when the process uses torch) and
+on blocking streams (the legacy stream's query), and refuses with
+CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED without touching anything: **unmap during CUDA graph
+capture is refused**; decommit after the capture ends. A capture on some other non-blocking
+stream is not seen; the synchronize then invalidates it.
 
 The VMM calls need no current context; the synchronize and ``cuMemGetInfo`` do, and run with
 this device's primary context pushed when another (or none) is current on the calling thread.
