@@ -141,6 +141,7 @@ def test_bytes_written_after_finalize_read_back_intact_on_the_host_driver() -> N
         assert torch.equal(t[:30_016], x)
     # Memory beyond the backed spans exists nowhere: the driver holds exactly what is backed.
     assert drv.stats().physical_bytes == owner.backed_bytes
+    del t  # the loop's last tensor: a live view pins the VA, and drv.close() would refuse
     owner.close()
     drv.close()
     assert drv.stats().clean

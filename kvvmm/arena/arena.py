@@ -703,12 +703,20 @@ class Arena:
             ClosedError: after ``close()``.
         """
         self._check_open("lease")
+        # A driver that can crash under a live view (host, CUDA) refuses close() and free()
+        # of a pinned reservation: one pin per lease, dropped as the lease ends.
+        pin = getattr(self.driver, "pin", None)
+        if pin is not None:
+            pin(self.base)
         self._views += 1
         return ViewLease(self, self._view_gone)
 
     @_locked
     def _view_gone(self) -> None:
         self._views -= 1
+        unpin = getattr(self.driver, "unpin", None)
+        if unpin is not None and not self._released:
+            unpin(self.base)
         if self._dropping_pool:
             return
         if self._closed and not self._released and self._views == 0:

@@ -157,3 +157,15 @@ class FaultyDriver:
     def import_handle(self, fd: int, size: int) -> int:
         self._gate("import_handle", {"fd": fd, "size": size})  # a refused fd stays the caller's
         return self.inner.import_handle(fd, size)
+
+    def pin(self, va: int) -> None:
+        """Pass a view's pin on to the wrapped driver (drivers without pins ignore it)."""
+        pin = getattr(self.inner, "pin", None)
+        if pin is not None:
+            pin(va)
+
+    def unpin(self, va: int) -> None:
+        """Drop a pin on the wrapped driver (see :meth:`pin`)."""
+        unpin = getattr(self.inner, "unpin", None)
+        if unpin is not None:
+            unpin(va)

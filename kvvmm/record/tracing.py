@@ -103,4 +103,16 @@ class TracingDriver:
         return int(self._call("import_handle", {"fd": fd, "size": size},
                               self.inner.import_handle, fd, size))
 
+    def pin(self, va: int) -> None:
+        """Pass a view's pin on to the wrapped driver (drivers without pins ignore it)."""
+        pin = getattr(self.inner, "pin", None)
+        if pin is not None:
+            pin(va)
+
+    def unpin(self, va: int) -> None:
+        """Drop a pin on the wrapped driver (see :meth:`pin`)."""
+        unpin = getattr(self.inner, "unpin", None)
+        if unpin is not None:
+            unpin(va)
+
 
