@@ -40,6 +40,7 @@ from kvvmm.errors import (
     ReservationExhaustedError,
     TraceFormatError,
     UnknownDtypeError,
+    WorkloadFormatError,
 )
 from kvvmm.layout import KvBufferDesc, mha_token_major, mla, page_major
 from kvvmm.owner import KvBufferOwner
@@ -96,6 +97,7 @@ __all__ = [
     "TraceFormatError",
     "TracingDriver",
     "UnknownDtypeError",
+    "WorkloadFormatError",
     "mha_token_major",
     "mla",
     "open_driver",

@@ -46,7 +46,7 @@ class ArgumentError(KvvmmError, ValueError):
         self.value = value
         self.limit = limit
         self.detail = detail
-        msg = f"{name}={value!r} is invalid: must be {limit}"
+        msg = f"{name}={_show_value(value)} is invalid: must be {limit}"
         if detail:
             msg += f" ({detail})"
         super().__init__(msg)
@@ -154,7 +154,8 @@ class DriverArgumentError(ArgumentError, DriverError):
         self.limit = limit
         self.detail = f"{call}() refused it: {detail or 'CUDA_ERROR_INVALID_VALUE'}"
         # Not super().__init__: ArgumentError's would hand the message to DriverError's.
-        Exception.__init__(self, f"{name}={value!r} is invalid: must be {limit} ({self.detail})")
+        Exception.__init__(
+            self, f"{name}={_show_value(value)} is invalid: must be {limit} ({self.detail})")
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.call, self.name, self.value, self.limit, self.reason),
@@ -170,6 +171,21 @@ class WorkloadFormatError(KvvmmError, ValueError):
 
     Fix or drop that row of the file; nothing was loaded.
     """
+
+
+def _show_value(value: object) -> str:
+    """``repr(value)`` for a message, safe and short for any value a caller can pass.
+
+    ``repr`` of an int past 4300 digits raises ValueError, and a huge value or a hostile
+    ``__repr__`` must not turn a clear refusal into another error.
+    """
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 128:
+        return f"<an int of {value.bit_length()} bits>"
+    try:
+        text = repr(value)
+    except Exception:  # a broken __repr__ is the caller's; the refusal still says what it was
+        return f"<a {type(value).__name__}>"
+    return text if len(text) <= 200 else text[:197] + "..."
 
 
 def _show_int(key: str, value: int) -> str:

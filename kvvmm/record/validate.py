@@ -222,7 +222,10 @@ def check_meta(meta: object) -> None:
                 if not isinstance(k, str):
                     raise TraceFormatError(f"{path} has a key that is not a string: {show(k)}")
                 _unicode("meta", f"{path} key {show(k)}", k)
-                stack.append((f"{path}.{k}", x, depth + 1))
+                # A key is the user's text: name it as a quoted index unless it is a plain
+                # word, so a newline in a key cannot break the one-line message.
+                seg = f".{k}" if k.isidentifier() else f"[{show(k)}]"
+                stack.append((f"{path}{seg}", x, depth + 1))
         elif isinstance(v, (list, tuple)):
             stack.extend((f"{path}[{j}]", x, depth + 1) for j, x in enumerate(v))
         elif isinstance(v, str):
