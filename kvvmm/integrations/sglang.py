@@ -374,8 +374,9 @@ class KvVmmBufferOwner:
         while not self.released:
             if deadline is not None and time.monotonic() >= deadline:
                 raise BusyError(
-                    f"close(wait=True, timeout={timeout}): {self.live_tensors} tensors over "
-                    f"arena {self.owner.arena.name!r} are still alive after {timeout} s; "
+                    f"close(wait=True, timeout={timeout}): tensors over arena "
+                    f"{self.owner.arena.name!r} still alive after {timeout} s: "
+                    f"{self.live_tensors}; "
                     "drop them (the pool's buffers, captured graphs' inputs) and the memory "
                     "is given back when the last goes")
             time.sleep(0.005)

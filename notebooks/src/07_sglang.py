@@ -1,0 +1,162 @@
+# %% [markdown]
+# # 07 · SGLang: swap one import, keep SGLang's calls
+#
+# SGLang sizes its KV pool after CUDA-graph capture with `KvVmmBufferOwner` from its
+# `kv_vmm_backing.py` (**the seed**). `kvvmm.integrations.sglang` offers the same class, with
+# the same keyword constructor and calls, on kvvmm's owner: no C++ stub compiled per arena
+# (the seed builds one, ~16-18 s each on an H200), every multi-step change undone on failure,
+# a close that waits for the last live tensor, and an owner the lab can draw.
+#
+# The swap is one line, before SGLang builds its pool:
+#
+# ```python
+# import kvvmm.integrations.sglang as k; k.install()
+# ```
+#
+# (or launch the server with `python -m kvvmm.integrations.sglang_launch sglang.launch_server
+# ...`, so the worker processes SGLang spawns get it too). After it, SGLang's own
+# `from sglang.srt.mem_cache.kv_vmm_backing import KvVmmBufferOwner` finds kvvmm's class.
+
+# %%
+import os
+
+import kvvmm
+import kvvmm.integrations.sglang as k
+from kvvmm.units import fmt_bytes
+from kvvmm.viz import describe, va_map
+
+k.install()  # the one line
+
+# %%
+from sglang.srt.mem_cache.kv_vmm_backing import KvVmmBufferOwner  # SGLang's own line
+
+print("SGLang's import gives kvvmm's class:", KvVmmBufferOwner is k.KvVmmBufferOwner)
+
+# `kvvmm lab` sets KVVMM_DRIVER (cuda on a GPU machine). Without it, and under nbval, this
+# notebook runs on the simulator, whose addresses are deterministic.
+DRIVER = os.environ.get("KVVMM_DRIVER", "sim")
+
+
+def open_driver() -> kvvmm.Driver:
+    """A fresh driver of the chosen kind (the sim one simulates an H200)."""
+    return kvvmm.open_driver(DRIVER, **({"profile": "h200"} if DRIVER == "sim" else {}))
+
+# %% [markdown]
+# ## 1. SGLang's descriptors, SGLang's constructor
+#
+# SGLang describes each KV buffer with an object of four fields: `name`, `shape`,
+# `row_bytes`, `tokens_per_row`. The adapter reads exactly those (duck-typed), so SGLang's own
+# objects pass as they are; `SglDesc` below stands for them. MHA: one K and one V buffer per
+# layer, token-major, `(size + page_size, kv_heads, head_dim)`: the extra page absorbs the
+# dummy writes CUDA-graph capture sends to slot 0.
+#
+# On a GPU SGLang passes `device="cuda"` and kvvmm opens its CUDA driver on `device_id`;
+# `driver=` (a kvvmm extension) runs the same class on any driver, here the simulator.
+
+# %%
+class SglDesc:
+    """SGLang's KvBufferDesc as the adapter sees it: four fields, nothing else."""
+
+    def __init__(self, name, shape, row_bytes, tokens_per_row):
+        self.name, self.shape = name, shape
+        self.row_bytes, self.tokens_per_row = row_bytes, tokens_per_row
+
+
+LAYERS, KV_HEADS, HEAD_DIM, PAGE = 4, 8, 128, 16
+SIZE = 262_144  # reserved_num_tokens: the most tokens the pool can ever serve
+ROW = KV_HEADS * HEAD_DIM * 2  # bfloat16: bytes of one token of one buffer
+descs = [SglDesc(f"{kv}{i}", (SIZE + PAGE, KV_HEADS, HEAD_DIM), ROW, 1)
+         for kv in "kv" for i in range(LAYERS)]
+
+drv = open_driver()
+pool = KvVmmBufferOwner(device="cuda", device_id=0, store_dtype="bfloat16", page_size=PAGE,
+                        reserved_num_tokens=SIZE, buffer_descs=descs, driver=drv)
+ptrs = [t.data_ptr() for t in pool.tensors]
+print(f"{len(pool.tensors)} tensors of shape {tuple(pool.tensors[0].shape)}; backed after "
+      f"construction (slot 0): {fmt_bytes(pool.backed_bytes)}; "
+      f"{pool.bytes_per_token()} bytes per token")
+
+# %% [markdown]
+# ## 2. What the lab sees
+#
+# The adapter is a `KvBufferOwner` underneath: `snapshot()` is the frozen record every lab
+# view draws. After CUDA-graph capture SGLang knows its budget and calls `finalize(n)`:
+# each buffer's final span (n tokens plus the padded page) is backed, with `Exact()` growth,
+# one handle per extension, as the seed does.
+
+# %%
+BUDGET_BYTES = 1 << 30  # what is left after weights, activations and graphs
+n = BUDGET_BYTES // pool.bytes_per_token() // PAGE * PAGE
+pool.finalize(n)
+assert [t.data_ptr() for t in pool.tensors] == ptrs  # captured graphs keep their addresses
+print(f"finalize({n}): {fmt_bytes(pool.backed_bytes)} backed, "
+      f"{pool.backed_tokens} tokens usable with nothing more to back")
+print(describe(pool.snapshot()))
+
+# %% tags=["nbval-ignore-output"]
+va_map(pool.snapshot())
+
+# %% [markdown]
+# ## 3. The later upstream calls, and errors SGLang catches
+#
+# `release_beyond(n)` gives back whole mappings past the final span of `n` tokens (kvvmm's
+# shrink); `ensure_prefix(n)` backs again. A driver failure reaches SGLang as the
+# `RuntimeError` it catches, and stays the kvvmm error it is (`DriverOutOfMemoryError`,
+# with the call and the CUDA error name), undone before it is raised.
+
+# %%
+given = pool.release_beyond(PAGE)
+print(f"release_beyond({PAGE}): gave back {fmt_bytes(given)}; "
+      f"{fmt_bytes(pool.backed_bytes)} stay (slot 0's handles)")
+
+faulty = kvvmm.FaultyDriver(open_driver())
+small = KvVmmBufferOwner(device="cuda", device_id=0, store_dtype="bfloat16", page_size=PAGE,
+                         reserved_num_tokens=SIZE, buffer_descs=descs, driver=faulty,
+                         name="faulty")
+faulty.arm({"create": 1})
+try:
+    small.finalize(n)
+except RuntimeError as e:  # what SGLang catches
+    caught = e
+print(type(caught).__name__, "is a RuntimeError:", isinstance(caught, RuntimeError),
+      "and a kvvmm DriverError:", isinstance(caught, kvvmm.DriverError))
+print(caught)
+print(f"after the failed finalize: {fmt_bytes(small.backed_bytes)} backed (as before)")
+
+# %% [markdown]
+# ## 4. Close
+#
+# The seed unmaps at once, even under a tensor SGLang still holds (its pool's `k_buffer`):
+# the next touch is an illegal address. kvvmm drops the owner's tensors and gives the memory
+# back when the last one goes; `close(wait=True, timeout=...)` waits for that, `released`
+# says whether it happened. The simulator's tensors are `meta` tensors that reach no memory,
+# so its owners give back at once: this part runs on the host driver (Linux), whose tensors
+# hold real bytes.
+
+# %%
+small.close()
+pool.close()
+host = kvvmm.open_driver("host")
+hpool = KvVmmBufferOwner(device="cpu", device_id=0, store_dtype="bfloat16", page_size=PAGE,
+                         reserved_num_tokens=4096, buffer_descs=[
+                             SglDesc(f"{kv}0", (4096 + PAGE, KV_HEADS, HEAD_DIM), ROW, 1)
+                             for kv in "kv"], driver=host)
+held = hpool.tensors[0][:PAGE]  # as SGLang's pool keeps its k_buffer
+held.fill_(1.0)
+print("released with a tensor held:", hpool.close(), f"({hpool.live_tensors} live)")
+print("its bytes are still there:", float(held.sum()))
+try:
+    hpool.close(wait=True, timeout=0.05)
+except RuntimeError as e:  # BusyError, a RuntimeError for SGLang
+    print(type(e).__name__ + ":", str(e).split(";")[0])
+del held
+print("released after it goes:", hpool.close(wait=True, timeout=5.0))
+host.close()
+k.uninstall()
+
+# %%
+# The notebook's claims, checked.
+assert pool.released and small.released and hpool.released and pool.backed_bytes == 0
+assert isinstance(caught, RuntimeError) and isinstance(caught, kvvmm.DriverOutOfMemoryError)
+assert n == 65_536 and given > 0
+assert drv.stats().clean and faulty.inner.stats().clean
