@@ -1,0 +1,72 @@
+"""Workloads: request traces, a fitted generator, a serving model and memory strategies.
+
+Replay a trace (or a generated workload) through a continuous-batching serving model and a
+memory strategy that drives a real :class:`~kvvmm.owner.KvBufferOwner` on any driver, and
+compare strategies: memory held against used over time, driver calls and the decode-path
+stall they cost, preemptions. See :func:`~kvvmm.workload.run.run_workload`.
+"""
+
+from __future__ import annotations
+
+from kvvmm.workload.generator import WorkloadFit, azure_conv_fit, fit_workload, generate
+from kvvmm.workload.requests import (
+    Request,
+    Workload,
+    load_azure_csv,
+    load_jsonl,
+    load_workload,
+    save_jsonl,
+)
+from kvvmm.workload.run import (
+    RunSetup,
+    StrategyResult,
+    Timeline,
+    WorkloadComparison,
+    run_workload,
+)
+from kvvmm.workload.serving import (
+    SLOT_ORDERS,
+    ServingConfig,
+    ServingModel,
+    ServingStats,
+    SlotAllocator,
+    StepTimeModel,
+)
+from kvvmm.workload.strategies import (
+    STRATEGIES,
+    PostCaptureFinalize,
+    PrefixGrowth,
+    Static,
+    Strategy,
+    make_strategy,
+)
+
+__all__ = [
+    "SLOT_ORDERS",
+    "STRATEGIES",
+    "PostCaptureFinalize",
+    "PrefixGrowth",
+    "Request",
+    "RunSetup",
+    "ServingConfig",
+    "ServingModel",
+    "ServingStats",
+    "SlotAllocator",
+    "Static",
+    "StepTimeModel",
+    "Strategy",
+    "StrategyResult",
+    "Timeline",
+    "Workload",
+    "WorkloadComparison",
+    "WorkloadFit",
+    "azure_conv_fit",
+    "fit_workload",
+    "generate",
+    "load_azure_csv",
+    "load_jsonl",
+    "load_workload",
+    "make_strategy",
+    "run_workload",
+    "save_jsonl",
+]

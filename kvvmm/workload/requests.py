@@ -1,0 +1,223 @@
+"""Request traces: what a serving engine was asked, one frozen record per request.
+
+Two formats load into the same :class:`Request` records:
+
+- Azure's LLM inference trace CSV (``TIMESTAMP,ContextTokens,GeneratedTokens``; TIMESTAMP a
+  datetime such as ``2023-11-16 18:15:46.6805900``, 7 fractional digits), as published in the
+  Azure Public Dataset (``AzureLLMInferenceTrace_conv.csv``: github.com/Azure/AzurePublicDataset,
+  CC-BY 4.0; Patel et al., "Splitwise: Efficient generative LLM inference using phase
+  splitting", ISCA 2024). kvvmm does not ship it: download it from there.
+- JSONL: one object per line, ``{"arrival_s": 0.5, "prompt_tokens": 812, "output_tokens": 96,
+  "prefix_id": "sys-a"}`` (``prefix_id`` optional: requests sharing one share a prompt prefix).
+
+A bad row is refused whole with :class:`~kvvmm.errors.WorkloadFormatError` naming its row
+(1-based, counting the header of a CSV as row 1, as a spreadsheet does) and the field.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+from kvvmm.errors import WorkloadFormatError
+
+__all__ = ["AZURE_COLUMNS", "Request", "Workload", "load_azure_csv", "load_jsonl",
+           "load_workload", "save_jsonl"]
+
+#: The Azure trace's columns, in order.
+AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """One request of a trace."""
+
+    arrival_s: float  #: arrival, seconds from the trace's first request (>= 0)
+    prompt_tokens: int  #: prompt (context) tokens, >= 1
+    output_tokens: int  #: tokens generated, >= 1
+    prefix_id: str | None = None  #: requests with one id share a prompt prefix; None: none
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """Requests in arrival order, and where they came from."""
+
+    requests: tuple[Request, ...]
+    source: str  #: a path, or the generator and its seed
+
+    def __len__(self) -> int:
+        return len(self.requests)
+
+    @property
+    def duration_s(self) -> float:
+        """Seconds from the first arrival to the last."""
+        return self.requests[-1].arrival_s - self.requests[0].arrival_s if self.requests else 0.0
+
+    def first(self, seconds: float) -> Workload:
+        """The requests arriving in the first ``seconds`` of the trace."""
+        if not (isinstance(seconds, (int, float)) and seconds > 0):
+            raise WorkloadFormatError(f"seconds={seconds!r} is invalid: must be a number > 0")
+        return Workload(tuple(r for r in self.requests if r.arrival_s < seconds),
+                        f"{self.source} (first {seconds:g} s)")
+
+
+def _int_field(row: int, field: str, text: object) -> int:
+    try:
+        value = int(str(text).strip())
+    except ValueError:
+        raise WorkloadFormatError(
+            f"row {row}: {field}={text!r} is invalid: must be an int >= 1 (tokens)") from None
+    if value < 1:
+        raise WorkloadFormatError(f"row {row}: {field}={value} is invalid: must be >= 1 (tokens)")
+    return value
+
+
+def _timestamp(row: int, text: str) -> datetime:
+    # Python's fromisoformat takes at most 6 fractional digits; Azure writes 7 (100 ns).
+    s = text.strip()
+    if "." in s:
+        head, frac = s.split(".", 1)
+        s = f"{head}.{frac[:6]}"
+    try:
+        return datetime.fromisoformat(s)
+    except ValueError:
+        raise WorkloadFormatError(
+            f"row {row}: TIMESTAMP={text!r} is invalid: must be a datetime such as "
+            f"'2023-11-16 18:15:46.6805900'") from None
+
+
+def load_azure_csv(path: str | os.PathLike[str]) -> Workload:
+    """Load an Azure LLM inference trace CSV (TIMESTAMP, ContextTokens, GeneratedTokens).
+
+    Arrivals are seconds after the first row's TIMESTAMP; rows must be in time order.
+
+    Args:
+        path: the CSV file.
+    Returns:
+        A :class:`Workload` in file order.
+    Raises:
+        WorkloadFormatError: a missing column, a bad value or a row out of time order,
+            naming the row (the header is row 1) and the field.
+        OSError: the file cannot be read.
+    """
+    with open(path, newline="", encoding="utf-8") as f:
+        reader = csv.reader(f)
+        header = next(reader, None)
+        if header is None or [h.strip() for h in header[:3]] != list(AZURE_COLUMNS):
+            raise WorkloadFormatError(
+                f"row 1: header {header!r} is invalid: must start with the columns "
+                f"{', '.join(AZURE_COLUMNS)} (Azure's LLM inference trace format)")
+        out: list[Request] = []
+        t0: datetime | None = None
+        last = 0.0
+        for row, cells in enumerate(reader, start=2):
+            if not cells:
+                continue
+            if len(cells) < 3:
+                missing = AZURE_COLUMNS[len(cells)]
+                raise WorkloadFormatError(f"row {row}: {missing} is missing "
+                                          f"(the row has {len(cells)} of 3 fields)")
+            t = _timestamp(row, cells[0])
+            t0 = t if t0 is None else t0
+            arrival = (t - t0).total_seconds()
+            if arrival < last:
+                raise WorkloadFormatError(
+                    f"row {row}: TIMESTAMP={cells[0]!r} is invalid: must not be before the "
+                    f"row above it ({last:.6f} s after the first row; this one is {arrival:.6f})")
+            last = arrival
+            out.append(Request(arrival, _int_field(row, "ContextTokens", cells[1]),
+                               _int_field(row, "GeneratedTokens", cells[2])))
+    return Workload(tuple(out), os.fspath(path))
+
+
+def load_jsonl(path: str | os.PathLike[str]) -> Workload:
+    """Load requests from JSONL: one object per line (``arrival_s``, ``prompt_tokens``,
+    ``output_tokens``, optional ``prefix_id``); blank lines are skipped.
+
+    Raises:
+        WorkloadFormatError: a line that is not a JSON object, a missing or bad field, an
+            unknown field, or arrivals out of order, naming the line (row, from 1) and field.
+        OSError: the file cannot be read.
+    """
+    out: list[Request] = []
+    last = 0.0
+    with open(path, encoding="utf-8") as f:
+        for row, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise WorkloadFormatError(f"row {row}: not JSON ({e.msg})") from None
+            if not isinstance(obj, dict):
+                raise WorkloadFormatError(f"row {row}: {obj!r} is invalid: must be a JSON object")
+            unknown = sorted(set(obj) - {"arrival_s", "prompt_tokens", "output_tokens",
+                                         "prefix_id"})
+            if unknown:
+                raise WorkloadFormatError(f"row {row}: unknown field {unknown[0]!r} (fields: "
+                                          f"arrival_s, prompt_tokens, output_tokens, prefix_id)")
+            for field in ("arrival_s", "prompt_tokens", "output_tokens"):
+                if field not in obj:
+                    raise WorkloadFormatError(f"row {row}: {field} is missing")
+            a = obj["arrival_s"]
+            if isinstance(a, bool) or not isinstance(a, (int, float)) or not math.isfinite(a) \
+                    or a < 0:
+                raise WorkloadFormatError(
+                    f"row {row}: arrival_s={a!r} is invalid: must be a number >= 0 (seconds)")
+            if a < last:
+                raise WorkloadFormatError(
+                    f"row {row}: arrival_s={a!r} is invalid: must be >= the row above's ({last})")
+            last = float(a)
+            toks = []
+            for field in ("prompt_tokens", "output_tokens"):
+                v = obj[field]
+                if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                    raise WorkloadFormatError(
+                        f"row {row}: {field}={v!r} is invalid: must be an int >= 1 (tokens)")
+                toks.append(v)
+            pid = obj.get("prefix_id")
+            if pid is not None and not isinstance(pid, str):
+                raise WorkloadFormatError(
+                    f"row {row}: prefix_id={pid!r} is invalid: must be a string or null")
+            out.append(Request(float(a), toks[0], toks[1], pid))
+    return Workload(tuple(out), os.fspath(path))
+
+
+def save_jsonl(requests: Iterable[Request], path: str | os.PathLike[str]) -> None:
+    """Write requests as JSONL that :func:`load_jsonl` reads back."""
+    with open(path, "w", encoding="utf-8") as f:
+        for r in requests:
+            obj: dict[str, object] = {"arrival_s": r.arrival_s, "prompt_tokens": r.prompt_tokens,
+                                      "output_tokens": r.output_tokens}
+            if r.prefix_id is not None:
+                obj["prefix_id"] = r.prefix_id
+            f.write(json.dumps(obj) + "\n")
+
+
+def load_workload(path: str | os.PathLike[str]) -> Workload:
+    """Load a trace by its suffix: ``.csv`` (Azure format) or ``.jsonl``/``.json`` (JSONL).
+
+    Raises:
+        WorkloadFormatError: an unknown suffix, or a bad row (see the loaders).
+        OSError: the file cannot be read.
+    """
+    suffix = Path(path).suffix.lower()
+    if suffix == ".csv":
+        return load_azure_csv(path)
+    if suffix in (".jsonl", ".json", ".ndjson"):
+        return load_jsonl(path)
+    raise WorkloadFormatError(f"trace {os.fspath(path)!r}: unknown format {suffix!r} "
+                              f"(must be .csv, Azure's format, or .jsonl)")
+
+
+def as_workload(requests: Workload | Sequence[Request], source: str = "requests") -> Workload:
+    """A :class:`Workload` from one, or from requests in arrival order."""
+    if isinstance(requests, Workload):
+        return requests
+    return Workload(tuple(requests), source)

@@ -1,0 +1,408 @@
+"""Replay a workload through the serving model and memory strategies; results over time.
+
+:func:`run_workload` gives every strategy a fresh driver and a real
+:class:`~kvvmm.owner.KvBufferOwner` of the model's KV pool on one tensor-parallel rank (the
+ranks are alike: each backs the same pages of its own shard), serves the workload with
+:class:`~kvvmm.workload.serving.ServingModel`, and records, over simulated time: bytes used by
+requests, backed, held by a handle pool, what page-elastic backing would need at best, handles,
+driver calls and their time on the decode path (the sim's clock on the sim driver, measured
+wall time of each call on host and CUDA), the batch, and the KV tensors' predicted bandwidth
+factor. Every driver call goes through a :class:`~kvvmm.record.TracingDriver` (calls are rare:
+a few hundred per hour of traffic), so a run's trace can be replayed on a fresh sim driver.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from kvvmm.driver import Driver, open_driver
+from kvvmm.errors import ArgumentError
+from kvvmm.hardware import H200_BANDWIDTH, get_profile, predicted_bandwidth_tb_s
+from kvvmm.layout import plan
+from kvvmm.layout.models import full_pool_descs
+from kvvmm.owner import KvBufferOwner
+from kvvmm.record import Trace, TracingDriver
+from kvvmm.snapshot import ArenaSnapshot
+from kvvmm.workload.requests import Request, Workload, as_workload
+from kvvmm.workload.serving import ServingConfig, ServingModel, ServingStats, StepTimeModel
+from kvvmm.workload.strategies import Strategy, make_strategy
+
+__all__ = ["RunSetup", "StrategyResult", "Timeline", "WorkloadComparison", "run_workload"]
+
+_PLAIN_TB_S = H200_BANDWIDTH.reference_tb_s("plain") or 4.19
+
+
+@dataclass(frozen=True, slots=True)
+class Timeline:
+    """Samples over simulated time (every ``sample_s`` and after each backing change)."""
+
+    t_s: tuple[float, ...]
+    step: tuple[int, ...]
+    used_bytes: tuple[int, ...]  #: pages held by requests (and slot 0's), in every buffer
+    high_water_pages: tuple[int, ...]  #: one past the highest page in use (how compact)
+    backed_bytes: tuple[int, ...]
+    pool_held_bytes: tuple[int, ...]  #: held by a handle pool, not mapped (0 without one)
+    elastic_bytes: tuple[int, ...]  #: page-elastic at best: granules a used page touches
+    handles: tuple[int, ...]  #: handles alive
+    driver_calls: tuple[int, ...]  #: calls so far
+    driver_s: tuple[float, ...]  #: driver time so far on the decode path
+    running: tuple[int, ...]
+    waiting: tuple[int, ...]
+    bandwidth_factor: tuple[float, ...]  #: KV tensors' predicted bandwidth vs cudaMalloc
+
+    def __len__(self) -> int:
+        return len(self.t_s)
+
+
+@dataclass(frozen=True, slots=True)
+class StrategyResult:
+    """One strategy's run of a workload."""
+
+    strategy: str
+    driver: str  #: driver kind
+    serving: ServingStats
+    timeline: Timeline
+    reserved_bytes: int  #: the arena's VA
+    startup_driver_s: float  #: driver time before serving (prepare, start)
+    decode_driver_s: float  #: driver time at step boundaries (stalls)
+    driver_calls: int  #: every driver call of the run (startup and decode path)
+    decode_driver_calls: int
+    peak_backed_bytes: int
+    mean_backed_bytes: float  #: time-weighted
+    mean_used_bytes: float  #: time-weighted
+    peak_elastic_bytes: int
+    mean_elastic_bytes: float  #: time-weighted
+    p50_stall_s: float  #: over every step (most have none)
+    p99_stall_s: float
+    max_stall_s: float
+    stalled_steps: int  #: steps that had a driver stall
+    used_over_backed: int  #: boundaries where used > backed (must be 0)
+    conservation_errors: int  #: snapshots where backed + unbacked != reserved (must be 0)
+    final_handles: int
+    predicted_tb_s: float  #: KV tensors' predicted copy bandwidth at the end (H200 table)
+    wall_s: float  #: wall time of the serving loop
+    final_snapshot: ArenaSnapshot | None  #: the arena before close
+    trace: Trace | None  #: driver calls and arena ops up to the final snapshot (``record``)
+
+    @property
+    def mean_waste_bytes(self) -> float:
+        """Time-weighted mean of backed - used."""
+        return self.mean_backed_bytes - self.mean_used_bytes
+
+    def summary(self) -> dict[str, float | int | str]:
+        """The summary row: plain numbers, for a table or JSON."""
+        s = self.serving
+        return {"strategy": self.strategy, "driver": self.driver,
+                "peak_backed_bytes": self.peak_backed_bytes,
+                "mean_backed_bytes": round(self.mean_backed_bytes),
+                "mean_used_bytes": round(self.mean_used_bytes),
+                "mean_waste_bytes": round(self.mean_waste_bytes),
+                "mean_elastic_bytes": round(self.mean_elastic_bytes),
+                "p50_stall_us": round(self.p50_stall_s * 1e6, 3),
+                "p99_stall_us": round(self.p99_stall_s * 1e6, 3),
+                "max_stall_us": round(self.max_stall_s * 1e6, 3),
+                "stalled_steps": self.stalled_steps,
+                "decode_driver_ms": round(self.decode_driver_s * 1e3, 3),
+                "startup_driver_ms": round(self.startup_driver_s * 1e3, 3),
+                "driver_calls": self.driver_calls, "final_handles": self.final_handles,
+                "bandwidth_factor": round(self.predicted_tb_s / _PLAIN_TB_S, 4),
+                "completed": s.completed, "rejected": s.rejected,
+                "preemptions": s.preemptions, "steps": s.steps,
+                "end_s": round(s.end_s, 3), "wall_s": round(self.wall_s, 3)}
+
+
+@dataclass(frozen=True, slots=True)
+class RunSetup:
+    """What every strategy of a comparison shared."""
+
+    model: str
+    gpu: str
+    tp: int
+    dtype: str
+    page_size: int
+    pool_tokens: int  #: the pool's tokens (page 0 included): the owner's reserved_tokens
+    buffers: int
+    page_bytes: int  #: bytes of one page over all buffers (one rank)
+    config: ServingConfig
+    step_model: StepTimeModel
+    workload: str  #: the workload's source
+    requests: int
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadComparison:
+    """Strategies run on one workload with one setup."""
+
+    setup: RunSetup
+    results: tuple[StrategyResult, ...]
+
+    def result(self, strategy: str) -> StrategyResult:
+        for r in self.results:
+            if r.strategy == strategy:
+                return r
+        raise ArgumentError("strategy", strategy, f"one of {[r.strategy for r in self.results]}")
+
+    def summary(self) -> list[dict[str, float | int | str]]:
+        return [r.summary() for r in self.results]
+
+
+def _percentile_with_zeros(nonzero_sorted: Sequence[float], total: int, q: float) -> float:
+    """The q-th percentile (nearest rank) of ``total`` values: zeros and the sorted rest."""
+    if total <= 0:
+        return 0.0
+    rank = max(1, -(-int(q * total) // 100)) if q < 100 else total  # nearest-rank, 1-based
+    zeros = total - len(nonzero_sorted)
+    return 0.0 if rank <= zeros else float(nonzero_sorted[rank - zeros - 1])
+
+
+class _Hooks:
+    """The serving loop's side of a strategy: calls it, measures it, samples the state."""
+
+    def __init__(self, strategy: Strategy, owner: KvBufferOwner, tracer: TracingDriver,
+                 page_bytes: int, gran: int, sim: bool, touch: bool) -> None:
+        self.strategy = strategy
+        self.owner = owner
+        self.trace = tracer.trace
+        self.page_bytes = page_bytes
+        self.sim = sim
+        self.touch = touch
+        self.kv_bandwidth_factor = 1.0
+        self.backed = owner.backed_bytes
+        self.reserved = owner.arena.snapshot().reserved_bytes
+        self.handles = 0
+        self.calls = 0
+        self.decode_calls = 0
+        self.driver_s = 0.0
+        self.used_over_backed = 0
+        self.conservation_errors = 0
+        self.seen = 0  # trace events accounted for
+        self.pool_held = 0
+        self.used_pages = 0
+        # Page-elastic at best: per buffer geometry, granules any used page touches.
+        ps = owner.page_size
+        kinds = Counter((d.row_bytes * ps // d.tokens_per_row) for d in owner.descs)
+        self.kinds = [(pb, count, Counter[int]()) for pb, count in kinds.items()]
+        self.gran = gran
+        self.elastic = 0
+        self._elastic_pages([0], 1)  # slot 0's page is always in use
+        cols: list[list[float]] = [[] for _ in range(13)]
+        self.cols = cols
+        self.account()
+
+    def account(self) -> float:
+        """Fold new trace events into the counters; return their driver time, seconds."""
+        events = self.trace.events
+        n = len(events)
+        if n == self.seen:
+            return 0.0
+        cost = 0.0
+        for ev in events[self.seen:n]:
+            cost += ev.sim_us if self.sim else ev.wall_us
+            if ev.error is None:
+                if ev.op == "create":
+                    self.handles += 1
+                elif ev.op == "release":
+                    self.handles -= 1
+        self.calls += n - self.seen
+        self.seen = n
+        self.backed = self.owner.backed_bytes
+        snap = self.owner.arena.snapshot()
+        if snap.backed_bytes + snap.unbacked_bytes != self.reserved or \
+                sum(m.size_bytes for m in snap.mappings) != snap.backed_bytes:
+            self.conservation_errors += 1
+        sizes = [m.size_bytes for m in snap.mappings]
+        interleaved = len(self.owner.descs) > 1
+        self.kv_bandwidth_factor = (predicted_bandwidth_tb_s(sizes, interleaved=interleaved)
+                                    / _PLAIN_TB_S) if sizes else 1.0
+        return cost * 1e-6
+
+    def _elastic_pages(self, pages: Sequence[int], sign: int) -> None:
+        g = self.gran
+        for pb, count, per in self.kinds:
+            for p in pages:
+                lo, hi = p * pb // g, ((p + 1) * pb - 1) // g
+                for gi in range(lo, hi + 1):
+                    before = per[gi]
+                    per[gi] = before + sign
+                    if before == 0 and sign > 0:
+                        self.elastic += count * g
+                    elif before == 1 and sign < 0:
+                        self.elastic -= count * g
+
+    def update(self, allocated: list[int], freed: list[int], high_water: int, step: int) -> float:
+        if freed:
+            self._elastic_pages(freed, -1)
+        if allocated:
+            self._elastic_pages(allocated, 1)
+        self.strategy.update(allocated, freed, high_water)
+        self.used_pages += len(allocated) - len(freed)
+        stall = 0.0
+        if len(self.trace.events) != self.seen:
+            before = self.calls
+            stall = self.account()
+            self.decode_calls += self.calls - before
+            self.driver_s += stall
+        if (self.used_pages + 1) * self.page_bytes > self.backed:  # checked at every boundary
+            self.used_over_backed += 1
+        if self.touch and allocated:
+            self._touch(allocated)
+        return stall
+
+    def _touch(self, pages: Sequence[int]) -> None:
+        # Write one token slot of each new page in the first and last buffer: an unbacked
+        # page faults here (an illegal address on CUDA), not silently later.
+        ps = self.owner.page_size
+        for t in (self.owner.tensors[0], self.owner.tensors[-1]):
+            rows = t.shape[0]
+            tpr = rows and (self.owner.descs[0].tokens_per_row or 1)
+            for p in pages:
+                row = p * ps // tpr
+                if row < rows:
+                    t[row].fill_(1)
+
+    def sample(self, t_s: float, step: int, used_pages: int, high_water: int, running: int,
+               waiting: int) -> None:
+        used = (used_pages + 1) * self.page_bytes  # slot 0's page is used by capture
+        c = self.cols
+        for col, v in zip(c, (t_s, step, used, high_water, self.backed, self.pool_held,
+                              self.elastic, self.handles, self.calls, self.driver_s, running, waiting,
+                              self.kv_bandwidth_factor), strict=True):
+            col.append(v)
+
+    def timeline(self) -> Timeline:
+        c = self.cols
+        ints = [tuple(int(x) for x in col) for col in c]
+        return Timeline(t_s=tuple(c[0]), step=ints[1], used_bytes=ints[2],
+                        high_water_pages=ints[3], backed_bytes=ints[4], pool_held_bytes=ints[5],
+                        elastic_bytes=ints[6], handles=ints[7], driver_calls=ints[8],
+                        driver_s=tuple(c[9]), running=ints[10], waiting=ints[11],
+                        bandwidth_factor=tuple(c[12]))
+
+
+def _time_mean(t: Sequence[float], v: Sequence[int], end: float) -> float:
+    """Time-weighted mean of a step function sampled at ``t`` (each value holds until the next)."""
+    if not t:
+        return 0.0
+    total = 0.0
+    for i in range(len(t)):
+        t1 = t[i + 1] if i + 1 < len(t) else end
+        total += v[i] * max(0.0, t1 - t[i])
+    span = end - t[0]
+    return total / span if span > 0 else float(v[-1])
+
+
+def run_workload(
+    workload: Workload | Sequence[Request],
+    strategies: Sequence[str | Strategy | Callable[[], Strategy]] = ("static", "prefix"),
+    *,
+    model: str = "llama-3.1-70b",
+    gpu: str = "h200",
+    tp: int = 8,
+    dtype: str = "bfloat16",
+    driver: str | Callable[[], Driver] = "sim",
+    config: ServingConfig | None = None,
+    step_model: StepTimeModel | None = None,
+    pool_tokens: int | None = None,
+    sample_s: float = 1.0,
+    record: bool = False,
+    touch: bool = False,
+) -> WorkloadComparison:
+    """Serve ``workload`` once per strategy, each on a fresh driver and owner.
+
+    Args:
+        workload: the requests (a :class:`Workload` or a sequence in arrival order).
+        strategies: names (:data:`~kvvmm.workload.strategies.STRATEGIES`), strategy objects
+            (each used once) or zero-argument factories.
+        model, gpu, tp, dtype: the model (a shipped key), the GPU profile, tensor-parallel
+            size, the KV dtype.
+        driver: ``"sim"`` (with ``gpu``'s profile), ``"host"``, ``"cuda"``, or a factory.
+        config: the engine's knobs (default :class:`ServingConfig`).
+        step_model: step time model (default :meth:`StepTimeModel.for_model`).
+        pool_tokens: the KV pool's tokens on one rank (default: what the planner fits on
+            ``gpu``), rounded down to whole pages.
+        sample_s: simulated seconds between timeline samples.
+        record: keep each run's trace (and the arena's final snapshot) for replay.
+        touch: write a token slot of every page handed out, in the first and last buffer
+            (real tensors: host, CUDA), so an unbacked page faults at once.
+    Returns:
+        A :class:`WorkloadComparison`.
+    Raises:
+        ArgumentError: a bad argument (unknown strategy, model, gpu, a pool of < 2 pages).
+        DriverError: a driver call failed (out of memory, say).
+    """
+    wl = as_workload(workload)
+    cfg = ServingConfig() if config is None else config
+    prof = get_profile(gpu)
+    sm = StepTimeModel.for_model(model, prof.key, tp=tp, dtype=dtype) if step_model is None \
+        else step_model
+    ps = cfg.page_size
+    if pool_tokens is None:
+        pool_tokens = plan(gpu=prof, model=model, dtype=dtype, page_size=ps, tp=tp).tokens
+    if isinstance(pool_tokens, bool) or not isinstance(pool_tokens, int) or pool_tokens < 2 * ps:
+        raise ArgumentError("pool_tokens", pool_tokens, f"an int >= 2 pages ({2 * ps} tokens)")
+    pool_pages = pool_tokens // ps
+    tokens = pool_pages * ps
+    descs = full_pool_descs(model, layout="token_major", reserved_tokens=tokens, page_size=ps,
+                            dtype=dtype, tp=tp)
+    page_bytes = sum(d.row_bytes * ps // d.tokens_per_row for d in descs)
+    setup = RunSetup(model=model, gpu=prof.key, tp=tp, dtype=dtype, page_size=ps,
+                     pool_tokens=tokens, buffers=len(descs), page_bytes=page_bytes, config=cfg,
+                     step_model=sm, workload=wl.source, requests=len(wl))
+    results = []
+    for spec in strategies:
+        strat = (make_strategy(spec) if isinstance(spec, str)
+                 else spec if isinstance(spec, Strategy) else spec())
+        inner = driver() if callable(driver) else open_driver(
+            driver, **({"profile": prof} if driver == "sim" else {}))
+        tracer = TracingDriver(inner, Trace())
+        owner = KvBufferOwner(driver=tracer, dtype=dtype, page_size=ps, reserved_tokens=tokens,
+                              descs=descs, policy=strat.policy, name=f"kv-{strat.name}")
+        try:
+            strat.bind(owner, pool_pages=pool_pages)
+            hooks = _Hooks(strat, owner, tracer, page_bytes, inner.granularity(),
+                           inner.kind == "sim", touch and inner.kind != "sim")
+            strat.prepare()
+            strat.start()
+            hooks.account()
+            # the constructor's slot-0 calls and prepare/start: everything before serving
+            startup_s = sum((e.sim_us if hooks.sim else e.wall_us)
+                            for e in tracer.trace.events) * 1e-6
+            serving = ServingModel(cfg, sm, pool_pages=pool_pages, sample_s=sample_s)
+            t0 = time.perf_counter()
+            stats = serving.run(wl, hooks)
+            wall = time.perf_counter() - t0
+            hooks.sample(stats.end_s, stats.steps, 0, 1, 0, 0)
+            snap = owner.arena.snapshot()
+            trace = None
+            if record:
+                tr = tracer.trace
+                trace = Trace(meta=dict(tr.meta), events=list(tr.events), ops=list(tr.ops),
+                              arenas=tr.arenas)
+        finally:
+            owner.close()
+        tl = hooks.timeline()
+        stalls = sorted(stats.stall_steps)
+        sizes = [m.size_bytes for m in snap.mappings]
+        results.append(StrategyResult(
+            strategy=strat.name, driver=inner.kind, serving=stats, timeline=tl,
+            reserved_bytes=snap.reserved_bytes, startup_driver_s=startup_s,
+            decode_driver_s=hooks.driver_s, driver_calls=hooks.calls,
+            decode_driver_calls=hooks.decode_calls,
+            peak_backed_bytes=max(tl.backed_bytes),
+            mean_backed_bytes=_time_mean(tl.t_s, tl.backed_bytes, stats.end_s),
+            mean_used_bytes=_time_mean(tl.t_s, tl.used_bytes, stats.end_s),
+            peak_elastic_bytes=max(tl.elastic_bytes),
+            mean_elastic_bytes=_time_mean(tl.t_s, tl.elastic_bytes, stats.end_s),
+            p50_stall_s=_percentile_with_zeros(stalls, stats.steps, 50),
+            p99_stall_s=_percentile_with_zeros(stalls, stats.steps, 99),
+            max_stall_s=stalls[-1] if stalls else 0.0, stalled_steps=len(stalls),
+            used_over_backed=hooks.used_over_backed,
+            conservation_errors=hooks.conservation_errors, final_handles=hooks.handles,
+            predicted_tb_s=predicted_bandwidth_tb_s(sizes, interleaved=len(descs) > 1)
+            if sizes else 0.0,
+            wall_s=wall, final_snapshot=snap, trace=trace))
+    return WorkloadComparison(setup=setup, results=tuple(results))
+

@@ -1,0 +1,407 @@
+"""A serving model: continuous batching over a paged KV pool, event-driven.
+
+What it models, and what it leaves out (each an argument where it matters):
+
+- **Continuous batching** (vLLM/SGLang style): at each step boundary, waiting requests are
+  admitted in arrival order while the batch has fewer than ``max_running`` requests, the
+  step's tokens (one per decoding request plus the admitted prompts) stay within
+  ``max_batched_tokens``, and the pool has the pages for the prompt and the first output
+  token. A prompt longer than ``max_batched_tokens`` is prefilled whole in a step of its own
+  (no chunked prefill). Admission is first come, first served: a head that does not fit
+  blocks the queue.
+- **Preemption** (vLLM's recompute mode): a request that needs a page when none is free
+  preempts the most recently admitted running request (itself, if it is that one); the
+  victim's pages are freed and it goes back to the head of the queue with its generated
+  tokens folded into its prompt. A request that could never fit (prompt + output beyond the
+  pool) is rejected when it arrives.
+- **Slots**: a request holds ``ceil(tokens / page_size)`` pages and gets one more each time it
+  crosses a page boundary. Page 0 is never handed out: CUDA-graph capture writes its dummy
+  KV there (the owner's slot 0). The allocator's order decides how compact used pages are:
+  ``"lowest"`` hands out the lowest free page (used pages stay packed at the bottom, so a
+  prefix-backed pool can give its tail back), ``"lifo"`` the most recently freed one (a
+  free list: used pages scatter over everything ever used).
+- **Step time** (:class:`StepTimeModel`): a decode step is memory-bound: the rank's weights
+  and the batch's KV are read once, at HBM bandwidth, plus a fixed overhead; prefill tokens
+  add compute time. Driver time a memory strategy spends at a step boundary is added to the
+  step that follows: it stalls the decode path.
+
+The loop is event-driven: between events (a request finishing, one crossing a page
+boundary, an arrival that could be admitted) every step has the same batch, so the steps
+are advanced together in closed form. One hour of Azure's conversation trace (about 700,000
+decode steps) runs in a few seconds.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from kvvmm.errors import ArgumentError
+from kvvmm.hardware import get_profile
+from kvvmm.layout import weights_bytes_per_rank
+from kvvmm.layout.models import kv_bytes_per_token
+from kvvmm.workload.requests import Request, Workload
+
+__all__ = ["SLOT_ORDERS", "ServingConfig", "ServingHooks", "ServingModel", "ServingStats",
+           "SlotAllocator", "StepTimeModel"]
+
+SLOT_ORDERS = ("lowest", "lifo")
+
+#: HBM bandwidth a decode step reads at, bytes/s. The H200's is its measured copy bandwidth
+#: into cudaMalloc memory (``plain`` in the shipped bandwidth table: 4.19 TB/s, 87 % of the
+#: 4.8 TB/s spec); the others are their spec sheets' figures at the same 87 %.
+HBM_BYTES_PER_S = {"h100": 3.35e12 * 0.873, "h200": 4.187e12, "b200": 8.0e12 * 0.873,
+                   "gb300": 8.0e12 * 0.873}
+#: Dense bf16 tensor throughput, FLOP/s (spec sheets: H100/H200 989 T, B200 2.25 P,
+#: GB300 2.5 P), for prefill time.
+DENSE_FLOPS = {"h100": 989e12, "h200": 989e12, "b200": 2.25e15, "gb300": 2.5e15}
+
+
+@dataclass(frozen=True, slots=True)
+class StepTimeModel:
+    """Seconds a step takes: ``overhead_s + (weights + KV read) / hbm + prefill tokens * p``.
+
+    ``kv_bytes / (hbm_bytes_per_s * f)``: ``f`` is the KV tensors' bandwidth factor (their
+    predicted copy bandwidth relative to cudaMalloc memory, from the handle sizes a strategy
+    backs them with); the weights are read at full speed.
+    """
+
+    weights_bytes: int  #: weights on one rank, read once per step
+    kv_bytes_per_token: int  #: KV bytes per token on one rank
+    hbm_bytes_per_s: float  #: HBM bandwidth
+    overhead_s: float = 1.5e-3  #: scheduler, launch and TP all-reduce per step (a guess)
+    prefill_s_per_token: float = 0.0  #: compute time per prompt token
+
+    @classmethod
+    def for_model(cls, model: str, gpu: str = "h200", *, tp: int = 1, dtype: str = "bfloat16",
+                  overhead_s: float = 1.5e-3, mfu: float = 0.5) -> StepTimeModel:
+        """The model for ``model`` on ``gpu`` at tensor-parallel ``tp``.
+
+        Prefill costs ``2 * parameters / tp`` FLOP per token at ``mfu`` of the GPU's dense
+        bf16 throughput (:data:`DENSE_FLOPS`); HBM from :data:`HBM_BYTES_PER_S`.
+        """
+        key = get_profile(gpu).key
+        weights = weights_bytes_per_rank(model, "bfloat16", tp)
+        if weights is None:
+            raise ArgumentError("model", model, "a model whose config gives its parameter count")
+        if not 0 < mfu <= 1:
+            raise ArgumentError("mfu", mfu, "in (0, 1]")
+        params = weights / 2  # bf16 weights
+        return cls(weights_bytes=weights, kv_bytes_per_token=kv_bytes_per_token(model, dtype, tp),
+                   hbm_bytes_per_s=HBM_BYTES_PER_S.get(key, HBM_BYTES_PER_S["h200"]),
+                   overhead_s=overhead_s,
+                   prefill_s_per_token=2 * params / (DENSE_FLOPS.get(key, 989e12) * mfu))
+
+
+@dataclass(frozen=True, slots=True)
+class ServingConfig:
+    """The engine's knobs."""
+
+    max_running: int = 256  #: requests in the batch at most
+    max_batched_tokens: int = 8192  #: tokens per step at most (decode + prefill)
+    page_size: int = 16  #: tokens per KV page
+    slot_order: str = "lowest"  #: ``"lowest"`` or ``"lifo"`` (see the module docstring)
+
+    def __post_init__(self) -> None:
+        for name in ("max_running", "max_batched_tokens", "page_size"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ArgumentError(name, v, "an int >= 1")
+        if self.slot_order not in SLOT_ORDERS:
+            raise ArgumentError("slot_order", self.slot_order, f"one of {SLOT_ORDERS}")
+
+
+class SlotAllocator:
+    """The engine's KV page allocator over pages ``[1, pages)`` (page 0 is slot 0's).
+
+    Args:
+        pages: pages in the pool, page 0 included (>= 2).
+        order: ``"lowest"`` (lowest free page first) or ``"lifo"`` (most recently freed first).
+    """
+
+    def __init__(self, pages: int, order: str = "lowest") -> None:
+        if isinstance(pages, bool) or not isinstance(pages, int) or pages < 2:
+            raise ArgumentError("pages", pages, "an int >= 2 (page 0 and one to serve)")
+        if order not in SLOT_ORDERS:
+            raise ArgumentError("order", order, f"one of {SLOT_ORDERS}")
+        self.pages = pages
+        self.order = order
+        self._fresh = 1  # pages >= this have never been handed out
+        self._freed: list[int] = []  # a min-heap ("lowest") or a stack ("lifo")
+        self._used = bytearray(pages)
+        self.used = 0  #: pages handed out now
+        self.high_water = 1  #: one past the highest page in use (1: only page 0)
+
+    @property
+    def free(self) -> int:
+        """Pages that can still be handed out."""
+        return self.pages - 1 - self.used
+
+    def alloc(self, n: int, out: list[int]) -> None:
+        """Hand out ``n`` pages (the caller checked :attr:`free`), appending them to ``out``."""
+        freed, used = self._freed, self._used
+        lowest = self.order == "lowest"
+        hw = self.high_water
+        for _ in range(n):
+            if freed:
+                p = heapq.heappop(freed) if lowest else freed.pop()
+            else:
+                p = self._fresh
+                self._fresh += 1
+            used[p] = 1
+            out.append(p)
+            if p >= hw:
+                hw = p + 1
+        self.high_water = hw
+        self.used += n
+
+    def release(self, pages: Sequence[int]) -> None:
+        """Take pages back."""
+        freed, used = self._freed, self._used
+        lowest = self.order == "lowest"
+        for p in pages:
+            used[p] = 0
+            if lowest:
+                heapq.heappush(freed, p)
+            else:
+                freed.append(p)
+        self.used -= len(pages)
+        hw = self.high_water
+        while hw > 1 and not used[hw - 1]:
+            hw -= 1
+        self.high_water = hw
+
+
+class ServingHooks(Protocol):
+    """What the serving loop calls: the memory strategy's side (see :mod:`kvvmm.workload.run`)."""
+
+    kv_bandwidth_factor: float  #: the KV tensors' bandwidth factor now (1.0: cudaMalloc's)
+
+    def update(self, allocated: list[int], freed: list[int], high_water: int, step: int) -> float:
+        """Pages just handed out (must be backed before the next step) and given back.
+
+        Returns the driver time this cost on the decode path, seconds.
+        """
+        ...
+
+    def sample(self, t_s: float, step: int, used_pages: int, high_water: int, running: int,
+               waiting: int) -> None:
+        """Record the state now (called every ``sample_s`` and after each backing change)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class ServingStats:
+    """What the engine did with a workload."""
+
+    requests: int  #: requests in the workload
+    completed: int  #: requests that finished
+    rejected: int  #: requests refused on arrival (they could never fit the pool)
+    preemptions: int  #: preemptions (a request may be preempted more than once)
+    steps: int  #: engine steps
+    end_s: float  #: simulated time when the last request finished
+    busy_s: float  #: time spent in steps (the rest the engine idled)
+    peak_running: int  #: most requests in one batch
+    peak_used_pages: int  #: most pages in use at once
+    stall_steps: tuple[float, ...] = field(repr=False)  #: driver stall of each step that had one, s
+    mean_step_s: float = 0.0  #: mean step time, stalls included
+
+
+class _Req:
+    __slots__ = ("admit", "done", "gen0", "npages", "out", "pages", "prompt", "rid", "ver")
+
+    def __init__(self, rid: int, prompt: int, out: int) -> None:
+        self.rid = rid
+        self.prompt = prompt  # tokens to prefill (the original prompt + any recomputed output)
+        self.out = out  # tokens still to generate
+        self.admit = 0  # the step its prefill runs in
+        self.done = 0  # the step its last token comes out of
+        self.gen0 = 0  # tokens generated before a preemption (already folded into prompt)
+        self.npages = 0
+        self.pages: list[int] = []
+        self.ver = 0  # bumped on preemption: heap entries of an older version are stale
+
+
+_DONE, _PAGE = 0, 1
+
+
+class ServingModel:
+    """Continuous batching of one workload over a pool of ``pool_pages`` pages.
+
+    Args:
+        config: the engine's knobs.
+        step_model: the step time model.
+        pool_pages: pages in the pool, page 0 included (the owner's ``reserved_tokens``
+            divided by ``page_size``).
+        sample_s: simulated seconds between samples.
+    """
+
+    def __init__(self, config: ServingConfig, step_model: StepTimeModel, *, pool_pages: int,
+                 sample_s: float = 1.0) -> None:
+        self.config = config
+        self.step_model = step_model
+        self.pool_pages = pool_pages
+        if not sample_s > 0:
+            raise ArgumentError("sample_s", sample_s, "> 0 (seconds)")
+        self.sample_s = sample_s
+
+    def run(self, workload: Workload | Sequence[Request], hooks: ServingHooks) -> ServingStats:
+        """Serve every request; call ``hooks`` as pages come and go. Returns the stats."""
+        reqs = workload.requests if isinstance(workload, Workload) else tuple(workload)
+        cfg, sm = self.config, self.step_model
+        ps = cfg.page_size
+        alloc = SlotAllocator(self.pool_pages, cfg.slot_order)
+        usable = self.pool_pages - 1
+        base_s = sm.overhead_s + sm.weights_bytes / sm.hbm_bytes_per_s
+        kv_s = sm.kv_bytes_per_token / sm.hbm_bytes_per_s
+        pre_s = sm.prefill_s_per_token
+        max_run, max_tok = cfg.max_running, cfg.max_batched_tokens
+        sample_s = self.sample_s
+
+        heap: list[tuple[int, int, int, int, int]] = []  # (boundary, kind, seq, ver, rid)
+        seq = 0
+        running: dict[int, _Req] = {}
+        waiting: deque[_Req] = deque()
+        S = 0  # steps done
+        now = 0.0
+        K = 0  # sum over running of (prompt + 1 - admit): their KV tokens are K + B * S
+        n_arr = len(reqs)
+        ai = 0
+        completed = rejected = preemptions = 0
+        busy = 0.0
+        peak_run = peak_used = 0
+        stalls: list[float] = []
+        next_sample = 0.0
+        allocated: list[int] = []
+        freed: list[int] = []
+        hp, hpop = heapq.heappush, heapq.heappop
+
+        while True:
+            # -- events at this boundary: finished requests, then pages for the next step --
+            while heap and heap[0][0] <= S:
+                _, kind, _, ver, rid = hpop(heap)
+                r = running.get(rid)
+                if r is None or r.ver != ver:
+                    continue
+                if kind == _DONE:
+                    del running[rid]
+                    K -= r.prompt + 1 - r.admit
+                    freed.extend(r.pages)
+                    alloc.release(r.pages)
+                    completed += 1
+                    continue
+                while alloc.free == 0:  # preempt the most recently admitted request
+                    victim = max(running.values(), key=lambda x: (x.admit, x.rid))
+                    del running[victim.rid]
+                    K -= victim.prompt + 1 - victim.admit
+                    freed.extend(victim.pages)
+                    alloc.release(victim.pages)
+                    made = 1 + S - victim.admit  # tokens it generated since its prefill
+                    victim.prompt += made
+                    victim.out -= made
+                    victim.gen0 += made
+                    victim.ver += 1
+                    victim.pages = []
+                    waiting.appendleft(victim)
+                    preemptions += 1
+                    if victim is r:
+                        break
+                if running.get(rid) is not r:
+                    continue
+                alloc.alloc(1, allocated)
+                r.pages.append(allocated[-1])
+                r.npages += 1
+                nxt = r.admit + r.npages * ps - r.prompt  # the step that needs the next page
+                if nxt <= r.done:
+                    hp(heap, (nxt - 1, _PAGE, seq, r.ver, rid))
+                    seq += 1
+
+            # -- arrivals, and admission --
+            while ai < n_arr and reqs[ai].arrival_s <= now:
+                q = reqs[ai]
+                if -(-(q.prompt_tokens + q.output_tokens) // ps) > usable:
+                    rejected += 1
+                else:
+                    waiting.append(_Req(ai, q.prompt_tokens, q.output_tokens))
+                ai += 1
+            B = len(running)
+            budget = max_tok - B
+            prefill = 0
+            token_blocked = False
+            while waiting and max_run > B:
+                w = waiting[0]
+                need = -(-(w.prompt + 1) // ps)
+                if need > alloc.free:
+                    break
+                if w.prompt > budget and prefill:  # a long prompt waits for a step of its own
+                    token_blocked = True
+                    break
+                if w.prompt > budget and B:  # ... and one with room beside the decodes
+                    token_blocked = True
+                    break
+                waiting.popleft()
+                w.admit = S + 1
+                w.done = S + w.out  # its prefill step makes token 1
+                w.npages = need
+                w.pages = []
+                alloc.alloc(need, w.pages)
+                allocated.extend(w.pages)
+                running[w.rid] = w
+                K += w.prompt + 1 - w.admit
+                prefill += w.prompt
+                budget -= w.prompt
+                B += 1
+                hp(heap, (w.done, _DONE, seq, w.ver, w.rid))
+                seq += 1
+                nxt = w.admit + need * ps - w.prompt
+                if nxt <= w.done:
+                    hp(heap, (nxt - 1, _PAGE, seq, w.ver, w.rid))
+                    seq += 1
+
+            stall = 0.0
+            if allocated or freed:
+                stall = hooks.update(allocated, freed, alloc.high_water, S)
+                allocated = []
+                freed = []
+                if stall > 0.0:
+                    stalls.append(stall)
+                    hooks.sample(now, S, alloc.used, alloc.high_water, B, len(waiting))
+            if alloc.used > peak_used:
+                peak_used = alloc.used
+            if peak_run < B:
+                peak_run = B
+            if now >= next_sample:
+                hooks.sample(now, S, alloc.used, alloc.high_water, B, len(waiting))
+                next_sample = (math.floor(now / sample_s) + 1) * sample_s
+
+            if not running:
+                if ai >= n_arr:
+                    break
+                # Idle: jump to the next arrival (or the next sample, to keep the series even).
+                now = max(now + stall, min(reqs[ai].arrival_s, next_sample))
+                continue
+
+            # -- steps until the next event, in closed form --
+            k = heap[0][0] - S if heap else 1
+            f = hooks.kv_bandwidth_factor
+            first = base_s + kv_s / f * (K + B * S)
+            if token_blocked:
+                k = 1
+            elif ai < n_arr and max_run > B and not waiting:
+                ka = math.ceil((reqs[ai].arrival_s - now) / first)
+                k = max(1, min(k, ka))
+            if now + first * k > next_sample:  # stop at the next sample time
+                k = max(1, min(k, math.ceil((next_sample - now) / first)))
+            dt = k * base_s + kv_s / f * (k * K + B * (k * S + k * (k - 1) // 2)) \
+                + prefill * pre_s + stall
+            now += dt
+            busy += dt
+            S += k
+        return ServingStats(
+            requests=n_arr, completed=completed, rejected=rejected, preemptions=preemptions,
+            steps=S, end_s=now, busy_s=busy, peak_running=peak_run, peak_used_pages=peak_used,
+            stall_steps=tuple(stalls), mean_step_s=busy / S if S else 0.0)
