@@ -16,6 +16,7 @@ __all__ = [
     "ArgumentError",
     "BusyError",
     "ClosedError",
+    "CollectiveError",
     "DriverArgumentError",
     "DriverError",
     "DriverOutOfMemoryError",
@@ -83,6 +84,37 @@ class ReservationExhaustedError(KvvmmError):
 
 class ClosedError(KvvmmError):
     """An arena or owner was used after ``close()``. Create a new one."""
+
+
+class CollectiveError(KvvmmError):
+    """A collective KV change (every rank of a process group, all or nothing) did not happen.
+
+    Raised on every rank: a rank failed (``failed_ranks``), the ranks asked for different
+    token counts, or a collective broke (a rank died or ran past the timeout). Each rank has
+    already rolled itself back (``rolled_back``; if not, the notes say which undo failed), so
+    the caller should fix the cause named in ``__cause__`` or the message, and retry; after a
+    broken collective, rebuild the process group first.
+    """
+
+    def __init__(self, op: str, phase: str, reason: str, *,
+                 failed_ranks: tuple[int, ...] = (), rolled_back: bool = True) -> None:
+        self.op = op  #: the change, e.g. ``"finalize(4096)"``
+        self.phase = phase  #: ``"prepare"``, ``"agree"``, ``"map"`` or ``"confirm"``
+        self.reason = reason
+        self.failed_ranks = tuple(failed_ranks)  #: ranks that failed; () when unknown
+        self.rolled_back = rolled_back  #: this rank is as it was before the call
+        state = "rolled back" if rolled_back else "NOT fully rolled back (see notes)"
+        super().__init__(f"{op} aborted on every rank in {phase}: {reason}; this rank {state}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild_collective, (self.op, self.phase, self.reason, self.failed_ranks,
+                                      self.rolled_back), self.__dict__)
+
+
+def _rebuild_collective(op: str, phase: str, reason: str, failed_ranks: tuple[int, ...],
+                        rolled_back: bool) -> CollectiveError:
+    return CollectiveError(op, phase, reason, failed_ranks=failed_ranks,
+                           rolled_back=rolled_back)
 
 
 class BusyError(KvvmmError):
