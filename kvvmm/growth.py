@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from kvvmm.driver import Driver, open_driver
 from kvvmm.hardware import predicted_bandwidth_tb_s
 from kvvmm.layout import KvBufferDesc
-from kvvmm.layout.models import full_pool_descs
+from kvvmm.layout.model_buffers import full_pool_descs
 from kvvmm.owner import KvBufferOwner
 from kvvmm.policy import GrowthPolicy, simulate_growth
 from kvvmm.units import align_up

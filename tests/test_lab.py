@@ -449,7 +449,7 @@ def test_decode_growth_counts_the_driver_calls_a_trace_would_record() -> None:
 
 
 def test_growth_cost_predicts_what_decode_growth_measures_on_a_real_owner() -> None:
-    from kvvmm.layout.models import full_pool_descs
+    from kvvmm.layout.model_buffers import full_pool_descs
 
     descs = full_pool_descs("llama-3.1-8b", layout="token_major", reserved_tokens=16384,
                             page_size=16, dtype="bfloat16", tp=1)[:8]

@@ -11,7 +11,7 @@ from kvvmm.dtypes import dtype_itemsize
 from kvvmm.growth import GrowthResult, decode_growth, growth_cost
 from kvvmm.lab._panel import DRIVERS, DTYPES, _controls, _cost_line, _field, _Panel, _pre
 from kvvmm.layout import list_models
-from kvvmm.layout.models import full_pool_descs
+from kvvmm.layout.model_buffers import full_pool_descs
 from kvvmm.policy import Chunked, Exact, Geometric, GrowthPolicy, default_policy
 from kvvmm.units import MiB
 from kvvmm.viz import format_growth, growth_figure

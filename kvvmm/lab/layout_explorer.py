@@ -22,7 +22,7 @@ from kvvmm.layout import (
     LAYOUTS,
     list_models,
 )
-from kvvmm.layout.models import full_pool_descs
+from kvvmm.layout.model_buffers import full_pool_descs
 from kvvmm.owner import KvBufferOwner
 from kvvmm.units import GiB
 from kvvmm.viz import describe_descs, va_map

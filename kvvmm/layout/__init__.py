@@ -2,7 +2,9 @@
 
 - :mod:`~kvvmm.layout.desc`: :class:`KvBufferDesc` and its spans;
 - :mod:`~kvvmm.layout.presets`: MHA token-major, page-major and MLA buffer lists;
-- :mod:`~kvvmm.layout.models`: model configs (shipped JSON of public HF config fields);
+- :mod:`~kvvmm.layout.models`: model configs (shipped JSON of public HF config fields) and
+  the weights they imply; :mod:`~kvvmm.layout.model_buffers`: the KV buffers a model needs;
+- :mod:`~kvvmm.layout.pools`: a planned pool's arithmetic (finalize backing, handles);
 - :mod:`~kvvmm.layout.planner`: GPU + model + budget -> tokens, VA, waste, handles.
 
 Everything here is arithmetic over ints: no torch, no driver.
@@ -12,18 +14,21 @@ from __future__ import annotations
 
 from kvvmm.dtypes import DTYPE_ITEMSIZE, dtype_itemsize, dtype_name
 from kvvmm.layout.desc import KvBufferDesc
+from kvvmm.layout.model_buffers import (
+    full_pool_descs,
+    hybrid_swa_descs,
+    kv_bytes_per_token,
+    model_descs,
+    swa_kv_bytes_per_token,
+    swa_reserved_tokens_default,
+)
 from kvvmm.layout.models import (
     FULL_ATTENTION,
     SLIDING_ATTENTION,
     ModelConfig,
     ModelLike,
-    hybrid_swa_descs,
-    kv_bytes_per_token,
     list_models,
     load_model,
-    model_descs,
-    swa_kv_bytes_per_token,
-    swa_reserved_tokens_default,
     weights_bytes_per_rank,
 )
 from kvvmm.layout.planner import (
@@ -60,6 +65,7 @@ __all__ = [
     "default_policies",
     "dtype_itemsize",
     "dtype_name",
+    "full_pool_descs",
     "heads_per_rank",
     "hybrid_swa_descs",
     "kv_bytes_per_token",

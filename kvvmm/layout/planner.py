@@ -51,7 +51,7 @@ are reported. The top-level ``bytes_per_token`` and ``tokens`` are the full pool
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -60,25 +60,26 @@ from kvvmm.dtypes import dtype_itemsize, dtype_name
 from kvvmm.errors import ArgumentError, OutOfRangeError
 from kvvmm.hardware import DeviceProfile, get_profile
 from kvvmm.layout.desc import KvBufferDesc
-from kvvmm.layout.models import (
-    ModelConfig,
-    ModelLike,
+from kvvmm.layout.model_buffers import (
     hybrid_swa_descs,
     kv_bytes_per_token,
-    load_model,
     model_descs,
     swa_kv_bytes_per_token,
-    weights_bytes_per_rank,
 )
-from kvvmm.policy import (
-    Chunked,
-    Exact,
-    Geometric,
-    GrowthPolicy,
-    default_policy,
-    simulate_growth,
+from kvvmm.layout.models import ModelConfig, ModelLike, load_model, weights_bytes_per_rank
+from kvvmm.layout.pools import (
+    HandleCount,
+    PoolPlan,
+    check_policies,
+    default_policies,
+    final_backed,
+    fit_tokens,
+    pool_plan,
+    shape_groups,
+    sum_handles,
 )
-from kvvmm.units import MiB, TiB, align_up, fmt_bytes
+from kvvmm.policy import GrowthPolicy
+from kvvmm.units import TiB, align_up, fmt_bytes
 
 __all__ = [
     "DEFAULT_MEM_FRACTION_STATIC",
@@ -114,49 +115,6 @@ LARGE_VA_BYTES = 1024 * TiB
 #: More token slots than this draw a warning: engines index KV slots with int32 (SGLang's
 #: ``req_to_token`` table), so 2**31 slots cannot be addressed.
 LARGE_TOKENS = 2**31
-
-
-def default_policies() -> tuple[GrowthPolicy, ...]:
-    """The policies the planner compares by default.
-
-    Returns:
-        ``Exact()``, the owner's default (``Chunked(128 MiB)``), ``Chunked(64 MiB)`` and
-        ``Geometric(2, 256 MiB)``.
-    """
-    return (Exact(), default_policy(), Chunked(64 * MiB), Geometric(2.0, 256 * MiB))
-
-
-@dataclass(frozen=True, slots=True)
-class HandleCount:
-    """Handles one growth policy creates while a pool grows by decode steps and finalizes."""
-
-    policy: str  #: the policy, as ``str(policy)`` shows it (``"Chunked(64.0 MiB)"``)
-    handles: int  #: handles created over all the pool's buffers (slot-0 page included)
-    min_handle_bytes: int  #: the smallest handle
-    max_handle_bytes: int  #: the largest handle
-    backed_bytes: int  #: bytes backed at the end (the handles' sum; may over-commit the spans)
-
-
-@dataclass(frozen=True, slots=True)
-class PoolPlan:
-    """One pool (one owner, one arena) of a plan: its capacity, VA and backing."""
-
-    name: str  #: ``"full"`` (full-attention layers) or ``"swa"`` (sliding-window layers)
-    num_layers: int  #: model layers in this pool
-    num_buffers: int  #: KV buffers (2 per layer for MHA/GQA, 1 for MLA)
-    bytes_per_token: int  #: KV bytes per token slot, over all the pool's buffers, per rank
-    budget_bytes: int  #: the share of the budget this pool was sized from
-    tokens: int  #: serving capacity in token slots (a multiple of the page size)
-    reserved_tokens: int  #: the upper bound the buffers' shapes are built for
-    logical_bytes: int  #: ``tokens * bytes_per_token``
-    final_span_bytes: int  #: sum of the buffers' final spans at ``tokens`` (with the padded page)
-    padding_bytes: int  #: ``final_span_bytes - logical_bytes``
-    final_backed_bytes: int  #: what finalize(tokens) backs: each final span rounded up to gran
-    granularity_waste_bytes: int  #: ``final_backed_bytes - final_span_bytes``
-    reserved_span_bytes: int  #: sum of the buffers' reserved spans (tensor bytes)
-    va_reserve_bytes: int  #: VA reserved: each reserved span rounded up to the granularity
-    va_slack_bytes: int  #: ``va_reserve_bytes - reserved_span_bytes`` (VA only, no memory)
-    handles: tuple[HandleCount, ...]  #: per growth policy, in the order asked
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,172 +172,6 @@ def _plain(value: Any) -> Any:
     return value
 
 
-# -- checks ------------------------------------------------------------------------------------
-
-
-def _policies(policy: object) -> tuple[GrowthPolicy, ...]:
-    if policy is None:
-        return default_policies()
-    items = (
-        tuple(policy)
-        if isinstance(policy, Sequence) and not isinstance(policy, (str, bytes))
-        else (policy,)
-    )
-    if not items:
-        raise ArgumentError(
-            "policy", policy, "a growth policy, a non-empty sequence of them, or None"
-        )
-    for p in items:
-        if not isinstance(p, GrowthPolicy):
-            raise ArgumentError(
-                "policy", p, "a growth policy (Exact(), Chunked(...), Geometric(...))"
-            )
-    return items
-
-
-# -- pool arithmetic ---------------------------------------------------------------------------
-
-
-def _groups(descs: Sequence[KvBufferDesc]) -> Counter[tuple[int, int]]:
-    # Spans depend only on (row_bytes, tokens_per_row): K and V buffers of a layer, and all
-    # layers of a pool, share them, so every sum is a handful of multiplications.
-    return Counter((d.row_bytes, d.tokens_per_row) for d in descs)
-
-
-def _rows(n: int, per_row: int) -> int:
-    return -(-max(n, 0) // per_row)
-
-
-def _final_backed(groups: Counter[tuple[int, int]], tokens: int, page: int, gran: int) -> int:
-    return sum(
-        count * align_up(_rows(tokens + page, per_row) * row_bytes, gran)
-        for (row_bytes, per_row), count in groups.items()
-    )
-
-
-def _fit_tokens(
-    budget: int,
-    bpt: int,
-    groups: Counter[tuple[int, int]],
-    page: int,
-    gran: int,
-    count_overhead: bool,
-) -> int:
-    """The most tokens (a multiple of ``page``) whose cost fits ``budget``; 0 if none."""
-    if budget < 0:
-        return 0
-    pages = budget // bpt // page  # logical cost only: the SGLang rule
-    if not count_overhead:
-        return pages * page
-    # final_backed(t) >= t * bpt, so the answer lies in [0, pages]; it is monotonic in t.
-    lo, hi = 0, pages
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if _final_backed(groups, mid * page, page, gran) <= budget:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo * page
-
-
-def _needs(desc: KvBufferDesc, tokens: int, page: int, step: int) -> Iterator[int]:
-    # The owner's life: slot-0 page before capture, decode growth, then finalize.
-    yield desc.prefix_span_bytes(page, page)
-    n = step
-    while n < tokens:
-        yield desc.prefix_span_bytes(n, page)
-        n += step
-    yield desc.prefix_span_bytes(tokens, page)
-    yield desc.final_span_bytes(tokens, page)
-
-
-def _handle_counts(
-    descs: Sequence[KvBufferDesc],
-    policies: Sequence[GrowthPolicy],
-    itemsize: int,
-    tokens: int,
-    page: int,
-    step: int,
-    gran: int,
-) -> tuple[HandleCount, ...]:
-    # Buffers of equal shape and rows grow identically: simulate one of each kind.
-    kinds = Counter((d.shape, d.row_bytes, d.tokens_per_row) for d in descs)
-    first = {(d.shape, d.row_bytes, d.tokens_per_row): d for d in descs}
-    out = []
-    for policy in policies:
-        count, backed, all_sizes = 0, 0, []
-        for kind, n_buffers in kinds.items():
-            d = first[kind]
-            limit = align_up(d.reserved_span_bytes(itemsize), gran)
-            sizes = simulate_growth(policy, _needs(d, tokens, page, step), limit, gran)
-            count += n_buffers * len(sizes)
-            backed += n_buffers * sum(sizes)
-            all_sizes += sizes
-        out.append(
-            HandleCount(
-                str(policy), count, min(all_sizes, default=0), max(all_sizes, default=0), backed
-            )
-        )
-    return tuple(out)
-
-
-def _pool(
-    name: str,
-    num_layers: int,
-    descs: Sequence[KvBufferDesc],
-    *,
-    bpt: int,
-    budget: int,
-    tokens: int,
-    reserved_tokens: int,
-    itemsize: int,
-    page: int,
-    gran: int,
-    step: int,
-    policies: Sequence[GrowthPolicy],
-) -> PoolPlan:
-    final_span = sum(d.final_span_bytes(tokens, page) for d in descs)
-    backed = sum(align_up(d.final_span_bytes(tokens, page), gran) for d in descs)
-    reserved_span = sum(d.reserved_span_bytes(itemsize) for d in descs)
-    va = sum(align_up(d.reserved_span_bytes(itemsize), gran) for d in descs)
-    logical = tokens * bpt
-    return PoolPlan(
-        name=name,
-        num_layers=num_layers,
-        num_buffers=len(descs),
-        bytes_per_token=bpt,
-        budget_bytes=budget,
-        tokens=tokens,
-        reserved_tokens=reserved_tokens,
-        logical_bytes=logical,
-        final_span_bytes=final_span,
-        padding_bytes=final_span - logical,
-        final_backed_bytes=backed,
-        granularity_waste_bytes=backed - final_span,
-        reserved_span_bytes=reserved_span,
-        va_reserve_bytes=va,
-        va_slack_bytes=va - reserved_span,
-        handles=_handle_counts(descs, policies, itemsize, tokens, page, step, gran),
-    )
-
-
-def _sum_handles(pools: Sequence[PoolPlan]) -> tuple[HandleCount, ...]:
-    out = []
-    for i, first in enumerate(pools[0].handles):
-        rows = [p.handles[i] for p in pools]
-        sizes = [r for r in rows if r.handles]
-        out.append(
-            HandleCount(
-                first.policy,
-                sum(r.handles for r in rows),
-                min((r.min_handle_bytes for r in sizes), default=0),
-                max((r.max_handle_bytes for r in sizes), default=0),
-                sum(r.backed_bytes for r in rows),
-            )
-        )
-    return tuple(out)
-
-
 # -- the planner: resolve the request, compute the budget, fit tokens, build pools ----------
 
 
@@ -433,7 +225,7 @@ class PlanRequest:
             page_size=int_arg("page_size", o["page_size"], lo=1, unit="tokens"),
             tp=int_arg("tp", o["tp"], lo=1, unit="tensor-parallel ranks"),
             layout=o["layout"],
-            policies=_policies(o["policy"]),
+            policies=check_policies(o["policy"]),
             decode_step_tokens=int_arg(
                 "decode_step_tokens", o["decode_step_tokens"], lo=1, unit="tokens"
             ),
@@ -607,11 +399,11 @@ def _swa_share(req: PlanRequest) -> tuple[int | None, int, int]:
     swa_bpt = swa_kv_bytes_per_token(m, req.dtype, req.tp)
     if not req.count_overhead:
         return swa_tokens, swa_bpt, swa_tokens * swa_bpt
-    groups = _groups(_pool_descs(req, swa_tokens, swa_tokens)[1])
+    groups = shape_groups(_pool_descs(req, swa_tokens, swa_tokens)[1])
     return (
         swa_tokens,
         swa_bpt,
-        _final_backed(groups, swa_tokens, page, req.profile.granularity_bytes),
+        final_backed(groups, swa_tokens, page, req.profile.granularity_bytes),
     )
 
 
@@ -624,15 +416,15 @@ def _size_pools(req: PlanRequest, budget: _Budget) -> _Sizing:
             "model", m.name, "a model with at least one full-attention layer", "every layer slides"
         )
     swa_tokens, swa_bpt, swa_cost = _swa_share(req)
-    groups = _groups(_pool_descs(req, max(page, swa_tokens or 0), swa_tokens)[0])
+    groups = shape_groups(_pool_descs(req, max(page, swa_tokens or 0), swa_tokens)[0])
     capped = _cap_budget(req, budget.budget_bytes, bpt, groups, swa_cost)
     full_budget = capped - swa_cost
-    tokens = _fit_tokens(full_budget, bpt, groups, page, gran, req.count_overhead)
+    tokens = fit_tokens(full_budget, bpt, groups, page, gran, req.count_overhead)
     if req.max_total_tokens is not None:
         # Granularity rounding makes the capped cost fit a few more pages: cap the tokens too.
         tokens = min(tokens, req.max_total_tokens // page * page)
     if tokens == 0:
-        one_page = _final_backed(groups, page, page, gran) if req.count_overhead else page * bpt
+        one_page = final_backed(groups, page, page, gran) if req.count_overhead else page * bpt
         raise OutOfRangeError(
             "budget_bytes",
             budget.budget_bytes,
@@ -679,7 +471,7 @@ def _cap_budget(
         )
     tokens = req.max_total_tokens // page * page
     gran = req.profile.granularity_bytes
-    cost = _final_backed(groups, tokens, page, gran) if req.count_overhead else tokens * bpt
+    cost = final_backed(groups, tokens, page, gran) if req.count_overhead else tokens * bpt
     return min(budget, cost + swa_cost)
 
 
@@ -693,7 +485,7 @@ def _build_pools(req: PlanRequest, s: _Sizing) -> tuple[PoolPlan, ...]:
             ("swa", len(m.sliding_layers), s.swa_bpt, s.swa_cost, s.swa_tokens, s.swa_tokens)
         )
     return tuple(
-        _pool(
+        pool_plan(
             name,
             n_layers,
             pool_descs,
@@ -749,7 +541,7 @@ def plan_request(req: PlanRequest) -> Plan:
         va_slack_bytes=sum(p.va_slack_bytes for p in pools),
         over_budget_bytes=max(0, final_backed - sizing.budget),
         decode_step_tokens=req.decode_step_tokens,
-        handles=_sum_handles(pools),
+        handles=sum_handles(pools),
         pools=pools,
         warnings=budget.warnings + _warnings(pools),
     )
