@@ -3,7 +3,8 @@
 Everything here is read from small JSON files shipped in ``kvvmm/hardware/data/``, each
 figure with its source; nothing here acts on a device. The simulator charges calls from
 :mod:`~kvvmm.hardware.cost`, the planner sizes pools from :mod:`~kvvmm.hardware.profiles`, and
-the lab predicts bandwidth from :mod:`~kvvmm.hardware.bandwidth`.
+the lab predicts bandwidth from :mod:`~kvvmm.hardware.bandwidth`; what the simulator adds per
+call for the library's own work (from ``kvvmm calibrate``) is :mod:`~kvvmm.hardware.overhead`.
 """
 
 from __future__ import annotations
@@ -16,7 +17,16 @@ from kvvmm.hardware.bandwidth import (
 )
 from kvvmm.hardware.cost import COST_TABLE_US, CostModel, default_cost_model
 from kvvmm.hardware.interp import Log2Curve
-from kvvmm.hardware.profiles import PROFILES, DeviceProfile, get_profile, load_profile
+from kvvmm.hardware.overhead import CallClock, PostReleaseSlowdown, SimCosts, sim_costs
+from kvvmm.hardware.profiles import (
+    PROFILES,
+    DeviceProfile,
+    get_profile,
+    load_profile,
+    profile_data,
+    profile_from_data,
+    profile_label,
+)
 
 __all__ = [
     "COST_TABLE_US",
@@ -24,11 +34,18 @@ __all__ = [
     "PROFILES",
     "BandwidthPoint",
     "BandwidthTable",
+    "CallClock",
     "CostModel",
     "DeviceProfile",
     "Log2Curve",
+    "PostReleaseSlowdown",
+    "SimCosts",
     "default_cost_model",
     "get_profile",
     "load_profile",
     "predicted_bandwidth_tb_s",
+    "profile_data",
+    "profile_from_data",
+    "profile_label",
+    "sim_costs",
 ]

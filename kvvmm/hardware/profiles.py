@@ -2,9 +2,11 @@
 
 A profile is a small JSON data file (``kvvmm/hardware/data/<key>.json``, format
 ``kvvmm-hardware-profile``): the card's memory capacity and VMM granularity, and where they
-were measured, optionally its measured driver-call costs and copy bandwidth. The shipped
-files are read once, on first use; :func:`load_profile` reads one from any path (a later
-``kvvmm calibrate`` writes the same format).
+were measured, optionally its measured driver-call costs (``call_costs``), copy bandwidth
+(``bandwidth``) and what ``kvvmm calibrate`` adds (``library_overhead_us``,
+``set_access_per_mapping``, ``post_release_slowdown``; each section carries a ``source``
+saying how it was measured). The shipped files are read once, on first use;
+:func:`load_profile` reads one from any path, and :func:`get_profile` takes a key or a path.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
@@ -19,9 +22,13 @@ from typing import Any
 
 from kvvmm.errors import ArgumentError
 
-__all__ = ["FORMAT", "PROFILES", "DeviceProfile", "get_profile", "load_profile"]
+__all__ = ["FORMAT", "PROFILES", "DeviceProfile", "get_profile", "load_profile",
+           "profile_data", "profile_from_data", "profile_label"]
 
 FORMAT = "kvvmm-hardware-profile"
+#: Format versions this reader understands: 1 (0.1's files), 2 (``kvvmm calibrate``'s, which
+#: adds sections; a version-1 reader never needed them).
+VERSIONS = (1, 2)
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,14 +40,21 @@ class DeviceProfile:
     capacity_bytes: int  #: total device memory as ``cuMemGetInfo`` reports it
     granularity_bytes: int  #: ``cuMemGetAllocationGranularity`` (minimum)
     source: str  #: where the two figures come from
+    date: str = ""  #: when the profile's figures were measured (ISO date), "" if unknown
+    path: str = ""  #: the file it was loaded from; "" for a shipped profile
 
 
-def _profile_of(data: Mapping[str, Any], where: str) -> DeviceProfile:
-    if data.get("format") != FORMAT:
+def _profile_of(data: Mapping[str, Any], where: str, path: str = "") -> DeviceProfile:
+    if not isinstance(data, Mapping) or data.get("format") != FORMAT:
         raise ArgumentError("profile", where, f"a {FORMAT!r} JSON file")
+    if data.get("version", 1) not in VERSIONS:
+        raise ArgumentError("profile", where, f"a {FORMAT!r} file of version "
+                                              f"{' or '.join(map(str, VERSIONS))} "
+                                              f"(it says {data.get('version')!r})")
     try:
         return DeviceProfile(str(data["key"]), str(data["name"]), int(data["capacity_bytes"]),
-                             int(data["granularity_bytes"]), str(data["source"]))
+                             int(data["granularity_bytes"]), str(data["source"]),
+                             str(data.get("date", "")), path)
     except (KeyError, TypeError, ValueError) as e:
         raise ArgumentError("profile", where, f"a profile with key, name, capacity_bytes, "
                                               f"granularity_bytes and source ({e})") from None
@@ -58,11 +72,61 @@ def shipped_data() -> dict[str, dict[str, Any]]:
     return out
 
 
+# The raw data behind every profile made from data (loaded from a path, or built by
+# ``kvvmm calibrate`` as it measures), so the cost model can read sections the record does
+# not hold. A profile is a frozen value: the same data always makes an equal profile.
+_DATA: dict[DeviceProfile, dict[str, Any]] = {}
+_DATA_LOCK = threading.Lock()
+
+
+def profile_from_data(data: Mapping[str, Any], *, where: str = "<data>",
+                      path: str = "") -> DeviceProfile:
+    """A profile from a ``kvvmm-hardware-profile`` mapping; its sections stay readable.
+
+    Args:
+        data: the parsed JSON.
+        where: named in errors (a path, or what made the data).
+        path: recorded as :attr:`DeviceProfile.path`.
+    Raises:
+        ArgumentError: not a profile of a known format version, or fields missing.
+    """
+    prof = _profile_of(data, where, path)
+    with _DATA_LOCK:
+        _DATA[prof] = json.loads(json.dumps(data))  # a private copy: callers may mutate theirs
+    return prof
+
+
 def load_profile(path: str | os.PathLike[str]) -> DeviceProfile:
-    """Read a profile from a JSON file of format ``kvvmm-hardware-profile``."""
+    """Read a profile from a JSON file of format ``kvvmm-hardware-profile``.
+
+    Raises:
+        OSError: the file cannot be read.
+        ArgumentError: not JSON, or not a profile.
+    """
+    where = os.fspath(path)
     with open(path, encoding="utf-8") as f:
-        data = json.load(f)
-    return _profile_of(data, os.fspath(path))
+        try:
+            data = json.load(f)
+        except json.JSONDecodeError as e:
+            raise ArgumentError("profile", where, f"a {FORMAT!r} JSON file ({e})") from None
+    return profile_from_data(data, where=where, path=os.path.abspath(where))
+
+
+def profile_data(profile: str | os.PathLike[str] | DeviceProfile) -> Mapping[str, Any]:
+    """The raw JSON behind a profile (shipped, loaded or built from data).
+
+    A :class:`DeviceProfile` made by hand has no data but its key's shipped file, if any;
+    else an empty mapping (every model then falls back to the H200's measurements).
+    """
+    prof = get_profile(profile)
+    with _DATA_LOCK:
+        data = _DATA.get(prof)
+    if data is not None:
+        return data
+    shipped = shipped_data()
+    if prof.path == "" and prof.key in shipped:
+        return shipped[prof.key]
+    return {}
 
 
 #: The shipped profiles by key: ``h100``, ``h200``, ``b200``, ``gb300``.
@@ -71,12 +135,40 @@ PROFILES: dict[str, DeviceProfile] = {
 }
 
 
-def get_profile(profile: str | DeviceProfile) -> DeviceProfile:
-    """Look a profile up by key (``"h200"``); pass a :class:`DeviceProfile` through."""
+def _looks_like_path(text: str) -> bool:
+    return text.endswith(".json") or os.sep in text or (os.altsep or os.sep) in text
+
+
+def get_profile(profile: str | os.PathLike[str] | DeviceProfile) -> DeviceProfile:
+    """Look a profile up by key (``"h200"``) or read it from a path; pass a profile through.
+
+    Args:
+        profile: a shipped key (``"h200"``, ``"H-200"``), a path to a profile JSON file
+            (``"my-card.json"``, ``"/tmp/x/h200.json"``: anything ending in ``.json`` or
+            holding a path separator), or a :class:`DeviceProfile`.
+    Raises:
+        ArgumentError: an unknown key, or a file that is not a profile.
+        OSError: a path that cannot be read.
+    """
     if isinstance(profile, DeviceProfile):
         return profile
+    if isinstance(profile, os.PathLike) or (isinstance(profile, str)
+                                            and _looks_like_path(profile)):
+        return load_profile(profile)
     key = str(profile).lower().replace("-", "").replace(" ", "")
     try:
         return PROFILES[key]
     except KeyError:
-        raise ArgumentError("profile", profile, f"one of {sorted(PROFILES)}") from None
+        raise ArgumentError("profile", profile, f"one of {sorted(PROFILES)}, or a path to a "
+                                                f"profile .json file") from None
+
+
+def profile_label(profile: str | os.PathLike[str] | DeviceProfile) -> str:
+    """How figures name the profile they predict from: ``"h200 (NVIDIA H200, 2026-11-29)"``.
+
+    A profile loaded from a file says so: ``"h200 (NVIDIA H200, 2026-12-01, my-h200.json)"``.
+    """
+    p = get_profile(profile)
+    parts = [p.name] + ([p.date[:10]] if p.date else []) + (
+        [os.path.basename(p.path)] if p.path else [])
+    return f"{p.key} ({', '.join(parts)})"

@@ -1,0 +1,175 @@
+"""What the simulator charges per driver call on a given profile: the call, the library's own
+work around it, and the creates slowed by a large release just before.
+
+A profile's data file (:mod:`kvvmm.hardware.profiles`) may carry, beside ``call_costs``,
+sections that ``kvvmm calibrate`` measures on a GPU:
+
+- ``library_overhead_us.per_call``: µs of kvvmm's own work (arena, owner, transaction
+  bookkeeping; what CUDA does not see) charged with each call of that kind. The simulator
+  cannot see an arena operation, only the driver calls it makes, so the work of an operation
+  is spread over the calls it makes: a commit's work goes with its ``create`` (one per new
+  handle), a decommit's or close's with its ``unmap`` (one per mapping).
+- ``set_access_per_mapping``: µs per mapping covered by one ``set_access`` call, by mapping
+  size (the cost goes with the mappings covered, not with the calls: docs/MEASUREMENTS.md §9).
+- ``post_release_slowdown``: creates right after a large release run slower while the driver
+  reclaims the memory (docs/MEASUREMENTS.md §3); charged only when calibrate found it real
+  and stable across repeats (``modelled: true``).
+
+A profile without a section borrows the H200's figures where the H200 has them, and charges
+nothing extra where it has none; :attr:`SimCosts.notes` says which.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from kvvmm.hardware.cost import CostModel, default_cost_model
+from kvvmm.hardware.interp import Log2Curve
+from kvvmm.hardware.profiles import DeviceProfile, profile_data
+from kvvmm.units import MiB
+
+__all__ = ["CallClock", "PostReleaseSlowdown", "SimCosts", "sim_costs"]
+
+#: The calls whose cost depends on the handle or range size.
+SIZED_CALLS = ("create", "map", "set_access", "unmap", "release", "reserve", "free")
+
+
+@dataclass(frozen=True, slots=True)
+class PostReleaseSlowdown:
+    """Creates after a large release cost ``factor`` times as much, for ``creates`` creates."""
+
+    factor: float  #: measured ratio of a create's cost right after the release to settled
+    creates: int  #: how many creates the measurement covered after the release
+    min_released_bytes: int  #: released since the last create, at least, to set it off
+    source: str
+
+
+@dataclass(frozen=True, slots=True)
+class SimCosts:
+    """A profile's per-call costs as the simulator charges them (see the module docstring)."""
+
+    profile: str  #: the profile's key
+    calls: CostModel  #: µs per driver call by size
+    per_call_overhead_us: Mapping[str, float]  #: library work charged with each call, µs
+    access_per_mapping: Log2Curve | None  #: µs per mapping one set_access covers, by size
+    slowdown: PostReleaseSlowdown | None  #: None: not modelled on this profile
+    notes: tuple[str, ...]  #: what this profile borrows from the H200 or does not model
+    overhead_source: str  #: where ``per_call_overhead_us`` comes from
+
+    def call_us(self, op: str, size: int) -> float:
+        """µs of one call of ``op`` over ``size`` bytes, the library's work included."""
+        return self.calls(op, size) + self.per_call_overhead_us.get(op, 0.0)
+
+    def access_us(self, mapping_sizes: Sequence[int]) -> float:
+        """µs of one ``set_access`` over whole mappings of these sizes (library work included).
+
+        With ``set_access_per_mapping`` measured: the sum of its curve over the mappings;
+        else one call's cost per mapping (what the raw probe found it close to).
+        """
+        if self.access_per_mapping is not None:
+            curve = self.access_per_mapping
+            us = sum(curve(s) for s in mapping_sizes)
+        else:
+            us = sum(self.calls("set_access", s) for s in mapping_sizes)
+        return us + self.per_call_overhead_us.get("set_access", 0.0)
+
+
+def _curve(points: object) -> Log2Curve:
+    pts = [(int(float(mib) * MiB), float(us)) for mib, us in points]  # type: ignore[attr-defined]
+    return Log2Curve.from_points(pts)
+
+
+def _section(data: Mapping[str, Any], name: str) -> Mapping[str, Any] | None:
+    sec = data.get(name)
+    return sec if isinstance(sec, Mapping) else None
+
+
+@functools.cache
+def sim_costs(profile: DeviceProfile) -> SimCosts:
+    """The costs the simulator charges on ``profile`` (read once per profile).
+
+    Raises:
+        ValueError: a section holds malformed points (a calibrate file edited by hand).
+    """
+    data = profile_data(profile)
+    h200 = default_cost_model()
+    notes: list[str] = []
+    cc = _section(data, "call_costs")
+    if cc is None or not isinstance(cc.get("points"), Mapping):
+        calls = h200
+        if profile.key != "h200":
+            notes.append(f"call costs: none measured on {profile.key}; the H200's")
+    else:
+        curves = dict(h200.curves)
+        own = {op: _curve(pts) for op, pts in cc["points"].items() if pts}
+        missing = sorted(set(curves) - set(own))
+        if missing:
+            notes.append(f"call costs of {', '.join(missing)}: not measured on "
+                         f"{profile.key}; the H200's")
+        curves.update(own)
+        mem = cc.get("mem_info_us")
+        calls = CostModel(curves, h200.mem_info_us if mem is None else float(mem),
+                          str(cc.get("source", "")))
+    lo = _section(data, "library_overhead_us")
+    per_call: dict[str, float] = {}
+    lo_source = ""
+    if lo is not None and isinstance(lo.get("per_call"), Mapping):
+        per_call = {str(k): float(v) for k, v in lo["per_call"].items() if float(v) != 0.0}
+        lo_source = str(lo.get("source", ""))
+    else:
+        notes.append(f"library overhead: not measured on {profile.key}; driver calls only")
+    apm = _section(data, "set_access_per_mapping")
+    access = _curve(apm["points"]) if apm is not None and apm.get("points") else None
+    if access is None:
+        notes.append("set_access over several mappings: one call's cost per mapping")
+    prs = _section(data, "post_release_slowdown")
+    slow = None
+    if prs is not None and prs.get("modelled") is True:
+        slow = PostReleaseSlowdown(float(prs["factor"]), int(prs["creates"]),
+                                   int(prs["min_released_bytes"]), str(prs.get("source", "")))
+    elif prs is not None:
+        notes.append("post-release slowdown: measured, not modelled ("
+                     + str(prs.get("why_not_modelled", "not stable across repeats")) + ")")
+    return SimCosts(profile.key, calls, per_call, access, slow, tuple(notes), lo_source)
+
+
+class CallClock:
+    """One simulated device's charge per call: :class:`SimCosts` plus the state the
+    post-release slowdown needs (bytes released since the last create, slow creates left).
+
+    ``clock(op, size)`` returns the µs to add to the device's clock; the driver calls it once
+    per call, under its own lock.
+    """
+
+    __slots__ = ("_released", "_slow_left", "costs", "mem_info_us")
+
+    def __init__(self, costs: SimCosts) -> None:
+        self.costs = costs
+        self.mem_info_us = costs.calls.mem_info_us
+        self._released = 0
+        self._slow_left = 0
+
+    def __call__(self, op: str, size: int) -> float:
+        c = self.costs
+        us = c.calls(op, size)
+        if c.per_call_overhead_us:
+            us += c.per_call_overhead_us.get(op, 0.0)
+        slow = c.slowdown
+        if slow is not None:
+            if op == "release":
+                self._released += size
+            elif op == "create":
+                if self._released >= slow.min_released_bytes:
+                    self._slow_left = slow.creates
+                self._released = 0
+                if self._slow_left > 0:
+                    self._slow_left -= 1
+                    us += c.calls(op, size) * (slow.factor - 1.0)
+        return us
+
+    def access(self, mapping_sizes: Sequence[int]) -> float:
+        """µs of one set_access over whole mappings of these sizes."""
+        return self.costs.access_us(mapping_sizes)
