@@ -22,7 +22,7 @@ from kvvmm.driver import Driver, open_driver
 from kvvmm.errors import ArgumentError
 from kvvmm.hardware import H200_BANDWIDTH, get_profile, predicted_bandwidth_tb_s
 from kvvmm.layout import plan
-from kvvmm.layout.models import full_pool_descs
+from kvvmm.layout.model_buffers import full_pool_descs
 from kvvmm.owner import KvBufferOwner
 from kvvmm.record import Trace, TracingDriver
 from kvvmm.snapshot import ArenaSnapshot
@@ -255,9 +255,9 @@ class _Hooks:
         # Write one token slot of each new page in the first and last buffer: an unbacked
         # page faults here (an illegal address on CUDA), not silently later.
         ps = self.owner.page_size
-        for t in (self.owner.tensors[0], self.owner.tensors[-1]):
-            rows = t.shape[0]
-            tpr = rows and (self.owner.descs[0].tokens_per_row or 1)
+        for i in (0, len(self.owner.descs) - 1):
+            t = self.owner.tensors[i]
+            rows, tpr = t.shape[0], self.owner.descs[i].tokens_per_row
             for p in pages:
                 row = p * ps // tpr
                 if row < rows:
@@ -268,8 +268,8 @@ class _Hooks:
         used = (used_pages + 1) * self.page_bytes  # slot 0's page is used by capture
         c = self.cols
         for col, v in zip(c, (t_s, step, used, high_water, self.backed, self.pool_held,
-                              self.elastic, self.handles, self.calls, self.driver_s, running, waiting,
-                              self.kv_bandwidth_factor), strict=True):
+                              self.elastic, self.handles, self.calls, self.driver_s,
+                              running, waiting, self.kv_bandwidth_factor), strict=True):
             col.append(v)
 
     def timeline(self) -> Timeline:
@@ -359,7 +359,8 @@ def run_workload(
             driver, **({"profile": prof} if driver == "sim" else {}))
         tracer = TracingDriver(inner, Trace())
         owner = KvBufferOwner(driver=tracer, dtype=dtype, page_size=ps, reserved_tokens=tokens,
-                              descs=descs, policy=strat.policy, name=f"kv-{strat.name}")
+                              descs=descs, policy=strat.policy, name=f"kv-{strat.name}",
+                              trace=tracer.trace)
         try:
             strat.bind(owner, pool_pages=pool_pages)
             hooks = _Hooks(strat, owner, tracer, page_bytes, inner.granularity(),

@@ -147,25 +147,35 @@ class PrefixGrowth(Strategy):
         hysteresis: shrink when the backed pages exceed ``(1 + hysteresis) * high_water +
             min_slack_pages``, down to ``(1 + hysteresis / 2) * high_water`` (> 0): without
             it a pool at a steady size would shrink and regrow at every request.
-        min_slack_pages: pages beyond the need never worth a shrink, >= 0.
+        min_slack_pages: pages beyond the need never worth a shrink, >= 0 (default: one
+            granule of the first buffer: less than that a shrink cannot give back).
     """
 
     def __init__(self, policy: GrowthPolicy | None = None, *, shrink: bool = False,
-                 hysteresis: float = 1.0, min_slack_pages: int = 512) -> None:
+                 hysteresis: float = 1.0, min_slack_pages: int | None = None) -> None:
         if not (isinstance(hysteresis, (int, float)) and hysteresis > 0):
             raise ArgumentError("hysteresis", hysteresis, "a number > 0")
-        if isinstance(min_slack_pages, bool) or not isinstance(min_slack_pages, int) \
-                or min_slack_pages < 0:
+        bad = isinstance(min_slack_pages, bool) or not isinstance(min_slack_pages, int) \
+            or min_slack_pages < 0
+        if min_slack_pages is not None and bad:
             raise ArgumentError("min_slack_pages", min_slack_pages, "an int >= 0 (pages)")
         self.policy = default_policy() if policy is None else policy
         self.shrink = shrink
         self.hysteresis = float(hysteresis)
-        self.min_slack_pages = min_slack_pages
+        self._min_slack = min_slack_pages
+        self.min_slack_pages = 0 if min_slack_pages is None else min_slack_pages
         self.name = "prefix+shrink" if shrink else "prefix"
         # After a shrink that gave nothing back (a handle straddles the target), retry only
         # when the backing changed or the target halved: each try costs a snapshot.
         self._stuck_at = -1
         self._retry_below = 0
+
+    def bind(self, owner: KvBufferOwner, *, pool_pages: int) -> None:
+        super().bind(owner, pool_pages=pool_pages)
+        if self._min_slack is None:
+            d = owner.descs[0]
+            page_bytes = d.row_bytes * owner.page_size // d.tokens_per_row
+            self.min_slack_pages = max(1, owner.arena.granularity // page_bytes)
 
     def update(self, allocated: list[int], freed: list[int], high_water: int) -> None:
         if high_water > self.covered_pages:

@@ -1,0 +1,293 @@
+"""The workload lab (issue 13): loaders, the fitted generator, the serving model, strategies."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from kvvmm.driver.sim import SimDriver
+from kvvmm.errors import ArgumentError, WorkloadFormatError
+from kvvmm.replay import replay, replay_arenas
+from kvvmm.workload import (
+    STRATEGIES,
+    PrefixGrowth,
+    Request,
+    ServingConfig,
+    SlotAllocator,
+    Strategy,
+    Workload,
+    azure_conv_fit,
+    fit_workload,
+    generate,
+    load_azure_csv,
+    load_jsonl,
+    load_workload,
+    run_workload,
+    save_jsonl,
+)
+
+TRACE = (Path(__file__).resolve().parents[2] / "shared" / "data" / "azure-llm-inference-2023"
+         / "AzureLLMInferenceTrace_conv.csv")
+needs_trace = pytest.mark.skipif(not TRACE.exists(), reason=f"{TRACE} not here")
+
+# A pool small enough to preempt under the fitted traffic: qwen2.5-7b at TP 1 (56 buffers of
+# 1 KiB per token), 8192 tokens: 8 MiB per buffer, four granules (slot 0's covers 2048 tokens).
+SMALL = {"model": "qwen2.5-7b", "tp": 1, "pool_tokens": 8192}
+
+
+def small_workload(seed: int = 3, seconds: float = 20.0) -> Workload:
+    return generate(seed=seed, duration_s=seconds, rate_scale=2.0)
+
+
+# -- loaders --------------------------------------------------------------------------------
+
+
+def write(tmp_path: Path, name: str, text: str) -> Path:
+    p = tmp_path / name
+    p.write_text(text, encoding="utf-8")
+    return p
+
+
+def test_an_azure_csv_loads_with_arrivals_in_seconds_from_the_first_row(tmp_path: Path) -> None:
+    p = write(tmp_path, "t.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+              "2023-11-16 18:15:46.6805900,374,44\n2023-11-16 18:15:50.9951690,396,109\n")
+    wl = load_azure_csv(p)
+    assert wl.requests[0] == Request(0.0, 374, 44)
+    assert wl.requests[1].arrival_s == pytest.approx(4.314579)
+    assert load_workload(p) == wl
+
+
+@pytest.mark.parametrize(("row", "field", "text"), [
+    ("2023-11-16 18:15:50.99,x,109", "ContextTokens", "row 3"),
+    ("2023-11-16 18:15:50.99,396,0", "GeneratedTokens", "row 3"),
+    ("yesterday,396,10", "TIMESTAMP", "row 3"),
+    ("2023-11-16 18:15:40.00,396,10", "TIMESTAMP", "row 3"),
+    ("2023-11-16 18:15:50.99,396", "GeneratedTokens", "row 3"),
+])
+def test_a_bad_csv_row_is_refused_naming_its_row_and_field(tmp_path: Path, row: str, field: str,
+                                                           text: str) -> None:
+    p = write(tmp_path, "t.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+              f"2023-11-16 18:15:46.6805900,374,44\n{row}\n")
+    with pytest.raises(WorkloadFormatError, match=f"{text}.*{field}|{field}.*{text}"):
+        load_azure_csv(p)
+
+
+def test_a_csv_with_another_header_is_refused_on_row_1(tmp_path: Path) -> None:
+    p = write(tmp_path, "t.csv", "time,prompt,output\n1,2,3\n")
+    with pytest.raises(WorkloadFormatError, match=r"row 1.*TIMESTAMP"):
+        load_azure_csv(p)
+
+
+def test_jsonl_round_trips_with_prefix_ids(tmp_path: Path) -> None:
+    reqs = [Request(0.0, 10, 5, "sys"), Request(0.5, 20, 1)]
+    save_jsonl(reqs, tmp_path / "w.jsonl")
+    assert load_jsonl(tmp_path / "w.jsonl").requests == tuple(reqs)
+
+
+@pytest.mark.parametrize(("line", "field"), [
+    ('{"arrival_s": 1, "prompt_tokens": 0, "output_tokens": 3}', "prompt_tokens"),
+    ('{"arrival_s": -1, "prompt_tokens": 2, "output_tokens": 3}', "arrival_s"),
+    ('{"arrival_s": 1, "prompt_tokens": 2}', "output_tokens"),
+    ('{"arrival_s": 1, "prompt_tokens": 2, "output_tokens": 3, "prefix_id": 7}', "prefix_id"),
+    ('{"arrival_s": 1, "prompt_tokens": 2, "output_tokens": 3, "extra": 1}', "extra"),
+    ('{"arrival_s": 1, "prompt_tokens": true, "output_tokens": 3}', "prompt_tokens"),
+    ("[1, 2, 3]", "JSON object"),
+    ("{nope", "not JSON"),
+])
+def test_a_bad_jsonl_row_is_refused_naming_its_row_and_field(tmp_path: Path, line: str,
+                                                             field: str) -> None:
+    p = write(tmp_path, "w.jsonl",
+              '{"arrival_s": 0, "prompt_tokens": 2, "output_tokens": 3}\n\n' + line + "\n")
+    with pytest.raises(WorkloadFormatError, match=f"row 3.*{field}"):
+        load_jsonl(p)
+
+
+def test_an_unknown_trace_suffix_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(WorkloadFormatError, match="unknown format"):
+        load_workload(write(tmp_path, "t.parquet", ""))
+
+
+# -- the fitted generator ---------------------------------------------------------------------
+
+
+def test_the_same_seed_gives_the_same_workload_and_another_seed_another() -> None:
+    a, b, c = (generate(seed=s, duration_s=60.0) for s in (1, 1, 2))
+    assert a == b and a.requests != c.requests
+
+
+def test_the_shipped_fit_states_the_conversation_trace_statistics() -> None:
+    s = azure_conv_fit().summary()
+    assert (s["context_median"], s["context_p99"], s["context_max"]) == (1020, 4142, 14050)
+    assert (s["output_median"], s["output_max"]) == (129, 1000)
+    assert s["rate_per_s"] == pytest.approx(5.53, abs=0.01)
+    assert "Splitwise" in azure_conv_fit().source and "CC-BY 4.0" in azure_conv_fit().source
+
+
+def test_a_generated_hour_matches_the_fit_it_was_drawn_from() -> None:
+    got = fit_workload(generate(seed=7)).summary()
+    assert got["rate_per_s"] == pytest.approx(5.53, rel=0.03)
+    assert got["context_median"] == pytest.approx(1020, rel=0.03)
+    assert got["context_p99"] == pytest.approx(4142, rel=0.05)
+    assert got["output_median"] == pytest.approx(129, rel=0.05)
+    assert got["output_max"] <= 1000 and got["context_max"] <= 14050
+
+
+@needs_trace
+def test_the_shipped_fit_is_what_fitting_the_real_trace_gives() -> None:
+    real = fit_workload(load_azure_csv(TRACE), name="azure-conv-2023")
+    shipped = azure_conv_fit()
+    assert real.requests == 19366 == shipped.requests
+    assert real.context_percentiles == shipped.context_percentiles
+    assert real.output_percentiles == shipped.output_percentiles
+    assert real.rate_profile == shipped.rate_profile
+
+
+def test_generator_arguments_are_checked() -> None:
+    with pytest.raises(ArgumentError, match="rate_scale"):
+        generate(rate_scale=0)
+    with pytest.raises(ArgumentError, match="requests"):
+        generate(requests=0)
+
+
+def test_requests_stops_after_that_many_and_prefixes_are_named() -> None:
+    wl = generate(seed=0, requests=50, prefixes=3, prefix_tokens=100)
+    assert len(wl) == 50
+    assert {r.prefix_id for r in wl.requests} <= {"p0", "p1", "p2"}
+    assert min(r.prompt_tokens for r in wl.requests) >= 100
+
+
+# -- the slot allocator and the serving model -------------------------------------------------
+
+
+def test_lowest_free_first_reuses_the_lowest_page_and_lifo_the_last_freed() -> None:
+    for order, want in (("lowest", 2), ("lifo", 4)):
+        a = SlotAllocator(10, order)
+        got: list[int] = []
+        a.alloc(5, got)
+        assert got == [1, 2, 3, 4, 5] and a.high_water == 6
+        a.release([2, 4])
+        again: list[int] = []
+        a.alloc(1, again)
+        assert again == [want]
+    a = SlotAllocator(10, "lowest")
+    pages: list[int] = []
+    a.alloc(3, pages)
+    a.release([3, 2])
+    assert a.high_water == 2 and a.free == 8
+
+
+def test_every_request_completes_or_is_rejected_and_the_pool_preempts_when_full() -> None:
+    wl = Workload((*small_workload().requests, Request(30.0, 9000, 10)), "with one too big")
+    (r,) = run_workload(wl, ["prefix"], **SMALL).results  # type: ignore[arg-type]
+    s = r.serving
+    assert s.completed + s.rejected == s.requests == len(wl)
+    too_big = sum(-(-(q.prompt_tokens + q.output_tokens) // 16) > 8192 // 16 - 1
+                  for q in wl.requests)
+    assert s.rejected == too_big >= 1  # 9010 tokens never fit 8192 (page 0 is slot 0's)
+    assert s.preemptions > 0
+    assert s.peak_used_pages <= 8192 // 16 - 1
+    assert r.used_over_backed == 0 and r.conservation_errors == 0
+
+
+def test_max_running_bounds_the_batch() -> None:
+    (r,) = run_workload(small_workload(), ["static"], config=ServingConfig(max_running=3),
+                        **SMALL).results  # type: ignore[arg-type]
+    assert r.serving.peak_running <= 3
+    assert r.serving.completed + r.serving.rejected == r.serving.requests
+
+
+# -- strategies and invariants ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("order", ["lowest", "lifo"])
+def test_every_strategy_keeps_used_within_backed_and_conserves_bytes(order: str) -> None:
+    cmp = run_workload(small_workload(), STRATEGIES, config=ServingConfig(slot_order=order),
+                       record=True, **SMALL)  # type: ignore[arg-type]
+    for r in cmp.results:
+        assert r.used_over_backed == 0, r.strategy
+        assert r.conservation_errors == 0, r.strategy
+        assert all(u <= b for u, b in zip(r.timeline.used_bytes, r.timeline.backed_bytes,
+                                          strict=True)), r.strategy
+        assert r.serving.completed + r.serving.rejected == r.serving.requests
+        snap = r.final_snapshot
+        assert snap is not None and snap.backed_bytes + snap.unbacked_bytes == r.reserved_bytes
+        assert r.trace is not None
+        assert replay(r.trace, SimDriver("h200")) == [], r.strategy
+        (got,) = replay_arenas(r.trace)
+        assert got.mappings == snap.mappings and got.allocations == snap.allocations
+
+
+def test_the_same_seed_gives_the_same_results() -> None:
+    a, b = (run_workload(small_workload(seed=5), ["prefix+shrink"], **SMALL)  # type: ignore[arg-type]
+            for _ in range(2))
+    ra, rb = a.results[0], b.results[0]
+    assert ra.timeline == rb.timeline and ra.serving == rb.serving
+
+
+def test_static_backs_everything_and_prefix_growth_backs_less() -> None:
+    cmp = run_workload(generate(seed=1, duration_s=10.0), ["static", "prefix"],
+                       model="llama-3.1-70b", gpu="h200", tp=8)
+    static, prefix = cmp.results
+    assert static.peak_backed_bytes >= 100 * 2**30
+    assert prefix.peak_backed_bytes < static.peak_backed_bytes / 10
+    assert static.decode_driver_s == 0.0 and prefix.stalled_steps >= 1
+
+
+def test_prefix_growth_with_shrink_gives_memory_back_when_the_pool_empties() -> None:
+    wl = Workload((*generate(seed=2, duration_s=10.0, rate_scale=3).requests,
+                   Request(200.0, 100, 5)), "a burst, then one small request")
+    cmp = run_workload(wl, ["prefix", "prefix+shrink"], **SMALL)  # type: ignore[arg-type]
+    grow, shrink = cmp.results
+    assert shrink.timeline.backed_bytes[-1] < grow.timeline.backed_bytes[-1]
+
+
+def test_a_strategy_written_in_a_few_lines_runs_like_the_shipped_ones() -> None:
+    class Exactly(Strategy):
+        name = "mine"
+
+        def update(self, allocated: list[int], freed: list[int], high_water: int) -> None:
+            if high_water > self.covered_pages:
+                self.grow_to(high_water)
+
+    cmp = run_workload(small_workload(), [Exactly(), PrefixGrowth()], **SMALL)  # type: ignore[arg-type]
+    mine = cmp.result("mine")
+    assert mine.used_over_backed == 0 and mine.serving.completed > 0
+    with pytest.raises(ArgumentError, match="strategy"):
+        cmp.result("nope")
+
+
+def test_a_strategy_that_backs_too_little_is_caught() -> None:
+    class Lazy(Strategy):
+        name = "lazy"
+
+        def update(self, allocated: list[int], freed: list[int], high_water: int) -> None:
+            pass
+
+    (r,) = run_workload(small_workload(), [Lazy()], **SMALL).results  # type: ignore[arg-type]
+    assert r.used_over_backed > 0
+
+
+def test_strategies_run_on_the_host_driver_with_real_memory() -> None:
+    cmp = run_workload(small_workload(seconds=5.0), ["finalize", "prefix+shrink"], driver="host",
+                       touch=True, model="qwen2.5-7b", tp=1, pool_tokens=4096)
+    for r in cmp.results:
+        assert r.driver == "host" and r.used_over_backed == 0
+        assert r.serving.completed + r.serving.rejected == r.serving.requests
+
+
+def test_unknown_strategies_and_tiny_pools_are_refused() -> None:
+    with pytest.raises(ArgumentError, match="strategy"):
+        run_workload(small_workload(), ["elastic"], **SMALL)  # type: ignore[arg-type]
+    with pytest.raises(ArgumentError, match="pool_tokens"):
+        run_workload(small_workload(), ["static"], model="llama-3.1-8b", pool_tokens=16)
+
+
+@needs_trace
+def test_ten_minutes_of_the_real_trace_replay_with_every_request_completed() -> None:
+    wl = load_azure_csv(TRACE).first(600)
+    (r,) = run_workload(wl, ["prefix"]).results
+    assert r.serving.completed == len(wl) and r.serving.rejected == 0
+    assert r.used_over_backed == 0
+    assert json.loads(json.dumps(r.summary()))["strategy"] == "prefix"
