@@ -21,8 +21,7 @@ from dataclasses import dataclass
 from kvvmm.driver import Driver, open_driver
 from kvvmm.errors import ArgumentError
 from kvvmm.hardware import H200_BANDWIDTH, get_profile, predicted_bandwidth_tb_s
-from kvvmm.layout import plan
-from kvvmm.layout.model_buffers import full_pool_descs
+from kvvmm.layout import full_pool_descs, plan
 from kvvmm.owner import KvBufferOwner
 from kvvmm.record import Trace, TracingDriver
 from kvvmm.snapshot import ArenaSnapshot

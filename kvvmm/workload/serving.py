@@ -42,8 +42,7 @@ from typing import Protocol
 
 from kvvmm.errors import ArgumentError
 from kvvmm.hardware import get_profile
-from kvvmm.layout import weights_bytes_per_rank
-from kvvmm.layout.model_buffers import kv_bytes_per_token
+from kvvmm.layout import kv_bytes_per_token, weights_bytes_per_rank
 from kvvmm.workload.requests import Request, Workload
 
 __all__ = ["SLOT_ORDERS", "ServingConfig", "ServingHooks", "ServingModel", "ServingStats",

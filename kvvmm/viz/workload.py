@@ -1,0 +1,119 @@
+"""Figures and text over workload replays: memory over time, stalls, the summary table.
+
+Pure functions of a :class:`~kvvmm.workload.run.WorkloadComparison`; each returns a plotly
+figure or a string and changes nothing.
+"""
+
+from __future__ import annotations
+
+import html
+from typing import TYPE_CHECKING
+
+import plotly.graph_objects as go
+
+from kvvmm.units import fmt_bytes
+from kvvmm.viz._common import _table, _unit
+
+if TYPE_CHECKING:
+    from kvvmm.workload.run import WorkloadComparison
+
+__all__ = ["format_workload", "stall_figure", "workload_figure", "workload_memory_figure"]
+
+_COLORS = ("#1c7ed6", "#e8590c", "#2f9e44", "#ae3ec9", "#f08c00", "#0c8599", "#c2255c")
+
+
+def format_workload(cmp: WorkloadComparison) -> str:
+    """The summary table: one row per strategy (no wall times: the text is deterministic)."""
+    s = cmp.setup
+    head = ["strategy", "peak backed", "mean backed", "mean used", "mean waste",
+            "elastic at best", "p50 stall", "p99 stall", "max stall", "decode driver",
+            "calls", "handles", "bw", "done", "rejected", "preempted"]
+    rows = []
+    for r in cmp.results:
+        rows.append([
+            r.strategy, fmt_bytes(r.peak_backed_bytes), fmt_bytes(round(r.mean_backed_bytes)),
+            fmt_bytes(round(r.mean_used_bytes)), fmt_bytes(round(r.mean_waste_bytes)),
+            fmt_bytes(round(r.mean_elastic_bytes)), f"{r.p50_stall_s * 1e6:.0f} us",
+            f"{r.p99_stall_s * 1e6:.0f} us", f"{r.max_stall_s * 1e3:.2f} ms",
+            f"{r.decode_driver_s * 1e3:.2f} ms", f"{r.driver_calls:,}", f"{r.final_handles:,}",
+            f"{r.summary()['bandwidth_factor']:.3f}x", f"{r.serving.completed:,}",
+            f"{r.serving.rejected:,}", f"{r.serving.preemptions:,}"])
+    if not rows:
+        return "no results"
+    r0 = cmp.results[0]
+    lines = [f"{s.model} TP{s.tp} on {s.gpu}, one rank: {s.buffers} buffers, pool "
+             f"{s.pool_tokens:,} tokens ({fmt_bytes(s.pool_tokens * s.page_bytes // s.page_size)}),"
+             f" page {s.page_size}, slots {s.config.slot_order}-first; {s.requests:,} requests "
+             f"over {r0.serving.end_s:,.0f} s simulated, {r0.serving.steps:,} steps; "
+             f"driver {r0.driver}"]
+    return "\n".join(lines + _table(head, rows))
+
+
+def workload_memory_figure(cmp: WorkloadComparison, *, log: bool = True) -> go.Figure:
+    """Backed bytes over time per strategy, with used and page-elastic-at-best lines."""
+    fig = go.Figure()
+    peak = max((r.peak_backed_bytes for r in cmp.results), default=1)
+    unit, name = _unit(max(peak, 1))
+    if cmp.results:
+        r0 = cmp.results[0]
+        t = r0.timeline
+        fig.add_trace(go.Scatter(name="used by requests", x=list(t.t_s),
+                                 y=[u / unit for u in t.used_bytes], mode="lines",
+                                 line={"color": "#495057", "width": 1}))
+        fig.add_trace(go.Scatter(name="page-elastic at best (granules in use)", x=list(t.t_s),
+                                 y=[u / unit for u in t.elastic_bytes], mode="lines",
+                                 line={"color": "#868e96", "dash": "dot", "shape": "hv"}))
+    for i, r in enumerate(cmp.results):
+        t = r.timeline
+        fig.add_trace(go.Scatter(name=f"backed: {html.escape(r.strategy)}", x=list(t.t_s),
+                                 y=[b / unit for b in t.backed_bytes], mode="lines",
+                                 line={"shape": "hv", "color": _COLORS[i % len(_COLORS)]},
+                                 hovertemplate=f"%{{y:.4g}} {name} at %{{x:.1f}} s"
+                                               "<extra>%{fullData.name}</extra>"))
+    fig.update_xaxes(title_text="simulated time (s)")
+    fig.update_yaxes(title_text=f"bytes on one rank ({name})", type="log" if log else "linear")
+    fig.update_layout(title="KV memory over time", height=420, autosize=True,
+                      margin={"l": 10, "r": 10, "t": 50, "b": 40}, plot_bgcolor="white",
+                      legend={"orientation": "h", "yanchor": "top", "y": -0.2, "x": 0},
+                      meta={"kvvmm": "workload-memory", "unit_bytes": unit})
+    return fig
+
+
+def stall_figure(cmp: WorkloadComparison) -> go.Figure:
+    """Driver stall of each step that had one, per strategy (a strip of points, log scale)."""
+    fig = go.Figure()
+    for i, r in enumerate(cmp.results):
+        stalls = sorted(r.serving.stall_steps)
+        fig.add_trace(go.Box(name=html.escape(r.strategy), y=[s * 1e3 for s in stalls],
+                             boxpoints="all", jitter=0.4, pointpos=0,
+                             marker={"color": _COLORS[i % len(_COLORS)], "size": 5},
+                             hovertemplate="%{y:.3f} ms<extra>%{fullData.name}</extra>"))
+    fig.update_yaxes(title_text="driver time in one step (ms)", type="log")
+    fig.update_layout(title="decode-path stalls (steps with driver calls; all others: 0)",
+                      height=380, autosize=True, showlegend=False, plot_bgcolor="white",
+                      margin={"l": 10, "r": 10, "t": 50, "b": 40},
+                      meta={"kvvmm": "workload-stalls"})
+    return fig
+
+
+def workload_figure(cmp: WorkloadComparison) -> go.Figure:
+    """Memory over time (left) and step stalls (right), side by side, with the table above."""
+    from plotly.subplots import make_subplots
+
+    mem, stalls = workload_memory_figure(cmp), stall_figure(cmp)
+    fig = make_subplots(rows=1, cols=2, column_widths=[0.68, 0.32],
+                        subplot_titles=("KV memory over time (one rank)",
+                                        "decode-path stalls per step"))
+    for tr in mem.data:
+        fig.add_trace(tr, row=1, col=1)
+    for tr in stalls.data:
+        tr.showlegend = False
+        fig.add_trace(tr, row=1, col=2)
+    fig.update_xaxes(title_text="simulated time (s)", row=1, col=1)
+    fig.update_yaxes(title_text=mem.layout.yaxis.title.text, type="log", row=1, col=1)
+    fig.update_yaxes(title_text="ms", type="log", row=1, col=2)
+    fig.update_layout(height=460, autosize=True, plot_bgcolor="white",
+                      margin={"l": 10, "r": 10, "t": 60, "b": 40},
+                      legend={"orientation": "h", "yanchor": "top", "y": -0.18, "x": 0},
+                      meta={"kvvmm": "workload", "unit_bytes": mem.layout.meta["unit_bytes"]})
+    return fig
