@@ -142,11 +142,12 @@ def _replay_call(driver: Driver, ev: TraceEvent, tva: Callable[[int], int],
 def replay_arenas(trace: Trace, driver: Driver | None = None) -> list[ArenaSnapshot]:
     """Rebuild the arenas a trace recorded, on a SimDriver, and return their snapshots.
 
-    The arena operations noted in the trace (open, allocate, commit, decommit, grant
-    access, close) run again on ``driver`` (default: a SimDriver with the recording's
-    granularity and the H200's capacity; on the recorded device of a :class:`SimNode` when
-    peers were given access), so the snapshots equal the recorded arenas' up to ``base``.
-    An adopted (imported) handle is replayed as a commit of the same size.
+    The arena operations noted in the trace (open, allocate, commit, decommit, commit_range,
+    decommit_range (holes), grant access, close) run again on ``driver`` (default: a
+    SimDriver with the recording's granularity and the H200's capacity; on the recorded
+    device of a :class:`SimNode` when peers were given access), so the snapshots equal the
+    recorded arenas' up to ``base``. An adopted (imported) handle is replayed as a commit
+    of the same size at the prefix.
 
     Raises:
         TraceFormatError: the trace breaks the format (:meth:`Trace.validate`), or the arena
@@ -194,8 +195,12 @@ def _replay_op(driver: Driver, arenas: dict[int, Arena], ev: ArenaOp) -> None:
         arenas[i].decommit(a["offset"], a["keep_bytes"])
     elif ev.op == "grant_access":
         arenas[i].grant_access(a["devices"])
-    elif ev.op == "adopt":  # an imported handle: same-sized memory of our own
+    elif ev.op == "commit_range":
+        arenas[i].commit_range(a["offset"], a["start"], a["nbytes"])
+    elif ev.op == "decommit_range":
+        arenas[i].decommit_range(a["offset"], a["start"], a["nbytes"])
+    elif ev.op == "adopt":  # an imported handle: same-sized memory of our own, at the prefix
         off = a["offset"]
-        arenas[i].commit(off, arenas[i].backed_of(off) + a["nbytes"])
+        arenas[i].commit_range(off, arenas[i].prefix_of(off), a["nbytes"])
     elif ev.op == "close":
         arenas[i].close()

@@ -38,13 +38,30 @@ class MappingInfo:
 
 @dataclass(frozen=True, slots=True)
 class AllocationInfo:
-    """One allocation: a granularity-aligned piece of the reservation, backed from its start."""
+    """One allocation: a granularity-aligned piece of the reservation, backed anywhere.
+
+    Backing may have holes (``Arena.commit_range``/``decommit_range``): ``backed_bytes``
+    counts every backed byte, ``prefix_bytes`` those backed contiguously from the start (what
+    ``commit``/``ensure_prefix`` grow). Without holes the two are equal.
+    """
 
     name: str
     offset: int  #: start, from the arena base (a multiple of the granularity)
     size_bytes: int  #: its span, rounded up to the granularity
     requested_bytes: int  #: what ``allocate`` was asked for
-    backed_bytes: int  #: backed prefix, from ``offset``
+    backed_bytes: int  #: bytes backed in the allocation (holes not counted)
+    #: bytes backed contiguously from ``offset``; -1 (a record built without it): taken as
+    #: ``backed_bytes``, that is no holes
+    prefix_bytes: int = -1
+
+    def __post_init__(self) -> None:
+        if self.prefix_bytes < 0:
+            object.__setattr__(self, "prefix_bytes", self.backed_bytes)
+
+    @property
+    def hole_bytes(self) -> int:
+        """Backed bytes beyond the prefix, past at least one hole."""
+        return self.backed_bytes - self.prefix_bytes
 
     @property
     def end(self) -> int:
@@ -68,6 +85,9 @@ class ArenaSnapshot:
     closed: bool
     #: other devices given read/write access to everything backed (``grant_access``)
     peer_devices: tuple[int, ...] = ()
+    #: memory held by the arena's handle pool: created, not mapped anywhere (not in
+    #: ``backed_bytes``; the pool is shared by the arenas of its driver)
+    pool_bytes: int = 0
 
     @property
     def unbacked_bytes(self) -> int:
@@ -93,17 +113,27 @@ class ArenaSnapshot:
         assert mapped == per_alloc == self.backed_bytes, (mapped, per_alloc, self.backed_bytes)
         assert self.backed_bytes + self.unbacked_bytes == self.reserved_bytes
         assert 0 <= self.cursor_bytes <= self.reserved_bytes
+        assert self.pool_bytes >= 0, self.pool_bytes
         pos = 0
         for a in self.allocations:
             assert a.offset >= pos and a.end <= self.cursor_bytes, a
-            assert 0 <= a.backed_bytes <= a.size_bytes, a
+            assert 0 <= a.prefix_bytes <= a.backed_bytes <= a.size_bytes, a
             pos = a.end
         by_alloc: dict[str, int] = {}
-        for m in self.mappings:
+        prefix: dict[str, int] = {}
+        end = -1
+        for m in self.mappings:  # sorted, non-overlapping, each inside its allocation
             a = self.allocation(m.allocation)
-            start = a.offset + by_alloc.get(a.name, 0)
-            assert m.offset == start, f"mapping {m} does not continue {a.name}'s backed prefix"
+            assert m.offset >= end, f"mapping {m} overlaps or is out of order (last end {end})"
+            assert m.size_bytes > 0 and a.offset <= m.offset and m.end <= a.end, (
+                f"mapping {m} is not inside {a.name} [{a.offset}, {a.end})")
+            end = m.end
             by_alloc[a.name] = by_alloc.get(a.name, 0) + m.size_bytes
+            if m.offset == a.offset + prefix.get(a.name, 0):
+                prefix[a.name] = prefix.get(a.name, 0) + m.size_bytes
+        for a in self.allocations:
+            assert by_alloc.get(a.name, 0) == a.backed_bytes, (a, by_alloc.get(a.name, 0))
+            assert prefix.get(a.name, 0) == a.prefix_bytes, (a, prefix.get(a.name, 0))
 
 
 # -- owners ----------------------------------------------------------------------------

@@ -20,6 +20,7 @@ own arena with them (``driver.import_handle`` then ``adopt``).
 
 from __future__ import annotations
 
+import bisect
 import functools
 import logging
 import os
@@ -38,6 +39,7 @@ from kvvmm.errors import (
     ArgumentError,
     ClosedError,
     DriverError,
+    DriverOutOfMemoryError,
     DriverUnavailableError,
     KvvmmError,
     OutOfRangeError,
@@ -50,7 +52,9 @@ from kvvmm.units import align_up, fmt_bytes, fmt_range
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["MAX_RESERVE_BYTES", "Arena", "DecommitResult"]
+    from kvvmm.arena.pool import HandlePool
+
+__all__ = ["MAX_RESERVE_BYTES", "Arena", "DecommitResult", "RangeResult"]
 
 #: The most VA one arena may reserve: 2**48 bytes (256 TiB). CUDA's VA space on Hopper and
 #: Blackwell is 49 bits (part of it taken by the process's other mappings) and x86-64 user
@@ -110,7 +114,7 @@ class _Alloc:
     offset: int
     size: int
     requested: int
-    backed: int = 0
+    backed: int = 0  # bytes backed in the allocation (holes not counted)
     maps: list[_Map] = field(default_factory=list)
 
 
@@ -148,6 +152,72 @@ class DecommitResult:
         return text
 
 
+@dataclass(frozen=True, slots=True)
+class RangeResult:
+    """What one range decommit did to one allocation (a record: nothing live).
+
+    Maps are whole handles, so only the mappings lying wholly inside the range go; those it
+    cuts stay, and ``kept_mappings`` names each (``[start, end)`` from the arena base), as
+    :class:`DecommitResult` names the mapping that straddles a kept prefix.
+    """
+
+    name: str  #: the allocation's name
+    offset: int  #: the allocation's offset from the arena base
+    start: int  #: the range's start, from the allocation's start
+    nbytes: int  #: the range's length
+    given_bytes: int  #: bytes given back (unmapped and released)
+    backed_bytes: int  #: bytes backed in the allocation afterwards (holes not counted)
+    kept_mappings: tuple[tuple[int, int], ...]  #: mappings the range cuts, which stayed
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes of the range that stayed backed because a mapping it cuts stays."""
+        lo, hi = self.offset + self.start, self.offset + self.start + self.nbytes
+        return sum(min(e, hi) - max(s, lo) for s, e in self.kept_mappings)
+
+    def __str__(self) -> str:
+        text = (f"{self.name}: gave back {fmt_bytes(self.given_bytes)} of "
+                f"{fmt_range(self.offset + self.start, self.offset + self.start + self.nbytes)}")
+        if self.kept_mappings:
+            s, e = self.kept_mappings[0]
+            text += (f"; {len(self.kept_mappings)} mapping(s) the range cuts stay (first "
+                     f"{fmt_range(s, e)}), {fmt_bytes(self.held_bytes)} of the range with them "
+                     f"(maps are whole handles)")
+        return text
+
+
+def _insert(a: _Alloc, m: _Map) -> None:
+    """Put ``m`` among ``a``'s mappings, kept sorted by offset."""
+    i = bisect.bisect_left([x.offset for x in a.maps], m.offset)
+    a.maps.insert(i, m)
+    a.backed += m.size
+
+
+def _overlaps(ranges: Iterable[tuple[int, int]], lo: int, hi: int) -> bool:
+    return any(s < hi and lo < e for s, e in ranges)
+
+
+def _runs(ms: Sequence[_Map]) -> list[list[_Map]]:
+    """``ms`` (sorted) split into runs of adjacent mappings."""
+    out: list[list[_Map]] = []
+    for m in ms:
+        if out and out[-1][-1].offset + out[-1][-1].size == m.offset:
+            out[-1].append(m)
+        else:
+            out.append([m])
+    return out
+
+
+def _prefix(a: _Alloc) -> int:
+    """Bytes backed contiguously from ``a``'s start."""
+    end = a.offset
+    for m in a.maps:
+        if m.offset != end:
+            break
+        end += m.size
+    return end - a.offset
+
+
 class Arena:
     """One VA reservation with bump allocation, commit/decommit and tensor views.
 
@@ -159,6 +229,9 @@ class Arena:
         trace: a :class:`~kvvmm.record.Trace` to record the arena's operations in (open,
             allocate, commit, ...), next to the driver calls a ``TracingDriver`` records
             there; :func:`kvvmm.replay.replay_arenas` rebuilds the arena from it.
+        pool: a :class:`~kvvmm.arena.pool.HandlePool` of the same driver: commits take
+            handles from it (and only map), decommits give handles back to it (up to its
+            cap), an out-of-memory create draws it down first. None: create and release.
     Raises:
         ArgumentError: ``driver`` not a driver, or ``reserve_bytes`` not a positive int.
         OutOfRangeError: ``reserve_bytes`` above :data:`MAX_RESERVE_BYTES`; nothing reserved.
@@ -167,7 +240,7 @@ class Arena:
 
     def __init__(
         self, driver: Driver, *, reserve_bytes: int, device: int | None = None,
-        name: str = "arena", trace: Trace | None = None,
+        name: str = "arena", trace: Trace | None = None, pool: HandlePool | None = None,
     ) -> None:
         check_driver(driver)
         int_arg("reserve_bytes", reserve_bytes, lo=1, hi=MAX_RESERVE_BYTES,
@@ -176,6 +249,16 @@ class Arena:
         if device is not None and device != driver.device:
             raise ArgumentError("device", device, f"the driver's device {driver.device}")
         self._lock = threading.RLock()
+        # Signalled when the pool's thread publishes (or drops) a range it backed outside
+        # the lock; a commit or decommit that needs that range waits on it.
+        self._cond = threading.Condition(self._lock)
+        if pool is not None and getattr(pool, "driver", None) is not driver:
+            raise ArgumentError("pool", pool, "a HandlePool of this arena's driver")
+        self._handle_pool: HandlePool | None = pool
+        # allocation offset -> [start, end) (allocation-relative) the pool's thread is backing
+        self._inflight: dict[int, list[tuple[int, int]]] = {}
+        self.inflight_waits = 0  #: times a commit or decommit waited for an in-flight range
+        self._gone: list[tuple[int, int]] = []  # unmapped handles a decommit is releasing
         self.driver = driver
         self.name = str(name)
         self.device = driver.device
@@ -257,8 +340,22 @@ class Arena:
         return a
 
     def backed_of(self, offset: int) -> int:
-        """Bytes backed from the start of the allocation at ``offset``."""
+        """Bytes backed in the allocation at ``offset`` (holes not counted)."""
         return self._alloc_at(offset).backed
+
+    def prefix_of(self, offset: int) -> int:
+        """Bytes backed contiguously from the start of the allocation at ``offset``."""
+        return _prefix(self._alloc_at(offset))
+
+    def mappings_of(self, offset: int) -> list[tuple[int, int]]:
+        """``[(start, end), ...]`` of the allocation's mappings, allocation-relative, sorted."""
+        a = self._alloc_at(offset)
+        return [(m.offset - a.offset, m.offset - a.offset + m.size) for m in a.maps]
+
+    @property
+    def handle_pool(self) -> HandlePool | None:
+        """The :class:`~kvvmm.arena.pool.HandlePool` commits draw from, if any."""
+        return self._handle_pool
 
     # -- allocate -----------------------------------------------------------------------
 
@@ -306,31 +403,130 @@ class Arena:
         assert isinstance(nbytes, int)
         return a, align_up(nbytes, self.granularity)
 
-    def _extend(self, a: _Alloc, target: int, undo: Transaction) -> int:
-        """Back ``a`` up to ``target`` with one new handle, pushing undo steps."""
+    def _check_range(self, what: str, offset: object, start: object,
+                     nbytes: object) -> tuple[_Alloc, int, int]:
+        """A granule-aligned ``[start, start + nbytes)`` inside the allocation at ``offset``."""
+        a = self._alloc_at(offset)
+        int_arg("start", start, lo=0, hi=a.size,
+                limit=f"in [0, {a.size}] (allocation {a.name!r} is {a.size} bytes)")
+        assert isinstance(start, int)
+        room = a.size - start
+        int_arg("nbytes", nbytes, lo=0, hi=room,
+                limit=f"in [0, {room}] (allocation {a.name!r} has {room} bytes from start "
+                      f"{start})")
+        assert isinstance(nbytes, int)
+        g = self.granularity
+        for name, v in (("start", start), ("nbytes", nbytes)):
+            if v % g:
+                raise AlignmentError(name, v, f"a multiple of the granularity {g} ({what} "
+                                              f"takes granule-aligned ranges)")
+        return a, start, start + nbytes
+
+    def _gaps(self, a: _Alloc, lo: int, hi: int) -> list[tuple[int, int]]:
+        """Unbacked ``[s, e)`` (allocation-relative) inside ``[lo, hi)``, in order."""
+        out: list[tuple[int, int]] = []
+        pos = lo
+        for m in a.maps:
+            ms, me = m.offset - a.offset, m.offset - a.offset + m.size
+            if me <= pos:
+                continue
+            if ms >= hi:
+                break
+            if ms > pos:
+                out.append((pos, ms))
+            pos = max(pos, me)
+            if pos >= hi:
+                break
+        if pos < hi:
+            out.append((pos, hi))
+        return out
+
+    def _new_handle(self, size: int) -> int:
+        """A handle of ``size``: the pool's if it holds one, else a create.
+
+        Memory pressure: an out-of-memory create draws the pool down first (its idle
+        handles are memory nobody maps) and is tried once more.
+        """
+        pool = self._handle_pool
+        if pool is not None:
+            h = pool.take(size)
+            if h is not None:
+                return h
+        try:
+            return self.driver.create(size)
+        except DriverOutOfMemoryError:
+            if pool is None or not pool.trim(size):
+                raise
+            return self.driver.create(size)
+
+    def _back_gap(self, a: _Alloc, s: int, e: int, undo: Transaction) -> int:
+        """Back ``[s, e)`` of ``a`` (unbacked, aligned) with one new handle; push undo steps."""
         d = self.driver
-        ext = target - a.backed
-        va = self.base + a.offset + a.backed
-        h = d.create(ext)
-        undo.push(f"release(handle={h})", lambda: d.release(h))
-        d.map(va, ext, h)
-        undo.push(f"unmap(va={va:#x}, size={ext})", lambda: d.unmap(va, ext))
-        self._set_access(va, ext)
-        m = _Map(a.offset + a.backed, ext, h, 0)
-        a.maps.append(m)
-        a.backed = target
+        size = e - s
+        va = self.base + a.offset + s
+        h = self._new_handle(size)
+        undo.push(f"release(handle={h})", self._drop_handle, h, size)
+        d.map(va, size, h)
+        undo.push(f"unmap(va={va:#x}, size={size})", d.unmap, va, size)
+        self._set_access(va, size)
+        m = _Map(a.offset + s, size, h, 0)
+        _insert(a, m)
 
         def forget() -> None:
             a.maps.remove(m)
-            a.backed -= ext
+            a.backed -= size
 
         undo.push("forget", forget)
-        return ext
+        return size
+
+    def _drop_handle(self, h: int, size: int) -> None:
+        """An unmapped handle goes back to the pool (up to its cap) or to the driver."""
+        pool = self._handle_pool
+        if pool is None or not pool.give(h, size):
+            self.driver.release(h)
+
+    def _wait_inflight(self, ranges: Sequence[tuple[_Alloc, int, int]]) -> None:
+        """Wait (the lock released) while the pool's thread backs part of ``ranges``.
+
+        Its driver calls run outside the arena's lock, so the range is booked "in flight"
+        until it publishes; backing it here too would map over it.
+        """
+        while self._inflight and any(
+            _overlaps(self._inflight.get(a.offset, ()), lo, hi) for a, lo, hi in ranges
+        ):
+            self._cond.wait(timeout=1.0)
+            self.inflight_waits += 1
+
+    def _commit_ranges(self, plan: Sequence[tuple[_Alloc, int, int]], op: str) -> int:
+        self._wait_inflight(plan)
+        undo = Transaction()
+        added = 0
+        try:
+            for a, lo, hi in plan:
+                for s, e in self._gaps(a, lo, hi):
+                    added += self._back_gap(a, s, e, undo)
+        except BaseException as e:  # a driver's OSError or a Ctrl-C must not leak handles
+            undo.unwind(e)
+            raise
+        for a, _, _ in plan:  # ids only for handles that stayed: the same on replay
+            for m in a.maps:
+                if m.hid == 0:
+                    m.hid = self._next_hid
+                    self._next_hid += 1
+        if self._trace is not None:
+            for a, lo, hi in plan:
+                if op == "commit":
+                    self._note("commit", offset=a.offset, nbytes=hi)
+                else:
+                    self._note(op, offset=a.offset, start=lo, nbytes=hi - lo)
+        return added
 
     def commit(self, offset: int, nbytes: int) -> int:
-        """Back the first ``nbytes`` of the allocation at ``offset`` (one new handle).
+        """Back the first ``nbytes`` of the allocation at ``offset``.
 
-        Backing only grows: asking for less than is backed does nothing.
+        Backing only grows: asking for less than is backed does nothing. Every hole in
+        ``[0, nbytes)`` gets one new handle (with no holes: one handle after the backed
+        prefix, as always).
 
         Args:
             offset: an allocation's offset (from :meth:`allocate`).
@@ -352,25 +548,107 @@ class Arena:
         made for earlier requests are unmapped and released again.
         """
         self._check_open("commit")
-        plan = [self._check_commit(o, n) for o, n in requests]
+        plan = [(a, 0, n) for a, n in (self._check_commit(o, n) for o, n in requests)]
+        return self._commit_ranges(plan, "commit")
+
+    def commit_range(self, offset: int, start: int, nbytes: int) -> int:
+        """Back ``[start, start + nbytes)`` of the allocation at ``offset``, holes allowed.
+
+        What is already backed in the range stays; each unbacked gap in it gets one new
+        handle (create, map, set access), so a later :meth:`decommit_range` of that same
+        range can give it back whole.
+
+        Args:
+            offset: an allocation's offset.
+            start: bytes from the allocation's start, a multiple of the granularity.
+            nbytes: bytes, a multiple of the granularity; ``start + nbytes <= size``.
+        Returns:
+            Bytes newly backed.
+        Raises:
+            ArgumentError, OutOfRangeError, AlignmentError: bad arguments; nothing changed.
+            DriverError: a driver call failed; everything this call did is undone.
+        """
+        return self.commit_ranges([(offset, start, nbytes)])
+
+    @_locked
+    def commit_ranges(self, requests: Iterable[tuple[int, int, int]]) -> int:
+        """Commit several ``(offset, start, nbytes)`` ranges as one transaction.
+
+        Every range is checked before any driver call; a failure undoes every handle made.
+        See :meth:`commit_range`.
+        """
+        self._check_open("commit_range")
+        plan = [self._check_range("commit_range", o, s, n) for o, s, n in requests]
+        return self._commit_ranges(plan, "commit_range")
+
+    def prepare_ranges(self, requests: Iterable[tuple[int, int, int]]) -> int:
+        """Back ranges ahead of need, making the driver calls with the arena's lock free.
+
+        For a background thread (the handle pool's look-ahead): under the lock, each unbacked
+        gap of the ranges that no one else is backing is booked "in flight"; with no lock
+        held, each gets a handle (the pool's or a create), a map and access; under the lock
+        again it is published as a mapping (recorded as a ``commit_range``). A commit or
+        decommit that needs an in-flight gap waits for it (:attr:`inflight_waits` counts
+        those waits). A gap that fails is undone (unmap, handle dropped) and stays unbacked;
+        the others stand: a look-ahead is a hint, not a transaction.
+
+        Returns:
+            Bytes published. 0 after ``close()``.
+        Raises:
+            ArgumentError, OutOfRangeError, AlignmentError: bad ranges; nothing booked.
+        """
+        with self._lock:
+            if self._closed:
+                return 0
+            plan = [self._check_range("prepare_ranges", o, s, n) for o, s, n in requests]
+            booked: list[tuple[_Alloc, int, int]] = []
+            for a, lo, hi in plan:
+                mine = self._inflight.setdefault(a.offset, [])
+                for s, e in self._gaps(a, lo, hi):
+                    if not _overlaps(mine, s, e):
+                        mine.append((s, e))
+                        booked.append((a, s, e))
+        done = 0
+        for a, s, e in booked:
+            size, va = e - s, self.base + a.offset + s
+            h: int | None = None
+            mapped = False
+            try:
+                if self._closed:
+                    raise ClosedError(f"arena {self.name!r} closed during a look-ahead")
+                h = self._new_handle(size)
+                self.driver.map(va, size, h)
+                mapped = True
+                self._set_access(va, size)
+            except BaseException as err:
+                self._drop_prepared(a, s, e, h, mapped, err)
+                if not isinstance(err, (DriverError, ClosedError)):
+                    raise
+                continue
+            with self._lock:
+                _insert(a, _Map(a.offset + s, size, h, self._next_hid))
+                self._next_hid += 1
+                self._inflight[a.offset].remove((s, e))
+                self._note("commit_range", offset=a.offset, start=s, nbytes=size)
+                self._cond.notify_all()
+            done += size
+        return done
+
+    def _drop_prepared(self, a: _Alloc, s: int, e: int, h: int | None, mapped: bool,
+                       err: BaseException) -> None:
+        """Undo one look-ahead gap that failed (no lock held for the driver calls)."""
         undo = Transaction()
-        added = 0
-        try:
-            for a, target in plan:
-                if target > a.backed:
-                    added += self._extend(a, target, undo)
-        except BaseException as e:  # a driver's OSError or a Ctrl-C must not leak handles
-            undo.unwind(e)
-            raise
-        for a, _ in plan:  # ids only for handles that stayed: the same on replay
-            for m in a.maps:
-                if m.hid == 0:
-                    m.hid = self._next_hid
-                    self._next_hid += 1
-        if self._trace is not None:
-            for a, target in plan:
-                self._note("commit", offset=a.offset, nbytes=target)
-        return added
+        size, va = e - s, self.base + a.offset + s
+        if h is not None:
+            undo.push(f"release(handle={h})", self._drop_handle, h, size)
+        if mapped:  # the driver refuses this during a capture: then the handle stays mapped
+            undo.push(f"unmap(va={va:#x}, size={size})", self.driver.unmap, va, size)
+        undo.unwind(err)
+        with self._lock:
+            self._inflight[a.offset].remove((s, e))
+            self._cond.notify_all()
+        log.info("arena %r: look-ahead of %s failed: %s", self.name,
+                 fmt_range(a.offset + s, a.offset + e), err)
 
     # -- decommit -----------------------------------------------------------------------
 
@@ -407,10 +685,11 @@ class Arena:
     ) -> tuple[DecommitResult, ...]:
         """Decommit several allocations as one transaction and say what happened to each.
 
-        Every request is checked before any driver call. Each allocation's dropped range is
-        unmapped in one call first, and each unmap pushes its undo (map the same handles
-        back, set access): the handles still hold the memory, so a failed unmap puts every
-        byte back where it was. Only when every unmap succeeded are the handles released.
+        Every request is checked before any driver call. Each run of adjacent dropped
+        mappings is unmapped in one call first, and each unmap pushes its undo (map the same
+        handles back, set access): the handles still hold the memory, so a failed unmap puts
+        every byte back where it was. Only when every unmap succeeded are the handles
+        released.
 
         A release cannot lose a byte anyone can still reach (the VA is already unmapped), but
         it can fail: then the decommit stands (the snapshot shows the mappings gone), the
@@ -420,7 +699,8 @@ class Arena:
 
         Args:
             requests: ``(offset, keep_bytes)`` pairs; ``keep_bytes`` in ``[0, size]``. An
-                allocation named twice keeps the smaller of its two.
+                allocation named twice keeps the smaller of its two. Every mapping that
+                starts at or beyond ``keep_bytes`` goes (holes included).
         Returns:
             One :class:`DecommitResult` per allocation, in the order first named.
         Raises:
@@ -436,48 +716,140 @@ class Arena:
             int_arg("keep_bytes", k, lo=0, hi=a.size,
                  limit=f"in [0, {a.size}] (allocation {a.name!r} is {a.size} bytes)")
             keep[a.offset] = min(k, keep.get(a.offset, k))
-        plan: list[tuple[_Alloc, int]] = []
-        for o, k in keep.items():
-            a = self._by_offset[o]
-            drop = [i for i, m in enumerate(a.maps) if m.offset - a.offset >= k]
-            if drop:
-                plan.append((a, drop[0]))
+        self._wait_inflight([(self._by_offset[o], k, self._by_offset[o].size)
+                             for o, k in keep.items()])
+        plan = [(a, [m for m in a.maps if m.offset - a.offset >= k])
+                for a, k in ((self._by_offset[o], k) for o, k in keep.items())]
+        given = self._give_back([(a, ms) for a, ms in plan if ms])
+        for a, ms in plan:
+            if ms:
+                last = a.maps[-1].offset + a.maps[-1].size - a.offset if a.maps else 0
+                self._note("decommit", offset=a.offset, keep_bytes=last)
+        results = tuple(self._decommit_result(self._by_offset[o], k, given.get(o, 0))
+                        for o, k in keep.items())
+        self._release_gone()
+        return results
+
+    def decommit_range(self, offset: int, start: int, nbytes: int) -> int:
+        """Give back the mappings that lie wholly inside ``[start, start + nbytes)``.
+
+        Maps are whole handles: a mapping the range cuts (one that starts before it or ends
+        after it) stays, as a mapping straddling ``keep_bytes`` stays in :meth:`decommit`;
+        :meth:`decommit_range_report` names each one.
+
+        Args:
+            offset: an allocation's offset.
+            start, nbytes: a granule-aligned range of it (bytes from its start).
+        Returns:
+            Bytes given back.
+        Raises:
+            ArgumentError, OutOfRangeError, AlignmentError: bad arguments; nothing changed.
+            DriverError: as for :meth:`decommit_many_report`.
+        """
+        return self.decommit_ranges([(offset, start, nbytes)])
+
+    def decommit_range_report(self, offset: int, start: int, nbytes: int) -> RangeResult:
+        """:meth:`decommit_range`, returning what it did (see :class:`RangeResult`)."""
+        return self.decommit_ranges_report([(offset, start, nbytes)])[0]
+
+    def decommit_ranges(self, requests: Iterable[tuple[int, int, int]]) -> int:
+        """Decommit several ``(offset, start, nbytes)`` ranges as one transaction.
+
+        Returns:
+            Bytes given back in all.
+        """
+        return sum(r.given_bytes for r in self.decommit_ranges_report(requests))
+
+    @_locked
+    def decommit_ranges_report(
+        self, requests: Iterable[tuple[int, int, int]]
+    ) -> tuple[RangeResult, ...]:
+        """Decommit several ranges as one transaction; one :class:`RangeResult` per range.
+
+        The transaction is :meth:`decommit_many_report`'s: every range checked first, every
+        unmap undone if one fails, releases only after every unmap succeeded.
+        """
+        self._check_open("decommit_range")
+        plan = [self._check_range("decommit_range", o, s, n) for o, s, n in requests]
+        self._wait_inflight(plan)
+        drop: dict[int, list[_Map]] = {}
+        cut: list[tuple[tuple[int, int], ...]] = []
+        inside: list[list[_Map]] = []
+        for a, lo, hi in plan:
+            lo_abs, hi_abs = a.offset + lo, a.offset + hi
+            mine = [m for m in a.maps if m.offset >= lo_abs and m.offset + m.size <= hi_abs]
+            cut.append(tuple((m.offset, m.offset + m.size) for m in a.maps
+                             if m.offset < hi_abs and m.offset + m.size > lo_abs
+                             and not (m.offset >= lo_abs and m.offset + m.size <= hi_abs)))
+            inside.append(mine)
+            got = drop.setdefault(a.offset, [])
+            got += [m for m in mine if all(m is not x for x in got)]
+        self._give_back([(self._by_offset[o], sorted(ms, key=lambda m: m.offset))
+                         for o, ms in drop.items() if ms])
+        out = []
+        seen: set[int] = set()
+        for (a, lo, hi), mine, kept in zip(plan, inside, cut, strict=True):
+            given = sum(m.size for m in mine if id(m) not in seen)
+            seen.update(id(m) for m in mine)
+            out.append(RangeResult(name=a.name, offset=a.offset, start=lo, nbytes=hi - lo,
+                                   given_bytes=given, backed_bytes=a.backed,
+                                   kept_mappings=kept))
+            if mine:
+                self._note("decommit_range", offset=a.offset, start=lo, nbytes=hi - lo)
+        self._release_gone()
+        return tuple(out)
+
+    def _give_back(self, plan: Sequence[tuple[_Alloc, list[_Map]]]) -> dict[int, int]:
+        """Unmap ``plan``'s mappings (sorted per allocation) in runs; forget them.
+
+        One unmap per run of adjacent mappings (CUDA unmaps several whole mappings in one
+        call). A failed unmap maps every run unmapped before it back (same handles, same
+        bytes). The handles wait in ``_gone`` for :meth:`_release_gone`.
+        """
         d = self.driver
         undo = Transaction()
         try:
-            for a, first in plan:  # one unmap per allocation, each undone by mapping back
-                start = a.maps[first].offset
-                d.unmap(self.base + start, a.offset + a.backed - start)
-                for m in a.maps[first:]:
-                    undo.push(f"map back handle {m.hid} at offset {m.offset}", self._map_back, m)
+            for _a, ms in plan:
+                for run in _runs(ms):
+                    start, end = run[0].offset, run[-1].offset + run[-1].size
+                    d.unmap(self.base + start, end - start)
+                    for m in run:
+                        undo.push(f"map back handle {m.hid} at offset {m.offset}",
+                                  self._map_back, m)
         except BaseException as e:  # a Ctrl-C between unmaps must not lose the bytes either
             undo.unwind(e)
             raise
         undo.commit()
         given: dict[int, int] = {}
-        gone: list[tuple[int, int]] = []
-        for a, first in plan:
-            before = a.backed
-            gone += [(m.handle, m.size) for m in a.maps[first:]]
-            del a.maps[first:]
-            a.backed = a.maps[-1].offset + a.maps[-1].size - a.offset if a.maps else 0
-            given[a.offset] = before - a.backed
-            self._note("decommit", offset=a.offset, keep_bytes=a.backed)
-        results = tuple(self._decommit_result(self._by_offset[o], k, given.get(o, 0))
-                        for o, k in keep.items())
-        # Past the point of no return: the VA no longer reaches these handles.
+        for a, ms in plan:
+            gone = {id(m) for m in ms}
+            a.maps = [m for m in a.maps if id(m) not in gone]
+            size = sum(m.size for m in ms)
+            a.backed -= size
+            given[a.offset] = given.get(a.offset, 0) + size
+            self._gone += [(m.handle, m.size) for m in ms]
+        return given
+
+    def _release_gone(self) -> None:
+        """Past the point of no return: the VA no longer reaches these handles."""
+        gone, self._gone = self._gone, []
+        pool = self._handle_pool
+        if pool is not None:  # retained for the next commit: two map calls, not create+release
+            gone = [(h, s) for h, s in gone if not pool.give(h, s)]
         self._leftover += gone
         if gone:
             self._release_leftover("decommit or close again to retry")
-        return results
 
     def _decommit_result(self, a: _Alloc, keep_bytes: int, given: int) -> DecommitResult:
         kept: tuple[int, int] | None = None
-        if a.maps and keep_bytes < a.backed:
-            last = a.maps[-1]  # the mapping that straddles keep_bytes
+        straddle = [m for m in a.maps
+                    if m.offset - a.offset < keep_bytes < m.offset - a.offset + m.size]
+        if straddle:
+            last = straddle[0]  # the mapping that straddles keep_bytes
             kept = (last.offset, last.offset + last.size)
+        end = a.maps[-1].offset + a.maps[-1].size - a.offset if a.maps else 0
         return DecommitResult(name=a.name, offset=a.offset, keep_bytes=keep_bytes,
-                              given_bytes=given, backed_bytes=a.backed, kept_mapping=kept)
+                              given_bytes=given, backed_bytes=end, kept_mapping=kept)
 
     def _map_back(self, m: _Map) -> None:
         """Map a handle back where it was (undo of an unmap: the handle kept its bytes)."""
@@ -530,9 +902,10 @@ class Arena:
         if len(new) == 1:
             return
         d = self.driver
-        for a in self._allocs:
-            if a.backed:
-                d.set_access(self.base + a.offset, a.backed, new)
+        for a in self._allocs:  # one call per run of adjacent mappings (holes are not mapped)
+            for run in _runs(a.maps):
+                start, end = run[0].offset, run[-1].offset + run[-1].size
+                d.set_access(self.base + start, end - start, new)
         self._access = new
         self._note("grant_access", devices=list(new))
 
@@ -585,15 +958,17 @@ class Arena:
         """
         self._check_open("adopt")
         a = self._alloc_at(offset)
-        room = a.size - a.backed
+        prefix = _prefix(a)
+        nxt = [m.offset - a.offset for m in a.maps if m.offset - a.offset > prefix]
+        room = (nxt[0] if nxt else a.size) - prefix
         int_arg("nbytes", nbytes, lo=1, hi=room,
-             limit=f"in [1, {room}] (allocation {a.name!r} has {room} bytes after its "
-                   f"{a.backed} backed)")
+             limit=f"in [1, {room}] (allocation {a.name!r} has {room} unbacked bytes after "
+                   f"its {prefix}-byte backed prefix)")
         if nbytes % self.granularity:
             raise AlignmentError("nbytes", nbytes,
                                  f"a multiple of the granularity {self.granularity}")
         d = self.driver
-        va = self.base + a.offset + a.backed
+        va = self.base + a.offset + prefix
         d.map(va, nbytes, handle)
         try:
             self._set_access(va, nbytes)
@@ -602,9 +977,8 @@ class Arena:
             undo.push(f"unmap(va={va:#x}, size={nbytes})", lambda: d.unmap(va, nbytes))
             undo.unwind(e)
             raise
-        a.maps.append(_Map(a.offset + a.backed, nbytes, handle, self._next_hid))
+        _insert(a, _Map(a.offset + prefix, nbytes, handle, self._next_hid))
         self._next_hid += 1
-        a.backed += nbytes
         self._note("adopt", offset=a.offset, nbytes=nbytes)
         return nbytes
 
@@ -730,7 +1104,8 @@ class Arena:
     @_locked
     def snapshot(self) -> ArenaSnapshot:
         """Frozen view of the arena now (works after close too)."""
-        allocs = tuple(AllocationInfo(a.name, a.offset, a.size, a.requested, a.backed)
+        allocs = tuple(AllocationInfo(a.name, a.offset, a.size, a.requested, a.backed,
+                                      _prefix(a))
                        for a in self._allocs)
         maps = tuple(MappingInfo(m.offset, m.size, m.hid, a.name)
                      for a in self._allocs for m in a.maps)
@@ -740,6 +1115,7 @@ class Arena:
             cursor_bytes=self.cursor_bytes, allocations=allocs, mappings=maps,
             backed_bytes=sum(a.backed for a in self._allocs), closed=self._closed,
             peer_devices=self.peer_devices,
+            pool_bytes=0 if self._handle_pool is None else self._handle_pool.held_bytes,
         )
 
     @_locked
@@ -765,6 +1141,7 @@ class Arena:
             self._drop_pool()
         if self._views:
             return  # _view_gone finishes the job
+        self._wait_inflight([(a, 0, a.size) for a in self._allocs])
         try:
             self._teardown()
         except BaseException:
@@ -776,27 +1153,31 @@ class Arena:
         d = self.driver
         undo = Transaction()
         try:
-            for a in self._allocs:
-                if not a.maps:
-                    continue
-                va, size = self.base + a.offset, a.backed
-                d.unmap(va, size)
-                undo.push(f"remap {a.name}", functools.partial(self._remap, a))
+            for a in self._allocs:  # one unmap per run of adjacent mappings
+                for run in _runs(a.maps):
+                    start, end = run[0].offset, run[-1].offset + run[-1].size
+                    d.unmap(self.base + start, end - start)
+                    undo.push(f"remap {a.name} at {start}", functools.partial(self._remap, run))
             d.free(self.base, self.reserved_bytes)
         except BaseException as e:
             undo.unwind(e)
             raise
         self._released = True
         self._note("close")
-        self._leftover += [(m.handle, m.size) for a in self._allocs for m in a.maps]
+        self._gone += [(m.handle, m.size) for a in self._allocs for m in a.maps]
         for a in self._allocs:
             a.maps.clear()
             a.backed = 0
+        gone, self._gone = self._gone, []
+        pool = self._handle_pool
+        if pool is not None:  # retained (up to the pool's cap) for the next arena
+            gone = [(h, sz) for h, sz in gone if not pool.give(h, sz)]
+        self._leftover += gone
         self._release_leftover()
 
-    def _remap(self, a: _Alloc) -> None:
-        """Map ``a``'s handles back after its unmap (undo in a failed close)."""
-        for m in a.maps:
+    def _remap(self, run: list[_Map]) -> None:
+        """Map a run's handles back after its unmap (undo in a failed close)."""
+        for m in run:
             self._map_back(m)
 
     def _release_leftover(self, retry: str = "call close() again to release them") -> None:

@@ -24,7 +24,8 @@ __all__ = ["ARENA_OPS", "CALL_ARGS", "MAX_DEVICES", "OP_ARGS", "check_call", "ch
            "check_op", "check_order", "label", "show"]
 
 #: What an arena records, in the order they can happen.
-ARENA_OPS = ("open", "allocate", "commit", "decommit", "grant_access", "adopt", "close")
+ARENA_OPS = ("open", "allocate", "commit", "decommit", "grant_access", "adopt", "close",
+             "commit_range", "decommit_range")
 #: The int arguments each driver call must carry to be replayed.
 CALL_ARGS: dict[str, tuple[str, ...]] = {
     "reserve": ("size", "align"), "free": ("va", "size"), "create": ("size",),
@@ -44,6 +45,9 @@ OP_ARGS: dict[str, dict[str, str]] = {
     "grant_access": {"devices": "devices"},
     "adopt": {"offset": "int", "nbytes": "int"},
     "close": {},
+    # holes (0.2): a granule-aligned range [start, start + nbytes) of the allocation
+    "commit_range": {"offset": "int", "start": "int", "nbytes": "int"},
+    "decommit_range": {"offset": "int", "start": "int", "nbytes": "int"},
 }
 #: Device ordinals a trace may name: a replay builds a SimNode of that many devices.
 MAX_DEVICES = 1024

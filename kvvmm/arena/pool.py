@@ -1,0 +1,334 @@
+"""HandlePool: physical handles made ahead of need, off the decode path.
+
+A decode step that must grow the KV cache waits for create + map + set access of every new
+handle (set access dominates: docs/MEASUREMENTS.md §2, §9). The pool moves that work to a
+background thread: it keeps ``ready`` handles per size class created ahead (so growth only
+maps), retains the handles a decommit gives back up to ``retain_bytes`` (so a
+decommit-then-commit cycle costs unmap + map, not release + create), and runs jobs such as an
+owner's look-ahead (:meth:`kvvmm.owner.KvBufferOwner` with ``lookahead_bytes``), which create,
+map and grant access to a bounded range beyond the prefix before ``ensure_prefix`` needs it.
+
+One pool per driver, shared by the arenas of that driver (``Arena(..., pool=...)``): its
+handles are device memory, memory pressure is the device's, and two owners of one process
+(hybrid SWA: full + swa) draw from the same idle handles. Under pressure it gives memory back
+first: an arena's out-of-memory create calls :meth:`trim` and tries once more.
+
+Locks. kvcached's prealloc thread deadlocked (kvcached issue #371, fixed in PR #422): the
+caller waited for the worker while holding the GIL the worker needed. Here no kvvmm lock is
+held across a driver call made by the thread: the pool's own lock guards only its lists, the
+arena books a look-ahead range "in flight" under its lock and publishes it under its lock,
+with every driver call in between made with no lock held. The drivers' calls release the GIL
+while CUDA works (``_cudafast.c``: ``Py_BEGIN_ALLOW_THREADS`` around cuMemCreate, cuMemRelease,
+cuMemSetAccess, the synchronize and cuMemUnmap; cuda-python's bindings declare the driver
+functions ``nogil`` in ``cydriver.pxd`` and call them without the GIL). Nobody waits on the
+pool while holding something the thread needs: ``take`` never waits (an empty class answers
+None and the caller creates), and a commit that needs an in-flight range waits on the arena's
+condition, which releases the arena's lock.
+
+The thread never unmaps in normal work; only the undo of a failed look-ahead does, through
+the driver, which refuses during a CUDA graph capture (CudaDriver checks before its
+synchronize).
+
+Deterministic use (tests, the sim): ``threaded=False`` runs nothing in the background;
+:meth:`run_once` does the queued jobs and one refill pass on the caller's thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from kvvmm.driver.base import Driver
+from kvvmm.errors import ArgumentError, ClosedError, DriverError
+from kvvmm.units import GiB
+
+__all__ = ["HandlePool", "PoolStats"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class PoolStats:
+    """What a pool holds and has done (a record: nothing live)."""
+
+    held_bytes: int  #: idle handles' memory: created, mapped nowhere
+    held: dict[int, int]  #: size class (bytes) -> idle handles
+    created: int  #: handles the pool created (refills)
+    reused: int  #: handles taken from the pool (each saved a create)
+    retained: int  #: handles given back and kept (each saved a release)
+    released: int  #: handles the pool released (over the cap, trims, close)
+    trimmed_bytes: int  #: memory given back under pressure
+    jobs: int  #: background jobs run (look-ahead)
+    errors: int  #: refills or jobs that failed (logged; the caller then creates itself)
+
+
+class HandlePool:
+    """Idle handles per size class, refilled (and jobs run) by a background thread.
+
+    Args:
+        driver: the driver whose handles it holds (every arena using it must share it).
+        ready: ``{size_bytes: count}``: handles of each size to keep created ahead.
+        retain_bytes: most memory kept idle from handles given back (and refills), >= 0.
+        threaded: run refills and jobs on a background thread (default); False: only when
+            :meth:`run_once` is called (deterministic).
+    Raises:
+        ArgumentError: bad ``ready`` sizes (not multiples of the granularity) or counts.
+    """
+
+    def __init__(self, driver: Driver, *, ready: Mapping[int, int] | None = None,
+                 retain_bytes: int = 4 * GiB, threaded: bool = True) -> None:
+        self.driver = driver
+        gran = driver.granularity()
+        want = dict(ready or {})
+        for size, count in want.items():
+            if isinstance(size, bool) or not isinstance(size, int) or size <= 0 or size % gran:
+                raise ArgumentError("ready", size, f"size classes that are positive multiples "
+                                                   f"of the granularity {gran}")
+            if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+                raise ArgumentError(f"ready[{size}]", count, "an int >= 0 (handles)")
+        if isinstance(retain_bytes, bool) or not isinstance(retain_bytes, int) \
+                or retain_bytes < 0:
+            raise ArgumentError("retain_bytes", retain_bytes, "an int >= 0 (bytes)")
+        self.retain_bytes = retain_bytes
+        self._want = want
+        self._lock = threading.Lock()  # guards the lists only; never held across a driver call
+        self._wake = threading.Condition(self._lock)
+        self._idle: dict[int, list[int]] = {}
+        self._held = 0
+        self._jobs: deque[Callable[[], object]] = deque()
+        self._busy = 0  # jobs or refills running right now
+        self._closed = False
+        self._stop = False
+        self._backoff: set[int] = set()  # classes whose refill ran out of memory
+        self._n = {"created": 0, "reused": 0, "retained": 0, "released": 0, "trimmed": 0,
+                   "jobs": 0, "errors": 0}
+        self._thread: threading.Thread | None = None
+        if threaded:
+            self._thread = threading.Thread(target=self._loop, name="kvvmm-handle-pool",
+                                            daemon=True)
+            self._thread.start()
+
+    def __repr__(self) -> str:
+        return (f"HandlePool({self.driver!r}, {self._held} bytes held, "
+                f"{'threaded' if self._thread else 'stepped'})")
+
+    # -- what arenas call -----------------------------------------------------------------
+
+    @property
+    def held_bytes(self) -> int:
+        """Memory of idle handles (created, mapped nowhere): "held by the pool"."""
+        return self._held
+
+    def take(self, size: int) -> int | None:
+        """An idle handle of exactly ``size`` bytes, or None (never waits)."""
+        with self._lock:
+            got = self._idle.get(size)
+            if not got:
+                return None
+            h = got.pop()
+            self._held -= size
+            self._n["reused"] += 1
+            self._backoff.discard(size)
+            self._wake.notify_all()  # a refill may be due
+            return h
+
+    def give(self, handle: int, size: int) -> bool:
+        """Keep an unmapped ``handle`` for reuse if it fits under the cap; False: release it."""
+        with self._lock:
+            if self._closed or self._held + size > self.retain_bytes:
+                return False
+            self._idle.setdefault(size, []).append(handle)
+            self._held += size
+            self._n["retained"] += 1
+            return True
+
+    def trim(self, nbytes: int) -> int:
+        """Release idle handles (largest first) until ``nbytes`` are freed or none is left.
+
+        Called under memory pressure (an out-of-memory create). Returns the bytes released.
+        """
+        picked: list[tuple[int, int]] = []
+        with self._lock:
+            freed = 0
+            for size in sorted(self._idle, reverse=True):
+                got = self._idle[size]
+                while got and freed < nbytes:
+                    picked.append((got.pop(), size))
+                    freed += size
+                    self._held -= size
+            self._backoff.update(s for _, s in picked)  # no refill straight back up
+        done = self._release(picked)
+        with self._lock:
+            self._n["trimmed"] += done
+        return done
+
+    def submit(self, job: Callable[[], object]) -> None:
+        """Run ``job`` on the background thread (or at the next :meth:`run_once`).
+
+        A job must make its driver calls with no kvvmm lock held (as
+        :meth:`kvvmm.arena.Arena.prepare_ranges` does). Its errors are logged and counted.
+        """
+        with self._lock:
+            if self._closed:
+                raise ClosedError("HandlePool: submit after close()")
+            self._jobs.append(job)
+            self._wake.notify_all()
+
+    def run_once(self) -> int:
+        """Run every queued job, then refill every class once, on this thread.
+
+        Returns:
+            Jobs run plus handles created.
+        """
+        n = 0
+        while True:
+            with self._lock:
+                job = self._jobs.popleft() if self._jobs else None
+            if job is None:
+                break
+            self._run_job(job)
+            n += 1
+        while True:
+            size = self._due()
+            if size is None:
+                return n
+            if not self._refill(size):
+                return n
+            n += 1
+
+    def drain(self, timeout_s: float = 10.0) -> bool:
+        """Wait until no job is queued or running and no refill is due; False on timeout."""
+        if self._thread is None:
+            self.run_once()
+            return True
+        with self._wake:
+            return self._wake.wait_for(
+                lambda: not self._jobs and not self._busy and self._due_locked() is None,
+                timeout=timeout_s)
+
+    def stats(self) -> PoolStats:
+        with self._lock:
+            n = self._n
+            return PoolStats(held_bytes=self._held,
+                             held={s: len(h) for s, h in self._idle.items() if h},
+                             created=n["created"], reused=n["reused"], retained=n["retained"],
+                             released=n["released"], trimmed_bytes=n["trimmed"],
+                             jobs=n["jobs"], errors=n["errors"])
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Stop the thread (after the job it runs), drop queued jobs, release idle handles.
+
+        Idempotent. Arenas using the pool afterwards create and release as without one.
+
+        Raises:
+            DriverError: a release failed (the pool keeps that handle; close again).
+        """
+        with self._lock:
+            self._closed = True
+            self._stop = True
+            self._jobs.clear()
+            self._wake.notify_all()
+        t = self._thread
+        if t is not None and t is not threading.current_thread():
+            t.join(timeout_s)
+        with self._lock:
+            picked = [(h, s) for s, hs in self._idle.items() for h in hs]
+            self._idle.clear()
+            self._held = 0
+        self._release(picked, keep_failed=True)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    # -- the thread ---------------------------------------------------------------------
+
+    def _due_locked(self) -> int | None:
+        if self._closed:
+            return None
+        for size, count in self._want.items():
+            if (size not in self._backoff and len(self._idle.get(size, ())) < count
+                    and self._held + size <= self.retain_bytes):
+                return size
+        return None
+
+    def _due(self) -> int | None:
+        with self._lock:
+            return self._due_locked()
+
+    def _refill(self, size: int) -> bool:
+        """Create one handle of ``size`` with no lock held; False if the driver refused."""
+        with self._lock:
+            self._busy += 1
+        try:
+            h = self.driver.create(size)
+        except DriverError as e:
+            with self._lock:
+                self._busy -= 1
+                self._n["errors"] += 1
+                self._backoff.add(size)  # until a take shows the class is used again
+                self._wake.notify_all()
+            log.info("handle pool: refill of %d bytes failed: %s", size, e)
+            return False
+        with self._lock:
+            self._busy -= 1
+            self._n["created"] += 1
+            keep = not self._closed
+            if keep:
+                self._idle.setdefault(size, []).append(h)
+                self._held += size
+            self._wake.notify_all()
+        if not keep:
+            self._release([(h, size)])
+        return True
+
+    def _run_job(self, job: Callable[[], object]) -> None:
+        with self._lock:
+            self._busy += 1
+        try:
+            job()
+            ok = True
+        except Exception as e:  # a job's failure is its caller's to see later, not ours
+            ok = False
+            log.warning("handle pool: background job failed: %s", e)
+        with self._lock:
+            self._busy -= 1
+            self._n["jobs" if ok else "errors"] += 1
+            self._wake.notify_all()
+
+    def _loop(self) -> None:
+        while True:
+            with self._wake:
+                self._wake.wait_for(lambda: self._stop or bool(self._jobs)
+                                    or self._due_locked() is not None)
+                if self._stop:
+                    return
+                job = self._jobs.popleft() if self._jobs else None
+            if job is not None:
+                self._run_job(job)
+                continue
+            size = self._due()
+            if size is not None:
+                self._refill(size)
+
+    def _release(self, picked: list[tuple[int, int]], *, keep_failed: bool = True) -> int:
+        """Release handles with no lock held; returns bytes released (a failed one and the
+        rest stay idle in the pool: nothing is dropped unreleased)."""
+        done = 0
+        for i, (h, size) in enumerate(picked):
+            try:
+                self.driver.release(h)
+            except DriverError:
+                if keep_failed:
+                    with self._lock:
+                        for h2, s2 in picked[i:]:
+                            self._idle.setdefault(s2, []).append(h2)
+                            self._held += s2
+                raise
+            done += size
+            with self._lock:
+                self._n["released"] += 1
+        return done
