@@ -49,13 +49,17 @@ def format_workload(cmp: WorkloadComparison) -> str:
     return "\n".join(lines + _table(head, rows))
 
 
-def workload_memory_figure(cmp: WorkloadComparison, *, log: bool = True) -> go.Figure:
-    """Backed bytes over time per strategy, with used and page-elastic-at-best lines."""
+def workload_memory_figure(cmp: WorkloadComparison | None, *, log: bool = True) -> go.Figure:
+    """Backed bytes over time per strategy, with used and page-elastic-at-best lines.
+
+    ``None`` gives the empty figure a panel shows before its first run.
+    """
+    results = () if cmp is None else cmp.results
     fig = go.Figure()
-    peak = max((r.peak_backed_bytes for r in cmp.results), default=1)
+    peak = max((r.peak_backed_bytes for r in results), default=1)
     unit, name = _unit(max(peak, 1))
-    if cmp.results:
-        r0 = cmp.results[0]
+    if results:
+        r0 = results[0]
         t = r0.timeline
         fig.add_trace(go.Scatter(name="used by requests", x=list(t.t_s),
                                  y=[u / unit for u in t.used_bytes], mode="lines",
@@ -63,7 +67,7 @@ def workload_memory_figure(cmp: WorkloadComparison, *, log: bool = True) -> go.F
         fig.add_trace(go.Scatter(name="page-elastic at best (granules in use)", x=list(t.t_s),
                                  y=[u / unit for u in t.elastic_bytes], mode="lines",
                                  line={"color": "#868e96", "dash": "dot", "shape": "hv"}))
-    for i, r in enumerate(cmp.results):
+    for i, r in enumerate(results):
         t = r.timeline
         fig.add_trace(go.Scatter(name=f"backed: {html.escape(r.strategy)}", x=list(t.t_s),
                                  y=[b / unit for b in t.backed_bytes], mode="lines",
@@ -79,10 +83,11 @@ def workload_memory_figure(cmp: WorkloadComparison, *, log: bool = True) -> go.F
     return fig
 
 
-def stall_figure(cmp: WorkloadComparison) -> go.Figure:
+def stall_figure(cmp: WorkloadComparison | None) -> go.Figure:
     """Driver stall of each step that had one, per strategy (a strip of points, log scale)."""
+    results = () if cmp is None else cmp.results
     fig = go.Figure()
-    for i, r in enumerate(cmp.results):
+    for i, r in enumerate(results):
         stalls = sorted(r.serving.stall_steps)
         fig.add_trace(go.Box(name=html.escape(r.strategy), y=[s * 1e3 for s in stalls],
                              boxpoints="all", jitter=0.4, pointpos=0,
@@ -96,7 +101,7 @@ def stall_figure(cmp: WorkloadComparison) -> go.Figure:
     return fig
 
 
-def workload_figure(cmp: WorkloadComparison) -> go.Figure:
+def workload_figure(cmp: WorkloadComparison | None) -> go.Figure:
     """Memory over time (left) and step stalls (right), side by side, with the table above."""
     from plotly.subplots import make_subplots
 
