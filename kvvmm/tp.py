@@ -6,27 +6,27 @@ keeps the KV buffers of its own heads: T owners with the same layout (the preset
 
 - in one process, over drivers you pass (``TpOwners(drivers, model=...)``); on the
   simulator ``TpOwners.on_sim("llama-3.1-70b", tp=8)`` lays out eight H200s on a laptop, on
-  one :class:`~kvvmm.driver.sim.SimNode` (shared VA space, peers);
-- one process per GPU, as serving engines run (``spawn_tp_snapshots("cuda", tp=8, ...)``):
-  each process opens its own driver and owner and sends back a snapshot. Processes are
-  started with multiprocessing's *spawn* method, never fork: a process that forks after CUDA
-  is initialised hands its child a CUDA state that cannot be used.
-
-Each rank is its own transaction: when one rank fails, ranks before it keep what they did
-(in serving each rank is a process of its own that fails alone); the error names them.
+  one :class:`~kvvmm.driver.sim.SimNode` (shared VA space, peers). Each rank is its own
+  transaction here: when one rank fails, ranks before it keep what they did (the error
+  names them);
+- one process per GPU, as serving engines run: each process joins a ``torch.distributed``
+  process group and wraps its owner in a :class:`~kvvmm.distributed.DistributedOwner`,
+  whose resizes every rank completes or every rank undoes. Engines launch those processes
+  with torchrun; :func:`spawn_tp_snapshots` and :func:`run_per_device` are thin conveniences
+  over :func:`kvvmm.distributed.spawn` (``torch.multiprocessing``'s *spawn*, never fork: a
+  process that forks after CUDA is initialised hands its child a CUDA state that cannot be
+  used; a gloo group on 127.0.0.1).
 """
 
 from __future__ import annotations
 
-import multiprocessing
-import time
-import traceback
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from kvvmm.distributed import DistributedOwner, TpWorkerError, _spawn
 from kvvmm.driver.base import Driver
 from kvvmm.dtypes import dtype_name
-from kvvmm.errors import ArgumentError, KvvmmError
+from kvvmm.errors import ArgumentError
 from kvvmm.layout import KvBufferDesc, ModelLike, load_model, model_descs
 from kvvmm.owner import KvBufferOwner
 from kvvmm.policy import GrowthPolicy
@@ -45,14 +45,6 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-
-
-class TpWorkerError(KvvmmError):
-    """A per-device worker process failed; the message carries its traceback.
-
-    Raised in the parent after every worker has ended (or was stopped on timeout): the
-    reason is in the worker, so read its traceback, fix the cause, and run again.
-    """
 
 
 def tp_descs(
@@ -221,16 +213,9 @@ class TpOwners:
 # -- one process per device --------------------------------------------------------------
 
 
-def _worker(conn: Any, fn: Callable[..., Any], rank: int, device: int,
-            args: tuple[Any, ...]) -> None:
-    try:
-        result = fn(rank, device, *args)
-    except BaseException as e:  # everything goes back to the parent, as text
-        conn.send(("error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
-    else:
-        conn.send(("ok", result))
-    finally:
-        conn.close()
+def _per_device(rank: int, world: int, fn: Callable[..., Any], devices: Sequence[int],
+                args: tuple[Any, ...]) -> Any:
+    return fn(rank, devices[rank], *args)
 
 
 def run_per_device(
@@ -241,10 +226,11 @@ def run_per_device(
 ) -> list[T]:
     """Run ``fn(rank, device, *args)`` in one new process per device; return the results.
 
-    The processes are *spawned* (a fresh interpreter each; never forked: a fork of a
-    process that has initialised CUDA cannot use CUDA). ``fn`` must be importable by name
-    (a module-level function), and its arguments and result picklable. They run at the same
-    time, one per device, as tensor-parallel ranks do.
+    A thin wrapper over :func:`kvvmm.distributed.spawn`: the processes are *spawned* (a fresh
+    interpreter each; never forked: a fork of a process that has initialised CUDA cannot use
+    CUDA) and form one gloo process group on 127.0.0.1 while ``fn`` runs (so ``fn`` may use
+    collectives, e.g. a :class:`~kvvmm.distributed.DistributedOwner`). ``fn`` must be
+    importable by name (a module-level function), and its arguments and result picklable.
 
     Args:
         fn: called as ``fn(rank, device, *args)`` in the child.
@@ -261,43 +247,17 @@ def run_per_device(
     devs = list(devices)
     if not devs:
         raise ArgumentError("devices", devices, "a non-empty sequence of device ordinals")
-    ctx = multiprocessing.get_context("spawn")
-    procs = []
-    for rank, dev in enumerate(devs):
-        parent, child = ctx.Pipe(duplex=False)
-        p = ctx.Process(target=_worker, args=(child, fn, rank, dev, tuple(args)),
-                        name=f"kvvmm-rank{rank}", daemon=True)
-        p.start()
-        child.close()
-        procs.append((p, parent))
-    deadline = time.monotonic() + timeout_s
-    results: list[Any] = [None] * len(devs)
-    problems: list[str] = []
-    for rank, (p, conn) in enumerate(procs):
-        left = max(0.0, deadline - time.monotonic())
-        try:
-            got = conn.recv() if conn.poll(left) else ("error", f"no result in {timeout_s} s")
-        except EOFError:
-            got = ("error", "the process ended without sending a result (crashed?)")
-        conn.close()
-        p.join(max(0.0, deadline - time.monotonic()) if got[0] == "ok" else 5.0)
-        if p.is_alive():
-            p.terminate()
-            p.join(5.0)
-        if got[0] == "ok":
-            results[rank] = got[1]
-        else:
-            problems.append(f"rank {rank} (device {devs[rank]}, exit code {p.exitcode}): "
-                            f"{got[1]}")
-    if problems:
-        raise TpWorkerError(f"{len(problems)} of {len(devs)} workers failed:\n"
-                            + "\n".join(problems))
-    return results
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) \
+            or not timeout_s > 0:
+        raise ArgumentError("timeout_s", timeout_s, "a number of seconds > 0")
+    return _spawn(_per_device, len(devs), (fn, devs, tuple(args)), backend="gloo",
+                  timeout_s=float(timeout_s), group_timeout_s=min(float(timeout_s), 600.0),
+                  label=lambda r: f"device {devs[r]}, ")
 
 
 def _tp_rank(rank: int, device: int, kind: str, options: Mapping[str, Any],
              spec: Mapping[str, Any]) -> OwnerSnapshot:
-    """One rank in its own process: open the driver, build the owner, snapshot, close."""
+    """One rank in its own process: open the driver, build the owner, finalize, snapshot."""
     from kvvmm.driver import open_driver
 
     drv = open_driver(kind, device=device, **options)
@@ -306,8 +266,8 @@ def _tp_rank(rank: int, device: int, kind: str, options: Mapping[str, Any],
                               reserved_tokens=spec["reserved_tokens"], descs=spec["descs"],
                               policy=spec["policy"], name=f"{spec['name']}.tp{rank}")
         try:
-            if spec["finalize_tokens"] is not None:
-                owner.finalize(spec["finalize_tokens"])
+            if spec["finalize_tokens"] is not None:  # every rank or none
+                DistributedOwner(owner, model=spec["name"]).finalize(spec["finalize_tokens"])
             return owner.snapshot()
         finally:
             owner.close()
@@ -336,7 +296,8 @@ def spawn_tp_snapshots(
     """Build one rank's owner per device, each in its own spawned process; return snapshots.
 
     Each process opens ``open_driver(kind, device=<its device>, **driver_options)``, builds
-    its rank's :class:`KvBufferOwner`, finalizes it to ``finalize_tokens`` (when given),
+    its rank's :class:`KvBufferOwner`, finalizes it to ``finalize_tokens`` (when given)
+    collectively (:class:`~kvvmm.distributed.DistributedOwner`: every rank or none),
     snapshots and closes it. On ``"cuda"`` that is one process per GPU, as serving engines
     run tensor parallelism; on ``"host"`` and ``"sim"`` the same path runs without a GPU
     (the host driver reports the rank's device ordinal).

@@ -55,6 +55,7 @@ LAYER_OF = {
     "kvvmm.layout": "layout",
     "kvvmm.arena": "arena",
     "kvvmm.owner": "owner",
+    "kvvmm.distributed": "owner",  # collective owners on torch.distributed, spawn helper
     "kvvmm.tp": "owner",  # one owner per device (tensor parallelism), spawned processes
     "kvvmm.replay": "owner",  # rebuilds arenas from a trace
     "kvvmm.growth": "owner",  # decode growth under each policy, on real owners
@@ -65,6 +66,7 @@ LAYER_OF = {
     "kvvmm.integrations": "integrations",
     "kvvmm.cli": "cli",
     "kvvmm.bench": "cli",  # `kvvmm bench`: drives owners and arenas on a GPU
+    "kvvmm.calibrate": "cli",  # `kvvmm calibrate`: measures a GPU, writes a hardware profile
     "kvvmm.workspace": "cli",  # the lab's working copies of the notebooks (stdlib only)
     "kvvmm.__main__": "cli",
     # The package root re-exports everything: only the CLI may import it from inside.
