@@ -324,6 +324,8 @@ def _parser() -> argparse.ArgumentParser:
 
     sub.add_parser("bench", help="run the GPU benchmarks (kvvmm.bench; arguments pass on)",
                    add_help=False)
+    sub.add_parser("calibrate", help="measure this GPU and write a sim profile "
+                                     "(kvvmm.calibrate; arguments pass on)", add_help=False)
     return ap
 
 
@@ -343,6 +345,10 @@ def main(argv: Sequence[str] | None = None, *, launch: Launcher | None = None,
     args_in = list(sys.argv[1:] if argv is None else argv)
     if args_in and args_in[0] == "bench":
         return _cmd_bench(args_in[1:], gpu_probe or _torch_cuda_usable)
+    if args_in and args_in[0] == "calibrate":
+        from kvvmm import calibrate  # it says itself, in one line, when there is no GPU
+
+        return int(calibrate.main(args_in[1:]))
     args = _parser().parse_args(args_in)
     try:
         if args.cmd == "lab":
