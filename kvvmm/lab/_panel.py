@@ -32,7 +32,70 @@ def _figure_view(fig: go.Figure) -> tuple[Any, Any]:
     except ImportError:  # plotly's FigureWidget needs anywidget
         out = widgets.Output(layout={"min_height": "260px", "width": "100%"})
         return go.Figure(fig), out
+    # plotly.js's responsive mode: each view gets a resize handler (``_FIT_ESM`` calls it).
+    fw._config = {**fw._config, "responsive": True}
     return fw, fw
+
+
+#: The front end of ``_fit_widget``: a ResizeObserver on every plotly graph in its panel.
+#:
+#: plotly's FigureWidget (an anywidget) draws before its view is in the page, where it
+#: measures no width and falls back to plotly's default 700 px; it never measures again (its
+#: resize hooks are Lumino messages, which anywidget views do not get). So the figure stayed
+#: 700 px wide in a 850-1500 px cell, with ``autosize`` on and no width set. Observing the
+#: graph's own box catches every case where it gets its real width: first attached, a cell
+#: scrolled into view (JupyterLab skips the layout of off-screen cells), a window or sidebar
+#: resize. It then runs plotly.js's responsive handler (``config.responsive``: relayout with
+#: ``autosize``, which measures the box; the height the figure sets stays), or, where that
+#: is missing, fires the window resize event that handler listens to.
+_FIT_ESM = """
+const seen = new WeakSet();
+function fit(gd) {
+  const w = gd.getBoundingClientRect().width;
+  const full = gd._fullLayout;
+  if (!full || w < 2 || (gd.layout && gd.layout.width) || Math.abs(full.width - w) <= 1) return;
+  if (gd._responsiveChartHandler) gd._responsiveChartHandler();
+  else window.dispatchEvent(new Event('resize'));
+}
+export default {
+  render({ el }) {
+    el.style.display = 'none';
+    let stop = false, root = null, frames = 0;
+    const sizes = new ResizeObserver((entries) => entries.forEach((e) => fit(e.target)));
+    const watch = () => root.querySelectorAll('.js-plotly-plot').forEach((gd) => {
+      if (!seen.has(gd)) { seen.add(gd); sizes.observe(gd); }
+      fit(gd);
+    });
+    const added = new MutationObserver(watch);
+    const start = () => {  // the view is put into the page after render returns
+      if (stop) return;
+      root = el.isConnected && el.closest('.kvvmm-panel');
+      if (!root) { if (frames++ < 600) requestAnimationFrame(start); return; }
+      added.observe(root, { childList: true, subtree: true });
+      watch();
+    };
+    requestAnimationFrame(start);
+    return () => { stop = true; sizes.disconnect(); added.disconnect(); };
+  },
+};
+"""
+
+
+def _fit_widget() -> widgets.Widget | None:
+    """An invisible widget that makes its panel's figures fill their cell; None without
+    anywidget (the Output fallback's figure is plotly's mime renderer, which resizes)."""
+    try:
+        import anywidget
+    except ImportError:
+        return None
+    global _FitFigures
+    if _FitFigures is None:
+        _FitFigures = type("FitFigures", (anywidget.AnyWidget,), {"_esm": _FIT_ESM})
+    widget: widgets.Widget = _FitFigures()
+    return widget
+
+
+_FitFigures: Any = None
 
 
 def _sync(target: Any, new: go.Figure) -> None:
@@ -132,9 +195,14 @@ class _Panel:
 
         The panel's box gets ``kvvmm-<panel>``, each control, the error area and the plot
         ``kvvmm-<attribute>`` (``reserve_kv_button`` -> ``kvvmm-reserve-kv-button``), so a
-        test finds them by name rather than by position or label.
+        test finds them by name rather than by position or label. The box also gets
+        ``kvvmm-panel`` and, last, the invisible widget that fits its figure to the cell.
         """
         self.widget.add_class(f"kvvmm-{panel}")
+        self.widget.add_class("kvvmm-panel")  # where _FIT_ESM looks for figures
+        fit = _fit_widget()
+        if fit is not None:
+            self.widget.children = (*self.widget.children, fit)
         for name, value in vars(self).items():
             if name not in ("widget", "figure") and isinstance(value, widgets.DOMWidget):
                 value.add_class(f"kvvmm-{name.replace('_', '-')}")
@@ -188,6 +256,12 @@ def _cost_line(c: GrowthCost) -> str:
 def _pre(text: str) -> str:
     # A table wider than the cell scrolls rather than wraps (wrapped columns read as rows).
     return ('<pre style="margin:0;font-size:12px;white-space:pre;overflow-x:auto">'
+            f'{html.escape(text)}</pre>')
+
+
+def _line(text: str) -> str:
+    """A sentence in the table's font that wraps at the cell's edge instead of being cut."""
+    return ('<pre style="margin:0;font-size:12px;white-space:pre-wrap">'
             f'{html.escape(text)}</pre>')
 
 

@@ -13,6 +13,7 @@ from kvvmm.lab._panel import (
     _cost_line,
     _empty_snapshot,
     _field,
+    _line,
     _open,
     _Panel,
     _policy_options,
@@ -144,7 +145,7 @@ class ArenaLab(_Panel):
             text = self.policy_cost_text()
         except Exception as e:  # a half-typed value: say why, the controls stay usable
             text = f"over-commit: - ({type(e).__name__}: {e})"
-        self.policy_cost.value = _pre(text)
+        self.policy_cost.value = _line(text)
 
     def _kv_descs(self) -> list[KvBufferDesc]:
         return mha_token_major(layers=self.layers.value, kv_heads=8, head_dim=128,
