@@ -291,3 +291,41 @@ def test_ten_minutes_of_the_real_trace_replay_with_every_request_completed() -> 
     assert r.serving.completed == len(wl) and r.serving.rejected == 0
     assert r.used_over_backed == 0
     assert json.loads(json.dumps(r.summary()))["strategy"] == "prefix"
+
+
+# -- the CLI --------------------------------------------------------------------------------
+
+
+def replay_cli(*argv: str) -> int:
+    import argparse
+
+    from kvvmm.workload.cli import add_replay_parser, replay_command
+
+    ap = argparse.ArgumentParser(prog="kvvmm")
+    add_replay_parser(ap.add_subparsers(dest="cmd"))
+    return replay_command(ap.parse_args(["replay", *argv]))
+
+
+def test_kvvmm_replay_prints_json_for_scripts(tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    save_jsonl(small_workload(seconds=5.0).requests, tmp_path / "w.jsonl")
+    assert replay_cli(str(tmp_path / "w.jsonl"), "--model", "qwen2.5-7b", "--tp", "1",
+                      "--pool-tokens", "8192", "--strategy", "prefix", "--json") == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["results"][0]["strategy"] == "prefix" and out["model"] == "qwen2.5-7b"
+
+
+def test_kvvmm_replay_writes_an_html_report(tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "r.html"
+    assert replay_cli("generated", "--seconds", "5", "--strategy", "static", "-o", str(out)) == 0
+    assert out.stat().st_size > 1000 and "peak backed" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv", [("missing.csv",), ("generated", "--model", "nope"),
+                                  ("generated", "--tp", "3")])
+def test_kvvmm_replay_exits_2_with_one_line_on_bad_input(
+        argv: tuple[str, ...], capsys: pytest.CaptureFixture[str]) -> None:
+    assert replay_cli(*argv, "--seconds", "2", "--json") == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("kvvmm replay: ") and "\n" not in err

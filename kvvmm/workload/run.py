@@ -74,6 +74,10 @@ class StrategyResult:
     mean_used_bytes: float  #: time-weighted
     peak_elastic_bytes: int
     mean_elastic_bytes: float  #: time-weighted
+    #: page-elastic at best, one granule handle per buffer at a time: granules it would
+    #: create + map + set access, and unmap + release, over the run (slot 0's included)
+    elastic_maps: int
+    elastic_unmaps: int
     p50_stall_s: float  #: over every step (most have none)
     p99_stall_s: float
     max_stall_s: float
@@ -100,6 +104,7 @@ class StrategyResult:
                 "mean_used_bytes": round(self.mean_used_bytes),
                 "mean_waste_bytes": round(self.mean_waste_bytes),
                 "mean_elastic_bytes": round(self.mean_elastic_bytes),
+                "elastic_maps": self.elastic_maps, "elastic_unmaps": self.elastic_unmaps,
                 "p50_stall_us": round(self.p50_stall_s * 1e6, 3),
                 "p99_stall_us": round(self.p99_stall_s * 1e6, 3),
                 "max_stall_us": round(self.max_stall_s * 1e6, 3),
@@ -186,6 +191,8 @@ class _Hooks:
         self.kinds = [(pb, count, Counter[int]()) for pb, count in kinds.items()]
         self.gran = gran
         self.elastic = 0
+        self.elastic_maps = 0  # granule handles page-elastic backing would create and map
+        self.elastic_unmaps = 0  # ... and unmap and release
         self._elastic_pages([0], 1)  # slot 0's page is always in use
         cols: list[list[float]] = [[] for _ in range(13)]
         self.cols = cols
@@ -228,8 +235,10 @@ class _Hooks:
                     per[gi] = before + sign
                     if before == 0 and sign > 0:
                         self.elastic += count * g
+                        self.elastic_maps += count
                     elif before == 1 and sign < 0:
                         self.elastic -= count * g
+                        self.elastic_unmaps += count
 
     def update(self, allocated: list[int], freed: list[int], high_water: int, step: int) -> float:
         if freed:
@@ -396,6 +405,7 @@ def run_workload(
             mean_used_bytes=_time_mean(tl.t_s, tl.used_bytes, stats.end_s),
             peak_elastic_bytes=max(tl.elastic_bytes),
             mean_elastic_bytes=_time_mean(tl.t_s, tl.elastic_bytes, stats.end_s),
+            elastic_maps=hooks.elastic_maps, elastic_unmaps=hooks.elastic_unmaps,
             p50_stall_s=_percentile_with_zeros(stalls, stats.steps, 50),
             p99_stall_s=_percentile_with_zeros(stalls, stats.steps, 99),
             max_stall_s=stalls[-1] if stalls else 0.0, stalled_steps=len(stalls),
