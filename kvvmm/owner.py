@@ -9,6 +9,13 @@ The flow SGLang uses to size its KV pool after CUDA-graph capture:
 3. ``finalize(n)``: back each buffer's final span now that the memory budget is known;
 4. ``ensure_prefix(n)`` grows backing on demand, ``shrink(n)`` gives memory back.
 
+Page-granular (0.2, holes): ``commit_pages(pages)`` / ``decommit_pages(pages)`` back and give
+back pages anywhere (page id ``p`` = token slots ``[p * page_size, (p + 1) * page_size)``),
+for every buffer in one transaction, and ``release_beyond(n)`` gives back everything past
+the first ``n`` token slots. With a :class:`~kvvmm.arena.pool.HandlePool` and
+``lookahead_bytes``, a background thread backs each buffer that far beyond the prefix before
+``ensure_prefix`` needs it, so the decode path usually finds its range backed.
+
 Every span is checked before anything is committed; nothing is clamped. A growth policy
 decides handle sizes (see :mod:`kvvmm.policy`).
 """
@@ -16,12 +23,13 @@ decides handle sizes (see :mod:`kvvmm.policy`).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from kvvmm.arena import Arena, DecommitResult
-from kvvmm.arena.arena import MAX_RESERVE_BYTES, check_driver
+from kvvmm.arena.arena import MAX_RESERVE_BYTES, RangeResult, check_driver
+from kvvmm.arena.pool import HandlePool
 from kvvmm.driver.base import Driver
 from kvvmm.dtypes import dtype_itemsize, dtype_name
 from kvvmm.errors import ArgumentError, ClosedError, DriverError, OutOfRangeError
@@ -98,6 +106,11 @@ class KvBufferOwner:
             :func:`~kvvmm.policy.default_policy`).
         name: the arena's name.
         trace: a :class:`~kvvmm.record.Trace` the arena records its operations in.
+        pool: a :class:`~kvvmm.arena.pool.HandlePool` of ``driver`` for the arena (commits
+            take its handles, decommits give handles back to it).
+        lookahead_bytes: with ``pool``: per buffer, keep this many bytes beyond the ensured
+            prefix backed ahead of need, on the pool's thread (with the policy's handle
+            sizes); counted as over-commit. 0 (default): no look-ahead.
     Raises:
         ArgumentError, OutOfRangeError, UnknownDtypeError: bad arguments or descs that
             disagree with each other or with ``dtype``/``page_size``/``reserved_tokens``,
@@ -117,8 +130,18 @@ class KvBufferOwner:
         policy: GrowthPolicy | None = None,
         name: str = "kv",
         trace: Trace | None = None,
+        pool: HandlePool | None = None,
+        lookahead_bytes: int = 0,
     ) -> None:
         check_driver(driver)
+        if pool is not None and not isinstance(pool, HandlePool):
+            raise ArgumentError("pool", pool, "a kvvmm.arena.pool.HandlePool or None")
+        if isinstance(lookahead_bytes, bool) or not isinstance(lookahead_bytes, int) \
+                or lookahead_bytes < 0:
+            raise ArgumentError("lookahead_bytes", lookahead_bytes, "an int >= 0 (bytes)")
+        if lookahead_bytes and pool is None:
+            raise ArgumentError("lookahead_bytes", lookahead_bytes,
+                                "0 without a pool (the look-ahead runs on the pool's thread)")
         self.dtype = dtype_name(dtype)
         self.itemsize = dtype_itemsize(self.dtype)
         if page_size is not None:
@@ -159,9 +182,20 @@ class KvBufferOwner:
         # fast path needs in plain lists (rows of each buffer, backed bytes mirrored from the
         # arena after every change) so a step with nothing to back costs one pass of ints.
         self._rows = [(d.tokens_per_row, d.row_bytes) for d in self.descs]
-        self._backed = [0] * len(self.descs)
+        self._backed = [0] * len(self.descs)  # prefix bytes (backed contiguously from start)
+        # Page-granular state: pages committed by commit_pages and not given back since. A
+        # granule shared by several pages stays backed while any of them is committed
+        # (refcounting by page, not refusing pages smaller than a granule).
+        self._pages: set[int] = set()
+        # Bytes per page of each buffer: page_size token slots (tokens_per_row is 1 or the
+        # page size, so pages are equal runs of rows).
+        self._page_bytes = [self.page_size // tpr * rb if tpr > 1 else self.page_size * rb
+                            for tpr, rb in self._rows]
+        self.pages = min(s // pb for s, pb in zip(self._spans, self._page_bytes, strict=True))
+        self._lookahead = lookahead_bytes
+        self._ahead_queued = False
         self.arena = Arena(driver, reserve_bytes=total, device=device, name=name,
-                           trace=trace)
+                           trace=trace, pool=pool)
         try:
             self._offsets = [self.arena.allocate(s, d.name)
                              for d, s in zip(self.descs, self._spans, strict=True)]
@@ -226,7 +260,7 @@ class KvBufferOwner:
             self._sync_backed()
 
     def _sync_backed(self) -> None:
-        self._backed = [self.arena.backed_of(o) for o in self._offsets]
+        self._backed = [self.arena.prefix_of(o) for o in self._offsets]
 
     def ensure_prefix(self, n: int) -> int:
         """Back the first ``n`` token slots of every buffer (the growth policy sizes handles).
@@ -245,10 +279,50 @@ class KvBufferOwner:
         spans = [-(-n // tpr) * rb for tpr, rb in self._rows]
         if all(s <= b for s, b in zip(spans, self._backed, strict=True)):
             self.prefix_tokens = max(self.prefix_tokens, n)
+            if self._lookahead:
+                self._queue_lookahead(spans)
             return 0
+        if self._lookahead:  # the pool's thread may have published backing since
+            self._sync_backed()
+            if all(s <= b for s, b in zip(spans, self._backed, strict=True)):
+                self.prefix_tokens = max(self.prefix_tokens, n)
+                self._queue_lookahead(spans)
+                return 0
         added = self._back(spans, self.policy)
         self.prefix_tokens = max(self.prefix_tokens, n)
+        if self._lookahead:
+            self._queue_lookahead(spans)
         return added
+
+    def _queue_lookahead(self, spans: Sequence[int]) -> None:
+        """Ask the pool's thread to back each buffer ``lookahead_bytes`` beyond ``spans``.
+
+        One job at a time; it backs, with the policy's handle sizes, the range from each
+        buffer's prefix to the policy's target for ``span + lookahead_bytes``.
+        """
+        pool = self.arena.handle_pool
+        if self._ahead_queued or pool is None or pool.closed:
+            return
+        gran = self.arena.granularity
+        reqs = []
+        for off, span, limit, backed in zip(self._offsets, spans, self._limits, self._backed,
+                                            strict=True):
+            want = min(span + self._lookahead, limit)
+            if want > backed:
+                target = self.policy.target_bytes(backed, want, limit, gran)
+                target = min(align_up(max(target, want), gran), limit)
+                reqs.append((off, backed, target - backed))
+        if not reqs:
+            return
+        self._ahead_queued = True
+
+        def job() -> None:
+            try:
+                self.arena.prepare_ranges(reqs)
+            finally:
+                self._ahead_queued = False
+
+        pool.submit(job)
 
     def finalize(self, n: int) -> int:
         """Back each buffer's final span for ``n`` tokens and make ``n`` the capacity.
@@ -300,18 +374,146 @@ class KvBufferOwner:
         self._check_open("shrink")
         n = _tokens("n", n, lo=self.page_size, hi=self.reserved_tokens, what="page_size")
         keep = [d.final_span_bytes(n, self.page_size) for d in self.descs]
+        return self._give_back_beyond(n, keep)
+
+    # -- pages (holes) --------------------------------------------------------------------
+
+    def _check_pages(self, pages: Iterable[int], what: str) -> list[int]:
+        if isinstance(pages, (str, bytes)):
+            raise ArgumentError("pages", pages, "an iterable of page ids (ints)")
+        out = sorted({_tokens(f"pages[{i}]", p, lo=0, hi=None)
+                      for i, p in enumerate(pages)})
+        if out and out[-1] >= self.pages:
+            raise OutOfRangeError("pages", out[-1],
+                                  f"page ids in [0, {self.pages}) ({self.pages} pages of "
+                                  f"{self.page_size} tokens fit every buffer)")
+        if what == "decommit" and out and out[0] == 0:
+            raise ArgumentError("pages", 0, "page ids >= 1: page 0 holds slot 0, which captured "
+                                            "CUDA graphs write (it stays backed)")
+        return out
+
+    def _page_granules(self, i: int, p: int) -> tuple[int, int]:
+        """Buffer ``i``'s bytes of page ``p``, rounded out to granules (buffer-relative)."""
+        gran, pb = self.arena.granularity, self._page_bytes[i]
+        lo = p * pb // gran * gran
+        return lo, min(align_up((p + 1) * pb, gran), self._limits[i])
+
+    def commit_pages(self, pages: Iterable[int]) -> int:
+        """Back the pages ``pages`` of every buffer, in one transaction.
+
+        Page ``p`` of a buffer is its bytes for token slots ``[p * page_size, (p + 1) *
+        page_size)``: ``[rows(p * page) * row_bytes, rows((p + 1) * page) * row_bytes)``,
+        rounded out to granules. Pages whose granules overlap share one handle; other pages
+        get one handle each (so each can be given back alone). Pages already backed cost
+        nothing. A granule shared by several pages stays backed while any is committed.
+
+        Args:
+            pages: page ids in ``[0, pages)`` (:attr:`pages`).
+        Returns:
+            Bytes newly backed.
+        Raises:
+            ArgumentError, OutOfRangeError: a bad page id; nothing committed.
+            DriverError: a driver call failed; every buffer is as it was.
+        """
+        self._check_open("commit_pages")
+        ids = self._check_pages(pages, "commit")
+        reqs: list[tuple[int, int, int]] = []
+        for i, off in enumerate(self._offsets):
+            for lo, hi in _merged(self._page_granules(i, p) for p in ids):
+                reqs.append((off, lo, hi - lo))
+        try:
+            added = self.arena.commit_ranges(reqs)
+        finally:
+            self._sync_backed()
+        self._pages.update(ids)
+        return added
+
+    def decommit_pages(self, pages: Iterable[int]) -> int:
+        """Give back the pages ``pages`` of every buffer, in one transaction.
+
+        A granule goes only when no page still committed (:meth:`commit_pages`) shares it;
+        a mapping that also backs other pages (a larger handle from ``ensure_prefix`` or
+        ``finalize``) stays, whole: :meth:`decommit_pages_report` names it. Pages inside the
+        ensured prefix may be given back (a hole; the next ``ensure_prefix`` fills it).
+
+        Args:
+            pages: page ids in ``[1, pages)``; page 0 (slot 0) always stays.
+        Returns:
+            Bytes given back.
+        Raises:
+            ArgumentError, OutOfRangeError: a bad page id; nothing changed.
+            DriverError: as for :meth:`shrink_report`.
+        """
+        return sum(r.given_bytes for r in self.decommit_pages_report(pages))
+
+    def decommit_pages_report(self, pages: Iterable[int]) -> tuple[RangeResult, ...]:
+        """:meth:`decommit_pages`, returning one :class:`RangeResult` per range given back."""
+        self._check_open("decommit_pages")
+        ids = self._check_pages(pages, "decommit")
+        left = self._pages.difference(ids)
+        keep = left | {0}  # slot 0's page always stays, and with it the granules it shares
+        gran = self.arena.granularity
+        reqs: list[tuple[int, int, int]] = []
+        for i, off in enumerate(self._offsets):
+            pb = self._page_bytes[i]
+            free: list[tuple[int, int]] = []
+            for p in ids:
+                lo, hi = self._page_granules(i, p)
+                for g in range(lo, hi, gran):  # a granule stays while a committed page uses it
+                    first, last = g // pb, (min(g + gran, self._limits[i]) - 1) // pb
+                    if not any(q in keep for q in range(first, last + 1)):
+                        free.append((g, g + gran))
+            for lo, hi in _merged(free, touching=True):
+                reqs.append((off, lo, hi - lo))
+        try:
+            results = self.arena.decommit_ranges_report(reqs) if reqs else ()
+        finally:
+            self._sync_backed()
+        self._pages = left
+        return results
+
+    def release_beyond(self, n: int) -> int:
+        """Give back everything past the first ``n`` token slots of every buffer.
+
+        SGLang's later call. Unlike :meth:`shrink` (which keeps the final span: ``n`` plus
+        the padded page), each buffer keeps only ``rows(n) * row_bytes``; every mapping that
+        starts at or past it goes (holes' pages included), a mapping straddling it stays
+        whole. Pages committed past ``n`` are forgotten; the token counts are capped at ``n``.
+
+        Args:
+            n: tokens, ``page_size <= n <= reserved_tokens`` (slot 0's page stays).
+        Returns:
+            Bytes given back.
+        Raises:
+            ArgumentError, OutOfRangeError: bad ``n``; nothing changed.
+            DriverError: as for :meth:`shrink_report`.
+        """
+        self._check_open("release_beyond")
+        n = _tokens("n", n, lo=self.page_size, hi=self.reserved_tokens, what="page_size")
+        keep = [-(-n // tpr) * rb for tpr, rb in self._rows]
+        return self._give_back_beyond(n, keep).given_bytes
+
+    def _give_back_beyond(self, n: int, keep: Sequence[int]) -> ShrinkResult:
         before = self._backed
+        first_gone = -(-n // self.page_size)
         try:
             results = self.arena.decommit_many_report(zip(self._offsets, keep, strict=True))
         except DriverError:
             self._sync_backed()
-            if self._backed != before:  # past the unmaps: the shrink stood
+            if self._backed != before:  # past the unmaps: it stood
                 self._cap_tokens(n)
+                self._pages = {p for p in self._pages if p < first_gone}
             raise
         self._sync_backed()
         self._cap_tokens(n)
+        self._pages = {p for p in self._pages if p < first_gone}
         return ShrinkResult(tokens=n, given_bytes=sum(r.given_bytes for r in results),
                             buffers=results)
+
+    @property
+    def committed_pages(self) -> frozenset[int]:
+        """Pages committed by :meth:`commit_pages` and not given back since."""
+        return frozenset(self._pages)
 
     def _cap_tokens(self, n: int) -> None:
         self.prefix_tokens = min(self.prefix_tokens, n)
@@ -370,6 +572,17 @@ class KvBufferOwner:
                 self.tensors = [self.arena.tensor(o, d.shape, self.dtype)
                                 for o, d in zip(self._offsets, self.descs, strict=True)]
             raise
+
+
+def _merged(ranges: Iterable[tuple[int, int]], *, touching: bool = False) -> list[tuple[int, int]]:
+    """Sorted ranges with overlapping ones joined (and touching ones, if asked)."""
+    out: list[tuple[int, int]] = []
+    for lo, hi in sorted(ranges):
+        if out and (lo < out[-1][1] or (touching and lo == out[-1][1])):
+            out[-1] = (out[-1][0], max(out[-1][1], hi))
+        else:
+            out.append((lo, hi))
+    return out
 
 
 def _tokens(name: str, value: object, *, lo: int, hi: int | None, what: str = "") -> int:
