@@ -299,7 +299,15 @@ class SimDriver:
         starts = self._book.covered("set_access", va, size)
         if self._home:
             self._check_reach(va, size, starts, self.device, None)
-        self.clock_us += _COST("set_access", size)
+        self.clock_us += self._access_cost(starts)
+
+    def _access_cost(self, starts: list[int]) -> float:
+        """One call over several mappings costs about one call per mapping on an H200
+        (0.93-0.95x: docs/MEASUREMENTS.md §9): the cost goes with mappings, not calls."""
+        if len(starts) == 1:
+            return _COST("set_access", self._book.maps[starts[0]][0])
+        maps = self._book.maps
+        return _COST.multi_access_factor * sum(_COST("set_access", maps[s][0]) for s in starts)
 
     def _set_access_for(self, va: int, size: int, devices: Sequence[int]) -> None:
         """Set access for listed devices (peers among them): the rules for peers, then record."""
@@ -330,7 +338,7 @@ class SimDriver:
                 had = peers.get(s, ())
                 peers[s] = tuple(sorted(set(had) | set(others)))
         # A guess, not measured (docs/MEASUREMENTS.md §7): one page-table update per device.
-        self.clock_us += _COST("set_access", size) * len(set(devices))
+        self.clock_us += self._access_cost(starts) * len(set(devices))
 
     def _check_reach(self, va: int, size: int, starts: list[int], device: int,
                      devices: Sequence[int] | None) -> None:

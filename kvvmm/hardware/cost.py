@@ -33,6 +33,14 @@ class CostModel:
     curves: dict[str, Log2Curve]
     mem_info_us: float  #: a cheap query's cost
     source: str  #: where the figures come from
+    #: A set access over several mappings costs this times the sum of one call per mapping:
+    #: 0.93-0.95 on an H200 (64 x 2 MiB, 16 x 32 MiB, 8 x 128 MiB; docs/MEASUREMENTS.md §9).
+    multi_access_factor: float = 0.94
+
+    def access_us(self, mapping_sizes: list[int]) -> float:
+        """µs of one set access covering mappings of these sizes (one or several)."""
+        one = sum(self("set_access", s) for s in mapping_sizes)
+        return one if len(mapping_sizes) <= 1 else one * self.multi_access_factor
 
     @classmethod
     def from_table(cls, table: dict[str, tuple[tuple[int, float], ...]], *,
