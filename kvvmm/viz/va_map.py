@@ -21,6 +21,7 @@ renders a subset of HTML there, and buffer names are user strings).
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import re
 from collections.abc import Callable, Sequence
@@ -78,6 +79,41 @@ class _Row:
     page0_bytes: int | None = None
     prefix_bytes: int | None = None
     final_bytes: int | None = None
+    #: backed ``[start, end)`` pieces (row-relative) when backing has holes; None: a prefix
+    #: of ``backed_bytes``
+    pieces: tuple[tuple[int, int], ...] | None = None
+
+
+def _with_holes(rows: list[_Row], arena: ArenaSnapshot) -> list[_Row]:
+    """Rows whose backing is not a prefix get their backed pieces (from the mappings)."""
+    prefix = {a.name: a.prefix_bytes for a in arena.allocations}
+    holed = {n for n, p in prefix.items()
+             if p != next(a.backed_bytes for a in arena.allocations if a.name == n)}
+    if not holed:
+        return rows
+    pieces: dict[str, list[tuple[int, int]]] = {}
+    for m in arena.mappings:
+        if m.allocation in holed:
+            got = pieces.setdefault(m.allocation, [])
+            if got and got[-1][1] == m.offset:
+                got[-1] = (got[-1][0], m.end)
+            else:
+                got.append((m.offset, m.end))
+    return [dataclasses.replace(r, pieces=tuple((s - r.offset, e - r.offset)
+                                                for s, e in pieces.get(r.name, ())))
+            if r.name in holed else r for r in rows]
+
+
+def _unbacked(r: _Row) -> list[tuple[int, int]]:
+    """Unbacked ``[start, end)`` pieces of a row (row-relative), in order."""
+    if r.pieces is None:
+        return [(r.backed_bytes, r.size_bytes)] if r.backed_bytes < r.size_bytes else []
+    out, pos = [], 0
+    for s, e in r.pieces:
+        if s > pos:
+            out.append((pos, s))
+        pos = e
+    return out + ([(pos, r.size_bytes)] if pos < r.size_bytes else [])
 
 
 def _rows(snapshot: Snapshot) -> list[_Row]:
@@ -194,7 +230,7 @@ def va_map(
         raise ArgumentError("align", align, "one of ['auto', 'arena', 'start']")
     if heatmap is not None and view == "auto":
         view = "heatmap" if heatmap else "bars"
-    rows = _rows(snapshot)
+    rows = _with_holes(_rows(snapshot), arena)
     if buffer is not None:
         chosen = [r for r in rows if r.name == buffer]
         if not chosen:
@@ -217,10 +253,11 @@ def va_map(
 def _default_title(arena: ArenaSnapshot, what: str | None = None) -> tuple[str, str]:
     state = " (closed)" if arena.closed else ""
     head = html.escape(what if what is not None else f"{arena.name}{state}")
+    pool = (f"; {fmt_bytes(arena.pool_bytes)} held by the pool" if arena.pool_bytes else "")
     return (f"{head}: {fmt_bytes(arena.backed_bytes)} backed of "
             f"{fmt_bytes(arena.reserved_bytes)} reserved "
             f"({_pct(arena.backed_bytes, arena.reserved_bytes)}), "
-            f"{_count(len(arena.mappings), 'handle')}",
+            f"{_count(len(arena.mappings), 'handle')}{pool}",
             f"{html.escape(arena.driver)}, {html.escape(arena.device_name)}, "
             f"granularity {fmt_bytes(arena.granularity)}, base {arena.base:#x}")
 
@@ -287,13 +324,14 @@ def _bars(snapshot: Snapshot, arena: ArenaSnapshot, rows: list[_Row], groups: li
     # Unbacked inside the span, then padding past it: each row's unbacked tail in two parts.
     unb: list[tuple[int, int, int, str]] = []
     pad: list[tuple[int, int, int, str]] = []
-    for i, r in enumerate(rows):
-        lo = r.offset + r.backed_bytes
-        span_end, end = r.offset + r.span_bytes, r.offset + r.size_bytes
-        if lo < span_end:
-            unb.append((i, lo, span_end, r.name))
-        if max(lo, span_end) < end:
-            pad.append((i, max(lo, span_end), end, r.name))
+    for i, r in enumerate(rows):  # holes too: every unbacked piece, split at the span's end
+        span_end = r.offset + r.span_bytes
+        for s0, e0 in _unbacked(r):
+            lo, end = r.offset + s0, r.offset + e0
+            if lo < span_end:
+                unb.append((i, lo, min(end, span_end), r.name))
+            if max(lo, span_end) < end:
+                pad.append((i, max(lo, span_end), end, r.name))
     slack_pieces: list[tuple[int, int, int, str]] = []
     if show_slack:
         slack_pieces = [(slack_row, arena.cursor_bytes if rows else 0, arena.reserved_bytes,
@@ -372,6 +410,13 @@ def _heat_row(r: _Row, c0s: Sequence[int], width: int) -> list[float | None]:
     """
     ncols = len(c0s)
     used = min(ncols, -(-r.size_bytes // width))
+    if r.pieces is not None:  # holes: each column's share of the backed pieces
+        cells: list[float | None] = []
+        for c in range(used):
+            c0, c1 = c * width, min((c + 1) * width, r.size_bytes)
+            got = sum(max(0, min(e, c1) - max(s, c0)) for s, e in r.pieces)
+            cells.append(got / (c1 - c0))
+        return cells + [None] * (ncols - used)
     full = min(r.backed_bytes // width, used)
     line: list[float | None] = [1.0] * full
     if full < used:
