@@ -304,6 +304,16 @@ def test_panels_lay_controls_out_to_wrap_and_figures_to_fill_the_cell() -> None:
         assert panel.figure.layout.width is None and panel.figure.layout.autosize
 
 
+def test_every_panel_ends_in_the_widget_that_fits_its_figure_to_the_cell() -> None:
+    # Issue 12, item 3: the FigureWidget drew at plotly's default 700 px in wider cells,
+    # measured before its view was in the page; the fit widget relayouts it once it is.
+    for panel in (ArenaLab(), LayoutExplorer(), GrowthLab()):
+        fit = panel.widget.children[-1]
+        assert "ResizeObserver" in fit._esm and "_responsiveChartHandler" in fit._esm
+        assert "kvvmm-panel" in panel.widget._dom_classes
+        assert panel.figure._config["responsive"] is True
+
+
 def test_the_layout_explorer_takes_an_explicit_budget() -> None:
     ex = LayoutExplorer(model="qwen2.5-7b")
     ex.budget_gib.value = 10.0
