@@ -2,8 +2,9 @@
 
 It refuses exactly what CUDA refuses (the shared :class:`VmmBook`), hands out deterministic
 addresses and handles (so notebook outputs compare exactly), runs out of memory past its
-device profile's capacity, and advances a simulated clock by the cost model of
-:mod:`kvvmm.hardware` (measured on an H200: docs/MEASUREMENTS.md).
+device profile's capacity, and advances a simulated clock by the profile's cost model
+(:mod:`kvvmm.hardware.overhead`: the calls ``kvvmm calibrate`` measured on that card, the
+library's own work per call, the H200's figures where the profile has none).
 
 Several GPUs of one machine: :class:`SimNode` makes N simulated devices that share one
 process-wide VA space (as CUDA's unified addressing does: a reservation is unique across
@@ -36,7 +37,8 @@ from kvvmm.driver.base import (
     locked,
 )
 from kvvmm.errors import ArgumentError
-from kvvmm.hardware import COST_TABLE_US, PROFILES, DeviceProfile, default_cost_model, get_profile
+from kvvmm.hardware import COST_TABLE_US, PROFILES, DeviceProfile, get_profile
+from kvvmm.hardware.overhead import CallClock, sim_costs
 
 __all__ = [
     "COST_TABLE_US",
@@ -50,9 +52,6 @@ __all__ = [
 
 #: No reservation of the simulator ends past this address (see the module docstring).
 VA_LIMIT = 1 << 57
-
-
-_COST = default_cost_model()
 
 
 class _Space:
@@ -170,8 +169,8 @@ class SimDriver:
     """A device with no memory: the driver rules, deterministic addresses, a cost clock.
 
     Args:
-        profile: device profile key (``"h100"``, ``"h200"``, ``"b200"``, ``"gb300"``) or a
-            :class:`DeviceProfile`.
+        profile: device profile key (``"h100"``, ``"h200"``, ``"b200"``, ``"gb300"``), a
+            path to a profile JSON (``kvvmm calibrate --out``), or a :class:`DeviceProfile`.
         device: device ordinal to report.
         capacity_bytes: override the profile's capacity (e.g. a small GPU for a notebook).
         used_bytes: memory held by others (CUDA context, other processes): create fails
@@ -217,8 +216,12 @@ class SimDriver:
         self._peers: dict[int, tuple[int, ...]] = {}
         # Imported handles whose memory lives on another device: handle -> that device.
         self._home: dict[int, int] = {}
-        #: Simulated time spent in driver calls, in microseconds (the H200 cost model).
+        #: Simulated time spent in driver calls, in microseconds (the profile's cost model).
         self.clock_us = 0.0
+        # What each call adds to the clock: the profile's measured call costs (the H200's
+        # where it has none), plus the library's own work per call and the post-release
+        # slowdown where `kvvmm calibrate` measured them (kvvmm/hardware/overhead.py).
+        self._cost = CallClock(sim_costs(self.profile))
 
     def __repr__(self) -> str:
         return f"SimDriver(profile={self.profile.key!r}, device={self.device})"
@@ -238,7 +241,7 @@ class SimDriver:
                                f"no free VA range of {size} bytes below {VA_LIMIT:#x}")
         space.next_va = va + size
         self._book.apply_reserve(va, size)
-        self.clock_us += _COST("reserve", size)
+        self.clock_us += self._cost("reserve", size)
         return va
 
     @locked
@@ -246,7 +249,7 @@ class SimDriver:
         va, size = check_call_ints("free", va=va, size=size).values()
         self._book.check_free(va, size)
         self._book.apply_free(va)
-        self.clock_us += _COST("free", size)
+        self.clock_us += self._cost("free", size)
 
     @locked
     def create(self, size: int) -> int:
@@ -256,7 +259,7 @@ class SimDriver:
         handle = self._next_handle
         self._next_handle += 1
         book.apply_create(handle, size)
-        self.clock_us += _COST("create", size)
+        self.clock_us += self._cost("create", size)
         return handle
 
     @locked
@@ -266,14 +269,14 @@ class SimDriver:
         self._book.apply_release(handle)
         if self._home and not h.maps:
             self._home.pop(handle, None)
-        self.clock_us += _COST("release", h.size)
+        self.clock_us += self._cost("release", h.size)
 
     @locked
     def map(self, va: int, size: int, handle: int) -> None:
         va, size, handle = check_call_ints("map", va=va, size=size, handle=handle).values()
         res = self._book.check_map(va, size, handle)
         self._book.apply_map(va, size, handle, res)
-        self.clock_us += _COST("map", size)
+        self.clock_us += self._cost("map", size)
 
     @locked
     def unmap(self, va: int, size: int) -> None:
@@ -288,7 +291,7 @@ class SimDriver:
             for h in gone:
                 if h not in self._book.handles:
                     self._home.pop(h, None)
-        self.clock_us += _COST("unmap", size)
+        self.clock_us += self._cost("unmap", size)
 
     @locked
     def set_access(self, va: int, size: int, devices: Sequence[int] | None = None) -> None:
@@ -304,10 +307,8 @@ class SimDriver:
     def _access_cost(self, starts: list[int]) -> float:
         """One call over several mappings costs about one call per mapping on an H200
         (0.93-0.95x: docs/MEASUREMENTS.md §9): the cost goes with mappings, not calls."""
-        if len(starts) == 1:
-            return _COST("set_access", self._book.maps[starts[0]][0])
         maps = self._book.maps
-        return _COST.multi_access_factor * sum(_COST("set_access", maps[s][0]) for s in starts)
+        return self._cost.access([maps[s][0] for s in starts])
 
     def _set_access_for(self, va: int, size: int, devices: Sequence[int]) -> None:
         """Set access for listed devices (peers among them): the rules for peers, then record."""
@@ -363,7 +364,7 @@ class SimDriver:
 
     @locked
     def mem_info(self) -> tuple[int, int]:
-        self.clock_us += _COST.mem_info_us
+        self.clock_us += self._cost.mem_info_us
         book = self._book
         return book.capacity_bytes - self._used_bytes - book.physical_bytes, book.capacity_bytes
 
@@ -389,7 +390,7 @@ class SimDriver:
         assert ident is not None  # /dev/null is a character device
         home = self._home.get(handle, self.device)
         self._space.exports[fd] = (ident, home, h.size)
-        self.clock_us += _COST("map", h.size)  # a guess: a cheap driver call
+        self.clock_us += self._cost.calls("map", h.size)  # a guess: a cheap driver call
         return fd
 
     @locked
@@ -423,5 +424,5 @@ class SimDriver:
         book.apply_import(handle, size)
         if home != self.device:
             self._home[handle] = home
-        self.clock_us += _COST("create", size)  # a guess: as costly as a create
+        self.clock_us += self._cost.calls("create", size)  # a guess: as costly as a create
         return handle

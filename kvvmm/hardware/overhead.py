@@ -66,14 +66,16 @@ class SimCosts:
     def access_us(self, mapping_sizes: Sequence[int]) -> float:
         """µs of one ``set_access`` over whole mappings of these sizes (library work included).
 
-        With ``set_access_per_mapping`` measured: the sum of its curve over the mappings;
-        else one call's cost per mapping (what the raw probe found it close to).
+        One mapping: the call's cost by its size. Several: with ``set_access_per_mapping``
+        measured, the sum of its curve over the mappings; else :meth:`CostModel.access_us`
+        (the H200's factor times one call per mapping: docs/MEASUREMENTS.md §9).
         """
-        if self.access_per_mapping is not None:
-            curve = self.access_per_mapping
-            us = sum(curve(s) for s in mapping_sizes)
+        sizes = list(mapping_sizes)
+        if len(sizes) <= 1 or self.access_per_mapping is None:
+            us = self.calls.access_us(sizes)
         else:
-            us = sum(self.calls("set_access", s) for s in mapping_sizes)
+            curve = self.access_per_mapping
+            us = sum(curve(s) for s in sizes)
         return us + self.per_call_overhead_us.get("set_access", 0.0)
 
 
@@ -124,7 +126,8 @@ def sim_costs(profile: DeviceProfile) -> SimCosts:
     apm = _section(data, "set_access_per_mapping")
     access = _curve(apm["points"]) if apm is not None and apm.get("points") else None
     if access is None:
-        notes.append("set_access over several mappings: one call's cost per mapping")
+        notes.append("set_access over several mappings: the H200's factor "
+                     f"({h200.multi_access_factor}) times one call per mapping")
     prs = _section(data, "post_release_slowdown")
     slow = None
     if prs is not None and prs.get("modelled") is True:
@@ -144,10 +147,11 @@ class CallClock:
     per call, under its own lock.
     """
 
-    __slots__ = ("_released", "_slow_left", "costs", "mem_info_us")
+    __slots__ = ("_released", "_slow_left", "calls", "costs", "mem_info_us")
 
     def __init__(self, costs: SimCosts) -> None:
         self.costs = costs
+        self.calls = costs.calls  #: the bare call costs (for the sim's guessed calls)
         self.mem_info_us = costs.calls.mem_info_us
         self._released = 0
         self._slow_left = 0

@@ -1,0 +1,280 @@
+"""kvvmm calibrate's pure parts, profiles by name or path, the sim charging a profile's costs,
+and the fidelity benchmark's sim side, all on CPU (issue 14)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvvmm import cli
+from kvvmm.calibrate import FULL, QUICK, build_profile, measure, slowdown_verdict
+from kvvmm.driver.sim import SimDriver
+from kvvmm.errors import ArgumentError
+from kvvmm.hardware import (
+    get_profile,
+    load_profile,
+    profile_data,
+    profile_from_data,
+    profile_label,
+    sim_costs,
+)
+from kvvmm.hardware.cost import default_cost_model
+from kvvmm.units import GiB, MiB
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: A calibration small enough for a test: seconds on the host driver.
+TINY = replace(FULL, call_sizes_mib=(2, 4), call_reps=(3, 3), reserve_gib=(1, 2), reserve_reps=2,
+               access_cases=((2, 4),), access_reps=2, layers=1, reserved_tokens=16384,
+               step_tokens=4096, grow_to_tokens=16384, finalize_tokens=16384,
+               policies=("default", "exact"), rounds=1, settle_s=0.0, commit_reps=3,
+               owner_reps=1, bandwidth_handles_mib=(0,), bandwidth_bytes=8 * MiB,
+               release_bytes=16 * MiB, slow_creates=2, slow_create_mib=2, slow_repeats=2)
+
+META = {"date": "2026-12-01T12:00:00+00:00", "card": "NVIDIA Test GPU", "key": "testgpu",
+        "driver": "580.1", "torch": "2.11", "cuda_bindings": "13.3.1", "kvvmm": "0.2",
+        "capacity_bytes": 80 * GiB, "granularity_bytes": 2 * MiB}
+
+
+def _meas(create_us: float = 10.0) -> dict[str, Any]:
+    row = {"create": create_us, "map": 1.5, "set_access": 20.0, "unmap": 15.0,
+           "release": 11.0}
+    return {
+        "per_call": {"2MiB": row, "512MiB": {k: v * 2 for k, v in row.items()}},
+        "reserve_free": {"sizes": {"64GiB": {"reserve": 30.0, "free": 20.0}}, "mem_info_us": 0.5},
+        "access_multi": {"2MiBx64": {"mapping_mib": 2, "mappings": 64, "one_call_us": 2200.0,
+                                     "one_call_per_mapping_us": 34.4,
+                                     "call_per_mapping_us": 37.0,
+                                     "ratio_one_over_calls": 0.93}},
+        "post_release": {"released_bytes": 64 * GiB, "create_bytes": 32 * MiB, "creates": 256,
+                         "repeats": [{"ratio_of_means": 2.1}, {"ratio_of_means": 2.3},
+                                     {"ratio_of_means": 2.2}]},
+    }
+
+
+def _write(tmp_path: Path, data: dict[str, Any], name: str = "my-card.json") -> Path:
+    path = tmp_path / name
+    path.write_text(json.dumps(data), encoding="utf-8")
+    return path
+
+
+# -- profiles ----------------------------------------------------------------------------
+
+
+def test_a_built_profile_round_trips_through_its_file_with_a_source_on_every_section(
+    tmp_path: Path,
+) -> None:
+    data = build_profile(_meas(), META, FULL)
+    prof = load_profile(_write(tmp_path, data))
+    assert (prof.key, prof.name, prof.date) == ("testgpu", "NVIDIA Test GPU", "2026-12-01")
+    assert prof.capacity_bytes == 80 * GiB and prof.granularity_bytes == 2 * MiB
+    back = profile_data(prof)
+    for section in ("call_costs", "set_access_per_mapping", "post_release_slowdown"):
+        assert "kvvmm calibrate on NVIDIA Test GPU" in back[section]["source"], section
+    assert back["call_costs"]["points"]["create"] == [[2, 10.0], [512, 20.0]]
+    assert back["call_costs"]["points"]["reserve"] == [[65536, 30.0]]
+
+
+def test_profiles_load_by_key_by_path_string_and_by_pathlike(tmp_path: Path) -> None:
+    path = _write(tmp_path, build_profile(_meas(), META, FULL))
+    assert get_profile("h200").key == get_profile("H-200").key == "h200"
+    assert get_profile(str(path)).path == str(path.resolve())
+    assert get_profile(path).key == "testgpu"
+    assert SimDriver(profile=str(path)).profile.key == "testgpu"
+    with pytest.raises(ArgumentError, match="a path to a profile"):
+        get_profile("no-such-card")
+    with pytest.raises(OSError):
+        get_profile(tmp_path / "missing.json")
+
+
+def test_a_file_that_is_not_a_profile_is_refused_naming_the_file(tmp_path: Path) -> None:
+    bad = _write(tmp_path, {"format": "something-else"}, "bad.json")
+    with pytest.raises(ArgumentError, match=r"bad\.json"):
+        load_profile(bad)
+    (tmp_path / "broken.json").write_text("{not json", encoding="utf-8")
+    with pytest.raises(ArgumentError, match=r"broken\.json"):
+        load_profile(tmp_path / "broken.json")
+    newer = _write(tmp_path, dict(build_profile({}, META, FULL), version=99), "newer.json")
+    with pytest.raises(ArgumentError, match="version"):
+        load_profile(newer)
+
+
+def test_a_profile_names_its_card_date_and_file_for_figures(tmp_path: Path) -> None:
+    assert profile_label("h200") == "h200 (NVIDIA H200, 2026-11-29)"
+    path = _write(tmp_path, build_profile({}, META, FULL))
+    assert profile_label(path) == "testgpu (NVIDIA Test GPU, 2026-12-01, my-card.json)"
+
+
+# -- the sim charges the profile's costs -------------------------------------------------
+
+
+def test_the_sim_charges_a_loaded_profiles_call_costs_not_the_h200s(tmp_path: Path) -> None:
+    prof = get_profile(_write(tmp_path, build_profile(_meas(create_us=100.0), META, FULL)))
+    sim, h200 = SimDriver(prof), SimDriver("h200")
+    for d in (sim, h200):
+        d.clock_us = 0.0
+        d.create(2 * MiB)
+    assert sim.clock_us == pytest.approx(100.0)
+    assert h200.clock_us == pytest.approx(default_cost_model()("create", 2 * MiB))
+
+
+def test_a_profile_without_call_costs_borrows_the_h200s_and_says_so() -> None:
+    h100 = sim_costs(get_profile("h100"))
+    assert h100.calls("map", 2 * MiB) == default_cost_model()("map", 2 * MiB)
+    assert any("H200" in n for n in h100.notes)
+    partial = profile_from_data(build_profile({"reserve_free": _meas()["reserve_free"]}, META,
+                                              FULL))
+    costs = sim_costs(partial)
+    assert costs.calls("reserve", 64 * GiB) == 30.0
+    assert costs.calls("create", 2 * MiB) == default_cost_model()("create", 2 * MiB)
+    assert any("create" in n and "H200" in n for n in costs.notes)
+
+
+def test_library_overhead_is_added_to_every_call_of_its_kind() -> None:
+    data = build_profile(_meas(), META, FULL)
+    data["library_overhead_us"] = {"per_call": {"create": 7.0, "unmap": 3.0},
+                                   "source": "test"}
+    sim = SimDriver(profile_from_data(data))
+    va = sim.reserve(2 * MiB)
+    t0 = sim.clock_us
+    h = sim.create(2 * MiB)
+    assert sim.clock_us - t0 == pytest.approx(10.0 + 7.0)
+    sim.map(va, 2 * MiB, h)
+    t0 = sim.clock_us
+    sim.unmap(va, 2 * MiB)
+    assert sim.clock_us - t0 == pytest.approx(15.0 + 3.0)
+
+
+def test_the_shipped_h200_profile_charges_exactly_what_it_always_did() -> None:
+    sim, model = SimDriver("h200"), default_cost_model()
+    va = sim.reserve(64 * GiB)
+    expected = model("reserve", 64 * GiB)
+    for size in (2 * MiB, 6 * MiB, 512 * MiB):
+        h = sim.create(size)
+        sim.map(va, size, h)
+        sim.set_access(va, size)
+        sim.unmap(va, size)
+        sim.release(h)
+        expected += sum(model(op, size) for op in ("create", "map", "set_access", "unmap",
+                                                   "release"))
+    assert sim.clock_us == expected
+
+
+def test_creates_after_a_large_release_are_slowed_when_calibrate_found_it_stable() -> None:
+    data = build_profile(_meas(), META, FULL)
+    slow = data["post_release_slowdown"]
+    assert slow["modelled"] is True and slow["factor"] == 2.2 and slow["creates"] == 256
+    slow["creates"], slow["min_released_bytes"] = 2, 4 * MiB
+    sim = SimDriver(profile_from_data(data))
+    hs = [sim.create(2 * MiB) for _ in range(3)]
+    for h in hs:
+        sim.release(h)  # 6 MiB released: past the threshold
+    costs = []
+    for _ in range(3):
+        t0 = sim.clock_us
+        sim.create(2 * MiB)
+        costs.append(sim.clock_us - t0)
+    assert costs == pytest.approx([22.0, 22.0, 10.0])
+
+
+def test_a_slowdown_that_is_not_in_every_repeat_or_disagrees_is_not_modelled() -> None:
+    def reps(*ratios: float) -> dict[str, Any]:
+        return {"creates": 8, "create_bytes": 32 * MiB, "released_bytes": 64 * GiB,
+                "repeats": [{"ratio_of_means": r} for r in ratios]}
+
+    assert slowdown_verdict(reps(2.0, 2.1, 1.9))["modelled"] is True
+    assert "every repeat" in slowdown_verdict(reps(2.0, 1.0, 2.0))["why_not_modelled"]
+    assert "disagree" in slowdown_verdict(reps(1.3, 3.0, 2.0))["why_not_modelled"]
+    assert slowdown_verdict(reps(2.0))["modelled"] is False
+    data = build_profile({"post_release": reps(2.0, 1.0, 2.0)}, META, FULL)
+    costs = sim_costs(profile_from_data(data))
+    assert costs.slowdown is None and any("not modelled" in n for n in costs.notes)
+
+
+# -- calibrate's run, on the host driver --------------------------------------------------
+
+
+def test_calibrate_on_the_host_driver_writes_a_complete_profile_the_sim_loads(
+    tmp_path: Path,
+) -> None:
+    from kvvmm.driver.host import HostDriver
+
+    out = tmp_path / "host.json"
+    seen: list[str] = []
+    data = measure(HostDriver(), TINY, out=str(out), key="hosttest", progress=seen.append)
+    assert data["calibration"]["complete"], data["calibration"]["errors"]
+    assert seen == [n for n in data["calibration"]["sections_done"]]
+    prof = get_profile(out)
+    costs = sim_costs(prof)
+    assert set(costs.per_call_overhead_us) <= {"create", "unmap"}
+    assert costs.access_per_mapping is not None
+    lo = profile_data(prof)["library_overhead_us"]
+    assert lo["source"] and lo["measured_source"] and lo["fit"]
+    assert lo["measured"]["ensure_prefix"]["default"]["extension_steps"] >= 1
+    assert "bandwidth" not in data  # a GPU-only section: skipped on the host driver
+    assert not list(tmp_path.glob("*.part"))
+    SimDriver(prof).create(2 * MiB)
+
+
+def test_a_section_that_fails_is_recorded_and_the_profile_still_loads(tmp_path: Path) -> None:
+    from kvvmm.driver.host import HostDriver
+
+    broken = replace(TINY, call_sizes_mib=(3,), call_reps=(2,))  # 3 MiB: off the granularity
+    out = tmp_path / "partial.json"
+    data = measure(HostDriver(), broken, out=str(out), sections=["per_call", "reserve_free"])
+    assert data["calibration"]["complete"] is False
+    assert "per_call" in data["calibration"]["errors"]
+    assert data["calibration"]["sections_done"] == ["reserve_free"]
+    costs = sim_costs(get_profile(out))
+    assert any("create" in n for n in costs.notes)
+
+
+def test_the_quick_plan_measures_the_same_sections_with_less() -> None:
+    assert len(QUICK.call_sizes_mib) < len(FULL.call_sizes_mib)
+    assert QUICK.rounds == 1 and FULL.rounds >= 3
+
+
+@pytest.mark.skipif("torch" in sys.modules and __import__("torch").cuda.is_available(),
+                    reason="a GPU is usable here: calibrate would run")
+def test_calibrate_without_a_gpu_says_so_in_one_line_and_exits_2(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "kvvmm", "calibrate", "--quick", "--out",
+                           str(tmp_path / "x.json")], capture_output=True, text=True,
+                          cwd=ROOT, timeout=120)
+    assert proc.returncode == 2
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "needs a CUDA GPU" in proc.stderr
+    assert not (tmp_path / "x.json").exists()
+
+
+def test_calibrate_is_a_subcommand_whose_help_needs_no_gpu(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as e:
+        cli.main(["calibrate", "--help"])
+    assert e.value.code == 0
+    assert "--quick" in capsys.readouterr().out
+
+
+# -- the fidelity benchmark's sim side ---------------------------------------------------
+
+
+def test_the_fidelity_benchmark_predicts_every_scenario_in_sim_only_mode(tmp_path: Path) -> None:
+    profile = _write(tmp_path, build_profile(_meas(), META, FULL))
+    out = tmp_path / "fidelity.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_fidelity.py"),
+                           "--sim-only", "--small", "--profile", str(profile), "--out",
+                           str(out)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    res = json.loads(out.read_text())
+    assert res["mode"] == "sim-only" and res["profile"]["key"] == "testgpu"
+    assert res["profile"]["label"].startswith("testgpu (NVIDIA Test GPU, 2026-12-01")
+    names = set(res["scenarios"])
+    assert {"construct", "growth:default", "growth:exact", "finalize", "close_fresh"} <= names
+    assert all(s["predicted_us"] > 0 for s in res["scenarios"].values())
+    assert "ratio" not in res["scenarios"]["construct"]
