@@ -1,0 +1,47 @@
+"""`kvvmm calibrate --quick` on the GPU writes a complete profile the simulator loads (issue 14).
+
+Run in a child process (as the other GPU examples): a crash in CUDA must not take the test
+session with it, and the child sees the same environment a user's shell does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from kvvmm.driver.sim import SimDriver
+from kvvmm.hardware import get_profile, profile_data, sim_costs
+from kvvmm.units import MiB
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_calibrate_quick_writes_a_complete_profile_that_the_sim_loads_and_charges(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "gpu-profile.json"
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    proc = subprocess.run([sys.executable, "-m", "kvvmm", "calibrate", "--quick", "--out",
+                           str(out)], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
+    data = json.loads(out.read_text())
+    cal = data["calibration"]
+    assert cal["complete"] and not cal["errors"], cal["errors"]
+    prof = get_profile(out)
+    raw = profile_data(prof)
+    for op in ("create", "map", "set_access", "unmap", "release", "reserve", "free"):
+        assert raw["call_costs"]["points"][op], op
+    for section in ("call_costs", "set_access_per_mapping", "library_overhead_us",
+                    "post_release_slowdown", "bandwidth"):
+        assert raw[section]["source"], section
+    costs = sim_costs(prof)
+    assert "create" in costs.per_call_overhead_us
+    assert not any("call costs" in n for n in costs.notes)  # nothing borrowed from the H200
+    sim = SimDriver(prof)
+    sim.create(2 * MiB)
+    assert sim.clock_us == costs.calls("create", 2 * MiB) + costs.per_call_overhead_us["create"]
+    assert cal["wall_s"] < 180, cal["seconds"]  # --quick: about a minute on an H200
