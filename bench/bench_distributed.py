@@ -107,8 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     result = {
         "what": "collective finalize (prepare, agree, map, confirm) vs per-rank finalize, "
                 "same sizes; medians of rounds, slowest rank",
-        "card": (ranks[0]["device_name"] if args.driver == "cuda"
-                 else f"{args.driver} driver ({ranks[0]['device_name']}), {platform.processor() or platform.machine()} CPU"),
+        "card": (ranks[0]["device_name"] if args.driver == "cuda" else
+                 f"{args.driver} driver ({ranks[0]['device_name']}), {platform.machine()} CPU"),
         "driver": args.driver, "backend": args.backend,
         "world": args.world, "rounds": args.rounds, "model": args.model,
         "reserved_tokens": args.reserved, "tokens": args.tokens,
