@@ -1,0 +1,127 @@
+# %% [markdown]
+# # 08 · Tensor-parallel ranks: one resize, agreed by every rank
+#
+# A serving engine runs tensor parallelism (TP) as one process per GPU, all in one
+# `torch.distributed` process group (torchrun starts them). Each rank keeps the KV buffers of
+# its share of the heads, and every rank must serve the **same** number of tokens: if one
+# rank failed to back its share while the others kept theirs, the capacities would diverge.
+#
+# `kvvmm.distributed.DistributedOwner` wraps each rank's own `KvBufferOwner` and makes each
+# resize collective, in four phases:
+#
+# | phase | what each rank does |
+# |---|---|
+# | prepare | check the arguments, compute the new backing, *create* the handles (no map) |
+# | agree | one `all_reduce(MIN)`: which ranks succeeded, and did all ask for the same `n`? |
+# | map | map the prepared handles (`Arena.adopt`) |
+# | confirm | a second `all_reduce(MIN)` of the map results |
+#
+# Any failure anywhere, and every rank releases what it prepared or unmaps what it mapped,
+# then raises `CollectiveError`. A rank that dies breaks its peers' collective (gloo
+# notices at once; a hung one runs into the timeout): the others roll back too.
+#
+# Here two ranks run on the simulator, on gloo over 127.0.0.1, started by
+# `kvvmm.distributed.spawn` (an engine uses torchrun instead). The worker below is what a
+# torchrun script would hold; spawned processes import it by name, so it is written to a
+# module first.
+
+# %%
+import sys
+import tempfile
+from pathlib import Path
+
+from kvvmm.distributed import spawn
+from kvvmm.units import fmt_bytes
+from kvvmm.viz import describe, va_map
+
+WORKER = '''
+from kvvmm.distributed import DistributedOwner
+from kvvmm.driver import FaultyDriver, open_driver
+from kvvmm.errors import CollectiveError
+from kvvmm.owner import KvBufferOwner
+from kvvmm.tp import tp_descs
+from kvvmm.units import GiB
+
+MODEL = "llama-3.1-8b"
+
+
+def rank_main(rank, world, fail_rank):
+    """One TP rank: its own driver and owner, resized together with every other rank."""
+    drv = FaultyDriver(open_driver("sim", profile="h200", device=rank))
+    descs = tp_descs(MODEL, tp=world, reserved_tokens=262144, page_size=16, dtype="bfloat16")
+    owner = KvBufferOwner(driver=drv, dtype="bfloat16", page_size=16,
+                          reserved_tokens=262144, descs=descs)
+    kv = DistributedOwner(owner, model=MODEL, timeout_s=30)
+    out = {"rank": kv.rank}
+    before = owner.snapshot()
+    if rank == fail_rank:
+        drv.arm({"map": 3})  # this rank's third map fails, after the others agreed
+    try:
+        kv.finalize(131072)
+    except CollectiveError as e:
+        out["error"] = str(e)
+        out["cause"] = repr(e.__cause__)
+    out["unchanged"] = owner.snapshot() == before
+    # After capture: what every rank can back (the smallest rank decides), then finalize.
+    out["budget_bytes"] = kv.budget_bytes(headroom_bytes=132 * GiB)
+    out["tokens"] = kv.finalize_to_budget(headroom_bytes=132 * GiB)
+    out["backed_bytes"] = owner.backed_bytes
+    out["gathered"] = kv.gather_snapshot(dst=0)
+    owner.close()
+    return out
+'''
+where = Path(tempfile.mkdtemp(prefix="kvvmm-08-"))
+(where / "kv_tp_worker.py").write_text(WORKER)
+sys.path.insert(0, str(where))  # spawned ranks get the parent's sys.path
+import kv_tp_worker
+
+# %% [markdown]
+# ## 1. A world of two ranks; rank 1's third map fails
+#
+# Both ranks prepare and agree; rank 1 then fails in the middle of its maps. Rank 0 had
+# mapped everything: it unmaps it again. Both raise `CollectiveError`, and both snapshots are
+# what they were before the call.
+
+# %%
+ranks = spawn(kv_tp_worker.rank_main, 2, 1, timeout_s=120, group_timeout_s=30)
+for r in ranks:
+    print(f"rank {r['rank']}: {r['error']}")
+    print(f"         cause: {r['cause']}; snapshot unchanged: {r['unchanged']}")
+
+# %% [markdown]
+# ## 2. The collective budget, then a finalize every rank completes
+#
+# `budget_bytes(headroom)` is the least over ranks of `free - headroom + backed`
+# (SGLang's `get_available_gpu_memory(distributed=True)`); `finalize_to_budget` turns it into
+# the most tokens that fit and finalizes every rank to them.
+
+# %%
+for r in ranks:
+    print(f"rank {r['rank']}: budget {fmt_bytes(r['budget_bytes'])} -> {r['tokens']} tokens, "
+          f"{fmt_bytes(r['backed_bytes'])} backed")
+
+# %% [markdown]
+# ## 3. All ranks, gathered on rank 0
+#
+# `gather_snapshot(dst=0)` sends every rank's `OwnerSnapshot` to rank 0 as one `TpSnapshot`
+# (`gather_object`): what the lab draws for a TP=8 cache, here for TP=2.
+
+# %%
+tp = ranks[0]["gathered"]
+print(f"{tp.model}, TP={tp.tp}: {fmt_bytes(tp.backed_bytes)} backed of "
+      f"{fmt_bytes(tp.reserved_bytes)} reserved on all ranks")
+print(describe(tp.owners[1]).splitlines()[0])
+
+# %% tags=["nbval-ignore-output"]
+for rank, snap in enumerate(tp.owners):
+    va_map(snap, title=f"rank {rank} of {tp.tp}").show()
+
+# %%
+# The notebook's claims, checked.
+assert all("aborted on every rank in map" in r["error"] for r in ranks)
+assert all(r["unchanged"] for r in ranks)
+assert "DriverOutOfMemoryError" in ranks[1]["cause"] and ranks[0]["cause"] == "None"
+assert len({r["budget_bytes"] for r in ranks}) == 1 and len({r["tokens"] for r in ranks}) == 1
+assert [o.final_tokens for o in tp.owners] == [ranks[0]["tokens"]] * 2
+assert tp.owners[0].backed_bytes == tp.owners[1].backed_bytes == ranks[0]["backed_bytes"]
+assert ranks[1]["gathered"] is None
