@@ -278,3 +278,65 @@ def test_the_fidelity_benchmark_predicts_every_scenario_in_sim_only_mode(tmp_pat
     assert {"construct", "growth:default", "growth:exact", "finalize", "close_fresh"} <= names
     assert all(s["predicted_us"] > 0 for s in res["scenarios"].values())
     assert "ratio" not in res["scenarios"]["construct"]
+
+
+# -- the lab names what it predicts from -------------------------------------------------
+
+
+def _growth(driver: str = "sim", profile: str = "h200") -> list[Any]:
+    from kvvmm.growth import decode_growth
+    from kvvmm.policy import Chunked, Exact
+
+    return decode_growth([Exact(), Chunked(8 * MiB)], driver=driver, profile=profile,
+                         layers=1, tokens=4096, step_tokens=1024)
+
+
+def test_growth_text_and_figure_name_the_profile_their_sim_times_come_from() -> None:
+    from kvvmm.viz import format_growth, growth_figure
+
+    results = _growth()
+    text = format_growth(results, profile="h200")
+    assert text.splitlines()[-1] == ("driver time: simulated with profile h200 "
+                                     "(NVIDIA H200, 2026-11-29)")
+    title = growth_figure(results, profile="h200").layout.title.text
+    assert "h200 (NVIDIA H200, 2026-11-29)" in title
+    assert format_growth(results) == "\n".join(text.splitlines()[:-1])  # unchanged without
+
+
+def test_measured_growth_shows_next_to_the_sims_prediction() -> None:
+    from kvvmm.viz import format_growth, growth_figure
+
+    predicted = _growth()
+    measured = [replace(r, driver="cuda", sim_us=0.0, wall_s=r.sim_us / 1e6 * 2)
+                for r in predicted]
+    text = format_growth(measured, profile="h200", predicted=predicted)
+    assert "measured" in text and "predicted" in text and "pred/meas" in text
+    assert " 0.50" in text.splitlines()[3]
+    assert text.splitlines()[-1].startswith("predicted: simulated with profile h200")
+    title = growth_figure(measured, profile="h200", predicted=predicted).layout.title.text
+    assert "measured / predicted" in title and "Exact()" in title
+
+
+def test_describe_stats_and_the_timeline_name_the_sims_profile() -> None:
+    from kvvmm.record import TracingDriver
+    from kvvmm.viz import describe_stats, timeline
+
+    sim = SimDriver("h200")
+    sim.reserve(2 * MiB)
+    assert describe_stats(sim.stats(), profile=sim.profile).endswith(
+        "(sim profile h200 (NVIDIA H200, 2026-11-29))")
+    drv = TracingDriver(SimDriver("h200"))
+    drv.reserve(2 * MiB)
+    fig = timeline(drv.trace, profile="h200")
+    assert "profile h200 (NVIDIA H200, 2026-11-29)" in fig.layout.title.text
+
+
+def test_growth_lab_takes_a_calibrated_profile_by_path_and_names_it(tmp_path: Path) -> None:
+    from kvvmm.lab import GrowthLab
+
+    path = _write(tmp_path, build_profile(_meas(), META, FULL))
+    lab = GrowthLab(profile=str(path), layers=1, tokens=4096, step_tokens=1024)
+    assert ("my-card.json", str(path)) in lab.profile.options
+    assert lab.run(), lab.error_text
+    assert lab.predicted is None  # the sim is the prediction itself
+    assert "testgpu (NVIDIA Test GPU, 2026-12-01, my-card.json)" in lab.table.value

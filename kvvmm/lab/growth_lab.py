@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 
 import ipywidgets as widgets
 
-from kvvmm.driver import PROFILES
+from kvvmm.driver import PROFILES, get_profile
 from kvvmm.dtypes import dtype_itemsize
 from kvvmm.growth import GrowthResult, decode_growth, growth_cost
 from kvvmm.lab._panel import DRIVERS, DTYPES, _controls, _cost_line, _field, _Panel, _pre
@@ -29,11 +30,16 @@ class GrowthLab(_Panel):
     The table shows handles, driver calls, over-commit and the copy bandwidth predicted
     from the handle sizes (the H200 table, ``kvvmm.hardware.H200_BANDWIDTH``); the figure
     shows backed bytes per step against what the tokens need, and the predicted bandwidth.
+    Both name the profile the sim's driver times come from (card, date). On a GPU the same
+    growth also runs on the sim with that profile, and both show the measured driver time
+    next to the predicted one (:attr:`predicted`).
     A run that fails leaves the last results showing, marked stale.
 
     Args:
         driver, profile, model, layers, tokens, step_tokens: initial control values
-            (``layers=0`` means all the model's layers).
+            (``layers=0`` means all the model's layers). ``profile`` is a shipped key or
+            the path of a calibrated profile (``kvvmm calibrate --out``), which joins the
+            choices.
     """
 
     _stale_on_error = True
@@ -43,7 +49,11 @@ class GrowthLab(_Panel):
                  step_tokens: int = 256) -> None:
         self.driver = widgets.Dropdown(options=list(DRIVERS), value=driver,
                                        description="driver", **_field())
-        self.profile = widgets.Dropdown(options=sorted(PROFILES), value=profile,
+        choices = [(k, k) for k in sorted(PROFILES)]
+        if profile not in PROFILES:  # a calibrated profile's path: shown by its file name
+            choices.append((os.path.basename(profile), profile))
+            get_profile(profile)  # refused here, not at the first Run
+        self.profile = widgets.Dropdown(options=choices, value=profile,
                                         description="profile", **_field())
         self.model = widgets.Dropdown(options=list_models(), value=model, description="model",
                                       **_field())
@@ -72,6 +82,8 @@ class GrowthLab(_Panel):
                                                                   visibility="hidden"))
         self.table = widgets.HTML(value=_pre("press Run"))
         self.results: list[GrowthResult] = []
+        #: On a GPU: the same growth on the sim with the chosen profile (else None).
+        self.predicted: list[GrowthResult] | None = None
         super().__init__(growth_figure([]))
         self.run_button.on_click(lambda _: self.run())
         for c in (self.model, self.layers, self.dtype, self.page_size, self.tokens,
@@ -123,14 +135,20 @@ class GrowthLab(_Panel):
         return None if self.layers.value == 0 else self.layers.value
 
     def _run_all(self) -> None:
-        results = decode_growth(
-            self.policies(), driver=self.driver.value, profile=self.profile.value,
-            model=self.model.value, layers=self._layers(), dtype=self.dtype.value,
-            page_size=self.page_size.value, tokens=self.tokens.value,
-            step_tokens=self.step_tokens.value, progress=self._on_progress)
-        self.results = results
-        self.table.value = _pre(format_growth(results))
-        self._show(growth_figure(results))
+        def grow(driver: str, progress: Callable[[int, int], None] | None) -> list[GrowthResult]:
+            return decode_growth(
+                self.policies(), driver=driver, profile=self.profile.value,
+                model=self.model.value, layers=self._layers(), dtype=self.dtype.value,
+                page_size=self.page_size.value, tokens=self.tokens.value,
+                step_tokens=self.step_tokens.value, progress=progress)
+
+        results = grow(self.driver.value, self._on_progress)
+        # Measured next to predicted: on a GPU, the same growth on the sim (cheap: no memory).
+        predicted = grow("sim", None) if results and results[0].driver == "cuda" else None
+        self.results, self.predicted = results, predicted
+        prof = self.profile.value
+        self.table.value = _pre(format_growth(results, profile=prof, predicted=predicted))
+        self._show(growth_figure(results, profile=prof, predicted=predicted))
 
     def cost_texts(self) -> list[str]:
         """Each policy's over-commit on the workload the controls describe, one a line.
@@ -152,7 +170,8 @@ class GrowthLab(_Panel):
             try:
                 c = growth_cost(make(), descs, page_size=self.page_size.value,
                                 itemsize=itemsize, tokens=self.tokens.value,
-                                granularity_bytes=PROFILES[self.profile.value].granularity_bytes,
+                                granularity_bytes=get_profile(
+                                    self.profile.value).granularity_bytes,
                                 step_tokens=self.step_tokens.value)
             except Exception as e:  # this policy's value is refused; the others stand
                 out.append(f"over-commit: - ({type(e).__name__}: {e})")

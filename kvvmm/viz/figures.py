@@ -16,7 +16,7 @@ import plotly.graph_objects as go
 
 from kvvmm.driver.base import CALLS
 from kvvmm.errors import ArgumentError
-from kvvmm.hardware import H200_BANDWIDTH, BandwidthTable
+from kvvmm.hardware import H200_BANDWIDTH, BandwidthTable, DeviceProfile, profile_label
 from kvvmm.record.trace import Trace
 from kvvmm.snapshot import ArenaSnapshot, OwnerSnapshot
 from kvvmm.units import fmt_bytes
@@ -28,7 +28,8 @@ if TYPE_CHECKING:
 __all__ = ["bandwidth_by_handle_size", "growth_figure", "handle_sizes", "timeline"]
 
 
-def timeline(trace: Trace, *, x: str = "time") -> go.Figure:
+def timeline(trace: Trace, *, x: str = "time",
+             profile: str | DeviceProfile | None = None) -> go.Figure:
     """Backed bytes and driver calls over a trace, on one shared x axis.
 
     Top: bytes mapped (backed) after each call, as a step line, with arena operations
@@ -39,6 +40,8 @@ def timeline(trace: Trace, *, x: str = "time") -> go.Figure:
         trace: a :class:`~kvvmm.trace.Trace` (``TracingDriver.trace`` or ``Trace.load``).
         x: ``"time"`` (cumulative call cost in µs: simulated when the trace has any, else
             wall) or ``"seq"`` (event number).
+        profile: the sim's profile (``driver.profile``): a simulated timeline names it (card
+            and date) under its title, so the figure says what it predicts from.
     Returns:
         A two-row ``plotly.graph_objects.Figure``.
     Raises:
@@ -104,9 +107,12 @@ def timeline(trace: Trace, *, x: str = "time") -> go.Figure:
     # Decades only: plotly's default log ticks (2, 5 between decades) crowd a short axis.
     fig.update_yaxes(title_text=cost_kind, type="log", dtick=1, tickformat="~s", row=2, col=1)
     n_calls = len(trace.driver_calls())
+    sub = (f"<br><sub>simulated µs from profile {html.escape(profile_label(profile))}</sub>"
+           if simulated and profile is not None else "")
     fig.update_layout(
         title={"text": f"{_count(n_calls, 'driver call')}, peak {fmt_bytes(peak)} backed "
-                       f"({trace.meta.get('driver', '?')}, {trace.meta.get('device_name', '?')})",
+                       f"({trace.meta.get('driver', '?')}, {trace.meta.get('device_name', '?')})"
+                       + sub,
                "font": {"size": 14}},
         height=520, autosize=True, margin={"l": 10, "r": 10, "t": 60, "b": 40},
         plot_bgcolor="white",
@@ -243,7 +249,9 @@ def bandwidth_by_handle_size(table: BandwidthTable | None = None) -> go.Figure:
     return fig
 
 
-def growth_figure(results: Sequence[GrowthResult]) -> go.Figure:
+def growth_figure(results: Sequence[GrowthResult], *,
+                  profile: str | DeviceProfile | None = None,
+                  predicted: Sequence[GrowthResult] | None = None) -> go.Figure:
     """Backed vs needed bytes per step (left) and predicted bandwidth (right).
 
     The bytes axis takes its unit from the largest value (GiB for big pools, never "20k
@@ -252,6 +260,9 @@ def growth_figure(results: Sequence[GrowthResult]) -> go.Figure:
 
     Args:
         results: :func:`kvvmm.growth.compare_policies` results (or any with the same fields).
+        profile: the profile the sim's driver times come from: named in the title.
+        predicted: on a real driver, the same growth on the sim: the title gives each
+            policy's measured and predicted driver time side by side.
     Returns:
         A two-panel ``plotly.graph_objects.Figure``; ``layout.meta["unit_bytes"]`` is the
         bytes axis' unit.
@@ -297,4 +308,24 @@ def growth_figure(results: Sequence[GrowthResult]) -> go.Figure:
     fig.update_layout(height=400, autosize=True, margin={"l": 10, "r": 10, "t": 60, "b": 40},
                       legend={"orientation": "h", "yanchor": "top", "y": -0.18, "x": 0},
                       plot_bgcolor="white", meta={"kvvmm": "growth", "unit_bytes": unit})
+    title = _growth_title(results, profile, predicted)
+    if title:
+        fig.update_layout(title={"text": title, "font": {"size": 13}},
+                          margin={"l": 10, "r": 10, "t": 90, "b": 40})
     return fig
+
+
+def _growth_title(results: Sequence[GrowthResult], profile: str | DeviceProfile | None,
+                  predicted: Sequence[GrowthResult] | None) -> str:
+    """Which profile the driver times are simulated with; measured next to predicted."""
+    if profile is None:
+        return ""
+    label = html.escape(profile_label(profile))
+    if predicted is not None:
+        pairs = ", ".join(f"{html.escape(r.policy)} {r.wall_s * 1e3:.1f} / {p.sim_us / 1e3:.1f}"
+                          for r, p in zip(results, predicted, strict=True))
+        return (f"driver time, measured / predicted (ms): {pairs}"
+                f"<br><sub>predicted with profile {label}</sub>")
+    if any(r.sim_us for r in results):
+        return f"<sub>driver times simulated with profile {label}</sub>"
+    return ""

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from kvvmm.driver.base import DriverStats
 from kvvmm.errors import ArgumentError
-from kvvmm.hardware import H200_BANDWIDTH
+from kvvmm.hardware import H200_BANDWIDTH, DeviceProfile, profile_label
 from kvvmm.layout import KvBufferDesc, Plan
 from kvvmm.snapshot import ArenaSnapshot, OwnerSnapshot
 from kvvmm.units import fmt_bytes, fmt_range
@@ -74,22 +74,27 @@ def describe(snapshot: ArenaSnapshot | OwnerSnapshot) -> str:
     return "\n".join(out)
 
 
-def describe_stats(stats: DriverStats) -> str:
+def describe_stats(stats: DriverStats, *, profile: str | DeviceProfile | None = None) -> str:
     """One line on what a driver holds (``driver.stats()``); says ``clean`` when nothing.
 
     Args:
         stats: a :class:`~kvvmm.driver.base.DriverStats`.
+        profile: the sim's profile (``driver.profile``), named at the end so a simulated
+            figure says what it predicts from; None: not named.
     Returns:
         ``"1 reservation (40.0 MiB), 4 handles, 4 mappings (8.0 MiB), physical 8.0 MiB"``
-        or ``"clean: no reservation, handle, mapping or memory held"``.
+        or ``"clean: no reservation, handle, mapping or memory held"``, plus
+        ``" (sim profile h200 (NVIDIA H200, 2026-11-29))"`` with a profile.
     """
     if not isinstance(stats, DriverStats):
         raise ArgumentError("stats", type(stats).__name__, "a DriverStats (driver.stats())")
+    tail = "" if profile is None else f" (sim profile {profile_label(profile)})"
     if stats.clean:
-        return "clean: no reservation, handle, mapping or memory held"
+        return "clean: no reservation, handle, mapping or memory held" + tail
     return (f"{_count(stats.reservations, 'reservation')} ({fmt_bytes(stats.reserved_bytes)}), "
             f"{_count(stats.handles, 'handle')}, {_count(stats.mappings, 'mapping')} "
-            f"({fmt_bytes(stats.mapped_bytes)}), physical {fmt_bytes(stats.physical_bytes)}")
+            f"({fmt_bytes(stats.mapped_bytes)}), physical {fmt_bytes(stats.physical_bytes)}"
+            + tail)
 
 
 def describe_descs(descs: Sequence[KvBufferDesc], itemsize: int) -> str:
@@ -218,8 +223,17 @@ def _budget_how(p: Plan) -> str:
             f"{p.max_total_tokens:,}")
 
 
-def format_growth(results: Sequence[GrowthResult]) -> str:
-    """A table of :func:`decode_growth` results (no wall times: the text is deterministic)."""
+def format_growth(results: Sequence[GrowthResult], *,
+                  profile: str | DeviceProfile | None = None,
+                  predicted: Sequence[GrowthResult] | None = None) -> str:
+    """A table of :func:`decode_growth` results (no wall times on the sim: deterministic).
+
+    Args:
+        results: what ran (on the sim, its clock is the driver time shown).
+        profile: the profile the sim's times come from, named under the table.
+        predicted: on a real driver, the same growth on the sim (same policies, same
+            order): its time is shown as predicted next to the measured wall time.
+    """
     ref = H200_BANDWIDTH.reference_tb_s("plain") or 1.0
     rows = [[r.policy, f"{r.handles:,}", f"{r.driver_calls:,}", fmt_bytes(r.min_handle_bytes),
              fmt_bytes(r.max_handle_bytes), fmt_bytes(r.backed_bytes),
@@ -230,7 +244,17 @@ def format_growth(results: Sequence[GrowthResult]) -> str:
             "TB/s", "vs malloc", "driver time"]
     if not results:
         return "no results"
+    if predicted is not None:
+        head = [*head[:-1], "measured", "predicted", "pred/meas"]
+        for row, r, p in zip(rows, results, predicted, strict=True):
+            wall_ms = r.wall_s * 1e3
+            row[-1:] = [f"{wall_ms:.1f} ms", f"{p.sim_us / 1000:.1f} ms",
+                        f"{p.sim_us / 1000 / wall_ms:.2f}" if wall_ms > 0 else "-"]
     r0 = results[0]
     lines = [f"{r0.buffers} buffers grown to {r0.tokens[-1]:,} tokens in {len(r0.tokens)} "
              f"steps on {r0.driver}; needed at the end {fmt_bytes(r0.needed_bytes)}"]
-    return "\n".join(lines + _table(head, rows))
+    out = lines + _table(head, rows)
+    if profile is not None and (predicted is not None or any(r.sim_us for r in results)):
+        what = "predicted" if predicted is not None else "driver time"
+        out.append(f"{what}: simulated with profile {profile_label(profile)}")
+    return "\n".join(out)

@@ -68,11 +68,19 @@ for policy in POLICIES:
 # grows all buffers of the first layers of a model, step by step, and every driver call is
 # counted. The bandwidth column is *predicted* from the handle sizes with the H200 table
 # (interleaved, since many buffers grow together), not measured: `kvvmm bench` measures.
+#
+# The driver time on the sim is its clock, charged from a **profile** of measured costs
+# (`PROFILE` below: the shipped H200's, or the `.json` that `kvvmm calibrate` writes on
+# your own GPU); the table names it. On a GPU the same growth also runs on the sim, and the
+# table shows the measured time next to the predicted one.
 
 # %%
-results = decode_growth(POLICIES, driver=DRIVER, model="llama-3.1-8b", layers=8,
-                        tokens=32_768, step_tokens=256)
-print(format_growth(results))
+PROFILE = "h200"
+GROWTH = {"model": "llama-3.1-8b", "layers": 8, "tokens": 32_768, "step_tokens": 256}
+results = decode_growth(POLICIES, driver=DRIVER, profile=PROFILE, **GROWTH)
+predicted = None if DRIVER == "sim" else decode_growth(POLICIES, driver="sim", profile=PROFILE,
+                                                       **GROWTH)
+print(format_growth(results, profile=PROFILE, predicted=predicted))
 
 # %% tags=["nbval-ignore-output"]
 from kvvmm.viz import handle_sizes
