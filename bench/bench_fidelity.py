@@ -14,11 +14,17 @@ Scenarios (the ``kvvmm bench`` workload: 64 buffers of a Llama-3-8B-like model, 
 - ``growth:<policy>``: the decode-growth loop per policy;
 - ``finalize``: finalize to 1M tokens after the default policy's growth;
 - ``close_grown:<policy>``: closing the grown owner;
-- ``close_fresh``: closing an owner right after construction.
+- ``close_fresh``: closing an owner right after construction;
+- ``elastic:commit_pages`` / ``elastic:decommit_pages``: 64 pages far apart (holes), one per
+  call, then given back in another order;
+- ``workload:<strategy>:startup|decode|calls``: the workload replay's first 2 minutes of
+  generated traffic (llama-3.1-70b TP8's rank-0 pool), driver time as the workload module
+  counts it (calls only, so predicted from the profile's call costs without the library's
+  overhead), and the driver-call count (the same on both, or a bug).
 
-Elastic backing (page commits, holes) and the workload replay join when their APIs exist
-(``skipped`` says why not, in the JSON). Sim/CUDA accept-reject parity on random operation
-sequences (``tests/gpu/test_gpu_parity.py``'s Twin) is counted too.
+A scenario whose API is not in the checkout is listed under ``skipped``. Sim/CUDA
+accept-reject parity on random operation sequences (``tests/gpu/test_gpu_parity.py``'s Twin)
+is counted too.
 
 Run on a GPU, after calibrating, in one command::
 
@@ -33,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib
 import json
 import os
 import platform
@@ -66,11 +73,14 @@ class Workload:
     finalize_tokens: int = 1_000_000
     policies: tuple[str, ...] = ("default", "exact", "chunked:32", "chunked:128",
                                  "geometric:2:1024")
+    elastic_pages: int = 64  #: pages committed one by one far apart, then decommitted
+    workload_s: float = 120.0  #: seconds of generated traffic served per strategy (0: none)
 
 
 #: A workload small enough for a CPU test (seconds, not minutes, on the sim).
 SMALL = Workload(layers=2, reserved_tokens=131072, step_tokens=4096, grow_to_tokens=65536,
-                 finalize_tokens=131072, policies=("default", "exact"))
+                 finalize_tokens=131072, policies=("default", "exact"), elastic_pages=8,
+                 workload_s=20.0)
 
 
 def policy_of(spec: str) -> Any:
@@ -135,7 +145,31 @@ def run_scenarios(make_driver: Callable[[], Driver], clock: Clock, wl: Workload,
         t0 = clock(d)
         owner.close()
         add("close_fresh", clock(d) - t0)
+        if wl.elastic_pages and hasattr(owner, "commit_pages"):
+            time.sleep(settle_s)
+            _elastic(make_driver(), clock, wl, add)
     return out
+
+
+def _elastic(d: Driver, clock: Clock, wl: Workload, add: Callable[[str, float], None]) -> None:
+    """Page commits far apart (holes: one granule per buffer each), then decommits in another
+    order: the elastic-backing owner calls, one page per call."""
+    owner = _owner(d, wl, "default")
+    try:
+        rng = random.Random(19)
+        pages = rng.sample(range(1, owner.pages), wl.elastic_pages)
+        t0 = clock(d)
+        for p in pages:
+            owner.commit_pages([p])
+        t1 = clock(d)
+        rng.shuffle(pages)
+        for p in pages:
+            owner.decommit_pages([p])
+        t2 = clock(d)
+    finally:
+        owner.close()
+    add("elastic:commit_pages", t1 - t0)
+    add("elastic:decommit_pages", t2 - t1)
 
 
 def predict(profile: str, wl: Workload) -> dict[str, list[float]]:
@@ -143,25 +177,61 @@ def predict(profile: str, wl: Workload) -> dict[str, list[float]]:
     from kvvmm.driver.sim import SimDriver
 
     prof = get_profile(profile)
-    return run_scenarios(lambda: SimDriver(prof), lambda d: float(d.clock_us),  # type: ignore[attr-defined]
-                         wl, rounds=1, settle_s=0.0)
+    out = run_scenarios(lambda: SimDriver(prof), lambda d: float(d.clock_us),  # type: ignore[attr-defined]
+                        wl, rounds=1, settle_s=0.0)
+    if wl.workload_s and not _skipped().get("workload"):
+        # The workload module counts driver calls only (on CUDA, each call's wall time), so
+        # its prediction is the profile's call costs without the library's overhead.
+        # The pool is planned for an H200 (as on the GPU side): the sim gets its capacity,
+        # whatever card the profile describes; its costs are the profile's.
+        bare, cap = _without_overhead(profile), get_profile("h200").capacity_bytes
+        out |= workload_scenarios(lambda: SimDriver(bare, capacity_bytes=cap), wl.workload_s,
+                                  "sim")
+    return out
 
 
 def _skipped() -> dict[str, str]:
-    """Scenarios of other issues, and why they are not run yet."""
+    """Scenarios of other issues that this checkout cannot run, and why."""
     from kvvmm.owner import KvBufferOwner
 
     out = {}
     if not hasattr(KvBufferOwner, "commit_pages"):
-        out["elastic"] = "KvBufferOwner has no commit_pages yet (elastic backing not landed)"
-    else:
-        out["elastic"] = "commit_pages exists; its scenarios are not written yet"
+        out["elastic"] = "KvBufferOwner has no commit_pages (elastic backing not in this checkout)"
     try:
         import kvvmm.workload  # noqa: F401
-
-        out["workload"] = "the workload replay's scenarios are not written yet"
     except ImportError:
         out["workload"] = "kvvmm.workload is not in this checkout"
+    return out
+
+
+def _without_overhead(profile: str) -> Any:
+    """The profile with no library overhead: what a count of driver-call time predicts."""
+    from kvvmm.hardware import profile_data, profile_from_data
+
+    prof = get_profile(profile)
+    data = {k: v for k, v in profile_data(prof).items() if k != "library_overhead_us"}
+    return profile_from_data(data, where=f"{prof.key} without library overhead") if data else prof
+
+
+def workload_scenarios(make_driver: Callable[[], Driver], seconds: float,
+                       kind: str) -> dict[str, list[float]]:
+    """The workload replay's first ``seconds`` per strategy (generated traffic, seed 0).
+
+    µs of driver time before serving (``startup``) and during it (``decode``), as the
+    workload module counts them: the sim's clock per call, CUDA's wall time per call (calls
+    only: the library's work between them is not in it).
+    """
+    from kvvmm.workload import STRATEGIES, run_workload
+    from kvvmm.workload.generator import generate
+
+    wl = generate(seed=0, duration_s=seconds)
+    out: dict[str, list[float]] = {}
+    for name in STRATEGIES:
+        r = run_workload(wl, [name], model="llama-3.1-70b", gpu="h200", tp=8,
+                         driver=make_driver).results[0]
+        out[f"workload:{name}:startup"] = [round(r.startup_driver_s * 1e6, 1)]
+        out[f"workload:{name}:decode"] = [round(r.decode_driver_s * 1e6, 1)]
+        out[f"workload:{name}:calls"] = [float(r.driver_calls)]
     return out
 
 
@@ -169,13 +239,14 @@ def parity(steps_per_seed: int = 2000, seeds: Sequence[int] = (1, 2, 3)) -> dict
     """tests/gpu/test_gpu_parity.py's Twin on random operation sequences: steps, mismatches."""
     from kvvmm.driver.cuda import CudaDriver
     from kvvmm.driver.sim import SimDriver
-    from tests.gpu.test_gpu_parity import Twin
+    # The test's own Twin (imported by name: it is a test module, not part of the package).
+    twin_cls = importlib.import_module("tests.gpu.test_gpu_parity").Twin
 
     total = mism = refused = 0
     examples: list[str] = []
     for seed in seeds:
         cuda = CudaDriver()
-        twin = Twin(SimDriver("h200"), cuda)
+        twin = twin_cls(SimDriver("h200"), cuda)
         rng = random.Random(seed)
         try:
             while twin.steps < steps_per_seed:
@@ -211,9 +282,19 @@ def compare(predicted: dict[str, list[float]],
     """Per scenario: predicted and measured µs (median of rounds), ratio, within 0.9-1.1."""
     out: dict[str, Any] = {}
     for name, pred in predicted.items():
-        row: dict[str, Any] = {"predicted_us": statistics.median(pred)}
+        row: dict[str, Any]
+        if name.endswith(":calls"):  # a count, not a time: the same on both, or a bug
+            row = {"predicted": pred[0]}
+            if measured is not None and measured.get(name):
+                row |= {"measured": measured[name][0], "within": pred[0] == measured[name][0]}
+            out[name] = row
+            continue
+        row = {"predicted_us": statistics.median(pred)}
         if measured is not None and measured.get(name):
             meas = statistics.median(measured[name])
+            if meas == 0 and row["predicted_us"] == 0:  # nothing to do on either (static)
+                out[name] = row | {"measured_us": 0.0, "ratio": None, "within": True}
+                continue
             row |= {"measured_us": meas, "measured_rounds_us": measured[name],
                     "ratio": round(row["predicted_us"] / meas, 4) if meas > 0 else None}
             row["within"] = row["ratio"] is not None and LOW <= row["ratio"] <= HIGH
@@ -274,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
             from tqdm import tqdm  # type: ignore[import-untyped]
         except ImportError:
             tqdm = None
-        total = args.rounds * len(wl.policies)
+        total = args.rounds * len(wl.policies) + 1
         bar = tqdm(total=total, file=sys.stderr, dynamic_ncols=True) if tqdm else None
 
         def progress(label: str) -> None:
@@ -285,6 +366,12 @@ def main(argv: list[str] | None = None) -> int:
         try:
             measured = run_scenarios(lambda: cd, wall_us, wl, rounds=args.rounds,
                                      settle_s=args.settle_s, progress=progress)
+            if wl.workload_s and not _skipped().get("workload"):
+                progress("workload replay")
+                try:
+                    measured |= workload_scenarios(lambda: cd, wl.workload_s, "cuda")
+                except Exception as e:  # reported; the other scenarios still count
+                    res["workload_error"] = f"{type(e).__name__}: {str(e)[:500]}"
         finally:
             if bar is not None:
                 bar.close()

@@ -274,10 +274,14 @@ def test_the_fidelity_benchmark_predicts_every_scenario_in_sim_only_mode(tmp_pat
     res = json.loads(out.read_text())
     assert res["mode"] == "sim-only" and res["profile"]["key"] == "testgpu"
     assert res["profile"]["label"].startswith("testgpu (NVIDIA Test GPU, 2026-12-01")
-    names = set(res["scenarios"])
-    assert {"construct", "growth:default", "growth:exact", "finalize", "close_fresh"} <= names
-    assert all(s["predicted_us"] > 0 for s in res["scenarios"].values())
-    assert "ratio" not in res["scenarios"]["construct"]
+    sc = res["scenarios"]
+    assert {"construct", "growth:default", "growth:exact", "finalize", "close_fresh",
+            "elastic:commit_pages", "elastic:decommit_pages", "workload:prefix:decode",
+            "workload:prefix:calls"} <= set(sc)
+    assert all(s["predicted_us"] > 0 for n, s in sc.items() if not n.startswith("workload:"))
+    assert sc["workload:prefix:decode"]["predicted_us"] > 0
+    assert sc["workload:static:decode"]["predicted_us"] == 0  # backed up front: no stalls
+    assert "ratio" not in sc["construct"] and res["skipped"] == {}
 
 
 # -- the lab names what it predicts from -------------------------------------------------
