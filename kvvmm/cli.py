@@ -326,6 +326,9 @@ def _parser() -> argparse.ArgumentParser:
                    add_help=False)
     sub.add_parser("calibrate", help="measure this GPU and write a sim profile "
                                      "(kvvmm.calibrate; arguments pass on)", add_help=False)
+    from kvvmm.workload.cli import add_replay_parser
+
+    add_replay_parser(sub)
     return ap
 
 
@@ -357,6 +360,10 @@ def main(argv: Sequence[str] | None = None, *, launch: Launcher | None = None,
             return _cmd_map(args)
         if args.cmd == "plan":
             return _cmd_plan(args)
+        if args.cmd == "replay":
+            from kvvmm.workload.cli import replay_command
+
+            return replay_command(args)
     except BrokenPipeError:  # `kvvmm plan | head`: the reader left; not an error
         return 0
     except (KvvmmError, ValueError, OSError) as e:

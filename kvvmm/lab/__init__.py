@@ -23,5 +23,6 @@ from __future__ import annotations
 from kvvmm.lab.arena_lab import ArenaLab
 from kvvmm.lab.growth_lab import GrowthLab
 from kvvmm.lab.layout_explorer import LayoutExplorer
+from kvvmm.lab.workload_lab import WorkloadLab
 
-__all__ = ["ArenaLab", "GrowthLab", "LayoutExplorer"]
+__all__ = ["ArenaLab", "GrowthLab", "LayoutExplorer", "WorkloadLab"]

@@ -23,6 +23,12 @@ from kvvmm.viz.va_map import (
     VA_MAP_TRACES,
     va_map,
 )
+from kvvmm.viz.workload import (
+    format_workload,
+    stall_figure,
+    workload_figure,
+    workload_memory_figure,
+)
 
 __all__ = [
     "HEATMAP_THRESHOLD",
@@ -36,12 +42,16 @@ __all__ = [
     "describe_stats",
     "format_growth",
     "format_plan",
+    "format_workload",
     "growth_figure",
     "handle_sizes",
     "handles_by_policy",
     "save_figure",
+    "stall_figure",
     "timeline",
     "tokens_by_tp",
     "va_map",
     "waste_by_model",
+    "workload_figure",
+    "workload_memory_figure",
 ]
