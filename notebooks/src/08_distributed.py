@@ -26,6 +26,7 @@
 # module first.
 
 # %%
+import importlib
 import sys
 import tempfile
 from pathlib import Path
@@ -73,7 +74,7 @@ def rank_main(rank, world, fail_rank):
 where = Path(tempfile.mkdtemp(prefix="kvvmm-08-"))
 (where / "kv_tp_worker.py").write_text(WORKER)
 sys.path.insert(0, str(where))  # spawned ranks get the parent's sys.path
-import kv_tp_worker
+kv_tp_worker = importlib.import_module("kv_tp_worker")
 
 # %% [markdown]
 # ## 1. A world of two ranks; rank 1's third map fails
