@@ -12,8 +12,9 @@ hand, through :class:`~kvvmm.driver.cuda.CudaDriver` (what the sim stands in for
 - ``access_multi``: one set_access over a range of several mappings against one call per
   mapping: µs per mapping covered (§9);
 - ``library``: kvvmm's own work per operation, through a driver wrapper that times every call:
-  ``Arena.commit`` minus its driver calls, ``KvBufferOwner.ensure_prefix`` per step with
-  nothing to back and with one extension per buffer, owner construction and close per buffer;
+  ``Arena.commit`` minus its driver calls, ``Arena.tensor`` (one view),
+  ``KvBufferOwner.ensure_prefix`` per step with nothing to back and with one extension per
+  buffer, owner construction and close per buffer;
 - ``growth``: decode growth of 64 buffers x 122 steps per policy, settled rounds (as ``kvvmm
   bench`` times it), and the close of each grown owner: what the per-call overhead is fitted to;
 - ``bandwidth``: copy bandwidth of a 1 GiB bf16 tensor by handle size and interleaving;
@@ -191,6 +192,15 @@ class TimedDriver:
 
     def stats(self) -> DriverStats:
         return self.inner.stats()
+
+    def pin(self, va: int) -> None:
+        """The arena pins once per tensor view; passed on where the driver pins."""
+        pin = getattr(self.inner, "pin", None)
+        self._t("pin", 0, pin if pin is not None else (lambda _: None), va)
+
+    def unpin(self, va: int) -> None:
+        unpin = getattr(self.inner, "unpin", None)
+        self._t("unpin", 0, unpin if unpin is not None else (lambda _: None), va)
 
     def export_handle(self, handle: int) -> int:
         return self.inner.export_handle(handle)
@@ -391,6 +401,22 @@ def library(ctx: Ctx) -> dict[str, Any]:
             commit.append(own(wall, calls))
     finally:
         arena.close()
+    # Arena.tensor: one view and its pin, what owner construction makes once per buffer.
+    arena = Arena(td, reserve_bytes=4 * MiB, name="calibrate-views")
+    off = arena.allocate(4 * MiB)
+    arena.commit(off, 2 * MiB)  # CUDA's array interface refuses VA not mapped yet
+    views, view_us = [], []
+    try:
+        for _ in range(plan.commit_reps):
+            with td.record() as calls:
+                t0 = time.perf_counter()
+                views.append(arena.tensor(off, (1024,), "bfloat16"))
+                wall = time.perf_counter() - t0
+            view_us.append(own(wall, calls))
+        views.clear()
+    finally:
+        views.clear()
+        arena.close()
     # Owner construction and close, per buffer.
     ctor, close = [], []
     buffers = 2 * plan.layers
@@ -432,6 +458,7 @@ def library(ctx: Ctx) -> dict[str, Any]:
     return {
         "wrapper_us_per_call": round(wrap_s * 1e6, 3),
         "arena_commit_library_us": _us(commit),
+        "arena_tensor_library_us": _us(view_us),
         "owner_construct_library_us_per_buffer": _us(ctor),
         "owner_close_library_us_per_buffer": _us(close),
         "ensure_prefix": steps,
@@ -628,7 +655,7 @@ def _charge(data: Mapping[str, Any], calls: Sequence[tuple[str, int, float]]) ->
     """µs the profile's call costs (no library overhead) charge for these calls."""
     costs = sim_costs(profile_from_data(data, where="calibration in progress")).calls
     return sum(costs.mem_info_us if op == "mem_info" else costs(op, size)
-               for op, size, _ in calls)
+               for op, size, _ in calls if op in costs.curves or op == "mem_info")
 
 
 def fit_library_overhead(data: Mapping[str, Any], growth_m: Mapping[str, Any],

@@ -8,7 +8,9 @@ sections that ``kvvmm calibrate`` measures on a GPU:
   bookkeeping; what CUDA does not see) charged with each call of that kind. The simulator
   cannot see an arena operation, only the driver calls it makes, so the work of an operation
   is spread over the calls it makes: a commit's work goes with its ``create`` (one per new
-  handle), a decommit's or close's with its ``unmap`` (one per mapping).
+  handle), a decommit's or close's with its ``unmap`` (one per mapping). Work that makes no
+  driver call at all (a tensor view, a decode step with nothing to back) is not charged:
+  calibrate measures it and says so (``library_overhead_us.measured``).
 - ``set_access_per_mapping``: µs per mapping covered by one ``set_access`` call, by mapping
   size (the cost goes with the mappings covered, not with the calls: docs/MEASUREMENTS.md §9).
 - ``post_release_slowdown``: creates right after a large release run slower while the driver

@@ -12,6 +12,7 @@ saying how it was measured). The shipped files are read once, on first use;
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import os
 import threading
@@ -42,9 +43,13 @@ class DeviceProfile:
     source: str  #: where the two figures come from
     date: str = ""  #: when the profile's figures were measured (ISO date), "" if unknown
     path: str = ""  #: the file it was loaded from; "" for a shipped profile
+    #: digest of the data a profile was made from ("" for a shipped one): two profiles are
+    #: equal only when their data is, so models cached per profile never mix two files
+    digest: str = ""
 
 
-def _profile_of(data: Mapping[str, Any], where: str, path: str = "") -> DeviceProfile:
+def _profile_of(data: Mapping[str, Any], where: str, path: str = "",
+                digest: str = "") -> DeviceProfile:
     if not isinstance(data, Mapping) or data.get("format") != FORMAT:
         raise ArgumentError("profile", where, f"a {FORMAT!r} JSON file")
     if data.get("version", 1) not in VERSIONS:
@@ -54,7 +59,7 @@ def _profile_of(data: Mapping[str, Any], where: str, path: str = "") -> DevicePr
     try:
         return DeviceProfile(str(data["key"]), str(data["name"]), int(data["capacity_bytes"]),
                              int(data["granularity_bytes"]), str(data["source"]),
-                             str(data.get("date", "")), path)
+                             str(data.get("date", "")), path, digest)
     except (KeyError, TypeError, ValueError) as e:
         raise ArgumentError("profile", where, f"a profile with key, name, capacity_bytes, "
                                               f"granularity_bytes and source ({e})") from None
@@ -74,7 +79,7 @@ def shipped_data() -> dict[str, dict[str, Any]]:
 
 # The raw data behind every profile made from data (loaded from a path, or built by
 # ``kvvmm calibrate`` as it measures), so the cost model can read sections the record does
-# not hold. A profile is a frozen value: the same data always makes an equal profile.
+# not hold. A profile is a frozen value: equal profiles have equal data (``digest``).
 _DATA: dict[DeviceProfile, dict[str, Any]] = {}
 _DATA_LOCK = threading.Lock()
 
@@ -90,9 +95,11 @@ def profile_from_data(data: Mapping[str, Any], *, where: str = "<data>",
     Raises:
         ArgumentError: not a profile of a known format version, or fields missing.
     """
-    prof = _profile_of(data, where, path)
+    _profile_of(data, where, path)  # refuse what is not a profile before hashing it
+    text = json.dumps(data, sort_keys=True)
+    prof = _profile_of(data, where, path, hashlib.sha256(text.encode()).hexdigest()[:16])
     with _DATA_LOCK:
-        _DATA[prof] = json.loads(json.dumps(data))  # a private copy: callers may mutate theirs
+        _DATA[prof] = json.loads(text)  # a private copy: callers may mutate theirs
     return prof
 
 
