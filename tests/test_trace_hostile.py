@@ -59,6 +59,8 @@ def valid_doc() -> Doc:
         ("allocate", {"name": "x", "nbytes": 4 * G, "offset": 0}),
         ("commit", {"offset": 0, "nbytes": 2 * G}),
         ("decommit", {"offset": 0, "keep_bytes": G}),
+        ("commit_range", {"offset": 0, "start": 2 * G, "nbytes": G}),
+        ("decommit_range", {"offset": 0, "start": 2 * G, "nbytes": G}),
         ("grant_access", {"devices": [1]}),
         ("adopt", {"offset": 0, "nbytes": G}),
         ("close", {}),
@@ -386,12 +388,12 @@ case("arena-opened-twice", op(1, op="open", args={"name": "a", "reserve_bytes": 
                                                   "base": 0}),
      "arena op 1 (seq 13, open)", "opened again")
 case("arena-used-after-its-close", append_op(op="commit", args={"offset": 0, "nbytes": G}),
-     "arena op 7 (seq 100, commit)", "after its close")
-case("arena-closed-twice", append_op(), "arena op 7 (seq 100, close)", "after its close")
+     "arena op 9 (seq 100, commit)", "after its close")
+case("arena-closed-twice", append_op(), "arena op 9 (seq 100, close)", "after its close")
 case("arena-granted-after-its-close", append_op(op="grant_access", args={"devices": [1]}),
-     "arena op 7", "after its close")
+     "arena op 9", "after its close")
 case("arena-a-second-arena-never-opened", append_op(arena=1), "arena 1 was never opened")
-case("arena-the-close-moved-first", op(6, seq=11.5), "arena op 6", "seq")
+case("arena-the-close-moved-first", op(8, seq=11.5), "arena op 8", "seq")
 
 # ordering: one sequence over both lists, each list in recorded order
 case("order-seq-repeated-in-events", event(3, seq=2), "event 3 (seq 2, set_access)",
@@ -499,8 +501,11 @@ REFUSED: list[tuple[str, Mutation, str]] = [
     ("commit-at-no-allocation", op_arg(2, "offset", 6 * G), "arena op 2"),
     ("decommit-at-no-allocation", op_arg(3, "offset", 6 * G), "arena op 3"),
     ("decommit-keeping-more-than-backed", op_arg(3, "keep_bytes", 8 * G), "arena op 3"),
-    ("adopt-at-no-allocation", op_arg(5, "offset", 2 * G), "arena op 5 (seq 17, adopt)"),
-    ("adopt-beyond-the-allocation", op_arg(5, "nbytes", 8 * G), "arena op 5"),
+    ("adopt-at-no-allocation", op_arg(7, "offset", 2 * G), "arena op 7 (seq 19, adopt)"),
+    ("adopt-beyond-the-allocation", op_arg(7, "nbytes", 8 * G), "arena op 7"),
+    ("commit-range-at-no-allocation", op_arg(4, "offset", 6 * G),
+     "arena op 4 (seq 16, commit_range)"),
+    ("decommit-range-at-no-allocation", op_arg(5, "offset", 6 * G), "arena op 5"),
     ("commit-at-an-offset-past-every-allocation", lambda d: {**d, "arena_ops": [
         *d["arena_ops"][:2], {"seq": 30, "arena": 0, "op": "commit",
                               "args": {"offset": 4 * G, "nbytes": G}}]}, "arena op 2"),

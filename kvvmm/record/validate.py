@@ -24,8 +24,8 @@ __all__ = ["ARENA_OPS", "CALL_ARGS", "MAX_DEVICES", "OP_ARGS", "check_call", "ch
            "check_op", "check_order", "label", "show"]
 
 #: What an arena records, in the order they can happen.
-ARENA_OPS = ("open", "allocate", "commit", "decommit", "grant_access", "adopt", "close",
-             "commit_range", "decommit_range")
+ARENA_OPS = ("open", "allocate", "commit", "decommit", "commit_range", "decommit_range",
+             "grant_access", "adopt", "close")
 #: The int arguments each driver call must carry to be replayed.
 CALL_ARGS: dict[str, tuple[str, ...]] = {
     "reserve": ("size", "align"), "free": ("va", "size"), "create": ("size",),
