@@ -555,8 +555,8 @@ def post_release(ctx: Ctx) -> dict[str, Any]:
     """Creates right after releasing a lot of memory, against the same creates settled."""
     plan, d = ctx.plan, ctx.td.inner
     free, _ = d.mem_info()
-    big = 512 * MiB
-    release = min(plan.release_bytes, (free // 2) // big * big)
+    big = min(512 * MiB, plan.release_bytes)  # handles of the released memory
+    release = max(big, min(plan.release_bytes, (free // 2) // big * big))
     size = plan.slow_create_mib * MiB
     n = min(plan.slow_creates, max(1, int(free // 4 // size)))
 
@@ -575,10 +575,17 @@ def post_release(ctx: Ctx) -> dict[str, Any]:
         time.sleep(plan.settle_s)
         settled = creates()
         time.sleep(plan.settle_s)
+        # Backed and mapped as an owner's memory is, then given back as its close does.
+        va = d.reserve(release)
         hs = [d.create(big) for _ in range(release // big)]
+        for i, h in enumerate(hs):
+            d.map(va + i * big, big, h)
+        d.set_access(va, release)
         ctx.sync()
-        for h in hs:
+        for i, h in enumerate(hs):
+            d.unmap(va + i * big, big)
             d.release(h)
+        d.free(va, release)
         after = creates()
         reps.append({"settled_mean_us": round(statistics.fmean(settled) * 1e6, 3),
                      "after_mean_us": round(statistics.fmean(after) * 1e6, 3),
