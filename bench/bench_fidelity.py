@@ -214,7 +214,7 @@ def _without_overhead(profile: str) -> Any:
 
 
 def workload_scenarios(make_driver: Callable[[], Driver], seconds: float,
-                       kind: str) -> dict[str, list[float]]:
+                       kind: str, settle_s: float = 0.0) -> dict[str, list[float]]:
     """The workload replay's first ``seconds`` per strategy (generated traffic, seed 0).
 
     µs of driver time before serving (``startup``) and during it (``decode``), as the
@@ -227,6 +227,7 @@ def workload_scenarios(make_driver: Callable[[], Driver], seconds: float,
     wl = generate(seed=0, duration_s=seconds)
     out: dict[str, list[float]] = {}
     for name in STRATEGIES:
+        time.sleep(settle_s)  # the previous strategy gave its pool back (§3)
         r = run_workload(wl, [name], model="llama-3.1-70b", gpu="h200", tp=8,
                          driver=make_driver).results[0]
         out[f"workload:{name}:startup"] = [round(r.startup_driver_s * 1e6, 1)]
@@ -369,7 +370,8 @@ def main(argv: list[str] | None = None) -> int:
             if wl.workload_s and not _skipped().get("workload"):
                 progress("workload replay")
                 try:
-                    measured |= workload_scenarios(lambda: cd, wl.workload_s, "cuda")
+                    measured |= workload_scenarios(lambda: cd, wl.workload_s, "cuda",
+                                                   args.settle_s)
                 except Exception as e:  # reported; the other scenarios still count
                     res["workload_error"] = f"{type(e).__name__}: {str(e)[:500]}"
         finally:
