@@ -286,10 +286,8 @@ class DistributedOwner:
 
     def _resync(self) -> None:
         # The owner mirrors its arena's backed bytes for its decode fast path; handles
-        # adopted here bypass its own commit path, so its mirror must be read again. The
-        # owner has no public hook for that yet: its private _sync_backed is the one way.
-        sync = getattr(self.owner, "sync_backed", None) or self.owner._sync_backed
-        sync()
+        # adopted here bypass its own commit path, so its mirror must be read again.
+        self.owner.sync_backed()
 
     # -- the collective grow ----------------------------------------------------------------
 

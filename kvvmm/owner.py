@@ -262,6 +262,16 @@ class KvBufferOwner:
     def _sync_backed(self) -> None:
         self._backed = [self.arena.prefix_of(o) for o in self._offsets]
 
+    def sync_backed(self) -> None:
+        """Re-read each buffer's backed prefix from the arena after it was backed from outside.
+
+        The owner mirrors what its arena backs, for the decode path's fast check; code that
+        maps handles into the owner's arena itself (``Arena.adopt``, as a collective resize
+        in :mod:`kvvmm.distributed` does) calls this afterwards so the mirror is true again.
+        """
+        self._check_open("sync_backed")
+        self._sync_backed()
+
     def ensure_prefix(self, n: int) -> int:
         """Back the first ``n`` token slots of every buffer (the growth policy sizes handles).
 
