@@ -47,7 +47,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kvvmm.driver.base import Driver, DriverStats, MemoryKind
-from kvvmm.errors import DriverUnavailableError
+from kvvmm.errors import DriverUnavailableError, KvvmmError
 from kvvmm.hardware.overhead import sim_costs
 from kvvmm.hardware.profiles import FORMAT, profile_from_data
 from kvvmm.units import GiB, MiB
@@ -940,7 +940,10 @@ def run(*, out: str | None, quick: bool, device: int = 0, key: str | None = None
                            sync=lambda: torch.cuda.synchronize(device), progress=progress)
         finally:
             bar.update(len(names) - bar.n)
-    cd.close()
+    try:
+        cd.close()
+    except KvvmmError as e:  # the profile is written; what the driver still holds goes at exit
+        print(f"kvvmm calibrate: warning: closing the driver: {e}", file=sys.stderr)
     data["path"] = path
     return data
 
@@ -969,6 +972,10 @@ def main(argv: list[str] | None = None) -> int:
     except DriverUnavailableError as e:
         one = str(e).replace("\n", " ")
         print(f"kvvmm calibrate: needs a CUDA GPU; none is usable here ({one})",
+              file=sys.stderr)
+        return 2
+    except ImportError as e:  # tqdm (a kvvmm dependency) or cuda-python missing
+        print(f"kvvmm calibrate: error: {e} ({' '.join(getattr(e, '__notes__', []))})",
               file=sys.stderr)
         return 2
     cal = data["calibration"]
