@@ -675,12 +675,14 @@ def fit_library_overhead(data: Mapping[str, Any], growth_m: Mapping[str, Any],
     work per operation (``library_m``) is kept beside it as measured.
     """
     per_create, per_unmap, rows = [], [], {}
+    by_size: dict[str, dict[float, list[float]]] = {"create": {}, "unmap": {}}
     for spec, row in growth_m.items():
         if not row.get("grow_us"):
             continue
         sim = _sim_calls(data, plan, spec)
-        creates = sum(1 for c in sim["grow"] if c[0] == "create")
-        unmaps = sum(1 for c in sim["close"] if c[0] == "unmap")
+        create_sizes = [c[1] for c in sim["grow"] if c[0] == "create"]
+        unmap_sizes = [c[1] for c in sim["close"] if c[0] == "unmap"]
+        creates, unmaps = len(create_sizes), len(unmap_sizes)
         grow_pred = _charge(data, sim["grow"])
         close_pred = _charge(data, sim["close"])
         grow_meas = statistics.median(row["grow_us"])
@@ -691,19 +693,32 @@ def fit_library_overhead(data: Mapping[str, Any], growth_m: Mapping[str, Any],
                              "close_calls_us": round(close_pred, 1)}
         if creates:
             r["us_per_create"] = round((grow_meas - grow_pred) / creates, 3)
+            r["create_median_mib"] = statistics.median(create_sizes) / MiB
             per_create.append(r["us_per_create"])
+            by_size["create"].setdefault(r["create_median_mib"], []).append(r["us_per_create"])
         if unmaps:
             r["us_per_unmap"] = round((close_meas - close_pred) / unmaps, 3)
+            r["unmap_median_mib"] = statistics.median(unmap_sizes) / MiB
             per_unmap.append(r["us_per_unmap"])
+            by_size["unmap"].setdefault(r["unmap_median_mib"], []).append(r["us_per_unmap"])
         rows[spec] = r
     per_call: dict[str, float] = {}
     if per_create:
         per_call["create"] = round(statistics.median(per_create), 3)
     if per_unmap:
         per_call["unmap"] = round(statistics.median(per_unmap), 3)
+    # Each policy's handles lie around one size (Exact: a step's bytes; Chunked: its chunk),
+    # so the residuals give the overhead by handle size: what the calls cost more in a growth
+    # than alone depends on the size, as the calls themselves do.
+    curves = {op: sorted([mib, round(statistics.fmean(v), 3)] for mib, v in pts.items())
+              for op, pts in by_size.items() if len(pts) >= 2}
     return {
         "unit": "µs of kvvmm's own work charged with each call of that kind",
         "per_call": per_call,
+        "by_size": curves,
+        "by_size_unit": ("µs per call by the handle size in MiB, [[MiB, us], ...]: each "
+                         "policy's residual at its median handle size; where present it "
+                         "replaces per_call for that call"),
         "source": ("kvvmm calibrate: settled decode growth (and the close of the grown "
                    "owner) per policy on the measured driver, minus what this profile's call costs "
                    "charge for the same calls replayed on the simulator, per create (per "

@@ -151,6 +151,23 @@ def test_library_overhead_is_added_to_every_call_of_its_kind() -> None:
     assert sim.clock_us - t0 == pytest.approx(15.0 + 3.0)
 
 
+def test_library_overhead_fitted_by_handle_size_replaces_the_flat_figure_for_its_call() -> None:
+    data = build_profile(_meas(), META, FULL)
+    data["library_overhead_us"] = {"per_call": {"create": 7.0}, "source": "test",
+                                   "by_size": {"create": [[8, 20.0], [128, 40.0]]}}
+    costs = sim_costs(profile_from_data(data))
+    assert costs.overhead_us("create", 8 * MiB) == 20.0
+    assert costs.overhead_us("create", 32 * MiB) == pytest.approx(30.0)
+    assert costs.overhead_us("create", 2 * MiB) == 20.0  # flat past the measured ends
+    sim = SimDriver(profile_from_data(data))
+    sim.create(8 * MiB)
+    assert sim.clock_us == pytest.approx(costs.calls("create", 8 * MiB) + 20.0)
+    data["library_overhead_us"]["by_size"] = {"create": [[8, -1e6], [128, -1e6]]}
+    neg = SimDriver(profile_from_data(data))
+    neg.create(8 * MiB)
+    assert neg.clock_us == 0.0  # a call never runs the clock backwards
+
+
 def test_the_shipped_h200_profile_charges_exactly_what_it_always_did() -> None:
     sim, model = SimDriver("h200"), default_cost_model()
     va = sim.reserve(64 * GiB)

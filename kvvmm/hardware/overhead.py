@@ -5,7 +5,8 @@ A profile's data file (:mod:`kvvmm.hardware.profiles`) may carry, beside ``call_
 sections that ``kvvmm calibrate`` measures on a GPU:
 
 - ``library_overhead_us.per_call``: µs of kvvmm's own work (arena, owner, transaction
-  bookkeeping; what CUDA does not see) charged with each call of that kind. The simulator
+  bookkeeping; what CUDA does not see) charged with each call of that kind; ``by_size``, where
+  present, the same by handle size (it replaces ``per_call`` for that call). The simulator
   cannot see an arena operation, only the driver calls it makes, so the work of an operation
   is spread over the calls it makes: a commit's work goes with its ``create`` (one per new
   handle), a decommit's or close's with its ``unmap`` (one per mapping). Work that makes no
@@ -56,14 +57,23 @@ class SimCosts:
     profile: str  #: the profile's key
     calls: CostModel  #: µs per driver call by size
     per_call_overhead_us: Mapping[str, float]  #: library work charged with each call, µs
+    #: library work by handle size, where calibrate fitted it per size (replaces the flat
+    #: ``per_call_overhead_us`` for that call)
+    overhead_curves: Mapping[str, Log2Curve]
     access_per_mapping: Log2Curve | None  #: µs per mapping one set_access covers, by size
     slowdown: PostReleaseSlowdown | None  #: None: not modelled on this profile
     notes: tuple[str, ...]  #: what this profile borrows from the H200 or does not model
     overhead_source: str  #: where ``per_call_overhead_us`` comes from
 
+    def overhead_us(self, op: str, size: int) -> float:
+        """µs of the library's own work charged with one call of ``op`` over ``size`` bytes."""
+        curve = self.overhead_curves.get(op)
+        return curve(size) if curve is not None else self.per_call_overhead_us.get(op, 0.0)
+
     def call_us(self, op: str, size: int) -> float:
-        """µs of one call of ``op`` over ``size`` bytes, the library's work included."""
-        return self.calls(op, size) + self.per_call_overhead_us.get(op, 0.0)
+        """µs of one call of ``op`` over ``size`` bytes, the library's work included
+        (never below 0: a fitted overhead may be negative where calls cost less in context)."""
+        return max(0.0, self.calls(op, size) + self.overhead_us(op, size))
 
     def access_us(self, mapping_sizes: Sequence[int]) -> float:
         """µs of one ``set_access`` over whole mappings of these sizes (library work included).
@@ -78,7 +88,7 @@ class SimCosts:
         else:
             curve = self.access_per_mapping
             us = sum(curve(s) for s in sizes)
-        return us + self.per_call_overhead_us.get("set_access", 0.0)
+        return us + (self.overhead_us("set_access", sizes[0]) if sizes else 0.0)
 
 
 def _curve(points: object) -> Log2Curve:
@@ -119,9 +129,13 @@ def sim_costs(profile: DeviceProfile) -> SimCosts:
                           str(cc.get("source", "")))
     lo = _section(data, "library_overhead_us")
     per_call: dict[str, float] = {}
+    over_curves: dict[str, Log2Curve] = {}
     lo_source = ""
     if lo is not None and isinstance(lo.get("per_call"), Mapping):
         per_call = {str(k): float(v) for k, v in lo["per_call"].items() if float(v) != 0.0}
+        by_size = lo.get("by_size")
+        if isinstance(by_size, Mapping):
+            over_curves = {str(op): _curve(pts) for op, pts in by_size.items() if pts}
         lo_source = str(lo.get("source", ""))
     else:
         notes.append(f"library overhead: not measured on {profile.key}; driver calls only")
@@ -138,7 +152,8 @@ def sim_costs(profile: DeviceProfile) -> SimCosts:
     elif prs is not None:
         notes.append("post-release slowdown: measured, not modelled ("
                      + str(prs.get("why_not_modelled", "not stable across repeats")) + ")")
-    return SimCosts(profile.key, calls, per_call, access, slow, tuple(notes), lo_source)
+    return SimCosts(profile.key, calls, per_call, over_curves, access, slow, tuple(notes),
+                    lo_source)
 
 
 class CallClock:
@@ -161,8 +176,8 @@ class CallClock:
     def __call__(self, op: str, size: int) -> float:
         c = self.costs
         us = c.calls(op, size)
-        if c.per_call_overhead_us:
-            us += c.per_call_overhead_us.get(op, 0.0)
+        if c.per_call_overhead_us or c.overhead_curves:
+            us = max(0.0, us + c.overhead_us(op, size))
         slow = c.slowdown
         if slow is not None:
             if op == "release":
