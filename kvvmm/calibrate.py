@@ -496,6 +496,16 @@ def growth(ctx: Ctx) -> dict[str, Any]:
             row["construct_us"].append(round((t1 - t0) * 1e6, 1))
             row["grow_us"].append(round((t2 - t1) * 1e6, 1))
             row["close_us"].append(round((t4 - t3) * 1e6, 1))
+        # A fresh owner closed at once: its unmaps are of one-page (granule) mappings, the
+        # small end of the per-unmap overhead (decommits of pages and holes are that size).
+        time.sleep(plan.settle_s)
+        owner = _owner(d, plan, policy_of(specs[0]))
+        ctx.sync()
+        t0 = time.perf_counter()
+        owner.close()
+        fresh = out.setdefault("fresh", {"policy": "fresh owner, closed at once", "fresh": True,
+                                         "close_us": []})
+        fresh["close_us"].append(round((time.perf_counter() - t0) * 1e6, 1))
     time.sleep(plan.settle_s)
     return out
 
@@ -637,8 +647,10 @@ def _points(per_call_m: Mapping[str, Any], op: str) -> list[list[float]]:
     return sorted([[int(k.removesuffix("MiB")), float(row[op])] for k, row in per_call_m.items()])
 
 
-def _sim_calls(data: Mapping[str, Any], plan: Plan, spec: str) -> dict[str, Any]:
-    """The driver calls of one growth scenario, replayed on the simulator (same sequence)."""
+def _sim_calls(data: Mapping[str, Any], plan: Plan, spec: str,
+               grow: bool = True) -> dict[str, Any]:
+    """The driver calls of one growth scenario (``grow=False``: an owner made and closed),
+    replayed on the simulator: the same sequence as on the GPU."""
     from kvvmm.driver.sim import SimDriver
 
     prof = profile_from_data(data, where="calibration in progress")
@@ -646,10 +658,10 @@ def _sim_calls(data: Mapping[str, Any], plan: Plan, spec: str) -> dict[str, Any]
     with td.record() as ctor_calls:
         owner = _owner(td, plan, policy_of(spec))
     with td.record() as grow_calls:
-        for n in _steps(plan):
+        for n in _steps(plan) if grow else ():
             owner.ensure_prefix(n)
     fin_calls: list[tuple[str, int, float]] = []
-    if spec == plan.policies[0] and plan.finalize_tokens:
+    if grow and spec == plan.policies[0] and plan.finalize_tokens:
         with td.record() as fin_calls:
             owner.finalize(plan.finalize_tokens)
     with td.record() as close_calls:
@@ -665,6 +677,22 @@ def _charge(data: Mapping[str, Any], calls: Sequence[tuple[str, int, float]]) ->
                for op, size, _ in calls if op in costs.curves or op == "mem_info")
 
 
+def _merge_sizes(points: Mapping[float, Sequence[float]], within: float = 1.5
+                 ) -> list[list[float]]:
+    """``{MiB: [us, ...]}`` -> ``[[MiB, us], ...]``, sizes within ``within`` x merged (their
+    geometric mean size, their mean µs): two policies whose handles are about one size
+    (Chunked(32 MiB)'s 30 and 32 MiB) measure one point, not a cliff between two."""
+    groups: list[list[tuple[float, float]]] = []
+    for mib in sorted(points):
+        for us in points[mib]:
+            if groups and mib <= groups[-1][0][0] * within:
+                groups[-1].append((mib, us))
+            else:
+                groups.append([(mib, us)])
+    return [[round(statistics.geometric_mean([m for m, _ in g]), 3),
+             round(statistics.fmean([u for _, u in g]), 3)] for g in groups]
+
+
 def fit_library_overhead(data: Mapping[str, Any], growth_m: Mapping[str, Any],
                          library_m: Mapping[str, Any] | None, plan: Plan) -> dict[str, Any]:
     """``library_overhead_us``: µs per create and per unmap the sim adds for kvvmm's own work.
@@ -677,6 +705,18 @@ def fit_library_overhead(data: Mapping[str, Any], growth_m: Mapping[str, Any],
     per_create, per_unmap, rows = [], [], {}
     by_size: dict[str, dict[float, list[float]]] = {"create": {}, "unmap": {}}
     for spec, row in growth_m.items():
+        if row.get("fresh") and row.get("close_us"):
+            sim = _sim_calls(data, plan, plan.policies[0], grow=False)
+            sizes = [c[1] for c in sim["close"] if c[0] == "unmap"]
+            if sizes:
+                meas = statistics.median(row["close_us"])
+                us = round((meas - _charge(data, sim["close"])) / len(sizes), 3)
+                mib = statistics.median(sizes) / MiB
+                rows[spec] = {"policy": row["policy"], "unmaps": len(sizes),
+                              "close_measured_us": meas, "us_per_unmap": us,
+                              "unmap_median_mib": mib}
+                by_size["unmap"].setdefault(mib, []).append(us)
+            continue
         if not row.get("grow_us"):
             continue
         sim = _sim_calls(data, plan, spec)
@@ -710,8 +750,8 @@ def fit_library_overhead(data: Mapping[str, Any], growth_m: Mapping[str, Any],
     # Each policy's handles lie around one size (Exact: a step's bytes; Chunked: its chunk),
     # so the residuals give the overhead by handle size: what the calls cost more in a growth
     # than alone depends on the size, as the calls themselves do.
-    curves = {op: sorted([mib, round(statistics.fmean(v), 3)] for mib, v in pts.items())
-              for op, pts in by_size.items() if len(pts) >= 2}
+    merged = {op: _merge_sizes(pts) for op, pts in by_size.items()}
+    curves = {op: pts for op, pts in merged.items() if len(pts) >= 2}
     return {
         "unit": "µs of kvvmm's own work charged with each call of that kind",
         "per_call": per_call,
