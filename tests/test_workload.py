@@ -12,6 +12,7 @@ from kvvmm.errors import ArgumentError, WorkloadFormatError
 from kvvmm.replay import replay, replay_arenas
 from kvvmm.workload import (
     STRATEGIES,
+    PageElastic,
     PrefixGrowth,
     Request,
     ServingConfig,
@@ -219,11 +220,64 @@ def test_every_strategy_keeps_used_within_backed_and_conserves_bytes(order: str)
         assert got.mappings == snap.mappings and got.allocations == snap.allocations
 
 
-def test_the_same_seed_gives_the_same_results() -> None:
-    a, b = (run_workload(small_workload(seed=5), ["prefix+shrink"], **SMALL)  # type: ignore[arg-type]
+@pytest.mark.parametrize("name", ["prefix+shrink", "page-elastic", "page-elastic+pool"])
+def test_the_same_seed_gives_the_same_results(name: str) -> None:
+    a, b = (run_workload(small_workload(seed=5), [name], **SMALL)  # type: ignore[arg-type]
             for _ in range(2))
     ra, rb = a.results[0], b.results[0]
     assert ra.timeline == rb.timeline and ra.serving == rb.serving
+    assert ra.summary() | {"wall_s": 0} == rb.summary() | {"wall_s": 0}
+
+
+def test_page_elastic_backs_exactly_the_granules_in_use_and_less_than_prefix_growth() -> None:
+    cmp = run_workload(small_workload(), ["prefix", "page-elastic"], record=True,
+                       **SMALL)  # type: ignore[arg-type]
+    prefix, elastic = cmp.results
+    # lowest-free-first: a page is never shared across a granule edge here, so what the
+    # strategy backs is what the runner's arithmetic says page-elastic needs at best
+    assert elastic.timeline.backed_bytes == elastic.timeline.elastic_bytes
+    assert elastic.mean_backed_bytes < prefix.mean_backed_bytes
+    assert elastic.decode_driver_calls > prefix.decode_driver_calls
+    assert elastic.peak_pool_bytes == 0
+    assert elastic.trace is not None
+    assert {op.op for op in elastic.trace.ops} >= {"commit_range", "decommit_range"}
+
+
+def test_the_pool_turns_decommit_then_commit_into_maps_and_shows_what_it_holds() -> None:
+    cmp = run_workload(small_workload(), ["page-elastic", "page-elastic+pool"], record=True,
+                       **SMALL)  # type: ignore[arg-type]
+    bare, pooled = cmp.results
+    assert pooled.timeline.backed_bytes == bare.timeline.backed_bytes  # the same backing
+    assert pooled.trace is not None and bare.trace is not None
+    creates = [sum(e.op == "create" for e in r.trace.events) for r in (bare, pooled)]
+    assert creates[1] < creates[0]
+    assert pooled.decode_driver_s < bare.decode_driver_s
+    assert max(pooled.timeline.pool_held_bytes) == pooled.peak_pool_bytes > 0
+    cap = 4 * (2 << 20) * 56  # the default: 4 granules per buffer
+    assert pooled.peak_pool_bytes <= cap
+
+
+def test_page_elastic_arguments_are_checked() -> None:
+    with pytest.raises(ArgumentError, match="retain_bytes"):
+        PageElastic(retain_bytes=-1, pool=True)
+    with pytest.raises(ArgumentError, match="retain_bytes"):
+        PageElastic(retain_bytes=2 << 20)  # a cap without a pool
+    assert PageElastic(pool=True).name == "page-elastic+pool"
+
+
+def test_a_shrink_waits_for_the_pool_to_stay_low_for_hold_s_seconds() -> None:
+    # A burst, then a large request every 2 s (the pool empties between them), then a quiet
+    # spell and one small request: without a hold every gap gives the tail back and the next
+    # request regrows it; with a 5 s hold only the quiet spell does.
+    wl = Workload((*generate(seed=2, duration_s=10.0, rate_scale=3).requests,
+                   *(Request(200.0 + 2 * i, 3000, 5) for i in range(10)),
+                   Request(260.0, 100, 5)), "a burst, a large request every 2 s, a small one")
+    churn, held = (run_workload(wl, [PrefixGrowth(shrink=True, hold_s=h)],  # type: ignore[arg-type]
+                                **SMALL).results[0] for h in (0.0, 5.0))
+    assert held.decode_driver_calls < churn.decode_driver_calls
+    assert held.timeline.backed_bytes[-1] < max(held.timeline.backed_bytes)  # it still shrinks
+    with pytest.raises(ArgumentError, match="hold_s"):
+        PrefixGrowth(shrink=True, hold_s=-1)
 
 
 def test_static_backs_everything_and_prefix_growth_backs_less() -> None:
@@ -291,6 +345,32 @@ def test_ten_minutes_of_the_real_trace_replay_with_every_request_completed() -> 
     assert r.serving.completed == len(wl) and r.serving.rejected == 0
     assert r.used_over_backed == 0
     assert json.loads(json.dumps(r.summary()))["strategy"] == "prefix"
+
+
+# -- the GPU bench's parts that need no GPU ----------------------------------------------------
+
+
+def test_the_gpu_bench_compares_page_elastic_with_its_pool_measured_next_to_predicted(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "bench" / "bench_workload_gpu.py"
+    spec = importlib.util.spec_from_file_location("bench_workload_gpu", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert {"page-elastic", "page-elastic+pool"} <= set(mod.DEFAULT_STRATEGIES)
+    assert mod.parse_args([]).strategy is None and mod.parse_args(
+        ["--strategy", "page-elastic+pool"]).strategy == ["page-elastic+pool"]
+    assert mod.find_trace("/nonexistent.csv") is None
+    rows = mod.side_by_side(small_workload(seconds=3.0), ["page-elastic+pool"], model="qwen2.5-7b",
+                            tp=1, measured="host", pool_tokens=4096)
+    (row,) = rows
+    m, p = row["measured_host"], row["predicted_sim"]
+    assert m["strategy"] == p["strategy"] == "page-elastic+pool"
+    assert m["driver"] == "host" and p["driver"] == "sim"
+    assert m["driver_calls"] == p["driver_calls"] and m["completed"] == p["completed"]
+    assert "page-elastic+pool" in capsys.readouterr().out
 
 
 # -- the CLI --------------------------------------------------------------------------------

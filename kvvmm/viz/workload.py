@@ -25,13 +25,14 @@ _COLORS = ("#1c7ed6", "#e8590c", "#2f9e44", "#ae3ec9", "#f08c00", "#0c8599", "#c
 def format_workload(cmp: WorkloadComparison) -> str:
     """The summary table: one row per strategy (no wall times: the text is deterministic)."""
     s = cmp.setup
-    head = ["strategy", "peak backed", "mean backed", "mean used", "mean waste",
+    head = ["strategy", "peak backed", "mean backed", "mean pool", "mean used", "mean waste",
             "elastic at best", "p50 stall", "p99 stall", "max stall", "decode driver",
             "calls", "handles", "bw", "done", "rejected", "preempted"]
     rows = []
     for r in cmp.results:
         rows.append([
             r.strategy, fmt_bytes(r.peak_backed_bytes), fmt_bytes(round(r.mean_backed_bytes)),
+            fmt_bytes(round(r.mean_pool_bytes)),
             fmt_bytes(round(r.mean_used_bytes)), fmt_bytes(round(r.mean_waste_bytes)),
             fmt_bytes(round(r.mean_elastic_bytes)), f"{r.p50_stall_s * 1e6:.0f} us",
             f"{r.p99_stall_s * 1e6:.0f} us", f"{r.max_stall_s * 1e3:.2f} ms",

@@ -34,6 +34,7 @@ from kvvmm.workload.serving import (
 )
 from kvvmm.workload.strategies import (
     STRATEGIES,
+    PageElastic,
     PostCaptureFinalize,
     PrefixGrowth,
     Static,
@@ -44,6 +45,7 @@ from kvvmm.workload.strategies import (
 __all__ = [
     "SLOT_ORDERS",
     "STRATEGIES",
+    "PageElastic",
     "PostCaptureFinalize",
     "PrefixGrowth",
     "Request",

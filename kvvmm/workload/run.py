@@ -74,6 +74,8 @@ class StrategyResult:
     mean_used_bytes: float  #: time-weighted
     peak_elastic_bytes: int
     mean_elastic_bytes: float  #: time-weighted
+    peak_pool_bytes: int  #: held by the handle pool (idle handles: memory, not backing)
+    mean_pool_bytes: float  #: time-weighted
     #: page-elastic at best, one granule handle per buffer at a time: granules it would
     #: create + map + set access, and unmap + release, over the run (slot 0's included)
     elastic_maps: int
@@ -104,6 +106,8 @@ class StrategyResult:
                 "mean_used_bytes": round(self.mean_used_bytes),
                 "mean_waste_bytes": round(self.mean_waste_bytes),
                 "mean_elastic_bytes": round(self.mean_elastic_bytes),
+                "peak_pool_bytes": self.peak_pool_bytes,
+                "mean_pool_bytes": round(self.mean_pool_bytes),
                 "elastic_maps": self.elastic_maps, "elastic_unmaps": self.elastic_unmaps,
                 "p50_stall_us": round(self.p50_stall_s * 1e6, 3),
                 "p99_stall_us": round(self.p99_stall_s * 1e6, 3),
@@ -216,6 +220,7 @@ class _Hooks:
         self.seen = n
         self.backed = self.owner.backed_bytes
         snap = self.owner.arena.snapshot()
+        self.pool_held = snap.pool_bytes
         if snap.backed_bytes + snap.unbacked_bytes != self.reserved or \
                 sum(m.size_bytes for m in snap.mappings) != snap.backed_bytes:
             self.conservation_errors += 1
@@ -240,11 +245,13 @@ class _Hooks:
                         self.elastic -= count * g
                         self.elastic_unmaps += count
 
-    def update(self, allocated: list[int], freed: list[int], high_water: int, step: int) -> float:
+    def update(self, allocated: list[int], freed: list[int], high_water: int, step: int,
+               now_s: float) -> float:
         if freed:
             self._elastic_pages(freed, -1)
         if allocated:
             self._elastic_pages(allocated, 1)
+        self.strategy.now_s = now_s
         self.strategy.update(allocated, freed, high_water)
         self.used_pages += len(allocated) - len(freed)
         stall = 0.0
@@ -366,9 +373,16 @@ def run_workload(
         inner = driver() if callable(driver) else open_driver(
             driver, **({"profile": prof} if driver == "sim" else {}))
         tracer = TracingDriver(inner, Trace())
-        owner = KvBufferOwner(driver=tracer, dtype=dtype, page_size=ps, reserved_tokens=tokens,
-                              descs=descs, policy=strat.policy, name=f"kv-{strat.name}",
-                              trace=tracer.trace)
+        # On the tracer, so the pool's creates and releases are in the trace (and replay).
+        hpool = strat.make_pool(tracer)
+        try:
+            owner = KvBufferOwner(driver=tracer, dtype=dtype, page_size=ps,
+                                  reserved_tokens=tokens, descs=descs, policy=strat.policy,
+                                  name=f"kv-{strat.name}", trace=tracer.trace, pool=hpool)
+        except BaseException:
+            if hpool is not None:
+                hpool.close()
+            raise
         try:
             strat.bind(owner, pool_pages=pool_pages)
             hooks = _Hooks(strat, owner, tracer, page_bytes, inner.granularity(),
@@ -391,7 +405,11 @@ def run_workload(
                 trace = Trace(meta=dict(tr.meta), events=list(tr.events), ops=list(tr.ops),
                               arenas=tr.arenas)
         finally:
-            owner.close()
+            try:
+                owner.close()
+            finally:
+                if hpool is not None:  # after the owner: its close gives handles back to it
+                    hpool.close()
         tl = hooks.timeline()
         stalls = sorted(stats.stall_steps)
         sizes = [m.size_bytes for m in snap.mappings]
@@ -405,6 +423,8 @@ def run_workload(
             mean_used_bytes=_time_mean(tl.t_s, tl.used_bytes, stats.end_s),
             peak_elastic_bytes=max(tl.elastic_bytes),
             mean_elastic_bytes=_time_mean(tl.t_s, tl.elastic_bytes, stats.end_s),
+            peak_pool_bytes=max(tl.pool_held_bytes),
+            mean_pool_bytes=_time_mean(tl.t_s, tl.pool_held_bytes, stats.end_s),
             elastic_maps=hooks.elastic_maps, elastic_unmaps=hooks.elastic_unmaps,
             p50_stall_s=_percentile_with_zeros(stalls, stats.steps, 50),
             p99_stall_s=_percentile_with_zeros(stalls, stats.steps, 99),

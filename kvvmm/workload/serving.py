@@ -180,8 +180,10 @@ class ServingHooks(Protocol):
 
     kv_bandwidth_factor: float  #: the KV tensors' bandwidth factor now (1.0: cudaMalloc's)
 
-    def update(self, allocated: list[int], freed: list[int], high_water: int, step: int) -> float:
-        """Pages just handed out (must be backed before the next step) and given back.
+    def update(self, allocated: list[int], freed: list[int], high_water: int, step: int,
+               now_s: float) -> float:
+        """Pages just handed out (must be backed before the next step) and given back, at
+        serving time ``now_s``.
 
         Returns the driver time this cost on the decode path, seconds.
         """
@@ -363,7 +365,7 @@ class ServingModel:
 
             stall = 0.0
             if allocated or freed:
-                stall = hooks.update(allocated, freed, alloc.high_water, S)
+                stall = hooks.update(allocated, freed, alloc.high_water, S, now)
                 allocated = []
                 freed = []
                 if stall > 0.0:

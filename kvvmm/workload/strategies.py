@@ -17,11 +17,10 @@ strategies:
 - :class:`PrefixGrowth`: ``ensure_prefix`` to the engine's high-water page under a growth
   policy, optionally giving the tail back (``shrink``) with hysteresis.
 
-Page-elastic backing (map and unmap pages anywhere as slots come and go, kvcached's model)
-needs page-granular owner calls (``commit_pages``/``decommit_pages``) that the owner does not
-have yet; until it does, the runner reports what such a strategy would back at best
-(``elastic_bytes``: every granule a used page touches), with no driver cost, next to the
-strategies that run.
+- :class:`PageElastic`: map and unmap pages anywhere as slots come and go
+  (``commit_pages``/``decommit_pages``, kvcached's model), optionally over a
+  :class:`~kvvmm.arena.pool.HandlePool` that keeps the handles a decommit gives back, so a
+  decommit-then-commit cycle costs unmap + map instead of release + create.
 
 A strategy of your own is a subclass that sets ``name`` and overrides ``update``; the
 helpers :meth:`Strategy.grow_to` and :meth:`Strategy.shrink_to` keep :attr:`covered_pages`
@@ -30,12 +29,16 @@ helpers :meth:`Strategy.grow_to` and :meth:`Strategy.shrink_to` keep :attr:`cove
 
 from __future__ import annotations
 
+from collections import Counter, deque
+
+from kvvmm.arena.pool import HandlePool
+from kvvmm.driver.base import Driver
 from kvvmm.errors import ArgumentError
 from kvvmm.owner import KvBufferOwner
 from kvvmm.policy import GrowthPolicy, default_policy
 
-__all__ = ["STRATEGIES", "PostCaptureFinalize", "PrefixGrowth", "Static", "Strategy",
-           "make_strategy"]
+__all__ = ["STRATEGIES", "PageElastic", "PostCaptureFinalize", "PrefixGrowth", "Static",
+           "Strategy", "make_strategy"]
 
 
 class Strategy:
@@ -49,6 +52,16 @@ class Strategy:
     name: str = "strategy"
     #: the growth policy the owner is built with (None: the owner's default)
     policy: GrowthPolicy | None = None
+    #: serving time of the boundary :meth:`update` is called at (the runner sets it first),
+    #: seconds: for strategies that decide by time, not by steps
+    now_s: float = 0.0
+
+    def make_pool(self, driver: Driver) -> HandlePool | None:
+        """The handle pool the owner's arena draws from (None: none), made on ``driver``.
+
+        Called once, before the owner is built; the runner closes the pool after the owner.
+        """
+        return None
 
     def bind(self, owner: KvBufferOwner, *, pool_pages: int) -> None:
         """Attach to ``owner`` (whose ``reserved_tokens`` is ``pool_pages * page_size``)."""
@@ -144,24 +157,32 @@ class PrefixGrowth(Strategy):
     Args:
         policy: the owner's growth policy (default :func:`~kvvmm.policy.default_policy`).
         shrink: give back the tail when the pool has emptied enough.
-        hysteresis: shrink when the backed pages exceed ``(1 + hysteresis) * high_water +
-            min_slack_pages``, down to ``(1 + hysteresis / 2) * high_water`` (> 0): without
-            it a pool at a steady size would shrink and regrow at every request.
+        hysteresis: the pool counts as "low" while the backed pages exceed ``(1 + hysteresis)
+            * high_water + min_slack_pages`` (> 0); a shrink goes down to ``(1 + hysteresis /
+            2)`` times the highest high water of the last ``hold_s`` seconds.
         min_slack_pages: pages beyond the need never worth a shrink, >= 0 (default: one
             granule of the first buffer: less than that a shrink cannot give back).
+        hold_s: shrink only once the pool has stayed low for this many seconds of serving
+            time (>= 0; default 5). Without it the pool emptying for one step between two
+            bursts gave everything back and the next burst grew it again: the hour's trace
+            paid hundreds of shrink-and-regrow cycles on the decode path.
     """
 
     def __init__(self, policy: GrowthPolicy | None = None, *, shrink: bool = False,
-                 hysteresis: float = 1.0, min_slack_pages: int | None = None) -> None:
+                 hysteresis: float = 1.0, min_slack_pages: int | None = None,
+                 hold_s: float = 5.0) -> None:
         if not (isinstance(hysteresis, (int, float)) and hysteresis > 0):
             raise ArgumentError("hysteresis", hysteresis, "a number > 0")
         bad = isinstance(min_slack_pages, bool) or not isinstance(min_slack_pages, int) \
             or min_slack_pages < 0
         if min_slack_pages is not None and bad:
             raise ArgumentError("min_slack_pages", min_slack_pages, "an int >= 0 (pages)")
+        if isinstance(hold_s, bool) or not isinstance(hold_s, (int, float)) or not hold_s >= 0:
+            raise ArgumentError("hold_s", hold_s, "a number >= 0 (seconds of serving time)")
         self.policy = default_policy() if policy is None else policy
         self.shrink = shrink
         self.hysteresis = float(hysteresis)
+        self.hold_s = float(hold_s)
         self._min_slack = min_slack_pages
         self.min_slack_pages = 0 if min_slack_pages is None else min_slack_pages
         self.name = "prefix+shrink" if shrink else "prefix"
@@ -169,6 +190,10 @@ class PrefixGrowth(Strategy):
         # when the backing changed or the target halved: each try costs a snapshot.
         self._stuck_at = -1
         self._retry_below = 0
+        self._low_since: float | None = None  # serving time the pool became low
+        # (time, high water) of the last hold_s seconds, high waters decreasing: its head is
+        # the window's peak, what a shrink must keep
+        self._recent: deque[tuple[float, int]] = deque()
 
     def bind(self, owner: KvBufferOwner, *, pool_pages: int) -> None:
         super().bind(owner, pool_pages=pool_pages)
@@ -181,18 +206,159 @@ class PrefixGrowth(Strategy):
         if high_water > self.covered_pages:
             self.grow_to(high_water)
             self._stuck_at = -1
-        elif (self.shrink and freed
-              and self.covered_pages > (1 + self.hysteresis) * high_water
-              + self.min_slack_pages):
-            target = int((1 + self.hysteresis / 2) * high_water) + 1
-            if self.covered_pages == self._stuck_at and target >= self._retry_below:
-                return
-            if not self.shrink_to(target):
-                self._stuck_at, self._retry_below = self.covered_pages, target // 2
+            self._low_since = None
+            return
+        if not self.shrink:
+            return
+        now, recent = self.now_s, self._recent
+        while recent and recent[-1][1] <= high_water:
+            recent.pop()
+        recent.append((now, high_water))
+        while recent[0][0] < now - self.hold_s:
+            recent.popleft()
+        if self.covered_pages <= (1 + self.hysteresis) * high_water + self.min_slack_pages:
+            self._low_since = None  # busy again: the hold starts over
+            return
+        if self._low_since is None:
+            self._low_since = now
+        if now - self._low_since < self.hold_s:
+            return
+        # Keep room for the busiest moment of the last hold_s seconds, not the emptiest:
+        # that is the need the traffic has shown, and below it the next burst would regrow.
+        target = int((1 + self.hysteresis / 2) * recent[0][1]) + 1
+        if target >= self.covered_pages:
+            return
+        if self.covered_pages == self._stuck_at and target >= self._retry_below:
+            return
+        if self.shrink_to(target):
+            self._low_since = None
+        else:
+            self._stuck_at, self._retry_below = self.covered_pages, target // 2
+
+
+class PageElastic(Strategy):
+    """Map and unmap pages anywhere as slots come and go (kvcached's model).
+
+    The owner backs whole granules, so what matters is which granules hold a used page: a
+    granule is committed when it gains its first used page and decommitted when it loses its
+    last. The strategy counts used pages per granule (per page geometry: buffers whose pages
+    have other sizes map pages to other granules) and gives the owner one committed page per
+    granule in use, its representative, rather than every used page: the owner's page calls
+    cost Python work per page and buffer, and 1.4 M pages over 160 buffers in the hour's
+    trace would not replay in 10 s. A representative stays committed until its granule
+    empties, even if its own request finished; page 0 (slot 0) is never given back.
+
+    Each boundary makes at most two owner calls, each one transaction: ``decommit_pages`` for
+    the granules that emptied, then ``commit_pages`` for those newly in use (decommit first,
+    so a pool's retained handles serve the commit of the same step).
+
+    Args:
+        pool: back commits from a :class:`~kvvmm.arena.pool.HandlePool` that keeps the
+            handles decommits give back (up to ``retain_bytes``): a decommit-then-commit
+            costs unmap + map instead of unmap + release + create + map. Its idle handles
+            are memory too ("held by the pool" in the timeline).
+        retain_bytes: the pool's cap (default: 4 granules per buffer: enough to absorb the
+            churn at the used pages' frontier, small next to what backing saves).
+    """
+
+    def __init__(self, *, pool: bool = False, retain_bytes: int | None = None) -> None:
+        bad = isinstance(retain_bytes, bool) or not isinstance(retain_bytes, int) \
+            or retain_bytes < 0
+        if retain_bytes is not None and bad:
+            raise ArgumentError("retain_bytes", retain_bytes, "an int >= 0 (bytes)")
+        if retain_bytes is not None and not pool:
+            raise ArgumentError("retain_bytes", retain_bytes, "None without a pool")
+        self.pool = bool(pool)
+        self.retain_bytes = retain_bytes
+        self.name = "page-elastic+pool" if pool else "page-elastic"
+        self.handle_pool: HandlePool | None = None
+
+    def make_pool(self, driver: Driver) -> HandlePool | None:
+        if not self.pool:
+            return None
+        # The default cap depends on the buffer count, known at bind (before any decommit
+        # can give a handle back). threaded=False: nothing is created ahead, only retained,
+        # so no thread is needed, and the sim's clock and the trace stay deterministic.
+        self.handle_pool = HandlePool(driver, retain_bytes=self.retain_bytes or 0,
+                                      threaded=False)
+        return self.handle_pool
+
+    def bind(self, owner: KvBufferOwner, *, pool_pages: int) -> None:
+        super().bind(owner, pool_pages=pool_pages)
+        gran = owner.arena.granularity
+        ps = owner.page_size
+        kinds = Counter(d.row_bytes * ps // d.tokens_per_row for d in owner.descs)
+        self._gran = gran
+        self._kinds = sorted(kinds)  # page bytes of each geometry
+        self._count: list[dict[int, int]] = [{} for _ in self._kinds]  # granule -> used pages
+        self._rep: list[dict[int, int]] = [{} for _ in self._kinds]  # granule -> its page
+        self._refs: dict[int, int] = {}  # committed page -> granules it represents
+        self._committed: set[int] = {0}  # the owner backed slot 0's page at construction
+        if self.handle_pool is not None and self.retain_bytes is None:
+            self.handle_pool.retain_bytes = 4 * gran * len(owner.descs)
+        # Slot 0's page is in use for good (captured graphs write it): its granules never
+        # empty, so page 0 stays their representative and is never given back.
+        self._add([0], [])
+        for k, rep in enumerate(self._rep):
+            for g in self._granules(k, 0):
+                rep[g] = 0
+        self._refs[0] = 1
+
+    def _granules(self, k: int, p: int) -> range:
+        pb = self._kinds[k]
+        return range(p * pb // self._gran, ((p + 1) * pb - 1) // self._gran + 1)
+
+    def _add(self, pages: list[int], gained: list[tuple[int, int, int]]) -> None:
+        for k, count in enumerate(self._count):
+            for p in pages:
+                for g in self._granules(k, p):
+                    c = count.get(g, 0)
+                    count[g] = c + 1
+                    if c == 0 and g not in self._rep[k]:
+                        gained.append((k, g, p))
+
+    def update(self, allocated: list[int], freed: list[int], high_water: int) -> None:
+        gained: list[tuple[int, int, int]] = []
+        lost: list[tuple[int, int]] = []
+        self._add(allocated, gained)  # allocations first: a page freed and reused stays
+        for k, count in enumerate(self._count):
+            for p in freed:
+                for g in self._granules(k, p):
+                    c = count[g] - 1
+                    count[g] = c
+                    if c == 0:
+                        lost.append((k, g))
+        refs = self._refs
+        changed: set[int] = set()
+        for k, g in lost:
+            rep = self._rep[k]
+            if self._count[k][g] == 0 and g in rep:
+                p = rep.pop(g)
+                refs[p] -= 1
+                changed.add(p)
+        for k, g, p in gained:
+            rep = self._rep[k]
+            if self._count[k][g] > 0 and g not in rep:
+                rep[g] = p
+                refs[p] = refs.get(p, 0) + 1
+                changed.add(p)
+        drop = sorted(p for p in changed if refs.get(p) == 0)
+        add = sorted(p for p in changed if refs.get(p, 0) > 0 and p not in self._committed)
+        for p in drop:
+            del refs[p]
+        if drop:
+            self._committed.difference_update(drop)
+            if self.owner.decommit_pages(drop):
+                self.changes += 1
+        if add:
+            self._committed.update(add)
+            if self.owner.commit_pages(add):
+                self.changes += 1
 
 
 #: Strategy names the CLI and the lab accept, and how to build each.
-STRATEGIES = ("static", "finalize", "prefix", "prefix+shrink")
+STRATEGIES = ("static", "finalize", "prefix", "prefix+shrink", "page-elastic",
+              "page-elastic+pool")
 
 
 def make_strategy(name: str, policy: GrowthPolicy | None = None) -> Strategy:
@@ -205,4 +371,8 @@ def make_strategy(name: str, policy: GrowthPolicy | None = None) -> Strategy:
         return PrefixGrowth(policy)
     if name == "prefix+shrink":
         return PrefixGrowth(policy, shrink=True)
+    if name == "page-elastic":
+        return PageElastic()
+    if name == "page-elastic+pool":
+        return PageElastic(pool=True)
     raise ArgumentError("strategy", name, f"one of {', '.join(STRATEGIES)}")
