@@ -18,7 +18,6 @@
 # trace, on a five-minute slice, so the notebook stays fast.
 
 # %%
-from kvvmm.hardware import default_cost_model
 from kvvmm.units import fmt_bytes
 from kvvmm.viz.workload import format_workload, workload_figure
 from kvvmm.workload import (
@@ -45,7 +44,7 @@ wl = generate(seed=0, duration_s=300.0)
 print("generated:", len(wl), "requests;", fit_workload(wl).summary())
 
 # %% [markdown]
-# ## The serving model and three strategies
+# ## The serving model and five strategies
 #
 # llama-3.1-70b at TP 8 on an H200: one rank's KV pool (160 buffers, K and V of 80 layers,
 # one KV head each), as large as the planner fits after the weights: 2.87 M tokens. The
@@ -56,16 +55,18 @@ print("generated:", len(wl), "requests;", fit_workload(wl).summary())
 #
 # - `static`: the whole pool backed before capture (what `cudaMalloc` gives);
 # - `prefix`: `ensure_prefix` to the highest page in use, under the default growth policy;
-# - `prefix+shrink`: the same, giving the tail back (with hysteresis) when the pool empties.
-#
-# Page-elastic backing needs page-granular owner calls that are still to come, so it does
-# not run as a strategy yet; the runner records what it would back **at best** (every 2 MiB
-# granule that a used page touches, in every buffer) and how many granules it would map and
-# unmap: enough to answer the question with the sim's cost model.
+# - `prefix+shrink`: the same, giving the tail back once the pool has stayed low for 5 s;
+# - `page-elastic`: `commit_pages`/`decommit_pages` as pages come and go: a 2 MiB granule
+#   per buffer is mapped when it gains its first used page and unmapped when it loses its
+#   last (kvcached's model), one owner call per step for each direction;
+# - `page-elastic+pool`: the same over a `HandlePool` that keeps the handles a decommit
+#   gives back (up to 4 granules per buffer), so a granule that empties and refills costs
+#   unmap + map, not unmap + release + create + map. Its idle handles are memory too:
+#   "held by the pool".
 
 # %%
-cmp = run_workload(wl, ["static", "prefix", "prefix+shrink"], model="llama-3.1-70b",
-                   gpu="h200", tp=8)
+names = ["static", "prefix", "prefix+shrink", "page-elastic", "page-elastic+pool"]
+cmp = run_workload(wl, names, model="llama-3.1-70b", gpu="h200", tp=8)
 print(format_workload(cmp))
 
 # %% tags=["nbval-ignore-output"]
@@ -74,33 +75,37 @@ workload_figure(cmp)
 # %% [markdown]
 # ## The answer
 #
-# Memory: the time-weighted mean of what each backs, against what page-elastic backing would
-# back at best. Cost: page-elastic maps one granule handle per buffer each time a granule
-# gains its first used page (create + map + set access) and unmaps it when it loses its last
-# (unmap + release); the sim's H200 cost model prices each call.
+# Memory: the time-weighted mean of what each backs (plus, with the pool, what the pool
+# holds). Cost: the driver time on the decode path, which the sim's H200 cost model prices
+# call by call, and what it does to the KV tensors' bandwidth (granule handles interleaved
+# across 160 buffers copy slower than a few large ones).
 
 # %%
-prefix = cmp.result("prefix")
-cost = default_cost_model()
-gran = 2 << 20
-map_us = cost("create", gran) + cost("map", gran) + cost("set_access", gran)
-unmap_us = cost("unmap", gran) + cost("release", gran)
-elastic_s = (prefix.elastic_maps * map_us + prefix.elastic_unmaps * unmap_us) * 1e-6
-saved = prefix.mean_backed_bytes - prefix.mean_elastic_bytes
-print(f"prefix growth backs on average {fmt_bytes(round(prefix.mean_backed_bytes))}, "
-      f"page-elastic at best {fmt_bytes(round(prefix.mean_elastic_bytes))}: "
-      f"{fmt_bytes(round(saved))} less ({saved / prefix.mean_backed_bytes:.0%})")
+prefix, elastic, pooled = (cmp.result(n) for n in ("prefix", "page-elastic", "page-elastic+pool"))
+for r in (prefix, cmp.result("prefix+shrink"), elastic, pooled):
+    held = r.mean_backed_bytes + r.mean_pool_bytes
+    print(f"{r.strategy:18s} backs {fmt_bytes(round(r.mean_backed_bytes)):>10s} on average "
+          f"(+ pool {fmt_bytes(round(r.mean_pool_bytes)):>10s} = "
+          f"{held / prefix.mean_backed_bytes:4.0%} of prefix growth); decode-path driver time "
+          f"{r.decode_driver_s * 1e3:7.1f} ms in "
+          f"{r.stalled_steps:4d} steps, {r.decode_driver_calls:6,d} calls; bandwidth "
+          f"{r.predicted_tb_s / 4.19:.2f}x")
+saved = prefix.mean_backed_bytes - elastic.mean_backed_bytes
+print(f"page-elastic saves {fmt_bytes(round(saved))} ({saved / prefix.mean_backed_bytes:.0%}) "
+      f"of prefix growth's mean over {prefix.serving.end_s:.0f} s, for "
+      f"{elastic.decode_driver_s / prefix.decode_driver_s:.0f}x its driver time "
+      f"({pooled.decode_driver_s / prefix.decode_driver_s:.0f}x with the pool)")
 print(f"static backs {fmt_bytes(cmp.result('static').peak_backed_bytes)} throughout")
-print(f"driver time on the decode path over {prefix.serving.end_s:.0f} s: prefix growth "
-      f"{prefix.decode_driver_s * 1e3:.1f} ms in {prefix.stalled_steps} steps; page-elastic "
-      f"~{elastic_s * 1e3:.0f} ms ({prefix.elastic_maps:,} granule maps, "
-      f"{prefix.elastic_unmaps:,} unmaps over 160 buffers)")
 
 # %% [markdown]
-# So on this traffic page-elastic backing would hold about a third of what prefix growth
-# holds (both a few hundredths of the static pool) but would pay on the order of a second of
-# driver calls on the decode path where prefix growth pays a few milliseconds: a handle pool
-# that maps pre-created handles (the elastic-backing issue) is what would make it affordable.
+# So on this traffic page-elastic backing holds about a third of what prefix growth holds
+# (both a few hundredths of the static pool), and pays for it on the decode path: tens of
+# times prefix growth's driver time, spread over a hundred-odd steps, and 2 MiB handles
+# that cost a sixth of the bandwidth. The pool cuts the driver time by about a third (a
+# granule that refills skips create and release) but holds nearly as much idle memory as
+# the strategy backs, so counted with what it holds it saves a third, not two thirds. Over
+# the whole hour (`bench/results/sim-workload-bench.json`) the picture is the same. What
+# would make page-elastic cheap is mapping ahead of need, off the decode path.
 #
 # ## Your own strategy, in a cell
 #
@@ -144,6 +149,8 @@ for name, r in (("lowest", lo), ("lifo", li)):
 for r in (*cmp.results, *mine.results, *lifo.results):
     assert r.used_over_backed == 0 and r.conservation_errors == 0, r.strategy
     assert r.serving.completed + r.serving.rejected == r.serving.requests
-assert prefix.mean_elastic_bytes < prefix.mean_backed_bytes < cmp.result("static").peak_backed_bytes
-assert elastic_s > 10 * prefix.decode_driver_s
+assert elastic.mean_backed_bytes < prefix.mean_backed_bytes < cmp.result("static").peak_backed_bytes
+assert elastic.timeline.backed_bytes == elastic.timeline.elastic_bytes  # exactly what it needs
+assert pooled.decode_driver_s < elastic.decode_driver_s
+assert elastic.decode_driver_s > 10 * prefix.decode_driver_s
 assert cmp.result("static").decode_driver_s == 0.0
