@@ -361,3 +361,29 @@ def test_growth_lab_takes_a_calibrated_profile_by_path_and_names_it(tmp_path: Pa
     assert lab.run(), lab.error_text
     assert lab.predicted is None  # the sim is the prediction itself
     assert "testgpu (NVIDIA Test GPU, 2026-12-01, my-card.json)" in lab.table.value
+
+
+def test_the_fitted_overhead_makes_the_sim_reproduce_the_growth_it_was_fitted_to() -> None:
+    from kvvmm.calibrate import _charge, _merge_sizes, _sim_calls
+
+    base = build_profile(_meas(), META, TINY)
+    growth: dict[str, Any] = {}
+    for spec in TINY.policies:  # "measured": the calls as charged, plus 5 µs per create
+        sim = _sim_calls(base, TINY, spec)
+        creates = sum(1 for c in sim["grow"] if c[0] == "create")
+        unmaps = sum(1 for c in sim["close"] if c[0] == "unmap")
+        growth[spec] = {"policy": spec, "construct_us": [1.0],
+                        "grow_us": [_charge(base, sim["grow"]) + 5.0 * creates],
+                        "close_us": [_charge(base, sim["close"]) + 3.0 * unmaps]}
+    data = build_profile(_meas() | {"growth": growth}, META, TINY)
+    lo = data["library_overhead_us"]
+    assert lo["per_call"] == {"create": 5.0, "unmap": 3.0}
+    assert "kvvmm calibrate on NVIDIA Test GPU" in lo["source"]
+    prof = profile_from_data(data)
+    for spec in TINY.policies:
+        replay = _sim_calls(data, TINY, spec)
+        costs = sim_costs(prof)
+        predicted = sum(costs.call_us(op, size) for op, size, _ in replay["grow"])
+        assert predicted == pytest.approx(growth[spec]["grow_us"][0])
+    assert _merge_sizes({30.0: [10.0], 32.0: [20.0], 128.0: [40.0]}) == [
+        [30.984, 15.0], [128.0, 40.0]]
