@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import html
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -57,3 +59,29 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
         return "  ".join(cells).rstrip()
 
     return [fmt(header), *(fmt(r) for r in rows)]
+
+
+_TAG = re.compile(r"<[^>]*>")
+
+#: The narrowest figure a legend row is laid out for: a notebook cell in JupyterLab at a
+#: 1280 px window with its file browser open (wider cells fit more entries on a row).
+FIT_PX = 760
+
+
+def _text_px(text: str, size: float = 11) -> float:
+    """About how wide ``text`` draws (pixels) at font ``size``: tags dropped, entities as
+    one character, 0.62 em per character (an over-estimate for plotly's sans-serif)."""
+    plain = html.unescape(_TAG.sub("", text))
+    return 0.62 * size * len(plain)
+
+
+def _legend_rows(names: Sequence[str], width_px: float = FIT_PX, size: float = 11) -> int:
+    """Rows a horizontal legend of ``names`` takes in ``width_px``: each entry is its symbol
+    (about 40 px with padding) and its text; entries wrap at the width as plotly's do."""
+    rows, used = (1 if names else 0), 0.0
+    for name in names:
+        w = 40 + _text_px(name, size)
+        if used and used + w > width_px:
+            rows, used = rows + 1, 0.0
+        used += w
+    return rows

@@ -33,7 +33,15 @@ import plotly.graph_objects as go
 from kvvmm.errors import ArgumentError
 from kvvmm.snapshot import ArenaSnapshot, MappingInfo, OwnerSnapshot
 from kvvmm.units import fmt_bytes, fmt_range
-from kvvmm.viz._common import Snapshot, _arena_of, _array, _count, _unit
+from kvvmm.viz._common import (
+    Snapshot,
+    _arena_of,
+    _array,
+    _count,
+    _legend_rows,
+    _text_px,
+    _unit,
+)
 
 __all__ = ["HEATMAP_THRESHOLD", "MAX_ROWS", "VA_MAP_GROUP_TRACES", "VA_MAP_TRACES", "va_map"]
 
@@ -262,22 +270,40 @@ def _default_title(arena: ArenaSnapshot, what: str | None = None) -> tuple[str, 
             f"granularity {fmt_bytes(arena.granularity)}, base {arena.base:#x}")
 
 
-def _layout(fig: go.Figure, titles: tuple[str, str], height: int,
-            meta: dict[str, Any]) -> None:
+#: Pixels above the plot for the title and its subtitle (the title alone: less), and below
+#: it for the x tick labels and axis title; the legend (and the heatmap's colour bar) get a
+#: band of their own under that, so nothing drawn at the top can run into the title.
+_TOP_PX, _TOP_PLAIN_PX, _AXIS_PX, _ROW_PX = 70, 44, 54, 22
+
+
+def _layout(fig: go.Figure, titles: tuple[str, str], plot_px: int, meta: dict[str, Any], *,
+            band_px: int, right_px: int = 10) -> None:
+    """Title and subtitle at the top left, alone on their lines; ``plot_px`` of plot; the
+    axis, then a ``band_px`` band at the bottom for the legend (left) and colour bar."""
     title, subtitle = titles
+    top = _TOP_PX if subtitle else _TOP_PLAIN_PX
+    bottom = _AXIS_PX + band_px
+    meta = {**meta, "plot_px": plot_px}
     fig.update_layout(
         # A subtitle rather than a second line after <br>: plotly anchors a title's first
         # line only, so a two-line title at the top was clipped.
         title={"text": title, "subtitle": {"text": subtitle, "font": {"size": 11}},
                "font": {"size": 14}, "x": 0.01, "xanchor": "left", "xref": "container",
-               "yref": "paper", "y": 1, "yanchor": "bottom", "automargin": True,
-               "pad": {"b": 34}},
-        autosize=True, height=height,
-        margin={"l": 10, "r": 10, "t": 78, "b": 44, "autoexpand": True},
-        legend={"orientation": "h", "yanchor": "bottom", "y": 1.0, "xanchor": "right", "x": 1,
-                "font": {"size": 11}},
+               "y": 1, "yanchor": "top", "yref": "container", "pad": {"t": 12},
+               "automargin": False},
+        autosize=True, height=top + plot_px + bottom,
+        margin={"l": 10, "r": max(right_px, 20), "t": top, "b": bottom, "autoexpand": True},
+        legend={"orientation": "h", "xref": "container", "yref": "container", "x": 0.005,
+                "xanchor": "left", "y": 0, "yanchor": "bottom", "font": {"size": 11},
+                "valign": "middle"},
         plot_bgcolor="white", meta=meta,
     )
+
+
+def _band_px(fig: go.Figure) -> int:
+    """The legend band: one row per line its shown entries wrap to at the narrowest cell."""
+    names = [str(t.name) for t in fig.data if t.showlegend is not False and t.name]
+    return _ROW_PX * _legend_rows(names) + 4 if names else 0
 
 
 def _bars(snapshot: Snapshot, arena: ArenaSnapshot, rows: list[_Row], groups: list[_Group],
@@ -367,6 +393,7 @@ def _bars(snapshot: Snapshot, arena: ArenaSnapshot, rows: list[_Row], groups: li
                     "color": _COLORS[label], "line": {"width": 2, "color": _COLORS[label]}},
             hovertext=[f"{esc[rows[m[0]].name]}: {label} span<br>{rng(m[1], m[1] + m[2])}"
                        for m in marks],
+            cliponaxis=False,  # a mark at either end of the axis is drawn whole
             hovertemplate=f"%{{hovertext}}<extra>{label}</extra>",
             showlegend=bool(marks),
         ))
@@ -390,14 +417,18 @@ def _bars(snapshot: Snapshot, arena: ArenaSnapshot, rows: list[_Row], groups: li
                "line": {"color": "#868e96", "width": 1}} for g in groups[1:]
               if any(len(h.rows) > 1 for h in groups)][:64]
     per_row = 34 if n_rows <= 4 else 26 if n_rows <= 16 else 18
-    _layout(fig, text, max(240, min(1400, per_row * n_rows + 150)),
+    _layout(fig, text, max(90, min(1250, per_row * n_rows + 28)),
             {"kvvmm": "va_map", "mode": mode, "align": align, "unit_bytes": unit,
-             "base": base, "rows": [r.name for r in rows]})
+             "base": base, "rows": [r.name for r in rows]}, band_px=_band_px(fig))
     fig.update_layout(
         barmode="overlay", shapes=shapes,
-        xaxis={"title": {"text": x_title}, "range": [0, span / unit], "zeroline": False},
-        yaxis={"tickvals": list(range(n_rows)), "ticktext": names, "autorange": "reversed",
-               "showgrid": False, "automargin": True},
+        xaxis={"title": {"text": x_title}, "range": [0, span / unit], "zeroline": False,
+               "automargin": True},
+        # Explicit ranges: the marks' padding would leave empty bands at the ends; tick
+        # labels at the edges get margin from automargin.
+        yaxis={"tickvals": list(range(n_rows)), "ticktext": names,
+               "range": [n_rows - 0.5, -0.5], "showgrid": False, "automargin": True,
+               "ticklabelstandoff": 10},  # clear of a mark drawn whole at offset 0
     )
     return fig
 
@@ -454,16 +485,21 @@ def _heatmap(snapshot: Snapshot, arena: ArenaSnapshot, rows: list[_Row],
 
         text = _array([[cell(r, c0) for c0 in c0s] for r in rows], text=True)
     y = list(range(n))
-    fig = make_subplots(rows=1, cols=2, column_widths=[0.74, 0.26], horizontal_spacing=0.02,
+    # A gap between the panels wide enough for the last x tick of the map and the first of
+    # the summary ("700" and "0" read "7000" at 2%).
+    fig = make_subplots(rows=1, cols=2, column_widths=[0.76, 0.24], horizontal_spacing=0.055,
                         shared_yaxes=False)
     fig.add_trace(go.Heatmap(
         name="backed", z=_array(z, floats=True), x=_array([(c + width / 2) / unit for c in c0s]),
         y=y, zmin=0, zmax=1, text=text,
         colorscale=[[0, _COLORS["unbacked"]], [1, _COLORS["backed"][0]]],
-        colorbar={"title": {"text": "", "side": "right"}, "ticktext": ["unbacked", "50%", "backed"],
-                  "orientation": "h", "len": 0.22, "lenmode": "fraction", "thickness": 10,
-                  "x": 0.74, "xanchor": "right", "y": 1.0, "yanchor": "bottom",
-                  "tickvals": [0, 0.5, 1]},
+        # Horizontal, in the band under the plot (right of the legend): never over the title.
+        colorbar={"orientation": "h", "lenmode": "pixels", "len": 200, "thickness": 10,
+                  "xref": "container", "x": 0.995, "xanchor": "right",
+                  "yref": "container", "y": 0, "yanchor": "bottom", "ypad": 4, "xpad": 0,
+                  "title": {"text": "cell backed", "side": "top", "font": {"size": 11}},
+                  "tickvals": [0, 0.5, 1], "ticktext": ["unbacked", "50%", "backed"],
+                  "tickfont": {"size": 11}},
         hovertemplate=("%{text}<br>cell backed %{z:.0%}<extra></extra>" if text is not None
                        else f"row %{{y}}<br>offset %{{x:.4g}} {unit_name}<br>"
                             "cell backed %{z:.0%}<extra></extra>"),
@@ -487,7 +523,19 @@ def _heatmap(snapshot: Snapshot, arena: ArenaSnapshot, rows: list[_Row],
                        f"{fmt_range(base + rows[i].offset, base + rows[i].offset + b)}<br>"
                        f"{fmt_bytes(b)}" for i, b in marks],
             hovertemplate=f"%{{hovertext}}<extra>{label}</extra>", showlegend=bool(marks),
+            cliponaxis=False,
         ), row=1, col=1)
+    # One label per group, thinned so labels stay >= ~14 px apart.
+    plot_px = max(238, min(978, 4 * n + 48)) if n > 60 else max(238, 9 * n + 48)
+    stride = max(1, -(-14 * len(groups) // max(plot_px, 1)))
+    shown = groups[::stride]
+    tickvals = [(g.rows[0] + g.rows[-1]) / 2 for g in shown]
+
+    def group_pct(g: _Group) -> str:
+        return _pct(sum(rows[i].backed_bytes for i in g.rows),
+                    sum(rows[i].size_bytes for i in g.rows))
+
+    ticktext = [f"{g.label(rows)}  <b>{group_pct(g)}</b>" for g in shown]
     # Summary: each group's reserved and backed bytes, and slack beyond the cursor.
     gu, gname = _unit(max((sum(rows[i].size_bytes for i in g.rows) for g in groups),
                           default=1))
@@ -499,6 +547,10 @@ def _heatmap(snapshot: Snapshot, arena: ArenaSnapshot, rows: list[_Row],
         labels.append("slack")
         reserved.append(slack)
         backed.append(0)
+    # Each bar's backed fraction as its text, inside its end when the bar is long enough
+    # (white on green), else just past it: never over the group labels, which sit in a right
+    # margin of their own. Only while every bar is tall enough for a line of text.
+    with_text = plot_px >= 16 * len(labels)
     fig.add_trace(go.Bar(
         name="group reserved", orientation="h", y=labels, x=[v / gu for v in reserved],
         marker={"color": _COLORS["unbacked"], "line_width": 0.5, "line_color": "#adb5bd"},
@@ -506,41 +558,47 @@ def _heatmap(snapshot: Snapshot, arena: ArenaSnapshot, rows: list[_Row],
                                                                           strict=True)],
         hovertemplate="%{hovertext}<extra></extra>", showlegend=False, width=0.7,
     ), row=1, col=2)
+    long = [b >= 0.45 * max(reserved) for b in backed]
     fig.add_trace(go.Bar(
         name="group backed", orientation="h", y=labels, x=[v / gu for v in backed],
         marker={"color": _COLORS["backed"][0]}, width=0.7,
-        text=[_pct(b, r) for b, r in zip(backed, reserved, strict=True)],
-        textposition="outside", cliponaxis=False, textfont={"size": 11},
+        text=[_pct(b, r) for b, r in zip(backed, reserved, strict=True)] if with_text else None,
+        textposition=["inside" if lg else "outside" for lg in long], insidetextanchor="end",
+        insidetextfont={"color": "white", "size": 11},
+        outsidetextfont={"color": "#212529", "size": 11},
+        constraintext="none", cliponaxis=False, textfont={"size": 11},
         hovertext=[f"{lb}: {fmt_bytes(b)} backed of {fmt_bytes(r)} ({_pct(b, r)})"
                    for lb, b, r in zip(labels, backed, reserved, strict=True)],
         hovertemplate="%{hovertext}<extra></extra>", showlegend=False,
     ), row=1, col=2)
-    # One label per group, thinned so labels stay >= ~14 px apart.
-    height = max(360, min(1100, 4 * n + 170)) if n > 60 else max(360, 9 * n + 170)
-    plot_px = height - 78 - 44
-    stride = max(1, -(-14 * len(groups) // max(plot_px, 1)))
-    shown = groups[::stride]
-    tickvals = [(g.rows[0] + g.rows[-1]) / 2 for g in shown]
-    def group_pct(g: _Group) -> str:
-        return _pct(sum(rows[i].backed_bytes for i in g.rows),
-                    sum(rows[i].size_bytes for i in g.rows))
-
-    ticktext = [f"{g.label(rows)}  <b>{group_pct(g)}</b>" for g in shown]
+    # The summary's labels: the same groups as the map's (thinned alike), and slack.
+    right_ticks = [labels[i] for i in range(0, len(groups), stride)]
+    if slack > 0:
+        right_ticks.append("slack")
+    right_px = 18 + int(max((_text_px(t, 12) for t in right_ticks), default=0))
     shapes = [{"type": "line", "xref": "x domain", "x0": 0, "x1": 1, "yref": "y",
                "y0": g.rows[0] - 0.5, "y1": g.rows[0] - 0.5,
                "line": {"color": "#495057", "width": 1}} for g in groups[1:]][:64]
     text_title = (html.escape(title), "") if title is not None else _default_title(arena)
-    _layout(fig, text_title, height,
+    legend = [str(t.name) for t in fig.data if t.showlegend is not False and t.name
+              and t.type != "heatmap"]
+    # The band holds the legend (left) and the colour bar (right, about 240 px with its
+    # labels): one row unless the legend would run into it at the narrowest cell.
+    band = 44 if _legend_rows(legend, width_px=760 - 260) <= 1 else 44 + _ROW_PX
+    _layout(fig, text_title, plot_px,
             {"kvvmm": "va_map", "mode": "heatmap", "align": "start", "unit_bytes": unit,
              "base": base, "rows": [r.name for r in rows], "groups": [g.name for g in groups],
-             "column_bytes": width, "group_unit_bytes": gu})
+             "column_bytes": width, "group_unit_bytes": gu}, band_px=band, right_px=right_px)
     fig.update_layout(shapes=shapes, barmode="overlay", showlegend=True)
     fig.update_xaxes(title_text=f"offset inside each buffer ({unit_name})",
-                     range=[0, span / unit], row=1, col=1)
-    fig.update_yaxes(tickvals=tickvals, ticktext=ticktext, autorange="reversed",
-                     showgrid=False, automargin=True, row=1, col=1)
+                     range=[0, span / unit], automargin=True, row=1, col=1)
+    fig.update_yaxes(tickvals=tickvals, ticktext=ticktext, range=[n - 0.5, -0.5],
+                     showgrid=False, automargin=True, ticklabelstandoff=6, row=1, col=1)
+    top = max(reserved, default=1) / gu
     fig.update_xaxes(title_text=f"backed of reserved ({gname})", row=1, col=2, showgrid=True,
-                     gridcolor="#f1f3f5")
+                     gridcolor="#f1f3f5", range=[0, 1.08 * top], automargin=True)
     fig.update_yaxes(autorange="reversed", side="right", automargin=True, row=1, col=2,
-                     showticklabels=True)
+                     showticklabels=True, tickmode="array", tickvals=right_ticks,
+                     ticktext=right_ticks, type="category", categoryorder="array",
+                     categoryarray=labels, tickfont={"size": 12})
     return fig
