@@ -17,7 +17,7 @@ import plotly.graph_objects as go
 from kvvmm.errors import ArgumentError
 from kvvmm.layout.planner import Plan
 from kvvmm.units import fmt_bytes
-from kvvmm.viz._common import _count, _unit
+from kvvmm.viz._common import _count, _legend_rows, _unit
 
 __all__ = ["handles_by_policy", "tokens_by_tp", "waste_by_model"]
 
@@ -30,27 +30,45 @@ def _plans(plans: Plan | Sequence[Plan]) -> list[Plan]:
     return items
 
 
-def _label(p: Plan, plans: Sequence[Plan]) -> str:
-    """The plan's name on an axis: its model, plus what differs between the plans."""
-    parts = [p.model]
+def _label(p: Plan, plans: Sequence[Plan], sep: str = "<br>") -> str:
+    """The plan's name on an axis: its model, then (after ``sep``: a second line on an axis,
+    so that long model names never need rotated, clipped labels) what differs between the
+    plans."""
+    parts = []
     if len({q.gpu for q in plans}) > 1:
         parts.append(p.gpu)
     if len({q.dtype for q in plans}) > 1:
         parts.append(p.dtype)
     if len({q.tp for q in plans}) > 1:
         parts.append(f"TP{p.tp}")
-    return html.escape(" ".join(parts))
+    rest = html.escape(" ".join(parts))
+    return html.escape(p.model) + (f"{sep}{rest}" if rest else "")
+
+
+#: Pixels below the plot for two lines of category labels (and an axis title).
+_AXIS_PX = 58
 
 
 def _layout(fig: go.Figure, title: str, subtitle: str, meta: dict[str, object],
-            height: int = 400) -> None:
+            plot_px: int = 270) -> None:
+    """Title and subtitle at the top, ``plot_px`` of plot, two-line x labels unrotated, and
+    the legend in a band of its own at the bottom (rows for the narrowest cell)."""
+    names = [str(t.name) for t in fig.data if t.showlegend is not False and t.name]
+    shown = fig.layout.showlegend is not False and len(names) > 1
+    band = 22 * _legend_rows(names) + 6 if shown else 0
     fig.update_layout(
         title={"text": title, "subtitle": {"text": subtitle, "font": {"size": 11}},
-               "font": {"size": 14}},
-        autosize=True, height=height, plot_bgcolor="white", barmode="group",
-        margin={"l": 10, "r": 10, "t": 70, "b": 40},
-        legend={"orientation": "h", "yanchor": "top", "y": -0.2, "x": 0}, meta=meta,
+               "font": {"size": 14}, "x": 0.01, "xanchor": "left", "xref": "container",
+               "y": 1, "yanchor": "top", "yref": "container", "pad": {"t": 12}},
+        autosize=True, height=70 + plot_px + _AXIS_PX + band, plot_bgcolor="white",
+        barmode="group",
+        margin={"l": 10, "r": 20, "t": 70, "b": _AXIS_PX + band, "autoexpand": True},
+        legend={"orientation": "h", "xref": "container", "yref": "container", "x": 0.005,
+                "xanchor": "left", "y": 0, "yanchor": "bottom", "font": {"size": 11}},
+        meta=meta,
     )
+    fig.update_xaxes(tickangle=0, automargin=True, tickfont={"size": 11})
+    fig.update_yaxes(automargin=True)
 
 
 def _tokens(n: int) -> str:
@@ -118,6 +136,7 @@ def waste_by_model(plans: Sequence[Plan]) -> go.Figure:
     """
     items = _plans(plans)
     labels = [_label(p, items) for p in items]
+    flat = [_label(p, items, " ") for p in items]  # hover: one line
     peak = max(p.granularity_waste_bytes + p.padding_bytes for p in items)
     unit, unit_name = _unit(max(peak, 1))
     fig = go.Figure()
@@ -128,7 +147,7 @@ def waste_by_model(plans: Sequence[Plan]) -> go.Figure:
             name=name, x=labels, y=[v / unit for v in values], marker={"color": color},
             hovertext=[f"{lb}: {fmt_bytes(v)} {name}, {p.num_buffers} buffers, "
                        f"{fmt_bytes(p.final_backed_bytes)} backed after finalize"
-                       for lb, v, p in zip(labels, values, items, strict=True)],
+                       for lb, v, p in zip(flat, values, items, strict=True)],
             hovertemplate="%{hovertext}<extra></extra>",
         ))
     fig.add_trace(go.Scatter(
