@@ -113,6 +113,17 @@ def test_va_map_of_an_owner_marks_slot_0_prefix_and_final_at_each_buffer() -> No
     assert all(t.endswith("%</b>") for t in labels)  # each row says how much is backed
 
 
+def test_va_map_keeps_the_legend_off_the_title() -> None:
+    """The legend sits in a band of the bottom margin (the subtitle ran under it at the top
+    right); the band grows a row when the entries would wrap in a narrow cell."""
+    fig = va_map(_owner_snapshot())
+    legend, margin = fig.layout.legend, fig.layout.margin
+    assert legend.orientation == "h" and legend.yref == "container" and legend.y == 0
+    assert legend.yanchor == "bottom"
+    assert margin.b >= 54 + 22  # the x axis, then one legend row
+    assert fig.layout.meta["plot_px"] == fig.layout.height - margin.t - margin.b
+
+
 def test_va_map_of_an_arena_has_no_owner_marks_in_its_legend() -> None:
     fig = va_map(_arena_snapshot())
     by_name = {t.name: t for t in fig.data}

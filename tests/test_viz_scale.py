@@ -74,12 +74,23 @@ def test_the_real_model_map_labels_groups_not_160_overlapping_rows(
     assert meta["mode"] == "heatmap" and meta["groups"] == ["k", "v"]
     labels = list(fig.layout.yaxis.ticktext)
     assert len(labels) == 2 and labels[0].startswith("k0–k79")
-    # Labels at least 14 px apart: what fits in the plot's height.
-    plot_px = fig.layout.height - 78 - 44
+    # Labels at least 14 px apart: what fits in the plot's height (the figure's height less
+    # the margins, which hold the title above and the axis, legend and colour bar below).
+    plot_px = fig.layout.meta["plot_px"]
+    assert plot_px == fig.layout.height - fig.layout.margin.t - fig.layout.margin.b
     ticks = sorted(fig.layout.yaxis.tickvals)
     px_per_row = plot_px / 160
     assert all((b - a) * px_per_row >= 14 for a, b in pairwise(ticks))
     assert fig.layout.width is None and fig.layout.autosize  # fills its cell
+    # Nothing at the top but the title: the legend and colour bar sit in the bottom margin.
+    assert fig.layout.legend.yref == "container" and fig.layout.legend.y == 0
+    bar = fig.data[0].colorbar
+    assert bar.orientation == "h" and bar.yref == "container" and bar.y == 0
+    # The summary's group labels have a right margin of their own; its backed fractions
+    # stay inside its x range (never over the labels); a gap between the panels.
+    assert fig.layout.margin.r >= 40
+    assert fig.layout.xaxis2.range[1] > max(fig.data[-2].x)
+    assert fig.layout.xaxis2.domain[0] - fig.layout.xaxis.domain[1] >= 0.05
 
 
 def test_the_real_model_map_tells_backed_from_unbacked_by_colour_and_per_group(
@@ -180,6 +191,11 @@ def test_plan_figures_draw_tokens_waste_and_handles() -> None:
     unit = waste.layout.meta["unit_bytes"]
     assert [round(v * unit) for v in waste.data[0].y] == [
         p.granularity_waste_bytes for p in models]
+    assert waste.layout.xaxis.tickangle == 0  # never rotated (and clipped)
+    tp_models = [plan(gpu="h200", model=m, budget_bytes=40 * GiB, tp=t)
+                 for m, t in (("llama-3.1-8b", 1), ("llama-3.1-70b", 2))]
+    assert list(waste_by_model(tp_models).data[0].x) == ["llama-3.1-8b<br>TP1",
+                                                         "llama-3.1-70b<br>TP2"]
     hs = handles_by_policy(models[0])
     assert [t.name for t in hs.data] == [h.policy for h in models[0].handles]
     with pytest.raises(ArgumentError):
