@@ -23,6 +23,7 @@ decides handle sizes (see :mod:`kvvmm.policy`).
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -461,19 +462,29 @@ class KvBufferOwner:
         self._check_open("decommit_pages")
         ids = self._check_pages(pages, "decommit")
         left = self._pages.difference(ids)
-        keep = left | {0}  # slot 0's page always stays, and with it the granules it shares
+        # Slot 0's page always stays, and with it the granules it shares. Sorted, so "does a
+        # kept page touch this granule" is one bisection, not a scan of the granule's pages
+        # (512 pages of 4 KiB per 2 MiB granule: the workload lab's hour spent its time here).
+        keep = sorted(left | {0})
         gran = self.arena.granularity
         reqs: list[tuple[int, int, int]] = []
+        # Buffers of one shape free the same ranges: work them out once per shape.
+        by_shape: dict[tuple[int, int], list[tuple[int, int]]] = {}
         for i, off in enumerate(self._offsets):
-            pb = self._page_bytes[i]
-            free: list[tuple[int, int]] = []
-            for p in ids:
-                lo, hi = self._page_granules(i, p)
-                for g in range(lo, hi, gran):  # a granule stays while a committed page uses it
-                    first, last = g // pb, (min(g + gran, self._limits[i]) - 1) // pb
-                    if not any(q in keep for q in range(first, last + 1)):
-                        free.append((g, g + gran))
-            for lo, hi in _merged(free, touching=True):
+            pb, limit = self._page_bytes[i], self._limits[i]
+            ranges = by_shape.get((pb, limit))
+            if ranges is None:
+                free: set[int] = set()
+                for p in ids:
+                    lo, hi = self._page_granules(i, p)
+                    for g in range(lo, hi, gran):  # a granule stays while a committed page uses it
+                        first, last = g // pb, (min(g + gran, limit) - 1) // pb
+                        j = bisect_left(keep, first)
+                        if j == len(keep) or keep[j] > last:
+                            free.add(g)
+                ranges = _merged([(g, g + gran) for g in sorted(free)], touching=True)
+                by_shape[(pb, limit)] = ranges
+            for lo, hi in ranges:
                 reqs.append((off, lo, hi - lo))
         try:
             results = self.arena.decommit_ranges_report(reqs) if reqs else ()
