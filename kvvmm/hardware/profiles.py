@@ -162,7 +162,10 @@ def get_profile(profile: str | os.PathLike[str] | DeviceProfile) -> DeviceProfil
     if isinstance(profile, os.PathLike) or (isinstance(profile, str)
                                             and _looks_like_path(profile)):
         return load_profile(profile)
-    key = str(profile).lower().replace("-", "").replace(" ", "")
+    text = str(profile).lower().strip()
+    if text in PROFILES:  # a key as shipped ("h200-calibrated")
+        return PROFILES[text]
+    key = text.replace("-", "").replace(" ", "")  # forgiving: "H-200", "h 200"
     try:
         return PROFILES[key]
     except KeyError:

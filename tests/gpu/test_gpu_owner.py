@@ -99,6 +99,7 @@ def test_a_failure_at_any_call_leaves_nothing_leaked_on_the_real_driver(
     n0 = len(drv.calls)
     ops[op](o)
     calls = drv.calls[n0:]
+    done_backed = o.backed_bytes
     o.close()
     free0 = cd.mem_info()[0]
     for pos, call in enumerate(calls, start=1):
@@ -110,7 +111,13 @@ def test_a_failure_at_any_call_leaves_nothing_leaked_on_the_real_driver(
                 ops[op](o)
             assert info.value.call == call and info.value.cuda_error == error
             drv.disarm()
-            if not (op == "close" and o.arena.released):
+            if call == "release" and op in ("shrink", "close"):
+                # Past the point of no return (issue 18 item 5): every unmap succeeded, so
+                # the VA no longer reaches the handle; the operation stands and the arena
+                # keeps the handle it could not release, for close() to retry.
+                assert o.arena.released if op == "close" else (
+                    o.backed_bytes == done_backed and o.arena.unreleased_bytes > 0)
+            elif not (op == "close" and o.arena.released):
                 assert o.snapshot() == snap
                 now = cd.stats()
                 assert (now.mappings, now.mapped_bytes, now.physical_bytes) == (
