@@ -428,16 +428,64 @@ class KvBufferOwner:
         """
         self._check_open("commit_pages")
         ids = self._check_pages(pages, "commit")
-        reqs: list[tuple[int, int, int]] = []
-        for i, off in enumerate(self._offsets):
-            for lo, hi in _merged(self._page_granules(i, p) for p in ids):
-                reqs.append((off, lo, hi - lo))
+        reqs = self._ranges_of(ids)
         try:
             added = self.arena.commit_ranges(reqs)
         finally:
             self._sync_backed()
         self._pages.update(ids)
         return added
+
+    def _ranges_of(self, ids: Sequence[int]) -> list[tuple[int, int, int]]:
+        reqs: list[tuple[int, int, int]] = []
+        for i, off in enumerate(self._offsets):
+            for lo, hi in _merged(self._page_granules(i, p) for p in ids):
+                reqs.append((off, lo, hi - lo))
+        return reqs
+
+    def page_ranges(self, pages: Iterable[int]) -> list[tuple[int, int, int]]:
+        """The ``(offset, start, nbytes)`` ranges :meth:`commit_pages` asks its arena to back.
+
+        Pure: nothing changes. For code that backs the pages itself (a collective commit in
+        :mod:`kvvmm.distributed` creates the handles on every rank before any is mapped, then
+        maps them with ``Arena.adopt_range`` and tells the owner with :meth:`note_pages`).
+        Each range is granule-aligned; parts of it may be backed already.
+
+        Raises:
+            ArgumentError, OutOfRangeError: a bad page id (as :meth:`commit_pages`).
+        """
+        self._check_open("page_ranges")
+        return self._ranges_of(self._check_pages(pages, "commit"))
+
+    def note_pages(self, pages: Iterable[int], *, committed: bool = True) -> None:
+        """Record pages backed (or given back) from outside the owner, as :meth:`sync_backed`.
+
+        ``committed=True``: every granule of the pages must be backed in every buffer (by
+        handles mapped into the arena, e.g. ``Arena.adopt_range`` of :meth:`page_ranges`);
+        they join :attr:`committed_pages`, so :meth:`decommit_pages` refcounts their granules.
+        ``committed=False``: the pages leave :attr:`committed_pages` whatever is backed (a
+        collective decommit whose local unmap failed: the memory stays until the next
+        decommit of those pages, which frees it). Re-reads the backed prefixes either way.
+
+        Raises:
+            ArgumentError, OutOfRangeError: a bad page id, or (``committed``) a page not
+                wholly backed; nothing changed.
+        """
+        self._check_open("note_pages")
+        ids = self._check_pages(pages, "commit")
+        if committed:
+            for off, lo, n in self._ranges_of(ids):
+                at = lo
+                for s, e in self.arena.mappings_of(off):
+                    if s <= at < e:
+                        at = e
+                if at < lo + n:  # marking an unbacked page committed would lie to decommits
+                    raise ArgumentError("pages", ids, "pages whose granules are backed in "
+                                        f"every buffer (buffer at {off}: byte {at} is not)")
+            self._pages.update(ids)
+        else:
+            self._pages.difference_update(ids)
+        self._sync_backed()
 
     def decommit_pages(self, pages: Iterable[int]) -> int:
         """Give back the pages ``pages`` of every buffer, in one transaction.

@@ -12,9 +12,10 @@ import torch
 
 from kvvmm import Arena, KvBufferOwner, SimDriver, mha_token_major
 from kvvmm.arena.pool import HandlePool
+from kvvmm.driver import FaultyDriver
 from kvvmm.driver.base import Driver
 from kvvmm.driver.host import HostDriver
-from kvvmm.errors import AlignmentError, ArgumentError, OutOfRangeError
+from kvvmm.errors import AlignmentError, ArgumentError, DriverError, OutOfRangeError
 from kvvmm.record.trace import Trace
 from kvvmm.replay import replay_arenas
 from kvvmm.units import GiB, MiB
@@ -113,6 +114,68 @@ def test_out_of_order_commits_and_decommits_replay_to_the_same_snapshot() -> Non
     arena.close()
 
 
+def test_adopt_range_maps_a_callers_handle_in_the_middle_and_records_a_commit_range(
+    driver: Driver,
+) -> None:
+    trace = Trace()
+    arena = Arena(driver, reserve_bytes=32 * G, trace=trace)
+    o = arena.allocate(16 * G, "x")
+    h = driver.create(2 * G)
+    assert arena.adopt_range(o, 6 * G, h, 2 * G) == 2 * G
+    assert _maps(arena) == [(6, 2)]
+    if driver.kind == "host":
+        _bytes(arena, 6 * G, 2 * G).fill_(3)
+        assert int(_bytes(arena, 6 * G, 2 * G).sum()) == 3 * 2 * G
+    assert trace.ops[-1].op == "commit_range"
+    assert trace.ops[-1].args == {"offset": o, "start": 6 * G, "nbytes": 2 * G}
+    trace.validate()
+    snap = arena.snapshot()
+    [again] = replay_arenas(Trace.from_json(trace.to_json()))
+    assert again.mappings == snap.mappings
+    assert arena.decommit_range(o, 6 * G, 2 * G) == 2 * G  # the arena owns it now
+    arena.close()
+    assert driver.stats().clean
+
+
+def test_adopt_range_refuses_an_overlap_a_range_past_the_allocation_and_an_unaligned_start(
+) -> None:
+    d = SimDriver("h200")
+    arena = Arena(d, reserve_bytes=32 * G)
+    o = arena.allocate(8 * G, "x")
+    arena.commit_range(o, 4 * G, 2 * G)
+    h = d.create(2 * G)
+    before = arena.snapshot()
+    with pytest.raises(ArgumentError, match="overlaps its mapping"):
+        arena.adopt_range(o, 5 * G, h, 2 * G)
+    with pytest.raises(ArgumentError, match="overlaps its mapping"):
+        arena.adopt_range(o, 3 * G, h, 2 * G)
+    with pytest.raises(OutOfRangeError):
+        arena.adopt_range(o, 7 * G, h, 2 * G)
+    with pytest.raises(AlignmentError):
+        arena.adopt_range(o, G // 2, h, 2 * G)
+    with pytest.raises(ArgumentError, match="> 0"):
+        arena.adopt_range(o, 0, h, 0)
+    assert arena.snapshot() == before
+    arena.adopt_range(o, 6 * G, h, 2 * G)  # the handle is still the caller's: usable
+    arena.close()
+    assert d.stats().clean
+
+
+def test_a_failed_map_in_adopt_range_changes_nothing_and_leaves_the_handle_the_callers() -> None:
+    d = FaultyDriver(SimDriver("h200"))
+    arena = Arena(d, reserve_bytes=32 * G)
+    o = arena.allocate(8 * G, "x")
+    h = d.create(2 * G)
+    before = arena.snapshot()
+    d.arm({"map": 1})
+    with pytest.raises(DriverError):
+        arena.adopt_range(o, 2 * G, h, 2 * G)
+    assert arena.snapshot() == before
+    d.release(h)
+    arena.close()
+    assert d.stats().clean
+
+
 def test_the_va_map_draws_each_hole_as_unbacked() -> None:
     arena = Arena(SimDriver("h200"), reserve_bytes=32 * G)
     o = arena.allocate(16 * G, "x")
@@ -154,6 +217,23 @@ def test_commit_pages_backs_each_page_of_every_buffer_in_one_transaction(
     assert owner.commit_pages([1001]) == 0  # same granule: already backed
     owner.close()
     assert driver.stats().clean
+
+
+def test_pages_backed_from_outside_with_page_ranges_and_note_pages_match_commit_pages() -> None:
+    ours, theirs = _owner(SimDriver("h200")), _owner(SimDriver("h200"))
+    ours.commit_pages([1000, 2000])
+    with pytest.raises(ArgumentError, match="backed in every buffer"):
+        theirs.note_pages([1000])  # not backed yet: refused, nothing noted
+    for off, start, n in theirs.page_ranges([1000, 2000]):
+        theirs.arena.adopt_range(off, start, theirs.arena.driver.create(n), n)
+    theirs.note_pages([1000, 2000])
+    assert theirs.committed_pages == ours.committed_pages
+    assert theirs.snapshot() == ours.snapshot()
+    theirs.note_pages([2000], committed=False)  # forgotten, its memory still backed
+    assert theirs.committed_pages == {1000} and theirs.backed_bytes == ours.backed_bytes
+    assert theirs.decommit_pages([2000]) == ours.decommit_pages([2000]) == 2 * G
+    ours.close()
+    theirs.close()
 
 
 def test_a_granule_shared_by_pages_stays_until_its_last_committed_page_goes() -> None:

@@ -982,6 +982,57 @@ class Arena:
         self._note("adopt", offset=a.offset, nbytes=nbytes)
         return nbytes
 
+    @_locked
+    def adopt_range(self, offset: int, start: int, handle: int, nbytes: int) -> int:
+        """Back ``[start, start + nbytes)`` of the allocation at ``offset`` with ``handle``.
+
+        :meth:`adopt` anywhere: for a handle the caller made ahead (a collective page commit
+        in :mod:`kvvmm.distributed` creates every handle before any rank maps one), mapped
+        at a granule-aligned range that no mapping overlaps, holes allowed around it, and made
+        accessible. From then on the arena owns it, as its own. Recorded as a
+        ``commit_range`` (a replay backs the same range with memory of its own).
+
+        Args:
+            offset: an allocation's offset.
+            start: bytes from the allocation's start, a multiple of the granularity.
+            handle: a live handle of this arena's driver, of exactly ``nbytes``.
+            nbytes: the handle's size, > 0, a multiple of the granularity;
+                ``start + nbytes <= size``.
+        Returns:
+            ``nbytes``.
+        Raises:
+            ArgumentError, OutOfRangeError, AlignmentError: bad arguments, or the range
+                overlaps a mapping; nothing changed.
+            DriverError: the map or the access failed; undone, and the handle is still the
+                caller's.
+        """
+        self._check_open("adopt_range")
+        a, lo, hi = self._check_range("adopt_range", offset, start, nbytes)
+        if hi == lo:
+            raise ArgumentError("nbytes", nbytes, "> 0 (the handle's size)")
+        self._wait_inflight([(a, lo, hi)])  # the look-ahead may be mapping it right now
+        self._check_open("adopt_range")
+        hit = [(m.offset - a.offset, m.offset - a.offset + m.size) for m in a.maps
+               if m.offset - a.offset < hi and lo < m.offset - a.offset + m.size]
+        if hit:  # mapping over a mapping would fail in the driver, or worse, on the host
+            raise ArgumentError("start", start,
+                                f"a range that no mapping overlaps: [{lo}, {hi}) of allocation "
+                                f"{a.name!r} overlaps its mapping(s) {hit[:4]}")
+        d = self.driver
+        va = self.base + a.offset + lo
+        d.map(va, nbytes, handle)
+        try:
+            self._set_access(va, nbytes)
+        except BaseException as e:
+            undo = Transaction()
+            undo.push(f"unmap(va={va:#x}, size={nbytes})", lambda: d.unmap(va, nbytes))
+            undo.unwind(e)
+            raise
+        _insert(a, _Map(a.offset + lo, nbytes, handle, self._next_hid))
+        self._next_hid += 1
+        self._note("commit_range", offset=a.offset, start=lo, nbytes=nbytes)
+        return nbytes
+
     # -- tensors ------------------------------------------------------------------------
 
     @_locked
