@@ -38,19 +38,25 @@ agreement covers the arguments (every rank, same ``n``) before anything changes;
 own shrink fails is left as the owner leaves it (its unmaps undone), and every rank caps its
 token counts at ``n``, so capacities still agree (see :meth:`DistributedOwner.shrink`).
 
+Page commits (``commit_pages``) run the same four phases, mapping each handle at its own
+range (``Arena.adopt_range``) rather than after the prefix, and agree on the page set (its
+count and a checksum of the ids) instead of a token count; ``decommit_pages`` is agreed like
+``shrink`` (a rank whose own decommit fails forgets the pages as committed all the same).
+
 Processes come from torchrun, or for the lab and tests from :func:`spawn` (a thin helper over
 ``torch.multiprocessing`` and ``init_process_group``, on loopback).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import pickle
 import queue
 import socket
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypeVar
@@ -72,7 +78,8 @@ __all__ = ["DistributedOwner", "TpWorkerError", "spawn"]
 T = TypeVar("T")
 
 #: Codes of the collective ops, agreed like the token count (ranks must run the same op).
-_OPS = {"ensure_prefix": 1, "finalize": 2, "shrink": 3, "budget": 4}
+_OPS = {"ensure_prefix": 1, "finalize": 2, "shrink": 3, "budget": 4, "commit_pages": 5,
+        "decommit_pages": 6}
 
 
 class TpWorkerError(KvvmmError):
@@ -186,20 +193,30 @@ class DistributedOwner:
         except Exception as e:  # gloo raises RuntimeError, NCCL DistBackendError, ...
             raise _Broken(f"{type(e).__name__}: {e}") from e
 
-    def _agree(self, code: int, n: int, ok: bool) -> tuple[list[int], str]:
-        """One all_reduce: which ranks failed, and the reason ranks disagree ('' if they agree)."""
+    def _agree(self, code: int, n: int, ok: bool, key: int = 0) -> tuple[list[int], str]:
+        """One all_reduce: which ranks failed, and the reason ranks disagree ('' if they agree).
+
+        ``n`` is the token count, or for page ops the number of pages, with ``key`` a
+        checksum of the page ids (every op sends the slot, so every rank's vector has one
+        length: ranks calling different ops must still meet in one all_reduce).
+        """
         mine = [1] * self.world_size
         if not ok:
             mine[self.rank] = 0
-        got = self._all_reduce_min([code, -code, n, -n, *mine])
-        failed = [r for r, s in enumerate(got[4:]) if s == 0]
+        got = self._all_reduce_min([code, -code, n, -n, key, -key, *mine])
+        failed = [r for r, s in enumerate(got[6:]) if s == 0]
+        pages = code in (_OPS["commit_pages"], _OPS["decommit_pages"])
         why = ""
         if got[0] != -got[1]:
             names = {v: k for k, v in _OPS.items()}
             why = (f"ranks called different collectives ({names.get(got[0], got[0])} and "
                    f"{names.get(-got[1], -got[1])})")
         elif got[2] != -got[3]:
-            why = f"ranks asked for different token counts, from {got[2]} to {-got[3]}"
+            why = (f"ranks asked for different page sets, from {got[2]} to {-got[3]} pages"
+                   if pages else
+                   f"ranks asked for different token counts, from {got[2]} to {-got[3]}")
+        elif got[4] != -got[5]:
+            why = f"ranks asked for different page sets of {got[2]} pages (their ids differ)"
         return failed, why
 
     # -- planning (local) -------------------------------------------------------------------
@@ -293,18 +310,33 @@ class DistributedOwner:
 
     def _grow(self, op: str, n: int, spans_of: Callable[[], list[int]],
               policy: GrowthPolicy, lo: int, lo_name: str) -> int:
-        what = f"{op}({n!r})"
+        def plan() -> list[tuple[int, int, int]]:
+            self._check_tokens(n, lo, lo_name)
+            return self._plan(spans_of(), policy)
+
+        def adopt(p: _Prepared) -> None:
+            self.owner.arena.adopt(p.offset, p.handle, p.size_bytes)
+
+        n_ok = n if isinstance(n, int) and not isinstance(n, bool) else -1
+        return self._back_all(op, f"{op}({n!r})", n_ok, 0, plan, adopt)
+
+    def _back_all(self, op: str, what: str, n_ok: int, key: int,
+                  plan: Callable[[], list[tuple[int, int, int]]],
+                  adopt: Callable[[_Prepared], None]) -> int:
+        """Prepare, agree, map, confirm: the handles of ``plan()``, on every rank or none.
+
+        ``plan`` checks the arguments and names each gap to back; ``adopt`` maps one
+        prepared handle (at the prefix for a resize, at its range for pages).
+        """
         code = _OPS[op]
         prepared: list[_Prepared] = []
         local: BaseException | None = None
-        n_ok = n if isinstance(n, int) and not isinstance(n, bool) else -1
         # 1. prepare: checks and creates; nothing any tensor can reach changes.
         try:
             if self.owner.closed:
                 raise ClosedError(f"KvBufferOwner: {op} after close()")
-            self._check_tokens(n, lo, lo_name)
             pool = self.owner.arena.handle_pool
-            for off, start, size in self._plan(spans_of(), policy):
+            for off, start, size in plan():
                 # The arena's handle pool first (a handle made ahead costs no create now).
                 got = pool.take(size) if pool is not None else None
                 h = self.owner.arena.driver.create(size) if got is None else got
@@ -315,7 +347,7 @@ class DistributedOwner:
             prepared = []
         # 2. agree.
         try:
-            failed, why = self._agree(code, n_ok, ok=local is None)
+            failed, why = self._agree(code, n_ok, ok=local is None, key=key)
         except _Broken as b:
             err = CollectiveError(what, "agree", f"the collective broke ({b})",
                                   rolled_back=self._release(prepared, None))
@@ -330,7 +362,7 @@ class DistributedOwner:
         try:
             for i, p in enumerate(prepared):
                 try:
-                    self.owner.arena.adopt(p.offset, p.handle, p.size_bytes)
+                    adopt(p)
                 except BaseException:
                     self._release(prepared[i:], None)  # a failed adopt leaves it ours
                     raise
@@ -343,7 +375,7 @@ class DistributedOwner:
             adopted = []
         # 4. confirm.
         try:
-            failed, _ = self._agree(code, n_ok, ok=local is None)
+            failed, _ = self._agree(code, n_ok, ok=local is None, key=key)
         except _Broken as b:
             rolled = self._unmap_back(adopted, b) and rolled
             self._resync()
@@ -455,6 +487,116 @@ class DistributedOwner:
         if failed:
             raise CollectiveError(what, "confirm", f"rank(s) {failed} failed to shrink; the "
                                   f"others' shrinks stand, every rank serves at most {n} tokens",
+                                  failed_ranks=tuple(failed),
+                                  rolled_back=o.backed_bytes == before) from local
+        return given
+
+    # -- pages ------------------------------------------------------------------------------
+
+    def _page_ids(self, op: str, pages: Iterable[int]) -> tuple[list[int], int, int,
+                                                                 BaseException | None]:
+        """Checked, sorted page ids; their count and checksum for the agreement (-1, 0: bad)."""
+        o = self.owner
+        try:
+            if o.closed:
+                raise ClosedError(f"KvBufferOwner: {op} after close()")
+            # The owner's own check, so a page id is refused here exactly as it would be there.
+            ids = o._check_pages(pages, "commit" if op == "commit_pages" else "decommit")
+        except Exception as e:
+            return [], -1, 0, e
+        return ids, len(ids), _page_key(ids), None
+
+    def commit_pages(self, pages: Iterable[int]) -> int:
+        """Collective :meth:`KvBufferOwner.commit_pages`: every rank backs the pages, or none.
+
+        Prepare works out each buffer's unbacked granules of the pages (the ranges the
+        owner's ``commit_pages`` would back) and creates their handles, or takes them from
+        the arena's pool; the ranks agree on success and on the page set (its count and a
+        checksum of the ids: ranks asked for different pages abort); then each handle is
+        mapped at its range (``Arena.adopt_range``) and, once every rank confirmed, the
+        pages are committed in the owner (:meth:`KvBufferOwner.note_pages`).
+
+        Args:
+            pages: page ids in ``[0, owner.pages)``, the same set on every rank.
+        Returns:
+            Bytes newly backed on this rank.
+        Raises:
+            CollectiveError: on every rank, when any rank failed (a bad page id, a create or
+                a map), the ranks' page sets differ, or a collective broke; every rank's
+                bytes and snapshot are as they were, the pages not committed
+                (``rolled_back``), and the local failure is the ``__cause__``.
+        """
+        o = self.owner
+        ids, n_ok, key, bad = self._page_ids("commit_pages", pages)
+
+        def plan() -> list[tuple[int, int, int]]:
+            if bad is not None:
+                raise bad
+            out: list[tuple[int, int, int]] = []
+            for off, lo, n in o.page_ranges(ids):
+                out += [(off, s, e - s) for s, e in self._gaps(off, lo, lo + n)]
+            return out
+
+        def adopt(p: _Prepared) -> None:
+            o.arena.adopt_range(p.offset, p.start, p.handle, p.size_bytes)
+
+        added = self._back_all("commit_pages", f"commit_pages({n_ok} pages)", n_ok, key,
+                               plan, adopt)
+        # Only now: a page marked committed on one rank and not another would let the
+        # ranks' decommits free different granules.
+        o.note_pages(ids)
+        return added
+
+    def decommit_pages(self, pages: Iterable[int]) -> int:
+        """Collective :meth:`KvBufferOwner.decommit_pages`: every rank gives the pages back.
+
+        As :meth:`shrink`: memory given back cannot be taken back with its contents, so the
+        ranks agree on the arguments first (every rank open, the same page set: count and
+        checksum), then each decommits. A rank whose own decommit fails keeps its bytes (the
+        owner undoes its unmaps) but forgets the pages as committed, like the others: every
+        rank's page set agrees, and the failed rank only holds memory that the next
+        decommit of those pages frees.
+
+        Args:
+            pages: page ids in ``[1, owner.pages)``, the same set on every rank.
+        Returns:
+            Bytes given back on this rank.
+        Raises:
+            CollectiveError: on every rank when the agreement failed (nothing changed,
+                ``rolled_back`` True) or a rank's decommit failed or a collective broke
+                after the decommits (``phase`` "confirm", ``rolled_back`` False where the
+                decommit stood).
+        """
+        o = self.owner
+        code = _OPS["decommit_pages"]
+        ids, n_ok, key, local = self._page_ids("decommit_pages", pages)
+        what = f"decommit_pages({n_ok} pages)"
+        try:
+            failed, why = self._agree(code, n_ok, ok=local is None, key=key)
+        except _Broken as b:
+            raise CollectiveError(what, "agree", f"the collective broke ({b})") from (
+                local or b.__cause__)
+        if failed or why:
+            raise CollectiveError(what, "prepare", why or f"rank(s) {failed} refused",
+                                  failed_ranks=tuple(failed)) from local
+        before = o.backed_bytes
+        given = 0
+        try:
+            given = o.decommit_pages(ids)
+        except Exception as e:
+            local = e
+            try:  # the page sets must agree even where the decommit did not happen
+                o.note_pages(ids, committed=False)
+            except Exception as e2:
+                e.add_note(f"rank {self.rank}: forgetting the pages also failed: {e2}")
+        try:
+            failed, _ = self._agree(code, n_ok, ok=local is None, key=key)
+        except _Broken as b:
+            raise CollectiveError(what, "confirm", f"the collective broke ({b})",
+                                  rolled_back=o.backed_bytes == before) from (local or b.__cause__)
+        if failed:
+            raise CollectiveError(what, "confirm", f"rank(s) {failed} failed to decommit; the "
+                                  "others' decommits stand, no rank keeps the pages committed",
                                   failed_ranks=tuple(failed),
                                   rolled_back=o.backed_bytes == before) from local
         return given
@@ -576,6 +718,14 @@ class DistributedOwner:
         return TpSnapshot(model=self.model, tp=self.world_size,
                           devices=tuple(int(d) for d, _ in out),
                           owners=tuple(s for _, s in out))
+
+
+def _page_key(ids: Sequence[int]) -> int:
+    """A checksum of a sorted page set, the same in every process (``hash`` is per process
+    for some types, and a sum would let two different sets agree); 56 bits fit the int64
+    all_reduce with room for its negation."""
+    digest = hashlib.blake2b(",".join(map(str, ids)).encode(), digest_size=7).digest()
+    return int.from_bytes(digest, "big")
 
 
 # -- spawn: a world of processes on loopback --------------------------------------------------

@@ -100,8 +100,63 @@ def _world_of_two(rank: int, world: int) -> dict[str, Any]:
     out["after_shrink"] = (owner.final_tokens, owner.prefix_tokens, owner.backed_bytes)
     out["snapshot"] = owner.snapshot()
     out["gathered"] = dist_owner.gather_snapshot()
+    _pages_of_two(rank, drv, owner, dist_owner, out, unchanged)
     owner.close()
     return out
+
+
+#: Pages in the middle of the buffers (16 KiB pages, 128 to a 2 MiB granule: granules 2 and
+#: 3, past what the shrink to 1024 tokens kept).
+PAGES = [300, 301, 420]
+
+
+def _pages_of_two(rank: int, drv: FaultyDriver, owner: KvBufferOwner,
+                  dist_owner: DistributedOwner, out: dict[str, Any], unchanged: Any) -> None:
+    """Collective page commits and decommits, after the resizes of the same world."""
+    before, data, free = owner.snapshot(), _pattern(owner), _free(drv)
+
+    def no_pages(key: str, call: Any) -> None:
+        unchanged(key, call, before, data, free)
+        out[key]["committed"] = sorted(owner.committed_pages)
+
+    if rank == 1:
+        drv.arm({"create": 2})
+    no_pages("pages_create_fault", lambda: dist_owner.commit_pages(PAGES))
+    if rank == 1:
+        drv.arm({"map": 3})
+    no_pages("pages_map_fault", lambda: dist_owner.commit_pages(PAGES))
+    no_pages("pages_different", lambda: dist_owner.commit_pages(
+        PAGES if rank == 0 else [*PAGES[:-1], PAGES[-1] + 1]))
+    no_pages("pages_bad", lambda: dist_owner.commit_pages([owner.pages]))
+    got = _attempt(lambda: dist_owner.commit_pages(PAGES))
+    got["committed"] = sorted(owner.committed_pages)
+    got["free_drop"] = free - _free(drv)
+    page = owner.tensors[0][300 * PS:301 * PS]
+    page.fill_(5.0)  # the host driver's memory: a write lands, a read sees it
+    got["writable"] = float(page.float().sum()) == 5.0 * page.numel()
+    del page  # a live view keeps the arena's memory until it goes
+    got["same_slot0"] = all(_eq(a, b) for a, b in zip(data, _pattern(owner), strict=True))
+    out["pages_commit"] = got
+    committed = owner.snapshot()
+    out["pages_decommit_different"] = _attempt(lambda: dist_owner.decommit_pages(
+        PAGES if rank == 0 else PAGES[:-1]))
+    out["pages_decommit_different"]["same_snapshot"] = owner.snapshot() == committed
+    if rank == 1:
+        drv.arm({"unmap": 1})
+    got = _attempt(lambda: dist_owner.decommit_pages(PAGES))
+    got["committed"] = sorted(owner.committed_pages)
+    got["backed_kept"] = owner.snapshot() == committed
+    out["pages_decommit_fault"] = got
+    got = _attempt(lambda: dist_owner.decommit_pages(PAGES))  # the failed rank frees its now
+    got["committed"] = sorted(owner.committed_pages)
+    got["back_to_before"] = owner.snapshot() == before and _free(drv) == free
+    out["pages_decommit"] = got
+
+
+def _eq(a: Any, b: Any) -> bool:
+    import torch
+
+    return bool(torch.equal(a, b))
 
 
 @pytest.fixture(scope="module")
@@ -180,6 +235,66 @@ def test_the_gathered_snapshot_has_every_rank_on_rank_zero_only(two: Any) -> Non
     assert isinstance(snap, TpSnapshot) and two[1]["gathered"] is None
     assert snap.tp == 2 and snap.model == MODEL
     assert snap.owners == (two[0]["snapshot"], two[1]["snapshot"])
+
+
+@host_only
+def test_a_collective_page_commit_backs_the_same_middle_pages_on_every_rank(two: Any) -> None:
+    oks = [r["pages_commit"] for r in two]
+    for got in oks:
+        assert got["ok"] > 0 and got["free_drop"] == got["ok"], got
+        assert got["committed"] == PAGES and got["writable"] and got["same_slot0"]
+    assert oks[0]["ok"] == oks[1]["ok"]
+
+
+@host_only
+@pytest.mark.parametrize("case", ["pages_create_fault", "pages_map_fault", "pages_different",
+                                  "pages_bad"])
+def test_an_aborted_page_commit_leaves_bytes_snapshots_memory_and_pages_unchanged(
+        two: Any, case: str) -> None:
+    for r in two:
+        got = r[case]
+        assert "ok" not in got and got["rolled_back"], (r["rank"], got)
+        assert got["same_snapshot"] and got["same_bytes"] and got["same_free"], (r["rank"], got)
+        assert got["committed"] == []
+
+
+@host_only
+def test_a_fault_on_one_rank_during_a_page_commit_names_that_rank_everywhere(two: Any) -> None:
+    for r in two:
+        create, mapped = r["pages_create_fault"], r["pages_map_fault"]
+        assert (create["phase"], create["failed"]) == ("prepare", (1,))
+        assert (mapped["phase"], mapped["failed"]) == ("map", (1,))
+        assert mapped["cause"] == ("DriverOutOfMemoryError" if r["rank"] == 1 else None)
+
+
+@host_only
+def test_ranks_asking_for_different_pages_all_abort_before_mapping_anything(two: Any) -> None:
+    for r in two:
+        assert r["pages_different"]["phase"] == "prepare"
+        assert "different page sets of 3 pages (their ids differ)" in r["pages_different"]["text"]
+        assert r["pages_bad"]["failed"] == (0, 1) and r["pages_bad"]["cause"] == "OutOfRangeError"
+        got = r["pages_decommit_different"]
+        assert got["phase"] == "prepare" and "from 2 to 3 pages" in got["text"]
+        assert got["same_snapshot"]
+
+
+@host_only
+def test_a_failed_page_decommit_on_one_rank_still_forgets_the_pages_on_every_rank(
+        two: Any) -> None:
+    for r in two:
+        got = r["pages_decommit_fault"]
+        assert got["phase"] == "confirm" and got["failed"] == (1,), got
+        assert got["committed"] == []  # page sets agree across ranks
+        # the failed rank keeps its memory (its unmaps undone); the other's decommit stands
+        assert got["rolled_back"] == got["backed_kept"] == (r["rank"] == 1)
+
+
+@host_only
+def test_a_collective_page_decommit_gives_every_page_back_on_every_rank(two: Any) -> None:
+    r0, r1 = (r["pages_decommit"] for r in two)
+    assert r0["ok"] == 0 and r1["ok"] > 0  # rank 0 gave its pages back in the failed round
+    assert r0["back_to_before"] and r1["back_to_before"]
+    assert r0["committed"] == r1["committed"] == []
 
 
 # -- worlds of 4 and 8, sim driver; the 4 ends with a crash --------------------------------
