@@ -10,7 +10,7 @@ import ipywidgets as widgets
 from kvvmm.driver import PROFILES, get_profile
 from kvvmm.dtypes import dtype_itemsize
 from kvvmm.growth import GrowthResult, decode_growth, growth_cost
-from kvvmm.lab._panel import DRIVERS, DTYPES, _controls, _cost_line, _field, _Panel, _pre
+from kvvmm.lab._panel import DRIVERS, DTYPES, _controls, _cost_line, _field, _line, _Panel, _pre
 from kvvmm.layout import list_models
 from kvvmm.layout.model_buffers import full_pool_descs
 from kvvmm.policy import Chunked, Exact, Geometric, GrowthPolicy, default_policy
@@ -182,5 +182,5 @@ class GrowthLab(_Panel):
     def _show_costs(self) -> None:
         outs = (self.default_cost, self.exact_cost, self.chunked_cost, self.geometric_cost)
         for out, text in zip(outs, self.cost_texts(), strict=True):
-            out.value = _pre(text)
+            out.value = _line(text)  # wraps at the cell's edge instead of being cut
 
