@@ -967,8 +967,16 @@ class Arena:
         if nbytes % self.granularity:
             raise AlignmentError("nbytes", nbytes,
                                  f"a multiple of the granularity {self.granularity}")
+        self._map_callers_handle(a, prefix, handle, nbytes)
+        self._note("adopt", offset=a.offset, nbytes=nbytes)
+        return nbytes
+
+    def _map_callers_handle(self, a: _Alloc, start: int, handle: int, nbytes: int) -> None:
+        """Map a caller-made ``handle`` at ``start`` of ``a`` and grant access (adopt and
+        adopt_range): the map is undone if the access fails, and the handle stays the
+        caller's until both succeeded."""
         d = self.driver
-        va = self.base + a.offset + prefix
+        va = self.base + a.offset + start
         d.map(va, nbytes, handle)
         try:
             self._set_access(va, nbytes)
@@ -977,10 +985,8 @@ class Arena:
             undo.push(f"unmap(va={va:#x}, size={nbytes})", lambda: d.unmap(va, nbytes))
             undo.unwind(e)
             raise
-        _insert(a, _Map(a.offset + prefix, nbytes, handle, self._next_hid))
+        _insert(a, _Map(a.offset + start, nbytes, handle, self._next_hid))
         self._next_hid += 1
-        self._note("adopt", offset=a.offset, nbytes=nbytes)
-        return nbytes
 
     @_locked
     def adopt_range(self, offset: int, start: int, handle: int, nbytes: int) -> int:
@@ -1018,18 +1024,7 @@ class Arena:
             raise ArgumentError("start", start,
                                 f"a range that no mapping overlaps: [{lo}, {hi}) of allocation "
                                 f"{a.name!r} overlaps its mapping(s) {hit[:4]}")
-        d = self.driver
-        va = self.base + a.offset + lo
-        d.map(va, nbytes, handle)
-        try:
-            self._set_access(va, nbytes)
-        except BaseException as e:
-            undo = Transaction()
-            undo.push(f"unmap(va={va:#x}, size={nbytes})", lambda: d.unmap(va, nbytes))
-            undo.unwind(e)
-            raise
-        _insert(a, _Map(a.offset + lo, nbytes, handle, self._next_hid))
-        self._next_hid += 1
+        self._map_callers_handle(a, lo, handle, nbytes)
         self._note("commit_range", offset=a.offset, start=lo, nbytes=nbytes)
         return nbytes
 
