@@ -193,6 +193,19 @@ class DistributedOwner:
         except Exception as e:  # gloo raises RuntimeError, NCCL DistBackendError, ...
             raise _Broken(f"{type(e).__name__}: {e}") from e
 
+    def _agree_or_raise(self, what: str, code: int, n: int, local: BaseException | None, *,
+                        key: int = 0) -> None:
+        """Agree on the arguments of a change that cannot be undone once made (shrink,
+        decommit_pages): raise CollectiveError on every rank unless every rank can go on."""
+        try:
+            failed, why = self._agree(code, n, ok=local is None, key=key)
+        except _Broken as b:
+            raise CollectiveError(what, "agree", f"the collective broke ({b})") from (
+                local or b.__cause__)
+        if failed or why:
+            raise CollectiveError(what, "prepare", why or f"rank(s) {failed} refused",
+                                  failed_ranks=tuple(failed)) from local
+
     def _agree(self, code: int, n: int, ok: bool, key: int = 0) -> tuple[list[int], str]:
         """One all_reduce: which ranks failed, and the reason ranks disagree ('' if they agree).
 
@@ -461,14 +474,7 @@ class DistributedOwner:
             self._check_tokens(n, o.page_size, "page_size")
         except Exception as e:
             local = e
-        try:
-            failed, why = self._agree(code, n_ok, ok=local is None)
-        except _Broken as b:
-            raise CollectiveError(what, "agree", f"the collective broke ({b})") from (
-                local or b.__cause__)
-        if failed or why:
-            raise CollectiveError(what, "prepare", why or f"rank(s) {failed} refused",
-                                  failed_ranks=tuple(failed)) from local
+        self._agree_or_raise(what, code, n_ok, local)
         before = o.backed_bytes
         given = 0
         try:
@@ -571,14 +577,7 @@ class DistributedOwner:
         code = _OPS["decommit_pages"]
         ids, n_ok, key, local = self._page_ids("decommit_pages", pages)
         what = f"decommit_pages({n_ok} pages)"
-        try:
-            failed, why = self._agree(code, n_ok, ok=local is None, key=key)
-        except _Broken as b:
-            raise CollectiveError(what, "agree", f"the collective broke ({b})") from (
-                local or b.__cause__)
-        if failed or why:
-            raise CollectiveError(what, "prepare", why or f"rank(s) {failed} refused",
-                                  failed_ranks=tuple(failed)) from local
+        self._agree_or_raise(what, code, n_ok, local, key=key)
         before = o.backed_bytes
         given = 0
         try:
