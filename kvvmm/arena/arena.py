@@ -16,19 +16,34 @@ write what the arena backs, now and in every later commit; ``tensor(..., device=
 the peer's view of the same VA. Between processes: ``export_handles(offset)`` gives POSIX
 file descriptors for an allocation's handles, and another process backs an allocation of its
 own arena with them (``driver.import_handle`` then ``adopt``).
+
+The class is built from parts, one idea a module: :mod:`~kvvmm.arena.records` (the result
+records and the live state), :mod:`~kvvmm.arena.state` (the shared state, the lock and the
+backing transactions), :mod:`~kvvmm.arena.holes` (range commits and decommits) and
+:mod:`~kvvmm.arena.sharing` (peers and other processes). This module keeps construction,
+allocation, prefix commit/decommit, tensors, leases, the pool, snapshot and close, and
+re-exports the public names of the parts.
 """
 
 from __future__ import annotations
 
-import bisect
 import functools
-import logging
-import os
 import threading
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
+from kvvmm.arena.holes import HolesMixin
+from kvvmm.arena.records import (
+    DecommitResult,
+    RangeResult,
+    _Alloc,
+    _Map,
+    _prefix,
+    _runs,
+    check_driver,
+)
+from kvvmm.arena.sharing import SharingMixin
+from kvvmm.arena.state import _locked, log
 from kvvmm.arena.transaction import Transaction
 from kvvmm.arena.views import ViewLease, make_tensor
 from kvvmm.checks import int_arg
@@ -37,12 +52,8 @@ from kvvmm.dtypes import dtype_itemsize, dtype_name
 from kvvmm.errors import (
     AlignmentError,
     ArgumentError,
-    ClosedError,
-    DriverError,
-    DriverOutOfMemoryError,
     DriverUnavailableError,
     KvvmmError,
-    OutOfRangeError,
     ReservationExhaustedError,
 )
 from kvvmm.record.trace import Trace
@@ -54,7 +65,7 @@ if TYPE_CHECKING:
 
     from kvvmm.arena.pool import HandlePool
 
-__all__ = ["MAX_RESERVE_BYTES", "Arena", "DecommitResult", "RangeResult"]
+__all__ = ["MAX_RESERVE_BYTES", "Arena", "DecommitResult", "RangeResult", "check_driver"]
 
 #: The most VA one arena may reserve: 2**48 bytes (256 TiB). CUDA's VA space on Hopper and
 #: Blackwell is 49 bits (part of it taken by the process's other mappings) and x86-64 user
@@ -62,163 +73,9 @@ __all__ = ["MAX_RESERVE_BYTES", "Arena", "DecommitResult", "RangeResult"]
 #: count off by orders of magnitude), refused before the driver is asked.
 MAX_RESERVE_BYTES = 1 << 48
 
-log = logging.getLogger(__name__)
-
-_P = ParamSpec("_P")
-_R = TypeVar("_R")
 
 
-def _locked(fn: Callable[Concatenate[Arena, _P], _R]) -> Callable[Concatenate[Arena, _P], _R]:
-    """Run an arena method under the arena's lock.
-
-    Arenas are touched from more than one thread: torch calls the pool's allocator from the
-    allocating thread, and a tensor's last reference can go (and end a view) on any thread.
-    """
-
-    @functools.wraps(fn)
-    def wrapper(self: Arena, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
-        with self._lock:
-            return fn(self, *args, **kwargs)
-
-    return wrapper
-
-
-def check_driver(driver: object, name: str = "driver") -> None:
-    """Refuse what is not a driver object (None, a kind's name) before it is first called.
-
-    Raises:
-        ArgumentError: naming ``name``; a kind's name gets the hint to open it first.
-    """
-    if isinstance(driver, Driver):
-        return
-    hint = (f"; open it first: kvvmm.open_driver({driver!r})"
-            if driver in ("auto", "sim", "host", "cuda") else "")
-    raise ArgumentError(name, driver, f"a driver object (SimDriver, HostDriver, CudaDriver, "
-                                      f"or a wrapper of one){hint}")
-
-
-# -- live state --------------------------------------------------------------------------
-
-
-@dataclass(slots=True)
-class _Map:
-    offset: int
-    size: int
-    handle: int  # the driver's handle
-    hid: int  # the arena's id for it
-
-
-@dataclass(slots=True)
-class _Alloc:
-    name: str
-    offset: int
-    size: int
-    requested: int
-    backed: int = 0  # bytes backed in the allocation (holes not counted)
-    maps: list[_Map] = field(default_factory=list)
-
-
-@dataclass(frozen=True, slots=True)
-class DecommitResult:
-    """What one decommit did to one allocation (a record: nothing live).
-
-    Maps are whole handles, so a decommit gives back only the mappings that lie wholly at or
-    beyond ``keep_bytes``; the mapping that straddles it stays, and with it more than was
-    asked to stay. ``given_bytes == 0`` with a ``kept_mapping`` is the silent no-op the lab
-    must be able to explain: that mapping is the boundary that stopped it.
-    """
-
-    name: str  #: the allocation's name
-    offset: int  #: the allocation's offset from the arena base
-    keep_bytes: int  #: bytes asked to stay backed from the allocation's start
-    given_bytes: int  #: bytes given back (unmapped and released)
-    backed_bytes: int  #: bytes backed from the allocation's start afterwards
-    #: ``[start, end)`` (from the arena base) of the mapping that straddles ``keep_bytes`` and
-    #: so stayed; None when the backing now ends at or before ``keep_bytes``
-    kept_mapping: tuple[int, int] | None
-
-    @property
-    def held_bytes(self) -> int:
-        """Bytes that stayed backed beyond ``keep_bytes`` because a mapping straddles it."""
-        return max(self.backed_bytes - self.keep_bytes, 0)
-
-    def __str__(self) -> str:
-        text = f"{self.name}: gave back {fmt_bytes(self.given_bytes)}"
-        if self.kept_mapping is not None:
-            start, end = self.kept_mapping
-            text += (f"; the mapping {fmt_range(start, end)} straddles keep "
-                     f"{fmt_bytes(self.keep_bytes)}, so {fmt_bytes(self.held_bytes)} beyond it "
-                     f"stays backed (maps are whole handles)")
-        return text
-
-
-@dataclass(frozen=True, slots=True)
-class RangeResult:
-    """What one range decommit did to one allocation (a record: nothing live).
-
-    Maps are whole handles, so only the mappings lying wholly inside the range go; those it
-    cuts stay, and ``kept_mappings`` names each (``[start, end)`` from the arena base), as
-    :class:`DecommitResult` names the mapping that straddles a kept prefix.
-    """
-
-    name: str  #: the allocation's name
-    offset: int  #: the allocation's offset from the arena base
-    start: int  #: the range's start, from the allocation's start
-    nbytes: int  #: the range's length
-    given_bytes: int  #: bytes given back (unmapped and released)
-    backed_bytes: int  #: bytes backed in the allocation afterwards (holes not counted)
-    kept_mappings: tuple[tuple[int, int], ...]  #: mappings the range cuts, which stayed
-
-    @property
-    def held_bytes(self) -> int:
-        """Bytes of the range that stayed backed because a mapping it cuts stays."""
-        lo, hi = self.offset + self.start, self.offset + self.start + self.nbytes
-        return sum(min(e, hi) - max(s, lo) for s, e in self.kept_mappings)
-
-    def __str__(self) -> str:
-        text = (f"{self.name}: gave back {fmt_bytes(self.given_bytes)} of "
-                f"{fmt_range(self.offset + self.start, self.offset + self.start + self.nbytes)}")
-        if self.kept_mappings:
-            s, e = self.kept_mappings[0]
-            text += (f"; {len(self.kept_mappings)} mapping(s) the range cuts stay (first "
-                     f"{fmt_range(s, e)}), {fmt_bytes(self.held_bytes)} of the range with them "
-                     f"(maps are whole handles)")
-        return text
-
-
-def _insert(a: _Alloc, m: _Map) -> None:
-    """Put ``m`` among ``a``'s mappings, kept sorted by offset."""
-    i = bisect.bisect_left([x.offset for x in a.maps], m.offset)
-    a.maps.insert(i, m)
-    a.backed += m.size
-
-
-def _overlaps(ranges: Iterable[tuple[int, int]], lo: int, hi: int) -> bool:
-    return any(s < hi and lo < e for s, e in ranges)
-
-
-def _runs(ms: Sequence[_Map]) -> list[list[_Map]]:
-    """``ms`` (sorted) split into runs of adjacent mappings."""
-    out: list[list[_Map]] = []
-    for m in ms:
-        if out and out[-1][-1].offset + out[-1][-1].size == m.offset:
-            out[-1].append(m)
-        else:
-            out.append([m])
-    return out
-
-
-def _prefix(a: _Alloc) -> int:
-    """Bytes backed contiguously from ``a``'s start."""
-    end = a.offset
-    for m in a.maps:
-        if m.offset != end:
-            break
-        end += m.size
-    return end - a.offset
-
-
-class Arena:
+class Arena(HolesMixin, SharingMixin):
     """One VA reservation with bump allocation, commit/decommit and tensor views.
 
     Args:
@@ -320,25 +177,6 @@ class Arena:
     def backed_bytes(self) -> int:
         return sum(a.backed for a in self._allocs)
 
-    def _note(self, op: str, **args: Any) -> None:
-        if self._trace is not None:
-            self._trace.add_op(self._arena_id, op, **args)
-
-    def _check_open(self, what: str) -> None:
-        if self._closed:
-            raise ClosedError(f"arena {self.name!r}: {what} after close()")
-
-    def _alloc_at(self, offset: object) -> _Alloc:
-        if isinstance(offset, bool) or not isinstance(offset, int):
-            raise ArgumentError("offset", offset, "an int (bytes from the arena base)")
-        a = self._by_offset.get(offset)
-        if a is None:
-            starts = [x.offset for x in self._allocs]
-            cls = AlignmentError if offset % self.granularity else OutOfRangeError
-            raise cls("offset", offset, f"the start of an allocation, one of {starts[:8]}"
-                      + ("..." if len(starts) > 8 else ""))
-        return a
-
     def backed_of(self, offset: int) -> int:
         """Bytes backed in the allocation at ``offset`` (holes not counted)."""
         return self._alloc_at(offset).backed
@@ -403,124 +241,6 @@ class Arena:
         assert isinstance(nbytes, int)
         return a, align_up(nbytes, self.granularity)
 
-    def _check_range(self, what: str, offset: object, start: object,
-                     nbytes: object) -> tuple[_Alloc, int, int]:
-        """A granule-aligned ``[start, start + nbytes)`` inside the allocation at ``offset``."""
-        a = self._alloc_at(offset)
-        int_arg("start", start, lo=0, hi=a.size,
-                limit=f"in [0, {a.size}] (allocation {a.name!r} is {a.size} bytes)")
-        assert isinstance(start, int)
-        room = a.size - start
-        int_arg("nbytes", nbytes, lo=0, hi=room,
-                limit=f"in [0, {room}] (allocation {a.name!r} has {room} bytes from start "
-                      f"{start})")
-        assert isinstance(nbytes, int)
-        g = self.granularity
-        for name, v in (("start", start), ("nbytes", nbytes)):
-            if v % g:
-                raise AlignmentError(name, v, f"a multiple of the granularity {g} ({what} "
-                                              f"takes granule-aligned ranges)")
-        return a, start, start + nbytes
-
-    def _gaps(self, a: _Alloc, lo: int, hi: int) -> list[tuple[int, int]]:
-        """Unbacked ``[s, e)`` (allocation-relative) inside ``[lo, hi)``, in order."""
-        out: list[tuple[int, int]] = []
-        pos = lo
-        for m in a.maps:
-            ms, me = m.offset - a.offset, m.offset - a.offset + m.size
-            if me <= pos:
-                continue
-            if ms >= hi:
-                break
-            if ms > pos:
-                out.append((pos, ms))
-            pos = max(pos, me)
-            if pos >= hi:
-                break
-        if pos < hi:
-            out.append((pos, hi))
-        return out
-
-    def _new_handle(self, size: int) -> int:
-        """A handle of ``size``: the pool's if it holds one, else a create.
-
-        Memory pressure: an out-of-memory create draws the pool down first (its idle
-        handles are memory nobody maps) and is tried once more.
-        """
-        pool = self._handle_pool
-        if pool is not None:
-            h = pool.take(size)
-            if h is not None:
-                return h
-        try:
-            return self.driver.create(size)
-        except DriverOutOfMemoryError:
-            if pool is None or not pool.trim(size):
-                raise
-            return self.driver.create(size)
-
-    def _back_gap(self, a: _Alloc, s: int, e: int, undo: Transaction) -> int:
-        """Back ``[s, e)`` of ``a`` (unbacked, aligned) with one new handle; push undo steps."""
-        d = self.driver
-        size = e - s
-        va = self.base + a.offset + s
-        h = self._new_handle(size)
-        undo.push(f"release(handle={h})", self._drop_handle, h, size)
-        d.map(va, size, h)
-        undo.push(f"unmap(va={va:#x}, size={size})", d.unmap, va, size)
-        self._set_access(va, size)
-        m = _Map(a.offset + s, size, h, 0)
-        _insert(a, m)
-
-        def forget() -> None:
-            a.maps.remove(m)
-            a.backed -= size
-
-        undo.push("forget", forget)
-        return size
-
-    def _drop_handle(self, h: int, size: int) -> None:
-        """An unmapped handle goes back to the pool (up to its cap) or to the driver."""
-        pool = self._handle_pool
-        if pool is None or not pool.give(h, size):
-            self.driver.release(h)
-
-    def _wait_inflight(self, ranges: Sequence[tuple[_Alloc, int, int]]) -> None:
-        """Wait (the lock released) while the pool's thread backs part of ``ranges``.
-
-        Its driver calls run outside the arena's lock, so the range is booked "in flight"
-        until it publishes; backing it here too would map over it.
-        """
-        while self._inflight and any(
-            _overlaps(self._inflight.get(a.offset, ()), lo, hi) for a, lo, hi in ranges
-        ):
-            self._cond.wait(timeout=1.0)
-            self.inflight_waits += 1
-
-    def _commit_ranges(self, plan: Sequence[tuple[_Alloc, int, int]], op: str) -> int:
-        self._wait_inflight(plan)
-        undo = Transaction()
-        added = 0
-        try:
-            for a, lo, hi in plan:
-                for s, e in self._gaps(a, lo, hi):
-                    added += self._back_gap(a, s, e, undo)
-        except BaseException as e:  # a driver's OSError or a Ctrl-C must not leak handles
-            undo.unwind(e)
-            raise
-        for a, _, _ in plan:  # ids only for handles that stayed: the same on replay
-            for m in a.maps:
-                if m.hid == 0:
-                    m.hid = self._next_hid
-                    self._next_hid += 1
-        if self._trace is not None:
-            for a, lo, hi in plan:
-                if op == "commit":
-                    self._note("commit", offset=a.offset, nbytes=hi)
-                else:
-                    self._note(op, offset=a.offset, start=lo, nbytes=hi - lo)
-        return added
-
     def commit(self, offset: int, nbytes: int) -> int:
         """Back the first ``nbytes`` of the allocation at ``offset``.
 
@@ -550,105 +270,6 @@ class Arena:
         self._check_open("commit")
         plan = [(a, 0, n) for a, n in (self._check_commit(o, n) for o, n in requests)]
         return self._commit_ranges(plan, "commit")
-
-    def commit_range(self, offset: int, start: int, nbytes: int) -> int:
-        """Back ``[start, start + nbytes)`` of the allocation at ``offset``, holes allowed.
-
-        What is already backed in the range stays; each unbacked gap in it gets one new
-        handle (create, map, set access), so a later :meth:`decommit_range` of that same
-        range can give it back whole.
-
-        Args:
-            offset: an allocation's offset.
-            start: bytes from the allocation's start, a multiple of the granularity.
-            nbytes: bytes, a multiple of the granularity; ``start + nbytes <= size``.
-        Returns:
-            Bytes newly backed.
-        Raises:
-            ArgumentError, OutOfRangeError, AlignmentError: bad arguments; nothing changed.
-            DriverError: a driver call failed; everything this call did is undone.
-        """
-        return self.commit_ranges([(offset, start, nbytes)])
-
-    @_locked
-    def commit_ranges(self, requests: Iterable[tuple[int, int, int]]) -> int:
-        """Commit several ``(offset, start, nbytes)`` ranges as one transaction.
-
-        Every range is checked before any driver call; a failure undoes every handle made.
-        See :meth:`commit_range`.
-        """
-        self._check_open("commit_range")
-        plan = [self._check_range("commit_range", o, s, n) for o, s, n in requests]
-        return self._commit_ranges(plan, "commit_range")
-
-    def prepare_ranges(self, requests: Iterable[tuple[int, int, int]]) -> int:
-        """Back ranges ahead of need, making the driver calls with the arena's lock free.
-
-        For a background thread (the handle pool's look-ahead): under the lock, each unbacked
-        gap of the ranges that no one else is backing is booked "in flight"; with no lock
-        held, each gets a handle (the pool's or a create), a map and access; under the lock
-        again it is published as a mapping (recorded as a ``commit_range``). A commit or
-        decommit that needs an in-flight gap waits for it (:attr:`inflight_waits` counts
-        those waits). A gap that fails is undone (unmap, handle dropped) and stays unbacked;
-        the others stand: a look-ahead is a hint, not a transaction.
-
-        Returns:
-            Bytes published. 0 after ``close()``.
-        Raises:
-            ArgumentError, OutOfRangeError, AlignmentError: bad ranges; nothing booked.
-        """
-        with self._lock:
-            if self._closed:
-                return 0
-            plan = [self._check_range("prepare_ranges", o, s, n) for o, s, n in requests]
-            booked: list[tuple[_Alloc, int, int]] = []
-            for a, lo, hi in plan:
-                mine = self._inflight.setdefault(a.offset, [])
-                for s, e in self._gaps(a, lo, hi):
-                    if not _overlaps(mine, s, e):
-                        mine.append((s, e))
-                        booked.append((a, s, e))
-        done = 0
-        for a, s, e in booked:
-            size, va = e - s, self.base + a.offset + s
-            h: int | None = None
-            mapped = False
-            try:
-                if self._closed:
-                    raise ClosedError(f"arena {self.name!r} closed during a look-ahead")
-                h = self._new_handle(size)
-                self.driver.map(va, size, h)
-                mapped = True
-                self._set_access(va, size)
-            except BaseException as err:
-                self._drop_prepared(a, s, e, h, mapped, err)
-                if not isinstance(err, (DriverError, ClosedError)):
-                    raise
-                continue
-            with self._lock:
-                _insert(a, _Map(a.offset + s, size, h, self._next_hid))
-                self._next_hid += 1
-                self._inflight[a.offset].remove((s, e))
-                self._note("commit_range", offset=a.offset, start=s, nbytes=size)
-                self._cond.notify_all()
-            done += size
-        return done
-
-    def _drop_prepared(self, a: _Alloc, s: int, e: int, h: int | None, mapped: bool,
-                       err: BaseException) -> None:
-        """Undo one look-ahead gap that failed (no lock held for the driver calls)."""
-        undo = Transaction()
-        size, va = e - s, self.base + a.offset + s
-        if h is not None:
-            undo.push(f"release(handle={h})", self._drop_handle, h, size)
-        if mapped:  # the driver refuses this during a capture: then the handle stays mapped
-            undo.push(f"unmap(va={va:#x}, size={size})", self.driver.unmap, va, size)
-        undo.unwind(err)
-        with self._lock:
-            self._inflight[a.offset].remove((s, e))
-            self._cond.notify_all()
-        log.info("arena %r: look-ahead of %s failed: %s", self.name,
-                 fmt_range(a.offset + s, a.offset + e), err)
 
     # -- decommit -----------------------------------------------------------------------
 
@@ -730,116 +351,6 @@ class Arena:
         self._release_gone()
         return results
 
-    def decommit_range(self, offset: int, start: int, nbytes: int) -> int:
-        """Give back the mappings that lie wholly inside ``[start, start + nbytes)``.
-
-        Maps are whole handles: a mapping the range cuts (one that starts before it or ends
-        after it) stays, as a mapping straddling ``keep_bytes`` stays in :meth:`decommit`;
-        :meth:`decommit_range_report` names each one.
-
-        Args:
-            offset: an allocation's offset.
-            start, nbytes: a granule-aligned range of it (bytes from its start).
-        Returns:
-            Bytes given back.
-        Raises:
-            ArgumentError, OutOfRangeError, AlignmentError: bad arguments; nothing changed.
-            DriverError: as for :meth:`decommit_many_report`.
-        """
-        return self.decommit_ranges([(offset, start, nbytes)])
-
-    def decommit_range_report(self, offset: int, start: int, nbytes: int) -> RangeResult:
-        """:meth:`decommit_range`, returning what it did (see :class:`RangeResult`)."""
-        return self.decommit_ranges_report([(offset, start, nbytes)])[0]
-
-    def decommit_ranges(self, requests: Iterable[tuple[int, int, int]]) -> int:
-        """Decommit several ``(offset, start, nbytes)`` ranges as one transaction.
-
-        Returns:
-            Bytes given back in all.
-        """
-        return sum(r.given_bytes for r in self.decommit_ranges_report(requests))
-
-    @_locked
-    def decommit_ranges_report(
-        self, requests: Iterable[tuple[int, int, int]]
-    ) -> tuple[RangeResult, ...]:
-        """Decommit several ranges as one transaction; one :class:`RangeResult` per range.
-
-        The transaction is :meth:`decommit_many_report`'s: every range checked first, every
-        unmap undone if one fails, releases only after every unmap succeeded.
-        """
-        self._check_open("decommit_range")
-        plan = [self._check_range("decommit_range", o, s, n) for o, s, n in requests]
-        self._wait_inflight(plan)
-        drop: dict[int, list[_Map]] = {}
-        cut: list[tuple[tuple[int, int], ...]] = []
-        inside: list[list[_Map]] = []
-        for a, lo, hi in plan:
-            lo_abs, hi_abs = a.offset + lo, a.offset + hi
-            mine = [m for m in a.maps if m.offset >= lo_abs and m.offset + m.size <= hi_abs]
-            cut.append(tuple((m.offset, m.offset + m.size) for m in a.maps
-                             if m.offset < hi_abs and m.offset + m.size > lo_abs
-                             and not (m.offset >= lo_abs and m.offset + m.size <= hi_abs)))
-            inside.append(mine)
-            got = drop.setdefault(a.offset, [])
-            got += [m for m in mine if all(m is not x for x in got)]
-        self._give_back([(self._by_offset[o], sorted(ms, key=lambda m: m.offset))
-                         for o, ms in drop.items() if ms])
-        out = []
-        seen: set[int] = set()
-        for (a, lo, hi), mine, kept in zip(plan, inside, cut, strict=True):
-            given = sum(m.size for m in mine if id(m) not in seen)
-            seen.update(id(m) for m in mine)
-            out.append(RangeResult(name=a.name, offset=a.offset, start=lo, nbytes=hi - lo,
-                                   given_bytes=given, backed_bytes=a.backed,
-                                   kept_mappings=kept))
-            if mine:
-                self._note("decommit_range", offset=a.offset, start=lo, nbytes=hi - lo)
-        self._release_gone()
-        return tuple(out)
-
-    def _give_back(self, plan: Sequence[tuple[_Alloc, list[_Map]]]) -> dict[int, int]:
-        """Unmap ``plan``'s mappings (sorted per allocation) in runs; forget them.
-
-        One unmap per run of adjacent mappings (CUDA unmaps several whole mappings in one
-        call). A failed unmap maps every run unmapped before it back (same handles, same
-        bytes). The handles wait in ``_gone`` for :meth:`_release_gone`.
-        """
-        d = self.driver
-        undo = Transaction()
-        try:
-            for _a, ms in plan:
-                for run in _runs(ms):
-                    start, end = run[0].offset, run[-1].offset + run[-1].size
-                    d.unmap(self.base + start, end - start)
-                    for m in run:
-                        undo.push(f"map back handle {m.hid} at offset {m.offset}",
-                                  self._map_back, m)
-        except BaseException as e:  # a Ctrl-C between unmaps must not lose the bytes either
-            undo.unwind(e)
-            raise
-        undo.commit()
-        given: dict[int, int] = {}
-        for a, ms in plan:
-            gone = {id(m) for m in ms}
-            a.maps = [m for m in a.maps if id(m) not in gone]
-            size = sum(m.size for m in ms)
-            a.backed -= size
-            given[a.offset] = given.get(a.offset, 0) + size
-            self._gone += [(m.handle, m.size) for m in ms]
-        return given
-
-    def _release_gone(self) -> None:
-        """Past the point of no return: the VA no longer reaches these handles."""
-        gone, self._gone = self._gone, []
-        pool = self._handle_pool
-        if pool is not None:  # retained for the next commit: two map calls, not create+release
-            gone = [(h, s) for h, s in gone if not pool.give(h, s)]
-        self._leftover += gone
-        if gone:
-            self._release_leftover("decommit or close again to retry")
-
     def _decommit_result(self, a: _Alloc, keep_bytes: int, given: int) -> DecommitResult:
         kept: tuple[int, int] | None = None
         straddle = [m for m in a.maps
@@ -850,183 +361,6 @@ class Arena:
         end = a.maps[-1].offset + a.maps[-1].size - a.offset if a.maps else 0
         return DecommitResult(name=a.name, offset=a.offset, keep_bytes=keep_bytes,
                               given_bytes=given, backed_bytes=end, kept_mapping=kept)
-
-    def _map_back(self, m: _Map) -> None:
-        """Map a handle back where it was (undo of an unmap: the handle kept its bytes)."""
-        self.driver.map(self.base + m.offset, m.size, m.handle)
-        self._set_access(self.base + m.offset, m.size)
-
-    @property
-    def unreleased_bytes(self) -> int:
-        """Memory of handles a failed release left with the arena (0 normally)."""
-        return sum(size for _, size in self._leftover)
-
-    # -- several devices and processes -----------------------------------------------
-
-    def _set_access(self, va: int, size: int) -> None:
-        if self._access is None:
-            self.driver.set_access(va, size)
-        else:
-            self.driver.set_access(va, size, self._access)
-
-    @property
-    def peer_devices(self) -> tuple[int, ...]:
-        """Other devices given access by :meth:`grant_access` (empty: only the arena's)."""
-        return () if self._access is None else self._access[1:]
-
-    @_locked
-    def grant_access(self, devices: Iterable[int]) -> None:
-        """Let other devices (peers) read and write all the arena backs, now and later.
-
-        Every backed allocation gets access for the arena's device and ``devices`` (one
-        ``set_access(..., devices=...)`` per allocation), and every later commit maps with
-        the same access. Access is only ever widened.
-
-        Args:
-            devices: device ordinals (the arena's own may be among them).
-        Raises:
-            ArgumentError: ``devices`` not ints.
-            DriverError: the driver refused (CUDA_ERROR_INVALID_VALUE: not a device of the
-                process; CUDA_ERROR_INVALID_DEVICE: no peer path to this device). The arena's
-                record is unchanged;
-                allocations granted before the failing call stay accessible to the peers
-                (access cannot be narrowed here). With nothing backed yet, a bad device is
-                only seen at the next commit, which then fails and is undone.
-            ClosedError: after ``close()``.
-        """
-        self._check_open("grant_access")
-        extra = list(devices)
-        for i, dev in enumerate(extra):
-            int_arg(f"devices[{i}]", dev, lo=0, limit="a device ordinal (an int >= 0)")
-        new = tuple(dict.fromkeys((self.device, *self.peer_devices, *extra)))
-        if len(new) == 1:
-            return
-        d = self.driver
-        for a in self._allocs:  # one call per run of adjacent mappings (holes are not mapped)
-            for run in _runs(a.maps):
-                start, end = run[0].offset, run[-1].offset + run[-1].size
-                d.set_access(self.base + start, end - start, new)
-        self._access = new
-        self._note("grant_access", devices=list(new))
-
-    @_locked
-    def export_handles(self, offset: int) -> list[tuple[int, int]]:
-        """POSIX file descriptors for the handles backing the allocation at ``offset``.
-
-        Send them to another process (``multiprocessing.reduction.send_handle``), which backs
-        an allocation of its own arena with them in the same order: ``import_handle(fd,
-        size)`` and :meth:`adopt` for each. The caller owns the descriptors (close them once
-        sent). The driver must share handles (CudaDriver(exportable=True), HostDriver).
-
-        Returns:
-            ``[(fd, size_bytes), ...]`` in VA order, covering the backed prefix.
-        Raises:
-            DriverError: an export failed; descriptors already made are closed.
-        """
-        self._check_open("export_handles")
-        a = self._alloc_at(offset)
-        out: list[tuple[int, int]] = []
-        try:
-            for m in a.maps:
-                out.append((self.driver.export_handle(m.handle), m.size))
-        except DriverError:
-            for fd, _ in out:
-                os.close(fd)
-            raise
-        return out
-
-    @_locked
-    def adopt(self, offset: int, handle: int, nbytes: int) -> int:
-        """Back the next ``nbytes`` of the allocation at ``offset`` with ``handle``.
-
-        For a handle the caller made, typically ``driver.import_handle(fd, size)`` of memory
-        another process exported: it is mapped right after the allocation's backed prefix and
-        made accessible (to peers too, after :meth:`grant_access`). From then on the arena
-        owns it and releases it on decommit or close, like its own.
-
-        Args:
-            offset: an allocation's offset.
-            handle: a live handle of this arena's driver, of exactly ``nbytes``.
-            nbytes: the handle's size, a multiple of the granularity that fits the
-                allocation after its backed prefix.
-        Returns:
-            ``nbytes``.
-        Raises:
-            ArgumentError, OutOfRangeError, AlignmentError: bad arguments; nothing changed.
-            DriverError: the map or the access failed; undone, and the handle is still the
-                caller's.
-        """
-        self._check_open("adopt")
-        a = self._alloc_at(offset)
-        prefix = _prefix(a)
-        nxt = [m.offset - a.offset for m in a.maps if m.offset - a.offset > prefix]
-        room = (nxt[0] if nxt else a.size) - prefix
-        int_arg("nbytes", nbytes, lo=1, hi=room,
-             limit=f"in [1, {room}] (allocation {a.name!r} has {room} unbacked bytes after "
-                   f"its {prefix}-byte backed prefix)")
-        if nbytes % self.granularity:
-            raise AlignmentError("nbytes", nbytes,
-                                 f"a multiple of the granularity {self.granularity}")
-        self._map_callers_handle(a, prefix, handle, nbytes)
-        self._note("adopt", offset=a.offset, nbytes=nbytes)
-        return nbytes
-
-    def _map_callers_handle(self, a: _Alloc, start: int, handle: int, nbytes: int) -> None:
-        """Map a caller-made ``handle`` at ``start`` of ``a`` and grant access (adopt and
-        adopt_range): the map is undone if the access fails, and the handle stays the
-        caller's until both succeeded."""
-        d = self.driver
-        va = self.base + a.offset + start
-        d.map(va, nbytes, handle)
-        try:
-            self._set_access(va, nbytes)
-        except BaseException as e:
-            undo = Transaction()
-            undo.push(f"unmap(va={va:#x}, size={nbytes})", lambda: d.unmap(va, nbytes))
-            undo.unwind(e)
-            raise
-        _insert(a, _Map(a.offset + start, nbytes, handle, self._next_hid))
-        self._next_hid += 1
-
-    @_locked
-    def adopt_range(self, offset: int, start: int, handle: int, nbytes: int) -> int:
-        """Back ``[start, start + nbytes)`` of the allocation at ``offset`` with ``handle``.
-
-        :meth:`adopt` anywhere: for a handle the caller made ahead (a collective page commit
-        in :mod:`kvvmm.distributed` creates every handle before any rank maps one), mapped
-        at a granule-aligned range that no mapping overlaps, holes allowed around it, and made
-        accessible. From then on the arena owns it, as its own. Recorded as a
-        ``commit_range`` (a replay backs the same range with memory of its own).
-
-        Args:
-            offset: an allocation's offset.
-            start: bytes from the allocation's start, a multiple of the granularity.
-            handle: a live handle of this arena's driver, of exactly ``nbytes``.
-            nbytes: the handle's size, > 0, a multiple of the granularity;
-                ``start + nbytes <= size``.
-        Returns:
-            ``nbytes``.
-        Raises:
-            ArgumentError, OutOfRangeError, AlignmentError: bad arguments, or the range
-                overlaps a mapping; nothing changed.
-            DriverError: the map or the access failed; undone, and the handle is still the
-                caller's.
-        """
-        self._check_open("adopt_range")
-        a, lo, hi = self._check_range("adopt_range", offset, start, nbytes)
-        if hi == lo:
-            raise ArgumentError("nbytes", nbytes, "> 0 (the handle's size)")
-        self._wait_inflight([(a, lo, hi)])  # the look-ahead may be mapping it right now
-        self._check_open("adopt_range")
-        hit = [(m.offset - a.offset, m.offset - a.offset + m.size) for m in a.maps
-               if m.offset - a.offset < hi and lo < m.offset - a.offset + m.size]
-        if hit:  # mapping over a mapping would fail in the driver, or worse, on the host
-            raise ArgumentError("start", start,
-                                f"a range that no mapping overlaps: [{lo}, {hi}) of allocation "
-                                f"{a.name!r} overlaps its mapping(s) {hit[:4]}")
-        self._map_callers_handle(a, lo, handle, nbytes)
-        self._note("commit_range", offset=a.offset, start=lo, nbytes=nbytes)
-        return nbytes
 
     # -- tensors ------------------------------------------------------------------------
 
@@ -1225,14 +559,3 @@ class Arena:
         """Map a run's handles back after its unmap (undo in a failed close)."""
         for m in run:
             self._map_back(m)
-
-    def _release_leftover(self, retry: str = "call close() again to release them") -> None:
-        while self._leftover:
-            h, _ = self._leftover[0]
-            try:
-                self.driver.release(h)
-            except DriverError as e:
-                e.add_note(f"arena {self.name!r} still holds {len(self._leftover)} handles "
-                           f"({self.unreleased_bytes} bytes) it could not release; {retry}")
-                raise
-            self._leftover.pop(0)

@@ -1,0 +1,155 @@
+"""The arena's records and live state: what one decommit did, one mapping, one allocation.
+
+- :class:`DecommitResult` and :class:`RangeResult`: frozen reports of a decommit (nothing
+  live), re-exported by :mod:`kvvmm.arena.arena`;
+- ``_Map`` and ``_Alloc``: the arena's live bookkeeping of its mappings and allocations;
+- small pure helpers over them (``_insert``, ``_overlaps``, ``_runs``, ``_prefix``) and
+  :func:`check_driver`.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from kvvmm.driver.base import Driver
+from kvvmm.errors import ArgumentError
+from kvvmm.units import fmt_bytes, fmt_range
+
+__all__ = ["DecommitResult", "RangeResult", "check_driver"]
+
+
+def check_driver(driver: object, name: str = "driver") -> None:
+    """Refuse what is not a driver object (None, a kind's name) before it is first called.
+
+    Raises:
+        ArgumentError: naming ``name``; a kind's name gets the hint to open it first.
+    """
+    if isinstance(driver, Driver):
+        return
+    hint = (f"; open it first: kvvmm.open_driver({driver!r})"
+            if driver in ("auto", "sim", "host", "cuda") else "")
+    raise ArgumentError(name, driver, f"a driver object (SimDriver, HostDriver, CudaDriver, "
+                                      f"or a wrapper of one){hint}")
+
+
+# -- live state --------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Map:
+    offset: int
+    size: int
+    handle: int  # the driver's handle
+    hid: int  # the arena's id for it
+
+
+@dataclass(slots=True)
+class _Alloc:
+    name: str
+    offset: int
+    size: int
+    requested: int
+    backed: int = 0  # bytes backed in the allocation (holes not counted)
+    maps: list[_Map] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class DecommitResult:
+    """What one decommit did to one allocation (a record: nothing live).
+
+    Maps are whole handles, so a decommit gives back only the mappings that lie wholly at or
+    beyond ``keep_bytes``; the mapping that straddles it stays, and with it more than was
+    asked to stay. ``given_bytes == 0`` with a ``kept_mapping`` is the silent no-op the lab
+    must be able to explain: that mapping is the boundary that stopped it.
+    """
+
+    name: str  #: the allocation's name
+    offset: int  #: the allocation's offset from the arena base
+    keep_bytes: int  #: bytes asked to stay backed from the allocation's start
+    given_bytes: int  #: bytes given back (unmapped and released)
+    backed_bytes: int  #: bytes backed from the allocation's start afterwards
+    #: ``[start, end)`` (from the arena base) of the mapping that straddles ``keep_bytes`` and
+    #: so stayed; None when the backing now ends at or before ``keep_bytes``
+    kept_mapping: tuple[int, int] | None
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes that stayed backed beyond ``keep_bytes`` because a mapping straddles it."""
+        return max(self.backed_bytes - self.keep_bytes, 0)
+
+    def __str__(self) -> str:
+        text = f"{self.name}: gave back {fmt_bytes(self.given_bytes)}"
+        if self.kept_mapping is not None:
+            start, end = self.kept_mapping
+            text += (f"; the mapping {fmt_range(start, end)} straddles keep "
+                     f"{fmt_bytes(self.keep_bytes)}, so {fmt_bytes(self.held_bytes)} beyond it "
+                     f"stays backed (maps are whole handles)")
+        return text
+
+
+@dataclass(frozen=True, slots=True)
+class RangeResult:
+    """What one range decommit did to one allocation (a record: nothing live).
+
+    Maps are whole handles, so only the mappings lying wholly inside the range go; those it
+    cuts stay, and ``kept_mappings`` names each (``[start, end)`` from the arena base), as
+    :class:`DecommitResult` names the mapping that straddles a kept prefix.
+    """
+
+    name: str  #: the allocation's name
+    offset: int  #: the allocation's offset from the arena base
+    start: int  #: the range's start, from the allocation's start
+    nbytes: int  #: the range's length
+    given_bytes: int  #: bytes given back (unmapped and released)
+    backed_bytes: int  #: bytes backed in the allocation afterwards (holes not counted)
+    kept_mappings: tuple[tuple[int, int], ...]  #: mappings the range cuts, which stayed
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes of the range that stayed backed because a mapping it cuts stays."""
+        lo, hi = self.offset + self.start, self.offset + self.start + self.nbytes
+        return sum(min(e, hi) - max(s, lo) for s, e in self.kept_mappings)
+
+    def __str__(self) -> str:
+        text = (f"{self.name}: gave back {fmt_bytes(self.given_bytes)} of "
+                f"{fmt_range(self.offset + self.start, self.offset + self.start + self.nbytes)}")
+        if self.kept_mappings:
+            s, e = self.kept_mappings[0]
+            text += (f"; {len(self.kept_mappings)} mapping(s) the range cuts stay (first "
+                     f"{fmt_range(s, e)}), {fmt_bytes(self.held_bytes)} of the range with them "
+                     f"(maps are whole handles)")
+        return text
+
+
+def _insert(a: _Alloc, m: _Map) -> None:
+    """Put ``m`` among ``a``'s mappings, kept sorted by offset."""
+    i = bisect.bisect_left([x.offset for x in a.maps], m.offset)
+    a.maps.insert(i, m)
+    a.backed += m.size
+
+
+def _overlaps(ranges: Iterable[tuple[int, int]], lo: int, hi: int) -> bool:
+    return any(s < hi and lo < e for s, e in ranges)
+
+
+def _runs(ms: Sequence[_Map]) -> list[list[_Map]]:
+    """``ms`` (sorted) split into runs of adjacent mappings."""
+    out: list[list[_Map]] = []
+    for m in ms:
+        if out and out[-1][-1].offset + out[-1][-1].size == m.offset:
+            out[-1].append(m)
+        else:
+            out.append([m])
+    return out
+
+
+def _prefix(a: _Alloc) -> int:
+    """Bytes backed contiguously from ``a``'s start."""
+    end = a.offset
+    for m in a.maps:
+        if m.offset != end:
+            break
+        end += m.size
+    return end - a.offset

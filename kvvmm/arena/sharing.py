@@ -1,0 +1,181 @@
+"""Sharing: peers of the process (``grant_access``) and other processes (export, adopt).
+
+``SharingMixin`` gives :class:`~kvvmm.arena.arena.Arena` ``grant_access`` and
+``peer_devices`` (other GPUs of the process read and write what the arena backs), and
+``export_handles``, ``adopt`` and ``adopt_range`` (another process backs an allocation of
+its own arena with the same memory, or this one backs with handles the caller made).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+
+from kvvmm.arena.records import _Alloc, _insert, _Map, _prefix, _runs
+from kvvmm.arena.state import _ArenaState, _locked
+from kvvmm.arena.transaction import Transaction
+from kvvmm.checks import int_arg
+from kvvmm.errors import AlignmentError, ArgumentError, DriverError
+
+
+class SharingMixin(_ArenaState):
+    """Peer access and cross-process handles of an :class:`~kvvmm.arena.arena.Arena`."""
+
+    @property
+    def peer_devices(self) -> tuple[int, ...]:
+        """Other devices given access by :meth:`grant_access` (empty: only the arena's)."""
+        return () if self._access is None else self._access[1:]
+
+    @_locked
+    def grant_access(self, devices: Iterable[int]) -> None:
+        """Let other devices (peers) read and write all the arena backs, now and later.
+
+        Every backed allocation gets access for the arena's device and ``devices`` (one
+        ``set_access(..., devices=...)`` per allocation), and every later commit maps with
+        the same access. Access is only ever widened.
+
+        Args:
+            devices: device ordinals (the arena's own may be among them).
+        Raises:
+            ArgumentError: ``devices`` not ints.
+            DriverError: the driver refused (CUDA_ERROR_INVALID_VALUE: not a device of the
+                process; CUDA_ERROR_INVALID_DEVICE: no peer path to this device). The arena's
+                record is unchanged;
+                allocations granted before the failing call stay accessible to the peers
+                (access cannot be narrowed here). With nothing backed yet, a bad device is
+                only seen at the next commit, which then fails and is undone.
+            ClosedError: after ``close()``.
+        """
+        self._check_open("grant_access")
+        extra = list(devices)
+        for i, dev in enumerate(extra):
+            int_arg(f"devices[{i}]", dev, lo=0, limit="a device ordinal (an int >= 0)")
+        new = tuple(dict.fromkeys((self.device, *self.peer_devices, *extra)))
+        if len(new) == 1:
+            return
+        d = self.driver
+        for a in self._allocs:  # one call per run of adjacent mappings (holes are not mapped)
+            for run in _runs(a.maps):
+                start, end = run[0].offset, run[-1].offset + run[-1].size
+                d.set_access(self.base + start, end - start, new)
+        self._access = new
+        self._note("grant_access", devices=list(new))
+
+    @_locked
+    def export_handles(self, offset: int) -> list[tuple[int, int]]:
+        """POSIX file descriptors for the handles backing the allocation at ``offset``.
+
+        Send them to another process (``multiprocessing.reduction.send_handle``), which backs
+        an allocation of its own arena with them in the same order: ``import_handle(fd,
+        size)`` and :meth:`adopt` for each. The caller owns the descriptors (close them once
+        sent). The driver must share handles (CudaDriver(exportable=True), HostDriver).
+
+        Returns:
+            ``[(fd, size_bytes), ...]`` in VA order, covering the backed prefix.
+        Raises:
+            DriverError: an export failed; descriptors already made are closed.
+        """
+        self._check_open("export_handles")
+        a = self._alloc_at(offset)
+        out: list[tuple[int, int]] = []
+        try:
+            for m in a.maps:
+                out.append((self.driver.export_handle(m.handle), m.size))
+        except DriverError:
+            for fd, _ in out:
+                os.close(fd)
+            raise
+        return out
+
+    @_locked
+    def adopt(self, offset: int, handle: int, nbytes: int) -> int:
+        """Back the next ``nbytes`` of the allocation at ``offset`` with ``handle``.
+
+        For a handle the caller made, typically ``driver.import_handle(fd, size)`` of memory
+        another process exported: it is mapped right after the allocation's backed prefix and
+        made accessible (to peers too, after :meth:`grant_access`). From then on the arena
+        owns it and releases it on decommit or close, like its own.
+
+        Args:
+            offset: an allocation's offset.
+            handle: a live handle of this arena's driver, of exactly ``nbytes``.
+            nbytes: the handle's size, a multiple of the granularity that fits the
+                allocation after its backed prefix.
+        Returns:
+            ``nbytes``.
+        Raises:
+            ArgumentError, OutOfRangeError, AlignmentError: bad arguments; nothing changed.
+            DriverError: the map or the access failed; undone, and the handle is still the
+                caller's.
+        """
+        self._check_open("adopt")
+        a = self._alloc_at(offset)
+        prefix = _prefix(a)
+        nxt = [m.offset - a.offset for m in a.maps if m.offset - a.offset > prefix]
+        room = (nxt[0] if nxt else a.size) - prefix
+        int_arg("nbytes", nbytes, lo=1, hi=room,
+             limit=f"in [1, {room}] (allocation {a.name!r} has {room} unbacked bytes after "
+                   f"its {prefix}-byte backed prefix)")
+        if nbytes % self.granularity:
+            raise AlignmentError("nbytes", nbytes,
+                                 f"a multiple of the granularity {self.granularity}")
+        self._map_callers_handle(a, prefix, handle, nbytes)
+        self._note("adopt", offset=a.offset, nbytes=nbytes)
+        return nbytes
+
+    def _map_callers_handle(self, a: _Alloc, start: int, handle: int, nbytes: int) -> None:
+        """Map a caller-made ``handle`` at ``start`` of ``a`` and grant access (adopt and
+        adopt_range): the map is undone if the access fails, and the handle stays the
+        caller's until both succeeded."""
+        d = self.driver
+        va = self.base + a.offset + start
+        d.map(va, nbytes, handle)
+        try:
+            self._set_access(va, nbytes)
+        except BaseException as e:
+            undo = Transaction()
+            undo.push(f"unmap(va={va:#x}, size={nbytes})", lambda: d.unmap(va, nbytes))
+            undo.unwind(e)
+            raise
+        _insert(a, _Map(a.offset + start, nbytes, handle, self._next_hid))
+        self._next_hid += 1
+
+    @_locked
+    def adopt_range(self, offset: int, start: int, handle: int, nbytes: int) -> int:
+        """Back ``[start, start + nbytes)`` of the allocation at ``offset`` with ``handle``.
+
+        :meth:`adopt` anywhere: for a handle the caller made ahead (a collective page commit
+        in :mod:`kvvmm.distributed` creates every handle before any rank maps one), mapped
+        at a granule-aligned range that no mapping overlaps, holes allowed around it, and made
+        accessible. From then on the arena owns it, as its own. Recorded as a
+        ``commit_range`` (a replay backs the same range with memory of its own).
+
+        Args:
+            offset: an allocation's offset.
+            start: bytes from the allocation's start, a multiple of the granularity.
+            handle: a live handle of this arena's driver, of exactly ``nbytes``.
+            nbytes: the handle's size, > 0, a multiple of the granularity;
+                ``start + nbytes <= size``.
+        Returns:
+            ``nbytes``.
+        Raises:
+            ArgumentError, OutOfRangeError, AlignmentError: bad arguments, or the range
+                overlaps a mapping; nothing changed.
+            DriverError: the map or the access failed; undone, and the handle is still the
+                caller's.
+        """
+        self._check_open("adopt_range")
+        a, lo, hi = self._check_range("adopt_range", offset, start, nbytes)
+        if hi == lo:
+            raise ArgumentError("nbytes", nbytes, "> 0 (the handle's size)")
+        self._wait_inflight([(a, lo, hi)])  # the look-ahead may be mapping it right now
+        self._check_open("adopt_range")
+        hit = [(m.offset - a.offset, m.offset - a.offset + m.size) for m in a.maps
+               if m.offset - a.offset < hi and lo < m.offset - a.offset + m.size]
+        if hit:  # mapping over a mapping would fail in the driver, or worse, on the host
+            raise ArgumentError("start", start,
+                                f"a range that no mapping overlaps: [{lo}, {hi}) of allocation "
+                                f"{a.name!r} overlaps its mapping(s) {hit[:4]}")
+        self._map_callers_handle(a, lo, handle, nbytes)
+        self._note("commit_range", offset=a.offset, start=lo, nbytes=nbytes)
+        return nbytes

@@ -1,0 +1,303 @@
+"""The state every part of an arena shares, and the transactions that back and unback it.
+
+``_ArenaState`` declares what :class:`~kvvmm.arena.arena.Arena` sets up in ``__init__`` (so
+the mixins that make up the arena type-check on their own) and holds the machinery that the
+prefix commits and decommits of :mod:`~kvvmm.arena.arena` and the ranges of
+:mod:`~kvvmm.arena.holes` both run through: argument checks, the gaps of a range, backing a
+gap with a handle (the handle pool's or a create), the in-flight wait for the pool's
+look-ahead, unmapping runs and releasing what they held. ``_locked`` runs a method under the
+arena's lock.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
+
+from kvvmm.arena.records import _Alloc, _insert, _Map, _overlaps, _runs
+from kvvmm.arena.transaction import Transaction
+from kvvmm.checks import int_arg
+from kvvmm.driver.base import Driver
+from kvvmm.errors import (
+    AlignmentError,
+    ArgumentError,
+    ClosedError,
+    DriverError,
+    DriverOutOfMemoryError,
+    OutOfRangeError,
+)
+from kvvmm.record.trace import Trace
+
+if TYPE_CHECKING:
+    from kvvmm.arena.pool import HandlePool
+
+# One logger for the whole arena, under the name it always had.
+log = logging.getLogger("kvvmm.arena.arena")
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+_S = TypeVar("_S", bound="_ArenaState")
+
+
+def _locked(fn: Callable[Concatenate[_S, _P], _R]) -> Callable[Concatenate[_S, _P], _R]:
+    """Run an arena method under the arena's lock.
+
+    Arenas are touched from more than one thread: torch calls the pool's allocator from the
+    allocating thread, and a tensor's last reference can go (and end a view) on any thread.
+    """
+
+    @functools.wraps(fn)
+    def wrapper(self: _S, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        with self._lock:
+            return fn(self, *args, **kwargs)
+
+    return wrapper
+
+
+class _ArenaState:
+    """What an arena holds (set by ``Arena.__init__``) and the steps its changes share.
+
+    Not an arena on its own: :class:`~kvvmm.arena.arena.Arena` builds on it, with the
+    mixins of :mod:`~kvvmm.arena.holes` and :mod:`~kvvmm.arena.sharing`.
+    """
+
+    _lock: threading.RLock
+    _cond: threading.Condition
+    _handle_pool: HandlePool | None
+    _inflight: dict[int, list[tuple[int, int]]]
+    inflight_waits: int
+    _gone: list[tuple[int, int]]
+    driver: Driver
+    name: str
+    device: int
+    granularity: int
+    reserved_bytes: int
+    base: int
+    cursor_bytes: int
+    _allocs: list[_Alloc]
+    _by_offset: dict[int, _Alloc]
+    _names: set[str]
+    _next_hid: int
+    _closed: bool
+    _released: bool
+    _views: int
+    _leftover: list[tuple[int, int]]
+    _pool: Any
+    _dropping_pool: bool
+    _access: tuple[int, ...] | None
+    _trace: Trace | None
+    _arena_id: int
+
+    # -- basics -------------------------------------------------------------------------
+
+    def _note(self, op: str, **args: Any) -> None:
+        if self._trace is not None:
+            self._trace.add_op(self._arena_id, op, **args)
+
+    def _check_open(self, what: str) -> None:
+        if self._closed:
+            raise ClosedError(f"arena {self.name!r}: {what} after close()")
+
+    def _alloc_at(self, offset: object) -> _Alloc:
+        if isinstance(offset, bool) or not isinstance(offset, int):
+            raise ArgumentError("offset", offset, "an int (bytes from the arena base)")
+        a = self._by_offset.get(offset)
+        if a is None:
+            starts = [x.offset for x in self._allocs]
+            cls = AlignmentError if offset % self.granularity else OutOfRangeError
+            raise cls("offset", offset, f"the start of an allocation, one of {starts[:8]}"
+                      + ("..." if len(starts) > 8 else ""))
+        return a
+
+    # -- backing ------------------------------------------------------------------------
+
+    def _check_range(self, what: str, offset: object, start: object,
+                     nbytes: object) -> tuple[_Alloc, int, int]:
+        """A granule-aligned ``[start, start + nbytes)`` inside the allocation at ``offset``."""
+        a = self._alloc_at(offset)
+        int_arg("start", start, lo=0, hi=a.size,
+                limit=f"in [0, {a.size}] (allocation {a.name!r} is {a.size} bytes)")
+        assert isinstance(start, int)
+        room = a.size - start
+        int_arg("nbytes", nbytes, lo=0, hi=room,
+                limit=f"in [0, {room}] (allocation {a.name!r} has {room} bytes from start "
+                      f"{start})")
+        assert isinstance(nbytes, int)
+        g = self.granularity
+        for name, v in (("start", start), ("nbytes", nbytes)):
+            if v % g:
+                raise AlignmentError(name, v, f"a multiple of the granularity {g} ({what} "
+                                              f"takes granule-aligned ranges)")
+        return a, start, start + nbytes
+
+    def _gaps(self, a: _Alloc, lo: int, hi: int) -> list[tuple[int, int]]:
+        """Unbacked ``[s, e)`` (allocation-relative) inside ``[lo, hi)``, in order."""
+        out: list[tuple[int, int]] = []
+        pos = lo
+        for m in a.maps:
+            ms, me = m.offset - a.offset, m.offset - a.offset + m.size
+            if me <= pos:
+                continue
+            if ms >= hi:
+                break
+            if ms > pos:
+                out.append((pos, ms))
+            pos = max(pos, me)
+            if pos >= hi:
+                break
+        if pos < hi:
+            out.append((pos, hi))
+        return out
+
+    def _new_handle(self, size: int) -> int:
+        """A handle of ``size``: the pool's if it holds one, else a create.
+
+        Memory pressure: an out-of-memory create draws the pool down first (its idle
+        handles are memory nobody maps) and is tried once more.
+        """
+        pool = self._handle_pool
+        if pool is not None:
+            h = pool.take(size)
+            if h is not None:
+                return h
+        try:
+            return self.driver.create(size)
+        except DriverOutOfMemoryError:
+            if pool is None or not pool.trim(size):
+                raise
+            return self.driver.create(size)
+
+    def _back_gap(self, a: _Alloc, s: int, e: int, undo: Transaction) -> int:
+        """Back ``[s, e)`` of ``a`` (unbacked, aligned) with one new handle; push undo steps."""
+        d = self.driver
+        size = e - s
+        va = self.base + a.offset + s
+        h = self._new_handle(size)
+        undo.push(f"release(handle={h})", self._drop_handle, h, size)
+        d.map(va, size, h)
+        undo.push(f"unmap(va={va:#x}, size={size})", d.unmap, va, size)
+        self._set_access(va, size)
+        m = _Map(a.offset + s, size, h, 0)
+        _insert(a, m)
+
+        def forget() -> None:
+            a.maps.remove(m)
+            a.backed -= size
+
+        undo.push("forget", forget)
+        return size
+
+    def _drop_handle(self, h: int, size: int) -> None:
+        """An unmapped handle goes back to the pool (up to its cap) or to the driver."""
+        pool = self._handle_pool
+        if pool is None or not pool.give(h, size):
+            self.driver.release(h)
+
+    def _wait_inflight(self, ranges: Sequence[tuple[_Alloc, int, int]]) -> None:
+        """Wait (the lock released) while the pool's thread backs part of ``ranges``.
+
+        Its driver calls run outside the arena's lock, so the range is booked "in flight"
+        until it publishes; backing it here too would map over it.
+        """
+        while self._inflight and any(
+            _overlaps(self._inflight.get(a.offset, ()), lo, hi) for a, lo, hi in ranges
+        ):
+            self._cond.wait(timeout=1.0)
+            self.inflight_waits += 1
+
+    def _commit_ranges(self, plan: Sequence[tuple[_Alloc, int, int]], op: str) -> int:
+        self._wait_inflight(plan)
+        undo = Transaction()
+        added = 0
+        try:
+            for a, lo, hi in plan:
+                for s, e in self._gaps(a, lo, hi):
+                    added += self._back_gap(a, s, e, undo)
+        except BaseException as e:  # a driver's OSError or a Ctrl-C must not leak handles
+            undo.unwind(e)
+            raise
+        for a, _, _ in plan:  # ids only for handles that stayed: the same on replay
+            for m in a.maps:
+                if m.hid == 0:
+                    m.hid = self._next_hid
+                    self._next_hid += 1
+        if self._trace is not None:
+            for a, lo, hi in plan:
+                if op == "commit":
+                    self._note("commit", offset=a.offset, nbytes=hi)
+                else:
+                    self._note(op, offset=a.offset, start=lo, nbytes=hi - lo)
+        return added
+
+    # -- giving back --------------------------------------------------------------------
+
+    def _give_back(self, plan: Sequence[tuple[_Alloc, list[_Map]]]) -> dict[int, int]:
+        """Unmap ``plan``'s mappings (sorted per allocation) in runs; forget them.
+
+        One unmap per run of adjacent mappings (CUDA unmaps several whole mappings in one
+        call). A failed unmap maps every run unmapped before it back (same handles, same
+        bytes). The handles wait in ``_gone`` for :meth:`_release_gone`.
+        """
+        d = self.driver
+        undo = Transaction()
+        try:
+            for _a, ms in plan:
+                for run in _runs(ms):
+                    start, end = run[0].offset, run[-1].offset + run[-1].size
+                    d.unmap(self.base + start, end - start)
+                    for m in run:
+                        undo.push(f"map back handle {m.hid} at offset {m.offset}",
+                                  self._map_back, m)
+        except BaseException as e:  # a Ctrl-C between unmaps must not lose the bytes either
+            undo.unwind(e)
+            raise
+        undo.commit()
+        given: dict[int, int] = {}
+        for a, ms in plan:
+            gone = {id(m) for m in ms}
+            a.maps = [m for m in a.maps if id(m) not in gone]
+            size = sum(m.size for m in ms)
+            a.backed -= size
+            given[a.offset] = given.get(a.offset, 0) + size
+            self._gone += [(m.handle, m.size) for m in ms]
+        return given
+
+    def _release_gone(self) -> None:
+        """Past the point of no return: the VA no longer reaches these handles."""
+        gone, self._gone = self._gone, []
+        pool = self._handle_pool
+        if pool is not None:  # retained for the next commit: two map calls, not create+release
+            gone = [(h, s) for h, s in gone if not pool.give(h, s)]
+        self._leftover += gone
+        if gone:
+            self._release_leftover("decommit or close again to retry")
+
+    def _map_back(self, m: _Map) -> None:
+        """Map a handle back where it was (undo of an unmap: the handle kept its bytes)."""
+        self.driver.map(self.base + m.offset, m.size, m.handle)
+        self._set_access(self.base + m.offset, m.size)
+
+    @property
+    def unreleased_bytes(self) -> int:
+        """Memory of handles a failed release left with the arena (0 normally)."""
+        return sum(size for _, size in self._leftover)
+
+    def _set_access(self, va: int, size: int) -> None:
+        if self._access is None:
+            self.driver.set_access(va, size)
+        else:
+            self.driver.set_access(va, size, self._access)
+
+    def _release_leftover(self, retry: str = "call close() again to release them") -> None:
+        while self._leftover:
+            h, _ = self._leftover[0]
+            try:
+                self.driver.release(h)
+            except DriverError as e:
+                e.add_note(f"arena {self.name!r} still holds {len(self._leftover)} handles "
+                           f"({self.unreleased_bytes} bytes) it could not release; {retry}")
+                raise
+            self._leftover.pop(0)
