@@ -75,10 +75,12 @@ __all__ = [
     "Driver",
     "DriverStats",
     "MemoryKind",
+    "Pins",
     "VmmBook",
     "check_call_ints",
     "driver_error",
     "locked",
+    "pass_pin",
     "refuse_close",
 ]
 
@@ -165,6 +167,54 @@ def locked(fn: _F) -> _F:
         with self._lock:
             return fn(self, *args, **kw)
     return call  # type: ignore[return-value]
+
+
+class Pins:
+    """Pins per reservation start: how many views (tensors) can still reach its memory.
+
+    The host and CUDA drivers refuse ``free`` of a pinned reservation and ``close()`` while
+    any is pinned (:class:`BusyError`): unmapping VA under a live tensor would crash the
+    process or alias its bytes. Not locked: the driver calls it under its own lock.
+    """
+
+    __slots__ = ("_n",)
+
+    def __init__(self) -> None:
+        self._n: dict[int, int] = {}
+
+    def add(self, va: int) -> None:
+        """One more view reaches the reservation at ``va``."""
+        self._n[va] = self._n.get(va, 0) + 1
+
+    def drop(self, va: int) -> None:
+        """One view fewer (a no-op if it has none)."""
+        n = self._n.get(va, 0)
+        if n <= 1:
+            self._n.pop(va, None)
+        else:
+            self._n[va] = n - 1
+
+    def forget(self, va: int) -> None:
+        """The reservation at ``va`` was freed."""
+        self._n.pop(va, None)
+
+    def pinned(self) -> int:
+        """How many reservations are pinned."""
+        return sum(1 for n in self._n.values() if n)
+
+    def check_free(self, va: int, size: int) -> None:
+        """Raise :class:`BusyError` if the reservation at ``va`` is pinned."""
+        if self._n.get(va):
+            raise BusyError(f"free({va:#x}, {size}) refused: the reservation is pinned (a "
+                            "tensor can still reach it); nothing was freed")
+
+
+def pass_pin(inner: object, call: str, va: int) -> None:
+    """A wrapper's ``pin``/``unpin`` (``call``): passed on to the wrapped driver if it has
+    pins (host, CUDA), ignored if not (sim: nothing it gives out can crash a reader)."""
+    fn = getattr(inner, call, None)
+    if fn is not None:
+        fn(va)
 
 
 def refuse_close(kind: str, stats: DriverStats, pinned: int) -> None:

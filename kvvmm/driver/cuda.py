@@ -109,12 +109,13 @@ from kvvmm.driver.base import (
     CUDA_ERROR_NOT_SUPPORTED,
     DriverStats,
     MemoryKind,
+    Pins,
     check_call_ints,
     driver_error,
     locked,
     refuse_close,
 )
-from kvvmm.errors import ArgumentError, BusyError, DriverError, DriverUnavailableError
+from kvvmm.errors import ArgumentError, DriverError, DriverUnavailableError
 
 try:  # Imported here (not lazily) because this module is itself imported lazily.
     from cuda.bindings import driver as _drv
@@ -287,7 +288,7 @@ class CudaDriver:
         self._closed = False
         self._ok = ok
         self._lock = threading.RLock()
-        self._pins: dict[int, int] = {}  # reservation start -> pins (views that reach it)
+        self._pins = Pins()  # reservation start -> pins (views that reach it)
 
         prop = drv.CUmemAllocationProp()
         prop.type = drv.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
@@ -474,15 +475,13 @@ class CudaDriver:
         inside = sum(1 for s, m in self._maps.items() if s < end and s + m.size > va)
         if inside:
             raise self._refuse("free", args, f"{inside} mappings are still in it")
-        if self._pins.get(va):
-            raise BusyError(f"free({va:#x}, {size}) refused: the reservation is pinned (a "
-                            "tensor can still reach it); nothing was freed")
+        self._pins.check_free(va, size)
         (err,) = _drv.cuMemAddressFree(va, size)
         if err != self._ok:
             raise self._cuda_error("free", args, "cuMemAddressFree", err)
         del self._res[va]
         self._res_starts.remove(va)
-        self._pins.pop(va, None)
+        self._pins.forget(va)
 
     @locked
     def create(self, size: int) -> int:
@@ -855,20 +854,16 @@ class CudaDriver:
         (va,) = check_call_ints("pin", va=va).values()
         if va not in self._res:
             raise self._refuse("pin", {"va": va}, f"{va:#x} is not the start of a reservation")
-        self._pins[va] = self._pins.get(va, 0) + 1
+        self._pins.add(va)
 
     @locked
     def unpin(self, va: int) -> None:
         """Drop one pin of the reservation at ``va`` (a no-op if it has none)."""
         (va,) = check_call_ints("unpin", va=va).values()
-        n = self._pins.get(va, 0)
-        if n <= 1:
-            self._pins.pop(va, None)
-        else:
-            self._pins[va] = n - 1
+        self._pins.drop(va)
 
     def _close(self) -> None:
-        refuse_close("cuda", self.stats(), sum(1 for n in self._pins.values() if n))
+        refuse_close("cuda", self.stats(), self._pins.pinned())
         for va, h in sorted(self._maps.items(), key=lambda item: item[0]):
             self.unmap(va, h.size)
         for handle in list(self._handles):

@@ -18,6 +18,7 @@ from kvvmm.driver.base import (
     DriverStats,
     MemoryKind,
     driver_error,
+    pass_pin,
 )
 from kvvmm.errors import ArgumentError
 
@@ -160,12 +161,8 @@ class FaultyDriver:
 
     def pin(self, va: int) -> None:
         """Pass a view's pin on to the wrapped driver (drivers without pins ignore it)."""
-        pin = getattr(self.inner, "pin", None)
-        if pin is not None:
-            pin(va)
+        pass_pin(self.inner, "pin", va)
 
     def unpin(self, va: int) -> None:
         """Drop a pin on the wrapped driver (see :meth:`pin`)."""
-        unpin = getattr(self.inner, "unpin", None)
-        if unpin is not None:
-            unpin(va)
+        pass_pin(self.inner, "unpin", va)

@@ -52,13 +52,14 @@ from kvvmm.driver.base import (
     CUDA_ERROR_OUT_OF_MEMORY,
     DriverStats,
     MemoryKind,
+    Pins,
     VmmBook,
     check_call_ints,
     driver_error,
     locked,
     refuse_close,
 )
-from kvvmm.errors import ArgumentError, BusyError, DriverUnavailableError
+from kvvmm.errors import ArgumentError, DriverUnavailableError
 from kvvmm.units import MiB
 
 __all__ = ["HostDriver"]
@@ -140,7 +141,7 @@ class HostDriver:
         self._book = VmmBook(granularity, cap)
         self._fds: dict[int, int] = {}  # handle -> memfd (handle ids are our own counter)
         self._next_handle = 1
-        self._pins: dict[int, int] = {}  # reservation start -> pins (views that reach it)
+        self._pins = Pins()  # reservation start -> pins (views that reach it)
         # Reentrant: close() makes the driver's own calls under it.
         self._lock = threading.RLock()
 
@@ -189,13 +190,11 @@ class HostDriver:
     def free(self, va: int, size: int) -> None:
         va, size = check_call_ints("free", va=va, size=size).values()
         self._book.check_free(va, size)
-        if self._pins.get(va):
-            raise BusyError(f"free({va:#x}, {size}) refused: the reservation is pinned (a "
-                            "tensor can still reach it); nothing was freed")
+        self._pins.check_free(va, size)
         if self._libc.munmap(va, size) != 0:
             raise self._os_error("free", {"va": va, "size": size}, "munmap")
         self._book.apply_free(va)
-        self._pins.pop(va, None)
+        self._pins.forget(va)
 
     @locked
     def create(self, size: int) -> int:
@@ -358,17 +357,13 @@ class HostDriver:
         if va not in self._book.res:
             raise driver_error("pin", {"va": va}, CUDA_ERROR_INVALID_VALUE,
                                f"{va:#x} is not the start of a reservation")
-        self._pins[va] = self._pins.get(va, 0) + 1
+        self._pins.add(va)
 
     @locked
     def unpin(self, va: int) -> None:
         """Drop one pin of the reservation at ``va`` (a no-op if it has none)."""
         (va,) = check_call_ints("unpin", va=va).values()
-        n = self._pins.get(va, 0)
-        if n <= 1:
-            self._pins.pop(va, None)
-        else:
-            self._pins[va] = n - 1
+        self._pins.drop(va)
 
     @locked
     def close(self) -> None:
@@ -379,7 +374,7 @@ class HostDriver:
                 given back.
         """
         book = self._book
-        refuse_close("host", book.stats(), sum(1 for n in self._pins.values() if n))
+        refuse_close("host", book.stats(), self._pins.pinned())
         for va in list(book.map_starts):
             self.unmap(va, book.maps[va][0])
         for h in list(self._fds):

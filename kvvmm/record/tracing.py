@@ -11,7 +11,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from kvvmm.driver.base import Driver, DriverStats, MemoryKind
+from kvvmm.driver.base import Driver, DriverStats, MemoryKind, pass_pin
 from kvvmm.errors import DriverError
 from kvvmm.record.trace import Trace
 
@@ -105,14 +105,10 @@ class TracingDriver:
 
     def pin(self, va: int) -> None:
         """Pass a view's pin on to the wrapped driver (drivers without pins ignore it)."""
-        pin = getattr(self.inner, "pin", None)
-        if pin is not None:
-            pin(va)
+        pass_pin(self.inner, "pin", va)
 
     def unpin(self, va: int) -> None:
         """Drop a pin on the wrapped driver (see :meth:`pin`)."""
-        unpin = getattr(self.inner, "unpin", None)
-        if unpin is not None:
-            unpin(va)
+        pass_pin(self.inner, "unpin", va)
 
 
