@@ -597,3 +597,41 @@ def test_closing_one_arena_leaves_another_on_the_same_driver_untouched(driver: D
     assert (s.reservations, s.physical_bytes, s.mappings) == (1, 3 * G, 1)
     two.close()
     assert driver.stats().clean
+
+
+def test_prefix_and_gaps_agree_with_the_mappings_under_random_commits_holes_and_decommits(
+) -> None:
+    """The backed prefix is read in O(1) when there is no hole and a commit starts past it:
+    both must say what the mappings say, whatever mix of prefix growth, holes and
+    decommits came before (a commit must back exactly the unbacked granules it covers)."""
+    import itertools
+    import random
+
+    from kvvmm.driver.sim import SimDriver
+
+    rng = random.Random(7)
+    g = 2 << 20
+    a = Arena(SimDriver("h200"), reserve_bytes=64 * g, name="prefix")
+    off = a.allocate(64 * g)
+    for _ in range(400):
+        op = rng.random()
+        if op < 0.4:
+            a.commit(off, rng.randrange(0, 65) * g)
+        elif op < 0.7:
+            s = rng.randrange(0, 64)
+            a.commit_range(off, s * g, rng.randrange(1, 65 - s) * g)
+        elif op < 0.85:
+            s = rng.randrange(0, 64)
+            a.decommit_range(off, s * g, rng.randrange(1, 65 - s) * g)
+        else:
+            a.decommit(off, rng.randrange(0, 65) * g)
+        maps = a.mappings_of(off)
+        prefix = 0
+        for s, e in maps:
+            if s != prefix:
+                break
+            prefix = e
+        assert a.prefix_of(off) == prefix
+        assert a.backed_of(off) == sum(e - s for s, e in maps)
+        assert all(e1 <= s2 for (_, e1), (s2, _) in itertools.pairwise(maps))
+    a.close()

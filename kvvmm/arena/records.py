@@ -123,9 +123,13 @@ class RangeResult:
         return text
 
 
+def _map_offset(m: _Map) -> int:
+    return m.offset
+
+
 def _insert(a: _Alloc, m: _Map) -> None:
-    """Put ``m`` among ``a``'s mappings, kept sorted by offset."""
-    i = bisect.bisect_left([x.offset for x in a.maps], m.offset)
+    """Put ``m`` among ``a``'s mappings, kept sorted by offset (a bisect: no list built)."""
+    i = bisect.bisect_left(a.maps, m.offset, key=_map_offset)
     a.maps.insert(i, m)
     a.backed += m.size
 
@@ -146,7 +150,17 @@ def _runs(ms: Sequence[_Map]) -> list[list[_Map]]:
 
 
 def _prefix(a: _Alloc) -> int:
-    """Bytes backed contiguously from ``a``'s start."""
+    """Bytes backed contiguously from ``a``'s start.
+
+    O(1) when the mappings have no hole between them (decode growth): sorted and disjoint,
+    they are contiguous from the start exactly when the last one ends ``backed`` bytes in.
+    """
+    maps = a.maps
+    if not maps:
+        return 0
+    last = maps[-1]
+    if last.offset + last.size - a.offset == a.backed and maps[0].offset == a.offset:
+        return a.backed
     end = a.offset
     for m in a.maps:
         if m.offset != end:

@@ -11,13 +11,14 @@ arena's lock.
 
 from __future__ import annotations
 
+import bisect
 import functools
 import logging
 import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
-from kvvmm.arena.records import _Alloc, _insert, _Map, _overlaps, _runs
+from kvvmm.arena.records import _Alloc, _insert, _Map, _map_offset, _overlaps, _prefix, _runs
 from kvvmm.arena.transaction import Transaction
 from kvvmm.checks import int_arg
 from kvvmm.driver.base import Driver
@@ -134,10 +135,19 @@ class _ArenaState:
         return a, start, start + nbytes
 
     def _gaps(self, a: _Alloc, lo: int, hi: int) -> list[tuple[int, int]]:
-        """Unbacked ``[s, e)`` (allocation-relative) inside ``[lo, hi)``, in order."""
+        """Unbacked ``[s, e)`` (allocation-relative) inside ``[lo, hi)``, in order.
+
+        Starts at the mapping that may hold ``lo`` (a bisect), so a commit at the end of a
+        buffer with thousands of mappings (Exact's decode growth) costs the same as the first.
+        """
         out: list[tuple[int, int]] = []
         pos = lo
-        for m in a.maps:
+        maps = a.maps
+        if maps:  # the backed prefix holds no gap: start past it (O(1) when it has no hole)
+            pos = max(lo, min(_prefix(a), hi))
+        i = max(0, bisect.bisect_right(maps, a.offset + pos, key=_map_offset) - 1)
+        for j in range(i, len(maps)):
+            m = maps[j]
             ms, me = m.offset - a.offset, m.offset - a.offset + m.size
             if me <= pos:
                 continue
@@ -170,8 +180,10 @@ class _ArenaState:
                 raise
             return self.driver.create(size)
 
-    def _back_gap(self, a: _Alloc, s: int, e: int, undo: Transaction) -> int:
-        """Back ``[s, e)`` of ``a`` (unbacked, aligned) with one new handle; push undo steps."""
+    def _back_gap(self, a: _Alloc, s: int, e: int, undo: Transaction,
+                  new: list[_Map] | None = None) -> int:
+        """Back ``[s, e)`` of ``a`` (unbacked, aligned) with one new handle; push undo steps
+        (``new`` collects the mapping made)."""
         d = self.driver
         size = e - s
         va = self.base + a.offset + s
@@ -182,6 +194,8 @@ class _ArenaState:
         self._set_access(va, size)
         m = _Map(a.offset + s, size, h, 0)
         _insert(a, m)
+        if new is not None:
+            new.append(m)
 
         def forget() -> None:
             a.maps.remove(m)
@@ -212,18 +226,23 @@ class _ArenaState:
         self._wait_inflight(plan)
         undo = Transaction()
         added = 0
+        first: dict[int, int] = {}  # id(allocation) -> its first place in the plan
+        new: list[tuple[int, _Map]] = []
         try:
             for a, lo, hi in plan:
+                place = first.setdefault(id(a), len(first))
+                made: list[_Map] = []
                 for s, e in self._gaps(a, lo, hi):
-                    added += self._back_gap(a, s, e, undo)
+                    added += self._back_gap(a, s, e, undo, made)
+                new += [(place, m) for m in made]
         except BaseException as e:  # a driver's OSError or a Ctrl-C must not leak handles
             undo.unwind(e)
             raise
-        for a, _, _ in plan:  # ids only for handles that stayed: the same on replay
-            for m in a.maps:
-                if m.hid == 0:
-                    m.hid = self._next_hid
-                    self._next_hid += 1
+        # Ids only for handles that stayed, per allocation in plan order and by offset (as a
+        # scan of every mapping would give them, without the scan): the same on replay.
+        for _, m in sorted(new, key=lambda pm: (pm[0], pm[1].offset)):
+            m.hid = self._next_hid
+            self._next_hid += 1
         if self._trace is not None:
             for a, lo, hi in plan:
                 if op == "commit":
