@@ -6,17 +6,19 @@ missed the library's own work (docs/MEASUREMENTS.md §10). This command measures
 hand, through :class:`~kvvmm.driver.cuda.CudaDriver` (what the sim stands in for):
 
 - ``per_call``: µs per create, map, set_access, unmap (with its synchronize) and release by
-  handle size, every size interleaved with every other in a fresh seeded order each rep (what
-  a call costs depends on the call before it: docs/MEASUREMENTS.md §2);
+  handle size, all sizes in one reservation (as an owner's calls are), every size
+  interleaved with every other in a fresh seeded order each rep (what a call costs depends
+  on the call before it: docs/MEASUREMENTS.md §2);
 - ``reserve_free``: reserve and free by reservation size;
 - ``access_multi``: one set_access over a range of several mappings against one call per
-  mapping: µs per mapping covered (§9);
-- ``library``: kvvmm's own work per operation, through a driver wrapper that times every call:
-  ``Arena.commit`` minus its driver calls, ``Arena.tensor`` (one view),
-  ``KvBufferOwner.ensure_prefix`` per step with nothing to back and with one extension per
-  buffer, owner construction and close per buffer;
+  mapping, and one unmap over them: µs per mapping covered (§9);
+- ``library``: kvvmm's own work per arena and owner operation (what the arena and the owner
+  tell the simulator: ``library_work_us``), through a driver wrapper that times every call:
+  each operation's wall time minus its driver calls, the arena's fitted by handles or
+  mappings, the owner's per buffer beyond the arena operations it makes;
 - ``growth``: decode growth of 64 buffers x 122 steps per policy, settled rounds (as ``kvvmm
-  bench`` times it), and the close of each grown owner: what the per-call overhead is fitted to;
+  bench`` times it), and the close of each grown owner: kept as measured, and the residual
+  per call that the older per-call model fitted to it (a check; the sim charges per operation);
 - ``bandwidth``: copy bandwidth of a 1 GiB bf16 tensor by handle size and interleaving;
 - ``post_release``: creates right after a large release against settled creates, repeated:
   modelled only when the slowdown is there in every repeat and the repeats agree.
@@ -251,10 +253,24 @@ def _us(xs: Sequence[float]) -> float:
 
 
 def per_call(ctx: Ctx) -> dict[str, Any]:
-    """µs per call by handle size; sizes interleaved rep by rep in a seeded random order."""
+    """µs per call by handle size, in ONE reservation (as an owner's calls are), each size at
+    its own place in it; per rep, every size is created, mapped and given access, then every
+    size unmapped, then every size released, each phase in a fresh seeded random order.
+
+    One reservation: CudaDriver keeps the last reservation's range for its map check, so
+    maps spread over several reservations (as before) timed a miss an owner never pays
+    (9.3 µs against 1.8 µs). Phases: an owner's decommit and close unmap a run, then
+    release, so a release is timed after other unmaps, not right after its own.
+    """
     d = ctx.td.inner
     p = ctx.plan
-    vas = {s: d.reserve(s * MiB) for s in p.call_sizes_mib}
+    place: dict[int, int] = {}
+    total = 0
+    for s in p.call_sizes_mib:
+        place[s] = total
+        total += s * MiB
+    base = d.reserve(total)
+    vas = {s: base + off for s, off in place.items()}
     left = dict(zip(p.call_sizes_mib, p.call_reps, strict=True))
     t: dict[int, dict[str, list[float]]] = {
         s: {op: [] for op in ("create", "map", "set_access", "unmap", "release")}
@@ -271,6 +287,7 @@ def per_call(ctx: Ctx) -> dict[str, Any]:
                 d.release(h)
         while any(left.values()):
             order = [s for s, n in left.items() if n > 0]
+            handles: dict[int, int] = {}
             rng.shuffle(order)
             for s in order:
                 left[s] -= 1
@@ -282,16 +299,22 @@ def per_call(ctx: Ctx) -> dict[str, Any]:
                 t2 = pc()
                 d.set_access(va, size)
                 t3 = pc()
-                d.unmap(va, size)  # synchronizes first, as CudaDriver always does
-                t4 = pc()
-                d.release(h)
-                t5 = pc()
-                for op, v in (("create", t1 - t0), ("map", t2 - t1), ("set_access", t3 - t2),
-                              ("unmap", t4 - t3), ("release", t5 - t4)):
-                    row[op].append(v)
+                handles[s] = h
+                row["create"].append(t1 - t0)
+                row["map"].append(t2 - t1)
+                row["set_access"].append(t3 - t2)
+            rng.shuffle(order)
+            for s in order:
+                t0 = pc()
+                d.unmap(vas[s], s * MiB)  # synchronizes first, as CudaDriver always does
+                t[s]["unmap"].append(pc() - t0)
+            rng.shuffle(order)
+            for s in order:
+                t0 = pc()
+                d.release(handles.pop(s))
+                t[s]["release"].append(pc() - t0)
     finally:
-        for s, va in vas.items():
-            d.free(va, s * MiB)
+        d.free(base, total)
     return {f"{s}MiB": {op: _us(v) for op, v in row.items()} | {"reps": len(row["create"])}
             for s, row in t.items()}
 
@@ -333,6 +356,7 @@ def access_multi(ctx: Ctx) -> dict[str, Any]:
         hs = [d.create(size) for _ in range(k)]
         one: list[float] = []
         many: list[float] = []
+        unmaps: list[float] = []
         try:
             for rep in range(ctx.plan.access_reps * 2):
                 for i, h in enumerate(hs):
@@ -345,7 +369,9 @@ def access_multi(ctx: Ctx) -> dict[str, Any]:
                         d.set_access(va + i * size, size)
                 dt = time.perf_counter() - t0
                 (one if rep % 2 == 0 else many).append(dt)
-                d.unmap(va, size * k)
+                t0 = time.perf_counter()
+                d.unmap(va, size * k)  # one call over the k mappings (synchronizes once)
+                unmaps.append(time.perf_counter() - t0)
         finally:
             for h in hs:
                 d.release(h)
@@ -355,7 +381,10 @@ def access_multi(ctx: Ctx) -> dict[str, Any]:
                                 "one_call_us": round(o * 1e6, 2),
                                 "one_call_per_mapping_us": round(o * 1e6 / k, 3),
                                 "call_per_mapping_us": round(m * 1e6, 2),
-                                "ratio_one_over_calls": round(o / m, 4)}
+                                "ratio_one_over_calls": round(o / m, 4),
+                                "unmap_one_call_us": round(statistics.median(unmaps) * 1e6, 2),
+                                "unmap_per_mapping_us": round(
+                                    statistics.median(unmaps) * 1e6 / k, 3)}
     return out
 
 
@@ -378,91 +407,182 @@ def _steps(plan: Plan) -> range:
     return range(plan.step_tokens, plan.grow_to_tokens + 1, plan.step_tokens)
 
 
+def _line(points: Sequence[tuple[int, float]]) -> tuple[float, float]:
+    """Least-squares ``us = fixed + per_unit * units`` over ``(units, us)``; both >= 0."""
+    xs = [float(u) for u, _ in points]
+    ys = [float(v) for _, v in points]
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    var = sum((x - mx) ** 2 for x in xs)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / var if var else 0.0
+    slope = max(0.0, slope)
+    return max(0.0, my - slope * mx), slope
+
+
+#: The operations the arena and the owner tell the simulator, and their unit.
+WORK_UNITS = {
+    "arena.open": "none", "arena.commit": "handle made", "arena.decommit": "mapping given back",
+    "arena.tensor": "view", "arena.close": "mapping given back",
+    "owner.open": "buffer", "owner.ensure_prefix": "buffer", "owner.grow": "buffer",
+    "owner.resize": "buffer", "owner.pages": "buffer", "owner.close": "buffer",
+}
+
+
 def library(ctx: Ctx) -> dict[str, Any]:
-    """kvvmm's own work per operation: wall time minus the driver calls it made."""
+    """kvvmm's own work per arena and owner operation: wall time minus its driver calls.
+
+    Each operation as the simulator is told it (:data:`WORK_UNITS`): the arena's by
+    handles or mappings, the owner's per buffer *beyond* the arena operations it makes
+    (those are the arena's to charge), fitted as ``fixed + per_unit * units``.
+    """
     from kvvmm.arena import Arena
 
     td, plan = ctx.td, ctx.plan
     wrap_s = wrapper_cost_s(td)
+    g = td.granularity()
+    pc = time.perf_counter
 
-    def own(wall: float, calls: Sequence[tuple[str, int, float]]) -> float:
-        return wall - sum(c[2] for c in calls) - wrap_s * len(calls)
+    def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
+        """µs of ``fn``'s own work (its wall minus its driver calls), and its result."""
+        with td.record() as calls:
+            t0 = pc()
+            r = fn()
+            wall = pc() - t0
+        return (wall - sum(c[2] for c in calls) - wrap_s * len(calls)) * 1e6, r
 
-    # Arena.commit by one granule at a time: the arena's part of every extension.
-    arena = Arena(td, reserve_bytes=(plan.commit_reps + 1) * 2 * MiB, name="calibrate")
-    off = arena.allocate(arena.reserved_bytes)
-    commit = []
+    reps = max(4, plan.commit_reps // 8)
+    ks = (1, 8, 32)
+    # Arena commit and decommit of k allocations, one granule each (given back each rep,
+    # so memory stays at 32 granules).
+    arena = Arena(td, reserve_bytes=max(ks) * g, name="calibrate")
+    offs = [arena.allocate(g) for _ in range(max(ks))]
+    commit: dict[int, list[float]] = {k: [] for k in ks}
+    decommit: dict[int, list[float]] = {k: [] for k in ks}
     try:
-        for i in range(1, plan.commit_reps + 1):
-            with td.record() as calls:
-                t0 = time.perf_counter()
-                arena.commit(off, i * 2 * MiB)
-                wall = time.perf_counter() - t0
-            commit.append(own(wall, calls))
+        for _ in range(reps):
+            for k in ks:
+                us, _ = timed(lambda k=k: arena.commit_many([(o, g) for o in offs[:k]]))
+                commit[k].append(us)
+                us, _ = timed(lambda k=k: arena.decommit_many([(o, 0) for o in offs[:k]]))
+                decommit[k].append(us)
     finally:
         arena.close()
+    # Open, and close with m mappings (one allocation, m one-granule handles).
+    opens: list[float] = []
+    close: dict[int, list[float]] = {m: [] for m in (1, 8, 32)}
+    for _ in range(max(3, reps // 4)):
+        for m in close:
+            us, a = timed(lambda m=m: Arena(td, reserve_bytes=m * g, name="calibrate-close"))
+            opens.append(us)
+            off = a.allocate(m * g)
+            for i in range(1, m + 1):
+                a.commit(off, i * g)
+            us, _ = timed(a.close)
+            close[m].append(us)
     # Arena.tensor: one view and its pin, what owner construction makes once per buffer.
     arena = Arena(td, reserve_bytes=4 * MiB, name="calibrate-views")
     off = arena.allocate(4 * MiB)
     arena.commit(off, 2 * MiB)  # CUDA's array interface refuses VA not mapped yet
-    views, view_us = [], []
+    views: list[Any] = []
+    view_us: list[float] = []
     try:
         for _ in range(plan.commit_reps):
-            with td.record() as calls:
-                t0 = time.perf_counter()
-                views.append(arena.tensor(off, (1024,), "bfloat16"))
-                wall = time.perf_counter() - t0
-            view_us.append(own(wall, calls))
+            us, v = timed(lambda: arena.tensor(off, (1024,), "bfloat16"))
+            views.append(v)
+            view_us.append(us)
         views.clear()
     finally:
         views.clear()
         arena.close()
-    # Owner construction and close, per buffer.
-    ctor, close = [], []
+    work: dict[str, tuple[float, float]] = {
+        "arena.commit": _line([(k, statistics.median(v)) for k, v in commit.items()]),
+        "arena.decommit": _line([(k, statistics.median(v)) for k, v in decommit.items()]),
+        "arena.close": _line([(m, statistics.median(v)) for m, v in close.items()]),
+        "arena.open": (statistics.median(opens), 0.0),
+        "arena.tensor": (statistics.median(view_us), 0.0),
+    }
+
+    def arena_us(op: str, units: int) -> float:
+        f, u = work[op]
+        return f + u * units
+
+    # The owner, per buffer, beyond its arena's operations.
     buffers = 2 * plan.layers
+    o_open, o_close = [], []
     _owner(td, plan).close()  # warm-up: the first owner pays for imports and first calls
     for _ in range(plan.owner_reps):
-        with td.record() as calls:
-            t0 = time.perf_counter()
-            owner = _owner(td, plan)
-            wall = time.perf_counter() - t0
-        ctor.append(own(wall, calls) / buffers)
-        with td.record() as calls:
-            t0 = time.perf_counter()
-            owner.close()
-            wall = time.perf_counter() - t0
-        close.append(own(wall, calls) / buffers)
-    # ensure_prefix per step: nothing to back, and one extension per buffer.
-    steps: dict[str, Any] = {}
+        us, owner = timed(lambda: _owner(td, plan))
+        # open: arena open, a view per buffer, slot 0 (grow + one commit of every buffer)
+        o_open.append(us - arena_us("arena.open", 0) - buffers * arena_us("arena.tensor", 1)
+                      - arena_us("arena.commit", buffers))
+        us, _ = timed(owner.close)
+        o_close.append(us - arena_us("arena.close", buffers))
+    # ensure_prefix: steps with nothing to back, and steps that extend every buffer.
+    noop: list[float] = []
+    grow: list[float] = []
+    resize: list[float] = []
+    pages: list[float] = []
     for spec in ("exact", "default"):
         time.sleep(plan.settle_s)
         owner = _owner(td, plan, policy_of(spec))
-        noop, ext = [], []
         try:
             for n in _steps(plan):
                 with td.record() as calls:
-                    t0 = time.perf_counter()
+                    t0 = pc()
                     owner.ensure_prefix(n)
-                    ctx.sync()
-                    wall = time.perf_counter() - t0
-                creates = sum(1 for c in calls if c[0] == "create")
+                    wall = pc() - t0
+                ctx.sync()
+                made = sum(1 for c in calls if c[0] == "create")
+                us = (wall - sum(c[2] for c in calls) - wrap_s * len(calls)) * 1e6
                 if not calls:
-                    noop.append(wall)
-                elif creates == buffers:
-                    ext.append(own(wall, calls) / buffers)
+                    noop.append(us)
+                elif made == buffers:
+                    grow.append(us - arena_us("arena.commit", made))
+            if spec == "default" and plan.finalize_tokens:
+                with td.record() as calls:
+                    t0 = pc()
+                    owner.finalize(plan.finalize_tokens)
+                    wall = pc() - t0
+                made = sum(1 for c in calls if c[0] == "create")
+                us = (wall - sum(c[2] for c in calls) - wrap_s * len(calls)) * 1e6
+                resize.append(us - arena_us("arena.commit", made))
+            if spec == "default" and hasattr(owner, "commit_pages"):
+                far = owner.pages - 1
+                for p in range(far, max(far - 8, 1), -1):
+                    with td.record() as calls:
+                        t0 = pc()
+                        owner.commit_pages([p])
+                        wall = pc() - t0
+                    made = sum(1 for c in calls if c[0] == "create")
+                    us = (wall - sum(c[2] for c in calls) - wrap_s * len(calls)) * 1e6
+                    pages.append(us - arena_us("arena.commit", made))
         finally:
             owner.close()
-        steps[spec] = {"noop_steps": len(noop), "extension_steps": len(ext),
-                       "noop_step_us": _us(noop) if noop else None,
-                       "extension_step_library_us_per_buffer": _us(ext) if ext else None}
+    noop_us = statistics.median(noop) if noop else 0.0
+    per_buffer = {
+        "owner.open": o_open, "owner.close": o_close,
+        "owner.ensure_prefix": [noop_us],
+        # a growing step is an ensure_prefix (its check) plus the growth itself
+        "owner.grow": [u - noop_us for u in grow] if grow else [],
+        # finalize = its check + owner.grow + the arena's commit
+        "owner.resize": ([u - statistics.median(grow) + noop_us for u in resize]
+                         if resize and grow else []),
+        "owner.pages": pages,
+    }
+    for op, vals in per_buffer.items():
+        if vals:
+            work[op] = (0.0, max(0.0, statistics.median(vals) / buffers))
     return {
         "wrapper_us_per_call": round(wrap_s * 1e6, 3),
-        "arena_commit_library_us": _us(commit),
-        "arena_tensor_library_us": _us(view_us),
-        "owner_construct_library_us_per_buffer": _us(ctor),
-        "owner_close_library_us_per_buffer": _us(close),
-        "ensure_prefix": steps,
         "buffers": buffers,
+        "work": {op: {"fixed": round(f, 3), "per_unit": round(u, 4), "unit": WORK_UNITS[op]}
+                 for op, (f, u) in sorted(work.items())},
+        "samples": {
+            "arena.commit_by_handles": {k: _us([x / 1e6 for x in v]) for k, v in commit.items()},
+            "arena.decommit_by_mappings": {k: _us([x / 1e6 for x in v])
+                                           for k, v in decommit.items()},
+            "arena.close_by_mappings": {m: _us([x / 1e6 for x in v]) for m, v in close.items()},
+            "noop_steps": len(noop), "growing_steps": len(grow),
+        },
     }
 
 
@@ -822,6 +942,27 @@ def build_profile(meas: Mapping[str, Any], meta: Mapping[str, Any], plan: Plan) 
             "source": (f"{how}: one set_access over k fresh mappings, divided by k (median of "
                        f"{plan.access_reps} reps), beside k calls of one mapping each"),
             "measured": dict(am),
+        }
+    if am and all("unmap_per_mapping_us" in r for r in am.values()):
+        data["unmap_per_mapping"] = {
+            "unit": "µs per mapping covered by one unmap call, by mapping size in MiB",
+            "points": sorted([int(r["mapping_mib"]), float(r["unmap_per_mapping_us"])]
+                             for r in am.values()),
+            "source": (f"{how}: one unmap (with CudaDriver's synchronize) over k fresh "
+                       f"mappings, divided by k (median of {2 * plan.access_reps} reps)"),
+        }
+    lib = meas.get("library")
+    if lib and isinstance(lib.get("work"), Mapping):
+        data["library_work_us"] = {
+            **{op: dict(row) for op, row in lib["work"].items()},
+            "unit": ("µs of kvvmm's own work per arena/owner operation: fixed + per_unit x "
+                     "units (the unit named per operation)"),
+            "source": (f"{how}: wall time of each operation minus the driver calls it made "
+                       f"(timed inside a wrapper driver, less the wrapper's cost per call), "
+                       f"fitted over 1, 8 and 32 handles or mappings for the arena's; the "
+                       f"owner's per buffer beyond the arena operations it makes (the arena "
+                       f"charges those), median over reps"),
+            "samples": dict(lib.get("samples", {})),
         }
     if meas.get("growth"):
         data["library_overhead_us"] = fit_library_overhead(data, meas["growth"],

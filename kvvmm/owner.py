@@ -197,6 +197,11 @@ class KvBufferOwner:
         self._ahead_queued = False
         self.arena = Arena(driver, reserve_bytes=total, device=device, name=name,
                            trace=trace, pool=pool)
+        # The simulator's hook for the library's own work (None on real drivers): each
+        # public operation tells it once, with the buffers it walks (the arena's part is the
+        # arena's to tell).
+        self._work = getattr(driver, "library_work", None)
+        self._charge("owner.open")
         try:
             self._offsets = [self.arena.allocate(s, d.name)
                              for d, s in zip(self.descs, self._spans, strict=True)]
@@ -225,6 +230,10 @@ class KvBufferOwner:
         self.close()
 
     # -- backing --------------------------------------------------------------------------
+
+    def _charge(self, op: str) -> None:
+        if self._work is not None:
+            self._work(op, len(self.descs))
 
     def _check_open(self, what: str) -> None:
         if self._closed:
@@ -255,6 +264,7 @@ class KvBufferOwner:
                 requests.append((off, target))
         if not requests:
             return 0
+        self._charge("owner.grow")
         try:
             return self.arena.commit_many(requests)
         finally:
@@ -285,6 +295,7 @@ class KvBufferOwner:
             DriverError: a driver call failed; every buffer is as it was.
         """
         self._check_open("ensure_prefix")
+        self._charge("owner.ensure_prefix")
         n = _tokens("n", n, lo=0, hi=self.reserved_tokens, what="0")
         # KvBufferDesc.prefix_span_bytes, inlined: rows(n) * row_bytes.
         spans = [-(-n // tpr) * rb for tpr, rb in self._rows]
@@ -350,6 +361,7 @@ class KvBufferOwner:
             DriverError: a driver call failed; every buffer is as it was.
         """
         self._check_open("finalize")
+        self._charge("owner.resize")
         n = _tokens("n", n, lo=self.page_size, hi=self.reserved_tokens, what="page_size")
         added = self._back([d.final_span_bytes(n, self.page_size) for d in self.descs], _EXACT)
         self.final_tokens = n
@@ -383,6 +395,7 @@ class KvBufferOwner:
                 :meth:`Arena.decommit_many_report`).
         """
         self._check_open("shrink")
+        self._charge("owner.resize")
         n = _tokens("n", n, lo=self.page_size, hi=self.reserved_tokens, what="page_size")
         keep = [d.final_span_bytes(n, self.page_size) for d in self.descs]
         return self._give_back_beyond(n, keep)
@@ -427,6 +440,7 @@ class KvBufferOwner:
             DriverError: a driver call failed; every buffer is as it was.
         """
         self._check_open("commit_pages")
+        self._charge("owner.pages")
         ids = self._check_pages(pages, "commit")
         reqs = self._ranges_of(ids)
         try:
@@ -508,6 +522,7 @@ class KvBufferOwner:
     def decommit_pages_report(self, pages: Iterable[int]) -> tuple[RangeResult, ...]:
         """:meth:`decommit_pages`, returning one :class:`RangeResult` per range given back."""
         self._check_open("decommit_pages")
+        self._charge("owner.pages")
         ids = self._check_pages(pages, "decommit")
         left = self._pages.difference(ids)
         # Slot 0's page always stays, and with it the granules it shares. Sorted, so "does a
@@ -630,6 +645,7 @@ class KvBufferOwner:
         if self._closed:
             self.arena.close()  # retries a failed release, else a no-op
             return
+        self._charge("owner.close")
         # Drop our tensors first, so the arena is not kept waiting for views we hold.
         self.tensors = []
         self._closed = True

@@ -229,11 +229,19 @@ def test_calibrate_on_the_host_driver_writes_a_complete_profile_the_sim_loads(
     assert seen == [n for n in data["calibration"]["sections_done"]]
     prof = get_profile(out)
     costs = sim_costs(prof)
-    assert set(costs.per_call_overhead_us) <= {"create", "unmap"}
-    assert costs.access_per_mapping is not None
+    # Measured per operation: nothing is charged per call any more.
+    assert costs.per_call_overhead_us == {} and costs.overhead_curves == {}
+    assert costs.access_per_mapping is not None and costs.unmap_per_mapping is not None
+    from kvvmm.calibrate import WORK_UNITS
+
+    lw = profile_data(prof)["library_work_us"]
+    assert lw["source"] and set(costs.work) == set(WORK_UNITS)
+    for op, (fixed, per_unit) in costs.work.items():
+        assert fixed >= 0 and per_unit >= 0, op
+        assert lw[op]["unit"] == WORK_UNITS[op]
+    assert lw["samples"]["growing_steps"] >= 1 and lw["samples"]["noop_steps"] >= 1
     lo = profile_data(prof)["library_overhead_us"]
     assert lo["source"] and lo["measured_source"] and lo["fit"]
-    assert lo["measured"]["ensure_prefix"]["default"]["extension_steps"] >= 1
     assert "bandwidth" not in data  # a GPU-only section: skipped on the host driver
     assert not list(tmp_path.glob("*.part"))
     SimDriver(prof).create(2 * MiB)
@@ -387,3 +395,75 @@ def test_the_fitted_overhead_makes_the_sim_reproduce_the_growth_it_was_fitted_to
         assert predicted == pytest.approx(growth[spec]["grow_us"][0])
     assert _merge_sizes({30.0: [10.0], 32.0: [20.0], 128.0: [40.0]}) == [
         [30.984, 15.0], [128.0, 40.0]]
+
+
+def _work_profile(**over: float) -> Any:
+    from kvvmm.calibrate import WORK_UNITS
+
+    data = build_profile(_meas(), META, FULL)
+    data["library_overhead_us"] = {"per_call": {"create": 7.0}, "source": "replaced"}
+    work = {op: {"fixed": 0.0, "per_unit": 0.0, "unit": u} for op, u in WORK_UNITS.items()}
+    for key, v in over.items():
+        op, part = key.rsplit("__", 1)
+        work[op.replace("_", ".", 1)][part] = v
+    data["library_work_us"] = work | {"source": "test"}
+    return profile_from_data(data)
+
+
+def test_library_work_is_charged_per_operation_and_replaces_the_per_call_overhead() -> None:
+    from kvvmm.arena import Arena
+    from kvvmm.layout import mha_token_major
+    from kvvmm.owner import KvBufferOwner
+
+    prof = _work_profile(arena_commit__fixed=100.0, arena_commit__per_unit=10.0,
+                         owner_ensure_prefix__per_unit=1000.0)
+    costs = sim_costs(prof)
+    assert costs.per_call_overhead_us == {}  # per operation now: nothing per call
+    bare = sim_costs(profile_from_data(
+        {k: v for k, v in profile_data(prof).items() if k != "library_work_us"}))
+    sim = SimDriver(prof)
+    a = Arena(sim, reserve_bytes=8 * MiB, name="w")
+    offs = [a.allocate(2 * MiB) for _ in range(3)]
+    t0 = sim.clock_us
+    a.commit_many([(o, 2 * MiB) for o in offs])  # three handles
+    calls = 3 * (costs.calls("create", 2 * MiB) + costs.calls("map", 2 * MiB)
+                 + costs.access_us([2 * MiB]))
+    assert sim.clock_us - t0 == pytest.approx(calls + 100.0 + 3 * 10.0)
+    a.close()
+    # An owner's decode step with nothing to back makes no driver call, yet costs its check.
+    descs = mha_token_major(layers=2, kv_heads=8, head_dim=128, reserved_tokens=4096,
+                            page_size=64, dtype="bfloat16")
+    owner = KvBufferOwner(driver=sim, dtype="bfloat16", page_size=64, reserved_tokens=4096,
+                          descs=descs)
+    t0 = sim.clock_us
+    owner.ensure_prefix(1)
+    assert sim.clock_us - t0 == pytest.approx(1000.0 * len(descs))
+    owner.close()
+    assert bare.per_call_overhead_us == {"create": 7.0}  # older profiles: as they were
+
+
+def test_one_unmap_over_several_mappings_costs_one_per_mapping_where_measured() -> None:
+    prof = _work_profile()
+    data = dict(profile_data(prof))
+    data["unmap_per_mapping"] = {"points": [[2, 5.0], [8, 9.0]], "source": "test"}
+    sim = SimDriver(profile_from_data(data))
+    va = sim.reserve(8 * MiB)
+    for i in range(4):
+        h = sim.create(2 * MiB)
+        sim.map(va + i * 2 * MiB, 2 * MiB, h)
+        sim.release(h)
+    t0 = sim.clock_us
+    sim.unmap(va, 8 * MiB)
+    assert sim.clock_us - t0 == pytest.approx(4 * 5.0)
+
+
+def test_wrappers_pass_the_library_work_on_to_the_simulator() -> None:
+    from kvvmm.driver.faults import FaultyDriver
+    from kvvmm.record.tracing import TracingDriver
+
+    sim = SimDriver(_work_profile(arena_open__fixed=42.0))
+    for wrapped in (TracingDriver(sim), FaultyDriver(sim, {})):
+        t0 = sim.clock_us
+        wrapped.library_work("arena.open", 0)
+        assert sim.clock_us - t0 == pytest.approx(42.0)
+    TracingDriver(SimDriver()).library_work("arena.open", 0)  # no such figure: nothing

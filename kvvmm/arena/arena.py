@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import functools
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from kvvmm.arena.holes import HolesMixin
@@ -142,7 +142,12 @@ class Arena(HolesMixin, SharingMixin):
             raise ArgumentError("trace", trace, "a kvvmm.record.Trace or None")
         self._trace = trace
         self._arena_id = trace.open_arena() if trace is not None else -1
+        # The simulator's hook for the library's own work per operation (None elsewhere):
+        # its clock then includes what the profile measured for each operation.
+        self._work: Callable[[str, int], None] | None = getattr(driver, "library_work", None)
         self._note("open", name=self.name, reserve_bytes=self.reserved_bytes, base=self.base)
+        if self._work is not None:
+            self._work("arena.open", 0)
 
     # -- basics -------------------------------------------------------------------------
 
@@ -407,7 +412,10 @@ class Arena(HolesMixin, SharingMixin):
                    f"{self.reserved_bytes}-byte reservation")
         if offset % itemsize:
             raise AlignmentError("offset", offset, f"a multiple of the itemsize {itemsize}")
-        return make_tensor(self, self.base + offset, nbytes, dims, name, view_device)
+        t = make_tensor(self, self.base + offset, nbytes, dims, name, view_device)
+        if self._work is not None:
+            self._work("arena.tensor", 1)
+        return t
 
     @property
     def pool(self) -> Any:
@@ -544,6 +552,8 @@ class Arena(HolesMixin, SharingMixin):
             raise
         self._released = True
         self._note("close")
+        if self._work is not None:
+            self._work("arena.close", sum(len(a.maps) for a in self._allocs))
         self._gone += [(m.handle, m.size) for a in self._allocs for m in a.maps]
         for a in self._allocs:
             a.maps.clear()

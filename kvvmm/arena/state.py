@@ -82,6 +82,7 @@ class _ArenaState:
     _by_offset: dict[int, _Alloc]
     _names: set[str]
     _next_hid: int
+    _work: Callable[[str, int], None] | None
     _closed: bool
     _released: bool
     _views: int
@@ -243,6 +244,8 @@ class _ArenaState:
         for _, m in sorted(new, key=lambda pm: (pm[0], pm[1].offset)):
             m.hid = self._next_hid
             self._next_hid += 1
+        if self._work is not None:
+            self._work("arena.commit", len(new))
         if self._trace is not None:
             for a, lo, hi in plan:
                 if op == "commit":
@@ -282,6 +285,8 @@ class _ArenaState:
             a.backed -= size
             given[a.offset] = given.get(a.offset, 0) + size
             self._gone += [(m.handle, m.size) for m in ms]
+        if self._work is not None:
+            self._work("arena.decommit", sum(len(ms) for _, ms in plan))
         return given
 
     def _release_gone(self) -> None:

@@ -84,6 +84,12 @@ class FaultyDriver:
     def clock_us(self) -> float:
         return float(getattr(self.inner, "clock_us", 0.0))
 
+    def library_work(self, op: str, units: int = 1) -> None:
+        """Pass the library's work per operation on to a simulator (a no-op elsewhere)."""
+        fn = getattr(self.inner, "library_work", None)
+        if fn is not None:
+            fn(op, units)
+
     def arm(self, fail: Fault | Iterable[Fault] | Mapping[str, int]) -> None:
         """Add faults; their ``nth`` counts from now."""
         if isinstance(fail, Fault):

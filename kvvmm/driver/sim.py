@@ -282,6 +282,7 @@ class SimDriver:
     def unmap(self, va: int, size: int) -> None:
         va, size = check_call_ints("unmap", va=va, size=size).values()
         starts = self._book.covered("unmap", va, size)
+        sizes = [self._book.maps[s][0] for s in starts]
         gone = [self._book.maps[s][1] for s in starts] if self._home else ()
         self._book.apply_unmap(starts)
         if self._peers:  # access goes with the mapping
@@ -291,7 +292,9 @@ class SimDriver:
             for h in gone:
                 if h not in self._book.handles:
                     self._home.pop(h, None)
-        self.clock_us += self._cost("unmap", size)
+        # One unmap over several mappings costs about one per mapping, where calibrate
+        # measured it (unmap_per_mapping); else the call's cost by the range's size.
+        self.clock_us += self._cost.unmap(sizes)
 
     @locked
     def set_access(self, va: int, size: int, devices: Sequence[int] | None = None) -> None:
@@ -303,6 +306,18 @@ class SimDriver:
         if self._home:
             self._check_reach(va, size, starts, self.device, None)
         self.clock_us += self._access_cost(starts)
+
+    def library_work(self, op: str, units: int = 1) -> None:
+        """Charge kvvmm's own work for one arena or owner operation to the clock.
+
+        Not a driver call: the arena and the owner say what they did (``op`` such as
+        ``"arena.commit"``, ``units`` the handles, mappings or buffers it touched) so the
+        simulated clock includes the library's work the profile measured
+        (``library_work_us``; nothing where the profile has none). Real drivers have no
+        such method; callers look it up with ``getattr``.
+        """
+        with self._lock:
+            self.clock_us += self._cost.work(op, units)
 
     def _access_cost(self, starts: list[int]) -> float:
         """One call over several mappings costs about one call per mapping on an H200

@@ -4,10 +4,23 @@ work around it, and the creates slowed by a large release just before.
 A profile's data file (:mod:`kvvmm.hardware.profiles`) may carry, beside ``call_costs``,
 sections that ``kvvmm calibrate`` measures on a GPU:
 
-- ``library_overhead_us.per_call``: µs of kvvmm's own work (arena, owner, transaction
-  bookkeeping; what CUDA does not see) charged with each call of that kind; ``by_size``, where
-  present, the same by handle size (it replaces ``per_call`` for that call). The simulator
-  cannot see an arena operation, only the driver calls it makes, so the work of an operation
+- ``library_work_us``: µs of kvvmm's own work per arena and owner *operation* (what CUDA does
+  not see), as ``{"op": {"fixed": µs per operation, "per_unit": µs per unit, "unit": ...}}``
+  (a commit's unit is a handle made, a decommit's or close's a mapping given back, an
+  owner operation's a buffer). The arena and the owner tell the simulator each operation
+  they make (:meth:`kvvmm.driver.sim.SimDriver.library_work`), so the work is charged
+  where it happens, including work that makes no driver call (a decode step with nothing
+  to back, a tensor view). A profile with this section charges nothing per call (it
+  replaces ``library_overhead_us`` below).
+- ``unmap_per_mapping``: µs per mapping covered by one ``unmap`` call, by mapping size (an
+  unmap of a whole buffer's mappings in one call costs about one unmap per mapping, as
+  ``set_access`` does).
+
+- ``library_overhead_us.per_call`` (older profiles): µs of kvvmm's own work (arena, owner,
+  transaction bookkeeping; what CUDA does not see) charged with each call of that kind;
+  ``by_size``, where present, the same by handle size (it replaces ``per_call`` for that
+  call). Fitted before the arena told the simulator its operations: it sees only the driver
+  calls an operation makes, so the work of an operation
   is spread over the calls it makes: a commit's work goes with its ``create`` (one per new
   handle), a decommit's or close's with its ``unmap`` (one per mapping). Work that makes no
   driver call at all (a tensor view, a decode step with nothing to back) is not charged:
@@ -26,7 +39,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from kvvmm.hardware.cost import CostModel, default_cost_model
@@ -64,6 +77,28 @@ class SimCosts:
     slowdown: PostReleaseSlowdown | None  #: None: not modelled on this profile
     notes: tuple[str, ...]  #: what this profile borrows from the H200 or does not model
     overhead_source: str  #: where ``per_call_overhead_us`` comes from
+    #: library work per arena/owner operation: op -> (µs fixed, µs per unit)
+    work: Mapping[str, tuple[float, float]] = field(default_factory=dict)
+    unmap_per_mapping: Log2Curve | None = None  #: µs per mapping one unmap covers, by size
+
+    def work_us(self, op: str, units: int = 1) -> float:
+        """µs of the library's own work for one ``op`` over ``units`` units (0 if unknown)."""
+        w = self.work.get(op)
+        return 0.0 if w is None else w[0] + w[1] * units
+
+    def unmap_us(self, mapping_sizes: Sequence[int]) -> float:
+        """µs of one ``unmap`` over whole mappings of these sizes (library work included).
+
+        One mapping, or no per-mapping curve measured: the call's cost by the range's size
+        (as before). Several with the curve: the sum of its curve over the mappings.
+        """
+        sizes = list(mapping_sizes)
+        if len(sizes) > 1 and self.unmap_per_mapping is not None:
+            curve = self.unmap_per_mapping
+            us = sum(curve(s) for s in sizes)
+        else:
+            us = self.calls("unmap", sum(sizes))
+        return max(0.0, us + self.overhead_us("unmap", sum(sizes)))
 
     def overhead_us(self, op: str, size: int) -> float:
         """µs of the library's own work charged with one call of ``op`` over ``size`` bytes."""
@@ -137,8 +172,19 @@ def sim_costs(profile: DeviceProfile) -> SimCosts:
         if isinstance(by_size, Mapping):
             over_curves = {str(op): _curve(pts) for op, pts in by_size.items() if pts}
         lo_source = str(lo.get("source", ""))
-    else:
+    lw = _section(data, "library_work_us")
+    work: dict[str, tuple[float, float]] = {}
+    if lw is not None:
+        for op, row in lw.items():
+            if isinstance(row, Mapping) and "fixed" in row:
+                work[str(op)] = (float(row["fixed"]), float(row.get("per_unit", 0.0)))
+        if work:  # measured per operation: replaces the per-call residuals
+            per_call, over_curves = {}, {}
+            lo_source = str(lw.get("source", ""))
+    if not work and lo is None:
         notes.append(f"library overhead: not measured on {profile.key}; driver calls only")
+    upm = _section(data, "unmap_per_mapping")
+    unmap_pm = _curve(upm["points"]) if upm is not None and upm.get("points") else None
     apm = _section(data, "set_access_per_mapping")
     access = _curve(apm["points"]) if apm is not None and apm.get("points") else None
     if access is None:
@@ -153,7 +199,7 @@ def sim_costs(profile: DeviceProfile) -> SimCosts:
         notes.append("post-release slowdown: measured, not modelled ("
                      + str(prs.get("why_not_modelled", "not stable across repeats")) + ")")
     return SimCosts(profile.key, calls, per_call, over_curves, access, slow, tuple(notes),
-                    lo_source)
+                    lo_source, work, unmap_pm)
 
 
 class CallClock:
@@ -194,3 +240,11 @@ class CallClock:
     def access(self, mapping_sizes: Sequence[int]) -> float:
         """µs of one set_access over whole mappings of these sizes."""
         return self.costs.access_us(mapping_sizes)
+
+    def unmap(self, mapping_sizes: Sequence[int]) -> float:
+        """µs of one unmap over whole mappings of these sizes."""
+        return self.costs.unmap_us(mapping_sizes)
+
+    def work(self, op: str, units: int) -> float:
+        """µs of the library's own work for one arena/owner operation."""
+        return self.costs.work_us(op, units)

@@ -44,6 +44,12 @@ class TracingDriver:
     def clock_us(self) -> float:
         return float(getattr(self.inner, "clock_us", 0.0))
 
+    def library_work(self, op: str, units: int = 1) -> None:
+        """Pass the library's work per operation on to a simulator (a no-op elsewhere)."""
+        fn = getattr(self.inner, "library_work", None)
+        if fn is not None:
+            fn(op, units)
+
     def _call(self, op: str, args: dict[str, Any], fn: Any, *a: Any) -> Any:
         clock0 = self.clock_us
         t0 = time.perf_counter()
