@@ -86,9 +86,36 @@ the GIL across ``cuMemMap`` (a few µs), and takes a handle or mapping out of th
 puts it back if CUDA refuses, so two threads never act on the same handle or mapping.
 
 Fresh memory is not zeroed: ``cuMemCreate`` gives pages with whatever bytes they last held
-(possibly another tenant's in this process); kvvmm does not clear them. Unbacked VA is not
-readable on CUDA (an illegal-address fault); a read-only zero page over unbacked granules is
-not offered yet (see the 0.2 "safe reads" issue).
+(possibly another tenant's in this process); kvvmm does not clear them.
+
+Zero page (``CudaDriver(zero_page=...)``, off by default). Without it, reserved VA that is not
+mapped is not readable on CUDA: any touch is an illegal-address fault, which kills the CUDA
+context (printing a KV tensor before its commit does it: torch's ``repr`` reads rows). With
+it, every reserved byte that is not really mapped is mapped read-only to zeroed memory of
+this driver's own, so reads give zeros and writes still fault (as on the host driver).
+CUDA maps whole handles only and ``cuMemSetAccess`` costs about 40 µs per mapping whatever
+its size (docs/MEASUREMENTS.md §9), so the cover is made of few large mappings: one zeroed
+handle per piece size, the granularity doubled up to a block ``Z`` (64 MiB for ``True``;
+``2Z - g`` bytes of device memory, made and zeroed once at construction), tiled greedily
+(``kvvmm/driver/zerocover.py`` plans it and keeps its book). What it changes:
+
+- reserve aligns the VA to ``Z`` and covers the reservation (one map per piece, one
+  read-only access call per run); free unmaps the cover (one unmap per run) before freeing;
+- map synchronizes the context first (it unmaps zero pieces a kernel may be reading), so
+  **a map (a commit) during CUDA graph capture is refused** like an unmap, then unmaps the
+  pieces under the new mapping, re-covers what they covered outside it (at most
+  ``log2(Z/g)`` pieces on each side) and maps the handle; unmap unmaps, then covers the
+  range again;
+- map and unmap run in Python (the C fast path knows nothing of the cover); create, release
+  and set access stay in C, and set access sees real mappings only;
+- every multi-step change undoes itself when a CUDA call fails part way (an unmap whose
+  re-cover fails maps the handles back, with their bytes and access; a released handle's
+  memory is held across the unmap by ``cuMemRetainAllocationHandle``), the book says
+  exactly what is mapped, and the error raised is the failed call's; if an undo step fails
+  too, a note says which VA is left uncovered (reading it faults; a map over it works);
+- :meth:`CudaDriver.stats` counts real mappings and memory only; :meth:`CudaDriver.zero_stats`
+  counts the cover (its mappings, covered and uncovered VA, the zero memory);
+- peer devices get no zero cover: only this device has read access to the zero pieces.
 
 Close refuses (``BusyError``) while a reservation is pinned (:meth:`CudaDriver.pin`).
 """
@@ -115,6 +142,7 @@ from kvvmm.driver.base import (
     locked,
     refuse_close,
 )
+from kvvmm.driver.zerocover import Piece, ZeroCover, ZeroCoverStats, runs
 from kvvmm.errors import ArgumentError, DriverError, DriverUnavailableError
 
 try:  # Imported here (not lazily) because this module is itself imported lazily.
@@ -128,6 +156,12 @@ else:
 __all__ = ["CudaDriver"]
 
 _FALLBACK = 'open_driver("sim") works everywhere; open_driver("host") gives real bytes on Linux'
+
+#: ``zero_page=True``'s block: the largest granularity-times-a-power-of-two up to this. 64 MiB:
+#: a 246 GiB reservation is ~3,936 zero mappings (~40 µs of cuMemSetAccess each, ~0.17 s),
+#: for 2 x 64 MiB - 2 MiB = 126 MiB of zero memory (0.09% of an H200); 32 MiB would halve
+#: the memory and double the cover's cost.
+ZERO_PAGE_BLOCK = 64 << 20
 
 
 class _PyHandle:
@@ -206,24 +240,44 @@ class CudaDriver:
             minimum, to work in larger units.
         exportable: create every handle shareable as a POSIX file descriptor, so
             ``export_handle`` works (off by default: it may cost at create time).
+        zero_page: keep reserved VA that is not mapped readable as zeros, for this device
+            (see "Zero page" in the module docstring). ``False`` (the default): unbacked VA
+            faults on any touch (an illegal-address fault kills the CUDA context). ``True``:
+            on, with blocks of ``ZERO_PAGE_BLOCK`` (64 MiB). An int: the block size in
+            bytes, the granularity times a power of two (the granularity itself: granule
+            pieces only). The zero memory (twice the block, less one granule) is taken at
+            construction; reserve, free, map and unmap then cost more, and map synchronizes
+            (so a map during CUDA graph capture is refused). Peer devices get no zero
+            cover: a peer reading unbacked VA still faults.
     Raises:
         DriverUnavailableError: no cuda-python, no NVIDIA driver library, no usable GPU, or
             a GPU without VMM support (one message; no CUDA traceback chained to it).
-        ArgumentError: ``device`` out of range, or an unknown ``granularity``.
+        ArgumentError: ``device`` out of range, an unknown ``granularity``, or a
+            ``zero_page`` that is not a bool or such a block size.
+        DriverError: ``zero_page`` on and the zero handles could not be made (out of memory).
 
     Attributes:
         granularity_min: the device's minimum granularity in bytes.
         granularity_recommended: the device's recommended granularity in bytes.
+        zero_page: the zero cover's block size in bytes, 0 when off
+            (:meth:`zero_stats` says what the cover holds; :meth:`stats` counts real
+            mappings and memory only).
     """
 
     kind = "cuda"
     memory = MemoryKind.DEVICE
 
     def __init__(
-        self, *, device: int = 0, granularity: str | int = "minimum", exportable: bool = False
+        self, *, device: int = 0, granularity: str | int = "minimum", exportable: bool = False,
+        zero_page: bool | int = False,
     ) -> None:
         if not isinstance(exportable, bool):
             raise ArgumentError("exportable", exportable, "True or False")
+        if not isinstance(zero_page, int) or (type(zero_page) is not bool and zero_page <= 0):
+            raise ArgumentError("zero_page", zero_page,
+                                "True, False, or a block size in bytes (> 0)")
+        self._zero: ZeroCover | None = None
+        self.zero_page = 0
         problem = ""
         try:
             problem = self._open(device, exportable)
@@ -238,6 +292,8 @@ class CudaDriver:
         if problem:
             raise _unavailable(problem)
         self._set_granularity(granularity)
+        if zero_page is not False:
+            self._start_zero_page(zero_page)
         self._start_fast_path()
 
     # -- construction -----------------------------------------------------------------
@@ -330,6 +386,16 @@ class CudaDriver:
         self._cuMemSetAccess = drv.cuMemSetAccess
         self._cuCtxSynchronize = drv.cuCtxSynchronize
         self._cuCtxGetCurrent = drv.cuCtxGetCurrent
+        self._cuMemRetainAllocationHandle = drv.cuMemRetainAllocationHandle
+        ro = drv.CUmemAccessDesc()
+        ro.location.type = drv.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+        ro.location.id = device
+        ro.flags = drv.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READ
+        self._ro_access = [ro]  # the zero cover's access: read-only, this device only
+        self._zraw: dict[int, int] = {}  # zero piece size -> its zero handle (raw)
+        # mapping start -> the access list a set_access with devices= gave it (zero page on
+        # only: an undo that maps a real handle back gives it the same access again)
+        self._peer_access: dict[int, list[Any]] = {}
 
         self._res: dict[int, int] = {}  # reservation start -> size
         self._res_starts: list[int] = []  # sorted reservation starts (for the slow lookup)
@@ -362,9 +428,13 @@ class CudaDriver:
         )
         self._b = fast
         # Instance attributes over the class's methods: a call reaches C with no Python
-        # frame. The class's methods stay the slow path (``_py_*``), called from C.
-        self.__dict__.update(map=fast.map, unmap=fast.unmap, create=fast.create,
-                             release=fast.release, set_access=fast.set_access)
+        # frame. The class's methods stay the slow path (``_py_*``), called from C. With the
+        # zero cover on, map and unmap stay in Python (C knows nothing of the cover); create,
+        # release and set access (which sees only real mappings, ``_maps``) run in C.
+        calls = dict(create=fast.create, release=fast.release, set_access=fast.set_access)
+        if self._zero is None:
+            calls.update(map=fast.map, unmap=fast.unmap)
+        self.__dict__.update(calls)
         self.fast_path = True
 
     def _fast_failed(self, call: str, fn: str, args: tuple[int, ...], err: int) -> None:
@@ -403,7 +473,9 @@ class CudaDriver:
         self._gran = gran
 
     def __repr__(self) -> str:
-        return f"CudaDriver(device={self.device}, name={self.name!r}, granularity={self._gran})"
+        zero = f", zero_page={self.zero_page}" if self.zero_page else ""
+        return (f"CudaDriver(device={self.device}, name={self.name!r}, "
+                f"granularity={self._gran}{zero})")
 
     # -- errors -----------------------------------------------------------------------
 
@@ -433,6 +505,284 @@ class CudaDriver:
         bad = self._misaligned(call, args)
         return bad if bad is not None else self._refuse(call, args, "misaligned")
 
+    # -- the zero cover (zero_page) -----------------------------------------------------
+
+    def _start_zero_page(self, zero_page: bool | int) -> None:
+        """Check the block size, create and zero the zero handles, route map/unmap here."""
+        g = self._gran
+        if zero_page is True:
+            block = g
+            while block * 2 <= ZERO_PAGE_BLOCK:
+                block *= 2
+        else:
+            block = int(zero_page)
+            ratio = block // g
+            if block % g or ratio & (ratio - 1):
+                self.close()
+                raise ArgumentError(
+                    "zero_page", zero_page,
+                    f"True, False, or a block size in bytes: the granularity ({g}) times a "
+                    "power of two",
+                )
+        cover = ZeroCover(g, block)
+        raws: dict[int, int] = {}
+        try:
+            for n in cover.sizes:
+                err, obj = self._cuMemCreate(n, self._prop, 0)
+                if err != self._ok:
+                    raise self._cuda_error("zero_page", {"size": n}, "cuMemCreate", err)
+                raws[n] = int(obj)
+            self._zero_fill(raws)
+        except BaseException:
+            for raw in raws.values():
+                _drv.cuMemRelease(raw)
+            self.close()
+            raise
+        self._zero = cover
+        self._zraw = raws
+        self.zero_page = block
+        # Instance attributes over the class's map and unmap (the fast path leaves them).
+        self.__dict__.update(map=self._zp_map, unmap=self._zp_unmap)
+
+    def _zero_fill(self, raws: dict[int, int]) -> None:
+        """Zero the zero handles once: cuMemCreate memory holds whatever it last held.
+
+        Each is mapped read/write at a temporary reservation, one ``cuMemsetD8`` over all of
+        them runs in this device's primary context, synchronized, then unmapped and freed.
+        """
+        drv = _drv
+        total = sum(raws)
+        args = {"size": total}
+        err, ptr = drv.cuMemAddressReserve(total, 0, 0, 0)
+        if err != self._ok:
+            raise self._cuda_error("zero_page", args, "cuMemAddressReserve", err)
+        tmp = int(ptr)
+        mapped: list[tuple[int, int]] = []
+        try:
+            pos = tmp
+            for n, raw in raws.items():
+                (err,) = self._cuMemMap(pos, n, 0, raw, 0)
+                if err != self._ok:
+                    raise self._cuda_error("zero_page", args, "cuMemMap", err)
+                mapped.append((pos, n))
+                pos += n
+            (err,) = self._cuMemSetAccess(tmp, total, self._access, 1)
+            if err != self._ok:
+                raise self._cuda_error("zero_page", args, "cuMemSetAccess", err)
+            drv.cuCtxPushCurrent(self._ctx)
+            try:
+                (err,) = drv.cuMemsetD8(tmp, 0, total)
+                (err2,) = drv.cuCtxSynchronize()  # also after a failed memset: then unmap
+            finally:
+                drv.cuCtxPopCurrent()
+            if err != self._ok or err2 != self._ok:
+                bad = err if err != self._ok else err2
+                fn = "cuMemsetD8" if err != self._ok else "cuCtxSynchronize"
+                raise self._cuda_error("zero_page", args, fn, bad)
+        finally:
+            for pos, n in mapped:
+                drv.cuMemUnmap(pos, n)
+            drv.cuMemAddressFree(tmp, total)
+
+    def _cover_reservation(self, va: int, size: int, args: dict[str, int]) -> None:
+        """Cover a new reservation; undo it (free the VA) if the cover fails."""
+        z = self._zero
+        assert z is not None
+        z.add_reservation(va, size)
+        notes: list[str] = []
+        fail = self._z_put(z.cover(va, va + size), notes)
+        if fail is None:
+            return
+        e = self._z_error("reserve", args, fail, [])
+        if z.overlapping(va, va + size):  # the undo left pieces: keep the VA in the book
+            e.add_note(f"the reservation at {va:#x} ({size} bytes) stays in this driver's book "
+                       "with what is still mapped in it: close() gives it back")
+            self._note(e, notes, va, va + size)
+            raise e
+        z.drop_reservation(va)
+        del self._res[va]
+        self._res_starts.remove(va)
+        (err,) = _drv.cuMemAddressFree(va, size)
+        if err != self._ok:
+            e.add_note(f"undo: cuMemAddressFree({va:#x}) returned {_name(err)}: that VA leaks")
+        raise e
+
+    def _z_put(self, pieces: list[Piece], notes: list[str]) -> tuple[str, Any] | None:
+        """Map zero pieces, then read-only access per run; all or none. Returns the failed
+        call (its name and CUDA's error) after undoing, or None. Records what is mapped."""
+        if not pieces:
+            return None
+        z = self._zero
+        assert z is not None
+        raw = self._zraw
+        done: list[Piece] = []
+        fail: tuple[str, Any] | None = None
+        for s, n in pieces:
+            (err,) = self._cuMemMap(s, n, 0, raw[n], 0)
+            if err:
+                fail = ("cuMemMap", err)
+                break
+            done.append((s, n))
+        z.add(done)
+        if fail is None:
+            for lo, hi in runs(done):
+                (err,) = self._cuMemSetAccess(lo, hi - lo, self._ro_access, 1)
+                if err:
+                    fail = ("cuMemSetAccess", err)
+                    break
+        if fail is not None and done:
+            undo = self._z_take(done)
+            if undo is not None:
+                left = [(s, s + n) for s, n in done if (s, n) in z]
+                notes.append(
+                    f"undo: {undo[0]} returned {_name(undo[1])}: {len(left)} zero mappings "
+                    f"from {left[0][0]:#x} stay mapped, some perhaps without read access"
+                )
+        return fail
+
+    def _z_take(self, pieces: list[Piece]) -> tuple[str, Any] | None:
+        """Unmap zero pieces, one call per run; stop at the first failure (returned, as
+        ``_z_put``'s). Records each run that went."""
+        z = self._zero
+        assert z is not None
+        for lo, hi in runs(pieces):
+            (err,) = self._cuMemUnmap(lo, hi - lo)
+            if err:
+                return ("cuMemUnmap", err)
+            z.remove([p for p in pieces if lo <= p[0] < hi])
+        return None
+
+    def _z_error(self, call: str, args: dict[str, int], fail: tuple[str, Any],
+                 notes: list[str]) -> DriverError:
+        e = self._cuda_error(call, args, fail[0], fail[1])
+        for n in notes:
+            e.add_note(n)
+        return e
+
+    def _note(self, e: DriverError, notes: list[str], lo: int, hi: int) -> None:
+        """Add the undo's notes, and which VA of ``[lo, hi)`` is now left uncovered."""
+        for n in notes:
+            e.add_note(n)
+        z = self._zero
+        if z is None:
+            return
+        holes = [(a, b) for a, b in z.gaps(lo, hi)
+                 if not any(s < b and a < s + m.size for s, m in self._maps.items())]
+        if holes:
+            e.add_note("left uncovered (reading it faults; a map over it works): "
+                       + ", ".join(f"[{a:#x}, {b:#x})" for a, b in holes))
+
+    @locked
+    def _zp_map(self, va: int, size: int, handle: int) -> None:
+        """map with the zero cover on: synchronize, unmap the zero pieces over
+        ``[va, va+size)``, re-cover what they covered outside it, map the handle."""
+        va, size, handle = check_call_ints("map", va=va, size=size, handle=handle).values()
+        args = {"va": va, "size": size, "handle": handle}
+        h = self._map_slow(va, size, handle, self._handles.get(handle))
+        z = self._zero
+        assert z is not None
+        end = va + size
+        for a, b in z.gaps(va, end):  # a real mapping there, or a hole an undo left
+            for s, m in self._maps.items():
+                if s < b and a < s + m.size:
+                    raise self._refuse("map", args, f"{s:#x} is already mapped there")
+        self._synchronize("map", va, size)
+        old, new = z.uncover(va, end)
+        notes: list[str] = []
+        fail = self._z_take(old)
+        if fail is None:
+            fail = self._z_put(new, notes)
+            if fail is None:
+                self._maps[va] = h
+                h.maps += 1
+                (err,) = self._cuMemMap(va, size, 0, h.raw, 0)
+                if not err:
+                    return
+                del self._maps[va]
+                h.maps -= 1
+                fail = ("cuMemMap", err)
+        # Undo: the re-cover out, the old pieces back.
+        e = self._z_error("map", args, fail, [])
+        undo = self._z_take([p for p in new if p in z])
+        if undo is not None:
+            notes.append(f"undo: {undo[0]} returned {_name(undo[1])}")
+            # The old pieces cannot all go back: cover what is not covered instead.
+            lo = old[0][0] if old else va
+            hi = old[-1][0] + old[-1][1] if old else end
+            for a, b in z.gaps(lo, hi):
+                self._z_put(z.cover(a, b), notes)
+        else:
+            self._z_put([p for p in old if p not in z], notes)
+        if old:
+            self._note(e, notes, old[0][0], old[-1][0] + old[-1][1])
+        raise e
+
+    @locked
+    def _zp_unmap(self, va: int, size: int, recover: bool = True) -> None:
+        """unmap with the zero cover on: unmap, then cover ``[va, va+size)`` read-only (if
+        that fails, map the handles back with the access they had)."""
+        va, size = check_call_ints("unmap", va=va, size=size).values()
+        args = {"va": va, "size": size}
+        maps = self._maps
+        m = maps.get(va)
+        starts = [va] if m is not None and m.size == size else self._tiling("unmap", va, size)
+        self._synchronize("unmap", va, size)
+        taken = [(s, maps.pop(s)) for s in starts]
+        # A released handle's memory goes with its last mapping: hold a reference across
+        # the unmap so that an undo can map it back.
+        held: list[int] = []
+        for s, h in taken:
+            if not h.live:
+                err, obj = self._cuMemRetainAllocationHandle(s)
+                if err:
+                    maps.update(taken)
+                    self._drop_refs(held)
+                    raise self._cuda_error("unmap", args, "cuMemRetainAllocationHandle", err)
+                held.append(int(obj))
+        (err,) = self._cuMemUnmap(va, size)
+        if err:
+            maps.update(taken)
+            self._drop_refs(held)
+            raise self._cuda_error("unmap", args, "cuMemUnmap", err)
+        notes: list[str] = []
+        z = self._zero
+        assert z is not None
+        fail = self._z_put(z.cover(va, va + size), notes) if recover else None
+        if fail is not None:
+            e = self._z_error("unmap", args, fail, [])
+            for s, h in taken:  # map the real handles back, with their bytes and access
+                (err,) = self._cuMemMap(s, h.size, 0, h.raw, 0)
+                if err:
+                    notes.append(f"undo: cuMemMap of the handle back at {s:#x} returned "
+                                 f"{_name(err)}: that mapping is gone")
+                    self._unmapped(h)
+                    continue
+                maps[s] = h
+                (err,) = self._cuMemSetAccess(s, h.size, self._access, 1)
+                peers = self._peer_access.get(s)
+                if not err and peers is not None:
+                    (err,) = self._cuMemSetAccess(s, h.size, peers, len(peers))
+                if err:
+                    notes.append(f"undo: cuMemSetAccess of the mapping back at {s:#x} "
+                                 f"returned {_name(err)}: it is mapped but not accessible")
+            self._drop_refs(held)
+            self._note(e, notes, va, va + size)
+            raise e
+        self._drop_refs(held)
+        for s, h in taken:
+            self._peer_access.pop(s, None)
+            self._unmapped(h)
+
+    def _unmapped(self, h: Any) -> None:
+        h.maps -= 1
+        if not h.maps and not h.live and not h.imported:  # released while mapped: now
+            self._b.physical_bytes -= h.size
+
+    def _drop_refs(self, held: list[int]) -> None:
+        """Release the references ``cuMemRetainAllocationHandle`` gave."""
+        for raw in held:
+            self._cuMemRelease(raw)
+
     # -- the protocol -----------------------------------------------------------------
 
     def granularity(self) -> int:
@@ -449,12 +799,18 @@ class CudaDriver:
         # the VA aligned to at least the granularity; 3 x 2 MiB is INVALID_VALUE.
         if align < 0 or align & (align - 1):
             raise self._refuse("reserve", args, f"align={align:#x} is not 0 or a power of two")
-        err, ptr = _drv.cuMemAddressReserve(size, max(align, self._gran), 0, 0)
+        want = max(align, self._gran)
+        z = self._zero
+        if z is not None and not z.block & (z.block - 1):
+            want = max(want, z.block)  # block-aligned VA: the pieces align in absolute terms
+        err, ptr = _drv.cuMemAddressReserve(size, want, 0, 0)
         if err != self._ok:
             raise self._cuda_error("reserve", args, "cuMemAddressReserve", err)
         va = int(ptr)
         self._res[va] = size
         insort(self._res_starts, va)
+        if z is not None:
+            self._cover_reservation(va, size, args)
         return va
 
     @locked
@@ -476,9 +832,24 @@ class CudaDriver:
         if inside:
             raise self._refuse("free", args, f"{inside} mappings are still in it")
         self._pins.check_free(va, size)
+        z = self._zero
+        cover = z.overlapping(va, end) if z is not None else []
+        if z is not None and cover:
+            notes: list[str] = []
+            fail = self._z_take(cover)
+            if fail is not None:
+                self._z_put([p for p in cover if p not in z], notes)
+                raise self._z_error("free", args, fail, notes)
         (err,) = _drv.cuMemAddressFree(va, size)
         if err != self._ok:
-            raise self._cuda_error("free", args, "cuMemAddressFree", err)
+            e = self._cuda_error("free", args, "cuMemAddressFree", err)
+            if cover:
+                notes = []
+                self._z_put(cover, notes)
+                self._note(e, notes, va, end)
+            raise e
+        if z is not None:
+            z.drop_reservation(va)
         del self._res[va]
         self._res_starts.remove(va)
         self._pins.forget(va)
@@ -615,7 +986,12 @@ class CudaDriver:
                 self._b.physical_bytes -= h.size
 
     def _synchronize(self, call: str, va: int, size: int) -> None:
-        """Wait for all work in this device's context; refuse while a capture is seen."""
+        """Wait for all work in this device's context; refuse while a capture is seen.
+
+        Before an unmap, and (zero cover on) before a map, which unmaps zero pieces a kernel
+        may be reading.
+        """
+        done, act = ("mapped", "Map") if call == "map" else ("unmapped", "Unmap")
         drv = _drv
         err, cur = self._cuCtxGetCurrent()
         pushed = int(cur) != self._ctx_int
@@ -631,14 +1007,14 @@ class CudaDriver:
         if capturing:
             raise driver_error(
                 call, {"va": va, "size": size}, "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED",
-                f"a CUDA graph capture is underway ({capturing}); nothing was unmapped and the "
-                "capture is untouched. Unmap after the capture ends",
+                f"a CUDA graph capture is underway ({capturing}); nothing was {done} and the "
+                f"capture is untouched. {act} after the capture ends",
             )
         if err != self._ok:
             raise driver_error(
                 call, {"va": va, "size": size}, _name(err),
-                f"cuCtxSynchronize before the unmap returned it ({_describe(err)}); nothing "
-                "was unmapped",
+                f"cuCtxSynchronize before the {call} returned it ({_describe(err)}); nothing "
+                f"was {done}",
             )
 
     def _capturing(self) -> str:
@@ -707,11 +1083,14 @@ class CudaDriver:
         if access is None:
             access = self._access_list(va, size, devices)
         m = self._maps.get(va)
-        if m is None or m.size != size:
-            self._tiling("set_access", va, size)
+        starts = [va] if m is not None and m.size == size else self._tiling("set_access", va,
+                                                                             size)
         (err,) = self._cuMemSetAccess(va, size, access, len(access))
         if err:
             raise self._cuda_error("set_access", {"va": va, "size": size}, "cuMemSetAccess", err)
+        if self._zero is not None:  # what an undo that maps them back must give them again
+            for s in starts:
+                self._peer_access[s] = access
 
     def _access_list(self, va: int, size: int, devices: Sequence[int]) -> list[Any]:
         """Check ``devices`` and build (and cache) their CUmemAccessDesc list."""
@@ -836,6 +1215,21 @@ class CudaDriver:
             physical_bytes=self._b.physical_bytes,
         )
 
+    @locked
+    def zero_stats(self) -> ZeroCoverStats | None:
+        """What the zero cover holds (None when ``zero_page`` is off): its mappings, the VA
+        they cover, the device memory of the zero handles, and any reserved VA left neither
+        mapped nor covered (0 unless an undo failed). :meth:`stats` leaves all of it out."""
+        z = self._zero
+        if z is None:
+            return None
+        real = sum(h.size for h in self._maps.values())
+        return ZeroCoverStats(
+            block=z.block, piece_sizes=z.sizes, zero_bytes=sum(z.sizes), mappings=len(z),
+            covered_bytes=z.covered_bytes,
+            uncovered_bytes=sum(self._res.values()) - z.covered_bytes - real,
+        )
+
     def close(self) -> None:
         """Unmap, release and free everything still held, then drop the context reference.
 
@@ -865,11 +1259,17 @@ class CudaDriver:
     def _close(self) -> None:
         refuse_close("cuda", self.stats(), self._pins.pinned())
         for va, h in sorted(self._maps.items(), key=lambda item: item[0]):
-            self.unmap(va, h.size)
+            if self._zero is not None:  # no re-cover: free unmaps the cover next
+                self._zp_unmap(va, h.size, recover=False)
+            else:
+                self.unmap(va, h.size)
         for handle in list(self._handles):
             self.release(handle)
         for va, size in list(self._res.items()):
             self.free(va, size)
+        for raw in self._zraw.values():  # the zero handles last: nothing maps them now
+            _drv.cuMemRelease(raw)
+        self._zraw = {}
         self._closed = True
         _drv.cuDevicePrimaryCtxRelease(self._dev)
 
