@@ -100,7 +100,8 @@ handle per piece size, the granularity doubled up to a block ``Z`` (64 MiB for `
 (``kvvmm/driver/zerocover.py`` plans it and keeps its book). What it changes:
 
 - reserve aligns the VA to ``Z`` and covers the reservation (one map per piece, one
-  read-only access call per run); free unmaps the cover (one unmap per run) before freeing;
+  read-only access call per run); free synchronizes (a kernel may still read the cover),
+  then unmaps the cover (one unmap per run) before freeing;
 - map synchronizes the context first (it unmaps zero pieces a kernel may be reading), so
   **a map (a commit) during CUDA graph capture is refused** like an unmap, then unmaps the
   pieces under the new mapping, re-covers what they covered outside it (at most
@@ -246,8 +247,8 @@ class CudaDriver:
             on, with blocks of ``ZERO_PAGE_BLOCK`` (64 MiB). An int: the block size in
             bytes, the granularity times a power of two (the granularity itself: granule
             pieces only). The zero memory (twice the block, less one granule) is taken at
-            construction; reserve, free, map and unmap then cost more, and map synchronizes
-            (so a map during CUDA graph capture is refused). Peer devices get no zero
+            construction; reserve, free, map and unmap then cost more, and map and free
+            synchronize (so either during CUDA graph capture is refused). Peer devices get no zero
             cover: a peer reading unbacked VA still faults.
     Raises:
         DriverUnavailableError: no cuda-python, no NVIDIA driver library, no usable GPU, or
@@ -553,7 +554,7 @@ class CudaDriver:
         drv = _drv
         total = sum(raws)
         args = {"size": total}
-        err, ptr = drv.cuMemAddressReserve(total, 0, 0, 0)
+        err, ptr = drv.cuMemAddressReserve(total, self._gran, 0, 0)
         if err != self._ok:
             raise self._cuda_error("zero_page", args, "cuMemAddressReserve", err)
         tmp = int(ptr)
@@ -835,6 +836,9 @@ class CudaDriver:
         z = self._zero
         cover = z.overlapping(va, end) if z is not None else []
         if z is not None and cover:
+            # A kernel may still read the cover (a tensor over it dropped before its kernel
+            # ended): wait for the device first, as an unmap does.
+            self._synchronize("free", va, size)
             notes: list[str] = []
             fail = self._z_take(cover)
             if fail is not None:
@@ -988,10 +992,11 @@ class CudaDriver:
     def _synchronize(self, call: str, va: int, size: int) -> None:
         """Wait for all work in this device's context; refuse while a capture is seen.
 
-        Before an unmap, and (zero cover on) before a map, which unmaps zero pieces a kernel
-        may be reading.
+        Before an unmap, and (zero cover on) before a map or a free, which unmap zero pieces
+        a kernel may be reading.
         """
-        done, act = ("mapped", "Map") if call == "map" else ("unmapped", "Unmap")
+        done, act = {"map": ("mapped", "Map"), "free": ("freed", "Free")}.get(
+            call, ("unmapped", "Unmap"))
         drv = _drv
         err, cur = self._cuCtxGetCurrent()
         pushed = int(cur) != self._ctx_int
