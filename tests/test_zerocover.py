@@ -658,3 +658,41 @@ def test_a_failed_undo_leaves_a_hole_the_book_and_the_error_name(fake: FakeCuda)
     d.release(h)
     d.close()
     assert fake.used == 0 and not fake.maps and not fake.res
+
+
+def test_an_unmap_whose_recover_and_undo_fail_says_what_is_gone(fake: FakeCuda) -> None:
+    d = _open(fake, 8 * G)
+    va = d.reserve(16 * G)
+    h = d.create(2 * G)
+    d.map(va + 4 * G, 2 * G, h)
+    d.set_access(va + 4 * G, 2 * G)
+    real = d._cuMemMap
+    d._cuMemMap = lambda *a: (R.CUDA_ERROR_UNKNOWN,)
+    with pytest.raises(DriverError) as e:
+        d.unmap(va + 4 * G, 2 * G)
+    d._cuMemMap = real
+    notes = "\n".join(getattr(e.value, "__notes__", []))
+    assert e.value.cuda_error == "CUDA_ERROR_UNKNOWN"
+    assert "that mapping is gone" in notes and "left uncovered" in notes, notes
+    _fake_matches_book(fake, d)
+    assert d.stats().mappings == 0 and d.stats().physical_bytes == 2 * G  # h is still live
+    assert d.zero_stats().uncovered_bytes == 2 * G
+    d.release(h)
+    d.close()
+    assert fake.used == 0 and not fake.maps and not fake.res
+
+
+def test_a_failed_free_puts_the_cover_back(fake: FakeCuda) -> None:
+    d = _open(fake, 8 * G)
+    va = d.reserve(20 * G)
+    before = (list(d._zero), d.stats())
+    fake.cuMemAddressFree = lambda va, size: (R.CUDA_ERROR_UNKNOWN,)  # type: ignore[method-assign]
+    with pytest.raises(DriverError) as e:
+        d.free(va, 20 * G)
+    assert e.value.cuda_error == "CUDA_ERROR_UNKNOWN"
+    assert not getattr(e.value, "__notes__", None)
+    assert (list(d._zero), d.stats()) == before
+    _all_readable(fake, d)
+    del fake.cuMemAddressFree  # the class's again
+    d.close()
+    assert fake.used == 0 and not fake.maps and not fake.res

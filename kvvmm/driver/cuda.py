@@ -641,6 +641,14 @@ class CudaDriver:
                 )
         return fail
 
+    def _z_reput(self, pieces: list[Piece], notes: list[str]) -> None:
+        """``_z_put`` as an undo step: a failure becomes a note (the caller raises the
+        original error)."""
+        fail = self._z_put(pieces, notes)
+        if fail is not None:
+            notes.append(f"undo: {fail[0]} returned {_name(fail[1])} while covering "
+                         f"{len(pieces)} zero pieces again")
+
     def _z_take(self, pieces: list[Piece]) -> tuple[str, Any] | None:
         """Unmap zero pieces, one call per run; stop at the first failure (returned, as
         ``_z_put``'s). Records each run that went."""
@@ -711,9 +719,9 @@ class CudaDriver:
             lo = old[0][0] if old else va
             hi = old[-1][0] + old[-1][1] if old else end
             for a, b in z.gaps(lo, hi):
-                self._z_put(z.cover(a, b), notes)
+                self._z_reput(z.cover(a, b), notes)
         else:
-            self._z_put([p for p in old if p not in z], notes)
+            self._z_reput([p for p in old if p not in z], notes)
         if old:
             self._note(e, notes, old[0][0], old[-1][0] + old[-1][1])
         raise e
@@ -842,14 +850,16 @@ class CudaDriver:
             notes: list[str] = []
             fail = self._z_take(cover)
             if fail is not None:
-                self._z_put([p for p in cover if p not in z], notes)
-                raise self._z_error("free", args, fail, notes)
+                self._z_reput([p for p in cover if p not in z], notes)
+                e = self._z_error("free", args, fail, [])
+                self._note(e, notes, va, end)
+                raise e
         (err,) = _drv.cuMemAddressFree(va, size)
         if err != self._ok:
             e = self._cuda_error("free", args, "cuMemAddressFree", err)
             if cover:
                 notes = []
-                self._z_put(cover, notes)
+                self._z_reput(cover, notes)
                 self._note(e, notes, va, end)
             raise e
         if z is not None:
