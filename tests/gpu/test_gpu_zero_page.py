@@ -99,17 +99,17 @@ def test_unbacked_arena_va_reads_zeros_through_commit_and_decommit(
     t = arena.tensor(off, (300 * MiB // 2,), "bfloat16")
     text = repr(t)  # reads rows of unbacked VA: a fault without the cover
     assert "0." in text
-    assert t.float().sum().item() == 0.0
+    assert torch.count_nonzero(t).item() == 0
     arena.commit(off, 40 * MiB)
     n = 40 * MiB // 2
     t[:n].fill_(1.5)
     torch.cuda.synchronize()
-    assert t[:n].float().sum().item() == 1.5 * n
-    assert t[n:].float().abs().sum().item() == 0.0  # past the commit: still the cover
+    assert bool((t[:n] == 1.5).all())
+    assert torch.count_nonzero(t[n:]).item() == 0  # past the commit: still the cover
     arena.commit(off, 200 * MiB)
-    assert t[:n].float().sum().item() == 1.5 * n  # the first commit's bytes stay
+    assert bool((t[:n] == 1.5).all())  # the first commit's bytes stay
     arena.decommit(off, 0)
-    assert t.float().abs().sum().item() == 0.0  # given back: zeros again
+    assert torch.count_nonzero(t).item() == 0  # given back: zeros again
     assert d.stats().mappings == 0 and d.stats().physical_bytes == 0
     zs = d.zero_stats()
     assert zs.uncovered_bytes == 0 and zs.covered_bytes == arena.reserved_bytes
@@ -258,6 +258,8 @@ def test_free_and_close_give_the_zero_memory_back(zp: Any) -> None:
 
 
 def test_an_owners_tensor_prints_before_its_commit(zp: Any) -> None:
+    import torch
+
     from kvvmm import KvBufferOwner, mha_token_major
 
     d = zp(zero_page=True)
@@ -268,7 +270,7 @@ def test_an_owners_tensor_prints_before_its_commit(zp: Any) -> None:
     t = owner.tensors[0]
     text = repr(t)  # reads rows far past what is backed
     assert "tensor(" in text
-    assert t[-1000:].float().abs().sum().item() == 0.0
+    assert torch.count_nonzero(t[-1000:]).item() == 0
     del t
     owner.close()
     assert d.stats().clean
