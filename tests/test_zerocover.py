@@ -696,3 +696,32 @@ def test_a_failed_free_puts_the_cover_back(fake: FakeCuda) -> None:
     del fake.cuMemAddressFree  # the class's again
     d.close()
     assert fake.used == 0 and not fake.maps and not fake.res
+
+
+def test_open_driver_passes_zero_page_through(fake: FakeCuda) -> None:
+    from kvvmm.driver import open_driver
+
+    d: Any = open_driver("cuda", zero_page=16 * G)
+    assert d.zero_page == 16 * G
+    d.close()
+    d = open_driver("auto", zero_page=True)
+    assert d.kind == "cuda" and d.zero_page == 64 * MiB
+    d.close()
+    assert fake.used == 0
+
+
+def test_auto_drops_zero_page_for_the_host_driver(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from kvvmm.driver import open_driver
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("the host driver is Linux only")
+    from kvvmm.driver import cuda as cuda_mod
+
+    monkeypatch.setattr(cuda_mod, "_drv", None)  # no cuda-python: auto falls back to host
+    d: Any = open_driver("auto", zero_page=True)
+    try:
+        assert d.kind == "host"
+    finally:
+        d.close()
