@@ -725,3 +725,57 @@ def test_auto_drops_zero_page_for_the_host_driver(monkeypatch: pytest.MonkeyPatc
         assert d.kind == "host"
     finally:
         d.close()
+
+
+@settings(max_examples=40, deadline=None)
+@given(ops=st.lists(st.tuples(st.booleans(), st.integers(0, 10**6), st.integers(1, 12)),
+                    max_size=25),
+       block_log=st.integers(0, 3))
+def test_random_commits_on_the_driver_keep_every_unbacked_granule_readable(
+    ops: list[tuple[bool, int, int]], block_log: int
+) -> None:
+    import os
+
+    from kvvmm.driver import cuda as cuda_mod
+
+    f = FakeCuda()
+    saved, saved_env = cuda_mod._drv, os.environ.get("KVVMM_CUDA_FASTPATH")
+    cuda_mod._drv = f
+    os.environ["KVVMM_CUDA_FASTPATH"] = "0"  # the C path would call the real libcuda
+    try:
+        d = cuda_mod.CudaDriver(zero_page=G << block_log)
+        granules = 40
+        va = d.reserve(granules * G + G)  # not a multiple of any block
+        real: dict[int, tuple[int, int]] = {}  # first granule -> (n, handle)
+        for is_map, where, n in ops:
+            if is_map:
+                first = where % granules
+                n = min(n, granules - first)
+                if any(s < first + n and first < s + m for s, (m, _) in real.items()):
+                    continue
+                h = d.create(n * G)
+                d.map(va + first * G, n * G, h)
+                d.set_access(va + first * G, n * G)
+                assert f.write(va + first * G, 1 + first % 250)
+                real[first] = (n, h)
+            elif real:
+                first = sorted(real)[where % len(real)]
+                n, h = real.pop(first)
+                if where % 2:
+                    d.release(h)  # released while mapped, then unmapped
+                    d.unmap(va + first * G, n * G)
+                else:
+                    d.unmap(va + first * G, n * G)
+                    d.release(h)
+            _all_readable(f, d)
+            _fake_matches_book(f, d)
+            for first in real:
+                assert f.read(va + first * G) == 1 + first % 250
+        d.close()
+        assert f.used == 0 and not f.maps and not f.res
+    finally:
+        cuda_mod._drv = saved
+        if saved_env is None:
+            os.environ.pop("KVVMM_CUDA_FASTPATH", None)
+        else:
+            os.environ["KVVMM_CUDA_FASTPATH"] = saved_env

@@ -696,6 +696,8 @@ class CudaDriver:
                 if s < b and a < s + m.size:
                     raise self._refuse("map", args, f"{s:#x} is already mapped there")
         self._synchronize("map", va, size)
+        if not h.live:  # released (on the C path, which takes no lock) while we waited
+            raise self._refuse("map", args, f"handle {handle} is not live")
         old, new = z.uncover(va, end)
         notes: list[str] = []
         fail = self._z_take(old)
