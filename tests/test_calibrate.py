@@ -467,3 +467,32 @@ def test_wrappers_pass_the_library_work_on_to_the_simulator() -> None:
         wrapped.library_work("arena.open", 0)
         assert sim.clock_us - t0 == pytest.approx(42.0)
     TracingDriver(SimDriver()).library_work("arena.open", 0)  # no such figure: nothing
+
+
+def test_the_first_mapping_in_a_region_costs_its_extra_once_until_the_reservation_is_freed(
+) -> None:
+    data = dict(profile_data(_work_profile()))
+    data["first_touch"] = {"region_mib": 1024, "map_us": 50.0, "set_access_us": 200.0,
+                           "modelled": True, "source": "test"}
+    sim = SimDriver(profile_from_data(data))
+    costs = sim_costs(profile_from_data(data))
+    base = costs.calls("map", 2 * MiB) + costs.access_us([2 * MiB])
+
+    def back(va: int) -> float:
+        h = sim.create(2 * MiB)
+        t0 = sim.clock_us
+        sim.map(va, 2 * MiB, h)
+        sim.set_access(va, 2 * MiB)
+        return sim.clock_us - t0
+
+    va = sim.reserve(4 * GiB, GiB)
+    assert back(va) == pytest.approx(base + 250.0)  # the region's first mapping
+    assert back(va + 2 * MiB) == pytest.approx(base)  # beside it
+    assert back(va + GiB) == pytest.approx(base + 250.0)  # the next region
+    for off in (0, 2 * MiB, GiB):
+        sim.unmap(va + off, 2 * MiB)
+    assert back(va) == pytest.approx(base)  # still set up: an unmap does not undo it
+    sim.unmap(va, 2 * MiB)
+    sim.free(va, 4 * GiB)
+    va = sim.reserve(4 * GiB, GiB)
+    assert back(va) == pytest.approx(base + 250.0)  # a new reservation starts afresh

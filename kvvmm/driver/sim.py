@@ -222,6 +222,11 @@ class SimDriver:
         # where it has none), plus the library's own work per call and the post-release
         # slowdown where `kvvmm calibrate` measured them (kvvmm/hardware/overhead.py).
         self._cost = CallClock(sim_costs(self.profile))
+        # First touch (where the profile models it): regions of VA a mapping has touched
+        # since their reservation, and mappings whose set_access still owes the extra.
+        self._first = self._cost.costs.first_touch
+        self._touched: set[int] = set()
+        self._owes_access: set[int] = set()
 
     def __repr__(self) -> str:
         return f"SimDriver(profile={self.profile.key!r}, device={self.device})"
@@ -250,6 +255,10 @@ class SimDriver:
         self._book.check_free(va, size)
         self._book.apply_free(va)
         self.clock_us += self._cost("free", size)
+        if self._touched:
+            region = self._first[0]  # type: ignore[index]
+            lo, hi = va // region, (va + size - 1) // region
+            self._touched = {r for r in self._touched if not lo <= r <= hi}
 
     @locked
     def create(self, size: int) -> int:
@@ -277,6 +286,14 @@ class SimDriver:
         res = self._book.check_map(va, size, handle)
         self._book.apply_map(va, size, handle, res)
         self.clock_us += self._cost("map", size)
+        if self._first is not None:
+            region, map_us, _ = self._first
+            new = [r for r in range(va // region, (va + size - 1) // region + 1)
+                   if r not in self._touched]
+            if new:
+                self._touched.update(new)
+                self.clock_us += map_us * len(new)
+                self._owes_access.add(va)
 
     @locked
     def unmap(self, va: int, size: int) -> None:
@@ -285,6 +302,8 @@ class SimDriver:
         sizes = [self._book.maps[s][0] for s in starts]
         gone = [self._book.maps[s][1] for s in starts] if self._home else ()
         self._book.apply_unmap(starts)
+        if self._owes_access:
+            self._owes_access.difference_update(starts)
         if self._peers:  # access goes with the mapping
             for s in starts:
                 self._peers.pop(s, None)
@@ -306,6 +325,11 @@ class SimDriver:
         if self._home:
             self._check_reach(va, size, starts, self.device, None)
         self.clock_us += self._access_cost(starts)
+        if self._owes_access:
+            owed = self._owes_access.intersection(starts)
+            if owed:
+                self._owes_access -= owed
+                self.clock_us += self._first[2] * len(owed)  # type: ignore[index]
 
     def library_work(self, op: str, units: int = 1) -> None:
         """Charge kvvmm's own work for one arena or owner operation to the clock.

@@ -27,6 +27,10 @@ sections that ``kvvmm calibrate`` measures on a GPU:
   calibrate measures it and says so (``library_overhead_us.measured``).
 - ``set_access_per_mapping``: µs per mapping covered by one ``set_access`` call, by mapping
   size (the cost goes with the mappings covered, not with the calls: docs/MEASUREMENTS.md §9).
+- ``first_touch``: a map, and the set_access after it, cost more when the mapping is the
+  first in its region of VA (1 GiB on an H200) since the reservation was made (the driver
+  sets the region up then): an owner's construction maps slot 0 of every buffer, each in
+  VA of its own. Charged when calibrate found it over 20% of the calls (``modelled``).
 - ``post_release_slowdown``: creates right after a large release run slower while the driver
   reclaims the memory (docs/MEASUREMENTS.md §3); charged only when calibrate found it real
   and stable across repeats (``modelled: true``).
@@ -80,6 +84,9 @@ class SimCosts:
     #: library work per arena/owner operation: op -> (µs fixed, µs per unit)
     work: Mapping[str, tuple[float, float]] = field(default_factory=dict)
     unmap_per_mapping: Log2Curve | None = None  #: µs per mapping one unmap covers, by size
+    #: (region bytes, µs more per map, µs more per set_access) for a mapping that is the
+    #: first in its region of VA since the reservation; None: not modelled
+    first_touch: tuple[int, float, float] | None = None
 
     def work_us(self, op: str, units: int = 1) -> float:
         """µs of the library's own work for one ``op`` over ``units`` units (0 if unknown)."""
@@ -183,6 +190,11 @@ def sim_costs(profile: DeviceProfile) -> SimCosts:
             lo_source = str(lw.get("source", ""))
     if not work and lo is None:
         notes.append(f"library overhead: not measured on {profile.key}; driver calls only")
+    ftd = _section(data, "first_touch")
+    first = None
+    if ftd is not None and ftd.get("modelled") is True:
+        first = (int(ftd["region_mib"]) * MiB, float(ftd.get("map_us", 0.0)),
+                 float(ftd.get("set_access_us", 0.0)))
     upm = _section(data, "unmap_per_mapping")
     unmap_pm = _curve(upm["points"]) if upm is not None and upm.get("points") else None
     apm = _section(data, "set_access_per_mapping")
@@ -199,7 +211,7 @@ def sim_costs(profile: DeviceProfile) -> SimCosts:
         notes.append("post-release slowdown: measured, not modelled ("
                      + str(prs.get("why_not_modelled", "not stable across repeats")) + ")")
     return SimCosts(profile.key, calls, per_call, over_curves, access, slow, tuple(notes),
-                    lo_source, work, unmap_pm)
+                    lo_source, work, unmap_pm, first)
 
 
 class CallClock:

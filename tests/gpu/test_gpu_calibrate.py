@@ -35,15 +35,18 @@ def test_calibrate_quick_writes_a_complete_profile_that_the_sim_loads_and_charge
     raw = profile_data(prof)
     for op in ("create", "map", "set_access", "unmap", "release", "reserve", "free"):
         assert raw["call_costs"]["points"][op], op
-    for section in ("call_costs", "set_access_per_mapping", "library_overhead_us",
-                    "post_release_slowdown", "bandwidth"):
+    for section in ("call_costs", "set_access_per_mapping", "unmap_per_mapping",
+                    "library_work_us", "library_overhead_us", "post_release_slowdown",
+                    "bandwidth"):
         assert raw[section]["source"], section
     costs = sim_costs(prof)
-    assert "create" in costs.per_call_overhead_us
+    from kvvmm.calibrate import WORK_UNITS
+
+    # The library's work is charged per operation (every one measured), nothing per call.
+    assert set(costs.work) == set(WORK_UNITS) and costs.per_call_overhead_us == {}
+    assert costs.unmap_per_mapping is not None
     assert not any("call costs" in n for n in costs.notes)  # nothing borrowed from the H200
     sim = SimDriver(prof)
     sim.create(2 * MiB)
-    # The library's work per create comes by handle size where the fit has sizes
-    # (library_overhead_us.by_size), else the one per-call figure: call_us says which.
-    assert sim.clock_us == costs.call_us("create", 2 * MiB)
+    assert sim.clock_us == costs.call_us("create", 2 * MiB) == costs.calls("create", 2 * MiB)
     assert cal["wall_s"] < 180, cal["seconds"]  # --quick: about a minute on an H200
