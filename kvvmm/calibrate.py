@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import functools
 import json
 import os
 import platform
@@ -529,9 +530,10 @@ def library(ctx: Ctx) -> dict[str, Any]:
     try:
         for _ in range(reps):
             for k in ks:
-                us, _ = timed(lambda k=k: arena.commit_many([(o, g) for o in offs[:k]]))
+                us, _ = timed(functools.partial(arena.commit_many, [(o, g) for o in offs[:k]]))
                 commit[k].append(us)
-                us, _ = timed(lambda k=k: arena.decommit_many([(o, 0) for o in offs[:k]]))
+                us, _ = timed(functools.partial(arena.decommit_many,
+                                                [(o, 0) for o in offs[:k]]))
                 decommit[k].append(us)
     finally:
         arena.close()
@@ -540,7 +542,8 @@ def library(ctx: Ctx) -> dict[str, Any]:
     close: dict[int, list[float]] = {m: [] for m in (1, 8, 32)}
     for _ in range(max(3, reps // 4)):
         for m in close:
-            us, a = timed(lambda m=m: Arena(td, reserve_bytes=m * g, name="calibrate-close"))
+            us, a = timed(functools.partial(Arena, td, reserve_bytes=m * g,
+                                            name="calibrate-close"))
             opens.append(us)
             off = a.allocate(m * g)
             for i in range(1, m + 1):

@@ -106,7 +106,7 @@ def test_a_file_that_is_not_a_profile_is_refused_naming_the_file(tmp_path: Path)
 
 
 def test_a_profile_names_its_card_date_and_file_for_figures(tmp_path: Path) -> None:
-    assert profile_label("h200") == "h200 (NVIDIA H200, 2026-11-29)"
+    assert profile_label("h200") == "h200 (NVIDIA H200, 2026-12-01)"
     path = _write(tmp_path, build_profile({}, META, FULL))
     assert profile_label(path) == "testgpu (NVIDIA Test GPU, 2026-12-01, my-card.json)"
 
@@ -168,10 +168,12 @@ def test_library_overhead_fitted_by_handle_size_replaces_the_flat_figure_for_its
     assert neg.clock_us == 0.0  # a call never runs the clock backwards
 
 
-def test_the_shipped_h200_profile_charges_exactly_what_it_always_did() -> None:
+def test_the_shipped_h200_profile_charges_its_call_costs_and_the_first_touch_once() -> None:
     sim, model = SimDriver("h200"), default_cost_model()
+    first = sim_costs(sim.profile).first_touch
+    assert first is not None  # measured on the H200 (calibrate, 2026-12-01)
     va = sim.reserve(64 * GiB)
-    expected = model("reserve", 64 * GiB)
+    expected = model("reserve", 64 * GiB) + first[1] + first[2]  # one region touched
     for size in (2 * MiB, 6 * MiB, 512 * MiB):
         h = sim.create(size)
         sim.map(va, size, h)
@@ -180,7 +182,7 @@ def test_the_shipped_h200_profile_charges_exactly_what_it_always_did() -> None:
         sim.release(h)
         expected += sum(model(op, size) for op in ("create", "map", "set_access", "unmap",
                                                    "release"))
-    assert sim.clock_us == expected
+    assert sim.clock_us == pytest.approx(expected)
 
 
 def test_creates_after_a_large_release_are_slowed_when_calibrate_found_it_stable() -> None:
@@ -326,9 +328,9 @@ def test_growth_text_and_figure_name_the_profile_their_sim_times_come_from() -> 
     results = _growth()
     text = format_growth(results, profile="h200")
     assert text.splitlines()[-1] == ("driver time: simulated with profile h200 "
-                                     "(NVIDIA H200, 2026-11-29)")
+                                     "(NVIDIA H200, 2026-12-01)")
     title = growth_figure(results, profile="h200").layout.title.text
-    assert "h200 (NVIDIA H200, 2026-11-29)" in title
+    assert "h200 (NVIDIA H200, 2026-12-01)" in title
     assert format_growth(results) == "\n".join(text.splitlines()[:-1])  # unchanged without
 
 
@@ -353,11 +355,11 @@ def test_describe_stats_and_the_timeline_name_the_sims_profile() -> None:
     sim = SimDriver("h200")
     sim.reserve(2 * MiB)
     assert describe_stats(sim.stats(), profile=sim.profile).endswith(
-        "(sim profile h200 (NVIDIA H200, 2026-11-29))")
+        "(sim profile h200 (NVIDIA H200, 2026-12-01))")
     drv = TracingDriver(SimDriver("h200"))
     drv.reserve(2 * MiB)
     fig = timeline(drv.trace, profile="h200")
-    assert "profile h200 (NVIDIA H200, 2026-11-29)" in fig.layout.title.text
+    assert "profile h200 (NVIDIA H200, 2026-12-01)" in fig.layout.title.text
 
 
 def test_growth_lab_takes_a_calibrated_profile_by_path_and_names_it(tmp_path: Path) -> None:
