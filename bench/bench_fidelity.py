@@ -296,11 +296,52 @@ def compare(predicted: dict[str, list[float]],
             if meas == 0 and row["predicted_us"] == 0:  # nothing to do on either (static)
                 out[name] = row | {"measured_us": 0.0, "ratio": None, "within": True}
                 continue
-            row |= {"measured_us": meas, "measured_rounds_us": measured[name],
+            rounds = measured[name]
+            row |= {"measured_us": meas, "measured_rounds_us": rounds,
                     "ratio": round(row["predicted_us"] / meas, 4) if meas > 0 else None}
             row["within"] = row["ratio"] is not None and LOW <= row["ratio"] <= HIGH
+            if len(rounds) >= 3 and meas > 0:
+                # The card's own spread: a prediction inside the rounds' range is as close
+                # as the card comes to itself, whatever the ratio to their median.
+                row["spread"] = round((max(rounds) - min(rounds)) / meas, 4)
+                row["in_rounds"] = min(rounds) <= row["predicted_us"] <= max(rounds)
         out[name] = row
     return out
+
+
+def summarize(res: dict[str, Any]) -> None:
+    """The summary fields of a result (``ratios``, ``outside``, ...) from its scenarios."""
+    sc = res["scenarios"]
+    res["ratios"] = {k: v["ratio"] for k, v in sc.items() if "ratio" in v}
+    res["all_within"] = all(v.get("within") for v in sc.values())
+    res["outside"] = sorted(k for k, v in sc.items() if not v.get("within"))
+    res["outside_but_in_rounds"] = sorted(k for k, v in sc.items()
+                                          if not v.get("within") and v.get("in_rounds"))
+    timed = [v for v in sc.values() if v.get("ratio") is not None]
+    res["within_count"] = f"{sum(1 for v in timed if v['within'])} of {len(timed)} timed"
+
+
+def rescore(path: str) -> dict[str, Any]:
+    """Recompute a result file's comparison from the figures it holds (no new measurement):
+    for a result written before a field was added."""
+    with open(path, encoding="utf-8") as f:
+        res: dict[str, Any] = json.load(f)
+    predicted: dict[str, list[float]] = {}
+    measured: dict[str, list[float]] = {}
+    for name, row in res["scenarios"].items():
+        if name.endswith(":calls"):
+            predicted[name] = [row["predicted"]]
+            if "measured" in row:
+                measured[name] = [row["measured"]]
+        else:
+            predicted[name] = [row["predicted_us"]]
+            if "measured_rounds_us" in row:
+                measured[name] = row["measured_rounds_us"]
+            elif "measured_us" in row:
+                measured[name] = [row["measured_us"]]
+    res["scenarios"] = compare(predicted, measured)
+    summarize(res)
+    return res
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -316,7 +357,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--settle-s", type=float, default=1.5,
                     help="pause before each measured owner (s)")
     ap.add_argument("--no-parity", action="store_true", help="skip the sim/CUDA parity run")
+    ap.add_argument("--rescore", metavar="RESULT",
+                    help="recompute the comparison of a result file in place (no new run)")
     args = ap.parse_args(argv)
+    if args.rescore:
+        res = rescore(args.rescore)
+        with open(args.rescore, "w", encoding="utf-8") as f:
+            json.dump(res, f, indent=1)
+        print(json.dumps({k: res[k] for k in ("outside", "outside_but_in_rounds",
+                                              "within_count")}, indent=1))
+        return 0
     wl = SMALL if args.small else Workload()
     prof = get_profile(args.profile)
     started = time.perf_counter()
@@ -388,10 +438,7 @@ def main(argv: list[str] | None = None) -> int:
     res["rounds"] = 1 if args.sim_only else args.rounds
     res["scenarios"] = compare(predicted, measured)
     if measured is not None:
-        ratios = {k: v["ratio"] for k, v in res["scenarios"].items() if "ratio" in v}
-        res["ratios"] = ratios
-        res["all_within"] = all(v.get("within") for v in res["scenarios"].values())
-        res["outside"] = sorted(k for k, v in res["scenarios"].items() if not v.get("within"))
+        summarize(res)
     res["wall_s"] = round(time.perf_counter() - started, 1)
     slug = card.lower().replace("nvidia ", "").strip().replace(" ", "-")
     out = args.out or os.path.join(str(ROOT), "bench", "results", f"{slug}-fidelity.json")
@@ -399,7 +446,8 @@ def main(argv: list[str] | None = None) -> int:
     with open(out, "w", encoding="utf-8") as f:
         json.dump(res, f, indent=1)
     summary = {k: res.get(k) for k in ("card", "mode", "profile", "ratios", "outside",
-                                       "all_within", "wall_s")}
+                                       "outside_but_in_rounds", "within_count", "all_within",
+                                       "wall_s")}
     summary["parity"] = {k: v for k, v in res.get("parity", {}).items() if k != "examples"}
     print(json.dumps(summary, indent=1))
     print("wrote", out)

@@ -2,8 +2,8 @@
 argument it cannot take before CUDA sees it (the same answers as sim and host), keeps its book
 consistent under threads, and refuses close() while a reservation is pinned.
 
-Not here (not implemented): ``CudaDriver(zero_page=True)``, a read-only zero handle over
-unbacked granules; unbacked device VA still faults on read.
+Safe reads of unbacked device VA (``CudaDriver(zero_page=...)``, a read-only zero cover) are
+tested in ``test_gpu_zero_page.py``; without it, unbacked device VA faults on read.
 """
 
 from __future__ import annotations
