@@ -498,3 +498,21 @@ def test_the_first_mapping_in_a_region_costs_its_extra_once_until_the_reservatio
     sim.free(va, 4 * GiB)
     va = sim.reserve(4 * GiB, GiB)
     assert back(va) == pytest.approx(base + 250.0)  # a new reservation starts afresh
+
+
+@pytest.mark.parametrize(("per", "times"), [("region", 4), ("mapping", 1)])
+def test_a_large_first_mapping_pays_per_region_it_enters_or_once_as_calibrate_found(
+    per: str, times: int,
+) -> None:
+    data = dict(profile_data(_work_profile()))
+    data["first_touch"] = {"region_mib": 512, "map_us": 5.0, "set_access_us": 20.0,
+                           "per": per, "modelled": True, "source": "test"}
+    prof = profile_from_data(data)
+    sim, costs = SimDriver(prof), sim_costs(prof)
+    va = sim.reserve(4 * GiB, GiB)
+    h = sim.create(2 * GiB)
+    t0 = sim.clock_us
+    sim.map(va, 2 * GiB, h)
+    sim.set_access(va, 2 * GiB)
+    calls = costs.calls("map", 2 * GiB) + costs.access_us([2 * GiB])
+    assert sim.clock_us - t0 == pytest.approx(calls + times * 25.0)

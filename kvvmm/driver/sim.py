@@ -226,7 +226,7 @@ class SimDriver:
         # since their reservation, and mappings whose set_access still owes the extra.
         self._first = self._cost.costs.first_touch
         self._touched: set[int] = set()
-        self._owes_access: set[int] = set()
+        self._owes_access: dict[int, int] = {}  # mapping start -> extras its access owes
 
     def __repr__(self) -> str:
         return f"SimDriver(profile={self.profile.key!r}, device={self.device})"
@@ -287,13 +287,14 @@ class SimDriver:
         self._book.apply_map(va, size, handle, res)
         self.clock_us += self._cost("map", size)
         if self._first is not None:
-            region, map_us, _ = self._first
+            region, map_us, _, once = self._first
             new = [r for r in range(va // region, (va + size - 1) // region + 1)
                    if r not in self._touched]
             if new:
                 self._touched.update(new)
-                self.clock_us += map_us * len(new)
-                self._owes_access.add(va)
+                times = 1 if once else len(new)
+                self.clock_us += map_us * times
+                self._owes_access[va] = times
 
     @locked
     def unmap(self, va: int, size: int) -> None:
@@ -303,7 +304,8 @@ class SimDriver:
         gone = [self._book.maps[s][1] for s in starts] if self._home else ()
         self._book.apply_unmap(starts)
         if self._owes_access:
-            self._owes_access.difference_update(starts)
+            for st in starts:
+                self._owes_access.pop(st, None)
         if self._peers:  # access goes with the mapping
             for s in starts:
                 self._peers.pop(s, None)
@@ -326,10 +328,9 @@ class SimDriver:
             self._check_reach(va, size, starts, self.device, None)
         self.clock_us += self._access_cost(starts)
         if self._owes_access:
-            owed = self._owes_access.intersection(starts)
+            owed = sum(self._owes_access.pop(st, 0) for st in starts)
             if owed:
-                self._owes_access -= owed
-                self.clock_us += self._first[2] * len(owed)  # type: ignore[index]
+                self.clock_us += self._first[2] * owed  # type: ignore[index]
 
     def library_work(self, op: str, units: int = 1) -> None:
         """Charge kvvmm's own work for one arena or owner operation to the clock.

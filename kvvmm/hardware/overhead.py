@@ -84,9 +84,10 @@ class SimCosts:
     #: library work per arena/owner operation: op -> (µs fixed, µs per unit)
     work: Mapping[str, tuple[float, float]] = field(default_factory=dict)
     unmap_per_mapping: Log2Curve | None = None  #: µs per mapping one unmap covers, by size
-    #: (region bytes, µs more per map, µs more per set_access) for a mapping that is the
-    #: first in its region of VA since the reservation; None: not modelled
-    first_touch: tuple[int, float, float] | None = None
+    #: (region bytes, µs more per map, µs more per set_access, paid once per mapping rather
+    #: than per region entered) for a mapping that enters a region of VA no mapping touched
+    #: since the reservation; None: not modelled
+    first_touch: tuple[int, float, float, bool] | None = None
 
     def work_us(self, op: str, units: int = 1) -> float:
         """µs of the library's own work for one ``op`` over ``units`` units (0 if unknown)."""
@@ -194,7 +195,7 @@ def sim_costs(profile: DeviceProfile) -> SimCosts:
     first = None
     if ftd is not None and ftd.get("modelled") is True:
         first = (int(ftd["region_mib"]) * MiB, float(ftd.get("map_us", 0.0)),
-                 float(ftd.get("set_access_us", 0.0)))
+                 float(ftd.get("set_access_us", 0.0)), ftd.get("per", "region") == "mapping")
     upm = _section(data, "unmap_per_mapping")
     unmap_pm = _curve(upm["points"]) if upm is not None and upm.get("points") else None
     apm = _section(data, "set_access_per_mapping")
