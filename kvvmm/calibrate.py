@@ -688,132 +688,121 @@ def library(ctx: Ctx) -> dict[str, Any]:
 
 
 def growth(ctx: Ctx) -> dict[str, Any]:
-    """Decode growth per policy, settled rounds (order rotated), and each grown owner's close."""
-    plan = ctx.plan
-    d = ctx.td.inner
-    specs = list(plan.policies)
-    out: dict[str, Any] = {s: {"policy": str(policy_of(s)), "grow_us": [], "close_us": [],
-                               "construct_us": []} for s in specs}
-    for r in range(plan.rounds):
-        for spec in specs[r % len(specs):] + specs[:r % len(specs)]:
-            time.sleep(plan.settle_s)
-            t0 = time.perf_counter()
-            owner = _owner(d, plan, policy_of(spec))
-            ctx.sync()
-            t1 = time.perf_counter()
-            for n in _steps(plan):
-                owner.ensure_prefix(n)
-            ctx.sync()
-            t2 = time.perf_counter()
-            if spec == specs[0] and plan.finalize_tokens:
-                owner.finalize(plan.finalize_tokens)
-                ctx.sync()
-                out[spec].setdefault("finalize_us", []).append(
-                    round((time.perf_counter() - t2) * 1e6, 1))
-            t3 = time.perf_counter()
-            owner.close()
-            t4 = time.perf_counter()
-            row = out[spec]
-            row["construct_us"].append(round((t1 - t0) * 1e6, 1))
-            row["grow_us"].append(round((t2 - t1) * 1e6, 1))
-            row["close_us"].append(round((t4 - t3) * 1e6, 1))
-        # A fresh owner closed at once: its unmaps are of one-page (granule) mappings, the
-        # small end of the per-unmap overhead (decommits of pages and holes are that size).
-        time.sleep(plan.settle_s)
-        owner = _owner(d, plan, policy_of(specs[0]))
-        ctx.sync()
-        t0 = time.perf_counter()
-        owner.close()
-        fresh = out.setdefault("fresh", {"policy": "fresh owner, closed at once", "fresh": True,
-                                         "close_us": []})
-        fresh["close_us"].append(round((time.perf_counter() - t0) * 1e6, 1))
-    time.sleep(plan.settle_s)
-    out["in_context"] = calls_in_growth(ctx)
-    return out
+    """Decode growth per policy, settled rounds (order rotated), and each grown owner's close,
+    every driver call timed inside them (``in_context``: what the profile's call costs are).
 
-
-def calls_in_growth(ctx: Ctx) -> dict[str, Any]:
-    """Every policy's owner once more, each driver call timed inside kvvmm's operations:
-    construction, the decode growth and the close. What a call costs there, by handle (or
-    mapping) size, is what the profile's call costs are (``call_costs.in_context``): on an
-    H200 a set_access costs ~30% more between an owner's steps than back to back in
-    ``per_call`` (the library's work between calls leaves the driver's code and data cold).
-
-    Returns per op ``{MiB: [µs, ...]}`` means (unmaps per mapping: one unmap call over a
-    buffer's run divided by its mappings, where they are all of one size), and per policy
-    the first and last quarter of the growth (do calls drift as mappings pile up?).
+    The calls are timed through the wrapper driver in the same rounds whose walls are the
+    measured growths (less the wrapper's own cost per call), so the call costs and the
+    growths they must add up to come from the same minutes of the card: calibrating from one
+    extra round instead let one slow round move a whole profile by 30%.
     """
     plan = ctx.plan
     td = ctx.td
+    wrap_s = wrapper_cost_s(td)
+    specs = list(plan.policies)
+    out: dict[str, Any] = {s: {"policy": str(policy_of(s)), "grow_us": [], "close_us": [],
+                               "construct_us": []} for s in specs}
+    rounds: list[dict[str, dict[int, list[float]]]] = []
     steps = list(_steps(plan))
     q = max(1, len(steps) // 4)
-    got: dict[str, dict[int, list[float]]] = {}
+    drift: dict[str, dict[str, dict[str, list[float]]]] = {}
 
-    def add(op: str, size: int, dt: float) -> None:
-        got.setdefault(op, {}).setdefault(size // MiB, []).append(dt)
-
-    drift: dict[str, Any] = {}
-    for spec in plan.policies:
-        time.sleep(plan.settle_s)
-        with td.record() as made:
+    def timed(fn: Callable[[], Any]) -> tuple[float, Any, list[tuple[str, int, float]]]:
+        with td.record() as calls:
             t0 = time.perf_counter()
-            owner = _owner(td, plan, policy_of(spec))
+            r = fn()
             ctx.sync()
-            built = time.perf_counter() - t0
-        per_step: list[list[tuple[str, int, float]]] = []
-        try:
+            wall = time.perf_counter() - t0
+        return max(0.0, wall - wrap_s * len(calls)), r, list(calls)
+
+    for r in range(plan.rounds):
+        got: dict[str, dict[int, list[float]]] = {}
+        rounds.append(got)
+
+        def add(op: str, size: int, dt: float, got: dict[str, dict[int, list[float]]] = got
+                ) -> None:
+            got.setdefault(op, {}).setdefault(size // MiB, []).append(dt)
+
+        for spec in specs[r % len(specs):] + specs[:r % len(specs)]:
+            time.sleep(plan.settle_s)
+            ctor_s, owner, _ = timed(functools.partial(_owner, td, plan, policy_of(spec)))
+            per_step: list[list[tuple[str, int, float]]] = []
+            t0 = time.perf_counter()
             for n in steps:
                 with td.record() as calls:
                     owner.ensure_prefix(n)
                 per_step.append(list(calls))
             ctx.sync()
+            grow_s = time.perf_counter() - t0 - wrap_s * sum(len(c) for c in per_step)
+            if spec == specs[0] and plan.finalize_tokens:
+                fin_s, _, _ = timed(functools.partial(owner.finalize, plan.finalize_tokens))
+                out[spec].setdefault("finalize_us", []).append(round(fin_s * 1e6, 1))
             # run size -> its mapping sizes, for the unmaps of the close (one per buffer)
-            runs: dict[int, list[list[int]]] = {}
+            runs: dict[int, list[int]] = {}
             by_alloc: dict[str, list[int]] = {}
             for m in owner.snapshot().arena.mappings:
                 by_alloc.setdefault(m.allocation, []).append(m.size_bytes)
             for sizes in by_alloc.values():
-                runs.setdefault(sum(sizes), []).append(sizes)
-        finally:
-            with td.record() as closing:
-                owner.close()
-        # Construction's calls are not points: its maps are each the first in their region
-        # (first_touch measures that extra on its own; here it would be counted twice).
-        for op, size, dt in (c for cs in per_step for c in cs):
-            add(op, size, dt)
-        for op, size, dt in closing:
-            if op == "unmap":
-                shapes = runs.get(size, [])
-                if shapes and len(shapes[0]) > 1:  # a buffer's run: per mapping, at its size
-                    k = len(shapes[0])
-                    add("unmap_per_mapping", int(statistics.median(shapes[0])), dt / k)
-                elif shapes:
-                    add("unmap", size, dt)
-            else:
+                runs.setdefault(sum(sizes), sizes)
+            close_s, _, closing = timed(owner.close)
+            row = out[spec]
+            row["construct_us"].append(round(ctor_s * 1e6, 1))
+            row["grow_us"].append(round(grow_s * 1e6, 1))
+            row["close_us"].append(round(close_s * 1e6, 1))
+            # Construction's calls are not points: its maps are each the first in their
+            # region (first_touch measures that extra on its own).
+            for op, size, dt in (c for cs in per_step for c in cs):
                 add(op, size, dt)
-        row: dict[str, Any] = {"construct_wall_us": round(built * 1e6, 1),
-                               "construct_calls_us": round(sum(c[2] for c in made) * 1e6, 1)}
-        for op in ("create", "set_access"):
-            first = [c[2] for cs in per_step[:q] for c in cs if c[0] == op]
-            last = [c[2] for cs in per_step[-q:] for c in cs if c[0] == op]
-            if first and last:
-                row[op] = {"first_quarter_us": _us(first), "last_quarter_us": _us(last)}
-        drift[spec] = row
-    # The owners above grow by whole buffers; a fresh owner closed at once unmaps one
-    # granule mapping per call (what decommits of pages and holes do).
+            for op, size, dt in closing:
+                shape = runs.get(size) if op == "unmap" else None
+                if shape is not None and len(shape) > 1:  # a buffer's run: per mapping
+                    add("unmap_per_mapping", int(statistics.median(shape)), dt / len(shape))
+                else:
+                    add(op, size, dt)
+            for op in ("create", "set_access"):
+                d = drift.setdefault(spec, {}).setdefault(op, {"first": [], "last": []})
+                d["first"] += [c[2] for cs in per_step[:q] for c in cs if c[0] == op]
+                d["last"] += [c[2] for cs in per_step[-q:] for c in cs if c[0] == op]
+        # A fresh owner closed at once: its unmaps are of one-page (granule) mappings, the
+        # small end of the per-unmap cost (decommits of pages and holes are that size).
+        time.sleep(plan.settle_s)
+        owner = _owner(td, plan, policy_of(specs[0]))
+        ctx.sync()
+        close_s, _, closing = timed(owner.close)
+        for op, size, dt in closing:
+            add(op, size, dt)
+        fresh = out.setdefault("fresh", {"policy": "fresh owner, closed at once", "fresh": True,
+                                         "close_us": []})
+        fresh["close_us"].append(round(close_s * 1e6, 1))
     time.sleep(plan.settle_s)
-    owner = _owner(td, plan, policy_of(plan.policies[0]))
-    with td.record() as closing:
-        owner.close()
-    for op, size, dt in closing:
-        add(op, size, dt)
+    out["in_context"] = _in_context(rounds, drift)
+    return out
+
+
+def _in_context(rounds: Sequence[Mapping[str, Mapping[int, Sequence[float]]]],
+                drift: Mapping[str, Mapping[str, Mapping[str, Sequence[float]]]],
+                ) -> dict[str, Any]:
+    """Per op and size, the median over rounds of each round's trimmed mean (one slow round
+    does not move it), with the calls seen in all rounds; and the drift within a growth."""
+    points: dict[str, list[list[float]]] = {}
+    ops = sorted({op for got in rounds for op in got})
+    for op in ops:
+        sizes = sorted({mib for got in rounds for mib in got.get(op, {})})
+        pts = []
+        for mib in sizes:
+            per_round = [_tmean(got[op][mib]) for got in rounds if got.get(op, {}).get(mib)]
+            n = sum(len(got[op][mib]) for got in rounds if got.get(op, {}).get(mib))
+            pts.append([mib, round(statistics.median(per_round) * 1e6, 3), n])
+        points[op] = pts
     return {
         "unit": ("[[MiB, µs, calls], ...] per op by handle size (unmap_per_mapping: per "
-                 "mapping covered)"),
-        "points": {op: sorted([mib, _us(v), len(v)] for mib, v in by.items())
-                   for op, by in sorted(got.items())},
-        "calls": {op: sum(len(v) for v in by.values()) for op, by in sorted(got.items())},
-        "drift": drift,
+                 "mapping covered): the median over rounds of each round's trimmed mean"),
+        "points": points,
+        "rounds": len(rounds),
+        "drift": {spec: {op: {"first_quarter_us": _us(v["first"]) if v["first"] else None,
+                              "last_quarter_us": _us(v["last"]) if v["last"] else None}
+                         for op, v in row.items()}
+                  for spec, row in drift.items()},
     }
 
 
