@@ -41,6 +41,7 @@ import argparse
 import datetime
 import importlib
 import json
+import math
 import os
 import platform
 import random
@@ -344,6 +345,46 @@ def rescore(path: str) -> dict[str, Any]:
     return res
 
 
+def crossval(profiles: Sequence[str], results: Sequence[str],
+             wl: Workload | None = None) -> dict[str, Any]:
+    """Every profile's predictions against every result file's measured rounds.
+
+    A profile calibrated in one run and scored on that run's measurement is scored on the
+    card's state in those minutes; scored on other runs' measurements it says how far the
+    sim is from the card in general (the H200's state drifts by ~25% over minutes).
+    Returns per (profile, result) the ratios, how many are within 0.9-1.1, how many within
+    or inside the measured rounds, and the median |log ratio|; and per profile the mean of
+    that median over the results (lower is better).
+    """
+    wl = wl or Workload()
+    measured: dict[str, dict[str, list[float]]] = {}
+    for path in results:
+        with open(path, encoding="utf-8") as f:
+            sc = json.load(f)["scenarios"]
+        measured[path] = {n: (r.get("measured_rounds_us") or [r["measured"]])
+                          for n, r in sc.items() if "measured_rounds_us" in r or "measured" in r}
+    pairs: dict[str, Any] = {}
+    score: dict[str, float] = {}
+    for prof in profiles:
+        pred = predict(prof, wl)
+        logs = []
+        for path, meas in measured.items():
+            c = compare(pred, meas)
+            timed = {n: v for n, v in c.items() if v.get("ratio")}
+            med = statistics.median(abs(math.log(v["ratio"])) for v in timed.values())
+            logs.append(med)
+            pairs[f"{os.path.basename(prof)} on {os.path.basename(path)}"] = {
+                "within": sum(1 for v in timed.values() if v["within"]),
+                "within_or_in_rounds": sum(1 for v in timed.values()
+                                           if v["within"] or v.get("in_rounds")),
+                "timed": len(timed), "median_abs_log_ratio": round(med, 4),
+                "ratios": {n: v["ratio"] for n, v in timed.items()}}
+        score[os.path.basename(prof)] = round(statistics.fmean(logs), 4)
+    return {"benchmark": "bench_fidelity --crossval", "profiles": list(profiles),
+            "results": list(results), "pairs": pairs,
+            "mean_median_abs_log_ratio": score}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -359,7 +400,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-parity", action="store_true", help="skip the sim/CUDA parity run")
     ap.add_argument("--rescore", metavar="RESULT",
                     help="recompute the comparison of a result file in place (no new run)")
+    ap.add_argument("--crossval", nargs=2, metavar=("PROFILES", "RESULTS"),
+                    help="comma-separated profiles and result files: every profile's "
+                         "predictions against every result's measurements (no GPU); "
+                         "written to --out")
     args = ap.parse_args(argv)
+    if args.crossval:
+        res = crossval(args.crossval[0].split(","), args.crossval[1].split(","))
+        out = args.out or "fidelity-crossval.json"
+        with open(out, "w", encoding="utf-8") as f:
+            json.dump(res, f, indent=1)
+        print(json.dumps({k: {kk: vv for kk, vv in v.items() if kk != "ratios"}
+                          for k, v in res["pairs"].items()}, indent=1))
+        print(json.dumps(res["mean_median_abs_log_ratio"]))
+        return 0
     if args.rescore:
         res = rescore(args.rescore)
         with open(args.rescore, "w", encoding="utf-8") as f:

@@ -4,6 +4,7 @@ and the fidelity benchmark's sim side, all on CPU (issue 14)."""
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from dataclasses import replace
@@ -516,3 +517,29 @@ def test_a_large_first_mapping_pays_per_region_it_enters_or_once_as_calibrate_fo
     sim.set_access(va, 2 * GiB)
     calls = costs.calls("map", 2 * GiB) + costs.access_us([2 * GiB])
     assert sim.clock_us - t0 == pytest.approx(calls + times * 25.0)
+
+
+def test_crossval_scores_each_profile_against_each_measured_run_and_rescore_keeps_figures(
+    tmp_path: Path,
+) -> None:
+    sys.path.insert(0, str(ROOT / "bench"))
+    import bench_fidelity as bf
+
+    wl = replace(bf.SMALL, workload_s=0.0, elastic_pages=0)
+    pred = bf.predict("h200", wl)
+    runs = []
+    for i, factor in enumerate((1.0, 1.5)):  # the card as the sim says, and 1.5x slower
+        meas = {n: [v[0] * factor * f for f in (0.97, 1.0, 1.03)] for n, v in pred.items()}
+        res = {"scenarios": bf.compare(pred, meas)}
+        bf.summarize(res)
+        path = tmp_path / f"run{i}.json"
+        path.write_text(json.dumps(res))
+        runs.append(str(path))
+    got = bf.crossval(["h200"], runs, wl)
+    same, slow = got["pairs"]["h200 on run0.json"], got["pairs"]["h200 on run1.json"]
+    assert same["within"] == same["timed"] > 0 and slow["within"] == 0
+    assert slow["median_abs_log_ratio"] == pytest.approx(math.log(1.5), abs=1e-3)
+    assert got["mean_median_abs_log_ratio"]["h200"] == pytest.approx(math.log(1.5) / 2, abs=1e-3)
+    before = json.loads(Path(runs[1]).read_text())
+    again = bf.rescore(runs[1])
+    assert again["scenarios"] == before["scenarios"] and again["within_count"].startswith("0 of")
