@@ -6,8 +6,9 @@ were measured, optionally its measured driver-call costs (``call_costs``), copy 
 (``bandwidth``) and what ``kvvmm calibrate`` adds (``library_work_us``,
 ``set_access_per_mapping``, ``unmap_per_mapping``, ``first_touch``, ``post_release_slowdown``,
 and the older ``library_overhead_us``; each section carries a ``source`` saying how it was
-measured; :mod:`kvvmm.hardware.overhead` says how the simulator charges them). The shipped files are read once, on first use;
-:func:`load_profile` reads one from any path, and :func:`get_profile` takes a key or a path.
+measured; :mod:`kvvmm.hardware.overhead` says how the simulator charges them). The shipped
+files are read once, on first use; :func:`load_profile` reads one from any path, and
+:func:`get_profile` takes a key or a path.
 """
 
 from __future__ import annotations
