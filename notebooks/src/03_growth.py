@@ -71,8 +71,11 @@ for policy in POLICIES:
 #
 # The driver time on the sim is its clock, charged from a **profile** of measured costs
 # (`PROFILE` below: the shipped H200's, or the `.json` that `kvvmm calibrate` writes on
-# your own GPU); the table names it. On a GPU the same growth also runs on the sim, and the
-# table shows the measured time next to the predicted one.
+# your own GPU): each driver call as it costs inside an owner's growth, and kvvmm's own work
+# per arena and owner operation; the table names the profile. On a GPU the same growth also
+# runs on the sim, and the table shows the measured time (the growth's wall) next to the
+# predicted one. How close they come on an H200, and how much the card varies by itself:
+# `docs/MEASUREMENTS.md` §12.
 
 # %%
 PROFILE = "h200"
