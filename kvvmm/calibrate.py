@@ -516,6 +516,10 @@ def _line(points: Sequence[tuple[int, float]]) -> tuple[float, float]:
     return max(0.0, my - slope * mx), slope
 
 
+def _creates(calls: Sequence[tuple[str, int, float]]) -> int:
+    return sum(1 for c in calls if c[0] == "create")
+
+
 #: The operations the arena and the owner tell the simulator, and their unit.
 WORK_UNITS = {
     "arena.open": "none", "arena.commit": "handle made", "arena.decommit": "mapping given back",
@@ -541,11 +545,16 @@ def library(ctx: Ctx) -> dict[str, Any]:
 
     def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
         """µs of ``fn``'s own work (its wall minus its driver calls), and its result."""
+        us, r, _ = timed_calls(fn)
+        return us, r
+
+    def timed_calls(fn: Callable[[], Any]) -> tuple[float, Any, list[tuple[str, int, float]]]:
+        """:func:`timed`, and the driver calls ``fn`` made."""
         with td.record() as calls:
             t0 = pc()
             r = fn()
             wall = pc() - t0
-        return (wall - sum(c[2] for c in calls) - wrap_s * len(calls)) * 1e6, r
+        return (wall - sum(c[2] for c in calls) - wrap_s * len(calls)) * 1e6, r, list(calls)
 
     reps = max(4, plan.commit_reps // 8)
     ks = (1, 8, 32)
@@ -626,36 +635,22 @@ def library(ctx: Ctx) -> dict[str, Any]:
         owner = _owner(td, plan, policy_of(spec))
         try:
             for n in _steps(plan):
-                with td.record() as calls:
-                    t0 = pc()
-                    owner.ensure_prefix(n)
-                    wall = pc() - t0
+                us, _, calls = timed_calls(functools.partial(owner.ensure_prefix, n))
                 ctx.sync()
-                made = sum(1 for c in calls if c[0] == "create")
-                us = (wall - sum(c[2] for c in calls) - wrap_s * len(calls)) * 1e6
+                made = _creates(calls)
                 if not calls:
                     noop.append(us)
                 elif made == buffers:
                     grow.append(us - arena_us("arena.commit", made))
             if spec == "default":
-                with td.record() as calls:
-                    t0 = pc()
-                    owner.finalize(plan.finalize_tokens or min(
-                        plan.reserved_tokens, plan.grow_to_tokens + 4 * plan.step_tokens))
-                    wall = pc() - t0
-                made = sum(1 for c in calls if c[0] == "create")
-                us = (wall - sum(c[2] for c in calls) - wrap_s * len(calls)) * 1e6
-                resize.append(us - arena_us("arena.commit", made))
-            if spec == "default" and hasattr(owner, "commit_pages"):
+                fin = plan.finalize_tokens or min(plan.reserved_tokens,
+                                                  plan.grow_to_tokens + 4 * plan.step_tokens)
+                us, _, calls = timed_calls(functools.partial(owner.finalize, fin))
+                resize.append(us - arena_us("arena.commit", _creates(calls)))
                 far = owner.pages - 1
                 for p in range(far, max(far - 8, 1), -1):
-                    with td.record() as calls:
-                        t0 = pc()
-                        owner.commit_pages([p])
-                        wall = pc() - t0
-                    made = sum(1 for c in calls if c[0] == "create")
-                    us = (wall - sum(c[2] for c in calls) - wrap_s * len(calls)) * 1e6
-                    pages.append(us - arena_us("arena.commit", made))
+                    us, _, calls = timed_calls(functools.partial(owner.commit_pages, [p]))
+                    pages.append(us - arena_us("arena.commit", _creates(calls)))
         finally:
             owner.close()
     noop_us = _tmean(noop) if noop else 0.0
