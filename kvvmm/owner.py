@@ -295,7 +295,8 @@ class KvBufferOwner:
             DriverError: a driver call failed; every buffer is as it was.
         """
         self._check_open("ensure_prefix")
-        self._charge("owner.ensure_prefix")
+        if self._work is not None:  # _charge inlined: this runs every decode step
+            self._work("owner.ensure_prefix", len(self.descs))
         n = _tokens("n", n, lo=0, hi=self.reserved_tokens, what="0")
         # KvBufferDesc.prefix_span_bytes, inlined: rows(n) * row_bytes.
         spans = [-(-n // tpr) * rb for tpr, rb in self._rows]

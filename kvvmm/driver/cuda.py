@@ -997,9 +997,7 @@ class CudaDriver:
             maps.update(taken)
             raise self._cuda_error("unmap", {"va": va, "size": size}, "cuMemUnmap", err)
         for _, h in taken:
-            h.maps -= 1
-            if not h.maps and not h.live and not h.imported:  # released while mapped: now
-                self._b.physical_bytes -= h.size
+            self._unmapped(h)
 
     def _synchronize(self, call: str, va: int, size: int) -> None:
         """Wait for all work in this device's context; refuse while a capture is seen.
