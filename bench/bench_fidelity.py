@@ -322,25 +322,29 @@ def summarize(res: dict[str, Any]) -> None:
     res["within_count"] = f"{sum(1 for v in timed if v['within'])} of {len(timed)} timed"
 
 
+def measured_of(scenarios: dict[str, Any]) -> dict[str, list[float]]:
+    """A result's measurements as :func:`compare` takes them: each scenario's rounds (a
+    count, or a time measured once, as one round)."""
+    out: dict[str, list[float]] = {}
+    for name, row in scenarios.items():
+        if "measured_rounds_us" in row:
+            out[name] = row["measured_rounds_us"]
+        elif "measured_us" in row:
+            out[name] = [row["measured_us"]]
+        elif "measured" in row:
+            out[name] = [row["measured"]]
+    return out
+
+
 def rescore(path: str) -> dict[str, Any]:
     """Recompute a result file's comparison from the figures it holds (no new measurement):
     for a result written before a field was added."""
     with open(path, encoding="utf-8") as f:
         res: dict[str, Any] = json.load(f)
-    predicted: dict[str, list[float]] = {}
-    measured: dict[str, list[float]] = {}
-    for name, row in res["scenarios"].items():
-        if name.endswith(":calls"):
-            predicted[name] = [row["predicted"]]
-            if "measured" in row:
-                measured[name] = [row["measured"]]
-        else:
-            predicted[name] = [row["predicted_us"]]
-            if "measured_rounds_us" in row:
-                measured[name] = row["measured_rounds_us"]
-            elif "measured_us" in row:
-                measured[name] = [row["measured_us"]]
-    res["scenarios"] = compare(predicted, measured)
+    sc = res["scenarios"]
+    predicted = {name: [row["predicted"] if name.endswith(":calls") else row["predicted_us"]]
+                 for name, row in sc.items()}
+    res["scenarios"] = compare(predicted, measured_of(sc))
     summarize(res)
     return res
 
@@ -360,9 +364,7 @@ def crossval(profiles: Sequence[str], results: Sequence[str],
     measured: dict[str, dict[str, list[float]]] = {}
     for path in results:
         with open(path, encoding="utf-8") as f:
-            sc = json.load(f)["scenarios"]
-        measured[path] = {n: (r.get("measured_rounds_us") or [r["measured"]])
-                          for n, r in sc.items() if "measured_rounds_us" in r or "measured" in r}
+            measured[path] = measured_of(json.load(f)["scenarios"])
     pairs: dict[str, Any] = {}
     score: dict[str, float] = {}
     for prof in profiles:
