@@ -4,7 +4,7 @@
                                       [--world 2] [--rounds 20] [--tokens 65536]
                                       [--out bench/results/cpu-distributed-bench.json]
 
-Every rank of a ``kvvmm.distributed.spawn`` world (127.0.0.1) builds the same owner
+Every rank of a ``kvvmm.owner.distributed.spawn`` world (127.0.0.1) builds the same owner
 (``--model`` sharded over ``--world`` ranks, ``--reserved`` tokens) and, ``--rounds`` times,
 backs ``--tokens`` tokens and gives them back again, two ways: ``owner.finalize(n)`` (each
 rank alone) and ``DistributedOwner.finalize(n)`` (prepare, agree, map, confirm: two
@@ -36,10 +36,10 @@ def _rank(rank: int, world: int, opts: dict[str, Any]) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
 
-    from kvvmm.distributed import DistributedOwner
     from kvvmm.driver import open_driver
     from kvvmm.owner import KvBufferOwner
-    from kvvmm.tp import tp_descs
+    from kvvmm.owner.distributed import DistributedOwner
+    from kvvmm.owner.tp import tp_descs
 
     kind = opts["driver"]
     if kind == "cuda":
@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     import kvvmm
-    from kvvmm.distributed import spawn
+    from kvvmm.owner.distributed import spawn
 
     opts = vars(args).copy()
     t0 = time.time()

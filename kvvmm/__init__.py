@@ -45,6 +45,7 @@ from kvvmm.errors import (
 )
 from kvvmm.layout import KvBufferDesc, mha_token_major, mla, page_major
 from kvvmm.owner import KvBufferOwner
+from kvvmm.owner.tp import TpOwners, run_per_device, spawn_tp_snapshots
 from kvvmm.policy import Chunked, Exact, Geometric, GrowthPolicy
 from kvvmm.record import Trace, TracingDriver
 from kvvmm.replay import replay_arenas
@@ -56,7 +57,6 @@ from kvvmm.snapshot import (
     OwnerSnapshot,
     TpSnapshot,
 )
-from kvvmm.tp import TpOwners, run_per_device, spawn_tp_snapshots
 
 __version__ = "0.1.0"
 

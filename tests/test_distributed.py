@@ -14,13 +14,13 @@ from typing import Any
 
 import pytest
 
-from kvvmm.distributed import DistributedOwner, TpWorkerError, spawn
 from kvvmm.driver import Driver, FaultyDriver, open_driver
 from kvvmm.errors import ArgumentError, CollectiveError
 from kvvmm.owner import KvBufferOwner
+from kvvmm.owner.distributed import DistributedOwner, TpWorkerError, spawn
+from kvvmm.owner.tp import tp_descs
 from kvvmm.policy import Chunked
 from kvvmm.snapshot import OwnerSnapshot, TpSnapshot
-from kvvmm.tp import tp_descs
 from kvvmm.units import MiB
 
 MODEL = "llama-3.1-8b"

@@ -55,8 +55,8 @@ LAYER_OF = {
     "kvvmm.layout": "layout",
     "kvvmm.arena": "arena",
     "kvvmm.owner": "owner",
-    "kvvmm.distributed": "owner",  # collective owners on torch.distributed, spawn helper
-    "kvvmm.tp": "owner",  # one owner per device (tensor parallelism), spawned processes
+    "kvvmm.distributed": "owner",  # 0.3: a shim for kvvmm.owner.distributed
+    "kvvmm.tp": "owner",  # 0.3: a shim for kvvmm.owner.tp
     "kvvmm.replay": "owner",  # rebuilds arenas from a trace
     "kvvmm.growth": "owner",  # decode growth under each policy, on real owners
     "kvvmm.workload": "workload",

@@ -22,10 +22,10 @@ from kvvmm.driver.base import CUDA_ERROR_INVALID_DEVICE, CUDA_ERROR_INVALID_VALU
 from kvvmm.errors import ArgumentError, DriverError
 from kvvmm.layout import model_descs
 from kvvmm.owner import KvBufferOwner
+from kvvmm.owner.tp import TpOwners, TpWorkerError, run_per_device, spawn_tp_snapshots
 from kvvmm.record import TracingDriver
 from kvvmm.replay import replay, replay_arenas
 from kvvmm.snapshot import OwnerSnapshot, TpSnapshot
-from kvvmm.tp import TpOwners, TpWorkerError, run_per_device, spawn_tp_snapshots
 from kvvmm.units import GiB, MiB
 
 MakeDriver = Callable[..., Driver]

@@ -145,7 +145,7 @@ class SharingMixin(_ArenaState):
         """Back ``[start, start + nbytes)`` of the allocation at ``offset`` with ``handle``.
 
         :meth:`adopt` anywhere: for a handle the caller made ahead (a collective page commit
-        in :mod:`kvvmm.distributed` creates every handle before any rank maps one), mapped
+        in :mod:`kvvmm.owner.distributed` creates every handle before any rank maps one), mapped
         at a granule-aligned range that no mapping overlaps, holes allowed around it, and made
         accessible. From then on the arena owns it, as its own. Recorded as a
         ``commit_range`` (a replay backs the same range with memory of its own).

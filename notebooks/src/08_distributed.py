@@ -6,7 +6,7 @@
 # its share of the heads, and every rank must serve the **same** number of tokens: if one
 # rank failed to back its share while the others kept theirs, the capacities would diverge.
 #
-# `kvvmm.distributed.DistributedOwner` wraps each rank's own `KvBufferOwner` and makes each
+# `kvvmm.owner.distributed.DistributedOwner` wraps each rank's own `KvBufferOwner` and makes each
 # resize collective, in four phases:
 #
 # | phase | what each rank does |
@@ -21,7 +21,7 @@
 # notices at once; a hung one runs into the timeout): the others roll back too.
 #
 # Here two ranks run on the simulator, on gloo over 127.0.0.1, started by
-# `kvvmm.distributed.spawn` (an engine uses torchrun instead). The worker below is what a
+# `kvvmm.owner.distributed.spawn` (an engine uses torchrun instead). The worker below is what a
 # torchrun script would hold; spawned processes import it by name, so it is written to a
 # module first.
 
@@ -31,16 +31,16 @@ import sys
 import tempfile
 from pathlib import Path
 
-from kvvmm.distributed import spawn
+from kvvmm.owner.distributed import spawn
 from kvvmm.units import fmt_bytes
 from kvvmm.viz import describe, va_map
 
 WORKER = '''
-from kvvmm.distributed import DistributedOwner
+from kvvmm.owner.distributed import DistributedOwner
 from kvvmm.driver import FaultyDriver, open_driver
 from kvvmm.errors import CollectiveError
 from kvvmm.owner import KvBufferOwner
-from kvvmm.tp import tp_descs
+from kvvmm.owner.tp import tp_descs
 from kvvmm.units import GiB
 
 MODEL = "llama-3.1-8b"

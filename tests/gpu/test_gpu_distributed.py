@@ -1,6 +1,6 @@
 """Collective KV resizes on CUDA under NCCL: a world of one rank on one GPU (issue 16).
 
-The rank runs in a process of its own (``kvvmm.distributed.spawn``, backend NCCL, 127.0.0.1),
+The rank runs in a process of its own (``kvvmm.owner.distributed.spawn``, backend NCCL, 127.0.0.1),
 so a crash cannot take the test session with it. It builds a CudaDriver owner, wraps it in a
 DistributedOwner (the agreement tensors live on the GPU, as NCCL needs), finalizes
 collectively, writes and reads the KV tensors, checks that an injected map failure rolls the
@@ -20,7 +20,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from kvvmm.distributed import spawn  # noqa: E402
+from kvvmm.owner.distributed import spawn  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("needs_torch_cuda")
 
@@ -31,12 +31,12 @@ def _one_rank(rank: int, world: int) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
 
-    from kvvmm.distributed import DistributedOwner
     from kvvmm.driver import FaultyDriver
     from kvvmm.driver.cuda import CudaDriver
     from kvvmm.errors import CollectiveError
     from kvvmm.owner import KvBufferOwner
-    from kvvmm.tp import tp_descs
+    from kvvmm.owner.distributed import DistributedOwner
+    from kvvmm.owner.tp import tp_descs
 
     torch.cuda.set_device(rank)
     out: dict[str, Any] = {"backend": str(dist.get_backend())}

@@ -24,7 +24,7 @@ from kvvmm.arena import Arena  # noqa: E402
 from kvvmm.driver.base import CUDA_ERROR_INVALID_VALUE  # noqa: E402
 from kvvmm.driver.cuda import CudaDriver  # noqa: E402
 from kvvmm.errors import DriverError  # noqa: E402
-from kvvmm.tp import spawn_tp_snapshots  # noqa: E402
+from kvvmm.owner.tp import spawn_tp_snapshots  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("needs_torch_cuda")
 

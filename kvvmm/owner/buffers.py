@@ -278,7 +278,7 @@ class KvBufferOwner:
 
         The owner mirrors what its arena backs, for the decode path's fast check; code that
         maps handles into the owner's arena itself (``Arena.adopt``, as a collective resize
-        in :mod:`kvvmm.distributed` does) calls this afterwards so the mirror is true again.
+        in :mod:`kvvmm.owner.distributed` does) calls this afterwards so the mirror is true again.
         """
         self._check_open("sync_backed")
         self._sync_backed()
@@ -462,7 +462,7 @@ class KvBufferOwner:
         """The ``(offset, start, nbytes)`` ranges :meth:`commit_pages` asks its arena to back.
 
         Pure: nothing changes. For code that backs the pages itself (a collective commit in
-        :mod:`kvvmm.distributed` creates the handles on every rank before any is mapped, then
+        :mod:`kvvmm.owner.distributed` creates the handles on every rank before any is mapped, then
         maps them with ``Arena.adopt_range`` and tells the owner with :meth:`note_pages`).
         Each range is granule-aligned; parts of it may be backed already.
 

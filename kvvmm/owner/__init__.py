@@ -1,0 +1,20 @@
+"""Owners of KV buffers: one arena's buffers (:mod:`~kvvmm.owner.buffers`), one owner per
+device (:mod:`~kvvmm.owner.tp`), owners that resize together over torch.distributed
+(:mod:`~kvvmm.owner.distributed`).
+
+``from kvvmm.owner import KvBufferOwner`` is the import for most code; the TP and collective
+owners load their modules only when asked for.
+"""
+
+from kvvmm.owner.buffers import (
+    BufferInfo,
+    Chunked,
+    Exact,
+    Geometric,
+    KvBufferOwner,
+    OwnerSnapshot,
+    ShrinkResult,
+)
+
+__all__ = ["BufferInfo", "Chunked", "Exact", "Geometric", "KvBufferOwner", "OwnerSnapshot",
+           "ShrinkResult"]
