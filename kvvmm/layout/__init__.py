@@ -44,7 +44,15 @@ from kvvmm.layout.planner import (
     plan,
     plan_request,
 )
-from kvvmm.layout.presets import LAYOUTS, heads_per_rank, mha_token_major, mla, page_major
+from kvvmm.layout.presets import (
+    LAYOUTS,
+    heads_per_rank,
+    layer_interleaved,
+    mha_token_major,
+    mla,
+    page_major,
+)
+from kvvmm.layout.ranges import RangesFullError, SlotRanges
 
 __all__ = [
     "DEFAULT_MEM_FRACTION_STATIC",
@@ -62,6 +70,8 @@ __all__ = [
     "Plan",
     "PlanRequest",
     "PoolPlan",
+    "RangesFullError",
+    "SlotRanges",
     "default_policies",
     "dtype_itemsize",
     "dtype_name",
@@ -69,6 +79,7 @@ __all__ = [
     "heads_per_rank",
     "hybrid_swa_descs",
     "kv_bytes_per_token",
+    "layer_interleaved",
     "list_models",
     "load_model",
     "mha_token_major",

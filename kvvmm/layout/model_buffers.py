@@ -16,6 +16,7 @@ from kvvmm.layout.presets import (
     _check_layout,
     _check_tokens,
     heads_per_rank,
+    layer_interleaved,
     mha_token_major,
     mla,
     page_major,
@@ -41,7 +42,8 @@ def _gqa_descs(
     dtype: object,
     tp: int,
 ) -> list[KvBufferDesc]:
-    preset = mha_token_major if layout == "token_major" else page_major
+    preset = {"token_major": mha_token_major, "page_major": page_major,
+              "interleaved": layer_interleaved}[layout]
     return preset(
         layers=layers,
         kv_heads=model.num_kv_heads,
@@ -65,11 +67,12 @@ def model_descs(
     """The KV buffers of one model's full-attention pool on one tensor-parallel rank.
 
     MLA models get :func:`mla` (not sharded); the others :func:`mha_token_major` or
-    :func:`page_major`.
+    :func:`page_major`. ``layout="interleaved"`` gives every model one buffer of all layers
+    (:func:`layer_interleaved`; MLA's latent as ``kv=1`` with one "head" of the latent width).
 
     Args:
         model: a :class:`ModelConfig` or anything :func:`load_model` takes.
-        layout: ``"token_major"`` or ``"page_major"``.
+        layout: ``"token_major"``, ``"page_major"`` or ``"interleaved"``.
         reserved_tokens: the pool's upper bound in token slots, > 0.
         page_size: tokens per page, > 0.
         dtype: KV dtype.
@@ -92,6 +95,12 @@ def model_descs(
             f"{len(m.sliding_layers)} of its {m.num_layers} layers slide; "
             "use hybrid_swa_descs() for its full and sliding-window pools",
         )
+    if m.is_mla and layout == "interleaved":
+        assert m.kv_lora_rank is not None and m.qk_rope_head_dim is not None
+        return layer_interleaved(layers=m.num_layers, kv_heads=1,
+                                 head_dim=m.kv_lora_rank + m.qk_rope_head_dim,
+                                 reserved_tokens=reserved_tokens, page_size=page_size,
+                                 dtype=dtype, kv=1)
     if m.is_mla:
         assert m.kv_lora_rank is not None and m.qk_rope_head_dim is not None
         return mla(

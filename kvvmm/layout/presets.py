@@ -7,6 +7,10 @@
   as paged kernels (FlashInfer's HND layout) read them.
 - :func:`mla`: one latent buffer per layer (DeepSeek's multi-head latent attention), not
   sharded by tensor parallelism.
+- :func:`layer_interleaved`: ONE buffer for every layer (0.3), a token slot's K and V of
+  every layer adjacent (``[slot][layer][k|v][heads][head_dim]``); each layer's K and V are
+  strided views (:func:`kvvmm.owner.layer_views`). A contiguous range of slots is then one
+  VA range, backed by one handle whatever the layer count (kvcached's contiguous layout).
 """
 
 from __future__ import annotations
@@ -16,10 +20,11 @@ from kvvmm.dtypes import dtype_itemsize
 from kvvmm.errors import ArgumentError
 from kvvmm.layout.desc import KvBufferDesc
 
-__all__ = ["LAYOUTS", "heads_per_rank", "mha_token_major", "mla", "page_major"]
+__all__ = ["LAYOUTS", "heads_per_rank", "layer_interleaved", "mha_token_major", "mla",
+           "page_major"]
 
 #: Layouts :func:`~kvvmm.layout.models.model_descs` builds.
-LAYOUTS = ("token_major", "page_major")
+LAYOUTS = ("token_major", "page_major", "interleaved")
 
 
 def heads_per_rank(kv_heads: int, tp: int) -> int:
@@ -141,6 +146,50 @@ def page_major(
     return _kv_pair(layers, shape, hpr * page_size * head_dim * itemsize, page_size)
 
 
+def layer_interleaved(
+    *,
+    layers: int,
+    kv_heads: int,
+    head_dim: int,
+    reserved_tokens: int,
+    page_size: int,
+    dtype: object,
+    tp: int = 1,
+    kv: int = 2,
+) -> list[KvBufferDesc]:
+    """One buffer ``"kv"`` holding every layer's K and V, a row per token slot.
+
+    Shape ``(reserved_tokens + page_size, layers, kv, heads_per_rank, head_dim)``: row ``s``
+    is token slot ``s`` of every layer (``kv=2``: K then V; MLA's latent is ``kv=1``,
+    ``kv_heads=1``). The row is ``layers * kv * heads * head_dim * itemsize`` bytes, so a
+    granule holds ``granularity // row_bytes`` slots of all layers at once and a contiguous
+    slot range of any length is one VA range of one buffer: one handle, one map, one access
+    call, where the per-layer layouts need ``kv * layers`` of each.
+
+    Layer ``l``'s K is ``t[:, l, 0]`` (shape ``(slots, heads, head_dim)``, the shape SGLang's
+    token-major pool gives a layer, with a slot stride of ``layers * kv`` times the
+    per-layer one); a paged kernel reads ``t.view(pages + 1, page_size, layers, kv, heads,
+    head_dim)[:, :, l, 0]``. :func:`kvvmm.owner.layer_views` returns both per layer.
+
+    Args:
+        layers, kv_heads, head_dim, reserved_tokens, page_size, dtype, tp: as
+            :func:`mha_token_major`.
+        kv: tensors per layer and slot: 2 (K and V) or 1 (MLA's latent).
+    Returns:
+        One desc with ``tokens_per_row == 1``.
+    Raises:
+        ArgumentError: a size is not an int > 0, ``kv`` not 1 or 2, or ``tp`` does not fit
+            ``kv_heads``.
+        UnknownDtypeError: unknown dtype.
+    """
+    if kv not in (1, 2) or isinstance(kv, bool):
+        raise ArgumentError("kv", kv, "2 (K and V per layer) or 1 (one latent per layer)")
+    itemsize, hpr = _mha_checks(layers, kv_heads, head_dim, reserved_tokens, page_size,
+                                dtype, tp)
+    shape = (reserved_tokens + page_size, layers, kv, hpr, head_dim)
+    return [KvBufferDesc("kv", shape, layers * kv * hpr * head_dim * itemsize, 1)]
+
+
 def mla(
     *,
     layers: int,
@@ -176,7 +225,9 @@ def mla(
     int_arg("kv_lora_rank", kv_lora_rank, lo=1, unit="elements")
     int_arg("qk_rope_head_dim", qk_rope_head_dim, lo=1, unit="elements")
     _check_tokens(reserved_tokens, page_size)
-    _check_layout(layout)
+    if _check_layout(layout) == "interleaved":
+        raise ArgumentError("layout", layout, "'token_major' or 'page_major' (for the "
+                            "interleaved latent: layer_interleaved(kv=1, kv_heads=1, ...))")
     itemsize = dtype_itemsize(dtype)
     width = kv_lora_rank + qk_rope_head_dim
     if layout == "token_major":
