@@ -54,7 +54,9 @@ def inner_driver(kind: str) -> Driver:
 #: Pages far past the ensured prefix (granules 6, 7 and 8 of each buffer): holes.
 HOLE_PAGES = (1500, 1800, 2100)
 #: Operations that start from an owner with HOLE_PAGES committed.
-WITH_HOLES = {"decommit_range", "decommit_pages", "release_beyond"}
+WITH_HOLES = {"decommit_range", "decommit_pages", "release_beyond", "decommit_slots"}
+#: HOLE_PAGES as token-slot ranges, for the slot-range calls.
+HOLE_SLOTS = [(p * PAGE, (p + 1) * PAGE) for p in HOLE_PAGES]
 
 
 def make_owner(kind: str, policy: object, op: str = "") -> tuple[KvBufferOwner, FaultyDriver]:
@@ -113,10 +115,12 @@ OPS: dict[str, Callable[[KvBufferOwner], object]] = {
     "commit_pages": lambda o: o.commit_pages(HOLE_PAGES),
     "decommit_pages": lambda o: o.decommit_pages(HOLE_PAGES),
     "release_beyond": lambda o: o.release_beyond(2_000),
+    "commit_slots": lambda o: o.commit_slots([(24_000, 25_024), (28_800, 29_824)]),
+    "decommit_slots": lambda o: o.decommit_slots(HOLE_SLOTS),
 }
 #: Operations whose releases come after every unmap succeeded (past the point of no return).
 GIVING_BACK = {"decommit", "shrink", "close", "decommit_range", "decommit_pages",
-               "release_beyond"}
+               "release_beyond", "decommit_slots"}
 
 
 # -- bytes: a pattern over every backed byte (host driver) ---------------------------------

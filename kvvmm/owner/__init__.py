@@ -15,6 +15,9 @@ from kvvmm.owner.buffers import (
     OwnerSnapshot,
     ShrinkResult,
 )
+from kvvmm.owner.elastic import BackingStats, Lease, RangeBacking
+from kvvmm.owner.views import layer_views, paged_layer_views
 
-__all__ = ["BufferInfo", "Chunked", "Exact", "Geometric", "KvBufferOwner", "OwnerSnapshot",
-           "ShrinkResult"]
+__all__ = ["BackingStats", "BufferInfo", "Chunked", "Exact", "Geometric", "KvBufferOwner",
+           "Lease", "OwnerSnapshot", "RangeBacking", "ShrinkResult", "layer_views",
+           "paged_layer_views"]

@@ -23,6 +23,7 @@ decides handle sizes (see :mod:`kvvmm.policy`).
 from __future__ import annotations
 
 import math
+import threading
 from bisect import bisect_left
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -195,6 +196,9 @@ class KvBufferOwner:
         self.pages = min(s // pb for s, pb in zip(self._spans, self._page_bytes, strict=True))
         self._lookahead = lookahead_bytes
         self._ahead_queued = False
+        # Slot-range calls may come from a backing thread (RangeBacking) while the engine's
+        # thread calls others: the page set and the mirror change under this lock.
+        self._slots_lock = threading.RLock()
         self.arena = Arena(driver, reserve_bytes=total, device=device, name=name,
                            trace=trace, pool=pool)
         # The simulator's hook for the library's own work (None on real drivers): each
@@ -594,6 +598,150 @@ class KvBufferOwner:
         self._pages = {p for p in self._pages if p < first_gone}
         return ShrinkResult(tokens=n, given_bytes=sum(r.given_bytes for r in results),
                             buffers=results)
+
+    # -- slot ranges (0.3: request-granular backing) --------------------------------------
+
+    def slot_block_tokens(self) -> int:
+        """The fewest token slots, a whole number of pages, whose bytes are whole granules in
+        every buffer: slot ranges aligned to it back and give back with no granule shared.
+
+        One page for llama-3.1-8b's interleaved layout (16 slots x 128 KiB = 2 MiB); 1,024
+        slots for its per-layer layout (2 KiB per slot and buffer).
+        """
+        gran, ps = self.arena.granularity, self.page_size
+        block = ps
+        for tpr, rb in self._rows:
+            per_token = rb // tpr if tpr > 1 else rb
+            need = gran // math.gcd(gran, per_token)  # slots whose bytes are whole granules
+            if tpr > 1:
+                need = math.lcm(need, tpr)
+            block = math.lcm(block, need)
+        return block
+
+    def _check_slots(self, ranges: Iterable[tuple[int, int]]) -> tuple[list[tuple[int, int]],
+                                                                        list[int]]:
+        """Merged ``[start, stop)`` slot ranges (page-aligned) and their page ids."""
+        if isinstance(ranges, (str, bytes)):
+            raise ArgumentError("ranges", ranges, "an iterable of (start, stop) slot ranges")
+        ps, top = self.page_size, self.pages * self.page_size
+        out: list[tuple[int, int]] = []
+        for i, r in enumerate(ranges):
+            if not (isinstance(r, tuple) and len(r) == 2):
+                raise ArgumentError(f"ranges[{i}]", r, "a (start, stop) tuple of token slots")
+            a = _tokens(f"ranges[{i}][0]", r[0], lo=0, hi=None)
+            b = _tokens(f"ranges[{i}][1]", r[1], lo=a + 1, hi=None, what="start + 1")
+            if a % ps or b % ps:
+                raise ArgumentError(f"ranges[{i}]", r, f"page-aligned slots (multiples of "
+                                                       f"page_size={ps})")
+            if b > top:
+                raise OutOfRangeError(f"ranges[{i}][1]", b, f"<= {top} ({self.pages} pages "
+                                                            f"of {ps} slots fit every buffer)")
+            out.append((a, b))
+        merged = _merged(out, touching=True)
+        ids = [p for a, b in merged for p in range(a // ps, b // ps)]
+        return merged, ids
+
+    def _slot_bytes(self, i: int, a: int, b: int) -> tuple[int, int]:
+        """Buffer ``i``'s bytes of slots ``[a, b)``, rounded out to granules."""
+        tpr, rb = self._rows[i]
+        gran = self.arena.granularity
+        lo = a // tpr * rb // gran * gran
+        return lo, min(align_up(-(-b // tpr) * rb, gran), self._limits[i])
+
+    def slot_ranges(self, ranges: Iterable[tuple[int, int]]) -> list[tuple[int, int, int]]:
+        """The ``(offset, start, nbytes)`` arena ranges :meth:`commit_slots` backs (pure)."""
+        self._check_open("slot_ranges")
+        merged, _ = self._check_slots(ranges)
+        reqs: list[tuple[int, int, int]] = []
+        for i, off in enumerate(self._offsets):
+            for lo, hi in _merged((self._slot_bytes(i, a, b) for a, b in merged),
+                                  touching=True):
+                reqs.append((off, lo, hi - lo))
+        return reqs
+
+    def commit_slots(self, ranges: Iterable[tuple[int, int]]) -> int:
+        """Back token-slot ranges ``[start, stop)`` of every buffer, in one transaction.
+
+        Each contiguous range (touching ranges join) gets ONE handle per buffer for each
+        unbacked gap in it: one handle per request range in the interleaved layout
+        (:func:`~kvvmm.layout.layer_interleaved`), ``2 x layers`` in the per-layer ones.
+        The pages the ranges cover join :attr:`committed_pages`, so page and slot calls
+        agree about what is backed. Granules at a range's ends may be shared with
+        neighbouring slots; ranges aligned to :meth:`slot_block_tokens` share none.
+
+        Args:
+            ranges: ``(start, stop)`` token slots, multiples of ``page_size``,
+                ``stop <= pages * page_size``.
+        Returns:
+            Bytes newly backed.
+        Raises:
+            ArgumentError, OutOfRangeError: a bad range; nothing committed.
+            DriverError: a driver call failed; every buffer is as it was.
+        """
+        self._check_open("commit_slots")
+        self._charge("owner.pages")
+        merged, ids = self._check_slots(ranges)
+        reqs = []
+        for i, off in enumerate(self._offsets):
+            for lo, hi in _merged((self._slot_bytes(i, a, b) for a, b in merged),
+                                  touching=True):
+                reqs.append((off, lo, hi - lo))
+        with self._slots_lock:
+            try:
+                added = self.arena.commit_ranges(reqs)
+            finally:
+                self._sync_backed()
+            self._pages.update(ids)
+        return added
+
+    def decommit_slots(self, ranges: Iterable[tuple[int, int]]) -> int:
+        """Give back token-slot ranges ``[start, stop)`` of every buffer, in one transaction.
+
+        The inverse of :meth:`commit_slots`: a granule goes unless a page still committed
+        outside the ranges (or slot 0's page) shares it; mappings wholly inside what goes are
+        unmapped and released, a mapping that reaches past it stays whole (as for
+        :meth:`decommit_pages`). Costs what the ranges' ends touch, not what is committed
+        elsewhere: an engine calls it per request.
+
+        Args:
+            ranges: as :meth:`commit_slots`; a range must not include slot 0's page.
+        Returns:
+            Bytes given back.
+        Raises:
+            ArgumentError, OutOfRangeError: a bad range; nothing changed.
+            DriverError: as for :meth:`decommit_pages`.
+        """
+        self._check_open("decommit_slots")
+        self._charge("owner.pages")
+        merged, ids = self._check_slots(ranges)
+        if merged and merged[0][0] == 0:
+            raise ArgumentError("ranges", merged[0], "ranges from page 1 on: page 0 holds "
+                                                     "slot 0, which captured CUDA graphs write")
+        gran, ps = self.arena.granularity, self.page_size
+        with self._slots_lock:
+            pages = self._pages
+            reqs: list[tuple[int, int, int]] = []
+            for i, off in enumerate(self._offsets):
+                pb = self._page_bytes[i]
+                spans = []
+                for a, b in merged:
+                    lo, hi = self._slot_bytes(i, a, b)
+                    p0, p1 = a // ps, b // ps
+                    # the end granules may hold pages outside [p0, p1) still committed
+                    if any(q == 0 or q in pages for q in range(lo // pb, p0)):
+                        lo += gran
+                    if any(q in pages for q in range(p1, -(-hi // pb))):
+                        hi -= gran
+                    if hi > lo:
+                        spans.append((lo, hi))
+                for lo, hi in _merged(spans, touching=True):
+                    reqs.append((off, lo, hi - lo))
+            try:
+                results = self.arena.decommit_ranges_report(reqs) if reqs else ()
+            finally:
+                self._sync_backed()
+            pages.difference_update(ids)
+        return sum(r.given_bytes for r in results)
 
     @property
     def committed_pages(self) -> frozenset[int]:

@@ -1,0 +1,491 @@
+"""RangeBacking: elastic KV memory per request, with the driver work off the decode thread.
+
+Measured on an H200 (issue 31): committing a request page by page over a per-layer owner is
+``2 x layers`` mappings per page at ~80-110 us each, milliseconds per request on the decode
+thread. The cost is in the number of mappings and in where they run. This module removes
+both:
+
+- **Ranges, not pages.** Each request gets a lease of contiguous *blocks* of token slots
+  (:meth:`KvBufferOwner.slot_block_tokens`: a whole number of pages whose bytes are whole
+  granules in every buffer) from a best-fit allocator (:class:`~kvvmm.layout.SlotRanges`).
+  A fresh range is backed by :meth:`KvBufferOwner.commit_slots`: one handle per buffer, one
+  handle in all with the interleaved layout (:func:`~kvvmm.layout.layer_interleaved`).
+- **Deferred reclamation** (vAttention's): a released lease's blocks stay mapped, free for
+  the next request (``cached``); admitting from them costs no driver call. They are given
+  back only above ``high_bytes`` (down to ``reserve_bytes``), or when asked
+  (:meth:`RangeBacking.reclaim`, the pressure call), on the backing thread.
+- **A reserve mapped ahead** (kvcached's pre-allocation): the backing thread keeps at least
+  ``reserve_bytes`` of free blocks mapped, so admissions find their memory ready; a lease
+  that still needs fresh blocks gets them mapped on the backing thread, and the decode step
+  only checks :attr:`Lease.ready` (an attribute read).
+
+Blocks are in exactly one of three states: leased (to a live lease), cached (free and
+mapped) or fresh (free and unmapped). The mapped ones are grouped in *units*, one per
+commit (what one handle per buffer backs): a unit is given back only when every block of it
+is cached, so a decommit always covers whole mappings.
+
+Threads: every public method may be called from the engine's thread; the driver calls run on
+the backing thread (``executor=None``), on the caller's (``"inline"``), or through a callable
+the caller gives (the workload lab's, which accounts the time as off the decode path). The
+state lock is never held across a driver call.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from kvvmm.errors import ArgumentError, ClosedError, KvvmmError
+from kvvmm.layout.ranges import RangesFullError, SlotRanges
+from kvvmm.owner.buffers import KvBufferOwner
+
+__all__ = ["BackingStats", "Lease", "RangeBacking"]
+
+#: ``executor(job, waited)``: run ``job()`` (now or later, on any thread); ``waited`` says
+#: whether a lease waits for it (True) or it is upkeep nobody waits for (False).
+Executor = Callable[[Callable[[], None], bool], None]
+
+
+class Lease:
+    """A request's token slots: contiguous block ranges from one :class:`RangeBacking`.
+
+    ``ready`` turns True once every block is mapped (at once when the blocks were cached);
+    the decode step reads it, and :meth:`RangeBacking.wait` blocks on it.
+    """
+
+    __slots__ = ("_done", "_failed", "_pend", "block_tokens", "error", "pending", "pieces",
+                 "ready", "released", "tokens")
+
+    def __init__(self, block_tokens: int) -> None:
+        self.block_tokens = block_tokens
+        self.pieces: list[tuple[int, int]] = []  #: ``(first block, blocks)``, in order taken
+        self.tokens = 0  #: slots asked for
+        self.pending = 0  #: fresh pieces whose commit has not finished
+        self.ready = True  #: every block mapped
+        self.released = False
+        self.error: BaseException | None = None  #: a failed commit's error
+        self._pend: set[tuple[int, int]] = set()  # pieces whose commit runs
+        self._failed: set[tuple[int, int]] = set()  # pieces whose commit failed (unbacked)
+        self._done = threading.Event()
+        self._done.set()
+
+    def __repr__(self) -> str:
+        return (f"Lease({self.tokens} tokens in {len(self.pieces)} ranges, "
+                f"{'ready' if self.ready else 'pending'})")
+
+    @property
+    def blocks(self) -> int:
+        return sum(n for _, n in self.pieces)
+
+    @property
+    def slots(self) -> list[tuple[int, int]]:
+        """The lease's ``[start, stop)`` token-slot ranges, in order taken."""
+        bt = self.block_tokens
+        return [(s * bt, (s + n) * bt) for s, n in self.pieces]
+
+    def pages(self, page_size: int) -> list[int]:
+        """Page ids of the lease's slots, in order taken (what a page table lists)."""
+        return [p for a, b in self.slots for p in range(a // page_size, b // page_size)]
+
+
+@dataclass(frozen=True, slots=True)
+class BackingStats:
+    """What a :class:`RangeBacking` holds now, in bytes (all buffers together)."""
+
+    leased_bytes: int  #: blocks of live leases
+    cached_bytes: int  #: free blocks kept mapped (deferred reclamation and the reserve)
+    pending_bytes: int  #: blocks whose commit is queued or running
+    fresh_bytes: int  #: free blocks not backed
+    units: int  #: mapped units (one handle per buffer each)
+    fragmentation: float  #: of the free blocks, 1 - largest free range / free
+    admits: int  #: leases admitted
+    admits_ready: int  #: ... that needed no driver call on admission
+    commits: int  #: commits run (admissions, growth, reserve refills)
+    reclaims: int  #: units given back
+
+
+class RangeBacking:
+    """Request-granular backing of one owner, with deferred reclamation and a reserve.
+
+    Args:
+        owner: the :class:`KvBufferOwner` whose slots are leased (its ``commit_slots`` /
+            ``decommit_slots`` do the backing; use the owner for nothing else that backs).
+        reserve_bytes: keep at least this much free memory mapped ahead (0: none).
+        high_bytes: give back cached blocks above this (down to ``reserve_bytes``; default
+            ``2 * reserve_bytes``, 0 with no reserve: give back at release).
+        executor: where driver calls run: None (a backing thread of this object),
+            ``"inline"`` (the calling thread, as it calls), or ``executor(job, waited)``.
+    Raises:
+        ArgumentError: bad arguments.
+    """
+
+    def __init__(self, owner: KvBufferOwner, *, reserve_bytes: int = 0,
+                 high_bytes: int | None = None,
+                 executor: Executor | str | None = None) -> None:
+        if not isinstance(owner, KvBufferOwner):
+            raise ArgumentError("owner", owner, "a KvBufferOwner")
+        if owner.closed:
+            raise ClosedError("RangeBacking: the owner is closed")
+        for name, v in (("reserve_bytes", reserve_bytes), ("high_bytes", high_bytes)):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+                raise ArgumentError(name, v, "an int >= 0 (bytes)")
+        if high_bytes is not None and high_bytes < reserve_bytes:
+            raise ArgumentError("high_bytes", high_bytes,
+                                f">= reserve_bytes ({reserve_bytes})")
+        if not (executor is None or executor == "inline" or callable(executor)):
+            raise ArgumentError("executor", executor, "None, 'inline' or a callable "
+                                                      "executor(job, waited)")
+        self.owner = owner
+        bt = owner.slot_block_tokens()
+        self.block_tokens = bt
+        ps = owner.page_size
+        self.blocks = (owner.pages * ps) // bt
+        self.first = -(-ps // bt)  # block 0 holds slot 0's page: never leased
+        if self.blocks <= self.first:
+            raise ArgumentError("owner", owner, f"an owner holding at least two blocks of "
+                                                f"{bt} slots (slot_block_tokens)")
+        self.block_bytes = sum(rb * bt // tpr for tpr, rb in
+                               ((d.tokens_per_row, d.row_bytes) for d in owner.descs))
+        self.reserve_blocks = -(-reserve_bytes // self.block_bytes)
+        high = 2 * reserve_bytes if high_bytes is None else high_bytes
+        self.high_blocks = max(self.reserve_blocks, high // self.block_bytes)
+        self._cached = SlotRanges(self.blocks, first=self.first, free=False)
+        self._fresh = SlotRanges(self.blocks, first=self.first)
+        self._units: dict[int, int] = {}  # mapped unit's first block -> blocks
+        self._unit_at: dict[int, int] = {}  # block -> first block of its unit (mapped ones)
+        self._pending = 0  # blocks in queued or running commits
+        self._refill = 0  # blocks of the reserve refill queued or running (one at a time)
+        self._reclaiming = False
+        self._lock = threading.Lock()
+        self._closed = False
+        self._admits = self._admits_ready = self._commits = self._reclaims = 0
+        self._leased = 0
+        self._thread: threading.Thread | None = None
+        self._jobs: deque[Callable[[], None]] = deque()
+        self._wake = threading.Condition(self._lock)
+        self._busy = False
+        if executor is None:
+            self._executor: Executor = self._submit
+            self._thread = threading.Thread(target=self._loop, name="kvvmm-range-backing",
+                                            daemon=True)
+            self._thread.start()
+        elif executor == "inline":
+            self._executor = _inline
+        else:
+            assert callable(executor)
+            self._executor = executor
+        self._upkeep()
+
+    def __repr__(self) -> str:
+        s = self.stats()
+        return (f"RangeBacking(blocks of {self.block_tokens} slots, {s.leased_bytes} leased, "
+                f"{s.cached_bytes} cached, {s.units} units)")
+
+    # -- the backing thread ----------------------------------------------------------------
+
+    def _submit(self, job: Callable[[], None], waited: bool) -> None:
+        with self._lock:
+            if waited:
+                self._jobs.appendleft(job)  # a lease waits for it: before upkeep
+            else:
+                self._jobs.append(job)
+            self._wake.notify_all()
+
+    def _loop(self) -> None:
+        while True:
+            with self._lock:
+                while not self._jobs and not self._closed:
+                    self._wake.wait()
+                if not self._jobs:
+                    return
+                job = self._jobs.popleft()
+                self._busy = True
+            try:
+                job()
+            except BaseException:  # a job records its own failure; the thread goes on
+                pass
+            finally:
+                with self._lock:
+                    self._busy = False
+                    self._wake.notify_all()
+
+    def drain(self, timeout_s: float = 30.0) -> bool:
+        """Wait until the backing thread has nothing queued or running (True) or timeout."""
+        if self._thread is None:
+            return True
+        with self._lock:
+            return self._wake.wait_for(lambda: not self._jobs and not self._busy, timeout_s)
+
+    # -- leases ----------------------------------------------------------------------------
+
+    def _check_tokens(self, tokens: object) -> int:
+        if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
+            raise ArgumentError("tokens", tokens, "an int >= 1 (token slots)")
+        cap = (self.blocks - self.first) * self.block_tokens
+        if tokens > cap:
+            raise RangesFullError("tokens", tokens, f"<= {cap}, the slots one lease can hold")
+        return tokens
+
+    def admit(self, tokens: int) -> Lease:
+        """Lease slots for ``tokens`` tokens: cached blocks first (no driver call), then
+        fresh ones, mapped on the backing thread (check :attr:`Lease.ready`).
+
+        Raises:
+            ArgumentError: bad ``tokens``.
+            RangesFullError: not enough free blocks (nothing changed).
+            ClosedError: after :meth:`close`.
+        """
+        tokens = self._check_tokens(tokens)
+        lease = Lease(self.block_tokens)
+        lease.tokens = tokens
+        self._take(lease, -(-tokens // self.block_tokens))
+        self._admits += 1
+        if lease.ready:
+            self._admits_ready += 1
+        return lease
+
+    def grow(self, lease: Lease, tokens: int) -> bool:
+        """Make ``lease`` hold ``tokens`` slots (more than now): in place when the blocks
+        after its last range are free, else in a new range. Returns whether it had to take
+        blocks (False: its blocks already hold ``tokens``)."""
+        tokens = self._check_tokens(tokens)
+        if lease.released:
+            raise ArgumentError("lease", lease, "a live lease (this one was released)")
+        lease.tokens = max(lease.tokens, tokens)
+        more = -(-tokens // self.block_tokens) - lease.blocks
+        if more <= 0:
+            return False
+        self._take(lease, more)
+        return True
+
+    def _take(self, lease: Lease, n: int) -> None:
+        with self._lock:
+            if self._closed:
+                raise ClosedError("RangeBacking: admit after close()")
+            cached, fresh = self._cached, self._fresh
+            if n > cached.free_units + fresh.free_units:
+                raise RangesFullError("tokens", lease.tokens,
+                                      f"what the free blocks hold ({cached.free_units} "
+                                      f"cached and {fresh.free_units} fresh blocks of "
+                                      f"{self.block_tokens} slots)")
+            if lease.pieces:  # grow in place onto cached blocks: the range stays one range
+                s, k = lease.pieces[-1]
+                if (s, k) not in lease._pend and (s, k) not in lease._failed \
+                        and s + k + n <= self.blocks and cached.is_free(s + k, n):
+                    cached.take(s + k, n)
+                    lease.pieces[-1] = (s, k + n)
+                    self._leased += n
+                    n = 0
+            got: list[tuple[int, int]] = []
+            new: list[tuple[int, int]] = []
+            if n and cached.free_units:
+                k = min(n, cached.free_units)
+                got = cached.alloc_pieces(k)
+                n -= k
+            if n:
+                new = fresh.alloc_pieces(n)
+            lease.pieces += got + new
+            self._leased += sum(k for _, k in got) + sum(k for _, k in new)
+            if new:
+                self._pending += sum(k for _, k in new)
+                lease._pend.update(new)
+                lease.pending += 1
+                lease.ready = False
+                lease._done.clear()
+        if new:
+            self._executor(lambda: self._commit(lease, new), True)
+        self._upkeep()  # refill what the lease took from the reserve
+
+    def _commit(self, lease: Lease | None, pieces: list[tuple[int, int]]) -> None:
+        """Back fresh ``pieces`` (a job): one commit, one unit per piece."""
+        bt = self.block_tokens
+        err: BaseException | None = None
+        try:
+            self.owner.commit_slots([(s * bt, (s + n) * bt) for s, n in pieces])
+        except BaseException as e:
+            err = e
+        with self._lock:
+            self._pending -= sum(n for _, n in pieces)
+            self._commits += 1
+            if err is None:
+                for s, n in pieces:
+                    self._units[s] = n
+                    for b in range(s, s + n):
+                        self._unit_at[b] = s
+            if lease is None:  # a reserve refill
+                self._refill = 0
+                for s, n in pieces:
+                    (self._cached if err is None else self._fresh).free(s, n)
+                return
+            lease._pend.difference_update(pieces)
+            if err is not None:
+                lease.error = err
+                lease._failed.update(pieces)
+            lease.pending -= 1
+            if lease.released:  # released while this ran: its pieces come back now
+                for s, n in pieces:
+                    (self._cached if err is None else self._fresh).free(s, n)
+            if lease.pending == 0:
+                lease.ready = lease.error is None
+                lease._done.set()
+        if lease.released:
+            self._upkeep()
+
+    def ready(self, lease: Lease) -> bool:
+        """The decode step's check: every block of ``lease`` mapped (an attribute read)."""
+        return lease.ready
+
+    def wait(self, lease: Lease, timeout_s: float = 30.0) -> Lease:
+        """Block until ``lease`` is ready; raise its commit's error if one failed.
+
+        Raises:
+            KvvmmError: the commit failed (the lease keeps its blocks; release it), or the
+                timeout passed.
+        """
+        if not lease._done.wait(timeout_s):
+            raise KvvmmError(f"RangeBacking: lease not mapped within {timeout_s} s")
+        if lease.error is not None:
+            raise lease.error
+        return lease
+
+    def release(self, lease: Lease) -> None:
+        """Give ``lease``'s blocks back: mapped ones stay mapped (cached) for the next
+        admission, and the backing thread gives back what lies above ``high_bytes``. A lease
+        whose commit is still running gives those blocks back when it ends. Idempotent."""
+        if lease.released:
+            return
+        with self._lock:
+            lease.released = True
+            self._leased -= lease.blocks
+            for p in lease.pieces:
+                if p in lease._pend:
+                    continue  # the running commit frees it at its end
+                (self._fresh if p in lease._failed else self._cached).free(*p)
+        self._upkeep()
+
+    # -- upkeep: the reserve and reclamation -------------------------------------------
+
+    def _upkeep(self) -> None:
+        """Queue a refill of the reserve or a reclamation above the high mark, if due."""
+        job: Callable[[], None] | None = None
+        with self._lock:
+            if self._closed:
+                return
+            cached = self._cached.free_units + self._refill
+            if cached > self.high_blocks and not self._reclaiming:
+                self._reclaiming = True
+                job = self._reclaim_job
+            elif cached < self.reserve_blocks and not self._refill \
+                    and self._fresh.free_units:
+                want = min(self.reserve_blocks - cached, self._fresh.free_units)
+                try:
+                    pieces = self._fresh.alloc_pieces(want)
+                except RangesFullError:
+                    pieces = []
+                if pieces:
+                    self._refill = want
+                    self._pending += want
+                    job = lambda: self._commit(None, pieces)  # noqa: E731
+        if job is not None:
+            self._executor(job, False)
+
+    def _reclaim_job(self) -> None:
+        try:
+            self._reclaim(self.reserve_blocks)
+        finally:
+            with self._lock:
+                self._reclaiming = False
+
+    def reclaim(self, keep_bytes: int = 0) -> int:
+        """Give back cached blocks (whole units) until at most ``keep_bytes`` stay cached,
+        now, on the calling thread: the pressure call. Returns bytes given back."""
+        if isinstance(keep_bytes, bool) or not isinstance(keep_bytes, int) or keep_bytes < 0:
+            raise ArgumentError("keep_bytes", keep_bytes, "an int >= 0 (bytes)")
+        return self._reclaim(keep_bytes // self.block_bytes)
+
+    def _reclaim(self, keep_blocks: int) -> int:
+        """Take whole cached units (highest first) out of the cache, decommit them, free
+        them as fresh. On a failed decommit the units go back to the cache."""
+        with self._lock:
+            excess = self._cached.free_units - keep_blocks
+            if excess <= 0:
+                return 0
+            picked: list[tuple[int, int]] = []
+            for start, length in reversed(self._cached.extents):
+                b, end = start, start + length
+                while b < end and excess > 0:
+                    u = self._unit_at.get(b)
+                    if u is None:  # cannot happen: cached blocks are mapped
+                        b += 1
+                        continue
+                    n = self._units[u]
+                    if u >= start and u + n <= end:
+                        picked.append((u, n))
+                        excess -= n
+                    b = u + n
+                if excess <= 0:
+                    break
+            for s, n in picked:
+                self._cached.take(s, n)
+                del self._units[s]
+                for b in range(s, s + n):
+                    del self._unit_at[b]
+        if not picked:
+            return 0
+        bt = self.block_tokens
+        try:
+            given = self.owner.decommit_slots([(s * bt, (s + n) * bt) for s, n in picked])
+        except BaseException:
+            with self._lock:
+                for s, n in picked:  # still mapped (the decommit is a transaction)
+                    self._units[s] = n
+                    for b in range(s, s + n):
+                        self._unit_at[b] = s
+                    self._cached.free(s, n)
+            raise
+        with self._lock:
+            self._reclaims += len(picked)
+            for s, n in picked:
+                self._fresh.free(s, n)
+        return given
+
+    # -- state -------------------------------------------------------------------------
+
+    def stats(self) -> BackingStats:
+        with self._lock:
+            bb = self.block_bytes
+            free = self._cached.free_units + self._fresh.free_units
+            largest = max(self._cached.largest_free, self._fresh.largest_free)
+            return BackingStats(
+                leased_bytes=self._leased * bb, cached_bytes=self._cached.free_units * bb,
+                pending_bytes=self._pending * bb, fresh_bytes=self._fresh.free_units * bb,
+                units=len(self._units),
+                fragmentation=1.0 - largest / free if free else 0.0,
+                admits=self._admits, admits_ready=self._admits_ready,
+                commits=self._commits, reclaims=self._reclaims)
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Stop the backing thread (after what it runs now). The owner's memory stays
+        with the owner (``owner.close()`` gives it back). Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._jobs.clear()
+            self._wake.notify_all()
+        t = self._thread
+        if t is not None and t is not threading.current_thread():
+            t.join(timeout_s)
+
+    def __enter__(self) -> RangeBacking:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _inline(job: Callable[[], None], waited: bool) -> None:
+    job()
+

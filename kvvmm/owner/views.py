@@ -1,0 +1,64 @@
+"""Per-layer views of an interleaved KV buffer (:func:`~kvvmm.layout.layer_interleaved`).
+
+The interleaved tensor is ``(slots, layers, kv, heads, head_dim)``. Layer ``l``'s K is
+``t[:, l, 0]``: shape ``(slots, heads, head_dim)``, strides ``(layers * kv * heads *
+head_dim, head_dim, 1)`` elements, so it reads exactly like a per-layer token-major buffer
+whose slot stride is ``layers * kv`` times larger. Kernels that take a slot (or page) stride
+read it without a copy; see docs/ELASTIC.md for which do.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from kvvmm.errors import ArgumentError
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["layer_views", "paged_layer_views"]
+
+
+def _interleaved(owner_or_tensor: Any) -> torch.Tensor:
+    t = owner_or_tensor
+    tensors = getattr(owner_or_tensor, "tensors", None)
+    if tensors is not None:
+        if len(tensors) != 1:
+            raise ArgumentError("owner", owner_or_tensor, "an owner of one interleaved buffer "
+                                                          f"(it has {len(tensors)})")
+        t = tensors[0]
+    if getattr(t, "dim", None) is None or t.dim() != 5:
+        raise ArgumentError("tensor", getattr(t, "shape", t),
+                            "an interleaved KV tensor of shape (slots, layers, kv, heads, "
+                            "head_dim)")
+    out: torch.Tensor = t
+    return out
+
+
+def layer_views(owner_or_tensor: Any) -> list[tuple[torch.Tensor, ...]]:
+    """Per layer, its K and V (or its one latent) as strided ``(slots, heads, head_dim)``
+    views of the interleaved buffer: no copy, the owner's memory.
+
+    Args:
+        owner_or_tensor: a :class:`~kvvmm.owner.KvBufferOwner` built on an interleaved
+            layout, or its tensor.
+    Returns:
+        ``[(k0, v0), (k1, v1), ...]`` (``kv=1``: ``[(kv0,), ...]``).
+    """
+    t = _interleaved(owner_or_tensor)
+    return [tuple(t[:, layer, j] for j in range(t.shape[2])) for layer in range(t.shape[1])]
+
+
+def paged_layer_views(owner_or_tensor: Any, page_size: int) -> list[tuple[torch.Tensor, ...]]:
+    """Per layer, K and V as ``(pages, page_size, heads, head_dim)`` views (NHD pages, as
+    FlashInfer's paged KV cache lays a page out), with a page stride of ``page_size * layers
+    * kv * heads * head_dim`` elements. The slot count must be a multiple of ``page_size``.
+    """
+    t = _interleaved(owner_or_tensor)
+    if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1 \
+            or t.shape[0] % page_size:
+        raise ArgumentError("page_size", page_size,
+                            f"an int > 0 dividing the slot count ({t.shape[0]})")
+    pages = t.view(t.shape[0] // page_size, page_size, *t.shape[1:])
+    return [tuple(pages[:, :, layer, j] for j in range(t.shape[2]))
+            for layer in range(t.shape[1])]
