@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from kvvmm.driver import Driver, open_driver
 from kvvmm.errors import ArgumentError
 from kvvmm.hardware import H200_BANDWIDTH, get_profile, predicted_bandwidth_tb_s
-from kvvmm.layout import full_pool_descs, plan
+from kvvmm.layout import KvBufferDesc, full_pool_descs, plan
 from kvvmm.owner import KvBufferOwner
 from kvvmm.record import Trace, TracingDriver
 from kvvmm.snapshot import ArenaSnapshot
@@ -91,6 +91,10 @@ class StrategyResult:
     wall_s: float  #: wall time of the serving loop
     final_snapshot: ArenaSnapshot | None  #: the arena before close
     trace: Trace | None  #: driver calls and arena ops up to the final snapshot (``record``)
+    #: driver time run off the decode path (a backing thread's upkeep and commits), seconds;
+    #: a step waited only for the part of it that a lease it needed was still behind
+    background_driver_s: float = 0.0
+    layout: str = "token_major"  #: the buffers' layout the owner was built with
 
     @property
     def mean_waste_bytes(self) -> float:
@@ -114,6 +118,7 @@ class StrategyResult:
                 "max_stall_us": round(self.max_stall_s * 1e6, 3),
                 "stalled_steps": self.stalled_steps,
                 "decode_driver_ms": round(self.decode_driver_s * 1e3, 3),
+                "background_driver_ms": round(self.background_driver_s * 1e3, 3),
                 "startup_driver_ms": round(self.startup_driver_s * 1e3, 3),
                 "driver_calls": self.driver_calls, "final_handles": self.final_handles,
                 "bandwidth_factor": round(self.predicted_tb_s / _PLAIN_TB_S, 4),
@@ -189,6 +194,10 @@ class _Hooks:
         self.seen = 0  # trace events accounted for
         self.pool_held = 0
         self.used_pages = 0
+        self.background_s = 0.0  # driver time of off-path work
+        self.worker_until = 0.0  # when the modelled backing thread is free again
+        self.waited_s = 0.0  # decode-path waits for off-path work since the last update
+        self.allocator: object = None  # the strategy's allocator, for its clock
         # Page-elastic at best: per buffer geometry, granules any used page touches.
         ps = owner.page_size
         kinds = Counter((d.row_bytes * ps // d.tokens_per_row) for d in owner.descs)
@@ -245,6 +254,19 @@ class _Hooks:
                         self.elastic -= count * g
                         self.elastic_unmaps += count
 
+    def executor(self, job: Callable[[], None], waited: bool) -> None:
+        """Run ``job`` as a backing thread would: its driver time goes on that thread's
+        clock, not the decode path's; a ``waited`` job (a lease the next step needs) makes
+        the decode thread wait until that thread has finished it."""
+        self.waited_s += self.account()  # what came before ran on the decode thread
+        job()
+        cost = self.account()
+        now = getattr(self.allocator, "now_s", 0.0)
+        self.worker_until = max(self.worker_until, now) + cost
+        self.background_s += cost
+        if waited:
+            self.waited_s += self.worker_until - now
+
     def update(self, allocated: list[int], freed: list[int], high_water: int, step: int,
                now_s: float) -> float:
         if freed:
@@ -254,12 +276,12 @@ class _Hooks:
         self.strategy.now_s = now_s
         self.strategy.update(allocated, freed, high_water)
         self.used_pages += len(allocated) - len(freed)
-        stall = 0.0
+        stall, self.waited_s = self.waited_s, 0.0
         if len(self.trace.events) != self.seen:
             before = self.calls
-            stall = self.account()
+            stall += self.account()
             self.decode_calls += self.calls - before
-            self.driver_s += stall
+        self.driver_s += stall
         if (self.used_pages + 1) * self.page_bytes > self.backed:  # checked at every boundary
             self.used_over_backed += 1
         if self.touch and allocated:
@@ -360,8 +382,15 @@ def run_workload(
         raise ArgumentError("pool_tokens", pool_tokens, f"an int >= 2 pages ({2 * ps} tokens)")
     pool_pages = pool_tokens // ps
     tokens = pool_pages * ps
-    descs = full_pool_descs(model, layout="token_major", reserved_tokens=tokens, page_size=ps,
-                            dtype=dtype, tp=tp)
+    descs_of: dict[str, list[KvBufferDesc]] = {}
+
+    def layout_descs(layout: str) -> list[KvBufferDesc]:
+        if layout not in descs_of:
+            descs_of[layout] = full_pool_descs(model, layout=layout, reserved_tokens=tokens,
+                                               page_size=ps, dtype=dtype, tp=tp)
+        return descs_of[layout]
+
+    descs = layout_descs("token_major")
     page_bytes = sum(d.row_bytes * ps // d.tokens_per_row for d in descs)
     setup = RunSetup(model=model, gpu=prof.key, tp=tp, dtype=dtype, page_size=ps,
                      pool_tokens=tokens, buffers=len(descs), page_bytes=page_bytes, config=cfg,
@@ -375,9 +404,10 @@ def run_workload(
         tracer = TracingDriver(inner, Trace())
         # On the tracer, so the pool's creates and releases are in the trace (and replay).
         hpool = strat.make_pool(tracer)
+        sdescs = layout_descs(strat.layout)
         try:
             owner = KvBufferOwner(driver=tracer, dtype=dtype, page_size=ps,
-                                  reserved_tokens=tokens, descs=descs, policy=strat.policy,
+                                  reserved_tokens=tokens, descs=sdescs, policy=strat.policy,
                                   name=f"kv-{strat.name}", trace=tracer.trace, pool=hpool)
         except BaseException:
             if hpool is not None:
@@ -387,13 +417,17 @@ def run_workload(
             strat.bind(owner, pool_pages=pool_pages)
             hooks = _Hooks(strat, owner, tracer, page_bytes, inner.granularity(),
                            inner.kind == "sim", touch and inner.kind != "sim")
+            allocator = strat.make_allocator(hooks.executor)
+            hooks.allocator = allocator
             strat.prepare()
             strat.start()
             hooks.account()
+            hooks.waited_s = hooks.background_s = hooks.worker_until = 0.0
             # the constructor's slot-0 calls and prepare/start: everything before serving
             startup_s = sum((e.sim_us if hooks.sim else e.wall_us)
                             for e in tracer.trace.events) * 1e-6
-            serving = ServingModel(cfg, sm, pool_pages=pool_pages, sample_s=sample_s)
+            serving = ServingModel(cfg, sm, pool_pages=pool_pages, sample_s=sample_s,
+                                   allocator=allocator)
             t0 = time.perf_counter()
             stats = serving.run(wl, hooks)
             wall = time.perf_counter() - t0
@@ -406,6 +440,7 @@ def run_workload(
                               arenas=tr.arenas)
         finally:
             try:
+                strat.close()
                 owner.close()
             finally:
                 if hpool is not None:  # after the owner: its close gives handles back to it
@@ -431,8 +466,9 @@ def run_workload(
             max_stall_s=stalls[-1] if stalls else 0.0, stalled_steps=len(stalls),
             used_over_backed=hooks.used_over_backed,
             conservation_errors=hooks.conservation_errors, final_handles=hooks.handles,
-            predicted_tb_s=predicted_bandwidth_tb_s(sizes, interleaved=len(descs) > 1)
+            predicted_tb_s=predicted_bandwidth_tb_s(sizes, interleaved=len(sdescs) > 1)
             if sizes else 0.0,
-            wall_s=wall, final_snapshot=snap, trace=trace))
+            wall_s=wall, final_snapshot=snap, trace=trace,
+            background_driver_s=hooks.background_s, layout=strat.layout))
     return WorkloadComparison(setup=setup, results=tuple(results))
 

@@ -135,10 +135,31 @@ class SlotAllocator:
         self.used = 0  #: pages handed out now
         self.high_water = 1  #: one past the highest page in use (1: only page 0)
 
+    #: serving time of the boundary being served (the serving loop sets it; a request-aware
+    #: allocator that does driver work uses it to place that work in time)
+    now_s: float = 0.0
+
     @property
     def free(self) -> int:
         """Pages that can still be handed out."""
         return self.pages - 1 - self.used
+
+    @property
+    def capacity(self) -> int:
+        """The most pages one request can ever hold."""
+        return self.pages - 1
+
+    def can_alloc(self, rid: int, n: int) -> bool:
+        """Whether request ``rid`` can be handed ``n`` more pages now."""
+        return n <= self.pages - 1 - self.used
+
+    def alloc_for(self, rid: int, n: int, out: list[int]) -> None:
+        """:meth:`alloc` for request ``rid`` (this allocator does not tell requests apart)."""
+        self.alloc(n, out)
+
+    def release_for(self, rid: int, pages: Sequence[int]) -> None:
+        """:meth:`release` of request ``rid``'s pages (all it holds)."""
+        self.release(pages)
 
     def alloc(self, n: int, out: list[int]) -> None:
         """Hand out ``n`` pages (the caller checked :attr:`free`), appending them to ``out``."""
@@ -239,11 +260,15 @@ class ServingModel:
         pool_pages: pages in the pool, page 0 included (the owner's ``reserved_tokens``
             divided by ``page_size``).
         sample_s: simulated seconds between samples.
+        allocator: the engine's page allocator (default: a :class:`SlotAllocator` in
+            ``config.slot_order``); one that tells requests apart (``alloc_for(rid, ...)``)
+            can hand each request a contiguous range (the workload lab's range strategies).
     """
 
     def __init__(self, config: ServingConfig, step_model: StepTimeModel, *, pool_pages: int,
-                 sample_s: float = 1.0) -> None:
+                 sample_s: float = 1.0, allocator: SlotAllocator | None = None) -> None:
         self.config = config
+        self.allocator = allocator
         self.step_model = step_model
         self.pool_pages = pool_pages
         if not sample_s > 0:
@@ -255,8 +280,9 @@ class ServingModel:
         reqs = workload.requests if isinstance(workload, Workload) else tuple(workload)
         cfg, sm = self.config, self.step_model
         ps = cfg.page_size
-        alloc = SlotAllocator(self.pool_pages, cfg.slot_order)
-        usable = self.pool_pages - 1
+        alloc = SlotAllocator(self.pool_pages, cfg.slot_order) if self.allocator is None \
+            else self.allocator
+        usable = alloc.capacity
         base_s = sm.overhead_s + sm.weights_bytes / sm.hbm_bytes_per_s
         kv_s = sm.kv_bytes_per_token / sm.hbm_bytes_per_s
         pre_s = sm.prefill_s_per_token
@@ -282,6 +308,7 @@ class ServingModel:
         hp, hpop = heapq.heappush, heapq.heappop
 
         while True:
+            alloc.now_s = now
             # -- events at this boundary: finished requests, then pages for the next step --
             while heap and heap[0][0] <= S:
                 _, kind, _, ver, rid = hpop(heap)
@@ -292,15 +319,15 @@ class ServingModel:
                     del running[rid]
                     K -= r.prompt + 1 - r.admit
                     freed.extend(r.pages)
-                    alloc.release(r.pages)
+                    alloc.release_for(rid, r.pages)
                     completed += 1
                     continue
-                while alloc.free == 0:  # preempt the most recently admitted request
+                while not alloc.can_alloc(rid, 1):  # preempt the most recently admitted one
                     victim = max(running.values(), key=lambda x: (x.admit, x.rid))
                     del running[victim.rid]
                     K -= victim.prompt + 1 - victim.admit
                     freed.extend(victim.pages)
-                    alloc.release(victim.pages)
+                    alloc.release_for(victim.rid, victim.pages)
                     made = 1 + S - victim.admit  # tokens it generated since its prefill
                     victim.prompt += made
                     victim.out -= made
@@ -313,7 +340,7 @@ class ServingModel:
                         break
                 if running.get(rid) is not r:
                     continue
-                alloc.alloc(1, allocated)
+                alloc.alloc_for(rid, 1, allocated)
                 r.pages.append(allocated[-1])
                 r.npages += 1
                 nxt = r.admit + r.npages * ps - r.prompt  # the step that needs the next page
@@ -336,7 +363,7 @@ class ServingModel:
             while waiting and max_run > B:
                 w = waiting[0]
                 need = -(-(w.prompt + 1) // ps)
-                if need > alloc.free:
+                if not alloc.can_alloc(w.rid, need):
                     break
                 if w.prompt > budget and prefill:  # a long prompt waits for a step of its own
                     token_blocked = True
@@ -349,7 +376,7 @@ class ServingModel:
                 w.done = S + w.out  # its prefill step makes token 1
                 w.npages = need
                 w.pages = []
-                alloc.alloc(need, w.pages)
+                alloc.alloc_for(w.rid, need, w.pages)
                 allocated.extend(w.pages)
                 running[w.rid] = w
                 K += w.prompt + 1 - w.admit

@@ -20,7 +20,15 @@ strategies:
 - :class:`PageElastic`: map and unmap pages anywhere as slots come and go
   (``commit_pages``/``decommit_pages``, kvcached's model), optionally over a
   :class:`~kvvmm.arena.pool.HandlePool` that keeps the handles a decommit gives back, so a
-  decommit-then-commit cycle costs unmap + map instead of release + create.
+  decommit-then-commit cycle costs unmap + map instead of release + create;
+  ``layout="interleaved"`` runs it over one buffer of all layers (``xl-page-elastic``):
+  a granule is one mapping, not ``2 x layers``.
+- :class:`RequestRanges` (0.3): the engine's pages come from a
+  :class:`~kvvmm.owner.RangeBacking` (one contiguous lease per request, one handle per
+  fresh range, on the interleaved layout); ``deferred=True`` keeps released blocks mapped
+  for reuse and a reserve mapped ahead, given back above a watermark, with that upkeep off
+  the decode path (the runner charges it to a backing thread's clock, and a step waits only
+  for a commit it needs that has not finished).
 
 A strategy of your own is a subclass that sets ``name`` and overrides ``update``; the
 helpers :meth:`Strategy.grow_to` and :meth:`Strategy.shrink_to` keep :attr:`covered_pages`
@@ -30,15 +38,17 @@ helpers :meth:`Strategy.grow_to` and :meth:`Strategy.shrink_to` keep :attr:`cove
 from __future__ import annotations
 
 from collections import Counter, deque
+from collections.abc import Callable, Sequence
 
 from kvvmm.arena.pool import HandlePool
 from kvvmm.driver.base import Driver
 from kvvmm.errors import ArgumentError
-from kvvmm.owner import KvBufferOwner
+from kvvmm.owner import KvBufferOwner, Lease, RangeBacking
 from kvvmm.policy import GrowthPolicy, default_policy
+from kvvmm.workload.serving import SlotAllocator
 
-__all__ = ["STRATEGIES", "PageElastic", "PostCaptureFinalize", "PrefixGrowth", "Static",
-           "Strategy", "make_strategy"]
+__all__ = ["STRATEGIES", "LeaseAllocator", "PageElastic", "PostCaptureFinalize", "PrefixGrowth",
+           "RequestRanges", "Static", "Strategy", "make_strategy"]
 
 
 class Strategy:
@@ -52,6 +62,8 @@ class Strategy:
     name: str = "strategy"
     #: the growth policy the owner is built with (None: the owner's default)
     policy: GrowthPolicy | None = None
+    #: the buffers' layout the runner builds the owner with (``kvvmm.layout.LAYOUTS``)
+    layout: str = "token_major"
     #: serving time of the boundary :meth:`update` is called at (the runner sets it first),
     #: seconds: for strategies that decide by time, not by steps
     now_s: float = 0.0
@@ -79,6 +91,16 @@ class Strategy:
             covered = min(covered, (b.backed_bytes // d.row_bytes) * d.tokens_per_row // ps)
         self.covered_pages = covered
         return covered
+
+    def make_allocator(self, executor: Callable[[Callable[[], None], bool], None]
+                       ) -> SlotAllocator | None:
+        """The engine's page allocator (None: the serving model's own), made after
+        :meth:`bind`. ``executor(job, waited)`` runs driver work off the decode path (the
+        runner's: it charges the work to a backing thread's clock)."""
+        return None
+
+    def close(self) -> None:
+        """After serving, before the owner closes: stop what the strategy started."""
 
     def prepare(self) -> None:
         """Before CUDA-graph capture: slot 0's page is backed. Default: nothing more."""
@@ -261,7 +283,12 @@ class PageElastic(Strategy):
             churn at the used pages' frontier, small next to what backing saves).
     """
 
-    def __init__(self, *, pool: bool = False, retain_bytes: int | None = None) -> None:
+    def __init__(self, *, pool: bool = False, retain_bytes: int | None = None,
+                 layout: str = "token_major") -> None:
+        if layout not in ("token_major", "page_major", "interleaved"):
+            raise ArgumentError("layout", layout, "'token_major', 'page_major' or "
+                                                  "'interleaved'")
+        self.layout = layout
         bad = isinstance(retain_bytes, bool) or not isinstance(retain_bytes, int) \
             or retain_bytes < 0
         if retain_bytes is not None and bad:
@@ -270,7 +297,8 @@ class PageElastic(Strategy):
             raise ArgumentError("retain_bytes", retain_bytes, "None without a pool")
         self.pool = bool(pool)
         self.retain_bytes = retain_bytes
-        self.name = "page-elastic+pool" if pool else "page-elastic"
+        self.name = ("xl-" if layout == "interleaved" else "") + \
+            ("page-elastic+pool" if pool else "page-elastic")
         self.handle_pool: HandlePool | None = None
 
     def make_pool(self, driver: Driver) -> HandlePool | None:
@@ -356,9 +384,129 @@ class PageElastic(Strategy):
                 self.changes += 1
 
 
+class LeaseAllocator(SlotAllocator):
+    """The engine's page allocator over a :class:`~kvvmm.owner.RangeBacking`: each request
+    holds one lease, its pages the lease's slots in order; a request that outgrows its lease
+    grows it (in place when the next blocks are free). The serving loop waits for a lease
+    that is not ready (the executor charges that wait)."""
+
+    def __init__(self, backing: RangeBacking, page_size: int) -> None:
+        self.backing = backing
+        self.ps = page_size
+        self.ppb = backing.block_tokens // page_size
+        self.pages = backing.blocks * self.ppb
+        self.order = "ranges"
+        self._leases: dict[int, _Held] = {}  # rid -> its lease
+        self.used = 0
+        self._cap = (backing.blocks - backing.first) * self.ppb
+
+    @property
+    def free(self) -> int:
+        s = self.backing
+        return (s._cached.free_units + s._fresh.free_units) * self.ppb
+
+    @property
+    def capacity(self) -> int:
+        return self._cap
+
+    @property
+    def high_water(self) -> int:
+        top = 1
+        for held in self._leases.values():
+            for s, n in held.lease.pieces:
+                top = max(top, (s + n) * self.ppb)
+        return top
+
+    @high_water.setter
+    def high_water(self, value: int) -> None:
+        pass
+
+    def can_alloc(self, rid: int, n: int) -> bool:
+        got = self._leases.get(rid)
+        spare = 0 if got is None else len(got.pages) - got.handed
+        return n <= spare + self.free
+
+    def alloc_for(self, rid: int, n: int, out: list[int]) -> None:
+        got = self._leases.get(rid)
+        if got is None:
+            lease = self.backing.admit(n * self.ps)
+            got = _Held(lease, lease.pages(self.ps))
+            self._leases[rid] = got
+        elif got.handed + n > len(got.pages):
+            self.backing.grow(got.lease, (got.handed + n) * self.ps)
+            got.pages = got.lease.pages(self.ps)
+        if not got.lease.ready:
+            self.backing.wait(got.lease)
+        out.extend(got.pages[got.handed:got.handed + n])
+        got.handed += n
+        self.used += n
+
+    def release_for(self, rid: int, pages: Sequence[int]) -> None:
+        got = self._leases.pop(rid, None)
+        if got is None:
+            return
+        self.used -= got.handed
+        self.backing.release(got.lease)
+
+
+class _Held:
+    __slots__ = ("handed", "lease", "pages")
+
+    def __init__(self, lease: Lease, pages: list[int]) -> None:
+        self.lease = lease
+        self.pages = pages  # the lease's pages in order
+        self.handed = 0  # how many of them the request holds
+
+
+class RequestRanges(Strategy):
+    """Request-granular backing on the interleaved layout (:class:`~kvvmm.owner.RangeBacking`).
+
+    Args:
+        deferred: keep released blocks mapped for reuse, keep ``reserve_bytes`` mapped ahead,
+            give back above ``high_bytes``, all of it off the decode path; False: every
+            commit and give-back runs on the decode path at once (request ranges alone).
+        reserve_bytes: with ``deferred``: free memory kept mapped ahead (default 32 MiB).
+        high_bytes: with ``deferred``: cached memory above this is given back (default
+            3 x ``reserve_bytes``).
+    """
+
+    layout = "interleaved"
+
+    def __init__(self, *, deferred: bool = False, reserve_bytes: int | None = None,
+                 high_bytes: int | None = None) -> None:
+        for nm, v in (("reserve_bytes", reserve_bytes), ("high_bytes", high_bytes)):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+                raise ArgumentError(nm, v, "an int >= 0 (bytes)")
+            if v is not None and not deferred:
+                raise ArgumentError(nm, v, "None without deferred=True")
+        self.deferred = bool(deferred)
+        self.reserve_bytes = (32 << 20 if reserve_bytes is None else reserve_bytes) \
+            if deferred else 0
+        self.high_bytes = (3 * self.reserve_bytes if high_bytes is None else high_bytes) \
+            if deferred else 0
+        self.name = "request-ranges+deferred" if deferred else "request-ranges"
+        self.backing: RangeBacking | None = None
+
+    def make_allocator(self, executor: Callable[[Callable[[], None], bool], None]
+                       ) -> SlotAllocator | None:
+        run: Callable[[Callable[[], None], bool], None] | str = \
+            executor if self.deferred else "inline"
+        self.backing = RangeBacking(self.owner, reserve_bytes=self.reserve_bytes,
+                                    high_bytes=self.high_bytes, executor=run)
+        return LeaseAllocator(self.backing, self.page_size)
+
+    def update(self, allocated: list[int], freed: list[int], high_water: int) -> None:
+        pass  # the allocator backs each lease as it hands it out
+
+    def close(self) -> None:
+        if self.backing is not None:
+            self.backing.close()
+
+
 #: Strategy names the CLI and the lab accept, and how to build each.
 STRATEGIES = ("static", "finalize", "prefix", "prefix+shrink", "page-elastic",
-              "page-elastic+pool")
+              "page-elastic+pool", "xl-page-elastic", "request-ranges",
+              "request-ranges+deferred")
 
 
 def make_strategy(name: str, policy: GrowthPolicy | None = None) -> Strategy:
@@ -375,4 +523,10 @@ def make_strategy(name: str, policy: GrowthPolicy | None = None) -> Strategy:
         return PageElastic()
     if name == "page-elastic+pool":
         return PageElastic(pool=True)
+    if name == "xl-page-elastic":
+        return PageElastic(layout="interleaved")
+    if name == "request-ranges":
+        return RequestRanges()
+    if name == "request-ranges+deferred":
+        return RequestRanges(deferred=True)
     raise ArgumentError("strategy", name, f"one of {', '.join(STRATEGIES)}")

@@ -1,0 +1,410 @@
+"""Request-granular elastic backing (0.3): the interleaved layout, slot ranges, SlotRanges,
+RangeBacking, and the workload lab's range strategies. On the sim and host drivers."""
+
+from __future__ import annotations
+
+import contextlib
+import random
+
+import pytest
+
+from kvvmm import open_driver
+from kvvmm.driver.faults import Fault, FaultyDriver
+from kvvmm.errors import ArgumentError, DriverError, KvvmmError, OutOfRangeError
+from kvvmm.layout import (
+    RangesFullError,
+    SlotRanges,
+    layer_interleaved,
+    model_descs,
+)
+from kvvmm.owner import KvBufferOwner, RangeBacking, layer_views, paged_layer_views
+from kvvmm.record import Trace, TracingDriver
+from kvvmm.workload import generate, run_workload
+
+G = 2 << 20
+
+
+# -- SlotRanges: against a bitmap --------------------------------------------------------
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_slot_ranges_agree_with_a_bitmap(seed: int) -> None:
+    rng = random.Random(seed)
+    units, first = 300, 1
+    r = SlotRanges(units, first=first)
+    used = [False] * units
+    held: list[tuple[int, int]] = []
+    for _ in range(600):
+        op = rng.random()
+        if op < 0.45:
+            n = rng.randint(1, 40)
+            free_runs = _runs(used, first)
+            if not any(k >= n for _, k in free_runs):
+                with pytest.raises(RangesFullError):
+                    r.alloc(n)
+                continue
+            s = r.alloc(n)
+            best = min(k for _, k in free_runs if k >= n)  # best fit: the smallest that holds n
+            assert any(a == s and k == best for a, k in free_runs)
+            assert not any(used[s:s + n])
+            used[s:s + n] = [True] * n
+            held.append((s, n))
+        elif op < 0.55 and sum(not u for u in used[first:]) >= 5:
+            pieces = r.alloc_pieces(5)
+            assert sum(k for _, k in pieces) == 5
+            for s, k in pieces:
+                assert not any(used[s:s + k])
+                used[s:s + k] = [True] * k
+                held.append((s, k))
+        elif op < 0.65 and held:
+            i = rng.randrange(len(held))
+            s, n = held[i]
+            more = rng.randint(1, 5)
+            grew = r.grow(s, n, more)
+            assert grew == (s + n + more <= units and not any(used[s + n:s + n + more]))
+            if grew:
+                used[s + n:s + n + more] = [True] * more
+                held[i] = (s, n + more)
+        elif held:
+            s, n = held.pop(rng.randrange(len(held)))
+            r.free(s, n)
+            used[s:s + n] = [False] * n
+        assert r.free_units == sum(not u for u in used[first:])
+        assert r.extents == _runs(used, first)  # freed neighbours always joined
+    for s, n in held:
+        r.free(s, n)
+    assert r.extents == [(first, units - first)] and r.fragmentation == 0.0
+
+
+def _runs(used: list[bool], first: int) -> list[tuple[int, int]]:
+    out, i = [], first
+    while i < len(used):
+        if used[i]:
+            i += 1
+            continue
+        j = i
+        while j < len(used) and not used[j]:
+            j += 1
+        out.append((i, j - i))
+        i = j
+    return out
+
+
+def test_slot_ranges_refuse_bad_input_and_double_free() -> None:
+    r = SlotRanges(10, first=1)
+    for bad in (0, -1, True, 1.5, "2"):
+        with pytest.raises(ArgumentError):
+            r.alloc(bad)  # type: ignore[arg-type]
+    s = r.alloc(3)
+    r.free(s, 3)
+    with pytest.raises(ArgumentError, match="overlap"):
+        r.free(s, 3)
+    with pytest.raises(OutOfRangeError):
+        r.free(8, 5)
+    with pytest.raises(ArgumentError):
+        r.take(0, 1)  # below first
+    with pytest.raises(OutOfRangeError):
+        SlotRanges(4, first=4)
+    assert r.extents == [(1, 9)]
+
+
+# -- the interleaved layout --------------------------------------------------------------
+
+
+def test_layer_interleaved_shape_and_models() -> None:
+    (d,) = layer_interleaved(layers=32, kv_heads=8, head_dim=128, reserved_tokens=1024,
+                             page_size=16, dtype="bfloat16")
+    assert d.shape == (1040, 32, 2, 8, 128) and d.row_bytes == 32 * 2 * 8 * 128 * 2
+    assert d.tokens_per_row == 1
+    (tp8,) = model_descs("llama-3.1-70b", layout="interleaved", reserved_tokens=1024,
+                         page_size=16, dtype="bfloat16", tp=8)
+    assert tp8.shape == (1040, 80, 2, 1, 128)
+    # bytes per token agree with the per-layer layout's
+    per_layer = model_descs("llama-3.1-70b", reserved_tokens=1024, page_size=16,
+                            dtype="bfloat16", tp=8)
+    assert sum(x.row_bytes for x in per_layer) == tp8.row_bytes
+    with pytest.raises(ArgumentError, match="kv"):
+        layer_interleaved(layers=2, kv_heads=1, head_dim=8, reserved_tokens=64, page_size=16,
+                          dtype="bfloat16", kv=3)
+
+
+def test_layer_views_read_and_write_the_owners_bytes_and_feed_sdpa() -> None:
+    torch = pytest.importorskip("torch")
+    F = torch.nn.functional
+    descs = layer_interleaved(layers=4, kv_heads=2, head_dim=64, reserved_tokens=4096,
+                              page_size=16, dtype="float32")
+    with KvBufferOwner(driver=open_driver("host"), dtype="float32", page_size=16,
+                       descs=descs) as owner:
+        owner.finalize(1024)
+        views = layer_views(owner)
+        assert len(views) == 4 and views[2][1].shape == (4096 + 16, 2, 64)
+        t = owner.tensors[0]
+        for layer, (k, v) in enumerate(views):
+            k[:1024].fill_(layer + 1)
+            v[:1024].fill_(-(layer + 1))
+        assert float(t[100, 3, 0, 1, 5]) == 4.0 and float(t[100, 3, 1, 0, 0]) == -4.0
+        # a layer's strided views give what contiguous copies give
+        q = torch.randn(1, 4, 1, 64)
+        k, v = views[1]
+        k[:1024].normal_()
+        v[:1024].normal_()
+        kk, vv = k[:1024].permute(1, 0, 2)[None], v[:1024].permute(1, 0, 2)[None]
+        a = F.scaled_dot_product_attention(q, kk, vv, enable_gqa=True)
+        b = F.scaled_dot_product_attention(q, kk.contiguous(), vv.contiguous(), enable_gqa=True)
+        assert torch.allclose(a, b)
+        pk, _ = paged_layer_views(owner, 16)[1]
+        assert pk.shape == (257, 16, 2, 64) and torch.equal(pk[3, 5], k[3 * 16 + 5])
+        with pytest.raises(ArgumentError):
+            paged_layer_views(owner, 7)
+        del views, k, v, pk, kk, vv, t
+
+
+# -- the owner's slot ranges -------------------------------------------------------------
+
+
+def _xl_owner(driver: object, tokens: int = 64 * 1024) -> KvBufferOwner:
+    descs = model_descs("llama-3.1-8b", layout="interleaved", reserved_tokens=tokens,
+                        page_size=16, dtype="bfloat16")
+    return KvBufferOwner(driver=driver, dtype="bfloat16", page_size=16,  # type: ignore[arg-type]
+                         descs=descs)
+
+
+def test_commit_slots_is_one_handle_per_range_and_decommit_gives_it_back() -> None:
+    owner = _xl_owner(open_driver("sim", profile="h200"))
+    assert owner.slot_block_tokens() == 16  # 16 slots x 128 KiB = one 2 MiB granule
+    before = len(owner.arena.snapshot().mappings)
+    assert owner.commit_slots([(16, 16 * 40), (16 * 40, 16 * 50), (16 * 100, 16 * 130)]) \
+        == (49 + 30) * G
+    snap = owner.arena.snapshot()
+    assert len(snap.mappings) == before + 2  # touching ranges join: two handles
+    assert owner.committed_pages == frozenset(range(1, 50)) | frozenset(range(100, 130))
+    assert owner.decommit_slots([(16 * 100, 16 * 130)]) == 30 * G
+    assert owner.decommit_slots([(16, 16 * 50)]) == 49 * G
+    assert owner.backed_bytes == G and owner.committed_pages == frozenset()
+    owner.close()
+
+
+def test_decommit_slots_keeps_granules_a_committed_neighbour_shares() -> None:
+    descs = model_descs("llama-3.1-70b", layout="interleaved", reserved_tokens=16 * 1024,
+                        page_size=16, dtype="bfloat16", tp=8)  # 640 KiB pages: 3.2 a granule
+    owner = KvBufferOwner(driver=open_driver("sim", profile="h200"), dtype="bfloat16",
+                          page_size=16, descs=descs)
+    assert owner.slot_block_tokens() == 256
+    owner.commit_slots([(16 * 10, 16 * 20)])
+    owner.commit_slots([(16 * 20, 16 * 30)])
+    given = owner.decommit_slots([(16 * 10, 16 * 20)])
+    # the granule holding pages 19 and 20 stays: page 20 is still committed
+    for p in range(20, 30):
+        assert p in owner.committed_pages
+    lo = 20 * 16 * 40960 // G * G
+    assert any(m.offset <= lo < m.offset + m.size_bytes for m in owner.arena.snapshot().mappings)
+    assert given >= 0
+    owner.close()
+
+
+@pytest.mark.parametrize("bad", [[(1, 32)], [(0, 16)], [(32, 32)], [(16, 10 ** 9)],
+                                 "ab", [(16,)], [(16.0, 32)], [(True, 32)]])
+def test_slot_calls_refuse_bad_ranges_changing_nothing(bad: object) -> None:
+    owner = _xl_owner(open_driver("sim", profile="h200"))
+    snap = owner.arena.snapshot()
+    with pytest.raises(ArgumentError):
+        owner.decommit_slots(bad)  # type: ignore[arg-type]
+    if bad != [(0, 16)]:
+        with pytest.raises(ArgumentError):
+            owner.commit_slots(bad)  # type: ignore[arg-type]
+    assert owner.arena.snapshot() == snap
+    owner.close()
+
+
+# -- RangeBacking --------------------------------------------------------------------------
+
+
+def _check(backing: RangeBacking, owner: KvBufferOwner, live: list) -> None:
+    s = backing.stats()
+    bb = backing.block_bytes
+    total = (backing.blocks - backing.first) * bb
+    assert s.leased_bytes + s.cached_bytes + s.fresh_bytes + \
+        (s.pending_bytes if s.pending_bytes else 0) >= total - s.pending_bytes
+    assert s.leased_bytes + s.cached_bytes + s.fresh_bytes == total - (
+        s.pending_bytes - sum(bb * k for lease in live for p in lease._pend for k in [p[1]]))
+    snap = owner.arena.snapshot()
+    spans = [(m.offset - snap.allocations[0].offset, m.size_bytes) for m in snap.mappings]
+
+    def mapped(a: int, b: int) -> bool:
+        at = a
+        for s0, n in sorted(spans):
+            if s0 <= at < s0 + n:
+                at = s0 + n
+        return at >= b
+
+    bt = backing.block_tokens
+    row = owner.descs[0].row_bytes
+    for lease in live:
+        if lease.ready:
+            for a, b in lease.slots:
+                assert mapped(a * row, b * row), (lease, a, b)
+    for start, n in backing._cached.extents:
+        assert mapped(start * bt * row, (start + n) * bt * row)
+    # what is backed is slot 0's granule and the units, nothing else
+    assert owner.backed_bytes == G + sum(n for n in backing._units.values()) * bb
+
+
+@pytest.mark.parametrize("executor", ["inline", None])
+@pytest.mark.parametrize("seed", range(3))
+def test_range_backing_random_operations_keep_every_book_true(executor: object,
+                                                               seed: int) -> None:
+    rng = random.Random(seed)
+    owner = _xl_owner(open_driver("sim", profile="h200"), tokens=16 * 600)
+    backing = RangeBacking(owner, reserve_bytes=8 * G, high_bytes=24 * G,
+                           executor=executor)  # type: ignore[arg-type]
+    live: list = []
+    try:
+        for _ in range(300):
+            op = rng.random()
+            if op < 0.45:
+                with contextlib.suppress(RangesFullError):
+                    live.append(backing.admit(rng.randint(1, 16 * 60)))
+            elif op < 0.6 and live:
+                lease = rng.choice(live)
+                with contextlib.suppress(RangesFullError):
+                    backing.grow(lease, lease.tokens + rng.randint(1, 64))
+            elif op < 0.95 and live:
+                backing.release(live.pop(rng.randrange(len(live))))
+            else:
+                backing.drain()
+                backing.reclaim(rng.choice([0, 4 * G]))
+            if executor == "inline" or rng.random() < 0.2:
+                backing.drain()
+                for lease in live:
+                    backing.wait(lease)
+                _check(backing, owner, live)
+        backing.drain()
+        for lease in live:
+            backing.wait(lease)
+            backing.release(lease)
+        backing.drain()
+        backing.reclaim(0)
+        assert owner.backed_bytes == G and backing.stats().units == 0
+    finally:
+        backing.close()
+        owner.close()
+
+
+def test_range_backing_admits_from_cache_without_driver_calls() -> None:
+    tracer = TracingDriver(open_driver("sim", profile="h200"), Trace())
+    owner = _xl_owner(tracer)
+    upkeep: list = []  # the backing thread's queue, run by hand
+
+    def executor(job: object, waited: bool) -> None:
+        assert not waited  # nothing here waits: every lease comes from the cache
+        upkeep.append(job)
+
+    backing = RangeBacking(owner, reserve_bytes=64 * G, high_bytes=64 * G, executor=executor)
+    upkeep.pop()()  # the reserve, mapped ahead
+    n = len(tracer.trace.events)
+    lease = backing.admit(16 * 30)  # 30 of the 64 cached blocks
+    assert lease.ready and backing.stats().admits_ready == 1
+    assert len(tracer.trace.events) == n  # no driver call on the admitting thread
+    upkeep.pop()()  # the refill it queued: one handle
+    assert [e.op for e in tracer.trace.events[n:]] == ["create", "map", "set_access"]
+    backing.release(lease)  # 94 cached > 64: a reclamation queued, nothing done here
+    assert len(upkeep) == 1 and len(tracer.trace.events) == n + 3
+    upkeep.pop()()
+    assert backing.stats().cached_bytes <= 64 * G
+    backing.close()
+    owner.close()
+
+
+def test_a_failed_commit_fails_the_lease_and_leaks_nothing() -> None:
+    drv = FaultyDriver(open_driver("sim", profile="h200"))
+    owner = _xl_owner(drv)
+    backing = RangeBacking(owner, executor="inline")  # no reserve: admit commits
+    drv.arm([Fault("map", nth=1)])
+    lease = backing.admit(16 * 20)
+    assert not lease.ready and lease.error is not None
+    with pytest.raises(DriverError):
+        backing.wait(lease)
+    assert owner.backed_bytes == G and owner.committed_pages == frozenset()
+    backing.release(lease)
+    s = backing.stats()
+    assert s.cached_bytes == 0 and s.leased_bytes == 0 and s.units == 0
+    ok = backing.admit(16 * 20)
+    assert ok.ready and owner.backed_bytes == G + 20 * G
+    backing.close()
+    owner.close()
+
+
+def test_range_backing_refuses_bad_arguments() -> None:
+    owner = _xl_owner(open_driver("sim", profile="h200"))
+    with pytest.raises(ArgumentError):
+        RangeBacking(owner, reserve_bytes=-1)
+    with pytest.raises(ArgumentError):
+        RangeBacking(owner, reserve_bytes=4 * G, high_bytes=G)
+    with pytest.raises(ArgumentError):
+        RangeBacking(owner, executor="later")  # type: ignore[arg-type]
+    with pytest.raises(ArgumentError):
+        RangeBacking("owner")  # type: ignore[arg-type]
+    b = RangeBacking(owner, executor="inline")
+    for bad in (0, -5, True, 2.0):
+        with pytest.raises(ArgumentError):
+            b.admit(bad)  # type: ignore[arg-type]
+    with pytest.raises(RangesFullError):
+        b.admit(10 ** 9)
+    b.close()
+    with pytest.raises(KvvmmError):
+        b.admit(16)
+    owner.close()
+
+
+def test_range_backing_on_host_memory_holds_real_bytes() -> None:
+    torch = pytest.importorskip("torch")
+    owner = _xl_owner(open_driver("host"), tokens=16 * 256)
+    backing = RangeBacking(owner, reserve_bytes=4 * G, high_bytes=8 * G)
+    try:
+        leases = [backing.wait(backing.admit(n)) for n in (100, 700, 33, 1200)]
+        views = layer_views(owner)
+        for i, lease in enumerate(leases):
+            for a, b in lease.slots:
+                for k, v in views:
+                    k[a:b].fill_(i + 1)  # unbacked VA would fault here
+                    v[a:b].fill_(i + 1)
+        for i, lease in enumerate(leases):
+            a, _ = lease.slots[0]
+            assert float(views[7][1][a, 3, 9]) == i + 1
+        backing.release(leases[1])
+        again = backing.wait(backing.admit(650))  # from the cache: the same bytes, still mapped
+        assert again.ready
+        del views
+        assert torch is not None
+    finally:
+        backing.close()
+        owner.close()
+
+
+# -- the workload lab's strategies ---------------------------------------------------------
+
+
+def test_range_strategies_serve_a_workload_with_every_page_backed() -> None:
+    wl = generate(seed=3, duration_s=60)
+    cmp = run_workload(wl, ["prefix", "xl-page-elastic", "request-ranges",
+                            "request-ranges+deferred"], model="llama-3.1-8b", tp=1,
+                       pool_tokens=16 * 8192)
+    by = {r.strategy: r for r in cmp.results}
+    for r in cmp.results:
+        assert r.used_over_backed == 0 and r.conservation_errors == 0, r.strategy
+        assert r.serving.completed == by["prefix"].serving.completed
+    assert by["request-ranges"].layout == "interleaved"
+    deferred, plain = by["request-ranges+deferred"], by["request-ranges"]
+    assert deferred.background_driver_s > 0.0
+    assert deferred.decode_driver_s < plain.decode_driver_s
+    assert plain.mean_backed_bytes < by["prefix"].mean_backed_bytes
+
+
+def test_range_strategies_on_host_memory_touch_every_page() -> None:
+    pytest.importorskip("torch")
+    wl = generate(seed=5, duration_s=20)
+    cmp = run_workload(wl, ["request-ranges", "request-ranges+deferred"],
+                       model="llama-3.1-8b", tp=1, pool_tokens=16 * 2048, driver="host",
+                       touch=True)
+    for r in cmp.results:
+        assert r.used_over_backed == 0 and r.serving.completed > 0
