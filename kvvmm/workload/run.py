@@ -262,10 +262,14 @@ class _Hooks:
         job()
         cost = self.account()
         now = getattr(self.allocator, "now_s", 0.0)
-        self.worker_until = max(self.worker_until, now) + cost
+        # An admission's commit can start when its request joined the queue (an engine calls
+        # admit then, with the prompt's size), if the thread was free by then.
+        queued = getattr(self.allocator, "queued_s", None)
+        start = now if queued is None or not waited else min(now, queued)
+        self.worker_until = max(self.worker_until, start) + cost
         self.background_s += cost
         if waited:
-            self.waited_s += self.worker_until - now
+            self.waited_s += max(0.0, self.worker_until - now)
 
     def update(self, allocated: list[int], freed: list[int], high_water: int, step: int,
                now_s: float) -> float:

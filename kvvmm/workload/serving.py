@@ -138,6 +138,9 @@ class SlotAllocator:
     #: serving time of the boundary being served (the serving loop sets it; a request-aware
     #: allocator that does driver work uses it to place that work in time)
     now_s: float = 0.0
+    #: during an admission, when that request joined the queue (its prompt, and so the pages
+    #: it needs, known from then: an engine can start mapping them at that time); else None
+    queued_s: float | None = None
 
     @property
     def free(self) -> int:
@@ -234,10 +237,12 @@ class ServingStats:
 
 
 class _Req:
-    __slots__ = ("admit", "done", "gen0", "npages", "out", "pages", "prompt", "rid", "ver")
+    __slots__ = ("admit", "done", "gen0", "npages", "out", "pages", "prompt", "queued_s", "rid",
+                 "ver")
 
-    def __init__(self, rid: int, prompt: int, out: int) -> None:
+    def __init__(self, rid: int, prompt: int, out: int, queued_s: float = 0.0) -> None:
         self.rid = rid
+        self.queued_s = queued_s  # when it (last) joined the queue: its size is known from then
         self.prompt = prompt  # tokens to prefill (the original prompt + any recomputed output)
         self.out = out  # tokens still to generate
         self.admit = 0  # the step its prefill runs in
@@ -334,6 +339,7 @@ class ServingModel:
                     victim.gen0 += made
                     victim.ver += 1
                     victim.pages = []
+                    victim.queued_s = now
                     waiting.appendleft(victim)
                     preemptions += 1
                     if victim is r:
@@ -354,7 +360,7 @@ class ServingModel:
                 if -(-(q.prompt_tokens + q.output_tokens) // ps) > usable:
                     rejected += 1
                 else:
-                    waiting.append(_Req(ai, q.prompt_tokens, q.output_tokens))
+                    waiting.append(_Req(ai, q.prompt_tokens, q.output_tokens, q.arrival_s))
                 ai += 1
             B = len(running)
             budget = max_tok - B
@@ -376,7 +382,9 @@ class ServingModel:
                 w.done = S + w.out  # its prefill step makes token 1
                 w.npages = need
                 w.pages = []
+                alloc.queued_s = w.queued_s
                 alloc.alloc_for(w.rid, need, w.pages)
+                alloc.queued_s = None
                 allocated.extend(w.pages)
                 running[w.rid] = w
                 K += w.prompt + 1 - w.admit
