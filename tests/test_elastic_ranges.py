@@ -334,8 +334,27 @@ def test_a_failed_commit_fails_the_lease_and_leaks_nothing() -> None:
     owner.close()
 
 
+def test_an_admit_or_grow_the_free_blocks_cannot_hold_changes_nothing() -> None:
+    owner = _xl_owner(open_driver("sim", profile="h200"), tokens=16 * 64)
+    backing = RangeBacking(owner, executor="inline")
+    lease = backing.admit(16 * 40)
+    before = backing.stats()
+    with pytest.raises(RangesFullError, match="tokens=1600"):
+        backing.admit(16 * 100)
+    with pytest.raises(RangesFullError, match=f"tokens={16 * 90}"):
+        backing.grow(lease, 16 * 90)
+    assert lease.tokens == 16 * 40 and lease.blocks == 40 and backing.stats() == before
+    assert backing.grow(lease, 16 * 50) and lease.tokens == 16 * 50
+    backing.close()
+    owner.close()
+
+
 def test_range_backing_refuses_bad_arguments() -> None:
     owner = _xl_owner(open_driver("sim", profile="h200"))
+    owner.commit_pages([5])
+    with pytest.raises(ArgumentError, match="1 committed"):
+        RangeBacking(owner)  # it would lease page 5's slots as if they were unbacked
+    owner.decommit_pages([5])
     with pytest.raises(ArgumentError):
         RangeBacking(owner, reserve_bytes=-1)
     with pytest.raises(ArgumentError):

@@ -137,6 +137,10 @@ class RangeBacking:
         if not (executor is None or executor == "inline" or callable(executor)):
             raise ArgumentError("executor", executor, "None, 'inline' or a callable "
                                                       "executor(job, waited)")
+        if owner.committed_pages:
+            raise ArgumentError("owner", owner, "an owner with no pages committed beyond "
+                                "slot 0's (a RangeBacking leases every other slot; it has "
+                                f"{len(owner.committed_pages)} committed)")
         self.owner = owner
         bt = owner.slot_block_tokens()
         self.block_tokens = bt
@@ -239,8 +243,8 @@ class RangeBacking:
         """
         tokens = self._check_tokens(tokens)
         lease = Lease(self.block_tokens)
+        self._take(lease, -(-tokens // self.block_tokens), tokens)
         lease.tokens = tokens
-        self._take(lease, -(-tokens // self.block_tokens))
         self._admits += 1
         if lease.ready:
             self._admits_ready += 1
@@ -253,20 +257,19 @@ class RangeBacking:
         tokens = self._check_tokens(tokens)
         if lease.released:
             raise ArgumentError("lease", lease, "a live lease (this one was released)")
-        lease.tokens = max(lease.tokens, tokens)
         more = -(-tokens // self.block_tokens) - lease.blocks
-        if more <= 0:
-            return False
-        self._take(lease, more)
-        return True
+        if more > 0:
+            self._take(lease, more, tokens)  # raises with the lease as it was
+        lease.tokens = max(lease.tokens, tokens)
+        return more > 0
 
-    def _take(self, lease: Lease, n: int) -> None:
+    def _take(self, lease: Lease, n: int, tokens: int) -> None:
         with self._lock:
             if self._closed:
                 raise ClosedError("RangeBacking: admit after close()")
             cached, fresh = self._cached, self._fresh
             if n > cached.free_units + fresh.free_units:
-                raise RangesFullError("tokens", lease.tokens,
+                raise RangesFullError("tokens", tokens,
                                       f"what the free blocks hold ({cached.free_units} "
                                       f"cached and {fresh.free_units} fresh blocks of "
                                       f"{self.block_tokens} slots)")
