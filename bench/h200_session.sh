@@ -6,13 +6,19 @@
 #
 #   bash bench/h200_session.sh tests   # tests/gpu + the CUDA contract rows, then kvvmm bench
 #   bash bench/h200_session.sh rest    # calibrate, fidelity, workload replay, distributed
+#   bash bench/h200_session.sh elastic # request-granular backing: its GPU tests, per-request
+#                                      # cost beside kvcached (.peers: its sdist), the range
+#                                      # strategies on the trace (CUDA beside the sim)
 set -u
 part=${1:?tests or rest}
 export PYTHONUNBUFFERED=1 KVVMM_REQUIRE_FASTPATH=1
 R=$OUT/r
 mkdir -p "$R"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD || exit 1
+export PYTHONPATH=$PWD
+if [ "$part" != elastic ]; then  # tqdm, for the seed file's comparison
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD || exit 1
+fi
 [ -f kvvmm/driver/_cudafast.abi3.so ] || make ext PYTHON=python3 > "$R/ext.log" 2>&1
 step() { local t=$1 name=$2; shift 2; echo "== $name (limit ${t}s)"; local t0=$SECONDS
   timeout "$t" "$@" > "$R/$name.log" 2>&1; echo "   rc=$? in $((SECONDS - t0)) s"; tail -n 4 "$R/$name.log"; }
@@ -31,6 +37,18 @@ case $part in
       --trace .data/AzureLLMInferenceTrace_conv.csv --seconds 600 --out "$R/h200-workload.json"
     step 60 distributed python3 bench/bench_distributed.py --driver cuda --backend nccl \
       --world 1 --out "$R/h200-distributed-bench.json" ;;
+  elastic)
+    nvidia-smi > "$R/nvidia-smi.txt" 2>&1
+    [ -d .peers-build/kvcached ] || step 120 kvcached-build python3 -m pip install -q \
+      --no-index --no-build-isolation --no-deps --target .peers-build .peers/kvcached-*.tar.gz
+    step 150 gpu-tests-elastic env OUT="$R" python3 -m pytest -q -p no:cacheprovider -rs \
+      tests/gpu/test_gpu_elastic_ranges.py tests/gpu/test_gpu_elastic.py \
+      tests/gpu/test_gpu_owner.py
+    step 200 bench-elastic python3 bench/bench_elastic.py --out "$R/h200-elastic.json"
+    step 240 workload-ranges python3 bench/bench_workload_gpu.py \
+      --trace .data/AzureLLMInferenceTrace_conv.csv --seconds 600 --strategy prefix \
+      --strategy xl-page-elastic --strategy request-ranges --strategy request-ranges+deferred \
+      --out "$R/h200-workload-ranges.json" ;;
 esac
 tar czf "$OUT/results-$part.tgz" -C "$R" . && rm -rf "$R"
 ls -la "$OUT"
