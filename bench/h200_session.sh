@@ -7,15 +7,15 @@
 #   bash bench/h200_session.sh tests   # tests/gpu + the CUDA contract rows, then kvvmm bench
 #   bash bench/h200_session.sh rest    # calibrate, fidelity, workload replay, distributed
 #   bash bench/h200_session.sh elastic # request-granular backing: its GPU tests, per-request
-#                                      # cost beside kvcached (.peers: its sdist), the range
-#                                      # strategies on the trace (CUDA beside the sim)
+#                                      # cost beside kvcached (.peers: its sdist)
+#   bash bench/h200_session.sh ranges  # the range strategies on the trace, CUDA beside the sim
 set -u
 part=${1:?tests or rest}
 export PYTHONUNBUFFERED=1 KVVMM_REQUIRE_FASTPATH=1
 R=$OUT/r
 mkdir -p "$R"
 export PYTHONPATH=$PWD
-if [ "$part" != elastic ]; then  # tqdm, for the seed file's comparison
+if [ "$part" != elastic ] && [ "$part" != ranges ]; then  # tqdm, for the seed file's comparison
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD || exit 1
 fi
@@ -44,8 +44,9 @@ case $part in
     step 150 gpu-tests-elastic env OUT="$R" python3 -m pytest -q -p no:cacheprovider -rs \
       tests/gpu/test_gpu_elastic_ranges.py tests/gpu/test_gpu_elastic.py \
       tests/gpu/test_gpu_owner.py
-    step 200 bench-elastic python3 bench/bench_elastic.py --out "$R/h200-elastic.json"
-    step 240 workload-ranges python3 bench/bench_workload_gpu.py \
+    step 200 bench-elastic python3 bench/bench_elastic.py --out "$R/h200-elastic.json" ;;
+  ranges)
+    step 540 workload-ranges python3 bench/bench_workload_gpu.py \
       --trace .data/AzureLLMInferenceTrace_conv.csv --seconds 600 --strategy prefix \
       --strategy xl-page-elastic --strategy request-ranges --strategy request-ranges+deferred \
       --out "$R/h200-workload-ranges.json" ;;
