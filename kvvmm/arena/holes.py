@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from kvvmm.arena.records import RangeResult, _Alloc, _insert, _Map, _overlaps
+from kvvmm.arena.records import RangeResult, _Alloc, _insert, _Map, _overlaps, _touching
 from kvvmm.arena.state import _ArenaState, _locked, log
 from kvvmm.arena.transaction import Transaction
 from kvvmm.errors import ClosedError, DriverError
@@ -170,10 +170,13 @@ class HolesMixin(_ArenaState):
         inside: list[list[_Map]] = []
         for a, lo, hi in plan:
             lo_abs, hi_abs = a.offset + lo, a.offset + hi
-            mine = [m for m in a.maps if m.offset >= lo_abs and m.offset + m.size <= hi_abs]
-            cut.append(tuple((m.offset, m.offset + m.size) for m in a.maps
-                             if m.offset < hi_abs and m.offset + m.size > lo_abs
-                             and not (m.offset >= lo_abs and m.offset + m.size <= hi_abs)))
+            mine, cuts = [], []
+            for m in _touching(a.maps, lo_abs, hi_abs):
+                if m.offset >= lo_abs and m.offset + m.size <= hi_abs:
+                    mine.append(m)
+                else:
+                    cuts.append((m.offset, m.offset + m.size))
+            cut.append(tuple(cuts))
             inside.append(mine)
             got = drop.setdefault(a.offset, [])
             got += [m for m in mine if all(m is not x for x in got)]

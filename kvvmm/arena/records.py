@@ -134,6 +134,27 @@ def _insert(a: _Alloc, m: _Map) -> None:
     a.backed += m.size
 
 
+def _touching(maps: Sequence[_Map], lo: int, hi: int) -> Sequence[_Map]:
+    """The mappings of sorted, disjoint ``maps`` that overlap ``[lo, hi)`` (absolute
+    offsets): a bisect window, so a range costs what it touches, not every mapping."""
+    i = bisect.bisect_right(maps, lo, key=_map_offset)
+    if i and maps[i - 1].offset + maps[i - 1].size > lo:
+        i -= 1
+    j = bisect.bisect_left(maps, hi, lo=i, key=_map_offset)
+    return maps[i:j]
+
+
+def _discard(a: _Alloc, ms: Iterable[_Map]) -> None:
+    """Take ``ms`` (each one of ``a``'s mappings) out of ``a.maps`` by bisect."""
+    maps = a.maps
+    for m in ms:
+        i = bisect.bisect_left(maps, m.offset, key=_map_offset)
+        if i < len(maps) and maps[i] is m:
+            del maps[i]
+        else:  # not where the order says (cannot happen): find it by identity
+            maps[:] = [x for x in maps if x is not m]
+
+
 def _overlaps(ranges: Iterable[tuple[int, int]], lo: int, hi: int) -> bool:
     return any(s < hi and lo < e for s, e in ranges)
 

@@ -18,7 +18,16 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
-from kvvmm.arena.records import _Alloc, _insert, _Map, _map_offset, _overlaps, _prefix, _runs
+from kvvmm.arena.records import (
+    _Alloc,
+    _discard,
+    _insert,
+    _Map,
+    _map_offset,
+    _overlaps,
+    _prefix,
+    _runs,
+)
 from kvvmm.arena.transaction import Transaction
 from kvvmm.checks import int_arg
 from kvvmm.driver.base import Driver
@@ -279,8 +288,7 @@ class _ArenaState:
         undo.commit()
         given: dict[int, int] = {}
         for a, ms in plan:
-            gone = {id(m) for m in ms}
-            a.maps = [m for m in a.maps if id(m) not in gone]
+            _discard(a, ms)
             size = sum(m.size for m in ms)
             a.backed -= size
             given[a.offset] = given.get(a.offset, 0) + size
