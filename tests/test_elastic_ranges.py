@@ -427,3 +427,18 @@ def test_range_strategies_on_host_memory_touch_every_page() -> None:
                        touch=True)
     for r in cmp.results:
         assert r.used_over_backed == 0 and r.serving.completed > 0
+
+
+def test_the_range_strategies_report_how_their_allocator_fared() -> None:
+    wl = generate(seed=3, duration_s=30)
+    cmp = run_workload(wl, ["request-ranges", "request-ranges+deferred", "prefix"],
+                       model="llama-3.1-8b", gpu="h200", driver="sim")
+    by = {r.strategy: r.summary() for r in cmp.results}
+    for name in ("request-ranges", "request-ranges+deferred"):
+        row = by[name]
+        assert row["ranges_admits"] == row["completed"] + row["preemptions"] > 0
+        assert 0 <= row["ranges_split_admits"] <= row["ranges_admits"]
+        assert 0.0 <= row["ranges_fragmentation_mean"] <= row["ranges_fragmentation_max"] < 1
+        assert row["ranges_units_max"] >= 1
+        assert 0 <= row["ranges_grows_moved"] <= row["ranges_grows"]
+    assert not any(k.startswith("ranges_") for k in by["prefix"])

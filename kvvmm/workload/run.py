@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 from kvvmm.driver import Driver, open_driver
 from kvvmm.errors import ArgumentError
@@ -27,7 +27,7 @@ from kvvmm.record import Trace, TracingDriver
 from kvvmm.snapshot import ArenaSnapshot
 from kvvmm.workload.requests import Request, Workload, as_workload
 from kvvmm.workload.serving import ServingConfig, ServingModel, ServingStats, StepTimeModel
-from kvvmm.workload.strategies import Strategy, make_strategy
+from kvvmm.workload.strategies import LeaseAllocator, Strategy, make_strategy
 
 __all__ = ["RunSetup", "StrategyResult", "Timeline", "WorkloadComparison", "run_workload"]
 
@@ -95,6 +95,10 @@ class StrategyResult:
     #: a step waited only for the part of it that a lease it needed was still behind
     background_driver_s: float = 0.0
     layout: str = "token_major"  #: the buffers' layout the owner was built with
+    #: a range allocator's record (request-ranges*): admits, split_admits (leases that got
+    #: more than one range), grows, grows_moved, fragmentation_mean / _max (of the free
+    #: blocks, ``1 - largest / free``, at each admission), units_max (mapped units at most)
+    ranges: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def mean_waste_bytes(self) -> float:
@@ -124,7 +128,8 @@ class StrategyResult:
                 "bandwidth_factor": round(self.predicted_tb_s / _PLAIN_TB_S, 4),
                 "completed": s.completed, "rejected": s.rejected,
                 "preemptions": s.preemptions, "steps": s.steps,
-                "end_s": round(s.end_s, 3), "wall_s": round(self.wall_s, 3)}
+                "end_s": round(s.end_s, 3), "wall_s": round(self.wall_s, 3),
+                **{f"ranges_{k}": v for k, v in self.ranges.items()}}
 
 
 @dataclass(frozen=True, slots=True)
@@ -473,6 +478,7 @@ def run_workload(
             predicted_tb_s=predicted_bandwidth_tb_s(sizes, interleaved=len(sdescs) > 1)
             if sizes else 0.0,
             wall_s=wall, final_snapshot=snap, trace=trace,
-            background_driver_s=hooks.background_s, layout=strat.layout))
+            background_driver_s=hooks.background_s, layout=strat.layout,
+            ranges=allocator.range_stats() if isinstance(allocator, LeaseAllocator) else {}))
     return WorkloadComparison(setup=setup, results=tuple(results))
 

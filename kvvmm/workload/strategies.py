@@ -399,6 +399,12 @@ class LeaseAllocator(SlotAllocator):
         self._leases: dict[int, _Held] = {}  # rid -> its lease
         self.used = 0
         self._cap = (backing.blocks - backing.first) * self.ppb
+        self.admits = 0  #: leases taken
+        self.split_admits = 0  #: leases that got more than one range (no free run held them)
+        self.grows = self.grows_moved = 0  #: lease growths; those that took a new range
+        self._frag_sum = 0.0
+        self.frag_max = 0.0  #: the most fragmented the free blocks were at an admission
+        self.units_max = 0  #: the most mapped units (one handle each) at an admission
 
     @property
     def free(self) -> int:
@@ -429,17 +435,34 @@ class LeaseAllocator(SlotAllocator):
     def alloc_for(self, rid: int, n: int, out: list[int]) -> None:
         got = self._leases.get(rid)
         if got is None:
+            st = self.backing.stats()  # what the admission found
             lease = self.backing.admit(n * self.ps)
             got = _Held(lease, lease.pages(self.ps))
             self._leases[rid] = got
+            self.admits += 1
+            self.split_admits += len(lease.pieces) > 1
+            self._frag_sum += st.fragmentation
+            self.frag_max = max(self.frag_max, st.fragmentation)
+            self.units_max = max(self.units_max, st.units)
         elif got.handed + n > len(got.pages):
+            ranges = len(got.lease.pieces)
             self.backing.grow(got.lease, (got.handed + n) * self.ps)
             got.pages = got.lease.pages(self.ps)
+            self.grows += 1
+            self.grows_moved += len(got.lease.pieces) > ranges
         if not got.lease.ready:
             self.backing.wait(got.lease)
         out.extend(got.pages[got.handed:got.handed + n])
         got.handed += n
         self.used += n
+
+    def range_stats(self) -> dict[str, float]:
+        """How the range allocator fared over the run (for the summary row)."""
+        a = max(1, self.admits)
+        return {"admits": self.admits, "split_admits": self.split_admits,
+                "grows": self.grows, "grows_moved": self.grows_moved,
+                "fragmentation_mean": round(self._frag_sum / a, 4),
+                "fragmentation_max": round(self.frag_max, 4), "units_max": self.units_max}
 
     def release_for(self, rid: int, pages: Sequence[int]) -> None:
         got = self._leases.pop(rid, None)
@@ -467,7 +490,7 @@ class RequestRanges(Strategy):
             commit and give-back runs on the decode path at once (request ranges alone).
         reserve_bytes: with ``deferred``: free memory kept mapped ahead (default 48 MiB).
         high_bytes: with ``deferred``: cached memory above this is given back (default
-            ``reserve_bytes + 64 MiB``). The defaults are the point of the sweep over the
+            ``reserve_bytes + 32 MiB``). The defaults are the point of the sweep over the
             conversation trace's first 10 minutes (llama-3.1-70b TP8 rank 0, sim, H200
             profile) where mean backed stays within 1.25x mean used and the decode path
             pays less driver time than prefix growth (docs/ELASTIC.md).
@@ -485,7 +508,7 @@ class RequestRanges(Strategy):
         self.deferred = bool(deferred)
         self.reserve_bytes = (48 << 20 if reserve_bytes is None else reserve_bytes) \
             if deferred else 0
-        self.high_bytes = (self.reserve_bytes + (64 << 20) if high_bytes is None
+        self.high_bytes = (self.reserve_bytes + (32 << 20) if high_bytes is None
                            else high_bytes) if deferred else 0
         self.name = "request-ranges+deferred" if deferred else "request-ranges"
         self.backing: RangeBacking | None = None
