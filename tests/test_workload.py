@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -409,3 +410,36 @@ def test_kvvmm_replay_exits_2_with_one_line_on_bad_input(
     assert replay_cli(*argv, "--seconds", "2", "--json") == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("kvvmm replay: ") and "\n" not in err
+
+
+# -- figures --------------------------------------------------------------------------------
+
+
+def test_the_tradeoff_chart_puts_each_strategy_at_its_held_memory_and_decode_driver_time(
+        ) -> None:
+    from kvvmm.viz.workload import held_over_used, tradeoff_figure, workload_figure
+
+    cmp = run_workload(small_workload(), ["static", "prefix", "page-elastic+pool",
+                                          "request-ranges+deferred"])
+    fig = tradeoff_figure(cmp)
+    assert [t.name for t in fig.data] == [r.strategy for r in cmp.results]
+    for t, r in zip(fig.data, cmp.results, strict=True):
+        assert t.y[0] == pytest.approx((r.mean_backed_bytes + r.mean_pool_bytes)
+                                       / r.mean_used_bytes)
+        assert t.y[0] == held_over_used(r)
+        ms = r.decode_driver_s * 1e3
+        assert t.x[0] == (ms if ms > 0 else 1e-3)  # none: the axis's left edge, hover says 0
+        assert t.customdata[0][0] == ms
+    assert fig.layout.xaxis.type == "log"
+    pooled = cmp.result("page-elastic+pool")
+    assert held_over_used(pooled) > pooled.mean_backed_bytes / pooled.mean_used_bytes
+    combined = workload_figure(cmp)  # memory over time, stalls and the tradeoff in one figure
+    assert {t.name for t in combined.data} >= {t.name for t in fig.data}
+    assert len(tradeoff_figure(None).data) == 0 and workload_figure(None).layout.meta
+
+
+def test_held_over_used_is_infinite_when_nothing_was_used() -> None:
+    from kvvmm.viz.workload import held_over_used
+
+    (r,) = run_workload(small_workload(), ["static"]).results
+    assert held_over_used(dataclasses.replace(r, mean_used_bytes=0.0)) == float("inf")

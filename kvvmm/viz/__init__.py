@@ -25,7 +25,9 @@ from kvvmm.viz.va_map import (
 )
 from kvvmm.viz.workload import (
     format_workload,
+    held_over_used,
     stall_figure,
+    tradeoff_figure,
     workload_figure,
     workload_memory_figure,
 )
@@ -46,10 +48,12 @@ __all__ = [
     "growth_figure",
     "handle_sizes",
     "handles_by_policy",
+    "held_over_used",
     "save_figure",
     "stall_figure",
     "timeline",
     "tokens_by_tp",
+    "tradeoff_figure",
     "va_map",
     "waste_by_model",
     "workload_figure",

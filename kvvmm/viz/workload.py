@@ -15,9 +15,10 @@ from kvvmm.units import fmt_bytes
 from kvvmm.viz._common import _table, _unit
 
 if TYPE_CHECKING:
-    from kvvmm.workload.run import WorkloadComparison
+    from kvvmm.workload.run import StrategyResult, WorkloadComparison
 
-__all__ = ["format_workload", "stall_figure", "workload_figure", "workload_memory_figure"]
+__all__ = ["format_workload", "held_over_used", "stall_figure", "tradeoff_figure",
+           "workload_figure", "workload_memory_figure"]
 
 _COLORS = ("#1c7ed6", "#e8590c", "#2f9e44", "#ae3ec9", "#f08c00", "#0c8599", "#c2255c")
 
@@ -102,24 +103,78 @@ def stall_figure(cmp: WorkloadComparison | None) -> go.Figure:
     return fig
 
 
+def held_over_used(result: StrategyResult) -> float:
+    """Memory a strategy held per byte its requests used: time-weighted mean of backed bytes
+    plus the handle pool's idle handles (memory too), over the mean used (``inf`` when
+    nothing was used)."""
+    used = result.mean_used_bytes
+    held = result.mean_backed_bytes + result.mean_pool_bytes
+    return held / used if used > 0 else float("inf")
+
+
+#: where a strategy with no decode-path driver time sits on the log axis (ms)
+_NO_STALL_MS = 1e-3
+
+
+def tradeoff_figure(cmp: WorkloadComparison | None) -> go.Figure:
+    """Memory held against decode stall: one point per strategy.
+
+    x: the decode path's driver time over the run (ms, log; a strategy with none sits at
+    the left edge, its hover says 0), y: :func:`held_over_used`. Bottom left is best: little
+    memory beyond what requests use, and a decode loop that never waits on the driver.
+    Hover gives the p99 and worst step and the share of steps that stalled.
+    """
+    results = () if cmp is None else cmp.results
+    fig = go.Figure()
+    for i, r in enumerate(results):
+        ms = r.decode_driver_s * 1e3
+        steps = max(r.serving.steps, 1)
+        fig.add_trace(go.Scatter(
+            name=html.escape(r.strategy), x=[max(ms, _NO_STALL_MS)], y=[held_over_used(r)],
+            mode="markers+text", text=[html.escape(r.strategy)], textposition="top center",
+            marker={"color": _COLORS[i % len(_COLORS)], "size": 12},
+            customdata=[[ms, r.p99_stall_s * 1e6, r.max_stall_s * 1e3,
+                         100 * r.stalled_steps / steps]],
+            hovertemplate="decode driver %{customdata[0]:.3f} ms<br>held / used %{y:.3f}x<br>"
+                          "p99 step %{customdata[1]:.0f} us, worst %{customdata[2]:.2f} ms<br>"
+                          "%{customdata[3]:.2f}% of steps stalled<extra>%{fullData.name}</extra>"))
+    fig.add_hline(y=1.0, line={"color": "#adb5bd", "dash": "dot"})
+    fig.update_xaxes(title_text="decode-path driver time (ms, log)", type="log")
+    fig.update_yaxes(title_text="memory held / used (backed + pool)", rangemode="tozero")
+    fig.update_layout(title="memory held against decode stall (bottom left is best)",
+                      height=380, autosize=True, showlegend=False, plot_bgcolor="white",
+                      margin={"l": 10, "r": 10, "t": 50, "b": 40},
+                      meta={"kvvmm": "workload-tradeoff"})
+    return fig
+
+
 def workload_figure(cmp: WorkloadComparison | None) -> go.Figure:
-    """Memory over time (left) and step stalls (right), side by side, with the table above."""
+    """Memory over time across the top; step stalls (left) and memory held against decode
+    stall (right, :func:`tradeoff_figure`) below."""
     from plotly.subplots import make_subplots
 
-    mem, stalls = workload_memory_figure(cmp), stall_figure(cmp)
-    fig = make_subplots(rows=1, cols=2, column_widths=[0.68, 0.32],
+    mem, stalls, trade = workload_memory_figure(cmp), stall_figure(cmp), tradeoff_figure(cmp)
+    fig = make_subplots(rows=2, cols=2, specs=[[{"colspan": 2}, None], [{}, {}]],
+                        row_heights=[0.55, 0.45], vertical_spacing=0.16,
                         subplot_titles=("KV memory over time (one rank)",
-                                        "decode-path stalls per step"))
+                                        "decode-path stalls (steps with driver calls)",
+                                        "memory held / used against decode driver time"))
     for tr in mem.data:
         fig.add_trace(tr, row=1, col=1)
     for tr in stalls.data:
         tr.showlegend = False
-        fig.add_trace(tr, row=1, col=2)
+        fig.add_trace(tr, row=2, col=1)
+    for tr in trade.data:
+        tr.showlegend = False
+        fig.add_trace(tr, row=2, col=2)
+    fig.add_hline(y=1.0, line={"color": "#adb5bd", "dash": "dot"}, row=2, col=2)
     fig.update_xaxes(title_text="simulated time (s)", row=1, col=1)
     fig.update_yaxes(title_text=mem.layout.yaxis.title.text, type="log", row=1, col=1)
-    fig.update_yaxes(title_text="ms", type="log", row=1, col=2)
-    fig.update_layout(height=460, autosize=True, plot_bgcolor="white",
+    fig.update_yaxes(title_text="ms in one step", type="log", row=2, col=1)
+    fig.update_xaxes(title_text="decode-path driver time (ms, log)", type="log", row=2, col=2)
+    fig.update_yaxes(title_text="held / used", rangemode="tozero", row=2, col=2)
+    fig.update_layout(height=820, autosize=True, plot_bgcolor="white",
                       margin={"l": 10, "r": 10, "t": 60, "b": 40},
-                      legend={"orientation": "h", "yanchor": "top", "y": -0.18, "x": 0},
+                      legend={"orientation": "h", "yanchor": "bottom", "y": 1.04, "x": 0},
                       meta={"kvvmm": "workload", "unit_bytes": mem.layout.meta["unit_bytes"]})
     return fig
