@@ -185,6 +185,11 @@ class KvBufferOwner:
         # arena after every change) so a step with nothing to back costs one pass of ints.
         self._rows = [(d.tokens_per_row, d.row_bytes) for d in self.descs]
         self._backed = [0] * len(self.descs)  # prefix bytes (backed contiguously from start)
+        # What the mirror covers, in tokens, kept with it by _sync_backed: ensure_prefix(n)
+        # with n <= _covered has nothing to back (O(1), however many buffers), and with
+        # n <= _ahead nothing to ask of the look-ahead either.
+        self._covered = 0
+        self._ahead = -1
         # Page-granular state: pages committed by commit_pages and not given back since. A
         # granule shared by several pages stays backed while any of them is committed
         # (refcounting by page, not refusing pages smaller than a granule).
@@ -275,7 +280,21 @@ class KvBufferOwner:
             self._sync_backed()
 
     def _sync_backed(self) -> None:
-        self._backed = [self.arena.prefix_of(o) for o in self._offsets]
+        # Under the lock: the look-ahead's job syncs from the pool's thread too (it backs
+        # the arena behind the mirror's back), and each sync must read and publish as one.
+        with self._slots_lock:
+            self._backed = backed = [self.arena.prefix_of(o) for o in self._offsets]
+            # span(n) = ceil(n / tpr) * rb <= backed  <=>  n <= (backed // rb) * tpr
+            covered = min(self.reserved_tokens,
+                          *((b // rb) * tpr for (tpr, rb), b in zip(self._rows, backed,
+                                                                    strict=True)))
+            ahead = self.reserved_tokens
+            la = self._lookahead
+            if la:  # the look-ahead has nothing to do while min(span + la, limit) <= backed
+                for (tpr, rb), b, limit in zip(self._rows, backed, self._limits, strict=True):
+                    if b < limit:
+                        ahead = min(ahead, (b - la) // rb * tpr if b >= la else -1)
+            self._covered, self._ahead = covered, ahead
 
     def sync_backed(self) -> None:
         """Re-read each buffer's backed prefix from the arena after it was backed from outside.
@@ -302,54 +321,71 @@ class KvBufferOwner:
         if self._work is not None:  # _charge inlined: this runs every decode step
             self._work("owner.ensure_prefix", len(self.descs))
         n = _tokens("n", n, lo=0, hi=self.reserved_tokens, what="0")
+        if n <= self._covered:  # nothing to back: O(1), the decode step's usual case
+            if n > self.prefix_tokens:
+                self.prefix_tokens = n
+            if n > self._ahead and self._lookahead:
+                self._queue_lookahead(n)
+            return 0
         # KvBufferDesc.prefix_span_bytes, inlined: rows(n) * row_bytes.
         spans = [-(-n // tpr) * rb for tpr, rb in self._rows]
         if all(s <= b for s, b in zip(spans, self._backed, strict=True)):
             self.prefix_tokens = max(self.prefix_tokens, n)
             if self._lookahead:
-                self._queue_lookahead(spans)
+                self._queue_lookahead(n)
             return 0
         if self._lookahead:  # the pool's thread may have published backing since
             self._sync_backed()
             if all(s <= b for s, b in zip(spans, self._backed, strict=True)):
                 self.prefix_tokens = max(self.prefix_tokens, n)
-                self._queue_lookahead(spans)
+                self._queue_lookahead(n)
                 return 0
         added = self._back(spans, self.policy)
         self.prefix_tokens = max(self.prefix_tokens, n)
         if self._lookahead:
-            self._queue_lookahead(spans)
+            self._queue_lookahead(n)
         return added
 
-    def _queue_lookahead(self, spans: Sequence[int]) -> None:
-        """Ask the pool's thread to back each buffer ``lookahead_bytes`` beyond ``spans``.
+    def _queue_lookahead(self, n: int) -> None:
+        """Ask the pool's thread to back each buffer ``lookahead_bytes`` beyond ``n`` tokens.
 
-        One job at a time; it backs, with the policy's handle sizes, the range from each
-        buffer's prefix to the policy's target for ``span + lookahead_bytes``.
+        One job at a time; on the pool's thread it re-reads what is backed, then backs, with
+        the policy's handle sizes, the range from each buffer's prefix to the policy's target
+        for ``span + lookahead_bytes``, and publishes the result to the mirror. The decode
+        thread only queues it: the pass over the buffers (a policy answer each) is the job's.
         """
         pool = self.arena.handle_pool
         if self._ahead_queued or pool is None or pool.closed:
-            return
-        gran = self.arena.granularity
-        reqs = []
-        for off, span, limit, backed in zip(self._offsets, spans, self._limits, self._backed,
-                                            strict=True):
-            want = min(span + self._lookahead, limit)
-            if want > backed:
-                target = self.policy.target_bytes(backed, want, limit, gran)
-                target = min(align_up(max(target, want), gran), limit)
-                reqs.append((off, backed, target - backed))
-        if not reqs:
             return
         self._ahead_queued = True
 
         def job() -> None:
             try:
-                self.arena.prepare_ranges(reqs)
+                if self._closed or self.arena.closed:
+                    return
+                self._sync_backed()
+                gran, la = self.arena.granularity, self._lookahead
+                reqs = []
+                for off, (tpr, rb), limit, backed in zip(self._offsets, self._rows,
+                                                         self._limits, self._backed,
+                                                         strict=True):
+                    want = min(-(-n // tpr) * rb + la, limit)
+                    if want > backed:
+                        target = self.policy.target_bytes(backed, want, limit, gran)
+                        target = min(align_up(max(target, want), gran), limit)
+                        reqs.append((off, backed, target - backed))
+                if reqs:
+                    self.arena.prepare_ranges(reqs)
+                    if not self._closed and not self.arena.closed:
+                        self._sync_backed()  # the decode step then sees it with no pass
             finally:
                 self._ahead_queued = False
 
-        pool.submit(job)
+        try:
+            pool.submit(job)
+        except BaseException:
+            self._ahead_queued = False
+            raise
 
     def finalize(self, n: int) -> int:
         """Back each buffer's final span for ``n`` tokens and make ``n`` the capacity.
