@@ -359,20 +359,28 @@ class Workload:
     reserved_tokens: int = _RESERVED
     step_tokens: int = _STEP
     grow_to_tokens: int = _GROW_TO
+    #: ``"token_major"`` (K and V per layer: ``2 x layers`` buffers) or ``"interleaved"``
+    #: (one buffer of every layer, :func:`kvvmm.layout.layer_interleaved`): the same bytes
+    layout: str = "token_major"
 
     def descs(self) -> Any:
-        from kvvmm.layout import mha_token_major
+        from kvvmm.layout import layer_interleaved, mha_token_major
 
-        return mha_token_major(layers=self.layers, kv_heads=self.kv_heads,
-                               head_dim=self.head_dim, reserved_tokens=self.reserved_tokens,
-                               page_size=self.page_size, dtype="bfloat16")
+        make = layer_interleaved if self.layout == "interleaved" else mha_token_major
+        return make(layers=self.layers, kv_heads=self.kv_heads, head_dim=self.head_dim,
+                    reserved_tokens=self.reserved_tokens, page_size=self.page_size,
+                    dtype="bfloat16")
+
+    @property
+    def buffers(self) -> int:
+        return 1 if self.layout == "interleaved" else 2 * self.layers
 
     @property
     def steps(self) -> int:
         return self.grow_to_tokens // self.step_tokens
 
-    def as_dict(self) -> dict[str, int]:
-        return {"buffers": 2 * self.layers, "kv_heads": self.kv_heads,
+    def as_dict(self) -> dict[str, int | str]:
+        return {"buffers": self.buffers, "layout": self.layout, "kv_heads": self.kv_heads,
                 "head_dim": self.head_dim, "page_size": self.page_size,
                 "reserved_tokens": self.reserved_tokens, "step_tokens": self.step_tokens,
                 "grow_to_tokens": self.grow_to_tokens, "steps": self.steps}

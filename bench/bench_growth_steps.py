@@ -1,0 +1,103 @@
+"""Benchmark (not a test): decode growth step by step, the per-layer and the interleaved layout.
+
+    python bench/bench_growth_steps.py [--driver cuda] [--rounds 3] [--out h200-growth-steps.json]
+
+The decode growth ``kvvmm bench`` times in its ``elastic_growth`` section (llama-3.1-8b-like:
+32 layers, 8 KV heads of 128, bf16; ``ensure_prefix`` every 20 ms, 4,096 tokens a step, 122
+steps to 500,000 tokens), on two layouts of the same bytes:
+
+- ``token_major``: K and V per layer, 64 buffers (the section's own workload);
+- ``interleaved``: one buffer of every layer (:func:`kvvmm.layout.layer_interleaved`), a
+  step grows it by 64 x as many bytes, so its look-ahead is 64 x the per-buffer one (the same
+  four steps ahead).
+
+Each without and with the handle pool's look-ahead, settled and back to back, medians of
+``--rounds`` (:func:`kvvmm.bench.elastic_growth`, the sweep of other look-aheads left out).
+What a step blocks for is wall time on the calling thread; the no-op step after a gap is
+``ensure_prefix`` with nothing to back. One JSON with the card, versions and date.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from kvvmm.bench import (  # noqa: E402
+    BENCH_WORKLOAD,
+    LOOKAHEAD_BYTES,
+    STEP_TARGET_US,
+    elastic_growth,
+)
+from kvvmm.driver import open_driver  # noqa: E402
+
+#: the growth targets of the elastic-serving issue for this benchmark
+BLOCKED_TARGET_MS = 10.0
+
+
+def _card(kind: str) -> dict[str, Any]:
+    out: dict[str, Any] = {"driver": kind, "python": platform.python_version()}
+    try:
+        import torch
+
+        out["torch"] = torch.__version__
+        if kind == "cuda" and torch.cuda.is_available():
+            out["card"] = torch.cuda.get_device_name(0)
+            out["cuda"] = torch.version.cuda
+    except ImportError:
+        pass
+    return out
+
+
+def run(kind: str, rounds: int) -> dict[str, Any]:
+    layouts: dict[str, Any] = {}
+    for layout in ("token_major", "interleaved"):
+        w = dataclasses.replace(BENCH_WORKLOAD, layout=layout)
+        la = LOOKAHEAD_BYTES * (2 * w.layers if layout == "interleaved" else 1)
+        t0 = time.perf_counter()
+        res = elastic_growth(open_driver(kind), w, lookahead_bytes=la, sweep=(la,),
+                             rounds=rounds)
+        res["wall_s"] = round(time.perf_counter() - t0, 1)
+        pooled = res["with_pool"]["settled"]
+        res["targets"] = {
+            f"blocked_ms<={BLOCKED_TARGET_MS:g}":
+                pooled["blocked_ms_median"] <= BLOCKED_TARGET_MS,
+            f"step_p99_us<={STEP_TARGET_US:g}": pooled["step_p99_us_median"] <= STEP_TARGET_US,
+            "noop_step_after_gap_us<=5": pooled["noop_step_after_gap_us_median"] <= 5.0}
+        layouts[layout] = res
+        print(f"{layout:12s} with pool: blocked {pooled['blocked_ms_median']:.3f} ms, step p50 "
+              f"{pooled['step_p50_us_median']:.1f} us, p99 {pooled['step_p99_us_median']:.1f} us"
+              f" (worst round {pooled['step_p99_us_max']:.1f}), no-op after a gap "
+              f"{pooled['noop_step_after_gap_us_median']:.1f} us; without: blocked "
+              f"{res['without_pool']['settled']['blocked_ms_median']:.3f} ms", flush=True)
+    return layouts
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("--driver", default="cuda", choices=("cuda", "sim", "host"))
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--out", default="h200-growth-steps.json")
+    args = ap.parse_args(argv)
+    if args.rounds < 1:
+        print(f"bench_growth_steps: --rounds must be >= 1, got {args.rounds}", file=sys.stderr)
+        return 2
+    out = {"benchmark": "growth-steps", **_card(args.driver),
+           "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+           "rounds": args.rounds, "layouts": run(args.driver, args.rounds)}
+    Path(args.out).write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
