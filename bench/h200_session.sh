@@ -6,9 +6,10 @@
 #
 #   bash bench/h200_session.sh tests   # tests/gpu + the CUDA contract rows, then kvvmm bench
 #   bash bench/h200_session.sh rest    # calibrate, fidelity, workload replay, distributed
-#   bash bench/h200_session.sh elastic # request-granular backing: its GPU tests, per-request
-#                                      # cost beside kvcached (.peers: its sdist)
-#   bash bench/h200_session.sh ranges  # the range strategies on the trace, CUDA beside the sim
+#   bash bench/h200_session.sh elastic # every GPU test, per-request cost beside kvcached
+#                                      # (.peers: its sdist), the 64 x 122 growth by layout
+#   ROUNDS=3 STRATEGIES="prefix request-ranges+deferred" TAG=-a bash bench/h200_session.sh ranges
+#                                      # the range strategies on the trace, CUDA beside the sim
 set -u
 part=${1:?tests or rest}
 export PYTHONUNBUFFERED=1 KVVMM_REQUIRE_FASTPATH=1
@@ -41,15 +42,17 @@ case $part in
     nvidia-smi > "$R/nvidia-smi.txt" 2>&1
     [ -d .peers-build/kvcached ] || step 120 kvcached-build python3 -m pip install -q \
       --no-index --no-build-isolation --no-deps --target .peers-build .peers/kvcached-*.tar.gz
-    step 150 gpu-tests-elastic env OUT="$R" python3 -m pytest -q -p no:cacheprovider -rs \
-      tests/gpu/test_gpu_elastic_ranges.py tests/gpu/test_gpu_elastic.py \
-      tests/gpu/test_gpu_owner.py
-    step 200 bench-elastic python3 bench/bench_elastic.py --out "$R/h200-elastic.json" ;;
-  ranges)
-    step 540 workload-ranges python3 bench/bench_workload_gpu.py \
-      --trace .data/AzureLLMInferenceTrace_conv.csv --seconds 600 --strategy prefix \
-      --strategy xl-page-elastic --strategy request-ranges --strategy request-ranges+deferred \
-      --out "$R/h200-workload-ranges.json" ;;
+    step 180 gpu-tests env OUT="$R" python3 -m pytest -q -p no:cacheprovider -rs \
+      tests/gpu tests/test_driver_contract.py tests/test_cudafast.py
+    step 200 bench-elastic python3 bench/bench_elastic.py --out "$R/h200-elastic.json"
+    step 170 growth-steps python3 bench/bench_growth_steps.py --rounds 3 \
+      --out "$R/h200-growth-steps.json" ;;
+  ranges)  # STRATEGIES (space-separated) and ROUNDS pick what runs; the JSON grows per strategy
+    strategies=${STRATEGIES:-prefix xl-page-elastic request-ranges request-ranges+deferred}
+    args=(); for s in $strategies; do args+=(--strategy "$s"); done
+    step 560 workload-ranges python3 bench/bench_workload_gpu.py \
+      --trace .data/AzureLLMInferenceTrace_conv.csv --seconds 600 "${args[@]}" \
+      --rounds "${ROUNDS:-1}" --out "$R/h200-workload-ranges${TAG:-}.json" ;;
 esac
 tar czf "$OUT/results-$part.tgz" -C "$R" . && rm -rf "$R"
 ls -la "$OUT"

@@ -372,6 +372,15 @@ def test_the_gpu_bench_compares_page_elastic_with_its_pool_measured_next_to_pred
     assert m["driver"] == "host" and p["driver"] == "sim"
     assert m["driver_calls"] == p["driver_calls"] and m["completed"] == p["completed"]
     assert "page-elastic+pool" in capsys.readouterr().out
+    (row,) = mod.side_by_side(small_workload(seconds=3.0), ["request-ranges+deferred"],
+                              model="qwen2.5-7b", tp=1, measured="host", pool_tokens=4096,
+                              rounds=3)
+    runs = row["measured_host_rounds"]
+    assert len(runs) == 3 and [r["decode_driver_ms"] for r in runs] == sorted(
+        r["decode_driver_ms"] for r in runs)
+    assert row["measured_host"]["decode_driver_ms"] == runs[1]["decode_driver_ms"] \
+        == row["measured_host_median"]["decode_driver_ms"]
+    assert row["measured_host"]["held_over_used"] > 1.0
 
 
 # -- the CLI --------------------------------------------------------------------------------

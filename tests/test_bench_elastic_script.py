@@ -1,0 +1,41 @@
+"""bench/bench_elastic.py's layout-bandwidth section, run on the host driver's real bytes: every
+operation it times reads the same values through the interleaved views as through the
+per-layer buffers, and its JSON has each ratio (the GPU gives the numbers, not CI)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvvmm.driver.host import HostDriver
+from kvvmm.units import GiB
+
+
+def _module() -> Any:
+    path = Path(__file__).resolve().parents[1] / "bench" / "bench_elastic.py"
+    spec = importlib.util.spec_from_file_location("bench_elastic_under_test", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_bandwidth_section_times_every_op_on_every_layout_and_the_views_agree() -> None:
+    mod = _module()
+    drv = HostDriver(capacity_bytes=4 * GiB)
+    res = mod.run_bandwidth(drv, 256, repeats=1)
+    ops = ("copy", "sdpa", "gather", "request_copy")
+    assert set(res["ops"]) == set(ops)
+    for layout in ("interleaved", "token_major", "cudaMalloc"):
+        for op in ops:
+            assert res[layout][f"{op}_ms"] > 0
+    for base in ("token_major", "cudaMalloc"):
+        assert set(res[f"interleaved_vs_{base}"]) == set(ops)
+        for op in ops:
+            assert res[f"interleaved_vs_{base}"][op] == pytest.approx(
+                res[base][f"{op}_ms"] / res["interleaved"][f"{op}_ms"], rel=1e-3, abs=1e-3)
+    assert res["views_agree"] is True
+    assert drv.stats().clean
