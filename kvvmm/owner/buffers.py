@@ -317,6 +317,15 @@ class KvBufferOwner:
             ArgumentError, OutOfRangeError: bad ``n``; nothing committed.
             DriverError: a driver call failed; every buffer is as it was.
         """
+        # The decode step's usual case, with no call made: a plain int the mirror covers on
+        # an open owner of a real driver (the sim's charge below takes the general path).
+        if type(n) is int and 0 <= n <= self._covered and not self._closed \
+                and self._work is None:
+            if n > self.prefix_tokens:
+                self.prefix_tokens = n
+            if n > self._ahead and self._lookahead:
+                self._queue_lookahead(n)
+            return 0
         self._check_open("ensure_prefix")
         if self._work is not None:  # _charge inlined: this runs every decode step
             self._work("owner.ensure_prefix", len(self.descs))
