@@ -29,6 +29,7 @@ SHOTS = {
     "03_growth.ipynb": ("lab-03-growth-lab", ".kvvmm-growth-lab"),
     "04_failures.ipynb": ("lab-04-arena-lab-failure", ".kvvmm-arena-lab"),
     "05_gpu.ipynb": ("lab-05-va-map", "va_map(owner.snapshot())"),
+    "06_workloads.ipynb": ("lab-06-tradeoff", "tradeoff_figure(ranged)"),
 }
 SIZES = ((1280, 800, ""), (1800, 1000, "-1800"))
 
@@ -40,17 +41,23 @@ def _target(tab: NotebookTab, what: str) -> object:
     return cell.locator(".jp-OutputArea").first
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    """Shoot every notebook of :data:`SHOTS`, or only those named (``06_workloads.ipynb``)."""
+    names = (sys.argv[1:] if argv is None else argv) or list(SHOTS)
+    unknown = [n for n in names if n not in SHOTS]
+    if unknown:
+        raise SystemExit(f"take_screenshots: unknown notebooks {unknown}; known: {list(SHOTS)}")
     sync_playwright, chromium = browser_tools()
     tmp = Path(tempfile.mkdtemp())
     root = tmp / "notebooks"
     root.mkdir()
-    for nb in SHOTS:
+    for nb in names:
         shutil.copy(REPO / "notebooks" / nb, root / nb)
     with LabServer(root, tmp / "home", env={"KVVMM_DRIVER": "sim"}) as srv, \
             sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=chromium, args=list(CHROMIUM_ARGS))
-        for nb, (name, what) in SHOTS.items():
+        for nb in names:
+            name, what = SHOTS[nb]
             for width, height, suffix in SIZES:
                 ctx = browser.new_context(viewport={"width": width, "height": height})
                 page = ctx.new_page()

@@ -116,22 +116,41 @@ def held_over_used(result: StrategyResult) -> float:
 _NO_STALL_MS = 1e-3
 
 
+def _padded_log_range(results: tuple[StrategyResult, ...] | list[StrategyResult],
+                      pad: float = 0.35) -> list[float] | None:
+    """The x range (log10 ms) with room either side for the points' labels."""
+    import math
+
+    xs = [max(r.decode_driver_s * 1e3, _NO_STALL_MS) for r in results]
+    if not xs:
+        return None
+    return [math.log10(min(xs)) - pad, math.log10(max(xs)) + pad]
+
+
 def tradeoff_figure(cmp: WorkloadComparison | None) -> go.Figure:
     """Memory held against decode stall: one point per strategy.
 
     x: the decode path's driver time over the run (ms, log; a strategy with none sits at
-    the left edge, its hover says 0), y: :func:`held_over_used`. Bottom left is best: little
-    memory beyond what requests use, and a decode loop that never waits on the driver.
+    the left edge, its hover says 0), y: :func:`held_over_used` (log: a static pool holds
+    hundreds of times what is used, the elastic strategies a few tenths over 1). Bottom left
+    is best: little memory beyond what requests use, and a decode loop that never waits on
+    the driver.
     Hover gives the p99 and worst step and the share of steps that stalled.
     """
+    import math
+
     results = () if cmp is None else cmp.results
     fig = go.Figure()
+    span = _padded_log_range(results) or [0.0, 1.0]
     for i, r in enumerate(results):
         ms = r.decode_driver_s * 1e3
         steps = max(r.serving.steps, 1)
+        # a label leans away from the nearer edge, so none runs off the plot
+        at = (math.log10(max(ms, _NO_STALL_MS)) - span[0]) / (span[1] - span[0])
+        where = "top left" if at > 0.66 else "top right" if at < 0.2 else "top center"
         fig.add_trace(go.Scatter(
             name=html.escape(r.strategy), x=[max(ms, _NO_STALL_MS)], y=[held_over_used(r)],
-            mode="markers+text", text=[html.escape(r.strategy)], textposition="top center",
+            mode="markers+text", text=[html.escape(r.strategy)], textposition=where,
             marker={"color": _COLORS[i % len(_COLORS)], "size": 12},
             customdata=[[ms, r.p99_stall_s * 1e6, r.max_stall_s * 1e3,
                          100 * r.stalled_steps / steps]],
@@ -139,8 +158,9 @@ def tradeoff_figure(cmp: WorkloadComparison | None) -> go.Figure:
                           "p99 step %{customdata[1]:.0f} us, worst %{customdata[2]:.2f} ms<br>"
                           "%{customdata[3]:.2f}% of steps stalled<extra>%{fullData.name}</extra>"))
     fig.add_hline(y=1.0, line={"color": "#adb5bd", "dash": "dot"})
-    fig.update_xaxes(title_text="decode-path driver time (ms, log)", type="log")
-    fig.update_yaxes(title_text="memory held / used (backed + pool)", rangemode="tozero")
+    fig.update_xaxes(title_text="decode-path driver time (ms, log)", type="log",
+                     range=_padded_log_range(results))
+    fig.update_yaxes(title_text="memory held / used (backed + pool, log)", type="log")
     fig.update_layout(title="memory held against decode stall (bottom left is best)",
                       height=380, autosize=True, showlegend=False, plot_bgcolor="white",
                       margin={"l": 10, "r": 10, "t": 50, "b": 40},
@@ -171,8 +191,9 @@ def workload_figure(cmp: WorkloadComparison | None) -> go.Figure:
     fig.update_xaxes(title_text="simulated time (s)", row=1, col=1)
     fig.update_yaxes(title_text=mem.layout.yaxis.title.text, type="log", row=1, col=1)
     fig.update_yaxes(title_text="ms in one step", type="log", row=2, col=1)
-    fig.update_xaxes(title_text="decode-path driver time (ms, log)", type="log", row=2, col=2)
-    fig.update_yaxes(title_text="held / used", rangemode="tozero", row=2, col=2)
+    fig.update_xaxes(title_text="decode-path driver time (ms, log)", type="log", row=2, col=2,
+                     range=_padded_log_range(() if cmp is None else cmp.results))
+    fig.update_yaxes(title_text="held / used (log)", type="log", row=2, col=2)
     fig.update_layout(height=820, autosize=True, plot_bgcolor="white",
                       margin={"l": 10, "r": 10, "t": 60, "b": 40},
                       legend={"orientation": "h", "yanchor": "bottom", "y": 1.04, "x": 0},
