@@ -1,4 +1,4 @@
-"""Probe: is the interleaved layout's SDPA cost (0.92x of token-major) the layout's or the backend's?
+"""Probe: is the interleaved layout's SDPA cost (0.92x of token-major) its own or the backend's?
 
 `bench/bench_elastic.py` times torch's scaled_dot_product_attention over every layer's K and V,
 the batch's 8 sequences sharing one KV (an expand with a zero batch stride), and lets torch
@@ -93,10 +93,10 @@ def main(out_dir: str, tokens: int = 65536) -> None:
             for lname, kv in layouts.items():
                 try:
                     if backend is None:
-                        ms = _time_ms(lambda kv=kv: fn(kv))
+                        ms = _time_ms(lambda kv=kv, fn=fn: fn(kv))
                     else:
                         with sdpa_kernel([backend]):
-                            ms = _time_ms(lambda kv=kv: fn(kv))
+                            ms = _time_ms(lambda kv=kv, fn=fn: fn(kv))
                     row[lname] = {"ms": round(ms, 3), "read_tb_s": round(moved / ms / 1e9, 3)}
                 except (RuntimeError, ValueError) as e:
                     row[lname] = {"refused": str(e).splitlines()[0][:200]}
