@@ -13,25 +13,10 @@ import bisect
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from kvvmm.driver.base import Driver
-from kvvmm.errors import ArgumentError
+from kvvmm.driver.base import check_driver
 from kvvmm.units import fmt_bytes, fmt_range
 
 __all__ = ["DecommitResult", "RangeResult", "check_driver"]
-
-
-def check_driver(driver: object, name: str = "driver") -> None:
-    """Refuse what is not a driver object (None, a kind's name) before it is first called.
-
-    Raises:
-        ArgumentError: naming ``name``; a kind's name gets the hint to open it first.
-    """
-    if isinstance(driver, Driver):
-        return
-    hint = (f"; open it first: kvvmm.open_driver({driver!r})"
-            if driver in ("auto", "sim", "host", "cuda") else "")
-    raise ArgumentError(name, driver, f"a driver object (SimDriver, HostDriver, CudaDriver, "
-                                      f"or a wrapper of one){hint}")
 
 
 # -- live state --------------------------------------------------------------------------

@@ -63,7 +63,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
-from kvvmm.errors import BusyError, DriverArgumentError, DriverError, DriverOutOfMemoryError
+from kvvmm.errors import (
+    ArgumentError,
+    BusyError,
+    DriverArgumentError,
+    DriverError,
+    DriverOutOfMemoryError,
+)
 
 __all__ = [
     "CALLS",
@@ -78,6 +84,7 @@ __all__ = [
     "Pins",
     "VmmBook",
     "check_call_ints",
+    "check_driver",
     "driver_error",
     "locked",
     "pass_pin",
@@ -566,3 +573,17 @@ class VmmBook:
             mapped_bytes=self.mapped_bytes,
             physical_bytes=self.physical_bytes,
         )
+
+
+def check_driver(driver: object, name: str = "driver") -> None:
+    """Refuse what is not a driver object (None, a kind's name) before it is first called.
+
+    Raises:
+        ArgumentError: naming ``name``; a kind's name gets the hint to open it first.
+    """
+    if isinstance(driver, Driver):
+        return
+    hint = (f"; open it first: kvvmm.open_driver({driver!r})"
+            if driver in ("auto", "sim", "host", "cuda") else "")
+    raise ArgumentError(name, driver, f"a driver object (SimDriver, HostDriver, CudaDriver, "
+                                      f"or a wrapper of one){hint}")
