@@ -401,6 +401,9 @@ class TimedDriver:
     """
 
     def __init__(self, inner: Any) -> None:
+        from kvvmm.driver.base import check_driver
+
+        check_driver(inner, "inner")
         self.inner = inner
         self.kind: str = inner.kind
         self.device: int = inner.device

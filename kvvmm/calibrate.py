@@ -49,7 +49,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from kvvmm.driver.base import Driver, DriverStats, MemoryKind
+from kvvmm.driver.base import Driver, DriverStats, MemoryKind, check_driver
 from kvvmm.errors import DriverUnavailableError, KvvmmError
 from kvvmm.hardware.interp import Log2Curve
 from kvvmm.hardware.overhead import sim_costs
@@ -142,6 +142,7 @@ class TimedDriver:
     """
 
     def __init__(self, inner: Driver) -> None:
+        check_driver(inner, "inner")
         self.inner = inner
         self.kind: str = inner.kind
         self.device: int = inner.device

@@ -41,7 +41,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from kvvmm.driver.base import Driver
+from kvvmm.driver.base import Driver, check_driver
 from kvvmm.errors import ArgumentError, ClosedError, DriverError
 from kvvmm.units import GiB
 
@@ -80,6 +80,7 @@ class HandlePool:
 
     def __init__(self, driver: Driver, *, ready: Mapping[int, int] | None = None,
                  retain_bytes: int = 4 * GiB, threaded: bool = True) -> None:
+        check_driver(driver)  # None or a kind's name: an ArgumentError, not AttributeError
         self.driver = driver
         gran = driver.granularity()
         want = dict(ready or {})

@@ -17,6 +17,7 @@ from kvvmm.driver.base import (
     Driver,
     DriverStats,
     MemoryKind,
+    check_driver,
     driver_error,
     pass_pin,
 )
@@ -66,6 +67,7 @@ class FaultyDriver:
     def __init__(
         self, inner: Driver, fail: Fault | Iterable[Fault] | Mapping[str, int] = ()
     ) -> None:
+        check_driver(inner, "inner")  # typed, not an AttributeError on .kind
         self.inner = inner
         self.kind: str = inner.kind
         self.device: int = inner.device

@@ -11,7 +11,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from kvvmm.driver.base import Driver, DriverStats, MemoryKind, pass_pin
+from kvvmm.driver.base import Driver, DriverStats, MemoryKind, check_driver, pass_pin
 from kvvmm.errors import DriverError
 from kvvmm.record.trace import Trace
 
@@ -25,6 +25,7 @@ class TracingDriver:
     """
 
     def __init__(self, inner: Driver, trace: Trace | None = None) -> None:
+        check_driver(inner, "inner")  # typed, not an AttributeError on .kind
         self.inner = inner
         self.kind: str = inner.kind
         self.device: int = inner.device
