@@ -7,9 +7,11 @@ argument, the value and the limit it broke.
 
 from __future__ import annotations
 
+import math
+
 from kvvmm.errors import ArgumentError, OutOfRangeError
 
-__all__ = ["int_arg", "is_int"]
+__all__ = ["int_arg", "is_int", "seconds_arg"]
 
 
 def is_int(value: object) -> bool:
@@ -54,3 +56,28 @@ def _default(lo: int | None, hi: int | None, unit: str) -> str:
     else:
         text = f"an int in [{lo}, {hi}]"
     return f"{text} ({unit})" if unit else text
+
+
+def seconds_arg(name: str, value: object, *, none: bool = False, zero: bool = True) -> float:
+    """Return ``value`` as float seconds if it is a finite number >= 0 (> 0 with
+    ``zero=False``); ``None`` passes through as ``inf`` when ``none`` (no limit).
+
+    NaN never compares, so a wait on it never ends; infinity is what ``None`` says, and a
+    collective given it reports the group broken: both are refused as numbers.
+
+    Raises:
+        ArgumentError: a bool, not a number, NaN, infinite, or below the bound.
+    """
+    if value is None and none:
+        return math.inf
+    want = (f"a finite number of seconds {'>=' if zero else '>'} 0"
+            + (", or None (no limit)" if none else ""))
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ArgumentError(name, value, want)
+    try:
+        v = float(value)
+    except OverflowError:  # an int past float's range: not a finite number of seconds
+        raise ArgumentError(name, value, want) from None
+    if not math.isfinite(v) or v < 0 or (v == 0 and not zero):
+        raise ArgumentError(name, value, want)
+    return v

@@ -227,6 +227,10 @@ def test_close_with_a_live_tensor_waits_for_it_and_close_wait_times_out_with_bus
     with pytest.raises(RuntimeError) as e:
         own.close(wait=True, timeout=0.02)
     assert isinstance(e.value, BusyError) and "0.02" in str(e.value)
+    for bad in (float("nan"), float("inf"), -1, True):  # a wait on NaN never ended
+        with pytest.raises(ValueError, match="timeout"):
+            own.close(wait=True, timeout=bad)
+    assert not own.released and own.live_tensors >= 1  # nothing changed
     del held
     assert own.close(wait=True, timeout=5.0) is True
     assert own.released and own.close() is True  # idempotent

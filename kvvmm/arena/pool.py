@@ -41,6 +41,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from kvvmm.checks import seconds_arg
 from kvvmm.driver.base import Driver, check_driver
 from kvvmm.errors import ArgumentError, ClosedError, DriverError
 from kvvmm.units import GiB
@@ -202,6 +203,7 @@ class HandlePool:
 
     def drain(self, timeout_s: float = 10.0) -> bool:
         """Wait until no job is queued or running and no refill is due; False on timeout."""
+        timeout_s = seconds_arg("timeout_s", timeout_s)
         if self._thread is None:
             self.run_once()
             return True
@@ -226,7 +228,9 @@ class HandlePool:
 
         Raises:
             DriverError: a release failed (the pool keeps that handle; close again).
+            ArgumentError: ``timeout_s`` is not a finite number >= 0 (nothing closed).
         """
+        timeout_s = seconds_arg("timeout_s", timeout_s)
         with self._lock:
             self._closed = True
             self._stop = True

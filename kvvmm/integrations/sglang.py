@@ -77,6 +77,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+from kvvmm.checks import seconds_arg
 from kvvmm.driver import open_driver
 from kvvmm.driver.base import Driver
 from kvvmm.errors import ArgumentError, BusyError, KvvmmError
@@ -357,9 +358,8 @@ class KvVmmBufferOwner:
                 ``timeout``; the owner stays closed and gives its memory back later.
             KvVmmError (``RuntimeError``): a driver call failed giving memory back.
         """
-        if timeout is not None and (isinstance(timeout, bool)
-                                    or not isinstance(timeout, (int, float)) or timeout < 0):
-            raise ArgumentError("timeout", timeout, "None or a number of seconds >= 0")
+        if timeout is not None:  # None: no limit; NaN or inf would never end the wait
+            timeout = seconds_arg("timeout", timeout, none=True)
         with _sglang_errors():
             self.owner.close()
             if wait and not self.released:

@@ -61,6 +61,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypeVar
 
+from kvvmm.checks import seconds_arg
 from kvvmm.errors import (
     ArgumentError,
     ClosedError,
@@ -147,11 +148,8 @@ class DistributedOwner:
         if not (dist.is_available() and dist.is_initialized()):
             raise ArgumentError("group", group, "an initialised torch.distributed process "
                                                 "group: call init_process_group first")
-        if timeout_s is not None and (isinstance(timeout_s, bool)
-                                      or not isinstance(timeout_s, (int, float))
-                                      or not timeout_s > 0):
-            raise ArgumentError("timeout_s", timeout_s, "a number of seconds > 0, or None "
-                                                        "(the group's own timeout)")
+        if timeout_s is not None:  # None: the group's own timeout
+            seconds_arg("timeout_s", timeout_s, zero=False)
         self.owner = owner
         self.group = group
         self.timeout_s = None if timeout_s is None else float(timeout_s)
@@ -856,7 +854,6 @@ def spawn(
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise ArgumentError("world_size", world_size, "an int >= 1 (processes)")
     for name, value in (("timeout_s", timeout_s), ("group_timeout_s", group_timeout_s)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-            raise ArgumentError(name, value, "a number of seconds > 0")
+        seconds_arg(name, value, zero=False)
     return _spawn(fn, world_size, tuple(args), backend=backend, timeout_s=float(timeout_s),
                   group_timeout_s=float(group_timeout_s), label=lambda r: "")

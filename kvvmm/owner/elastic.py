@@ -37,6 +37,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from kvvmm.checks import seconds_arg
 from kvvmm.errors import ArgumentError, ClosedError, KvvmmError
 from kvvmm.layout.ranges import RangesFullError, SlotRanges
 from kvvmm.owner.buffers import KvBufferOwner
@@ -217,6 +218,7 @@ class RangeBacking:
 
     def drain(self, timeout_s: float = 30.0) -> bool:
         """Wait until the backing thread has nothing queued or running (True) or timeout."""
+        timeout_s = seconds_arg("timeout_s", timeout_s)
         if self._thread is None:
             return True
         with self._lock:
@@ -346,7 +348,9 @@ class RangeBacking:
         Raises:
             KvvmmError: the commit failed (the lease keeps its blocks; release it), or the
                 timeout passed.
+            ArgumentError: ``timeout_s`` is not a finite number >= 0.
         """
+        timeout_s = seconds_arg("timeout_s", timeout_s)
         if not lease._done.wait(timeout_s):
             raise KvvmmError(f"RangeBacking: lease not mapped within {timeout_s} s")
         if lease.error is not None:
@@ -456,6 +460,11 @@ class RangeBacking:
 
     # -- state -------------------------------------------------------------------------
 
+    @property
+    def closed(self) -> bool:
+        """True after :meth:`close`."""
+        return self._closed
+
     def stats(self) -> BackingStats:
         with self._lock:
             bb = self.block_bytes
@@ -472,6 +481,7 @@ class RangeBacking:
     def close(self, timeout_s: float = 30.0) -> None:
         """Stop the backing thread (after what it runs now). The owner's memory stays
         with the owner (``owner.close()`` gives it back). Idempotent."""
+        timeout_s = seconds_arg("timeout_s", timeout_s)
         with self._lock:
             if self._closed:
                 return

@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from kvvmm.checks import seconds_arg
 from kvvmm.driver.base import Driver
 from kvvmm.dtypes import dtype_name
 from kvvmm.errors import ArgumentError
@@ -247,9 +248,7 @@ def run_per_device(
     devs = list(devices)
     if not devs:
         raise ArgumentError("devices", devices, "a non-empty sequence of device ordinals")
-    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) \
-            or not timeout_s > 0:
-        raise ArgumentError("timeout_s", timeout_s, "a number of seconds > 0")
+    seconds_arg("timeout_s", timeout_s, zero=False)
     return _spawn(_per_device, len(devs), (fn, devs, tuple(args)), backend="gloo",
                   timeout_s=float(timeout_s), group_timeout_s=min(float(timeout_s), 600.0),
                   label=lambda r: f"device {devs[r]}, ")
@@ -316,6 +315,7 @@ def spawn_tp_snapshots(
         ArgumentError: bad layout arguments (checked here, before any process starts).
         TpWorkerError: a rank failed in its process.
     """
+    seconds_arg("timeout_s", timeout_s, zero=False)
     m = load_model(model)
     if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
         raise ArgumentError("tp", tp, "an int >= 1 (tensor-parallel ranks)")
