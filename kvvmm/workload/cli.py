@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -60,16 +61,35 @@ def add_replay_parser(subparsers: Any) -> argparse.ArgumentParser:
     return p
 
 
+#: the longest error line replay prints (a message quoting a huge input is cut)
+_MAX_LINE = 500
+
+
 def _fail(msg: str) -> int:
-    print(f"kvvmm replay: {msg}", file=sys.stderr)
+    line = " ".join(msg.split())  # one line, whatever the message held
+    if len(line) > _MAX_LINE:
+        line = line[:_MAX_LINE] + f"... ({len(line):,} characters)"
+    print(f"kvvmm replay: {line}", file=sys.stderr)
     return 2
+
+
+def _strict(value: Any) -> Any:
+    """``value`` with every non-finite float as None: the output is strict JSON."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _strict(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_strict(v) for v in value]
+    return value
 
 
 def replay_command(args: argparse.Namespace) -> int:
     """Run ``kvvmm replay`` with parsed ``args``; the exit code (2: bad input)."""
     try:
         if args.trace == "generated":
-            wl = generate(seed=args.seed, duration_s=args.seconds or 600.0)
+            wl = generate(seed=args.seed,
+                          duration_s=600.0 if args.seconds is None else args.seconds)
         else:
             if not Path(args.trace).is_file():
                 return _fail(f"trace {args.trace!r} is not a file (a .csv, a .jsonl, or "
@@ -85,12 +105,16 @@ def replay_command(args: argparse.Namespace) -> int:
                            config=ServingConfig(slot_order=args.slot_order))
     except (KvvmmError, ValueError, OSError) as e:
         return _fail(f"{type(e).__name__}: {e}")
+    except Exception as e:
+        # Input this deep inside is still input: one line and exit 2, never a traceback
+        # (hardening round 2). Named as what it is, so a bug still shows its class.
+        return _fail(f"the input could not be replayed ({type(e).__name__}: {e})")
     if args.json:
         s = cmp.setup
-        print(json.dumps({"model": s.model, "gpu": s.gpu, "tp": s.tp,
-                          "pool_tokens": s.pool_tokens, "requests": s.requests,
-                          "workload": s.workload, "slot_order": s.config.slot_order,
-                          "results": cmp.summary()}, indent=1))
+        print(json.dumps(_strict({"model": s.model, "gpu": s.gpu, "tp": s.tp,
+                                  "pool_tokens": s.pool_tokens, "requests": s.requests,
+                                  "workload": s.workload, "slot_order": s.config.slot_order,
+                                  "results": cmp.summary()}), indent=1, allow_nan=False))
         return 0
     from kvvmm.viz import save_figure
     from kvvmm.viz.workload import format_workload, workload_figure

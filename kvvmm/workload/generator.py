@@ -30,10 +30,16 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
-from kvvmm.errors import ArgumentError
+from kvvmm.errors import ArgumentError, OutOfRangeError
 from kvvmm.workload.requests import Request, Workload
 
-__all__ = ["WorkloadFit", "azure_conv_fit", "fit_workload", "generate", "percentile"]
+__all__ = ["MAX_REQUESTS", "WorkloadFit", "azure_conv_fit", "fit_workload", "generate",
+           "percentile"]
+
+#: The most requests one generate() call draws (or is expected to): a hundred times the real
+#: trace's hour (19,366), ~200 MB of requests. A duration past it is refused before drawing
+#: (a typo such as 1e12 seconds ran the host out of memory).
+MAX_REQUESTS = 2_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,12 +184,21 @@ def generate(
     if not (isinstance(rate_scale, (int, float)) and 0 < rate_scale <= 1e6):
         raise ArgumentError("rate_scale", rate_scale, "a number in (0, 1e6]")
     if requests is not None and (isinstance(requests, bool) or not isinstance(requests, int)
-                                 or requests < 1):
-        raise ArgumentError("requests", requests, "an int >= 1 or None")
+                                 or not 1 <= requests <= MAX_REQUESTS):
+        raise ArgumentError("requests", requests, f"an int in [1, {MAX_REQUESTS:,}] or None")
     if duration_s is None and requests is None:
         duration_s = f.duration_s
-    if duration_s is not None and not (isinstance(duration_s, (int, float)) and duration_s > 0):
-        raise ArgumentError("duration_s", duration_s, "a number > 0 (seconds) or None")
+    if duration_s is not None and (isinstance(duration_s, bool)
+                                   or not isinstance(duration_s, (int, float))
+                                   or not math.isfinite(duration_s) or duration_s <= 0):
+        raise ArgumentError("duration_s", duration_s, "a finite number > 0 (seconds) or None")
+    if duration_s is not None:  # what it would draw, before drawing it
+        expected = f.rate_per_s * rate_scale * duration_s
+        if expected > MAX_REQUESTS:
+            raise OutOfRangeError("duration_s", duration_s,
+                                  f"at most {MAX_REQUESTS:,} requests expected at "
+                                  f"{f.rate_per_s * rate_scale:g} per second (it would draw "
+                                  f"about {expected:,.0f}); shorten it or lower rate_scale")
     for name, v in (("prefixes", prefixes), ("prefix_tokens", prefix_tokens)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
             raise ArgumentError(name, v, "an int >= 0")

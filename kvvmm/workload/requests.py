@@ -20,10 +20,11 @@ import csv
 import json
 import math
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from kvvmm.errors import WorkloadFormatError
 
@@ -61,8 +62,10 @@ class Workload:
 
     def first(self, seconds: float) -> Workload:
         """The requests arriving in the first ``seconds`` of the trace."""
-        if not (isinstance(seconds, (int, float)) and seconds > 0):
-            raise WorkloadFormatError(f"seconds={seconds!r} is invalid: must be a number > 0")
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) \
+                or not math.isfinite(seconds) or seconds <= 0:
+            raise WorkloadFormatError(
+                f"seconds={_r(seconds)} is invalid: must be a finite number > 0")
         return Workload(tuple(r for r in self.requests if r.arrival_s < seconds),
                         f"{self.source} (first {seconds:g} s)")
 
@@ -72,10 +75,21 @@ def _int_field(row: int, field: str, text: object) -> int:
         value = int(str(text).strip())
     except ValueError:
         raise WorkloadFormatError(
-            f"row {row}: {field}={text!r} is invalid: must be an int >= 1 (tokens)") from None
+            f"row {row}: {field}={_r(text)} is invalid: must be an int >= 1 (tokens)") from None
     if value < 1:
         raise WorkloadFormatError(f"row {row}: {field}={value} is invalid: must be >= 1 (tokens)")
     return value
+
+
+#: how much of an offending value an error message quotes (a 10**6-column header made one
+#: 10.9 MB stderr line)
+_QUOTE = 200
+
+
+def _r(value: object) -> str:
+    """``repr(value)``, cut to :data:`_QUOTE` characters with its full length said."""
+    text = repr(value)
+    return text if len(text) <= _QUOTE else f"{text[:_QUOTE]}... ({len(text):,} characters)"
 
 
 def _timestamp(row: int, text: str) -> datetime:
@@ -88,7 +102,7 @@ def _timestamp(row: int, text: str) -> datetime:
         return datetime.fromisoformat(s)
     except ValueError:
         raise WorkloadFormatError(
-            f"row {row}: TIMESTAMP={text!r} is invalid: must be a datetime such as "
+            f"row {row}: TIMESTAMP={_r(text)} is invalid: must be a datetime such as "
             f"'2023-11-16 18:15:46.6805900'") from None
 
 
@@ -108,15 +122,17 @@ def load_azure_csv(path: str | os.PathLike[str]) -> Workload:
     """
     with open(path, newline="", encoding="utf-8") as f:
         reader = csv.reader(f)
-        header = next(reader, None)
+        header = next(_rows(reader, path), None)
         if header is None or [h.strip() for h in header[:3]] != list(AZURE_COLUMNS):
             raise WorkloadFormatError(
-                f"row 1: header {header!r} is invalid: must start with the columns "
+                f"row 1: header {_r(header)} is invalid: must start with the columns "
                 f"{', '.join(AZURE_COLUMNS)} (Azure's LLM inference trace format)")
         out: list[Request] = []
         t0: datetime | None = None
         last = 0.0
-        for row, cells in enumerate(reader, start=2):
+        row = 1
+        for cells in _rows(reader, path):
+            row += 1
             if not cells:
                 continue
             if len(cells) < 3:
@@ -125,15 +141,39 @@ def load_azure_csv(path: str | os.PathLike[str]) -> Workload:
                                           f"(the row has {len(cells)} of 3 fields)")
             t = _timestamp(row, cells[0])
             t0 = t if t0 is None else t0
+            if (t.tzinfo is None) != (t0.tzinfo is None):
+                raise WorkloadFormatError(
+                    f"row {row}: TIMESTAMP={_r(cells[0])} is invalid: must "
+                    f"{'have' if t0.tzinfo else 'not have'} a time zone, as the first row "
+                    f"does (naive and zoned times cannot be ordered)")
             arrival = (t - t0).total_seconds()
             if arrival < last:
                 raise WorkloadFormatError(
-                    f"row {row}: TIMESTAMP={cells[0]!r} is invalid: must not be before the "
+                    f"row {row}: TIMESTAMP={_r(cells[0])} is invalid: must not be before the "
                     f"row above it ({last:.6f} s after the first row; this one is {arrival:.6f})")
             last = arrival
             out.append(Request(arrival, _int_field(row, "ContextTokens", cells[1]),
                                _int_field(row, "GeneratedTokens", cells[2])))
     return Workload(tuple(out), os.fspath(path))
+
+
+def _rows(reader: Any, path: str | os.PathLike[str]) -> Iterator[list[str]]:
+    """The reader's rows; a field past csv's limit (128 KiB) or a malformed row becomes a
+    WorkloadFormatError naming the row (``reader.line_num``)."""
+    while True:
+        try:
+            cells = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as e:
+            raise WorkloadFormatError(
+                f"row {reader.line_num}: not a CSV row of the trace ({_short(str(e))})"
+            ) from None
+        yield cells
+
+
+def _short(text: str) -> str:
+    return text if len(text) <= _QUOTE else f"{text[:_QUOTE]}..."
 
 
 def load_jsonl(path: str | os.PathLike[str]) -> Workload:
@@ -152,15 +192,20 @@ def load_jsonl(path: str | os.PathLike[str]) -> Workload:
             if not line.strip():
                 continue
             try:
-                obj = json.loads(line)
+                obj = json.loads(line, parse_constant=_no_constant)
             except json.JSONDecodeError as e:
                 raise WorkloadFormatError(f"row {row}: not JSON ({e.msg})") from None
+            except RecursionError:
+                raise WorkloadFormatError(f"row {row}: not a request object (JSON nested too "
+                                          f"deeply to read)") from None
+            except ValueError as e:  # NaN / Infinity literals: not JSON
+                raise WorkloadFormatError(f"row {row}: not JSON ({e})") from None
             if not isinstance(obj, dict):
-                raise WorkloadFormatError(f"row {row}: {obj!r} is invalid: must be a JSON object")
+                raise WorkloadFormatError(f"row {row}: {_r(obj)} is invalid: must be a JSON object")
             unknown = sorted(set(obj) - {"arrival_s", "prompt_tokens", "output_tokens",
                                          "prefix_id"})
             if unknown:
-                raise WorkloadFormatError(f"row {row}: unknown field {unknown[0]!r} (fields: "
+                raise WorkloadFormatError(f"row {row}: unknown field {_r(unknown[0])} (fields: "
                                           f"arrival_s, prompt_tokens, output_tokens, prefix_id)")
             for field in ("arrival_s", "prompt_tokens", "output_tokens"):
                 if field not in obj:
@@ -169,24 +214,28 @@ def load_jsonl(path: str | os.PathLike[str]) -> Workload:
             if isinstance(a, bool) or not isinstance(a, (int, float)) or not math.isfinite(a) \
                     or a < 0:
                 raise WorkloadFormatError(
-                    f"row {row}: arrival_s={a!r} is invalid: must be a number >= 0 (seconds)")
+                    f"row {row}: arrival_s={_r(a)} is invalid: must be a number >= 0 (seconds)")
             if a < last:
                 raise WorkloadFormatError(
-                    f"row {row}: arrival_s={a!r} is invalid: must be >= the row above's ({last})")
+                    f"row {row}: arrival_s={_r(a)} is invalid: must be >= the row above's ({last})")
             last = float(a)
             toks = []
             for field in ("prompt_tokens", "output_tokens"):
                 v = obj[field]
                 if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                     raise WorkloadFormatError(
-                        f"row {row}: {field}={v!r} is invalid: must be an int >= 1 (tokens)")
+                        f"row {row}: {field}={_r(v)} is invalid: must be an int >= 1 (tokens)")
                 toks.append(v)
             pid = obj.get("prefix_id")
             if pid is not None and not isinstance(pid, str):
                 raise WorkloadFormatError(
-                    f"row {row}: prefix_id={pid!r} is invalid: must be a string or null")
+                    f"row {row}: prefix_id={_r(pid)} is invalid: must be a string or null")
             out.append(Request(float(a), toks[0], toks[1], pid))
     return Workload(tuple(out), os.fspath(path))
+
+
+def _no_constant(name: str) -> object:
+    raise ValueError(f"{name} is not a JSON number")
 
 
 def save_jsonl(requests: Iterable[Request], path: str | os.PathLike[str]) -> None:
@@ -212,7 +261,7 @@ def load_workload(path: str | os.PathLike[str]) -> Workload:
         return load_azure_csv(path)
     if suffix in (".jsonl", ".json", ".ndjson"):
         return load_jsonl(path)
-    raise WorkloadFormatError(f"trace {os.fspath(path)!r}: unknown format {suffix!r} "
+    raise WorkloadFormatError(f"trace {os.fspath(path)!r}: unknown format {_r(suffix)} "
                               f"(must be .csv, Azure's format, or .jsonl)")
 
 

@@ -308,6 +308,7 @@ class ServingModel:
         peak_run = peak_used = 0
         stalls: list[float] = []
         next_sample = 0.0
+        sampled_at = -1.0  # when the last sample was taken
         allocated: list[int] = []
         freed: list[int] = []
         hp, hpop = heapq.heappush, heapq.heappop
@@ -406,19 +407,27 @@ class ServingModel:
                 if stall > 0.0:
                     stalls.append(stall)
                     hooks.sample(now, S, alloc.used, alloc.high_water, B, len(waiting))
+                    sampled_at = now
             if alloc.used > peak_used:
                 peak_used = alloc.used
             if peak_run < B:
                 peak_run = B
             if now >= next_sample:
                 hooks.sample(now, S, alloc.used, alloc.high_water, B, len(waiting))
+                sampled_at = now
                 next_sample = (math.floor(now / sample_s) + 1) * sample_s
 
             if not running:
                 if ai >= n_arr:
                     break
-                # Idle: jump to the next arrival (or the next sample, to keep the series even).
-                now = max(now + stall, min(reqs[ai].arrival_s, next_sample))
+                # Idle: record the state now (the batch just emptied), then jump to the next
+                # arrival. Nothing changes in between, and a sample holds until the next one
+                # (the means are time-weighted), so an idle gap of any length is one
+                # iteration and one sample, not one per sample_s.
+                if sampled_at < now:
+                    hooks.sample(now, S, alloc.used, alloc.high_water, B, len(waiting))
+                    sampled_at = now
+                now = max(now + stall, reqs[ai].arrival_s)
                 continue
 
             # -- steps until the next event, in closed form --
