@@ -601,10 +601,40 @@ class KvBufferOwner:
                 reqs.append((off, lo, hi - lo))
         try:
             results = self.arena.decommit_ranges_report(reqs) if reqs else ()
-        finally:
+        except DriverError:
+            # undone (every mapping back) or past the unmaps (they stand, a handle kept for
+            # close): either way, list only the pages whose granules are mapped now
             self._sync_backed()
+            self._reconcile_pages()
+            raise
+        self._sync_backed()
         self._pages = left
         return results
+
+    def _reconcile_pages(self) -> None:
+        """Drop from the committed pages every page a granule of which is unmapped in some
+        buffer (after a failure, so that ``committed_pages`` never lists memory that is
+        gone)."""
+        covered = []
+        for off in self._offsets:
+            runs: list[list[int]] = []
+            for a, b in self.arena.mappings_of(off):
+                if runs and runs[-1][1] == a:
+                    runs[-1][1] = b
+                else:
+                    runs.append([a, b])
+            covered.append(([r[0] for r in runs], [r[1] for r in runs]))
+        keep = set()
+        for p in self._pages:
+            for i in range(len(self._offsets)):
+                lo, hi = self._page_granules(i, p)
+                starts, ends = covered[i]
+                j = bisect_left(starts, lo + 1) - 1
+                if j < 0 or ends[j] < hi:
+                    break
+            else:
+                keep.add(p)
+        self._pages = keep
 
     def release_beyond(self, n: int) -> int:
         """Give back everything past the first ``n`` token slots of every buffer.
@@ -636,8 +666,8 @@ class KvBufferOwner:
             self._sync_backed()
             if self._backed != before:  # past the unmaps: it stood
                 self._cap_tokens(n)
-                self._pages = {p for p in self._pages if p < first_gone}
-            raise
+            self._reconcile_pages()  # a hole's pages past n may be gone even if the prefix
+            raise                    # stood: list only what is still mapped
         self._sync_backed()
         self._cap_tokens(n)
         self._pages = {p for p in self._pages if p < first_gone}
@@ -783,8 +813,11 @@ class KvBufferOwner:
                     reqs.append((off, lo, hi - lo))
             try:
                 results = self.arena.decommit_ranges_report(reqs) if reqs else ()
-            finally:
+            except DriverError:
                 self._sync_backed()
+                self._reconcile_pages()  # as decommit_pages: only what is still mapped
+                raise
+            self._sync_backed()
             pages.difference_update(ids)
         return sum(r.given_bytes for r in results)
 
