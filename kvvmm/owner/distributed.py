@@ -339,8 +339,49 @@ class DistributedOwner:
         ``plan`` checks the arguments and names each gap to back; ``adopt`` maps one
         prepared handle (at the prefix for a resize, at its range for pages).
         """
-        code = _OPS[op]
         prepared: list[_Prepared] = []
+        # What this call holds, kept at every step, so that an interrupt (Ctrl-C, SystemExit:
+        # not an Exception, so none of the steps' handlers sees it) undoes exactly it: handles
+        # made and not yet mapped, and handles mapped by this call.
+        live: list[_Prepared] = []
+        mapped: list[_Prepared] = []
+
+        def release(xs: Sequence[_Prepared], err: BaseException | None) -> bool:
+            xs = list(xs)
+            for x in xs:
+                if x in live:
+                    live.remove(x)
+            return self._release(xs, err)
+
+        def unmap_back(xs: Sequence[_Prepared], err: BaseException | None) -> bool:
+            ok = self._unmap_back(xs, err)
+            if ok:
+                for x in xs:
+                    if x in mapped:
+                        mapped.remove(x)
+            return ok
+
+        try:
+            return self._back_all_steps(op, what, n_ok, key, plan, adopt, prepared, live,
+                                        mapped, release, unmap_back)
+        except BaseException as e:
+            if not isinstance(e, Exception):  # interrupted: undo what this call holds
+                self._release(list(live), e)
+                live.clear()
+                if mapped and self._unmap_back(list(mapped), e):
+                    mapped.clear()
+                self._resync()
+            raise
+
+    def _back_all_steps(self, op: str, what: str, n_ok: int, key: int,
+                        plan: Callable[[], list[tuple[int, int, int]]],
+                        adopt: Callable[[_Prepared], None], prepared: list[_Prepared],
+                        live: list[_Prepared], mapped: list[_Prepared],
+                        release: Callable[[Sequence[_Prepared], BaseException | None], bool],
+                        unmap_back: Callable[[Sequence[_Prepared], BaseException | None],
+                                             bool]) -> int:
+        """:meth:`_back_all`'s four steps; ``live`` and ``mapped`` follow every handle."""
+        code = _OPS[op]
         local: BaseException | None = None
         # 1. prepare: checks and creates; nothing any tensor can reach changes.
         try:
@@ -351,20 +392,22 @@ class DistributedOwner:
                 # The arena's handle pool first (a handle made ahead costs no create now).
                 got = pool.take(size) if pool is not None else None
                 h = self.owner.arena.driver.create(size) if got is None else got
-                prepared.append(_Prepared(off, start, h, size))
+                p = _Prepared(off, start, h, size)
+                prepared.append(p)
+                live.append(p)
         except Exception as e:
             local = e
-            self._release(prepared, e)
-            prepared = []
+            release(prepared, e)
+            prepared.clear()
         # 2. agree.
         try:
             failed, why = self._agree(code, n_ok, ok=local is None, key=key)
         except _Broken as b:
             err = CollectiveError(what, "agree", f"the collective broke ({b})",
-                                  rolled_back=self._release(prepared, None))
+                                  rolled_back=release(prepared, None))
             raise err from (local or b.__cause__)
         if failed or why:
-            clean = self._release(prepared, local)
+            clean = release(prepared, local)
             reason = why or f"rank(s) {failed} failed to prepare"
             raise CollectiveError(what, "prepare", reason, failed_ranks=tuple(failed),
                                   rolled_back=clean) from local
@@ -375,20 +418,22 @@ class DistributedOwner:
                 try:
                     adopt(p)
                 except BaseException:
-                    self._release(prepared[i:], None)  # a failed adopt leaves it ours
+                    release(prepared[i:], None)  # a failed adopt leaves it ours
                     raise
+                live.remove(p)
+                mapped.append(p)
                 adopted.append(p)
         except Exception as e:
             local = e
         rolled = True
         if local is not None:
-            rolled = self._unmap_back(adopted, local)
+            rolled = unmap_back(adopted, local)
             adopted = []
         # 4. confirm.
         try:
             failed, _ = self._agree(code, n_ok, ok=local is None, key=key)
         except _Broken as b:
-            rolled = self._unmap_back(adopted, b) and rolled
+            rolled = unmap_back(adopted, b) and rolled
             self._resync()
             err = CollectiveError(what, "confirm", f"the collective broke ({b})",
                                   rolled_back=rolled)
@@ -396,13 +441,14 @@ class DistributedOwner:
                 err.add_note(note)
             raise err from (local or b.__cause__)
         if failed:
-            rolled = self._unmap_back(adopted, local) and rolled
+            rolled = unmap_back(adopted, local) and rolled
             self._resync()
             err = CollectiveError(what, "map", f"rank(s) {failed} failed to map",
                                   failed_ranks=tuple(failed), rolled_back=rolled)
             for note in getattr(local, "__notes__", []):
                 err.add_note(note)
             raise err from local
+        mapped.clear()  # confirmed: the owner's now
         self._resync()
         return sum(p.size_bytes for p in prepared)
 
