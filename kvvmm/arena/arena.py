@@ -28,6 +28,7 @@ re-exports the public names of the parts.
 from __future__ import annotations
 
 import functools
+import itertools
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -75,6 +76,10 @@ MAX_RESERVE_BYTES = 1 << 48
 
 
 
+#: each arena's tag for a shared HandlePool (unique in the process)
+_POOL_TAGS = itertools.count(1)
+
+
 class Arena(HolesMixin, SharingMixin):
     """One VA reservation with bump allocation, commit/decommit and tensor views.
 
@@ -112,6 +117,7 @@ class Arena(HolesMixin, SharingMixin):
         if pool is not None and getattr(pool, "driver", None) is not driver:
             raise ArgumentError("pool", pool, "a HandlePool of this arena's driver")
         self._handle_pool: HandlePool | None = pool
+        self.pool_tag = next(_POOL_TAGS)
         # allocation offset -> [start, end) (allocation-relative) the pool's thread is backing
         self._inflight: dict[int, list[tuple[int, int]]] = {}
         self.inflight_waits = 0  #: times a commit or decommit waited for an in-flight range
@@ -561,7 +567,7 @@ class Arena(HolesMixin, SharingMixin):
         gone, self._gone = self._gone, []
         pool = self._handle_pool
         if pool is not None:  # retained (up to the pool's cap) for the next arena
-            gone = [(h, sz) for h, sz in gone if not pool.give(h, sz)]
+            gone = [(h, sz) for h, sz in gone if not pool.give(h, sz, self.pool_tag)]
         self._leftover += gone
         self._release_leftover()
 

@@ -64,6 +64,8 @@ class PoolStats:
     trimmed_bytes: int  #: memory given back under pressure
     jobs: int  #: background jobs run (look-ahead)
     errors: int  #: refills or jobs that failed (logged; the caller then creates itself)
+    #: takes refused because every idle handle of the size held another owner's bytes
+    withheld: int = 0
 
 
 class HandlePool:
@@ -75,12 +77,18 @@ class HandlePool:
         retain_bytes: most memory kept idle from handles given back (and refills), >= 0.
         threaded: run refills and jobs on a background thread (default); False: only when
             :meth:`run_once` is called (deterministic).
+        share_across_owners: False (default): a handle an arena gave back (its bytes are
+            that arena's KV) is handed only to that arena again; another arena gets a fresh
+            handle (a refill's, never mapped) or creates one, so no owner can read another
+            owner's bytes through the pool. True: any arena takes any idle handle, old bytes
+            and all (one engine whose owners trust each other; saves the creates).
     Raises:
         ArgumentError: bad ``ready`` sizes (not multiples of the granularity) or counts.
     """
 
     def __init__(self, driver: Driver, *, ready: Mapping[int, int] | None = None,
-                 retain_bytes: int = 4 * GiB, threaded: bool = True) -> None:
+                 retain_bytes: int = 4 * GiB, threaded: bool = True,
+                 share_across_owners: bool = False) -> None:
         check_driver(driver)  # None or a kind's name: an ArgumentError, not AttributeError
         self.driver = driver
         gran = driver.granularity()
@@ -94,7 +102,12 @@ class HandlePool:
         if isinstance(retain_bytes, bool) or not isinstance(retain_bytes, int) \
                 or retain_bytes < 0:
             raise ArgumentError("retain_bytes", retain_bytes, "an int >= 0 (bytes)")
+        if not isinstance(share_across_owners, bool):
+            raise ArgumentError("share_across_owners", share_across_owners, "True or False")
         self.retain_bytes = retain_bytes
+        self.share_across_owners = share_across_owners
+        # handle -> the owner (an arena's pool_tag) whose bytes it holds; absent: fresh
+        self._written: dict[int, int] = {}
         self._want = want
         self._lock = threading.Lock()  # guards the lists only; never held across a driver call
         self._wake = threading.Condition(self._lock)
@@ -106,7 +119,7 @@ class HandlePool:
         self._stop = False
         self._backoff: set[int] = set()  # classes whose refill ran out of memory
         self._n = {"created": 0, "reused": 0, "retained": 0, "released": 0, "trimmed": 0,
-                   "jobs": 0, "errors": 0}
+                   "jobs": 0, "errors": 0, "withheld": 0}
         self._thread: threading.Thread | None = None
         if threaded:
             self._thread = threading.Thread(target=self._loop, name="kvvmm-handle-pool",
@@ -124,24 +137,42 @@ class HandlePool:
         """Memory of idle handles (created, mapped nowhere): "held by the pool"."""
         return self._held
 
-    def take(self, size: int) -> int | None:
-        """An idle handle of exactly ``size`` bytes, or None (never waits)."""
+    def take(self, size: int, owner: int | None = None) -> int | None:
+        """An idle handle of exactly ``size`` bytes, or None (never waits).
+
+        ``owner`` (an arena's :attr:`~kvvmm.arena.Arena.pool_tag`): unless the pool shares
+        across owners, only a fresh handle or one ``owner`` itself gave back is handed out.
+        """
         with self._lock:
             got = self._idle.get(size)
             if not got:
                 return None
-            h = got.pop()
+            i = len(got) - 1
+            if not self.share_across_owners:
+                written = self._written
+                while i >= 0 and written.get(got[i], owner) != owner:
+                    i -= 1
+                if i < 0:
+                    self._n["withheld"] += 1
+                    return None
+            h = got.pop(i)
+            self._written.pop(h, None)
             self._held -= size
             self._n["reused"] += 1
             self._backoff.discard(size)
             self._wake.notify_all()  # a refill may be due
             return h
 
-    def give(self, handle: int, size: int) -> bool:
-        """Keep an unmapped ``handle`` for reuse if it fits under the cap; False: release it."""
+    def give(self, handle: int, size: int, owner: int | None = None) -> bool:
+        """Keep an unmapped ``handle`` for reuse if it fits under the cap; False: release it.
+
+        ``owner``: whose bytes the handle holds (see :meth:`take`); None: nobody's.
+        """
         with self._lock:
             if self._closed or self._held + size > self.retain_bytes:
                 return False
+            if owner is not None:
+                self._written[handle] = owner
             self._idle.setdefault(size, []).append(handle)
             self._held += size
             self._n["retained"] += 1
@@ -219,7 +250,7 @@ class HandlePool:
                              held={s: len(h) for s, h in self._idle.items() if h},
                              created=n["created"], reused=n["reused"], retained=n["retained"],
                              released=n["released"], trimmed_bytes=n["trimmed"],
-                             jobs=n["jobs"], errors=n["errors"])
+                             jobs=n["jobs"], errors=n["errors"], withheld=n["withheld"])
 
     def close(self, timeout_s: float = 30.0) -> None:
         """Stop the thread (after the job it runs), drop queued jobs, release idle handles.
@@ -336,4 +367,5 @@ class HandlePool:
             done += size
             with self._lock:
                 self._n["released"] += 1
+                self._written.pop(h, None)  # the driver may hand its id out again
         return done

@@ -77,6 +77,9 @@ class _ArenaState:
     _lock: threading.RLock
     _cond: threading.Condition
     _handle_pool: HandlePool | None
+    #: who this arena is to a shared HandlePool: handles it gives back hold its bytes, and
+    #: the pool hands them to no other arena (unless it shares across owners)
+    pool_tag: int
     _inflight: dict[int, list[tuple[int, int]]]
     inflight_waits: int
     _gone: list[tuple[int, int]]
@@ -180,7 +183,7 @@ class _ArenaState:
         """
         pool = self._handle_pool
         if pool is not None:
-            h = pool.take(size)
+            h = pool.take(size, self.pool_tag)
             if h is not None:
                 return h
         try:
@@ -217,7 +220,7 @@ class _ArenaState:
     def _drop_handle(self, h: int, size: int) -> None:
         """An unmapped handle goes back to the pool (up to its cap) or to the driver."""
         pool = self._handle_pool
-        if pool is None or not pool.give(h, size):
+        if pool is None or not pool.give(h, size, self.pool_tag):
             self.driver.release(h)
 
     def _wait_inflight(self, ranges: Sequence[tuple[_Alloc, int, int]]) -> None:
@@ -302,7 +305,7 @@ class _ArenaState:
         gone, self._gone = self._gone, []
         pool = self._handle_pool
         if pool is not None:  # retained for the next commit: two map calls, not create+release
-            gone = [(h, s) for h, s in gone if not pool.give(h, s)]
+            gone = [(h, s) for h, s in gone if not pool.give(h, s, self.pool_tag)]
         self._leftover += gone
         if gone:
             self._release_leftover("decommit or close again to retry")

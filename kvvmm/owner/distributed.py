@@ -288,7 +288,8 @@ class DistributedOwner:
         pool = self.owner.arena.handle_pool
         for p in prepared:
             try:
-                if pool is None or not pool.give(p.handle, p.size_bytes):
+                if pool is None or not pool.give(p.handle, p.size_bytes,
+                                                 self.owner.arena.pool_tag):
                     self.owner.arena.driver.release(p.handle)
             except Exception as e:  # keep releasing the others; say which one stayed
                 clean = False
@@ -390,7 +391,7 @@ class DistributedOwner:
             pool = self.owner.arena.handle_pool
             for off, start, size in plan():
                 # The arena's handle pool first (a handle made ahead costs no create now).
-                got = pool.take(size) if pool is not None else None
+                got = pool.take(size, self.owner.arena.pool_tag) if pool is not None else None
                 h = self.owner.arena.driver.create(size) if got is None else got
                 p = _Prepared(off, start, h, size)
                 prepared.append(p)
