@@ -42,6 +42,7 @@ CANDIDATES = (ROOT.parent / "shared" / "data" / "azure-llm-inference-2023" / NAM
 DEFAULT_STRATEGIES = tuple(STRATEGIES)
 #: what each round keeps when a strategy runs several (the timed figures and the memory)
 _ROUND_KEYS = ("decode_driver_ms", "p99_stall_us", "max_stall_us", "stalled_steps",
+               "stalled_share", "stalled_p50_us", "stalled_p99_us",
                "background_driver_ms", "mean_backed_bytes", "mean_pool_bytes",
                "mean_used_bytes", "held_over_used", "driver_calls", "run_wall_s")
 

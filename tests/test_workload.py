@@ -452,3 +452,24 @@ def test_held_over_used_is_infinite_when_nothing_was_used() -> None:
 
     (r,) = run_workload(small_workload(), ["static"]).results
     assert held_over_used(dataclasses.replace(r, mean_used_bytes=0.0)) == float("inf")
+
+
+def test_stalls_are_reported_as_a_share_of_steps_and_percentiles_over_stalled_steps() -> None:
+    from kvvmm.viz.workload import format_workload, stall_figure
+
+    cmp = run_workload(small_workload(), ["page-elastic", "static"])
+    el, st = cmp.result("page-elastic"), cmp.result("static")
+    stalls = sorted(el.serving.stall_steps)
+    assert el.stalled_steps == len(stalls) > 0
+    assert el.stalled_share == pytest.approx(len(stalls) / el.serving.steps)
+    assert el.stalled_p50_s == stalls[(len(stalls) + 1) // 2 - 1]  # nearest rank
+    assert 0 < el.stalled_p50_s <= el.stalled_p99_s <= el.max_stall_s
+    assert el.stalled_p99_s >= el.p99_stall_s  # over stalled steps, not over every step
+    assert (st.stalled_share, st.stalled_p50_s, st.stalled_p99_s) == (0.0, 0.0, 0.0)
+    row = el.summary()
+    assert row["stalled_share"] == round(el.stalled_share, 6)
+    assert row["stalled_p99_us"] == round(el.stalled_p99_s * 1e6, 3)
+    text = format_workload(cmp)
+    assert "stalled steps" in text and "p99 if stalled" in text and "p99 step" in text
+    assert f"({el.stalled_share:.2%})" in text
+    assert stall_figure(cmp).data[0].name.endswith(f"({el.stalled_share:.1%})")

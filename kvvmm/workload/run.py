@@ -80,8 +80,8 @@ class StrategyResult:
     #: create + map + set access, and unmap + release, over the run (slot 0's included)
     elastic_maps: int
     elastic_unmaps: int
-    p50_stall_s: float  #: over every step (most have none)
-    p99_stall_s: float
+    p50_stall_s: float  #: over every step (most have none: see stalled_p50_s / _p99_s)
+    p99_stall_s: float  #: over every step: what the p99 decode step waits
     max_stall_s: float
     stalled_steps: int  #: steps that had a driver stall
     used_over_backed: int  #: boundaries where used > backed (must be 0)
@@ -99,6 +99,22 @@ class StrategyResult:
     #: more than one range), grows, grows_moved, fragmentation_mean / _max (of the free
     #: blocks, ``1 - largest / free``, at each admission), units_max (mapped units at most)
     ranges: Mapping[str, float] = field(default_factory=dict)
+
+    @property
+    def stalled_share(self) -> float:
+        """The share of decode steps that waited on the driver at all (0..1)."""
+        return self.stalled_steps / self.serving.steps if self.serving.steps else 0.0
+
+    @property
+    def stalled_p50_s(self) -> float:
+        """Median driver wait of the steps that had one (0 when none did)."""
+        return _nearest_rank(sorted(self.serving.stall_steps), 50)
+
+    @property
+    def stalled_p99_s(self) -> float:
+        """p99 driver wait of the steps that had one: what a stalled step costs. The p99
+        over *every* step (:attr:`p99_stall_s`) is what a step costs (most cost nothing)."""
+        return _nearest_rank(sorted(self.serving.stall_steps), 99)
 
     @property
     def mean_waste_bytes(self) -> float:
@@ -119,6 +135,9 @@ class StrategyResult:
                 "elastic_maps": self.elastic_maps, "elastic_unmaps": self.elastic_unmaps,
                 "p50_stall_us": round(self.p50_stall_s * 1e6, 3),
                 "p99_stall_us": round(self.p99_stall_s * 1e6, 3),
+                "stalled_share": round(self.stalled_share, 6),
+                "stalled_p50_us": round(self.stalled_p50_s * 1e6, 3),
+                "stalled_p99_us": round(self.stalled_p99_s * 1e6, 3),
                 "max_stall_us": round(self.max_stall_s * 1e6, 3),
                 "stalled_steps": self.stalled_steps,
                 "decode_driver_ms": round(self.decode_driver_s * 1e3, 3),
@@ -165,6 +184,14 @@ class WorkloadComparison:
 
     def summary(self) -> list[dict[str, float | int | str]]:
         return [r.summary() for r in self.results]
+
+
+def _nearest_rank(sorted_values: Sequence[float], q: float) -> float:
+    """The q-th percentile (nearest rank) of sorted values; 0 for none."""
+    if not sorted_values:
+        return 0.0
+    rank = max(1, -(-int(q * len(sorted_values)) // 100))
+    return float(sorted_values[min(rank, len(sorted_values)) - 1])
 
 
 def _percentile_with_zeros(nonzero_sorted: Sequence[float], total: int, q: float) -> float:
