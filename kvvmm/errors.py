@@ -23,6 +23,7 @@ __all__ = [
     "DriverUnavailableError",
     "KvvmmError",
     "OutOfRangeError",
+    "ProfileError",
     "ReservationExhaustedError",
     "TraceFormatError",
     "UnknownDtypeError",
@@ -194,6 +195,57 @@ class DriverArgumentError(ArgumentError, DriverError):
                 self.__dict__)
 
 
+class _Missing:
+    """The value of a field a profile lacks (not null: null is a value a file can hold)."""
+
+    def __repr__(self) -> str:
+        return "<missing>"
+
+    def __reduce__(self) -> str:
+        return "_MISSING"  # one object, across pickling too
+
+
+_MISSING = _Missing()
+
+
+class ProfileError(ArgumentError):
+    """A GPU profile (a ``kvvmm-hardware-profile`` JSON file, or its data) cannot be used.
+
+    Not a regular file, too large, not UTF-8 JSON, or a field of the wrong type or out of its
+    bounds. Fix the field the message names in that file, or pass a shipped key (``"h200"``);
+    nothing was loaded. ``where`` is the file, ``field`` the field's path in it (``""`` for the
+    file as a whole), ``value`` what it holds and ``limit`` what it must be. An
+    :class:`ArgumentError` (and a ``ValueError``), so code that caught those keeps working.
+    A field the file lacks has ``value`` :attr:`MISSING`.
+    """
+
+    MISSING: object = _MISSING  #: the ``value`` of a required field that is absent
+
+    def __init__(self, where: str, field: str, value: object, limit: str,
+                 detail: str = "") -> None:
+        self.where = where
+        self.field = field
+        self.name = field or "profile"
+        self.value = value
+        self.limit = limit
+        self.detail = detail
+        # Every part is bounded (a path, a key or a value may be megabytes of a hostile file).
+        shown = f"profile {_show_path(where)}"
+        if field and value is _MISSING:
+            msg = f"{shown}: {_clip(field)} is missing: it must be {_clip(limit, 300)}"
+        else:
+            if field:
+                shown += f": {_clip(field)}={_show_json(value)}"
+            msg = f"{shown} is invalid: must be {_clip(limit, 300)}"
+        if detail:
+            msg += f" ({_clip(detail, 300)})"
+        Exception.__init__(self, msg)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.where, self.field, self.value, self.limit, self.detail),
+                self.__dict__)
+
+
 class TraceFormatError(KvvmmError, ValueError):
     """A saved trace cannot be read: wrong format, unknown version or a malformed event."""
 
@@ -218,6 +270,23 @@ def _show_value(value: object) -> str:
     except Exception:  # a broken __repr__ is the caller's; the refusal still says what it was
         return f"<a {type(value).__name__}>"
     return text if len(text) <= 200 else text[:197] + "..."
+
+
+def _show_json(value: object) -> str:
+    """A value as JSON spells it where Python's repr differs (null, true, false)."""
+    if value is None or isinstance(value, bool):
+        return {None: "null", True: "true", False: "false"}[value]
+    return _show_value(value)
+
+
+def _show_path(path: str) -> str:
+    """A file's path for a message: its end (the file's name) kept when it is long."""
+    text = _show_value(path) if len(path) <= 200 else repr("..." + path[-197:])
+    return text
+
+
+def _clip(text: str, limit: int = 200) -> str:
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def _show_int(key: str, value: int) -> str:
