@@ -148,8 +148,9 @@ def _section(data: Mapping[str, Any], name: str) -> Mapping[str, Any] | None:
 def sim_costs(profile: DeviceProfile) -> SimCosts:
     """The costs the simulator charges on ``profile`` (read once per profile).
 
-    Raises:
-        ValueError: a section holds malformed points (a calibrate file edited by hand).
+    Raises nothing for a profile that loaded: its data met :data:`kvvmm.hardware.schema.SCHEMA`
+    then (every figure here typed, finite and bounded, every divisor > 0), so a bad file is
+    refused when it is read, not when the sim first charges a call.
     """
     data = profile_data(profile)
     h200 = default_cost_model()

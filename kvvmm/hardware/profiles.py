@@ -8,7 +8,10 @@ were measured, optionally its measured driver-call costs (``call_costs``), copy 
 and the older ``library_overhead_us``; each section carries a ``source`` saying how it was
 measured; :mod:`kvvmm.hardware.overhead` says how the simulator charges them). The shipped
 files are read once, on first use; :func:`load_profile` reads one from any path, and
-:func:`get_profile` takes a key or a path.
+:func:`get_profile` takes a key or a path. A file is read as strict JSON (no NaN, no
+Infinity), and every profile, read or built, is checked against the one declared schema
+(:mod:`kvvmm.hardware.schema`): a bad one is one :class:`~kvvmm.errors.ProfileError`
+naming the file, the field, its value and its bound.
 """
 
 from __future__ import annotations
@@ -23,15 +26,12 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
-from kvvmm.errors import ArgumentError
+from kvvmm.errors import ArgumentError, ProfileError
+from kvvmm.hardware.schema import FORMAT, MAX_DEPTH, VERSIONS, parse, validate
 
-__all__ = ["FORMAT", "PROFILES", "DeviceProfile", "get_profile", "load_profile",
-           "profile_data", "profile_from_data", "profile_label"]
+__all__ = ["FORMAT", "PROFILES", "VERSIONS", "DeviceProfile",
+           "get_profile", "load_profile", "profile_data", "profile_from_data", "profile_label"]
 
-FORMAT = "kvvmm-hardware-profile"
-#: Format versions this reader understands: 1 (0.1's files), 2 (``kvvmm calibrate``'s, which
-#: adds sections; a version-1 reader never needed them).
-VERSIONS = (1, 2)
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,21 +50,11 @@ class DeviceProfile:
     digest: str = ""
 
 
-def _profile_of(data: Mapping[str, Any], where: str, path: str = "",
-                digest: str = "") -> DeviceProfile:
-    if not isinstance(data, Mapping) or data.get("format") != FORMAT:
-        raise ArgumentError("profile", where, f"a {FORMAT!r} JSON file")
-    if data.get("version", 1) not in VERSIONS:
-        raise ArgumentError("profile", where, f"a {FORMAT!r} file of version "
-                                              f"{' or '.join(map(str, VERSIONS))} "
-                                              f"(it says {data.get('version')!r})")
-    try:
-        return DeviceProfile(str(data["key"]), str(data["name"]), int(data["capacity_bytes"]),
-                             int(data["granularity_bytes"]), str(data["source"]),
-                             str(data.get("date", "")), path, digest)
-    except (KeyError, TypeError, ValueError) as e:
-        raise ArgumentError("profile", where, f"a profile with key, name, capacity_bytes, "
-                                              f"granularity_bytes and source ({e})") from None
+def _profile_of(data: Mapping[str, Any], path: str = "", digest: str = "") -> DeviceProfile:
+    # ``data`` has met the schema (schema.validate): every field here is typed and bounded.
+    return DeviceProfile(data["key"], data["name"], data["capacity_bytes"],
+                         data["granularity_bytes"], data["source"], data.get("date", ""),
+                         path, digest)
 
 
 @functools.cache
@@ -74,7 +64,8 @@ def shipped_data() -> dict[str, dict[str, Any]]:
     for entry in sorted(resources.files("kvvmm.hardware").joinpath("data").iterdir(),
                         key=lambda p: p.name):
         if entry.name.endswith(".json"):
-            data = json.loads(entry.read_text(encoding="utf-8"))
+            data = _parse(entry.read_bytes(), entry.name)
+            validate(data, entry.name)  # a broken shipped file fails at import, by name
             out[str(data["key"])] = data
     return out
 
@@ -95,29 +86,48 @@ def profile_from_data(data: Mapping[str, Any], *, where: str = "<data>",
         where: named in errors (a path, or what made the data).
         path: recorded as :attr:`DeviceProfile.path`.
     Raises:
-        ArgumentError: not a profile of a known format version, or fields missing.
+        ProfileError: not a profile of a known format version, or a field missing, of the
+            wrong type or out of its bounds (:data:`kvvmm.hardware.schema.SCHEMA`).
     """
-    _profile_of(data, where, path)  # refuse what is not a profile before hashing it
+    validate(data, where)  # refuse what is not a profile before hashing it
     text = json.dumps(data, sort_keys=True)
-    prof = _profile_of(data, where, path, hashlib.sha256(text.encode()).hexdigest()[:16])
+    prof = _profile_of(data, path, hashlib.sha256(text.encode()).hexdigest()[:16])
     with _DATA_LOCK:
         _DATA[prof] = json.loads(text)  # a private copy: callers may mutate theirs
     return prof
 
 
+def _parse(raw: bytes, where: str) -> Any:
+    """Strict JSON (no NaN, no Infinity, bounded depth) of a profile's bytes."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ProfileError(where, "", raw[e.start:e.start + 4], "UTF-8 JSON text",
+                           f"byte {e.start} is not UTF-8") from None
+    try:
+        return parse(text)
+    except json.JSONDecodeError as e:
+        raise ProfileError(where, "", None, f"a {FORMAT!r} JSON file", str(e)) from None
+    except RecursionError:
+        raise ProfileError(where, "", None, f"JSON nested at most {MAX_DEPTH} levels deep",
+                           "it nests deeper than the JSON parser can go") from None
+
+
 def load_profile(path: str | os.PathLike[str]) -> DeviceProfile:
     """Read a profile from a JSON file of format ``kvvmm-hardware-profile``.
 
+    Its JSON must hold no NaN or Infinity, and every field the library reads must meet
+    :data:`kvvmm.hardware.schema.SCHEMA` (types and bounds), so a profile that loads never
+    fails later in the simulator or the planner.
+
     Raises:
         OSError: the file cannot be read.
-        ArgumentError: not JSON, or not a profile.
+        ProfileError: not UTF-8 JSON, or not a valid profile;
+            the message names the file, the field, its value and what it must be.
     """
     where = os.fspath(path)
-    with open(path, encoding="utf-8") as f:
-        try:
-            data = json.load(f)
-        except json.JSONDecodeError as e:
-            raise ArgumentError("profile", where, f"a {FORMAT!r} JSON file ({e})") from None
+    with open(path, "rb") as f:
+        data = _parse(f.read(), where)
     return profile_from_data(data, where=where, path=os.path.abspath(where))
 
 
@@ -140,7 +150,7 @@ def profile_data(profile: str | os.PathLike[str] | DeviceProfile) -> Mapping[str
 
 #: The shipped profiles by key: ``h100``, ``h200``, ``b200``, ``gb300``.
 PROFILES: dict[str, DeviceProfile] = {
-    k: _profile_of(v, k) for k, v in shipped_data().items()
+    k: _profile_of(v) for k, v in shipped_data().items()
 }
 
 
@@ -156,8 +166,9 @@ def get_profile(profile: str | os.PathLike[str] | DeviceProfile) -> DeviceProfil
             (``"my-card.json"``, ``"/tmp/x/h200.json"``: anything ending in ``.json`` or
             holding a path separator), or a :class:`DeviceProfile`.
     Raises:
-        ArgumentError: an unknown key, or a file that is not a profile.
-        OSError: a path that cannot be read.
+        ArgumentError: an unknown key.
+        ProfileError: a file that is not a valid profile (:func:`load_profile`).
+        OSError: a path that does not exist or cannot be opened.
     """
     if isinstance(profile, DeviceProfile):
         return profile
