@@ -1,4 +1,4 @@
-"""Hostile and broken GPU profiles (profile hardening, items 5 to 7): one ProfileError each.
+"""Hostile and broken GPU profiles (profile hardening, items 4 to 7): one ProfileError each.
 
 A profile is a JSON file a user passes (``SimDriver(profile=path)``, ``kvvmm replay --gpu
 PATH``). Loading one reads only a regular file of bounded size, parses strict JSON (no NaN,
@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import os
 import pickle
 import threading
 from collections.abc import Callable
@@ -24,8 +25,8 @@ import pytest
 from kvvmm import cli
 from kvvmm.driver.sim import SimDriver
 from kvvmm.errors import ArgumentError, KvvmmError, ProfileError
-from kvvmm.hardware import load_profile, profile_data, profile_from_data, sim_costs
-from kvvmm.hardware.profiles import shipped_data
+from kvvmm.hardware import get_profile, load_profile, profile_data, profile_from_data, sim_costs
+from kvvmm.hardware.profiles import MAX_PROFILE_BYTES, shipped_data
 from kvvmm.hardware.schema import MAX_DEPTH
 from kvvmm.units import GiB, MiB
 
@@ -282,6 +283,65 @@ def test_a_profile_error_survives_pickling_with_its_fields() -> None:
         "/x/y.json", "first_touch.region_mib", 0, "an integer >= 1")
 
 
+# -- item 4: regular files only, of bounded size -----------------------------------------
+
+
+def _fifo(tmp_path: Path) -> Path:
+    if not hasattr(os, "mkfifo"):
+        pytest.skip("no FIFOs on this platform")
+    p = tmp_path / "fifo.json"
+    os.mkfifo(p)
+    return p
+
+
+def _dev_zero(tmp_path: Path) -> Path:
+    if not os.path.exists("/dev/zero"):
+        pytest.skip("no /dev/zero")
+    return Path("/dev/zero")
+
+
+def _directory(tmp_path: Path) -> Path:
+    p = tmp_path / "dir.json"
+    p.mkdir()
+    return p
+
+
+def _oversize(tmp_path: Path) -> Path:
+    p = tmp_path / "big.json"
+    with open(p, "wb") as f:
+        f.truncate(MAX_PROFILE_BYTES + 1)  # sparse: no 16 MiB written
+    return p
+
+
+def _link_to_fifo(tmp_path: Path) -> Path:
+    link = tmp_path / "link.json"
+    link.symlink_to(_fifo(tmp_path))
+    return link
+
+
+SPECIAL: dict[str, tuple[Callable[[Path], Path], str]] = {
+    "fifo": (_fifo, "a FIFO"),
+    "dev-zero": (_dev_zero, "a character device"),
+    "directory": (_directory, "a directory"),
+    "oversize": (_oversize, f"{MAX_PROFILE_BYTES + 1} bytes"),
+    "symlink-to-fifo": (_link_to_fifo, "a FIFO"),
+}
+
+
+@pytest.mark.parametrize("kind", list(SPECIAL))
+def test_only_a_regular_file_of_bounded_size_is_read(tmp_path: Path, kind: str) -> None:
+    make, says = SPECIAL[kind]
+    path = make(tmp_path)
+    for load in (load_profile, get_profile, lambda p: SimDriver(profile=str(p))):
+        err = _refused(lambda f=load: f(path), str(path), says, "regular file",
+                       str(MAX_PROFILE_BYTES))
+        assert err.field == ""
+
+
+def test_a_path_with_a_nul_byte_is_a_profile_error() -> None:
+    _refused(lambda: load_profile("bad\0name.json"), "NUL")
+
+
 def test_a_missing_file_is_still_an_os_error(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError):
         load_profile(tmp_path / "missing.json")
@@ -316,6 +376,10 @@ def test_every_shipped_profile_loads_from_its_file_and_keeps_the_clock_finite(
 # -- the CLI: exit 2 with one line ------------------------------------------------------
 
 CLI_CASES: dict[str, Callable[[Path], Path]] = {
+    "fifo": _fifo,
+    "dev-zero": _dev_zero,
+    "directory": _directory,
+    "oversize": _oversize,
     "nan": lambda t: _write(t, json.dumps(_bad(("call_costs", "mem_info_us"), NAN))),
     "infinity": lambda t: _write(t, json.dumps(_bad(("first_touch", "map_us"), INF))),
     "negative": lambda t: _write(t, json.dumps(_bad(("call_costs", "points", "map", 0, 1),

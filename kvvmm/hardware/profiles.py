@@ -8,10 +8,11 @@ were measured, optionally its measured driver-call costs (``call_costs``), copy 
 and the older ``library_overhead_us``; each section carries a ``source`` saying how it was
 measured; :mod:`kvvmm.hardware.overhead` says how the simulator charges them). The shipped
 files are read once, on first use; :func:`load_profile` reads one from any path, and
-:func:`get_profile` takes a key or a path. A file is read as strict JSON (no NaN, no
-Infinity), and every profile, read or built, is checked against the one declared schema
-(:mod:`kvvmm.hardware.schema`): a bad one is one :class:`~kvvmm.errors.ProfileError`
-naming the file, the field, its value and its bound.
+:func:`get_profile` takes a key or a path. A file is read only when it is a regular file of at
+most :data:`MAX_PROFILE_BYTES`, as strict JSON (no NaN, no Infinity), and every profile, read
+or built, is checked against the one declared schema (:mod:`kvvmm.hardware.schema`): a bad
+one is one :class:`~kvvmm.errors.ProfileError` naming the file, the field, its value and its
+bound.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import functools
 import hashlib
 import json
 import os
+import stat
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -28,10 +30,14 @@ from typing import Any
 
 from kvvmm.errors import ArgumentError, ProfileError
 from kvvmm.hardware.schema import FORMAT, MAX_DEPTH, VERSIONS, parse, validate
+from kvvmm.units import MiB
 
-__all__ = ["FORMAT", "PROFILES", "VERSIONS", "DeviceProfile",
+__all__ = ["FORMAT", "MAX_PROFILE_BYTES", "PROFILES", "VERSIONS", "DeviceProfile",
            "get_profile", "load_profile", "profile_data", "profile_from_data", "profile_label"]
 
+#: Largest profile file read, in bytes (the biggest shipped one is ~40 KiB). A bigger file
+#: (or ``/dev/zero``, read until memory ran out) is refused before it is read.
+MAX_PROFILE_BYTES = 16 * MiB
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +103,46 @@ def profile_from_data(data: Mapping[str, Any], *, where: str = "<data>",
     return prof
 
 
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
+          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+          (stat.S_ISSOCK, "a socket"))
+_FILE_LIMIT = (f"a regular file of at most {MAX_PROFILE_BYTES} bytes "
+               f"({MAX_PROFILE_BYTES // MiB} MiB)")
+
+
+def _what(mode: int) -> str:
+    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
+
+
+def _read(where: str) -> bytes:
+    """The bytes of a profile file: a regular file, at most :data:`MAX_PROFILE_BYTES`.
+
+    Checked before opening (a FIFO's open blocks until a writer comes; ``/dev/zero`` never
+    ends), and again on the descriptor opened without blocking (the path may have been
+    swapped in between); at most one byte past the limit is ever read.
+    """
+    try:
+        st = os.stat(where)
+    except ValueError as e:  # an embedded NUL: os.stat's ValueError, not an OSError
+        raise ProfileError(where, "", where, "a path without NUL bytes", str(e)) from None
+    if not stat.S_ISREG(st.st_mode):
+        raise ProfileError(where, "", _what(st.st_mode), _FILE_LIMIT,
+                           f"it is {_what(st.st_mode)}")
+    if st.st_size > MAX_PROFILE_BYTES:
+        raise ProfileError(where, "", st.st_size, _FILE_LIMIT,
+                           f"it holds {st.st_size} bytes")
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    fd = os.open(where, flags)
+    with os.fdopen(fd, "rb") as f:
+        mode = os.fstat(f.fileno()).st_mode
+        if not stat.S_ISREG(mode):
+            raise ProfileError(where, "", _what(mode), _FILE_LIMIT, f"it is {_what(mode)}")
+        raw = f.read(MAX_PROFILE_BYTES + 1)
+    if len(raw) > MAX_PROFILE_BYTES:
+        raise ProfileError(where, "", len(raw), _FILE_LIMIT, "it grew past that as it was read")
+    return raw
+
+
 def _parse(raw: bytes, where: str) -> Any:
     """Strict JSON (no NaN, no Infinity, bounded depth) of a profile's bytes."""
     try:
@@ -116,18 +162,18 @@ def _parse(raw: bytes, where: str) -> Any:
 def load_profile(path: str | os.PathLike[str]) -> DeviceProfile:
     """Read a profile from a JSON file of format ``kvvmm-hardware-profile``.
 
-    Its JSON must hold no NaN or Infinity, and every field the library reads must meet
+    Only a regular file of at most :data:`MAX_PROFILE_BYTES` is read; its JSON must hold no
+    NaN or Infinity, and every field the library reads must meet
     :data:`kvvmm.hardware.schema.SCHEMA` (types and bounds), so a profile that loads never
     fails later in the simulator or the planner.
 
     Raises:
-        OSError: the file cannot be read.
-        ProfileError: not UTF-8 JSON, or not a valid profile;
+        OSError: the file does not exist or cannot be opened (permissions).
+        ProfileError: not a regular file, too large, not UTF-8 JSON, or not a valid profile;
             the message names the file, the field, its value and what it must be.
     """
     where = os.fspath(path)
-    with open(path, "rb") as f:
-        data = _parse(f.read(), where)
+    data = _parse(_read(where), where)
     return profile_from_data(data, where=where, path=os.path.abspath(where))
 
 
