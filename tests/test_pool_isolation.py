@@ -59,3 +59,42 @@ def test_another_owner_never_reads_what_an_owner_gave_back_unless_sharing_is_ask
 def test_share_across_owners_is_a_bool() -> None:
     with pytest.raises(ArgumentError, match="share_across_owners"):
         HandlePool(HostDriver(capacity_bytes=GiB), share_across_owners="yes")  # type: ignore[arg-type]
+
+
+def test_an_imported_handle_is_never_pooled_so_shared_memory_never_comes_back_as_private(
+        ) -> None:
+    """An arena that adopts memory another process exported (here: this process's own
+    export, imported again) releases it when it gives it back: pooled, the next commit would
+    map memory the exporter still reads and writes."""
+    import ctypes
+
+    import torch
+
+    from kvvmm import Arena
+
+    drv = HostDriver(capacity_bytes=GiB)
+    g = drv.granularity()
+    exporter = Arena(drv, reserve_bytes=4 * g, name="exporter")
+    src = exporter.allocate(g, "kv")
+    exporter.commit(src, g)
+    ((fd, size),) = exporter.export_handles(src)
+    pool = HandlePool(drv, threaded=False)
+    importer = Arena(drv, reserve_bytes=4 * g, name="importer", pool=pool)
+    dst = importer.allocate(g, "kv")
+    importer.adopt(dst, drv.import_handle(fd, size), size)
+
+    def view(arena: Arena) -> torch.Tensor:
+        return torch.frombuffer((ctypes.c_uint8 * g).from_address(arena.base), dtype=torch.uint8)
+
+    view(exporter).fill_(3)
+    assert int(view(importer)[0]) == 3  # one memory, two mappings
+    retained = pool.stats().retained
+    importer.decommit(dst, 0)  # gives the adopted handle back: released, not pooled
+    assert pool.stats().retained == retained and pool.held_bytes == 0
+    importer.commit(dst, g)  # a fresh handle: the exporter's bytes are not in it
+    view(importer).fill_(9)
+    assert int(view(exporter)[0]) == 3 and int(view(importer)[0]) == 9
+    for a in (importer, exporter):
+        a.close()
+    pool.close()
+    assert drv.stats().clean

@@ -122,6 +122,7 @@ class Arena(HolesMixin, SharingMixin):
         self._inflight: dict[int, list[tuple[int, int]]] = {}
         self.inflight_waits = 0  #: times a commit or decommit waited for an in-flight range
         self._gone: list[tuple[int, int]] = []  # unmapped handles a decommit is releasing
+        self._adopted: set[int] = set()
         self.driver = driver
         self.name = str(name)
         self.device = driver.device
@@ -565,9 +566,7 @@ class Arena(HolesMixin, SharingMixin):
             a.maps.clear()
             a.backed = 0
         gone, self._gone = self._gone, []
-        pool = self._handle_pool
-        if pool is not None:  # retained (up to the pool's cap) for the next arena
-            gone = [(h, sz) for h, sz in gone if not pool.give(h, sz, self.pool_tag)]
+        gone = self._unpooled(gone)  # retained (up to the pool's cap) for the next arena
         self._leftover += gone
         self._release_leftover()
 

@@ -139,6 +139,7 @@ class SharingMixin(_ArenaState):
             raise
         _insert(a, _Map(a.offset + start, nbytes, handle, self._next_hid))
         self._next_hid += 1
+        self._adopted.add(handle)  # released when given back, never pooled
 
     @_locked
     def adopt_range(self, offset: int, start: int, handle: int, nbytes: int) -> int:

@@ -83,6 +83,10 @@ class _ArenaState:
     _inflight: dict[int, list[tuple[int, int]]]
     inflight_waits: int
     _gone: list[tuple[int, int]]
+    #: handles the caller made and the arena adopted (imported from another process, or a
+    #: collective's): released when given back, never pooled (an imported handle is memory
+    #: another process shares; pooled, it would come back as this arena's private memory)
+    _adopted: set[int]
     driver: Driver
     name: str
     device: int
@@ -217,6 +221,19 @@ class _ArenaState:
         undo.push("forget", forget)
         return size
 
+    def _unpooled(self, gone: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        """Give what the pool keeps to it; return the handles left to release (an adopted
+        handle is always released: it was never this arena's to reuse)."""
+        pool, adopted = self._handle_pool, self._adopted
+        out = []
+        for h, s in gone:
+            if h in adopted:
+                adopted.discard(h)
+                out.append((h, s))
+            elif pool is None or not pool.give(h, s, self.pool_tag):
+                out.append((h, s))
+        return out
+
     def _drop_handle(self, h: int, size: int) -> None:
         """An unmapped handle goes back to the pool (up to its cap) or to the driver."""
         pool = self._handle_pool
@@ -303,9 +320,7 @@ class _ArenaState:
     def _release_gone(self) -> None:
         """Past the point of no return: the VA no longer reaches these handles."""
         gone, self._gone = self._gone, []
-        pool = self._handle_pool
-        if pool is not None:  # retained for the next commit: two map calls, not create+release
-            gone = [(h, s) for h, s in gone if not pool.give(h, s, self.pool_tag)]
+        gone = self._unpooled(gone)  # retained for the next commit: two maps, not create+release
         self._leftover += gone
         if gone:
             self._release_leftover("decommit or close again to retry")
