@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from kvvmm.dtypes import DTYPE_ITEMSIZE, dtype_itemsize, dtype_name
 from kvvmm.layout.desc import KvBufferDesc
+from kvvmm.layout.geometry import agreed_page_size, agreed_reserved_tokens, check_itemsize
 from kvvmm.layout.model_buffers import (
     full_pool_descs,
     hybrid_swa_descs,
@@ -72,6 +73,9 @@ __all__ = [
     "PoolPlan",
     "RangesFullError",
     "SlotRanges",
+    "agreed_page_size",
+    "agreed_reserved_tokens",
+    "check_itemsize",
     "default_policies",
     "dtype_itemsize",
     "dtype_name",

@@ -36,6 +36,7 @@ from kvvmm.driver.base import Driver
 from kvvmm.dtypes import dtype_itemsize, dtype_name
 from kvvmm.errors import ArgumentError, ClosedError, DriverError, OutOfRangeError
 from kvvmm.layout import KvBufferDesc
+from kvvmm.layout.geometry import agreed_page_size, agreed_reserved_tokens, check_itemsize
 from kvvmm.policy import Chunked, Exact, Geometric, GrowthPolicy, default_policy
 from kvvmm.record.trace import Trace
 from kvvmm.snapshot import BufferInfo, OwnerSnapshot
@@ -168,10 +169,10 @@ class KvBufferOwner:
             dup = sorted({n for n in names if names.count(n) > 1})
             raise ArgumentError("descs", dup, "buffers with unique names")
         self.descs: tuple[KvBufferDesc, ...] = tuple(descs)
-        _check_itemsize(self.descs, dtype, self.itemsize)
-        self.page_size = _agreed_page_size(self.descs, page_size)
-        self.reserved_tokens = _agreed_reserved_tokens(self.descs, self.page_size,
-                                                       reserved_tokens, self.itemsize)
+        check_itemsize(self.descs, dtype, self.itemsize)
+        self.page_size = agreed_page_size(self.descs, page_size)
+        self.reserved_tokens = agreed_reserved_tokens(self.descs, self.page_size,
+                                                      reserved_tokens, self.itemsize)
         self.policy: GrowthPolicy = _checked_policy(policy)
         gran = driver.granularity()
         self._spans = [d.reserved_span_bytes(self.itemsize) for d in self.descs]
@@ -936,94 +937,3 @@ def _checked_policy(policy: object) -> GrowthPolicy:
         raise ArgumentError("policy", policy, "Exact(), Chunked(...), Geometric(...) or an "
                                               "object with target_bytes(backed, need, limit, gran)")
     return policy
-
-
-def _check_itemsize(descs: Sequence[KvBufferDesc], dtype: object, itemsize: int) -> None:
-    """Every desc's row must be ``prod(shape[1:])`` elements of ``dtype``'s itemsize.
-
-    A row_bytes smaller than its shape's row makes the owner back less than the tensor's rows
-    (slots reported as backed that are not: a segfault on the host driver); larger wastes.
-    Blame ``dtype`` when every desc agrees on another itemsize, else the first desc that
-    disagrees.
-    """
-    implied: list[int | None] = []
-    for d in descs:
-        elements = math.prod(d.shape[1:])
-        implied.append(d.row_bytes // elements if d.row_bytes % elements == 0 else None)
-    if all(x == itemsize for x in implied):
-        return
-    first = implied[0]
-    if first is not None and all(x == first for x in implied):
-        d = descs[0]
-        raise ArgumentError(
-            "dtype", dtype, f"a dtype of {first} bytes per element, as the descs say",
-            f"{dtype_name(dtype)} has {itemsize}; descs[0] {d.name!r}: row_bytes={d.row_bytes} "
-            f"over prod(shape[1:])={math.prod(d.shape[1:])} elements",
-        )
-    i = next(i for i, x in enumerate(implied) if x != itemsize)
-    d = descs[i]
-    need = math.prod(d.shape[1:]) * itemsize
-    raise ArgumentError(
-        f"descs[{i}].row_bytes", d.row_bytes,
-        f"{need} = prod(shape[1:]) * itemsize for buffer {d.name!r} of shape {d.shape} "
-        f"in {dtype_name(dtype)} ({itemsize} bytes per element)",
-    )
-
-
-def _agreed_page_size(descs: Sequence[KvBufferDesc], page_size: int | None) -> int:
-    """The page size: page-major descs state it (tokens_per_row); a given one must agree."""
-    paged = [(i, d) for i, d in enumerate(descs) if d.tokens_per_row > 1]
-    for i, d in paged:
-        if math.prod(d.shape[1:]) % d.tokens_per_row:
-            raise ArgumentError(f"descs[{i}].shape", d.shape,
-                                f"a row of {d.tokens_per_row} token slots (tokens_per_row): "
-                                f"prod(shape[1:]) a multiple of it", f"buffer {d.name!r}")
-    if paged:
-        i0, d0 = paged[0]
-        for i, d in paged[1:]:
-            if d.tokens_per_row != d0.tokens_per_row:
-                raise ArgumentError(f"descs[{i}].tokens_per_row", d.tokens_per_row,
-                                    f"{d0.tokens_per_row}, as descs[{i0}] {d0.name!r} "
-                                    f"(one page size per owner)", f"buffer {d.name!r}")
-        if page_size is None:
-            return d0.tokens_per_row
-        if page_size != d0.tokens_per_row:
-            raise ArgumentError("page_size", page_size,
-                                f"{d0.tokens_per_row}, the token slots per row of the "
-                                f"page-major descs (descs[{i0}] {d0.name!r}); or leave it out")
-        return page_size
-    if page_size is None:
-        raise ArgumentError("page_size", None, "an int > 0 (tokens): every desc is "
-                                               "token-major, so none of them states it")
-    return page_size
-
-
-def _agreed_reserved_tokens(descs: Sequence[KvBufferDesc], page_size: int,
-                            reserved_tokens: int | None, itemsize: int) -> int:
-    """Tokens the owner serves at most: what every buffer holds with its padded page.
-
-    A buffer of ``shape[0]`` rows of ``tokens_per_row`` slots holds ``n`` tokens when its
-    final span fits: ``ceil((n + page_size) / tokens_per_row) <= shape[0]``, that is
-    ``n <= shape[0] * tokens_per_row - page_size``.
-    """
-    holds = [d.shape[0] * d.tokens_per_row - page_size for d in descs]
-    i = min(range(len(descs)), key=holds.__getitem__)
-    d, most = descs[i], holds[i]
-    if reserved_tokens is None:
-        if most < page_size:
-            raise ArgumentError(f"descs[{i}].shape", d.shape,
-                                f"room for two pages of {page_size} tokens (one to serve, "
-                                f"the padded one)", f"buffer {d.name!r}")
-        return most
-    if reserved_tokens < page_size:
-        raise ArgumentError("reserved_tokens", reserved_tokens, f">= page_size ({page_size})")
-    if reserved_tokens > most:
-        why = (f"buffer {d.name!r} of shape {d.shape} reserves "
-               f"{d.reserved_span_bytes(itemsize)} bytes and holds {most} tokens with its "
-               f"padded page (shape[0] * tokens_per_row - page_size = {d.shape[0]} * "
-               f"{d.tokens_per_row} - {page_size})")
-        if d.tokens_per_row == 1:
-            why += "; if the descs were built for a smaller page_size, page_size is the wrong one"
-        raise OutOfRangeError("reserved_tokens", reserved_tokens,
-                              f"at most {most}, what the descs hold", why)
-    return reserved_tokens
