@@ -9,6 +9,7 @@ from kvvmm.layout import (
     agreed_page_size,
     agreed_reserved_tokens,
     check_itemsize,
+    growth_targets,
     layer_interleaved,
     mha_token_major,
     page_major,
@@ -53,3 +54,22 @@ def test_the_token_bound_is_what_every_buffer_holds_with_its_padded_page() -> No
         agreed_reserved_tokens(descs, 16, most + 1, 2)
     with pytest.raises(ArgumentError, match="page_size"):
         agreed_reserved_tokens(descs, 16, 8, 2)
+
+
+def test_growth_targets_check_every_span_first_then_every_answer_of_the_policy() -> None:
+    from kvvmm.policy import Exact
+
+    g = 2 << 20
+    names, reserved, limits = ["k0", "v0"], [10 * g, 10 * g], [10 * g, 10 * g]
+    # only the buffer whose span passes what it has backed grows, to the policy's answer
+    assert growth_targets(Exact(), names, [3 * g, g], reserved, limits, [g, g], g) == [
+        (0, g, 3 * g)]
+    with pytest.raises(OutOfRangeError, match="span of 'v0'"):
+        growth_targets(Exact(), names, [3 * g, 11 * g], reserved, limits, [0, 0], g)
+
+    class Short(Exact):
+        def target_bytes(self, backed: int, need: int, limit: int, gran: int) -> int:
+            return need - gran
+
+    with pytest.raises(ArgumentError, match="buffer 'k0'"):
+        growth_targets(Short(), names, [3 * g, 0], reserved, limits, [0, 0], g)

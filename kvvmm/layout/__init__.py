@@ -14,7 +14,12 @@ from __future__ import annotations
 
 from kvvmm.dtypes import DTYPE_ITEMSIZE, dtype_itemsize, dtype_name
 from kvvmm.layout.desc import KvBufferDesc
-from kvvmm.layout.geometry import agreed_page_size, agreed_reserved_tokens, check_itemsize
+from kvvmm.layout.geometry import (
+    agreed_page_size,
+    agreed_reserved_tokens,
+    check_itemsize,
+    growth_targets,
+)
 from kvvmm.layout.model_buffers import (
     full_pool_descs,
     hybrid_swa_descs,
@@ -80,6 +85,7 @@ __all__ = [
     "dtype_itemsize",
     "dtype_name",
     "full_pool_descs",
+    "growth_targets",
     "heads_per_rank",
     "hybrid_swa_descs",
     "kv_bytes_per_token",

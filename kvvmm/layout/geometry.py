@@ -6,7 +6,10 @@ can be checked (and its page size and token bound read) without building one:
 
 - :func:`check_itemsize`: every desc's row is ``prod(shape[1:])`` elements of the dtype;
 - :func:`agreed_page_size`: the page size the page-major descs state, or the one given;
-- :func:`agreed_reserved_tokens`: the most tokens every buffer holds with its padded page.
+- :func:`agreed_reserved_tokens`: the most tokens every buffer holds with its padded page;
+- :func:`growth_targets`: what each buffer grows to for a span under a growth policy, every
+  span and every answer of the policy checked (one computation for the owner's own growth
+  and the collective one of :class:`~kvvmm.owner.distributed.DistributedOwner`).
 """
 
 from __future__ import annotations
@@ -17,8 +20,9 @@ from collections.abc import Sequence
 from kvvmm.dtypes import dtype_name
 from kvvmm.errors import ArgumentError, OutOfRangeError
 from kvvmm.layout.desc import KvBufferDesc
+from kvvmm.policy import GrowthPolicy
 
-__all__ = ["agreed_page_size", "agreed_reserved_tokens", "check_itemsize"]
+__all__ = ["agreed_page_size", "agreed_reserved_tokens", "check_itemsize", "growth_targets"]
 
 
 def check_itemsize(descs: Sequence[KvBufferDesc], dtype: object, itemsize: int) -> None:
@@ -110,3 +114,41 @@ def agreed_reserved_tokens(descs: Sequence[KvBufferDesc], page_size: int,
         raise OutOfRangeError("reserved_tokens", reserved_tokens,
                               f"at most {most}, what the descs hold", why)
     return reserved_tokens
+
+
+def growth_targets(policy: GrowthPolicy, names: Sequence[str], spans: Sequence[int],
+                   reserved: Sequence[int], limits: Sequence[int], backed: Sequence[int],
+                   granularity: int) -> list[tuple[int, int, int]]:
+    """``(i, backed, target)`` for each buffer ``i`` whose ``spans[i]`` exceeds what it has
+    ``backed``: the bytes the policy grows it to. Every span is checked before any answer.
+
+    Args:
+        policy: the growth policy.
+        names: the buffers' names (for errors).
+        spans: bytes each buffer must have backed from its start.
+        reserved: each buffer's reserved tensor bytes (a span past them is a layout bug,
+            never clamped).
+        limits: each buffer's reserved bytes rounded up to the granularity.
+        backed: bytes each buffer has backed contiguously from its start.
+        granularity: the driver's.
+    Raises:
+        OutOfRangeError: a span outside ``[0, reserved]``.
+        ArgumentError: the policy answered short of the span (token slots left unbacked:
+            illegal addresses on a GPU), past the limit, or off the granularity.
+    """
+    for name, span, limit in zip(names, spans, reserved, strict=True):
+        if not 0 <= span <= limit:
+            raise OutOfRangeError(f"span of {name!r}", span,
+                                  f"in [0, {limit}] (its reserved tensor bytes)")
+    out = []
+    for i, (span, limit, have) in enumerate(zip(spans, limits, backed, strict=True)):
+        if span <= have:
+            continue
+        target = policy.target_bytes(have, span, limit, granularity)
+        if not (span <= target <= limit and (target % granularity == 0 or target == limit)):
+            raise ArgumentError(
+                "policy", policy,
+                f"a policy whose target_bytes lies in [{span}, {limit}] and is a multiple of "
+                f"{granularity} (it answered {target} for buffer {names[i]!r})")
+        out.append((i, have, target))
+    return out

@@ -36,7 +36,12 @@ from kvvmm.driver.base import Driver
 from kvvmm.dtypes import dtype_itemsize, dtype_name
 from kvvmm.errors import ArgumentError, ClosedError, DriverError, OutOfRangeError
 from kvvmm.layout import KvBufferDesc
-from kvvmm.layout.geometry import agreed_page_size, agreed_reserved_tokens, check_itemsize
+from kvvmm.layout.geometry import (
+    agreed_page_size,
+    agreed_reserved_tokens,
+    check_itemsize,
+    growth_targets,
+)
 from kvvmm.policy import Chunked, Exact, Geometric, GrowthPolicy, default_policy
 from kvvmm.record.trace import Trace
 from kvvmm.snapshot import BufferInfo, OwnerSnapshot
@@ -176,6 +181,7 @@ class KvBufferOwner:
         self.policy: GrowthPolicy = _checked_policy(policy)
         gran = driver.granularity()
         self._spans = [d.reserved_span_bytes(self.itemsize) for d in self.descs]
+        self._names = [d.name for d in self.descs]
         self._limits = [align_up(s, gran) for s in self._spans]
         total = sum(self._limits)
         if total > MAX_RESERVE_BYTES:  # refused here, naming what the caller can change
@@ -259,27 +265,9 @@ class KvBufferOwner:
 
     def _back(self, spans: Sequence[int], policy: GrowthPolicy) -> int:
         """Back each buffer to at least ``spans[i]``; check every span before any commit."""
-        for d, span, limit in zip(self.descs, spans, self._spans, strict=True):
-            if not 0 <= span <= limit:
-                raise OutOfRangeError(
-                    f"span of {d.name!r}", span, f"in [0, {limit}] (its reserved tensor bytes)"
-                )
-        gran = self.arena.granularity
-        requests = []
-        for off, span, limit, backed in zip(self._offsets, spans, self._limits, self._backed,
-                                            strict=True):
-            if span > backed:
-                target = policy.target_bytes(backed, span, limit, gran)
-                # A policy's answer is checked like any input: short of the span would leave
-                # token slots unbacked (illegal addresses on a GPU), past the limit or off the
-                # granularity the commit itself would refuse.
-                if not (span <= target <= limit and (target % gran == 0 or target == limit)):
-                    raise ArgumentError(
-                        "policy", policy,
-                        f"a policy whose target_bytes lies in [{span}, {limit}] and is a "
-                        f"multiple of {gran} (it answered {target} for buffer at {off})",
-                    )
-                requests.append((off, target))
+        targets = growth_targets(policy, self._names, spans, self._spans, self._limits,
+                                 self._backed, self.arena.granularity)
+        requests = [(self._offsets[i], target) for i, _, target in targets]
         if not requests:
             return 0
         self._charge("owner.grow")

@@ -69,6 +69,7 @@ from kvvmm.errors import (
     KvvmmError,
     OutOfRangeError,
 )
+from kvvmm.layout.geometry import growth_targets
 from kvvmm.owner.buffers import KvBufferOwner
 from kvvmm.policy import Exact, GrowthPolicy
 from kvvmm.snapshot import OwnerSnapshot, TpSnapshot
@@ -263,22 +264,12 @@ class DistributedOwner:
         already backed beyond it (holes between them) are kept and skipped.
         """
         owner = self.owner
-        for d, span, limit in zip(owner.descs, spans, self._spans, strict=True):
-            if not 0 <= span <= limit:
-                raise OutOfRangeError(f"span of {d.name!r}", span,
-                                      f"in [0, {limit}] (its reserved tensor bytes)")
-        gran = self._gran
+        prefixes = [owner.arena.prefix_of(off) for off in self._offsets]
         plan = []
-        for off, span, limit in zip(self._offsets, spans, self._limits, strict=True):
-            prefix = owner.arena.prefix_of(off)
-            if span <= prefix:
-                continue
-            target = policy.target_bytes(prefix, span, limit, gran)
-            if not (span <= target <= limit and (target % gran == 0 or target == limit)):
-                raise ArgumentError(
-                    "policy", policy,
-                    f"a policy whose target_bytes lies in [{span}, {limit}] and is a multiple "
-                    f"of {gran} (it answered {target} for buffer at {off})")
+        for i, prefix, target in growth_targets(policy, [d.name for d in owner.descs], spans,
+                                                self._spans, self._limits, prefixes,
+                                                self._gran):
+            off = self._offsets[i]
             plan += [(off, s, e - s) for s, e in self._gaps(off, prefix, target)]
         return plan
 
