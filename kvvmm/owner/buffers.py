@@ -314,33 +314,25 @@ class KvBufferOwner:
             ArgumentError, OutOfRangeError: bad ``n``; nothing committed.
             DriverError: a driver call failed; every buffer is as it was.
         """
-        # The decode step's usual case, with no call made: a plain int the mirror covers on
-        # an open owner of a real driver (the sim's charge below takes the general path).
-        if type(n) is int and 0 <= n <= self._covered and not self._closed \
-                and self._work is None:
+        # The decode step's usual case makes no call: a plain int the mirror covers, on an
+        # open owner of a real driver. Anything else is checked (and the sim charged) first.
+        if not (type(n) is int and 0 <= n <= self._covered and not self._closed
+                and self._work is None):
+            self._check_open("ensure_prefix")
+            if self._work is not None:  # _charge inlined: this runs every decode step
+                self._work("owner.ensure_prefix", len(self.descs))
+            n = _tokens("n", n, lo=0, hi=self.reserved_tokens, what="0")
+        if n <= self._covered:  # nothing to back: O(1), however many buffers
             if n > self.prefix_tokens:
                 self.prefix_tokens = n
             if n > self._ahead and self._lookahead:
                 self._queue_lookahead(n)
             return 0
-        self._check_open("ensure_prefix")
-        if self._work is not None:  # _charge inlined: this runs every decode step
-            self._work("owner.ensure_prefix", len(self.descs))
-        n = _tokens("n", n, lo=0, hi=self.reserved_tokens, what="0")
-        if n <= self._covered:  # nothing to back: O(1), the decode step's usual case
-            if n > self.prefix_tokens:
-                self.prefix_tokens = n
-            if n > self._ahead and self._lookahead:
-                self._queue_lookahead(n)
-            return 0
-        # KvBufferDesc.prefix_span_bytes, inlined: rows(n) * row_bytes.
+        # KvBufferDesc.prefix_span_bytes, inlined: rows(n) * row_bytes. Past _covered some
+        # span exceeds the mirror, so only a sync (the pool's thread may have published
+        # backing since) can spare the commit.
         spans = [-(-n // tpr) * rb for tpr, rb in self._rows]
-        if all(s <= b for s, b in zip(spans, self._backed, strict=True)):
-            self.prefix_tokens = max(self.prefix_tokens, n)
-            if self._lookahead:
-                self._queue_lookahead(n)
-            return 0
-        if self._lookahead:  # the pool's thread may have published backing since
+        if self._lookahead:
             self._sync_backed()
             if all(s <= b for s, b in zip(spans, self._backed, strict=True)):
                 self.prefix_tokens = max(self.prefix_tokens, n)
