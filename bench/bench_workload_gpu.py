@@ -75,8 +75,7 @@ def side_by_side(wl: Workload, names: Sequence[str], *, model: str, tp: int,
             r = cmp.results[0]
             return {**r.summary(), "run_wall_s": round(time.perf_counter() - t0, 3),
                     "startup_driver_ms": round(r.startup_driver_s * 1e3, 3),
-                    "held_over_used": round((r.mean_backed_bytes + r.mean_pool_bytes)
-                                            / r.mean_used_bytes, 4)
+                    "held_over_used": round(r.held_over_used, 4)
                     if r.mean_used_bytes > 0 else None}
 
         rounds_m = [once(measured, True) for _ in range(rounds)]

@@ -7,6 +7,7 @@ figure or a string and changes nothing.
 from __future__ import annotations
 
 import html
+import math
 from typing import TYPE_CHECKING
 
 import plotly.graph_objects as go
@@ -115,12 +116,9 @@ def stall_figure(cmp: WorkloadComparison | None) -> go.Figure:
 
 
 def held_over_used(result: StrategyResult) -> float:
-    """Memory a strategy held per byte its requests used: time-weighted mean of backed bytes
-    plus the handle pool's idle handles (memory too), over the mean used (``inf`` when
-    nothing was used)."""
-    used = result.mean_used_bytes
-    held = result.mean_backed_bytes + result.mean_pool_bytes
-    return held / used if used > 0 else float("inf")
+    """Memory a strategy held per byte its requests used
+    (:attr:`~kvvmm.workload.run.StrategyResult.held_over_used`)."""
+    return result.held_over_used
 
 
 #: where a strategy with no decode-path driver time sits on the log axis (ms)
@@ -130,8 +128,6 @@ _NO_STALL_MS = 1e-3
 def _padded_log_range(results: tuple[StrategyResult, ...] | list[StrategyResult],
                       pad: float = 0.35) -> list[float] | None:
     """The x range (log10 ms) with room either side for the points' labels."""
-    import math
-
     xs = [max(r.decode_driver_s * 1e3, _NO_STALL_MS) for r in results]
     if not xs:
         return None
@@ -148,14 +144,12 @@ def tradeoff_figure(cmp: WorkloadComparison | None) -> go.Figure:
     the driver.
     Hover gives the p99 and worst step and the share of steps that stalled.
     """
-    import math
-
     results = () if cmp is None else cmp.results
     fig = go.Figure()
-    span = _padded_log_range(results) or [0.0, 1.0]
+    x_range = _padded_log_range(results)
+    span = x_range or [0.0, 1.0]
     for i, r in enumerate(results):
         ms = r.decode_driver_s * 1e3
-        steps = max(r.serving.steps, 1)
         # a label leans away from the nearer edge, so none runs off the plot
         at = (math.log10(max(ms, _NO_STALL_MS)) - span[0]) / (span[1] - span[0])
         where = "top left" if at > 0.66 else "top right" if at < 0.2 else "top center"
@@ -164,13 +158,13 @@ def tradeoff_figure(cmp: WorkloadComparison | None) -> go.Figure:
             mode="markers+text", text=[html.escape(r.strategy)], textposition=where,
             marker={"color": _COLORS[i % len(_COLORS)], "size": 12},
             customdata=[[ms, r.p99_stall_s * 1e6, r.max_stall_s * 1e3,
-                         100 * r.stalled_steps / steps]],
+                         100 * r.stalled_share]],
             hovertemplate="decode driver %{customdata[0]:.3f} ms<br>held / used %{y:.3f}x<br>"
                           "p99 step %{customdata[1]:.0f} us, worst %{customdata[2]:.2f} ms<br>"
                           "%{customdata[3]:.2f}% of steps stalled<extra>%{fullData.name}</extra>"))
     fig.add_hline(y=1.0, line={"color": "#adb5bd", "dash": "dot"})
     fig.update_xaxes(title_text="decode-path driver time (ms, log)", type="log",
-                     range=_padded_log_range(results))
+                     range=x_range)
     fig.update_yaxes(title_text="memory held / used (backed + pool, log)", type="log")
     fig.update_layout(title="memory held against decode stall (bottom left is best)",
                       height=380, autosize=True, showlegend=False, plot_bgcolor="white",
@@ -203,7 +197,7 @@ def workload_figure(cmp: WorkloadComparison | None) -> go.Figure:
     fig.update_yaxes(title_text=mem.layout.yaxis.title.text, type="log", row=1, col=1)
     fig.update_yaxes(title_text="ms in one step", type="log", row=2, col=1)
     fig.update_xaxes(title_text="decode-path driver time (ms, log)", type="log", row=2, col=2,
-                     range=_padded_log_range(() if cmp is None else cmp.results))
+                     range=trade.layout.xaxis.range)
     fig.update_yaxes(title_text="held / used (log)", type="log", row=2, col=2)
     fig.update_layout(height=820, autosize=True, plot_bgcolor="white",
                       margin={"l": 10, "r": 10, "t": 60, "b": 40},

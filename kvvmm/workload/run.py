@@ -101,6 +101,15 @@ class StrategyResult:
     ranges: Mapping[str, float] = field(default_factory=dict)
 
     @property
+    def held_over_used(self) -> float:
+        """Memory held per byte the requests used: time-weighted mean of backed bytes plus
+        the handle pool's idle handles (memory too), over the mean used (``inf`` when
+        nothing was used)."""
+        used = self.mean_used_bytes
+        return (self.mean_backed_bytes + self.mean_pool_bytes) / used if used > 0 \
+            else float("inf")
+
+    @property
     def stalled_share(self) -> float:
         """The share of decode steps that waited on the driver at all (0..1)."""
         return self.stalled_steps / self.serving.steps if self.serving.steps else 0.0
