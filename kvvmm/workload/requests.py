@@ -86,10 +86,14 @@ def _int_field(row: int, field: str, text: object) -> int:
 _QUOTE = 200
 
 
-def _r(value: object) -> str:
-    """``repr(value)``, cut to :data:`_QUOTE` characters with its full length said."""
-    text = repr(value)
+def _cut(text: str) -> str:
+    """``text``, cut to :data:`_QUOTE` characters with its full length said."""
     return text if len(text) <= _QUOTE else f"{text[:_QUOTE]}... ({len(text):,} characters)"
+
+
+def _r(value: object) -> str:
+    """``repr(value)`` for a message, as :func:`_cut` leaves it."""
+    return _cut(repr(value))
 
 
 def _timestamp(row: int, text: str) -> datetime:
@@ -167,13 +171,9 @@ def _rows(reader: Any, path: str | os.PathLike[str]) -> Iterator[list[str]]:
             return
         except csv.Error as e:
             raise WorkloadFormatError(
-                f"row {reader.line_num}: not a CSV row of the trace ({_short(str(e))})"
+                f"row {reader.line_num}: not a CSV row of the trace ({_cut(str(e))})"
             ) from None
         yield cells
-
-
-def _short(text: str) -> str:
-    return text if len(text) <= _QUOTE else f"{text[:_QUOTE]}..."
 
 
 def load_jsonl(path: str | os.PathLike[str]) -> Workload:
