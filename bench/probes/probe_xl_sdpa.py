@@ -14,40 +14,24 @@ from __future__ import annotations
 
 import datetime
 import json
-import statistics
 import sys
+from pathlib import Path
 from typing import Any
 
 from kvvmm.driver.cuda import CudaDriver
-from kvvmm.layout import model_descs
 from kvvmm.owner import KvBufferOwner, layer_views
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: the same owner, timer
+from bench_elastic import _owner as bench_owner
+from bench_elastic import _time_ms
 
 LAYERS, HEADS, DIM, QHEADS, BATCH = 32, 8, 128, 32, 8
 
 
 def _owner(drv: Any, layout: str, tokens: int) -> KvBufferOwner:
-    descs = model_descs("llama-3.1-8b", layout=layout, reserved_tokens=tokens, page_size=16,
-                        dtype="bfloat16")
-    owner = KvBufferOwner(driver=drv, dtype="bfloat16", page_size=16, reserved_tokens=tokens,
-                          descs=descs)
+    owner: KvBufferOwner = bench_owner(drv, layout, tokens)  # bench_elastic's, backed here
     owner.finalize(tokens - 16)
     return owner
-
-
-def _time_ms(fn: Any, repeats: int = 10) -> float:
-    import torch
-
-    fn()
-    torch.cuda.synchronize()
-    out = []
-    for _ in range(repeats):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        out.append(a.elapsed_time(b))
-    return statistics.median(out)
 
 
 def main(out_dir: str, tokens: int = 65536) -> None:
