@@ -20,6 +20,7 @@ from kvvmm import (
 )
 from kvvmm.driver.base import Driver
 from kvvmm.driver.host import HostDriver
+from kvvmm.errors import OutOfRangeError
 from kvvmm.units import GiB, MiB
 
 G = 2 * MiB
@@ -232,3 +233,43 @@ def test_hybrid_swa_owners_commit_no_more_than_their_window_needs(drv: Driver) -
     a.close()
     b.close()
     assert drv.stats().clean
+
+
+@pytest.mark.parametrize("layout", ["token", "page"])
+@pytest.mark.parametrize("given", [None, 3000])
+def test_ensure_prefix_reaches_the_top_page_and_backed_tokens_is_what_it_would_spare(
+        drv: Driver, layout: str, given: int | None) -> None:
+    """ensure_prefix backs up to reserved_tokens + page_size (the final span of
+    reserved_tokens: SGLang hands out its pool's top page), no further; backed_tokens is the
+    most n it would back nothing for, after each call and on either layout."""
+    import random
+    page, reserved = 16, 4096
+    make = mha_token_major if layout == "token" else page_major
+    descs = make(layers=2, kv_heads=4, head_dim=128, reserved_tokens=reserved, page_size=page,
+                 dtype="bfloat16")
+    owner = KvBufferOwner(driver=drv, dtype="bfloat16", page_size=page, reserved_tokens=given,
+                          descs=descs, policy=Exact())
+    r = owner.reserved_tokens
+    assert owner.max_prefix_tokens == r + page
+    rng = random.Random(7)
+    for n in [rng.randrange(0, r + page + 1) for _ in range(12)] + [r + page]:
+        before = owner.backed_bytes
+        spare = owner.backed_tokens
+        added = owner.ensure_prefix(n)
+        assert (added == 0) == (n <= spare)  # backed_tokens is exactly what it spares
+        assert owner.backed_bytes == before + added
+        spans = [gran_up(d.prefix_span_bytes(n, page)) for d in descs]
+        assert all(b.backed_bytes >= s for b, s in zip(owner.snapshot().buffers, spans,
+                                                       strict=True))
+        covered = min(r + page, *(b.backed_bytes // d.row_bytes * d.tokens_per_row
+                                  for b, d in zip(owner.snapshot().buffers, descs,
+                                                  strict=True)))
+        assert owner.backed_tokens == covered
+    top = [d.final_span_bytes(r, page) for d in descs]  # the top page: finalize(r)'s span
+    assert all(b.backed_bytes >= t for b, t in zip(owner.snapshot().buffers, top, strict=True))
+    backed = owner.backed_bytes
+    with pytest.raises(OutOfRangeError, match=rf"max_prefix_tokens.*\({r + page}\)"):
+        owner.ensure_prefix(r + page + 1)
+    assert owner.backed_bytes == backed
+    owner.close()
+    assert owner.backed_tokens == 0

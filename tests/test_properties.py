@@ -349,7 +349,8 @@ def token_counts(reserved: int, page: int) -> st.SearchStrategy[object]:
     return weighted(
         (4, st.integers(page, reserved)),
         (1, st.integers(-3, reserved + 3)),
-        (2, st.sampled_from([0, page - 1, page, page + 1, reserved - 1, reserved, reserved + 1])),
+        (2, st.sampled_from([0, page - 1, page, page + 1, reserved - 1, reserved, reserved + 1,
+                             reserved + page, reserved + page + 1])),
         (1, st.sampled_from([2.5, True, None, "16"])),
     )
 
@@ -375,8 +376,9 @@ def run_owner_ops(driver: Driver, setup: Any, ops: list[tuple[str, object]]) -> 
             before = owner.snapshot()
             stats_before = driver.stats()
             is_int = isinstance(n, int) and not isinstance(n, bool)
-            lo = 0 if name == "ensure_prefix" else page
-            if not (is_int and lo <= n <= reserved):  # type: ignore[operator]
+            # ensure_prefix reaches the top page (reserved + page); the others stop at reserved
+            lo, hi = (0, reserved + page) if name == "ensure_prefix" else (page, reserved)
+            if not (is_int and lo <= n <= hi):  # type: ignore[operator]
                 with pytest.raises(KvvmmError):
                     getattr(owner, name)(n)
                 assert owner.snapshot() == before, (name, n)
@@ -427,7 +429,7 @@ def check_owner(owner: KvBufferOwner, driver: Driver) -> None:
         assert b.backed_bytes >= b.prefix_bytes
         if b.final_bytes is not None:
             assert b.backed_bytes >= b.final_bytes
-    assert owner.page_size <= snap.prefix_tokens <= snap.reserved_tokens
+    assert owner.page_size <= snap.prefix_tokens <= snap.reserved_tokens + owner.page_size
     if snap.final_tokens is not None:
         assert snap.page_size <= snap.final_tokens <= snap.reserved_tokens
 

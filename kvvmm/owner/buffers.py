@@ -178,6 +178,9 @@ class KvBufferOwner:
         self.page_size = agreed_page_size(self.descs, page_size)
         self.reserved_tokens = agreed_reserved_tokens(self.descs, self.page_size,
                                                       reserved_tokens, self.itemsize)
+        #: The most ``ensure_prefix`` backs: every slot the tensors index up to the final span
+        #: of ``reserved_tokens``, the padded page included (SGLang hands out its top page).
+        self.max_prefix_tokens = self.reserved_tokens + self.page_size
         self.policy: GrowthPolicy = _checked_policy(policy)
         gran = driver.granularity()
         self._spans = [d.reserved_span_bytes(self.itemsize) for d in self.descs]
@@ -282,10 +285,10 @@ class KvBufferOwner:
         with self._slots_lock:
             self._backed = backed = [self.arena.prefix_of(o) for o in self._offsets]
             # span(n) = ceil(n / tpr) * rb <= backed  <=>  n <= (backed // rb) * tpr
-            covered = min(self.reserved_tokens,
+            covered = min(self.max_prefix_tokens,
                           *((b // rb) * tpr for (tpr, rb), b in zip(self._rows, backed,
                                                                     strict=True)))
-            ahead = self.reserved_tokens
+            ahead = self.max_prefix_tokens
             la = self._lookahead
             if la:  # the look-ahead has nothing to do while min(span + la, limit) <= backed
                 for (tpr, rb), b, limit in zip(self._rows, backed, self._limits, strict=True):
@@ -307,7 +310,9 @@ class KvBufferOwner:
         """Back the first ``n`` token slots of every buffer (the growth policy sizes handles).
 
         Args:
-            n: tokens, in ``[0, reserved_tokens]``.
+            n: tokens, in ``[0, max_prefix_tokens]``: up to ``reserved_tokens`` plus the
+                padded page, the slots :meth:`finalize` of ``reserved_tokens`` backs (a
+                pool that hands out its top page ensures ``size + page_size``).
         Returns:
             Bytes newly backed.
         Raises:
@@ -321,7 +326,8 @@ class KvBufferOwner:
             self._check_open("ensure_prefix")
             if self._work is not None:  # _charge inlined: this runs every decode step
                 self._work("owner.ensure_prefix", len(self.descs))
-            n = _tokens("n", n, lo=0, hi=self.reserved_tokens, what="0")
+            n = _tokens("n", n, lo=0, hi=self.max_prefix_tokens, what="0",
+                        hi_name="max_prefix_tokens (reserved_tokens + page_size)")
         if n <= self._covered:  # nothing to back: O(1), however many buffers
             if n > self.prefix_tokens:
                 self.prefix_tokens = n
@@ -837,6 +843,17 @@ class KvBufferOwner:
         return 0 if self._closed else self.arena.backed_bytes
 
     @property
+    def backed_tokens(self) -> int:
+        """The most tokens usable with nothing more to back (0 after close), O(1).
+
+        The largest ``n`` for which :meth:`ensure_prefix` would back nothing: each buffer's
+        backed prefix in whole rows times ``tokens_per_row``, the least over the buffers,
+        capped at :attr:`max_prefix_tokens`. True after any change, failed ones included
+        (the mirror is re-read from the arena each time).
+        """
+        return 0 if self._closed else self._covered
+
+    @property
     def closed(self) -> bool:
         return self._closed
 
@@ -895,14 +912,15 @@ def _merged(ranges: Iterable[tuple[int, int]], *, touching: bool = False) -> lis
     return out
 
 
-def _tokens(name: str, value: object, *, lo: int, hi: int | None, what: str = "") -> int:
+def _tokens(name: str, value: object, *, lo: int, hi: int | None, what: str = "",
+            hi_name: str = "reserved_tokens") -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ArgumentError(name, value, "an int (tokens)")
     if value < lo:
         named = what and what != str(lo)
         raise ArgumentError(name, value, f">= {what} ({lo})" if named else f">= {lo}")
     if hi is not None and value > hi:
-        raise OutOfRangeError(name, value, f"<= reserved_tokens ({hi})")
+        raise OutOfRangeError(name, value, f"<= {hi_name} ({hi})")
     return value
 
 

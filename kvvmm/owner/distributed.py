@@ -238,8 +238,13 @@ class DistributedOwner:
             raise ArgumentError("n", n, "an int (tokens)")
         if n < lo:
             raise ArgumentError("n", n, f">= {lo_name} ({lo})" if lo_name else f">= {lo}")
-        if n > self.owner.reserved_tokens:
-            raise OutOfRangeError("n", n, f"<= reserved_tokens ({self.owner.reserved_tokens})")
+        o = self.owner
+        # ensure_prefix (lo 0) reaches the padded page, as the owner's does; the rest stop
+        # at reserved_tokens
+        hi, hi_name = ((o.max_prefix_tokens, "max_prefix_tokens (reserved_tokens + page_size)")
+                       if lo == 0 else (o.reserved_tokens, "reserved_tokens"))
+        if n > hi:
+            raise OutOfRangeError("n", n, f"<= {hi_name} ({hi})")
         return n
 
     def _gaps(self, off: int, lo: int, hi: int) -> list[tuple[int, int]]:
@@ -469,7 +474,7 @@ class DistributedOwner:
         """Collective :meth:`KvBufferOwner.ensure_prefix` (the owner's growth policy sizes handles).
 
         Args:
-            n: tokens, the same on every rank, in ``[0, reserved_tokens]``.
+            n: tokens, the same on every rank, in ``[0, max_prefix_tokens]`` (as the owner's).
         Returns:
             Bytes newly backed on this rank.
         Raises:
