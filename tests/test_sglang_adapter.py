@@ -84,6 +84,14 @@ def build(make_driver: Callable[..., Any], descs: list[SglDesc], size: int,
                             driver=kw.pop("driver", None) or make_driver("host"), **kw)
 
 
+def covered_tokens(descs: list[SglDesc], n: int, top: int | None = None) -> int:
+    """Tokens usable once each buffer's prefix for ``n`` is backed in whole granules, up to
+    ``top`` (the pool's ``size + page_size``)."""
+    top = descs[0].shape[0] * descs[0].tokens_per_row if top is None else top
+    return min(top, *(up(rows(n, d.tokens_per_row) * d.row_bytes) // d.row_bytes
+                      * d.tokens_per_row for d in descs))
+
+
 def budget_tokens(budget_bytes: int, per_token_bytes: int) -> int:
     """How SGLang turns a memory budget into a pool size: whole pages that fit."""
     return budget_bytes // per_token_bytes // PAGE * PAGE
@@ -119,7 +127,7 @@ def test_sglangs_mha_sequence_backs_the_seeds_spans_with_stable_pointers_and_con
     assert own.backed_bytes == seed_final_backed(descs, final)
     own.ensure_prefix(size)
     assert own.backed_bytes == seed_prefix_backed(descs, size)
-    assert own.backed_tokens == size
+    assert own.backed_tokens == covered_tokens(descs, size)
     del t  # the loop's last tensor: kvvmm's close waits for every live tensor
     own.close()
     assert own.tensors == [] and own.backed_bytes == 0 and own.released
@@ -149,44 +157,27 @@ def test_hybrid_swa_pools_are_two_owners_in_one_process_each_finalized_to_its_bu
     assert all(o.released for o in owners)
 
 
-def test_ensure_prefix_accepts_up_to_reserved_num_tokens_and_refuses_more_as_a_value_error(
+def test_ensure_prefix_reaches_the_top_page_and_refuses_more_as_a_value_error(
         make_driver: Callable[..., Any]) -> None:
     size = 4_000
-    own = build(make_driver, mha_descs(1, size), size)
+    descs = mha_descs(1, size)
+    own = build(make_driver, descs, size)
     own.ensure_prefix(0)
-    own.ensure_prefix(size)
+    own.ensure_prefix(size + PAGE)  # the lazy caller hands out the pool's top page
+    assert own.backed_bytes == seed_prefix_backed(descs, size + PAGE)
+    assert own.backed_tokens == size + PAGE
+    for t in own.tensors:
+        t[size: size + PAGE] = 5.0  # the top page is writable
+    del t
     backed = own.backed_bytes
-    # The seed would take size + PAGE here (its bound is the tensor's bytes); kvvmm stops at
-    # the capacity: the padded page is finalize's.
     with pytest.raises(OutOfRangeError) as e:
-        own.ensure_prefix(size + 1)
-    assert isinstance(e.value, ValueError) and str(size) in str(e.value)
+        own.ensure_prefix(size + PAGE + 1)  # past every slot the tensors hold
+    assert isinstance(e.value, ValueError) and str(size + PAGE) in str(e.value)
     with pytest.raises(ValueError):
         own.finalize(PAGE - 1)  # the seed's bound: page_size <= n <= reserved
     with pytest.raises(ValueError):
         own.finalize(size + 1)
     assert own.backed_bytes == backed  # nothing committed by a refused call
-    own.close()
-
-
-def test_release_beyond_gives_back_whole_mappings_past_the_final_span_of_n_tokens(
-        make_driver: Callable[..., Any]) -> None:
-    size = 20_000
-    descs = mha_descs(2, size)
-    own = build(make_driver, descs, size)
-    own.finalize(size)
-    full = own.backed_bytes
-    given = own.release_beyond(PAGE)
-    # Exact growth: slot 0's one-granule handle, then one handle per extension; the
-    # extension lies wholly past final_span(PAGE) and goes, the first handle stays.
-    assert own.backed_bytes == seed_final_backed(descs, PAGE) == len(descs) * GRAN
-    assert given == full - own.backed_bytes
-    assert own.backed_tokens == GRAN // descs[0].row_bytes
-    assert own.release_beyond(PAGE) == 0  # idempotent
-    own.ensure_prefix(size)  # backs again after a release
-    assert own.backed_bytes == seed_prefix_backed(descs, size)
-    with pytest.raises(ValueError):
-        own.release_beyond(0)  # slot 0 stays: graphs write it
     own.close()
 
 
@@ -306,3 +297,143 @@ def test_install_after_the_seed_was_imported_replaces_it_and_warns(
     assert sys.modules[name] is sglang and parent.kv_vmm_backing is sglang  # type: ignore[attr-defined]
     assert sglang.uninstall()
     assert sys.modules[name] is seed and parent.kv_vmm_backing is seed  # type: ignore[attr-defined]
+
+
+# -- the four defects of issue 24, each as a class of inputs --------------------------------
+
+
+class UpstreamModel:
+    """Upstream's lazy-backing owner, modelled independently: Exact growth maps one handle
+    per extension, ``[backed, up(prefix(n)))``; ``release_beyond(n)`` keeps
+    ``up(prefix(n))`` and drops every mapping that starts at or past it."""
+
+    def __init__(self, descs: list[SglDesc]) -> None:
+        self.descs = descs
+        self.maps: list[list[tuple[int, int]]] = [[] for _ in descs]
+
+    def ensure_prefix(self, n: int) -> None:
+        for d, maps in zip(self.descs, self.maps, strict=True):
+            end = maps[-1][1] if maps else 0
+            want = up(rows(n, d.tokens_per_row) * d.row_bytes)
+            if want > end:
+                maps.append((end, want))
+
+    def release_beyond(self, n: int) -> int:
+        given = 0
+        for i, d in enumerate(self.descs):
+            keep = up(rows(n, d.tokens_per_row) * d.row_bytes)
+            given += sum(e - s for s, e in self.maps[i] if s >= keep)
+            self.maps[i] = [(s, e) for s, e in self.maps[i] if s < keep]
+        return given
+
+    @property
+    def backed(self) -> int:
+        return sum(e - s for maps in self.maps for s, e in maps)
+
+    def backed_tokens(self, top: int) -> int:
+        """Tokens whose prefix is backed in every buffer (mappings are contiguous from 0)."""
+        return min(top, *(sum(e - s for s, e in maps) // d.row_bytes * d.tokens_per_row
+                          for d, maps in zip(self.descs, self.maps, strict=True)))
+
+
+LAYOUTS = [  # (heads, head_dim, tokens_per_row): token-major rows of several sizes, paged rows
+    (2, 64, 1), (8, 128, 1), (1, 96, 1), (2, 64, PAGE), (4, 128, PAGE)]
+
+
+def layout_descs(layers: int, size: int, heads: int, head_dim: int, tpr: int) -> list[SglDesc]:
+    if tpr == 1:
+        return mha_descs(layers, size, heads, head_dim)
+    row = PAGE * heads * head_dim * ITEMSIZE  # one page per row (SGLang's HND layout)
+    return [SglDesc(f"{kv}{i}", ((size + PAGE) // PAGE, PAGE, heads, head_dim), row, PAGE)
+            for kv in "kv" for i in range(layers)]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda x: f"h{x[0]}d{x[1]}r{x[2]}")
+def test_release_beyond_gives_back_what_upstreams_lazy_owner_does_at_every_boundary(
+        make_driver: Callable[..., Any], layout: tuple[int, int, int]) -> None:
+    import random
+    heads, head_dim, tpr = layout
+    size = 40_000 // PAGE * PAGE
+    descs = layout_descs(2, size, heads, head_dim, tpr)
+    own = build(make_driver, descs, size)
+    model = UpstreamModel(descs)
+    model.ensure_prefix(PAGE)  # slot 0 at construction
+    per_granule = max(1, GRAN // descs[0].row_bytes * tpr)  # tokens one granule holds
+    rng = random.Random(24)
+    # n at and around mapping boundaries (k granules, +-1 token), and anywhere
+    picks = [k * per_granule + dk for k in range(1, 6) for dk in (-1, 0, 1)]
+    picks += [rng.randrange(PAGE, size) for _ in range(10)]
+    for n in picks:
+        n = min(max(n, PAGE), size)
+        for step in sorted(rng.sample(range(PAGE, size + PAGE), 3)):
+            own.ensure_prefix(step)
+            model.ensure_prefix(step)
+        assert own.backed_bytes == model.backed
+        assert own.release_beyond(n) == model.release_beyond(n), n
+        assert own.backed_bytes == model.backed, n
+        assert own.backed_tokens == model.backed_tokens(size + PAGE), n
+    own.close()
+
+
+@pytest.mark.parametrize("page", [1, 16])
+def test_reserved_num_tokens_may_be_every_slot_the_tensors_hold_as_sglangs_unified_pool_passes(
+        make_driver: Callable[..., Any], page: int) -> None:
+    total = 48 * GRAN + 12_345  # SGLang's unified pool: one raw uint8 buffer of total bytes
+    desc = SglDesc("unified_raw", (total,), 1, 1)
+    floor = 3 * page + 100  # its slot-0 sink, backed before capture
+    for reserved in (total - page, total - 1, total):
+        own = KvVmmBufferOwner(device="cpu", device_id=0, store_dtype=torch.uint8,
+                               page_size=page, reserved_num_tokens=reserved,
+                               buffer_descs=[desc], driver=make_driver("host"))
+        assert own.reserved_num_tokens == reserved
+        own.ensure_prefix(floor)
+        assert own.backed_bytes == up(floor)
+        own.ensure_prefix(total)  # finalize_backing: ensure_prefix(final_total_bytes)
+        assert own.backed_bytes == up(total) and own.backed_tokens == total
+        own.tensors[0][total - 1] = 7  # the last byte is there
+        with pytest.raises(ValueError):  # the final span of reserved would pass the tensor
+            own.finalize(total - page + 1)
+        if reserved == total - page:
+            with pytest.raises(ValueError):
+                own.finalize(reserved + 1)
+        own.finalize(total - page)
+        own.close()
+    with pytest.raises(OutOfRangeError, match=str(total)):  # past the tensor: the bound
+        KvVmmBufferOwner(device="cpu", device_id=0, store_dtype=torch.uint8, page_size=page,
+                         reserved_num_tokens=total + 1, buffer_descs=[desc],
+                         driver=make_driver("host"))
+
+
+def test_backed_tokens_reads_no_buffer_and_no_driver_and_stays_true_after_every_change(
+        make_driver: Callable[..., Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    import random
+    size = 30_000 // PAGE * PAGE
+    descs = mha_descs(32, size)  # 64 buffers: the case upstream reads on every allocation
+    own = build(make_driver, descs, size)
+    model = UpstreamModel(descs)
+    model.ensure_prefix(PAGE)
+    rng = random.Random(4)
+
+    def refuse(*a: Any, **k: Any) -> None:
+        raise AssertionError("backed_tokens walked the buffers")
+
+    for _ in range(25):
+        n = rng.randrange(PAGE, size + PAGE + 1)
+        if rng.random() < 0.3 and n <= size:
+            own.release_beyond(n)
+            model.release_beyond(n)
+        else:
+            own.ensure_prefix(n)
+            model.ensure_prefix(n)
+        with monkeypatch.context() as m:  # a read costs no snapshot, no arena walk
+            m.setattr(type(own.owner), "snapshot", refuse)
+            m.setattr(type(own.owner.arena), "prefix_of", refuse)
+            m.setattr(type(own.owner.arena), "snapshot", refuse)
+            got = own.backed_tokens
+        assert got == model.backed_tokens(size + PAGE)
+        own.ensure_prefix(got)  # nothing to back up to it
+        assert own.backed_bytes == model.backed
+    own.close()
+    assert own.backed_tokens == 0
+
+

@@ -21,7 +21,11 @@ Same as the seed:
 - ``KvVmmBufferOwner(*, device, device_id, store_dtype, page_size, reserved_num_tokens,
   buffer_descs)``; ``tensors`` in ``buffer_descs`` order, at their upper-bound shapes, one
   page (slot 0) backed by construction; ``ensure_prefix(n)``, ``finalize(n)`` (``page_size
-  <= n <= reserved_num_tokens``), ``backed_bytes``, an idempotent ``close()``.
+  <= n <= reserved_num_tokens``, its final span inside the tensors), ``backed_bytes``, an
+  idempotent ``close()``.
+- ``reserved_num_tokens`` may be every slot the tensors hold (SGLang's unified pool passes
+  ``total_bytes`` for one ``total_bytes``-row buffer of page 1), and ``ensure_prefix`` reaches
+  ``reserved_num_tokens + page_size``, the pool's top page.
 - Spans: ``prefix = rows(n) * row_bytes``, ``final = rows(n + page_size) * row_bytes``,
   ``rows(n) = ceil(n / tokens_per_row)``; each rounded up to the granularity and backed.
 - Growth is ``Exact()`` by default: one handle per extension, as large as the extension (pass
@@ -33,15 +37,14 @@ Same as the seed:
 Where kvvmm deliberately differs:
 
 - **ensure_prefix bounds.** The seed accepts any ``n`` whose prefix fits the tensor (its check
-  is in bytes: up to ``shape[0] * tokens_per_row`` tokens, i.e. the padded page too). kvvmm
-  accepts ``0 <= n <= reserved_num_tokens`` and refuses more with
+  is in bytes) and a negative ``n`` as 0. kvvmm accepts ``0 <= n <= min(reserved_num_tokens
+  + page_size, what the tensors hold)`` and refuses the rest with
   :class:`~kvvmm.errors.OutOfRangeError` (a ``ValueError``, the class the seed raises for a
-  span out of range): the slots past the capacity are the padded page, which ``finalize``
-  backs, and a prefix beyond the capacity is a caller's bug kvvmm will not hide.
-- **Checked at construction.** ``reserved_num_tokens`` must fit what the descriptors hold
-  with their padded page (``shape[0] * tokens_per_row - page_size``), ``row_bytes`` must be
-  ``prod(shape[1:]) * store_dtype.itemsize``, names unique. The seed constructs anyway and
-  fails at ``finalize`` (or backs fewer bytes than the tensor's rows).
+  span out of range); the two agree on every ``n`` SGLang's pools pass.
+- **Checked at construction.** ``reserved_num_tokens`` must be at least ``page_size`` and at
+  most the slots the descriptors' tensors hold (``shape[0] * tokens_per_row``), ``row_bytes``
+  must be ``prod(shape[1:]) * store_dtype.itemsize``, names unique. The seed constructs
+  anyway and fails at ``finalize`` (or backs fewer bytes than the tensor's rows).
 - **close with live tensors.** The seed unmaps at once, so a tensor SGLang still holds (its
   pool's ``k_buffer``, a captured graph's inputs) points at unmapped VA: an illegal address on
   the next touch. kvvmm drops the owner's tensors and gives the memory back when the last
@@ -60,8 +63,9 @@ Where kvvmm deliberately differs:
   ``driver=`` (a kvvmm extension) runs the same class on any driver, the host or sim one
   included, with ``device`` then only recorded.
 
-Later upstream calls: ``release_beyond(n)`` (kvvmm's shrink: give back whole mappings beyond
-the final span of ``n`` tokens), ``bytes_per_token()``, ``backed_tokens``.
+Later upstream calls (the lazy-backing owner): ``release_beyond(n)`` (give back every mapping
+past the first ``n`` slots' prefix, as upstream), ``bytes_per_token()`` (rounded up as
+upstream), ``backed_tokens`` (O(1): the most tokens usable with nothing to back).
 """
 
 from __future__ import annotations
@@ -80,7 +84,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from kvvmm.checks import seconds_arg
 from kvvmm.driver import open_driver
 from kvvmm.driver.base import Driver
-from kvvmm.errors import ArgumentError, BusyError, KvvmmError
+from kvvmm.errors import ArgumentError, BusyError, KvvmmError, OutOfRangeError
 from kvvmm.layout import KvBufferDesc as _KvvmmDesc
 from kvvmm.owner import KvBufferOwner
 from kvvmm.policy import Exact, GrowthPolicy
@@ -279,15 +283,17 @@ class KvVmmBufferOwner:
                 driver = open_driver("cuda", device=device_id)
             self.driver: Driver = driver
             try:
+                core_reserved = _core_reserved(descs, page_size, reserved_num_tokens)
                 self.owner = KvBufferOwner(
                     driver=driver, device=device_id, dtype=store_dtype, page_size=page_size,
-                    reserved_tokens=reserved_num_tokens, descs=descs,
+                    reserved_tokens=core_reserved, descs=descs,
                     policy=Exact() if policy is None else policy, name=name)
             except BaseException:
                 if self._owns_driver:
                     _close_driver(driver)
                 raise
         self.buffer_descs: tuple[KvBufferDesc, ...] = tuple(descs)
+        self._reserved_num_tokens: int = reserved_num_tokens
 
     def __repr__(self) -> str:
         return f"KvVmmBufferOwner(device={self.device!r}, {self.owner!r})"
@@ -301,14 +307,16 @@ class KvVmmBufferOwner:
 
     @property
     def reserved_num_tokens(self) -> int:
-        return self.owner.reserved_tokens
+        """What SGLang passed (the seed keeps it as given; ``finalize`` is bounded by it)."""
+        return self._reserved_num_tokens
 
     def ensure_prefix(self, num_tokens: int) -> None:
         """Back the first ``num_tokens`` slots of every buffer.
 
         Args:
-            num_tokens: ``0 <= num_tokens <= reserved_num_tokens`` (the seed allows up to
-                the tensor's span; see the module docstring).
+            num_tokens: ``0 <= num_tokens <= reserved_num_tokens + page_size`` (the top
+                page included, as SGLang's lazy caller asks), and at most the slots the
+                tensors hold.
         Raises:
             ArgumentError, OutOfRangeError (``ValueError``): bad ``num_tokens``; nothing
                 backed.
@@ -322,14 +330,26 @@ class KvVmmBufferOwner:
         """Back each buffer's final span for ``final_num_tokens`` (plus the padded page).
 
         Args:
-            final_num_tokens: ``page_size <= n <= reserved_num_tokens``.
+            final_num_tokens: ``page_size <= n <= reserved_num_tokens``, and its final span
+                (``n + page_size`` slots) must fit the tensors, as the seed's span check says.
         Raises:
             ArgumentError, OutOfRangeError (``ValueError``): bad ``n``; nothing backed.
             KvVmmError (``RuntimeError``): a driver call failed (every buffer as it was), or
                 after close.
         """
         with _sglang_errors():
-            self.owner.finalize(final_num_tokens)
+            n = final_num_tokens
+            if isinstance(n, int) and not isinstance(n, bool):
+                if n > self._reserved_num_tokens:
+                    raise OutOfRangeError("final_num_tokens", n,
+                                          f"<= reserved_num_tokens ({self._reserved_num_tokens})")
+                top = self.owner.reserved_tokens
+                if n > top:
+                    raise OutOfRangeError(
+                        "final_num_tokens", n, f"<= {top}",
+                        f"its final span, n + page_size ({self.owner.page_size}) slots, must "
+                        f"fit the tensors, which hold {top + self.owner.page_size}")
+            self.owner.finalize(n)
 
     @property
     def final_num_tokens(self) -> int | None:
@@ -394,14 +414,16 @@ class KvVmmBufferOwner:
     # -- later upstream calls -------------------------------------------------------------
 
     def release_beyond(self, num_tokens: int) -> int:
-        """Give back backing beyond ``num_tokens`` (kvvmm's ``shrink``).
+        """Give back backing beyond the first ``num_tokens`` slots of every buffer.
 
-        Each buffer keeps its final span for ``num_tokens`` (the tokens plus the padded page
-        that absorbs slot-0 writes) and gives back the whole mappings past it; a mapping
-        straddling that span stays (maps are whole handles).
+        As upstream's lazy-backing owner: each buffer keeps ``rows(n) * row_bytes``
+        (rounded up to whole mappings) and gives back every mapping that starts at or past
+        it; a mapping straddling that span stays (maps are whole handles).
+        :meth:`KvBufferOwner.release_beyond`; ``shrink`` (which keeps the padded page too)
+        stays on :attr:`owner`.
 
         Args:
-            num_tokens: ``page_size <= n <= reserved_num_tokens``.
+            num_tokens: ``page_size <= n <= reserved_num_tokens`` (slot 0's page stays).
         Returns:
             Bytes given back.
         Raises:
@@ -410,25 +432,22 @@ class KvVmmBufferOwner:
                 :meth:`KvBufferOwner.shrink_report`), or after close.
         """
         with _sglang_errors():
-            return self.owner.shrink(num_tokens)
+            return self.owner.release_beyond(num_tokens)
 
     def bytes_per_token(self) -> int:
-        """Bytes one token slot takes across all buffers: sum of ``row_bytes / tokens_per_row``."""
-        return sum(d.row_bytes // d.tokens_per_row for d in self.buffer_descs)
+        """Bytes one token slot takes across all buffers: sum of ``ceil(row_bytes /
+        tokens_per_row)`` (upstream's rounding)."""
+        return sum(-(-d.row_bytes // d.tokens_per_row) for d in self.buffer_descs)
 
     @property
     def backed_tokens(self) -> int:
-        """The most tokens usable with nothing more to back, capped at ``reserved_num_tokens``.
+        """The most tokens usable with nothing more to back (0 after close), O(1).
 
-        The largest ``n`` for which ``ensure_prefix(n)`` would back nothing: each buffer's
-        backed bytes, in whole rows, times ``tokens_per_row``, the least over the buffers.
-        0 after close.
+        The largest ``n`` for which ``ensure_prefix(n)`` would back nothing
+        (:attr:`KvBufferOwner.backed_tokens`), up to ``reserved_num_tokens + page_size``:
+        SGLang's lazy caller reads it on every allocation.
         """
-        if self.owner.closed:
-            return 0
-        rows = (b.backed_bytes // d.row_bytes * d.tokens_per_row
-                for b, d in zip(self.owner.snapshot().buffers, self.buffer_descs, strict=True))
-        return min(min(rows), self.owner.reserved_tokens)
+        return self.owner.backed_tokens
 
     # -- for the lab ----------------------------------------------------------------------
 
@@ -440,6 +459,27 @@ class KvVmmBufferOwner:
     def snapshot(self) -> OwnerSnapshot:
         """Frozen view of the owner now: what ``kvvmm.viz.describe`` and ``va_map`` draw."""
         return self.owner.snapshot()
+
+
+def _core_reserved(descs: Sequence[KvBufferDesc], page_size: object,
+                   reserved_num_tokens: object) -> int | None:
+    """The core owner's ``reserved_tokens`` for SGLang's ``reserved_num_tokens``.
+
+    The seed bounds ``reserved_num_tokens`` only by what the tensors hold: SGLang's unified
+    pool passes all of it (``total_bytes`` one-byte rows, page 1), one slot more than
+    finalize can serve with its padded page. The core owner serves at most ``holds -
+    page_size``; the rest of SGLang's bound is kept by the adapter (``finalize``).
+    """
+    r = reserved_num_tokens
+    if isinstance(r, bool) or not isinstance(r, int) or not descs \
+            or isinstance(page_size, bool) or not isinstance(page_size, int) or page_size <= 0:
+        return r  # type: ignore[return-value]  # the core owner names what is wrong
+    holds = min(d.shape[0] * d.tokens_per_row for d in descs)
+    if r > holds:
+        raise OutOfRangeError("reserved_num_tokens", r, f"at most {holds}",
+                              "the token slots the descs' tensors hold "
+                              "(shape[0] * tokens_per_row, the least over the buffers)")
+    return None if r > holds - page_size else r
 
 
 def _close_driver(driver: Driver) -> None:
