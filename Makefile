@@ -19,7 +19,7 @@ NOTEBOOKS := $(wildcard notebooks/*.ipynb)
 SANITIZE := $(wildcard notebooks/sanitize.cfg)
 NBVAL_ARGS := $(if $(NOTEBOOKS),--nbval --nbval-current-env $(if $(SANITIZE),--nbval-sanitize-with $(SANITIZE)) notebooks)
 
-.PHONY: venv test lab lint bench bench-sim clean ext notebooks
+.PHONY: venv test lab lint bench bench-sim clean ext notebooks sglang
 
 venv: $(STAMP)
 
@@ -42,8 +42,24 @@ ext:
 	gcc -O2 -Wall -shared -fPIC -I$(EXT_INCLUDE) kvvmm/driver/_cudafast.c \
 	  -o kvvmm/driver/_cudafast.abi3.so
 
-test: venv
+test: venv sglang
 	$(PY) -m pytest tests $(NBVAL_ARGS) $(PYTEST_ARGS)
+
+# SGLang's own pool code for the conformance suite (tests/conformance): the released wheel,
+# unpacked, never installed (its dependencies are the whole server; the suite stands in for
+# its GPU stack). One download from PyPI, kept in .venv; offline, the suite is skipped.
+SGLANG_VERSION := 0.5.23
+SGLANG_DIR := $(VENV)/sglang-$(SGLANG_VERSION)
+sglang: $(SGLANG_DIR)/.unpacked
+
+$(SGLANG_DIR)/.unpacked: | venv
+	@rm -rf $(SGLANG_DIR) && mkdir -p $(SGLANG_DIR)/wheel
+	@$(PY) -m pip download --disable-pip-version-check -q --no-deps --only-binary=:all: \
+	  --python-version 3.11 --implementation cp --platform manylinux_2_34_x86_64 \
+	  -d $(SGLANG_DIR)/wheel sglang==$(SGLANG_VERSION) && \
+	$(PY) -m zipfile -e $(SGLANG_DIR)/wheel/sglang-*.whl $(SGLANG_DIR) && \
+	rm -rf $(SGLANG_DIR)/wheel && touch $@ || \
+	echo "could not download sglang==$(SGLANG_VERSION): its conformance suite will be skipped"
 
 # `kvvmm lab` picks the driver (CUDA when a GPU is usable, else the host or sim driver)
 # and opens JupyterLab on notebooks/. Until kvvmm/cli.py exists, plain JupyterLab.

@@ -14,6 +14,7 @@ conftest.py (``tests/gpu/``) would shadow this one under that name.
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -32,6 +33,10 @@ HOST_CAPACITY_BYTES = 2 * GiB
 HOST_GRANULARITY = 2 * MiB
 
 MakeDriver = Callable[..., Driver]
+
+# tests/conformance runs in a process of its own (tests/test_sglang_conformance_cpu.py starts
+# it): its stand-ins for SGLang's GPU stack must not reach this one.
+collect_ignore = [] if os.environ.get("KVVMM_SGLANG_CONFORMANCE") == "1" else ["conformance"]
 
 
 def open_test_driver(kind: str, **options: Any) -> Driver:

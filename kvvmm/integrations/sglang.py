@@ -83,7 +83,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from kvvmm.checks import seconds_arg
 from kvvmm.driver import open_driver
-from kvvmm.driver.base import Driver
+from kvvmm.driver.base import Driver, check_driver
 from kvvmm.errors import ArgumentError, BusyError, KvvmmError, OutOfRangeError
 from kvvmm.layout import KvBufferDesc as _KvvmmDesc
 from kvvmm.owner import KvBufferOwner
@@ -240,7 +240,11 @@ class KvVmmBufferOwner:
         buffer_descs: SGLang's descriptors (``name``, ``shape``, ``row_bytes``,
             ``tokens_per_row``), K buffers first; ``tensors`` follow their order.
         driver: a kvvmm driver to run on instead of opening CUDA's (kvvmm extension; the
-            caller keeps it and closes it).
+            caller keeps it and closes it). Default: the one :func:`install` was given,
+            else CUDA's.
+        granularity: with CUDA's driver, the mapping unit: ``"recommended"`` (default, as
+            SGLang 0.5.23's ``get_device_granularity`` asks), ``"minimum"`` (the seed this
+            module was first written against), or bytes. Equal on an H200 (2 MiB both).
         policy: growth policy for ``ensure_prefix`` (kvvmm extension; default ``Exact()``,
             the seed's).
         name: the arena's name, shown by the lab.
@@ -263,6 +267,7 @@ class KvVmmBufferOwner:
         driver: Driver | None = None,
         policy: GrowthPolicy | None = None,
         name: str = "kv",
+        granularity: str | int = "recommended",
     ) -> None:
         self.device = device
         if isinstance(device_id, bool) or not isinstance(device_id, int) or device_id < 0:
@@ -274,13 +279,15 @@ class KvVmmBufferOwner:
             raise ArgumentError("buffer_descs", buffer_descs, "a sequence of KvBufferDesc")
         descs = [_as_desc(i, d) for i, d in enumerate(buffer_descs)]
         with _sglang_errors():
+            if driver is None:
+                driver = _installed_driver
             self._owns_driver = driver is None
             if driver is None:
                 if not _cuda_ordinal(device, device_id):
                     raise ArgumentError(
                         "device", device, "'cuda' or 'cuda:<device_id>'",
                         "pass driver=kvvmm.open_driver('host' | 'sim') to run elsewhere")
-                driver = open_driver("cuda", device=device_id)
+                driver = open_driver("cuda", device=device_id, granularity=granularity)
             self.driver: Driver = driver
             try:
                 core_reserved = _core_reserved(descs, page_size, reserved_num_tokens)
@@ -508,9 +515,11 @@ class InstallResult:
 
 
 _previous: dict[str, types.ModuleType | None] = {}
+#: The driver :func:`install` was given: owners SGLang builds (no ``driver=``) run on it.
+_installed_driver: Driver | None = None
 
 
-def install(module: str = SGLANG_MODULE) -> InstallResult:
+def install(module: str = SGLANG_MODULE, *, driver: Driver | None = None) -> InstallResult:
     """Make SGLang's ``import ...kv_vmm_backing`` resolve to this module.
 
     Puts this module in ``sys.modules`` under SGLang's name (and on its parent package when
@@ -530,11 +539,20 @@ def install(module: str = SGLANG_MODULE) -> InstallResult:
 
     Args:
         module: the module name to alias (SGLang's, by default).
+        driver: a kvvmm driver every owner SGLang builds runs on (its calls pass no
+            ``driver=``), e.g. ``kvvmm.open_driver("host")`` to drive SGLang's own pools on
+            a machine without a GPU (give them ``device="cpu:0"``). The caller keeps and
+            closes it; None (default): each owner opens CUDA's on its ``device_id``.
+            :func:`uninstall` forgets it.
     Returns:
         What was done (:class:`InstallResult`).
     """
+    global _installed_driver
     if not isinstance(module, str) or not module:
         raise ArgumentError("module", module, "a dotted module name")
+    if driver is not None:
+        check_driver(driver)
+    _installed_driver = driver
     me = sys.modules[__name__]
     top = module.partition(".")[0]
     try:
@@ -561,6 +579,8 @@ def install(module: str = SGLANG_MODULE) -> InstallResult:
 
 def uninstall(module: str = SGLANG_MODULE) -> bool:
     """Undo :func:`install`: put back what ``sys.modules`` held before. True if it did."""
+    global _installed_driver
+    _installed_driver = None
     me = sys.modules[__name__]
     if sys.modules.get(module) is not me:
         return False
