@@ -8,6 +8,8 @@
 #   bash bench/h200_session.sh rest    # calibrate, fidelity, workload replay, distributed
 #   bash bench/h200_session.sh elastic # every GPU test, per-request cost beside kvcached
 #                                      # (.peers: its sdist), the 64 x 122 growth by layout
+#   bash bench/h200_session.sh sglang  # SGLang 0.5.23's pools on kvvmm and on its own owner
+#                                      # (.sglang-min, .seed), then every GPU test
 #   ROUNDS=3 STRATEGIES="prefix request-ranges+deferred" TAG=-a bash bench/h200_session.sh ranges
 #                                      # the range strategies on the trace, CUDA beside the sim
 set -u
@@ -16,7 +18,7 @@ export PYTHONUNBUFFERED=1 KVVMM_REQUIRE_FASTPATH=1
 R=$OUT/r
 mkdir -p "$R"
 export PYTHONPATH=$PWD
-if [ "$part" != elastic ] && [ "$part" != ranges ]; then  # tqdm, for the seed file's comparison
+if [ "$part" != elastic ] && [ "$part" != ranges ] && [ "$part" != sglang ]; then  # tqdm, for the seed file's comparison
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD || exit 1
 fi
@@ -52,6 +54,16 @@ case $part in
     step 200 bench-elastic python3 bench/bench_elastic.py --out "$R/h200-elastic.json"
     step 170 growth-steps python3 bench/bench_growth_steps.py --rounds 3 \
       --out "$R/h200-growth-steps.json" ;;
+  sglang)  # SGLang 0.5.23's own pools on kvvmm beside its own owner (.sglang-min: the wheel's
+           # sglang/ without the kernels and model code, which the suite stands in for)
+    nvidia-smi > "$R/nvidia-smi.txt" 2>&1
+    step 200 sglang-conformance env KVVMM_SGLANG_DIR="$PWD/.sglang-min" \
+      KVVMM_SGLANG_CONFORMANCE=1 KVVMM_CONFORMANCE_OUT="$R/h200-sglang-0.5.23-conformance.json" \
+      python3 -m pytest -q -p no:cacheprovider -rs tests/conformance
+    step 60 gpu-capture-test env OUT="$R" python3 -m pytest -q -p no:cacheprovider -rs "$CAPTURE"
+    step 200 gpu-tests env OUT="$R" KVVMM_SEED_FILE="$PWD/.seed/kv_vmm_backing_seed.py" \
+      python3 -m pytest -q -p no:cacheprovider -rs --deselect "$CAPTURE" tests/gpu \
+      tests/test_driver_contract.py tests/test_cudafast.py ;;
   ranges)  # STRATEGIES (space-separated) and ROUNDS pick what runs; the JSON grows per strategy
     strategies=${STRATEGIES:-prefix xl-page-elastic request-ranges request-ranges+deferred}
     args=(); for s in $strategies; do args+=(--strategy "$s"); done
