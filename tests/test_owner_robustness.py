@@ -169,9 +169,9 @@ def test_page_size_and_reserved_tokens_default_to_what_page_major_descs_say() ->
 def test_reserved_tokens_defaults_to_what_token_major_descs_hold() -> None:
     o = owner(reserved_tokens=None)
     assert o.reserved_tokens == R
-    o.ensure_prefix(R)
+    o.ensure_prefix(R + o.page_size)  # the top page: every slot the descs hold
     with pytest.raises(OutOfRangeError):
-        o.ensure_prefix(R + 1)
+        o.ensure_prefix(R + o.page_size + 1)
     o.close()
 
 
