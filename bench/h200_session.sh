@@ -10,6 +10,7 @@
 #                                      # (.peers: its sdist), the 64 x 122 growth by layout
 #   bash bench/h200_session.sh sglang  # SGLang 0.5.23's pools on kvvmm and on its own owner
 #                                      # (.sglang-min, .seed), then every GPU test
+#   bash bench/h200_session.sh beforeafter  # kvvmm bench at .before, then here
 #   ROUNDS=3 STRATEGIES="prefix request-ranges+deferred" TAG=-a bash bench/h200_session.sh ranges
 #                                      # the range strategies on the trace, CUDA beside the sim
 set -u
@@ -18,10 +19,10 @@ export PYTHONUNBUFFERED=1 KVVMM_REQUIRE_FASTPATH=1
 R=$OUT/r
 mkdir -p "$R"
 export PYTHONPATH=$PWD
-if [ "$part" != elastic ] && [ "$part" != ranges ] && [ "$part" != sglang ]; then  # tqdm, for the seed file's comparison
+case $part in elastic|ranges|sglang|beforeafter) ;; *)  # tqdm, for the seed file's comparison
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD || exit 1
-fi
+    --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD || exit 1 ;;
+esac
 [ -f kvvmm/driver/_cudafast.abi3.so ] || make ext PYTHON=python3 > "$R/ext.log" 2>&1
 CAPTURE=tests/gpu/test_cuda_driver.py::test_unmap_during_cuda_graph_capture_is_refused_and_the_capture_survives
 step() { local t=$1 name=$2; shift 2; echo "== $name (limit ${t}s)"; local t0=$SECONDS
@@ -64,6 +65,14 @@ case $part in
     step 200 gpu-tests env OUT="$R" KVVMM_SEED_FILE="$PWD/.seed/kv_vmm_backing_seed.py" \
       python3 -m pytest -q -p no:cacheprovider -rs --deselect "$CAPTURE" tests/gpu \
       tests/test_driver_contract.py tests/test_cudafast.py ;;
+  beforeafter)  # kvvmm bench (no seed) at .before (a git archive of an earlier commit), then
+                # at this tree, on one machine minutes apart: did a change move the figures?
+    nvidia-smi > "$R/nvidia-smi.txt" 2>&1
+    (cd .before && make ext PYTHON=python3 > "$R/ext-before.log" 2>&1)
+    mkdir -p "$R/before" "$R/after"
+    step 290 bench-before env PYTHONPATH="$PWD/.before" sh -c \
+      "cd .before && python3 -m kvvmm bench --out '$R/before'"
+    step 290 bench-after python3 -m kvvmm bench --out "$R/after" ;;
   ranges)  # STRATEGIES (space-separated) and ROUNDS pick what runs; the JSON grows per strategy
     strategies=${STRATEGIES:-prefix xl-page-elastic request-ranges request-ranges+deferred}
     args=(); for s in $strategies; do args+=(--strategy "$s"); done

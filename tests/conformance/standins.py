@@ -63,9 +63,12 @@ def _standin_class(qualname: str) -> type:
             raise AttributeError(name)
         return _standin_class(name)
 
+    def __init_subclass__(cls: type, **kwargs: Any) -> None:
+        pass  # class options a real base takes (msgspec.Struct's frozen=True, ...)
+
     return _Meta(qualname.rsplit(".", 1)[-1], (),
                  {"__init__": __init__, "__call__": __call__, "__getattr__": __getattr__,
-                  "__qualname__": qualname})
+                  "__init_subclass__": classmethod(__init_subclass__), "__qualname__": qualname})
 
 
 class _StandinModule(types.ModuleType):
