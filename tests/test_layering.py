@@ -45,6 +45,7 @@ LAYER_OF = {
     "kvvmm.errors": "foundation",
     "kvvmm.units": "foundation",
     "kvvmm.checks": "foundation",
+    "kvvmm._version": "foundation",  # the version, readable from any layer
     "kvvmm.hardware": "data",
     "kvvmm.dtypes": "data",
     "kvvmm.snapshot": "data",
