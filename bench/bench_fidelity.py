@@ -85,7 +85,7 @@ SMALL = Workload(layers=2, reserved_tokens=131072, step_tokens=4096, grow_to_tok
 
 
 def policy_of(spec: str) -> Any:
-    from kvvmm.calibrate import policy_of as parse
+    from kvvmm.measure.calibrate import policy_of as parse
 
     return parse(spec)
 

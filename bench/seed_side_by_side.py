@@ -5,7 +5,7 @@
 ``kvvmm bench --seed-file PATH`` runs this file in a child process, after its own sections,
 on the same card: the seed compiles a C++ stub for every arena (into a shared temp dir) and
 may abort at exit (a tensor outliving its arena's close), and neither may touch the
-benchmark's process. The workload and the bandwidth measurement are ``kvvmm.bench``'s own
+benchmark's process. The workload and the bandwidth measurement are ``kvvmm.measure.bench``'s own
 (64 buffers, 4096-token decode steps to 500k tokens, finalize to 1M), imported from there so
 the two sides cannot drift apart.
 
@@ -30,7 +30,8 @@ def measure(seed: Any) -> dict[str, Any]:
     """Time the seed's arena and owner as ``kvvmm bench`` times kvvmm's."""
     import torch
 
-    from kvvmm.bench import (
+    from kvvmm.layout import mha_token_major
+    from kvvmm.measure.bench import (
         _DIM,
         _FINAL,
         _GROW_TO,
@@ -41,7 +42,6 @@ def measure(seed: Any) -> dict[str, Any]:
         _STEP,
         _bw_pair,
     )
-    from kvvmm.layout import mha_token_major
 
     pc = time.perf_counter
     r: dict[str, Any] = {}

@@ -9,9 +9,9 @@ import json
 
 import pytest
 
-from kvvmm import bench
 from kvvmm.driver.host import HostDriver
 from kvvmm.driver.sim import SimDriver
+from kvvmm.measure import bench
 from kvvmm.units import GiB, MiB
 
 # 2 buffers of 64 MiB (256 B a token, 128 pages a granule), 8 steps of 1 MiB a buffer

@@ -319,7 +319,7 @@ def test_version_prints_the_package_version(capsys: pytest.CaptureFixture[str]) 
 def test_bench_without_a_gpu_says_so_in_one_line_and_exits_2(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
 ) -> None:
-    bench = pytest.importorskip("kvvmm.bench")
+    bench = pytest.importorskip("kvvmm.measure.bench")
     called: list[object] = []
     monkeypatch.setattr(bench, "main", lambda argv=None: called.append(argv) or 0)
     assert cli.main(["bench", "--out", "x"], gpu_probe=lambda: False) == 2
@@ -329,13 +329,13 @@ def test_bench_without_a_gpu_says_so_in_one_line_and_exits_2(
 
 
 def test_bench_help_needs_no_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    bench = pytest.importorskip("kvvmm.bench")
+    bench = pytest.importorskip("kvvmm.measure.bench")
     monkeypatch.setattr(bench, "main", lambda argv=None: 0)
     assert cli.main(["bench", "-h"], gpu_probe=lambda: False) == 0
 
 
 def test_bench_hands_its_arguments_to_kvvmm_bench(monkeypatch: pytest.MonkeyPatch) -> None:
-    bench = pytest.importorskip("kvvmm.bench")
+    bench = pytest.importorskip("kvvmm.measure.bench")
     seen: list[list[str]] = []
 
     def fake_main(argv: list[str] | None = None) -> int:

@@ -26,8 +26,8 @@ import torch
 from cuda.bindings import driver as d
 
 from kvvmm.arena._dlpack import device_tensor
-from kvvmm.bench import _bandwidth
 from kvvmm.driver.cuda import CudaDriver
+from kvvmm.measure.bench import _bandwidth
 
 MiB, GiB = 1 << 20, 1 << 30
 

@@ -16,8 +16,8 @@ import statistics
 import sys
 import time
 
-from kvvmm.bench import _FINAL, _SETTLE_S, _bw_pair, _grow
 from kvvmm.driver.cuda import CudaDriver
+from kvvmm.measure.bench import _FINAL, _SETTLE_S, _bw_pair, _grow
 from kvvmm.policy import Chunked, Geometric, default_policy
 from kvvmm.units import GiB, MiB
 

@@ -19,8 +19,8 @@ from typing import Any
 
 import torch
 
-from kvvmm.bench import _GROW_TO, _PAGE, _RESERVED, _STEP, _descs
 from kvvmm.driver.cuda import CudaDriver
+from kvvmm.measure.bench import _GROW_TO, _PAGE, _RESERVED, _STEP, _descs
 from kvvmm.owner import KvBufferOwner
 from kvvmm.policy import Chunked, Exact
 from kvvmm.units import MiB
