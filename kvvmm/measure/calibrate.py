@@ -189,7 +189,13 @@ class TimedDriver:
         self._t("unmap", size, self.inner.unmap, va, size)
 
     def set_access(self, va: int, size: int, devices: Sequence[int] | None = None) -> None:
-        self._t("set_access", size, self.inner.set_access, va, size, devices)
+        # Two arguments when the arena passes two: CudaDriver's C fast path takes only
+        # (va, size) and hands a third, even None, to the slower Python path, which is not
+        # what an owner's calls cost.
+        if devices is None:
+            self._t("set_access", size, self.inner.set_access, va, size)
+        else:
+            self._t("set_access", size, self.inner.set_access, va, size, devices)
 
     def mem_info(self) -> tuple[int, int]:
         out: tuple[int, int] = self._t("mem_info", 0, self.inner.mem_info)
