@@ -59,6 +59,7 @@ if str(ROOT) not in sys.path:  # run as a script from a checkout: the kvvmm besi
 
 from kvvmm.driver.base import Driver  # noqa: E402
 from kvvmm.hardware import get_profile, profile_label, sim_costs  # noqa: E402
+from kvvmm.policy import parse_policy  # noqa: E402
 
 LOW, HIGH = 0.9, 1.1
 
@@ -84,12 +85,6 @@ SMALL = Workload(layers=2, reserved_tokens=131072, step_tokens=4096, grow_to_tok
                  workload_s=20.0)
 
 
-def policy_of(spec: str) -> Any:
-    from kvvmm.measure.calibrate import policy_of as parse
-
-    return parse(spec)
-
-
 def _owner(drv: Driver, wl: Workload, spec: str) -> Any:
     from kvvmm.layout import mha_token_major
     from kvvmm.owner import KvBufferOwner
@@ -98,7 +93,7 @@ def _owner(drv: Driver, wl: Workload, spec: str) -> Any:
                             reserved_tokens=wl.reserved_tokens, page_size=64, dtype="bfloat16")
     return KvBufferOwner(driver=drv, dtype="bfloat16", page_size=64,
                          reserved_tokens=wl.reserved_tokens, descs=descs,
-                         policy=policy_of(spec))
+                         policy=parse_policy(spec))
 
 
 Clock = Callable[[Driver], float]  # µs, monotonic: the sim's clock or the wall (synchronized)

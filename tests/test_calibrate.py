@@ -574,3 +574,23 @@ def test_the_timed_driver_passes_set_access_on_with_the_arguments_it_got() -> No
         td.set_access(va, g, [0])
     assert inner.set_access_args == [2, 3]
     assert [c[0] for c in calls] == ["set_access", "set_access"]
+
+
+@pytest.mark.parametrize(("spec", "expected"), [
+    ("default", "Geometric(2, 256.0 MiB, min 8.0 MiB)"),
+    ("exact", "Exact()"),
+    ("chunked:128", "Chunked(128.0 MiB)"),
+    ("geometric:2:1024", "Geometric(2, 1.0 GiB)"),
+])
+def test_a_policy_is_read_from_its_short_spelling(spec: str, expected: str) -> None:
+    from kvvmm.policy import parse_policy
+
+    assert str(parse_policy(spec)) == expected
+
+
+@pytest.mark.parametrize("spec", ["", "chunked", "chunked:1:2", "geometric:2", "fixed:3"])
+def test_an_unknown_policy_spelling_is_refused_by_name(spec: str) -> None:
+    from kvvmm.policy import parse_policy
+
+    with pytest.raises(ValueError, match="Unsupported policy spec"):
+        parse_policy(spec)

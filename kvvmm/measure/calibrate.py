@@ -54,6 +54,7 @@ from kvvmm.errors import DriverUnavailableError, KvvmmError
 from kvvmm.hardware.interp import Log2Curve
 from kvvmm.hardware.overhead import sim_costs
 from kvvmm.hardware.profiles import FORMAT, profile_from_data
+from kvvmm.policy import parse_policy
 from kvvmm.units import GiB, MiB
 
 __all__ = ["FULL", "QUICK", "Plan", "TimedDriver", "build_profile", "fit_library_overhead",
@@ -78,7 +79,7 @@ class Plan:
     step_tokens: int
     grow_to_tokens: int
     finalize_tokens: int  #: finalize after the default policy's growth (0: skip)
-    policies: tuple[str, ...]  #: growth policies, as :func:`policy_of` reads them
+    policies: tuple[str, ...]  #: growth policies, as :func:`kvvmm.policy.parse_policy` reads them
     rounds: int  #: settled growth rounds per policy
     settle_s: float  #: pause after a large close, before anything timed
     commit_reps: int  #: Arena.commit calls timed
@@ -112,22 +113,6 @@ QUICK = replace(
     owner_reps=3, finalize_tokens=0, bandwidth_handles_mib=(0, 64, 2),
     release_bytes=32 * GiB, slow_creates=128, slow_repeats=2,
 )
-
-
-def policy_of(spec: str) -> Any:
-    """``"default"``, ``"exact"``, ``"chunked:MiB"``, ``"geometric:factor:max MiB"``."""
-    from kvvmm.policy import Chunked, Exact, Geometric, default_policy
-
-    parts = spec.split(":")
-    if parts[0] == "default":
-        return default_policy()
-    if parts[0] == "exact":
-        return Exact()
-    if parts[0] == "chunked" and len(parts) == 2:
-        return Chunked(int(parts[1]) * MiB)
-    if parts[0] == "geometric" and len(parts) == 3:
-        return Geometric(float(parts[1]), int(parts[2]) * MiB)
-    raise ValueError(f"Unsupported policy spec: {spec!r}")
 
 
 # -- a driver that times every call ------------------------------------------------------
@@ -639,7 +624,7 @@ def library(ctx: Ctx) -> dict[str, Any]:
     pages: list[float] = []
     for spec in ("exact", "default"):
         time.sleep(plan.settle_s)
-        owner = _owner(td, plan, policy_of(spec))
+        owner = _owner(td, plan, parse_policy(spec))
         try:
             for n in _steps(plan):
                 us, _, calls = timed_calls(functools.partial(owner.ensure_prefix, n))
@@ -702,7 +687,7 @@ def growth(ctx: Ctx) -> dict[str, Any]:
     td = ctx.td
     wrap_s = wrapper_cost_s(td)
     specs = list(plan.policies)
-    out: dict[str, Any] = {s: {"policy": str(policy_of(s)), "grow_us": [], "close_us": [],
+    out: dict[str, Any] = {s: {"policy": str(parse_policy(s)), "grow_us": [], "close_us": [],
                                "construct_us": []} for s in specs}
     rounds: list[dict[str, dict[int, list[float]]]] = []
     steps = list(_steps(plan))
@@ -727,7 +712,7 @@ def growth(ctx: Ctx) -> dict[str, Any]:
 
         for spec in specs[r % len(specs):] + specs[:r % len(specs)]:
             time.sleep(plan.settle_s)
-            ctor_s, owner, _ = timed(functools.partial(_owner, td, plan, policy_of(spec)))
+            ctor_s, owner, _ = timed(functools.partial(_owner, td, plan, parse_policy(spec)))
             per_step: list[list[tuple[str, int, float]]] = []
             t0 = time.perf_counter()
             for n in steps:
@@ -768,7 +753,7 @@ def growth(ctx: Ctx) -> dict[str, Any]:
         # A fresh owner closed at once: its unmaps are of one-page (granule) mappings, the
         # small end of the per-unmap cost (decommits of pages and holes are that size).
         time.sleep(plan.settle_s)
-        owner = _owner(td, plan, policy_of(specs[0]))
+        owner = _owner(td, plan, parse_policy(specs[0]))
         ctx.sync()
         close_s, _, closing = timed(owner.close)
         for op, size, dt in closing:
@@ -981,7 +966,7 @@ def _sim_calls(data: Mapping[str, Any], plan: Plan, spec: str,
     prof = profile_from_data(data, where="calibration in progress")
     td = TimedDriver(SimDriver(prof))
     with td.record() as ctor_calls:
-        owner = _owner(td, plan, policy_of(spec))
+        owner = _owner(td, plan, parse_policy(spec))
     with td.record() as grow_calls:
         for n in _steps(plan) if grow else ():
             owner.ensure_prefix(n)
