@@ -33,12 +33,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from kvvmm.driver import open_driver  # noqa: E402
-from kvvmm.measure.bench import (  # noqa: E402
-    BENCH_WORKLOAD,
+from kvvmm.measure.elastic import (  # noqa: E402
     LOOKAHEAD_BYTES,
     STEP_TARGET_US,
     elastic_growth,
 )
+from kvvmm.measure.workload import BENCH_WORKLOAD  # noqa: E402
 
 #: the growth targets of the elastic-serving issue for this benchmark
 BLOCKED_TARGET_MS = 10.0

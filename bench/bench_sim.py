@@ -25,7 +25,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from kvvmm import Chunked, Exact, Geometric, KvBufferOwner, SimDriver, mha_token_major
 from kvvmm.driver.faults import FaultyDriver
-from kvvmm.measure.bench import BENCH_WORKLOAD, GAP_S, LOOKAHEAD_BYTES, LOOKAHEAD_SWEEP
+from kvvmm.measure.elastic import GAP_S, LOOKAHEAD_BYTES, LOOKAHEAD_SWEEP
+from kvvmm.measure.workload import BENCH_WORKLOAD
 from kvvmm.policy import default_policy
 from kvvmm.units import MiB
 

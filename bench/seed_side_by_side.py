@@ -31,7 +31,8 @@ def measure(seed: Any) -> dict[str, Any]:
     import torch
 
     from kvvmm.layout import mha_token_major
-    from kvvmm.measure.bench import (
+    from kvvmm.measure.timer import _bw_pair
+    from kvvmm.measure.workload import (
         _DIM,
         _FINAL,
         _GROW_TO,
@@ -40,7 +41,6 @@ def measure(seed: Any) -> dict[str, Any]:
         _PAGE,
         _RESERVED,
         _STEP,
-        _bw_pair,
     )
 
     pc = time.perf_counter

@@ -11,7 +11,7 @@ import pytest
 
 from kvvmm.driver.host import HostDriver
 from kvvmm.driver.sim import SimDriver
-from kvvmm.measure import bench
+from kvvmm.measure import bench, timer
 from kvvmm.units import GiB, MiB
 
 # 2 buffers of 64 MiB (256 B a token, 128 pages a granule), 8 steps of 1 MiB a buffer
@@ -69,7 +69,7 @@ def test_bandwidth_with_holes_runs_on_real_bytes_and_the_targets_read_every_sect
     try:
         bw = bench.elastic_bandwidth(drv, SMALL, nbytes=8 * MiB, chunk_bytes=4 * MiB,
                                      lookahead_bytes=4 * MiB,
-                                     bw_pair=functools.partial(bench._bw_pair,
+                                     bw_pair=functools.partial(timer._bw_pair,
                                                                alternations=2, reps=2))
         assert drv.stats().clean
     finally:

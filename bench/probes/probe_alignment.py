@@ -27,7 +27,7 @@ from cuda.bindings import driver as d
 
 from kvvmm.arena._dlpack import device_tensor
 from kvvmm.driver.cuda import CudaDriver
-from kvvmm.measure.bench import _bandwidth
+from kvvmm.measure.timer import _bandwidth
 
 MiB, GiB = 1 << 20, 1 << 30
 

@@ -17,7 +17,9 @@ import sys
 import time
 
 from kvvmm.driver.cuda import CudaDriver
-from kvvmm.measure.bench import _FINAL, _SETTLE_S, _bw_pair, _grow
+from kvvmm.measure.growth import _SETTLE_S, _grow
+from kvvmm.measure.timer import _bw_pair
+from kvvmm.measure.workload import _FINAL
 from kvvmm.policy import Chunked, Geometric, default_policy
 from kvvmm.units import GiB, MiB
 

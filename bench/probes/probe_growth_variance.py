@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from kvvmm.driver.cuda import CudaDriver
-from kvvmm.measure.bench import _GROW_TO, _PAGE, _RESERVED, _STEP, _descs
+from kvvmm.measure.workload import _GROW_TO, _PAGE, _RESERVED, _STEP, _descs
 from kvvmm.owner import KvBufferOwner
 from kvvmm.policy import Chunked, Exact
 from kvvmm.units import MiB

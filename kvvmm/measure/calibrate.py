@@ -800,7 +800,7 @@ def bandwidth(ctx: Ctx) -> dict[str, Any]:
     import torch
 
     from kvvmm.arena import Arena
-    from kvvmm.measure.bench import _bandwidth
+    from kvvmm.measure.timer import _bandwidth
 
     plan, d = ctx.plan, ctx.td.inner
     nbytes = plan.bandwidth_bytes

@@ -1,0 +1,103 @@
+"""``kvvmm bench``'s decode growth per policy: settled rounds, back to back, then finalize,
+close and the copy bandwidth of the grown owner's tensors."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any
+
+from kvvmm.measure.timer import _bw_pair
+from kvvmm.measure.workload import _FINAL, _GROW_TO, _PAGE, _RESERVED, _STEP, _descs
+from kvvmm.units import GiB
+
+#: Seconds between an owner's close and the next timed growth (see ``_grow_rounds``).
+_SETTLE_S = 2.0
+
+
+def _grow(cd: Any, policy: Any) -> tuple[Any, int, float]:
+    """An owner grown by decode steps; returns it, its handles before growth, and seconds."""
+    import torch
+
+    from kvvmm.owner import KvBufferOwner
+
+    owner = KvBufferOwner(driver=cd, dtype="bfloat16", page_size=_PAGE,
+                          reserved_tokens=_RESERVED, descs=_descs(), policy=policy)
+    h0 = owner.snapshot().handles
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for n in range(_STEP, _GROW_TO + 1, _STEP):
+        owner.ensure_prefix(n)
+    torch.cuda.synchronize()
+    return owner, h0, time.perf_counter() - t0
+
+
+def _grow_rounds(cd: Any, policies: list[Any], rounds: int = 3) -> dict[str, list[float]]:
+    """Growth times per policy over ``rounds`` rounds, the order rotated each round, each
+    started ``_SETTLE_S`` after the previous owner closed.
+
+    Why the pause: right after an owner released its 64 GiB, the driver's creates run
+    slower for a while (it is still reclaiming the memory; docs/MEASUREMENTS.md, "Decode
+    growth"). A server grows its KV cache long after anything that large was freed, so the
+    growth is timed settled; ``_back_to_back`` times the other case, reported beside it.
+    """
+    runs: dict[str, list[float]] = {str(p): [] for p in policies}
+    n = len(policies)
+    for r in range(rounds):
+        for p in policies[r % n:] + policies[:r % n]:
+            time.sleep(_SETTLE_S)
+            owner, _, secs = _grow(cd, p)
+            owner.close()
+            runs[str(p)].append(round(secs * 1e3, 2))
+    return runs
+
+
+def _back_to_back(cd: Any, policy: Any, rounds: int = 3) -> list[float]:
+    """Growth times with no pause: each growth starts right after the previous owner (64 GiB
+    backed) closed."""
+    out = []
+    time.sleep(_SETTLE_S)
+    for _ in range(rounds + 1):
+        owner, _, secs = _grow(cd, policy)
+        owner.close()
+        out.append(round(secs * 1e3, 2))
+    return out[1:]  # the first one started settled
+
+
+def _growth(cd: Any, policy: Any, rounds: list[float]) -> dict[str, Any]:
+    import torch
+
+    time.sleep(_SETTLE_S)
+    owner, h0, grow_s = _grow(cd, policy)
+    descs = owner.descs
+    steps = _GROW_TO // _STEP
+    snap = owner.snapshot()
+    need = sum(d.prefix_span_bytes(steps * _STEP, _PAGE) for d in descs)
+    over = [b.backed_bytes - b.prefix_bytes for b in snap.buffers]
+    t0 = time.perf_counter()
+    owner.finalize(_FINAL)
+    torch.cuda.synchronize()
+    fin_s = time.perf_counter() - t0
+    fsnap = owner.snapshot()
+    nbytes = 1 * GiB
+    vm = owner.tensors[2].view(-1)[: nbytes // 2]
+    vm2 = owner.tensors[3].view(-1)[: nbytes // 2]
+    bw = _bw_pair(vm, vm2)
+    del vm, vm2
+    t0 = time.perf_counter()
+    owner.close()
+    close_s = time.perf_counter() - t0
+    handles = snap.handles - h0
+    return {
+        "policy": str(policy), "steps": steps,
+        "grow_ms": statistics.median(rounds), "grow_ms_rounds": rounds,
+        "settle_s_before_each_round": _SETTLE_S,
+        "grow_ms_with_finalize_run": round(grow_s * 1e3, 2),
+        "grow_driver_calls": 3 * handles, "grow_handles": handles,
+        "handles_after_growth": snap.handles, "backed_after_growth_bytes": snap.backed_bytes,
+        "overcommit_bytes": snap.backed_bytes - need, "max_overcommit_per_buffer": max(over),
+        "finalize_1M_ms": round(fin_s * 1e3, 2), "handles_after_finalize": fsnap.handles,
+        "backed_after_finalize_bytes": fsnap.backed_bytes, "bandwidth": bw,
+        "close_ms": round(close_s * 1e3, 2),
+    }
+
