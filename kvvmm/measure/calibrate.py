@@ -44,16 +44,16 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from kvvmm.driver.base import Driver, DriverStats, MemoryKind, check_driver
+from kvvmm.driver.base import Driver
 from kvvmm.errors import DriverUnavailableError, KvvmmError
 from kvvmm.hardware.interp import Log2Curve
 from kvvmm.hardware.overhead import sim_costs
 from kvvmm.hardware.profiles import FORMAT, profile_from_data
+from kvvmm.measure.timer import TimedDriver, wrapper_cost_s
 from kvvmm.policy import parse_policy
 from kvvmm.units import GiB, MiB
 
@@ -113,119 +113,6 @@ QUICK = replace(
     owner_reps=3, finalize_tokens=0, bandwidth_handles_mib=(0, 64, 2),
     release_bytes=32 * GiB, slow_creates=128, slow_repeats=2,
 )
-
-
-# -- a driver that times every call ------------------------------------------------------
-
-
-class TimedDriver:
-    """Wraps a driver; while :attr:`recording`, appends ``(op, size, seconds)`` per call.
-
-    The library's own work is what an operation takes beyond the calls it makes: the wrapper
-    times each call from inside, so ``wall - sum(call seconds)`` is kvvmm's part, less the
-    wrapper's own cost per call (:func:`wrapper_cost_s` measures it).
-    """
-
-    def __init__(self, inner: Driver) -> None:
-        check_driver(inner, "inner")
-        self.inner = inner
-        self.kind: str = inner.kind
-        self.device: int = inner.device
-        self.name: str = inner.name
-        self.memory: MemoryKind = inner.memory
-        self.calls: list[tuple[str, int, float]] = []
-        self.recording = False
-        # handle -> size: a release costs by the size of its handle, and names only the handle
-        self._sizes: dict[int, int] = {}
-
-    def __getattr__(self, name: str) -> Any:  # granularity_min and the like
-        return getattr(self.inner, name)
-
-    def _t(self, op: str, size: int, fn: Callable[..., Any], *args: Any) -> Any:
-        if not self.recording:
-            return fn(*args)
-        t0 = time.perf_counter()
-        out = fn(*args)
-        self.calls.append((op, size, time.perf_counter() - t0))
-        return out
-
-    def granularity(self) -> int:
-        return self.inner.granularity()
-
-    def reserve(self, size: int, align: int = 0) -> int:
-        return int(self._t("reserve", size, self.inner.reserve, size, align))
-
-    def free(self, va: int, size: int) -> None:
-        self._t("free", size, self.inner.free, va, size)
-
-    def create(self, size: int) -> int:
-        h = int(self._t("create", size, self.inner.create, size))
-        self._sizes[h] = size
-        return h
-
-    def release(self, handle: int) -> None:
-        self._t("release", self._sizes.get(handle, 0), self.inner.release, handle)
-        self._sizes.pop(handle, None)
-
-    def map(self, va: int, size: int, handle: int) -> None:
-        self._t("map", size, self.inner.map, va, size, handle)
-
-    def unmap(self, va: int, size: int) -> None:
-        self._t("unmap", size, self.inner.unmap, va, size)
-
-    def set_access(self, va: int, size: int, devices: Sequence[int] | None = None) -> None:
-        # Two arguments when the arena passes two: CudaDriver's C fast path takes only
-        # (va, size) and hands a third, even None, to the slower Python path, which is not
-        # what an owner's calls cost.
-        if devices is None:
-            self._t("set_access", size, self.inner.set_access, va, size)
-        else:
-            self._t("set_access", size, self.inner.set_access, va, size, devices)
-
-    def mem_info(self) -> tuple[int, int]:
-        out: tuple[int, int] = self._t("mem_info", 0, self.inner.mem_info)
-        return out
-
-    def stats(self) -> DriverStats:
-        return self.inner.stats()
-
-    def pin(self, va: int) -> None:
-        """The arena pins once per tensor view; passed on where the driver pins."""
-        pin = getattr(self.inner, "pin", None)
-        self._t("pin", 0, pin if pin is not None else (lambda _: None), va)
-
-    def unpin(self, va: int) -> None:
-        unpin = getattr(self.inner, "unpin", None)
-        self._t("unpin", 0, unpin if unpin is not None else (lambda _: None), va)
-
-    def export_handle(self, handle: int) -> int:
-        return self.inner.export_handle(handle)
-
-    def import_handle(self, fd: int, size: int) -> int:
-        return self.inner.import_handle(fd, size)
-
-    @contextmanager
-    def record(self) -> Iterator[list[tuple[str, int, float]]]:
-        """Record the calls made inside the block (a fresh list each time)."""
-        self.calls = []
-        self.recording = True
-        try:
-            yield self.calls
-        finally:
-            self.recording = False
-
-
-def wrapper_cost_s(td: TimedDriver, n: int = 2000) -> float:
-    """Seconds the wrapper adds per call beyond what it times (median of 5 batches)."""
-    out = []
-    for _ in range(5):
-        with td.record() as calls:
-            t0 = time.perf_counter()
-            for _ in range(n):
-                td.mem_info()
-            wall = time.perf_counter() - t0
-        out.append((wall - sum(c[2] for c in calls)) / n)
-    return max(0.0, statistics.median(out))
 
 
 # -- the sections ------------------------------------------------------------------------

@@ -7,10 +7,13 @@ import math
 import statistics
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
-__all__ = ["TimedDriver"]
+from kvvmm.driver.base import Driver, DriverStats, MemoryKind, check_driver
+
+__all__ = ["TimedDriver", "wrapper_cost_s"]
 
 def _med_us(xs: list[float]) -> float:
     return round(statistics.median(xs) * 1e6, 3)
@@ -78,8 +81,16 @@ def _pct(xs: list[float], q: float) -> float:
 
 
 class TimedDriver:
-    """A driver that forwards every call to ``inner`` and times the VMM calls, split by
-    thread: the thread that made it (the decode path) and any other (the pool's thread).
+    """A driver that forwards every call to ``inner`` and times it, for both commands.
+
+    - Always: the VMM calls (reserve, free, create, release, map, unmap, set_access) are
+      summed by thread, the thread that made the wrapper or last called :meth:`reset` (the
+      decode path: ``fg_s``, ``fg_calls``) and any other (the pool's thread: ``bg_s``,
+      ``bg_calls``). ``kvvmm bench``'s elastic sections read these.
+    - Inside ``with td.record() as calls:``: every call, ``mem_info``, ``pin`` and ``unpin``
+      too, is appended to ``calls`` as ``(op, size, seconds)`` instead (a release by the size
+      of its handle). ``kvvmm calibrate`` takes an operation's own work as its wall time
+      less the calls it made, less the wrapper's cost per call (:func:`wrapper_cost_s`).
 
     Why a wrapper and not the pool's counters: the pool counts handles, not seconds, and
     the foreground's own creates (a step the look-ahead did not cover) must count too. Each
@@ -88,15 +99,17 @@ class TimedDriver:
     shares its driver).
     """
 
-    def __init__(self, inner: Any) -> None:
-        from kvvmm.driver.base import check_driver
-
+    def __init__(self, inner: Driver) -> None:
         check_driver(inner, "inner")
         self.inner = inner
         self.kind: str = inner.kind
         self.device: int = inner.device
         self.name: str = inner.name
-        self.memory: Any = inner.memory
+        self.memory: MemoryKind = inner.memory
+        self.calls: list[tuple[str, int, float]] = []
+        self.recording = False
+        # handle -> size: a release costs by the size of its handle, and names only the handle
+        self._sizes: dict[int, int] = {}
         self._fg = threading.get_ident()
         self.reset()
 
@@ -106,7 +119,9 @@ class TimedDriver:
         self.fg_s = self.bg_s = 0.0
         self.fg_calls = self.bg_calls = 0
 
-    def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
+    def _call(self, op: str, size: int, fn: Callable[..., Any], *args: Any) -> Any:
+        if self.recording:
+            return self._recorded(op, size, fn, *args)
         t0 = time.perf_counter()
         try:
             return fn(*args)
@@ -119,41 +134,68 @@ class TimedDriver:
                 self.bg_s += dt
                 self.bg_calls += 1
 
+    def _recorded(self, op: str, size: int, fn: Callable[..., Any], *args: Any) -> Any:
+        t0 = time.perf_counter()
+        out = fn(*args)
+        self.calls.append((op, size, time.perf_counter() - t0))
+        return out
+
     def granularity(self) -> int:
         return int(self.inner.granularity())
 
     def reserve(self, size: int, align: int = 0) -> int:
-        return int(self._call(self.inner.reserve, size, align))
+        return int(self._call("reserve", size, self.inner.reserve, size, align))
 
     def free(self, va: int, size: int) -> None:
-        self._call(self.inner.free, va, size)
+        self._call("free", size, self.inner.free, va, size)
 
     def create(self, size: int) -> int:
-        return int(self._call(self.inner.create, size))
+        h = int(self._call("create", size, self.inner.create, size))
+        self._sizes[h] = size
+        return h
 
     def release(self, handle: int) -> None:
-        self._call(self.inner.release, handle)
+        self._call("release", self._sizes.get(handle, 0), self.inner.release, handle)
+        self._sizes.pop(handle, None)
 
     def map(self, va: int, size: int, handle: int) -> None:
-        self._call(self.inner.map, va, size, handle)
+        self._call("map", size, self.inner.map, va, size, handle)
 
     def unmap(self, va: int, size: int) -> None:
-        self._call(self.inner.unmap, va, size)
+        self._call("unmap", size, self.inner.unmap, va, size)
 
-    def set_access(self, va: int, size: int, devices: Any = None) -> None:
+    def set_access(self, va: int, size: int, devices: Sequence[int] | None = None) -> None:
         # Two arguments when the arena passes two: CudaDriver's C fast path takes only
         # (va, size) and hands a third, even None, to the slower Python path.
         if devices is None:
-            self._call(self.inner.set_access, va, size)
+            self._call("set_access", size, self.inner.set_access, va, size)
         else:
-            self._call(self.inner.set_access, va, size, devices)
+            self._call("set_access", size, self.inner.set_access, va, size, devices)
 
     def mem_info(self) -> tuple[int, int]:
-        free, total = self.inner.mem_info()
+        # Not a VMM call: in the counters never, in a recording always.
+        if self.recording:
+            free, total = self._recorded("mem_info", 0, self.inner.mem_info)
+        else:
+            free, total = self.inner.mem_info()
         return int(free), int(total)
 
-    def stats(self) -> Any:
+    def stats(self) -> DriverStats:
         return self.inner.stats()
+
+    def pin(self, va: int) -> None:
+        """The arena pins once per tensor view; passed on where the driver pins."""
+        self._extra("pin", va)
+
+    def unpin(self, va: int) -> None:
+        self._extra("unpin", va)
+
+    def _extra(self, op: str, va: int) -> None:
+        fn = getattr(self.inner, op, None)
+        if self.recording:
+            self._recorded(op, 0, fn if fn is not None else (lambda _: None), va)
+        elif fn is not None:
+            fn(va)
 
     def export_handle(self, handle: int) -> int:
         return int(self.inner.export_handle(handle))
@@ -161,8 +203,32 @@ class TimedDriver:
     def import_handle(self, fd: int, size: int) -> int:
         return int(self.inner.import_handle(fd, size))
 
+    @contextmanager
+    def record(self) -> Iterator[list[tuple[str, int, float]]]:
+        """Record the calls made inside the block (a fresh list each time)."""
+        self.calls = []
+        self.recording = True
+        try:
+            yield self.calls
+        finally:
+            self.recording = False
+
     def __getattr__(self, name: str) -> Any:
-        # pin/unpin, granularity_min, synchronize, ...: what the arena and tensors look up
-        # on a driver beyond the protocol, untimed.
+        # granularity_min, synchronize, fast_path, ...: what the arena, tensors and the
+        # commands look up on a driver beyond the protocol, untimed.
         return getattr(self.inner, name)
+
+
+def wrapper_cost_s(td: TimedDriver, n: int = 2000) -> float:
+    """Seconds the wrapper adds per call beyond what it times (median of 5 batches)."""
+    out = []
+    for _ in range(5):
+        with td.record() as calls:
+            t0 = time.perf_counter()
+            for _ in range(n):
+                td.mem_info()
+            wall = time.perf_counter() - t0
+        out.append((wall - sum(c[2] for c in calls)) / n)
+    return max(0.0, statistics.median(out))
+
 
