@@ -235,7 +235,7 @@ def test_calibrate_on_the_host_driver_writes_a_complete_profile_the_sim_loads(
     # Measured per operation: nothing is charged per call any more.
     assert costs.per_call_overhead_us == {} and costs.overhead_curves == {}
     assert costs.access_per_mapping is not None and costs.unmap_per_mapping is not None
-    from kvvmm.measure.calibrate import WORK_UNITS
+    from kvvmm.measure.operations import WORK_UNITS
 
     lw = profile_data(prof)["library_work_us"]
     assert lw["source"] and set(costs.work) == set(WORK_UNITS)
@@ -375,7 +375,7 @@ def test_growth_lab_takes_a_calibrated_profile_by_path_and_names_it(tmp_path: Pa
 
 
 def test_the_fitted_overhead_makes_the_sim_reproduce_the_growth_it_was_fitted_to() -> None:
-    from kvvmm.measure.calibrate import _charge, _merge_sizes, _sim_calls
+    from kvvmm.measure.fit import _charge, _merge_sizes, _sim_calls
 
     base = build_profile(_meas(), META, TINY)
     growth: dict[str, Any] = {}
@@ -401,7 +401,7 @@ def test_the_fitted_overhead_makes_the_sim_reproduce_the_growth_it_was_fitted_to
 
 
 def _work_profile(**over: float) -> Any:
-    from kvvmm.measure.calibrate import WORK_UNITS
+    from kvvmm.measure.operations import WORK_UNITS
 
     data = build_profile(_meas(), META, FULL)
     data["library_overhead_us"] = {"per_call": {"create": 7.0}, "source": "replaced"}
