@@ -30,18 +30,8 @@ def measure(seed: Any) -> dict[str, Any]:
     """Time the seed's arena and owner as ``kvvmm bench`` times kvvmm's."""
     import torch
 
-    from kvvmm.layout import mha_token_major
     from kvvmm.measure.timer import _bw_pair
-    from kvvmm.measure.workload import (
-        _DIM,
-        _FINAL,
-        _GROW_TO,
-        _HEADS,
-        _LAYERS,
-        _PAGE,
-        _RESERVED,
-        _STEP,
-    )
+    from kvvmm.measure.workload import BENCH_WORKLOAD as w
 
     pc = time.perf_counter
     r: dict[str, Any] = {}
@@ -52,25 +42,24 @@ def measure(seed: Any) -> dict[str, Any]:
     arena.close()
     r["arena_close_ms"] = round((pc() - t) * 1e3, 2)
 
-    descs = mha_token_major(layers=_LAYERS, kv_heads=_HEADS, head_dim=_DIM,
-                            reserved_tokens=_RESERVED, page_size=_PAGE, dtype="bfloat16")
+    descs = w.descs()
     t = pc()
     own = seed.KvVmmBufferOwner(device="cuda:0", device_id=0, store_dtype=torch.bfloat16,
-                                page_size=_PAGE, reserved_num_tokens=_RESERVED,
+                                page_size=w.page_size, reserved_num_tokens=w.reserved_tokens,
                                 buffer_descs=descs)
     r["owner_ctor_s"] = round(pc() - t, 3)
     r["reserved_bytes"] = own._arena.reserved
 
     torch.cuda.synchronize()
     t = pc()
-    for n in range(_STEP, _GROW_TO + 1, _STEP):
+    for n in w.decode_steps():
         own.ensure_prefix(n)
     torch.cuda.synchronize()
     r["grow_ms"] = round((pc() - t) * 1e3, 2)
     r["handles_after_growth"] = len(own._arena._ranges)
 
     t = pc()
-    own.finalize(_FINAL)
+    own.finalize(w.finalize_tokens)
     torch.cuda.synchronize()
     r["finalize_1M_ms"] = round((pc() - t) * 1e3, 2)
 

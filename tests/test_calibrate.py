@@ -594,3 +594,12 @@ def test_an_unknown_policy_spelling_is_refused_by_name(spec: str) -> None:
 
     with pytest.raises(ValueError, match="Unsupported policy spec"):
         parse_policy(spec)
+
+
+def test_the_full_calibration_grows_what_kvvmm_bench_grows() -> None:
+    # Issue 23: one workload definition; calibrate's plan only picks tokens and steps.
+    from kvvmm.measure.workload import BENCH_WORKLOAD
+
+    assert FULL.workload == BENCH_WORKLOAD
+    assert list(TINY.workload.decode_steps()) == [4096, 8192, 12288, 16384]
+    assert len(TINY.workload.descs()) == 2 * TINY.layers

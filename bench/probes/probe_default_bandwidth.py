@@ -19,7 +19,7 @@ import time
 from kvvmm.driver.cuda import CudaDriver
 from kvvmm.measure.growth import _SETTLE_S, _grow
 from kvvmm.measure.timer import _bw_pair
-from kvvmm.measure.workload import _FINAL
+from kvvmm.measure.workload import BENCH_WORKLOAD
 from kvvmm.policy import Chunked, Geometric, default_policy
 from kvvmm.units import GiB, MiB
 
@@ -35,7 +35,7 @@ def main(out_dir: str, rounds: int = 3) -> None:
         for p in policies[r % 3:] + policies[: r % 3]:  # rotated, as the bench's rounds
             time.sleep(_SETTLE_S)
             owner, _, _ = _grow(cd, p)
-            owner.finalize(_FINAL)
+            owner.finalize(BENCH_WORKLOAD.finalize_tokens)
             vm = owner.tensors[2].view(-1)[: GiB // 2]
             vm2 = owner.tensors[3].view(-1)[: GiB // 2]
             ratios[str(p)].append(_bw_pair(vm, vm2)["ratio"])

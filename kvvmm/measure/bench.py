@@ -65,19 +65,7 @@ from kvvmm.measure.elastic import (
 )
 from kvvmm.measure.growth import _back_to_back, _grow_rounds, _growth
 from kvvmm.measure.timer import TimedDriver, _med_us, _timed
-from kvvmm.measure.workload import (
-    _DIM,
-    _FINAL,
-    _GROW_TO,
-    _HEADS,
-    _LAYERS,
-    _PAGE,
-    _RESERVED,
-    _STEP,
-    BENCH_WORKLOAD,
-    Workload,
-    _descs,
-)
+from kvvmm.measure.workload import BENCH_WORKLOAD, Workload
 from kvvmm.units import GiB, MiB
 
 __all__ = ["BENCH_WORKLOAD", "GAP_S", "LOOKAHEAD_BYTES", "LOOKAHEAD_SWEEP", "SEED_SCRIPT",
@@ -305,6 +293,7 @@ def run(out_dir: str, seed_file: str | None, device: int = 0,
     torch.cuda.init()  # type: ignore[no-untyped-call]
     torch.empty(1, device=f"cuda:{device}")
     cd = CudaDriver(device=device)
+    w = BENCH_WORKLOAD
     free, total = cd.mem_info()
     res: dict[str, Any] = {
         "benchmark": "kvvmm bench (gpu)",
@@ -316,9 +305,10 @@ def run(out_dir: str, seed_file: str | None, device: int = 0,
         "mem_total_bytes": total, "mem_free_bytes": free,
         "granularity_min": cd.granularity_min,
         "granularity_recommended": cd.granularity_recommended,
-        "workload": {"buffers": 2 * _LAYERS, "kv_heads": _HEADS, "head_dim": _DIM,
-                     "page_size": _PAGE, "reserved_tokens": _RESERVED, "step_tokens": _STEP,
-                     "grow_to_tokens": _GROW_TO, "finalize_tokens": _FINAL},
+        "workload": {"buffers": w.buffers, "kv_heads": w.kv_heads, "head_dim": w.head_dim,
+                     "page_size": w.page_size, "reserved_tokens": w.reserved_tokens,
+                     "step_tokens": w.step_tokens, "grow_to_tokens": w.grow_to_tokens,
+                     "finalize_tokens": w.finalize_tokens},
         "default_policy": str(default_policy()),
     }
 
@@ -349,13 +339,13 @@ def run(out_dir: str, seed_file: str | None, device: int = 0,
         owners: list[KvBufferOwner] = []
 
         def make_owner() -> None:
-            owners.append(KvBufferOwner(driver=cd, dtype="bfloat16", page_size=_PAGE,
-                                        reserved_tokens=_RESERVED, descs=_descs()))
+            owners.append(KvBufferOwner(driver=cd, dtype="bfloat16", page_size=w.page_size,
+                                        reserved_tokens=w.reserved_tokens, descs=w.descs()))
 
         octor = _timed(make_owner, 5)
         reserved = owners[0].arena.reserved_bytes
         oclose = _timed(lambda: owners.pop().close(), 5)
-        res["owner"] = {"buffers": 2 * _LAYERS, "reserved_bytes": reserved,
+        res["owner"] = {"buffers": w.buffers, "reserved_bytes": reserved,
                         "ctor_ms_median": _med_us(octor) / 1e3,
                         "ctor_ms_max": round(max(octor) * 1e3, 3),
                         "close_ms_median": _med_us(oclose) / 1e3}

@@ -60,14 +60,11 @@ def _elastic_round(drv: Any, w: Workload, *, lookahead_bytes: int | None, gap_s:
     the calling thread: what a decode step would wait for.
     """
     from kvvmm.arena.pool import HandlePool
-    from kvvmm.owner import KvBufferOwner
 
     td = TimedDriver(drv)
     pool = HandlePool(td) if lookahead_bytes is not None else None
     descs = w.descs()
-    owner = KvBufferOwner(driver=td, dtype="bfloat16", page_size=w.page_size,
-                          reserved_tokens=w.reserved_tokens, descs=descs, pool=pool,
-                          lookahead_bytes=lookahead_bytes or 0)
+    owner = w.owner(td, descs=descs, pool=pool, lookahead_bytes=lookahead_bytes or 0)
     try:
         td.reset()
         owner.ensure_prefix(0)
@@ -249,7 +246,6 @@ def page_ops(drv: Any, w: Workload = BENCH_WORKLOAD, *, pages: int = 16,
     """
     from kvvmm.arena import Arena
     from kvvmm.arena.pool import HandlePool
-    from kvvmm.owner import KvBufferOwner
 
     rng = random.Random(seed)
     pc = time.perf_counter
@@ -258,8 +254,7 @@ def page_ops(drv: Any, w: Workload = BENCH_WORKLOAD, *, pages: int = 16,
         td = TimedDriver(drv)
         pool = HandlePool(td, threaded=False) if pooled else None
         descs = w.descs()
-        owner = KvBufferOwner(driver=td, dtype="bfloat16", page_size=w.page_size,
-                              reserved_tokens=w.reserved_tokens, descs=descs, pool=pool)
+        owner = w.owner(td, descs=descs, pool=pool)
         gran = owner.arena.granularity
         page_bytes = descs[0].prefix_span_bytes(w.page_size, w.page_size)
         per_granule = max(1, gran // page_bytes)
@@ -323,16 +318,13 @@ def elastic_bandwidth(drv: Any, w: Workload = BENCH_WORKLOAD, *, nbytes: int = 1
 
     from kvvmm.arena import Arena
     from kvvmm.arena.pool import HandlePool
-    from kvvmm.owner import KvBufferOwner
 
     bw = bw_pair or _bw_pair
     rng = random.Random(seed)
     out: dict[str, Any] = {}
     pool = HandlePool(drv, threaded=False)
     descs = w.descs()
-    owner = KvBufferOwner(driver=drv, dtype="bfloat16", page_size=w.page_size,
-                          reserved_tokens=w.reserved_tokens, descs=descs, pool=pool,
-                          lookahead_bytes=lookahead_bytes)
+    owner = w.owner(drv, descs=descs, pool=pool, lookahead_bytes=lookahead_bytes)
     try:
         for n in range(w.step_tokens, w.grow_to_tokens + 1, w.step_tokens):
             owner.ensure_prefix(n)

@@ -14,7 +14,7 @@ from typing import Any
 from kvvmm.hardware.interp import Log2Curve
 from kvvmm.hardware.overhead import sim_costs
 from kvvmm.hardware.profiles import FORMAT, profile_from_data
-from kvvmm.measure.plan import Plan, _owner, _steps
+from kvvmm.measure.plan import Plan
 from kvvmm.measure.timer import TimedDriver, _tmean, _us
 from kvvmm.policy import parse_policy
 from kvvmm.units import GiB, MiB
@@ -132,9 +132,9 @@ def _sim_calls(data: Mapping[str, Any], plan: Plan, spec: str,
     prof = profile_from_data(data, where="calibration in progress")
     td = TimedDriver(SimDriver(prof))
     with td.record() as ctor_calls:
-        owner = _owner(td, plan, parse_policy(spec))
+        owner = plan.workload.owner(td, parse_policy(spec))
     with td.record() as grow_calls:
-        for n in _steps(plan) if grow else ():
+        for n in plan.workload.decode_steps() if grow else ():
             owner.ensure_prefix(n)
     fin_calls: list[tuple[str, int, float]] = []
     if grow and spec == plan.policies[0] and plan.finalize_tokens:

@@ -8,31 +8,29 @@ import time
 from typing import Any
 
 from kvvmm.measure.timer import _bw_pair
-from kvvmm.measure.workload import _FINAL, _GROW_TO, _PAGE, _RESERVED, _STEP, _descs
+from kvvmm.measure.workload import BENCH_WORKLOAD, Workload
 from kvvmm.units import GiB
 
 #: Seconds between an owner's close and the next timed growth (see ``_grow_rounds``).
 _SETTLE_S = 2.0
 
 
-def _grow(cd: Any, policy: Any) -> tuple[Any, int, float]:
+def _grow(cd: Any, policy: Any, w: Workload = BENCH_WORKLOAD) -> tuple[Any, int, float]:
     """An owner grown by decode steps; returns it, its handles before growth, and seconds."""
     import torch
 
-    from kvvmm.owner import KvBufferOwner
-
-    owner = KvBufferOwner(driver=cd, dtype="bfloat16", page_size=_PAGE,
-                          reserved_tokens=_RESERVED, descs=_descs(), policy=policy)
+    owner = w.owner(cd, policy)
     h0 = owner.snapshot().handles
     torch.cuda.synchronize()
     t0 = time.perf_counter()
-    for n in range(_STEP, _GROW_TO + 1, _STEP):
+    for n in w.decode_steps():
         owner.ensure_prefix(n)
     torch.cuda.synchronize()
     return owner, h0, time.perf_counter() - t0
 
 
-def _grow_rounds(cd: Any, policies: list[Any], rounds: int = 3) -> dict[str, list[float]]:
+def _grow_rounds(cd: Any, policies: list[Any], rounds: int = 3,
+                 w: Workload = BENCH_WORKLOAD) -> dict[str, list[float]]:
     """Growth times per policy over ``rounds`` rounds, the order rotated each round, each
     started ``_SETTLE_S`` after the previous owner closed.
 
@@ -46,36 +44,38 @@ def _grow_rounds(cd: Any, policies: list[Any], rounds: int = 3) -> dict[str, lis
     for r in range(rounds):
         for p in policies[r % n:] + policies[:r % n]:
             time.sleep(_SETTLE_S)
-            owner, _, secs = _grow(cd, p)
+            owner, _, secs = _grow(cd, p, w)
             owner.close()
             runs[str(p)].append(round(secs * 1e3, 2))
     return runs
 
 
-def _back_to_back(cd: Any, policy: Any, rounds: int = 3) -> list[float]:
+def _back_to_back(cd: Any, policy: Any, rounds: int = 3,
+                  w: Workload = BENCH_WORKLOAD) -> list[float]:
     """Growth times with no pause: each growth starts right after the previous owner (64 GiB
     backed) closed."""
     out = []
     time.sleep(_SETTLE_S)
     for _ in range(rounds + 1):
-        owner, _, secs = _grow(cd, policy)
+        owner, _, secs = _grow(cd, policy, w)
         owner.close()
         out.append(round(secs * 1e3, 2))
     return out[1:]  # the first one started settled
 
 
-def _growth(cd: Any, policy: Any, rounds: list[float]) -> dict[str, Any]:
+def _growth(cd: Any, policy: Any, rounds: list[float],
+            w: Workload = BENCH_WORKLOAD) -> dict[str, Any]:
     import torch
 
     time.sleep(_SETTLE_S)
-    owner, h0, grow_s = _grow(cd, policy)
+    owner, h0, grow_s = _grow(cd, policy, w)
     descs = owner.descs
-    steps = _GROW_TO // _STEP
+    steps = w.steps
     snap = owner.snapshot()
-    need = sum(d.prefix_span_bytes(steps * _STEP, _PAGE) for d in descs)
+    need = sum(d.prefix_span_bytes(steps * w.step_tokens, w.page_size) for d in descs)
     over = [b.backed_bytes - b.prefix_bytes for b in snap.buffers]
     t0 = time.perf_counter()
-    owner.finalize(_FINAL)
+    owner.finalize(w.finalize_tokens)
     torch.cuda.synchronize()
     fin_s = time.perf_counter() - t0
     fsnap = owner.snapshot()

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from kvvmm.measure.fit import _in_context, _line
-from kvvmm.measure.plan import Ctx, _owner, _steps
+from kvvmm.measure.plan import Ctx
 from kvvmm.measure.timer import _tmean, _us, wrapper_cost_s
 from kvvmm.policy import parse_policy
 from kvvmm.units import MiB
@@ -42,6 +42,7 @@ def library(ctx: Ctx) -> dict[str, Any]:
     from kvvmm.arena import Arena
 
     td, plan = ctx.td, ctx.plan
+    w = plan.workload
     wrap_s = wrapper_cost_s(td)
     g = td.granularity()
     pc = time.perf_counter
@@ -120,9 +121,9 @@ def library(ctx: Ctx) -> dict[str, Any]:
     # The owner, per buffer, beyond its arena's operations.
     buffers = 2 * plan.layers
     o_open, o_close = [], []
-    _owner(td, plan).close()  # warm-up: the first owner pays for imports and first calls
+    w.owner(td).close()  # warm-up: the first owner pays for imports and first calls
     for _ in range(plan.owner_reps):
-        us, owner = timed(lambda: _owner(td, plan))
+        us, owner = timed(lambda: w.owner(td))
         # open: arena open, a view per buffer, slot 0 (grow + one commit of every buffer)
         o_open.append(us - arena_us("arena.open", 0) - buffers * arena_us("arena.tensor", 1)
                       - arena_us("arena.commit", buffers))
@@ -135,9 +136,9 @@ def library(ctx: Ctx) -> dict[str, Any]:
     pages: list[float] = []
     for spec in ("exact", "default"):
         time.sleep(plan.settle_s)
-        owner = _owner(td, plan, parse_policy(spec))
+        owner = w.owner(td, parse_policy(spec))
         try:
-            for n in _steps(plan):
+            for n in w.decode_steps():
                 us, _, calls = timed_calls(functools.partial(owner.ensure_prefix, n))
                 ctx.sync()
                 made = _creates(calls)
@@ -195,13 +196,14 @@ def growth(ctx: Ctx) -> dict[str, Any]:
     extra round instead let one slow round move a whole profile by 30%.
     """
     plan = ctx.plan
+    w = plan.workload
     td = ctx.td
     wrap_s = wrapper_cost_s(td)
     specs = list(plan.policies)
     out: dict[str, Any] = {s: {"policy": str(parse_policy(s)), "grow_us": [], "close_us": [],
                                "construct_us": []} for s in specs}
     rounds: list[dict[str, dict[int, list[float]]]] = []
-    steps = list(_steps(plan))
+    steps = list(w.decode_steps())
     q = max(1, len(steps) // 4)
     drift: dict[str, dict[str, dict[str, list[float]]]] = {}
 
@@ -223,7 +225,7 @@ def growth(ctx: Ctx) -> dict[str, Any]:
 
         for spec in specs[r % len(specs):] + specs[:r % len(specs)]:
             time.sleep(plan.settle_s)
-            ctor_s, owner, _ = timed(functools.partial(_owner, td, plan, parse_policy(spec)))
+            ctor_s, owner, _ = timed(functools.partial(w.owner, td, parse_policy(spec)))
             per_step: list[list[tuple[str, int, float]]] = []
             t0 = time.perf_counter()
             for n in steps:
@@ -264,7 +266,7 @@ def growth(ctx: Ctx) -> dict[str, Any]:
         # A fresh owner closed at once: its unmaps are of one-page (granule) mappings, the
         # small end of the per-unmap cost (decommits of pages and holes are that size).
         time.sleep(plan.settle_s)
-        owner = _owner(td, plan, parse_policy(specs[0]))
+        owner = w.owner(td, parse_policy(specs[0]))
         ctx.sync()
         close_s, _, closing = timed(owner.close)
         for op, size, dt in closing:

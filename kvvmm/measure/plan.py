@@ -8,8 +8,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from kvvmm.driver.base import Driver
 from kvvmm.measure.timer import TimedDriver
+from kvvmm.measure.workload import BENCH_WORKLOAD, Workload
 from kvvmm.units import GiB
 
 __all__ = ["FULL", "QUICK", "Ctx", "Plan", "plan_dict"]
@@ -42,14 +42,24 @@ class Plan:
     slow_create_mib: int
     slow_repeats: int
 
+    @property
+    def workload(self) -> Workload:
+        """The decode growth the growth and library sections time (bench's buffers, this
+        plan's tokens and steps)."""
+        return Workload(layers=self.layers, reserved_tokens=self.reserved_tokens,
+                        step_tokens=self.step_tokens, grow_to_tokens=self.grow_to_tokens,
+                        finalize_tokens=self.finalize_tokens)
+
 
 #: The full run: under 5 minutes on an H200.
 FULL = Plan(
     call_sizes_mib=(2, 8, 32, 128, 512, 2048), call_reps=(200, 150, 150, 100, 50, 20),
     reserve_gib=(1, 64, 256, 1024), reserve_reps=20,
     access_cases=((2, 64), (8, 32), (32, 16), (128, 8), (512, 4)), access_reps=5,
-    layers=32, reserved_tokens=2_000_000, step_tokens=4096, grow_to_tokens=500_000,
-    finalize_tokens=1_000_000,
+    # kvvmm bench's decode growth (kvvmm.measure.workload)
+    layers=BENCH_WORKLOAD.layers, reserved_tokens=BENCH_WORKLOAD.reserved_tokens,
+    step_tokens=BENCH_WORKLOAD.step_tokens, grow_to_tokens=BENCH_WORKLOAD.grow_to_tokens,
+    finalize_tokens=BENCH_WORKLOAD.finalize_tokens,
     policies=("default", "exact", "chunked:32", "chunked:128", "geometric:2:1024"),
     rounds=3, settle_s=2.0, commit_reps=200, owner_reps=5,
     bandwidth_handles_mib=(0, 512, 64, 8, 2), bandwidth_bytes=GiB,
@@ -76,25 +86,6 @@ class Ctx:
     sync: Callable[[], None]
     cuda: bool  #: a GPU (bandwidth and the post-release probe need one)
     log: Callable[[str], None] = field(default=lambda _: None)
-
-
-def _descs(plan: Plan) -> list[Any]:
-    from kvvmm.layout import mha_token_major
-
-    return mha_token_major(layers=plan.layers, kv_heads=8, head_dim=128,
-                           reserved_tokens=plan.reserved_tokens, page_size=64,
-                           dtype="bfloat16")
-
-
-def _owner(drv: Driver, plan: Plan, policy: Any = None) -> Any:
-    from kvvmm.owner import KvBufferOwner
-
-    return KvBufferOwner(driver=drv, dtype="bfloat16", page_size=64,
-                         reserved_tokens=plan.reserved_tokens, descs=_descs(plan), policy=policy)
-
-
-def _steps(plan: Plan) -> range:
-    return range(plan.step_tokens, plan.grow_to_tokens + 1, plan.step_tokens)
 
 
 def plan_dict(plan: Plan) -> dict[str, Any]:
