@@ -30,8 +30,8 @@ def measure(seed: Any) -> dict[str, Any]:
     """Time the seed's arena and owner as ``kvvmm bench`` times kvvmm's."""
     import torch
 
-    from kvvmm.measure.timer import _bw_pair
-    from kvvmm.measure.workload import BENCH_WORKLOAD as w
+    from kvvmm.measure import BENCH_WORKLOAD as w
+    from kvvmm.measure import copy_vs_malloc
 
     pc = time.perf_counter
     r: dict[str, Any] = {}
@@ -66,7 +66,7 @@ def measure(seed: Any) -> dict[str, Any]:
     nbytes = 1 << 30
     vm = own.tensors[2].view(-1)[: nbytes // 2]
     vm2 = own.tensors[3].view(-1)[: nbytes // 2]
-    r["bandwidth"] = _bw_pair(vm, vm2)
+    r["bandwidth"] = copy_vs_malloc(vm, vm2)
     del vm, vm2
     t = pc()
     own.close()

@@ -69,7 +69,7 @@ def test_bandwidth_with_holes_runs_on_real_bytes_and_the_targets_read_every_sect
     try:
         bw = bench.elastic_bandwidth(drv, SMALL, nbytes=8 * MiB, chunk_bytes=4 * MiB,
                                      lookahead_bytes=4 * MiB,
-                                     bw_pair=functools.partial(timer._bw_pair,
+                                     bw_pair=functools.partial(timer.copy_vs_malloc,
                                                                alternations=2, reps=2))
         assert drv.stats().clean
     finally:

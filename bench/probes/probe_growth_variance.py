@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from kvvmm.driver.cuda import CudaDriver
-from kvvmm.measure.workload import BENCH_WORKLOAD
+from kvvmm.measure import BENCH_WORKLOAD
 from kvvmm.policy import Chunked, Exact
 from kvvmm.units import MiB
 

@@ -11,7 +11,7 @@ Sections (each a key of the JSON result):
   8 KV heads x 128, bf16, page 64, 2M reserved tokens: ~246 GiB of VA) and close.
 - ``growth``: per policy, decode growth of those 64 buffers in 4096-token steps to 500k
   tokens (122 steps): the median of three rounds with the policies' order rotated, each
-  started 2 s after the previous owner closed (``_grow_rounds`` says why), and for the
+  started 2 s after the previous owner closed (``grow_rounds`` says why), and for the
   default policy three rounds back to back as well; then finalize to 1M tokens; driver
   calls, handles, over-commit, copy bandwidth of the owner's tensors vs cudaMalloc tensors
   of the same size (median of 21 alternations).
@@ -63,8 +63,8 @@ from kvvmm.measure.elastic import (
     elastic_targets,
     page_ops,
 )
-from kvvmm.measure.growth import _back_to_back, _grow_rounds, _growth
-from kvvmm.measure.timer import TimedDriver, _med_us, _timed
+from kvvmm.measure.growth import back_to_back, grow_rounds, policy_growth
+from kvvmm.measure.timer import TimedDriver, _median_us, _timed
 from kvvmm.measure.workload import BENCH_WORKLOAD, Workload
 from kvvmm.units import GiB, MiB
 
@@ -161,7 +161,7 @@ def _per_call(drv_mod: Any, cd: Any, cd_py: Any | None = None) -> dict[str, Any]
         _ck(d.cuMemAddressFree(raw_va, size))
         for _, drv, k_va in k_vas:
             drv.free(k_va, size)
-        row: dict[str, Any] = {k: _med_us(v) for k, v in t.items() if v}
+        row: dict[str, Any] = {k: _median_us(v) for k, v in t.items() if v}
         for w, _ in drivers:
             row[f"ratio_{w}_over_raw"] = {
                 op: round(row[f"{w}_{op}"] / row[f"raw_{op}"], 3) for op in ops}
@@ -331,9 +331,9 @@ def run(out_dir: str, seed_file: str | None, device: int = 0,
         arenas: list[Arena] = []
         ctor = _timed(lambda: arenas.append(Arena(cd, reserve_bytes=64 * GiB)), 10)
         close = _timed(lambda: arenas.pop().close(), 10)
-        res["arena"] = {"reserve_bytes": 64 * GiB, "ctor_ms_median": _med_us(ctor) / 1e3,
+        res["arena"] = {"reserve_bytes": 64 * GiB, "ctor_ms_median": _median_us(ctor) / 1e3,
                         "ctor_ms_max": round(max(ctor) * 1e3, 3),
-                        "close_ms_median": _med_us(close) / 1e3}
+                        "close_ms_median": _median_us(close) / 1e3}
 
     def owner() -> None:
         owners: list[KvBufferOwner] = []
@@ -346,20 +346,20 @@ def run(out_dir: str, seed_file: str | None, device: int = 0,
         reserved = owners[0].arena.reserved_bytes
         oclose = _timed(lambda: owners.pop().close(), 5)
         res["owner"] = {"buffers": w.buffers, "reserved_bytes": reserved,
-                        "ctor_ms_median": _med_us(octor) / 1e3,
+                        "ctor_ms_median": _median_us(octor) / 1e3,
                         "ctor_ms_max": round(max(octor) * 1e3, 3),
-                        "close_ms_median": _med_us(oclose) / 1e3}
+                        "close_ms_median": _median_us(oclose) / 1e3}
 
     rounds: dict[str, list[float]] = {}
     b2b: list[float] = []
 
     def growth_rounds() -> None:
-        rounds.update(_grow_rounds(cd, policies))
-        b2b.extend(_back_to_back(cd, policies[0]))
+        rounds.update(grow_rounds(cd, policies))
+        b2b.extend(back_to_back(cd, policies[0]))
         res["growth"] = []
 
     def growth(p: Any) -> None:
-        g = _growth(cd, p, rounds[str(p)])
+        g = policy_growth(cd, p, rounds[str(p)])
         if p is policies[0]:
             g["grow_ms_back_to_back"] = b2b
         res["growth"].append(g)

@@ -13,8 +13,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from kvvmm.measure.growth import _SETTLE_S
-from kvvmm.measure.timer import TimedDriver, _bw_pair, _pct
+from kvvmm.measure.growth import SETTLE_S
+from kvvmm.measure.timer import TimedDriver, _pct, copy_vs_malloc
 from kvvmm.measure.workload import BENCH_WORKLOAD, Workload
 from kvvmm.units import GiB, MiB
 
@@ -151,14 +151,14 @@ def _ratio(a: float, b: float) -> float | None:
 def elastic_growth(drv: Any, w: Workload = BENCH_WORKLOAD, *, gap_s: float = GAP_S,
                    lookahead_bytes: int = LOOKAHEAD_BYTES,
                    sweep: tuple[int, ...] = LOOKAHEAD_SWEEP, rounds: int = 3,
-                   settle_s: float = _SETTLE_S,
+                   settle_s: float = SETTLE_S,
                    sleep: Callable[[float], None] = time.sleep) -> dict[str, Any]:
     """Decode growth without and with the pool + look-ahead, settled and back to back.
 
     Settled: ``rounds`` rounds of each, alternated (the order turned each round) so both see
     the card in the same state, each started ``settle_s`` after the previous owner closed
-    (as ``_grow_rounds``). Back to back: per variant, ``rounds`` + 1 growths with no pause,
-    the first dropped (it started settled), as ``_back_to_back``. Then each look-ahead of
+    (as ``grow_rounds``). Back to back: per variant, ``rounds`` + 1 growths with no pause,
+    the first dropped (it started settled), as ``back_to_back``. Then each look-ahead of
     ``sweep`` other than ``lookahead_bytes``, one settled round.
     """
     variants: list[tuple[str, int | None]] = [("without_pool", None),
@@ -302,7 +302,7 @@ def elastic_bandwidth(drv: Any, w: Workload = BENCH_WORKLOAD, *, nbytes: int = 1
                       bw_pair: Callable[[Any, Any], dict[str, Any]] | None = None,
                       seed: int = 19) -> dict[str, Any]:
     """Copy bandwidth of KV tensors with holes and after out-of-order commit/decommit, vs
-    cudaMalloc (``bw_pair``: :func:`_bw_pair` by default).
+    cudaMalloc (``bw_pair``: :func:`copy_vs_malloc` by default).
 
     - ``owner_with_holes``: the owner grown with the pool and look-ahead (stepped, so its
       handle sizes are the look-ahead's), then pages committed and decommitted out of order
@@ -319,7 +319,7 @@ def elastic_bandwidth(drv: Any, w: Workload = BENCH_WORKLOAD, *, nbytes: int = 1
     from kvvmm.arena import Arena
     from kvvmm.arena.pool import HandlePool
 
-    bw = bw_pair or _bw_pair
+    bw = bw_pair or copy_vs_malloc
     rng = random.Random(seed)
     out: dict[str, Any] = {}
     pool = HandlePool(drv, threaded=False)

@@ -7,16 +7,24 @@ import statistics
 import time
 from typing import Any
 
-from kvvmm.measure.timer import _bw_pair
+from kvvmm.measure.timer import copy_vs_malloc
 from kvvmm.measure.workload import BENCH_WORKLOAD, Workload
 from kvvmm.units import GiB
 
-#: Seconds between an owner's close and the next timed growth (see ``_grow_rounds``).
-_SETTLE_S = 2.0
+__all__ = ["SETTLE_S", "back_to_back", "grow", "grow_rounds", "policy_growth"]
+
+#: Seconds between an owner's close and the next timed growth (see ``grow_rounds``).
+SETTLE_S = 2.0
 
 
-def _grow(cd: Any, policy: Any, w: Workload = BENCH_WORKLOAD) -> tuple[Any, int, float]:
-    """An owner grown by decode steps; returns it, its handles before growth, and seconds."""
+def grow(cd: Any, policy: Any, w: Workload = BENCH_WORKLOAD) -> tuple[Any, int, float]:
+    """An owner of ``w`` grown by its decode steps under ``policy`` on ``cd`` (a GPU: the
+    growth is synchronized before and after).
+
+    Returns:
+        The owner (open: the caller closes it), its handles before growth, and the seconds
+        the growth took.
+    """
     import torch
 
     owner = w.owner(cd, policy)
@@ -29,46 +37,49 @@ def _grow(cd: Any, policy: Any, w: Workload = BENCH_WORKLOAD) -> tuple[Any, int,
     return owner, h0, time.perf_counter() - t0
 
 
-def _grow_rounds(cd: Any, policies: list[Any], rounds: int = 3,
+def grow_rounds(cd: Any, policies: list[Any], rounds: int = 3,
                  w: Workload = BENCH_WORKLOAD) -> dict[str, list[float]]:
     """Growth times per policy over ``rounds`` rounds, the order rotated each round, each
-    started ``_SETTLE_S`` after the previous owner closed.
+    started ``SETTLE_S`` after the previous owner closed.
 
     Why the pause: right after an owner released its 64 GiB, the driver's creates run
     slower for a while (it is still reclaiming the memory; docs/MEASUREMENTS.md, "Decode
     growth"). A server grows its KV cache long after anything that large was freed, so the
-    growth is timed settled; ``_back_to_back`` times the other case, reported beside it.
+    growth is timed settled; ``back_to_back`` times the other case, reported beside it.
     """
     runs: dict[str, list[float]] = {str(p): [] for p in policies}
     n = len(policies)
     for r in range(rounds):
         for p in policies[r % n:] + policies[:r % n]:
-            time.sleep(_SETTLE_S)
-            owner, _, secs = _grow(cd, p, w)
+            time.sleep(SETTLE_S)
+            owner, _, secs = grow(cd, p, w)
             owner.close()
             runs[str(p)].append(round(secs * 1e3, 2))
     return runs
 
 
-def _back_to_back(cd: Any, policy: Any, rounds: int = 3,
+def back_to_back(cd: Any, policy: Any, rounds: int = 3,
                   w: Workload = BENCH_WORKLOAD) -> list[float]:
     """Growth times with no pause: each growth starts right after the previous owner (64 GiB
     backed) closed."""
     out = []
-    time.sleep(_SETTLE_S)
+    time.sleep(SETTLE_S)
     for _ in range(rounds + 1):
-        owner, _, secs = _grow(cd, policy, w)
+        owner, _, secs = grow(cd, policy, w)
         owner.close()
         out.append(round(secs * 1e3, 2))
     return out[1:]  # the first one started settled
 
 
-def _growth(cd: Any, policy: Any, rounds: list[float],
+def policy_growth(cd: Any, policy: Any, rounds: list[float],
             w: Workload = BENCH_WORKLOAD) -> dict[str, Any]:
+    """One policy's row of ``kvvmm bench``'s growth section: a settled growth, then finalize,
+    the copy bandwidth of two of its tensors against cudaMalloc's, and close; ``rounds`` are
+    the growth times :func:`grow_rounds` measured for it (ms)."""
     import torch
 
-    time.sleep(_SETTLE_S)
-    owner, h0, grow_s = _grow(cd, policy, w)
+    time.sleep(SETTLE_S)
+    owner, h0, grow_s = grow(cd, policy, w)
     descs = owner.descs
     steps = w.steps
     snap = owner.snapshot()
@@ -82,7 +93,7 @@ def _growth(cd: Any, policy: Any, rounds: list[float],
     nbytes = 1 * GiB
     vm = owner.tensors[2].view(-1)[: nbytes // 2]
     vm2 = owner.tensors[3].view(-1)[: nbytes // 2]
-    bw = _bw_pair(vm, vm2)
+    bw = copy_vs_malloc(vm, vm2)
     del vm, vm2
     t0 = time.perf_counter()
     owner.close()
@@ -91,7 +102,7 @@ def _growth(cd: Any, policy: Any, rounds: list[float],
     return {
         "policy": str(policy), "steps": steps,
         "grow_ms": statistics.median(rounds), "grow_ms_rounds": rounds,
-        "settle_s_before_each_round": _SETTLE_S,
+        "settle_s_before_each_round": SETTLE_S,
         "grow_ms_with_finalize_run": round(grow_s * 1e3, 2),
         "grow_driver_calls": 3 * handles, "grow_handles": handles,
         "handles_after_growth": snap.handles, "backed_after_growth_bytes": snap.backed_bytes,

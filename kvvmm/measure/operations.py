@@ -286,7 +286,7 @@ def bandwidth(ctx: Ctx) -> dict[str, Any]:
     import torch
 
     from kvvmm.arena import Arena
-    from kvvmm.measure.timer import _bandwidth
+    from kvvmm.measure.timer import copy_tb_s
 
     plan, d = ctx.plan, ctx.td.inner
     nbytes = plan.bandwidth_bytes
@@ -296,7 +296,7 @@ def bandwidth(ctx: Ctx) -> dict[str, Any]:
         a = torch.empty(nbytes // 2, dtype=torch.bfloat16, device=f"cuda:{d.device}")
         b = torch.empty_like(a)
         a.normal_()
-        out = [_bandwidth(b, a) for _ in range(2)]
+        out = [copy_tb_s(b, a) for _ in range(2)]
         del a, b
         torch.cuda.empty_cache()
         return out
@@ -315,7 +315,7 @@ def bandwidth(ctx: Ctx) -> dict[str, Any]:
             src = arena.tensor(offs[0], (nbytes // 2,), "bfloat16")
             dst = arena.tensor(offs[1], (nbytes // 2,), "bfloat16")
             src.normal_()
-            out = [_bandwidth(dst, src) for _ in range(2)]
+            out = [copy_tb_s(dst, src) for _ in range(2)]
             del src, dst
             ctx.sync()
         return out

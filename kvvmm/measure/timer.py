@@ -13,13 +13,9 @@ from typing import Any
 
 from kvvmm.driver.base import Driver, DriverStats, MemoryKind, check_driver
 
-__all__ = ["TimedDriver", "wrapper_cost_s"]
+__all__ = ["TimedDriver", "copy_tb_s", "copy_vs_malloc", "wrapper_cost_s"]
 
-def _med_us(xs: list[float]) -> float:
-    return round(statistics.median(xs) * 1e6, 3)
-
-
-def _bandwidth(dst: Any, src: Any, reps: int = 30) -> float:
+def copy_tb_s(dst: Any, src: Any, reps: int = 30) -> float:
     """TB/s of ``dst.copy_(src)``: the median of ``reps`` copies after 5 warm-up copies,
     event-timed on a GPU; on the CPU (the host driver's tensors, in tests) by the clock."""
     import torch
@@ -44,7 +40,7 @@ def _bandwidth(dst: Any, src: Any, reps: int = 30) -> float:
     return round(nbytes / statistics.median(ts) / 1e12, 3)
 
 
-def _bw_pair(vm: Any, vm2: Any, alternations: int = 21, reps: int = 30) -> dict[str, Any]:
+def copy_vs_malloc(vm: Any, vm2: Any, alternations: int = 21, reps: int = 30) -> dict[str, Any]:
     """Owner tensors vs cudaMalloc tensors of the same size, alternated 21 times."""
     import torch
 
@@ -56,8 +52,8 @@ def _bw_pair(vm: Any, vm2: Any, alternations: int = 21, reps: int = 30) -> dict[
     # as the effect measured (docs/MEASUREMENTS.md, "Copy bandwidth").
     runs_vmm, runs_plain = [], []
     for _ in range(alternations):
-        runs_vmm.append(_bandwidth(vm2, vm, reps))
-        runs_plain.append(_bandwidth(pl2, pl, reps))
+        runs_vmm.append(copy_tb_s(vm2, vm, reps))
+        runs_plain.append(copy_tb_s(pl2, pl, reps))
     del pl, pl2
     torch.cuda.empty_cache()
     vmm, plain = statistics.median(runs_vmm), statistics.median(runs_plain)
