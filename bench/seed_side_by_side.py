@@ -2,12 +2,13 @@
 
     PYTHONPATH=$PWD python3 bench/seed_side_by_side.py PATH/kv_vmm_backing_seed.py
 
-``kvvmm bench --seed-file PATH`` runs this file in a child process, after its own sections,
-on the same card: the seed compiles a C++ stub for every arena (into a shared temp dir) and
-may abort at exit (a tensor outliving its arena's close), and neither may touch the
-benchmark's process. The workload and the bandwidth measurement are ``kvvmm.measure.bench``'s own
-(64 buffers, 4096-token decode steps to 500k tokens, finalize to 1M), imported from there so
-the two sides cannot drift apart.
+``kvvmm bench --seed-file PATH --seed-script bench/seed_side_by_side.py`` runs this file in a
+child process, after its own sections, on the same card: the seed compiles a C++ stub for
+every arena (into a shared temp dir) and may abort at exit (a tensor outliving its arena's
+close), and neither may touch the benchmark's process. The workload and the bandwidth
+measurement are ``kvvmm bench``'s own (``kvvmm.measure.BENCH_WORKLOAD``: 64 buffers, 4096-token
+decode steps to 500k tokens, finalize to 1M; ``kvvmm.measure.copy_vs_malloc``), imported from
+there so the two sides cannot drift apart.
 
 The seed file must be named ``kv_vmm_backing_seed.py``: it is imported by that name. Prints
 one line, ``SEED_JSON {...}``: arena and owner construction, decode growth, handles, finalize,

@@ -26,11 +26,11 @@ Sections (each a key of the JSON result):
   page, two cycles, without and with the pool.
 - ``elastic_bandwidth``: copy bandwidth of tensors with holes and after out-of-order
   commit/decommit vs cudaMalloc.
-- ``seed`` (with ``--seed-file``): SGLang's arena on the same workload, run by
-  ``bench/seed_side_by_side.py`` in a child process (the seed compiles a stub per arena and
-  may abort at exit). That script is a bench file, not part of the package: it is found in
-  the repository checkout next to the package (an editable install or ``PYTHONPATH``), or
-  in ``./bench/``, or given with ``--seed-script``.
+- ``seed`` (with ``--seed-file`` and ``--seed-script``): SGLang's arena on the same workload,
+  run by ``bench/seed_side_by_side.py`` in a child process (the seed compiles a stub per
+  arena and may abort at exit). That script is a bench file, not part of the package, and
+  the package does not look for it: ``--seed-script`` names it (in 0.3 ``--seed-file`` alone
+  still takes ``./bench/seed_side_by_side.py``, with a deprecation warning; 0.4 drops that).
 
 The result goes to ``bench/results/<card>-kvvmm-bench.json`` (``h200-kvvmm-bench.json``),
 with the card, versions and date inside; a new run replaces the file and git keeps the old
@@ -50,6 +50,7 @@ import random
 import subprocess
 import sys
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -180,32 +181,34 @@ def _ck(res: Any) -> Any:
 
 
 
-def _package_parent() -> Path:
-    """The folder holding the ``kvvmm`` package: the repository checkout, when it is one."""
-    return Path(__file__).resolve().parents[2]  # kvvmm/measure/bench.py -> the checkout
+def _import_root() -> Path:
+    """The folder this ``kvvmm`` was imported from (a checkout or site-packages), so that a
+    child process imports the same one."""
+    return Path(__file__).resolve().parents[2]  # .../kvvmm/measure/bench.py -> ...
 
 
 def find_seed_script(explicit: str | None = None) -> Path:
-    """The seed's side of the benchmark: ``bench/seed_side_by_side.py``.
+    """The seed's side of the benchmark, ``bench/seed_side_by_side.py``: where it is named.
 
     Args:
-        explicit: a path given with ``--seed-script``; used as is.
+        explicit: a path given with ``--seed-script``; used as is. None is deprecated (0.3;
+            an error in 0.4): ``./bench/seed_side_by_side.py`` of the current directory.
     Returns:
-        ``explicit``, else the file in the repository checkout that holds this package (an
-        editable install, or ``PYTHONPATH`` set to the checkout), else ``./bench/``'s.
+        The script's path.
     Raises:
-        FileNotFoundError: none of them exists (an installed wheel has no ``bench/``).
+        FileNotFoundError: it is not there (an installed wheel has no ``bench/``).
     """
-    if explicit is not None:
-        cands = [Path(explicit)]
-    else:
-        cands = [_package_parent() / SEED_SCRIPT, Path.cwd() / SEED_SCRIPT]
-    for cand in cands:
-        if cand.is_file():
-            return cand
+    if explicit is None:
+        warnings.warn("kvvmm bench --seed-file without --seed-script: the package no longer "
+                      "looks for bench/seed_side_by_side.py (0.3); pass --seed-script "
+                      "PATH/seed_side_by_side.py (./bench/ is taken until 0.4)",
+                      DeprecationWarning, stacklevel=2)
+    cand = Path(explicit) if explicit is not None else Path.cwd() / SEED_SCRIPT
+    if cand.is_file():
+        return cand
     raise FileNotFoundError(
-        f"the seed's benchmark script is not at {' or '.join(map(str, cands))}: run kvvmm "
-        "bench from a kvvmm checkout, or pass --seed-script PATH/seed_side_by_side.py")
+        f"the seed's benchmark script is not at {cand}: pass --seed-script "
+        "PATH/seed_side_by_side.py (it is bench/seed_side_by_side.py of a kvvmm checkout)")
 
 
 def _check_seed_file(seed_file: str) -> str:
@@ -223,7 +226,7 @@ def _seed(seed_file: str, script: Path) -> dict[str, Any]:
     env = dict(os.environ)
     # The child imports the same kvvmm as this process (the script takes its workload from
     # kvvmm.measure.bench).
-    env["PYTHONPATH"] = os.pathsep.join([str(_package_parent()), env.get("PYTHONPATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join([str(_import_root()), env.get("PYTHONPATH", "")])
     proc = subprocess.run([sys.executable, str(script), seed_file],
                           capture_output=True, text=True, env=env, timeout=540)
     for line in proc.stdout.splitlines():
@@ -258,7 +261,8 @@ def run(out_dir: str, seed_file: str | None, device: int = 0,
         out_dir: folder for ``<card>-kvvmm-bench.json`` (made if missing).
         seed_file: SGLang's ``kv_vmm_backing_seed.py`` to run side by side, or None.
         device: the CUDA device ordinal.
-        seed_script: the seed's benchmark script (default: :func:`find_seed_script`).
+        seed_script: the seed's benchmark script, ``bench/seed_side_by_side.py`` (None:
+            :func:`find_seed_script`'s deprecated default).
     Returns:
         The result, with ``"path"`` set to the file written.
     Raises:
@@ -444,8 +448,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="path to SGLang's kv_vmm_backing as kv_vmm_backing_seed.py: run it "
                          "side by side")
     ap.add_argument("--seed-script", default=None,
-                    help="the seed's benchmark script (default: bench/seed_side_by_side.py "
-                         "of the kvvmm checkout, or of ./bench)")
+                    help="the seed's benchmark script, bench/seed_side_by_side.py of a kvvmm "
+                         "checkout (needed with --seed-file; ./bench's is taken until 0.4, "
+                         "deprecated)")
     ap.add_argument("--device", type=int, default=0)
     args = ap.parse_args(argv)
     from kvvmm.errors import DriverUnavailableError
@@ -453,7 +458,9 @@ def main(argv: list[str] | None = None) -> int:
     script = None
     if args.seed_file:
         try:
-            script = str(find_seed_script(args.seed_script))
+            with warnings.catch_warnings():
+                warnings.simplefilter("always", DeprecationWarning)  # said on the command line
+                script = str(find_seed_script(args.seed_script))
         except FileNotFoundError as e:
             print(f"kvvmm bench: {e}", file=sys.stderr)
             return 2
