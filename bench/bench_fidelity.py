@@ -59,6 +59,7 @@ if str(ROOT) not in sys.path:  # run as a script from a checkout: the kvvmm besi
 
 from kvvmm.driver.base import Driver  # noqa: E402
 from kvvmm.hardware import get_profile, profile_label, sim_costs  # noqa: E402
+from kvvmm.measure import rotated  # noqa: E402
 from kvvmm.measure.workload import BENCH_WORKLOAD  # noqa: E402
 from kvvmm.measure.workload import Workload as KvWorkload  # noqa: E402
 from kvvmm.policy import parse_policy  # noqa: E402
@@ -118,7 +119,7 @@ def run_scenarios(make_driver: Callable[[], Driver], clock: Clock, wl: Workload,
     specs = list(wl.policies)
     steps = wl.kv.decode_steps()
     for r in range(rounds):
-        for spec in specs[r % len(specs):] + specs[:r % len(specs)]:
+        for spec in rotated(specs, r):
             if progress is not None:
                 progress(f"round {r + 1}/{rounds} {spec}")
             time.sleep(settle_s)

@@ -110,3 +110,8 @@ def test_one_timed_driver_counts_vmm_calls_by_thread_and_records_inside_a_block(
         td.free(va, 2 * g)
     assert [(op, size) for op, size, _ in calls] == [("release", g), ("free", 2 * g)]
     assert td.fg_calls == 3
+
+
+def test_rounds_turn_the_order_one_place_each_round() -> None:
+    assert [timer.rotated(["a", "b", "c"], r) for r in range(4)] == [
+        ["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"], ["a", "b", "c"]]

@@ -17,7 +17,7 @@ import sys
 import time
 
 from kvvmm.driver.cuda import CudaDriver
-from kvvmm.measure import BENCH_WORKLOAD, SETTLE_S, copy_vs_malloc, grow
+from kvvmm.measure import BENCH_WORKLOAD, SETTLE_S, copy_vs_malloc, grow, rotated
 from kvvmm.policy import Chunked, Geometric, default_policy
 from kvvmm.units import GiB, MiB
 
@@ -30,7 +30,7 @@ def main(out_dir: str, rounds: int = 3) -> None:
     policies = [default_policy(), Geometric(2.0, 256 * MiB), Chunked(128 * MiB)]
     ratios: dict[str, list[float]] = {str(p): [] for p in policies}
     for r in range(rounds):
-        for p in policies[r % 3:] + policies[: r % 3]:  # rotated, as the bench's rounds
+        for p in rotated(policies, r):  # as the bench's rounds
             time.sleep(SETTLE_S)
             owner, _, _ = grow(cd, p)
             owner.finalize(BENCH_WORKLOAD.finalize_tokens)

@@ -21,8 +21,8 @@ functions that time them.
 """
 
 from kvvmm.measure.growth import SETTLE_S, grow
-from kvvmm.measure.timer import TimedDriver, copy_tb_s, copy_vs_malloc, wrapper_cost_s
+from kvvmm.measure.timer import TimedDriver, copy_tb_s, copy_vs_malloc, rotated, wrapper_cost_s
 from kvvmm.measure.workload import BENCH_WORKLOAD, Workload
 
 __all__ = ["BENCH_WORKLOAD", "SETTLE_S", "TimedDriver", "Workload", "copy_tb_s", "copy_vs_malloc",
-           "grow", "wrapper_cost_s"]
+           "grow", "rotated", "wrapper_cost_s"]

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kvvmm.measure.growth import SETTLE_S
-from kvvmm.measure.timer import TimedDriver, _pct, copy_vs_malloc
+from kvvmm.measure.timer import TimedDriver, _pct, copy_vs_malloc, rotated
 from kvvmm.measure.workload import BENCH_WORKLOAD, Workload
 from kvvmm.units import GiB, MiB
 
@@ -165,7 +165,7 @@ def elastic_growth(drv: Any, w: Workload = BENCH_WORKLOAD, *, gap_s: float = GAP
                                               ("with_pool", lookahead_bytes)]
     settled: dict[str, list[dict[str, Any]]] = {k: [] for k, _ in variants}
     for r in range(rounds):
-        for key, la in variants[r % 2:] + variants[:r % 2]:
+        for key, la in rotated(variants, r):
             sleep(settle_s)
             settled[key].append(_elastic_round(drv, w, lookahead_bytes=la, gap_s=gap_s,
                                                sleep=sleep))

@@ -7,7 +7,7 @@ import statistics
 import time
 from typing import Any
 
-from kvvmm.measure.timer import copy_vs_malloc
+from kvvmm.measure.timer import copy_vs_malloc, rotated
 from kvvmm.measure.workload import BENCH_WORKLOAD, Workload
 from kvvmm.units import GiB
 
@@ -48,9 +48,8 @@ def grow_rounds(cd: Any, policies: list[Any], rounds: int = 3,
     growth is timed settled; ``back_to_back`` times the other case, reported beside it.
     """
     runs: dict[str, list[float]] = {str(p): [] for p in policies}
-    n = len(policies)
     for r in range(rounds):
-        for p in policies[r % n:] + policies[:r % n]:
+        for p in rotated(policies, r):
             time.sleep(SETTLE_S)
             owner, _, secs = grow(cd, p, w)
             owner.close()

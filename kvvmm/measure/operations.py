@@ -12,7 +12,7 @@ from typing import Any
 
 from kvvmm.measure.fit import _in_context, _line
 from kvvmm.measure.plan import Ctx
-from kvvmm.measure.timer import _tmean, _us, wrapper_cost_s
+from kvvmm.measure.timer import _tmean, _us, rotated, wrapper_cost_s
 from kvvmm.policy import parse_policy
 from kvvmm.units import MiB
 
@@ -223,7 +223,7 @@ def growth(ctx: Ctx) -> dict[str, Any]:
                 ) -> None:
             got.setdefault(op, {}).setdefault(size // MiB, []).append(dt)
 
-        for spec in specs[r % len(specs):] + specs[:r % len(specs)]:
+        for spec in rotated(specs, r):
             time.sleep(plan.settle_s)
             ctor_s, owner, _ = timed(functools.partial(w.owner, td, parse_policy(spec)))
             per_step: list[list[tuple[str, int, float]]] = []

@@ -9,11 +9,13 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 from kvvmm.driver.base import Driver, DriverStats, MemoryKind, check_driver
 
-__all__ = ["TimedDriver", "copy_tb_s", "copy_vs_malloc", "wrapper_cost_s"]
+T = TypeVar("T")
+
+__all__ = ["TimedDriver", "copy_tb_s", "copy_vs_malloc", "rotated", "wrapper_cost_s"]
 
 def copy_tb_s(dst: Any, src: Any, reps: int = 30) -> float:
     """TB/s of ``dst.copy_(src)``: the median of ``reps`` copies after 5 warm-up copies,
@@ -249,3 +251,9 @@ def _us(xs: Sequence[float]) -> float:
 def _median_us(xs: Sequence[float]) -> float:
     return round(statistics.median(xs) * 1e6, 3)
 
+
+def rotated(items: list[T], r: int) -> list[T]:
+    """``items`` turned by ``r`` places: round ``r`` of rounds that alternate what they time
+    starts each round with the next one, so every variant sees the card in every state."""
+    n = len(items)
+    return items[r % n:] + items[:r % n]
