@@ -387,7 +387,7 @@ def build_profile(meas: Mapping[str, Any], meta: Mapping[str, Any], plan: Plan) 
         data["bandwidth"] = {"unit": "TB/s of a 1 GiB bf16 copy, one entry per run",
                              "tensor_bytes": int(bw["tensor_bytes"]),
                              "source": (f"{how}: copy of a bf16 tensor by how its memory was "
-                                        f"mapped (kvvmm.bench's timing: median of 30 copies "
+                                        f"mapped (kvvmm.measure.copy_tb_s: median of 30 copies "
                                         f"per run)"),
                              "runs": bw["runs"]}
     pr = meas.get("post_release")
