@@ -28,6 +28,10 @@ every section, so a run cut short still leaves a loadable profile (``calibration
 false and ``calibration.errors`` says what failed); ``SimDriver(profile=PATH)`` loads it.
 ``--quick`` measures fewer sizes and one round (about a minute). Without a usable GPU it says
 so in one line and exits 2.
+
+This module is the command; the sections are :mod:`kvvmm.measure.calls` (the driver's calls
+alone) and :mod:`kvvmm.measure.operations` (kvvmm's operations), the profile is made by
+:mod:`kvvmm.measure.fit`, and what a run measures is :mod:`kvvmm.measure.plan`.
 """
 
 from __future__ import annotations
@@ -61,7 +65,6 @@ SECTIONS: tuple[tuple[str, Callable[[Ctx], dict[str, Any]]], ...] = (
     ("first_touch", first_touch), ("library", library), ("growth", growth),
     ("bandwidth", bandwidth), ("post_release", post_release),
 )
-
 
 
 def _card_key(card: str) -> str:
