@@ -87,7 +87,7 @@ bench: venv
 	@if $(PY) -c 'import kvvmm.cli' 2>/dev/null; then \
 	  $(VENV)/bin/kvvmm bench $(BENCH_ARGS); \
 	else \
-	  $(PY) -c 'import sys; from kvvmm.bench import main; sys.exit(main(sys.argv[1:]))' $(BENCH_ARGS); \
+	  $(PY) -c 'import sys; from kvvmm.measure.bench import main; sys.exit(main(sys.argv[1:]))' $(BENCH_ARGS); \
 	fi
 
 bench-sim: venv

@@ -49,7 +49,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -59,23 +59,35 @@ if str(ROOT) not in sys.path:  # run as a script from a checkout: the kvvmm besi
 
 from kvvmm.driver.base import Driver  # noqa: E402
 from kvvmm.hardware import get_profile, profile_label, sim_costs  # noqa: E402
+from kvvmm.measure import rotated  # noqa: E402
+from kvvmm.measure.workload import BENCH_WORKLOAD  # noqa: E402
+from kvvmm.measure.workload import Workload as KvWorkload  # noqa: E402
+from kvvmm.policy import parse_policy  # noqa: E402
 
 LOW, HIGH = 0.9, 1.1
 
 
 @dataclass(frozen=True, slots=True)
 class Workload:
-    """The scenarios' KV cache and decode steps (default: ``kvvmm bench``'s)."""
+    """The scenarios' KV cache and decode steps (default: ``kvvmm bench``'s), and what else
+    they run; the buffers are :class:`kvvmm.measure.workload.Workload`'s (:attr:`kv`)."""
 
-    layers: int = 32
-    reserved_tokens: int = 2_000_000
-    step_tokens: int = 4096
-    grow_to_tokens: int = 500_000
-    finalize_tokens: int = 1_000_000
+    layers: int = BENCH_WORKLOAD.layers
+    reserved_tokens: int = BENCH_WORKLOAD.reserved_tokens
+    step_tokens: int = BENCH_WORKLOAD.step_tokens
+    grow_to_tokens: int = BENCH_WORKLOAD.grow_to_tokens
+    finalize_tokens: int = BENCH_WORKLOAD.finalize_tokens
     policies: tuple[str, ...] = ("default", "exact", "chunked:32", "chunked:128",
                                  "geometric:2:1024")
     elastic_pages: int = 64  #: pages committed one by one far apart, then decommitted
     workload_s: float = 120.0  #: seconds of generated traffic served per strategy (0: none)
+
+    @property
+    def kv(self) -> KvWorkload:
+        """The decode growth these scenarios time, as kvvmm bench and calibrate define it."""
+        return replace(BENCH_WORKLOAD, layers=self.layers, reserved_tokens=self.reserved_tokens,
+                       step_tokens=self.step_tokens, grow_to_tokens=self.grow_to_tokens,
+                       finalize_tokens=self.finalize_tokens)
 
 
 #: A workload small enough for a CPU test (seconds, not minutes, on the sim).
@@ -84,21 +96,8 @@ SMALL = Workload(layers=2, reserved_tokens=131072, step_tokens=4096, grow_to_tok
                  workload_s=20.0)
 
 
-def policy_of(spec: str) -> Any:
-    from kvvmm.calibrate import policy_of as parse
-
-    return parse(spec)
-
-
 def _owner(drv: Driver, wl: Workload, spec: str) -> Any:
-    from kvvmm.layout import mha_token_major
-    from kvvmm.owner import KvBufferOwner
-
-    descs = mha_token_major(layers=wl.layers, kv_heads=8, head_dim=128,
-                            reserved_tokens=wl.reserved_tokens, page_size=64, dtype="bfloat16")
-    return KvBufferOwner(driver=drv, dtype="bfloat16", page_size=64,
-                         reserved_tokens=wl.reserved_tokens, descs=descs,
-                         policy=policy_of(spec))
+    return wl.kv.owner(drv, parse_policy(spec))
 
 
 Clock = Callable[[Driver], float]  # µs, monotonic: the sim's clock or the wall (synchronized)
@@ -118,9 +117,9 @@ def run_scenarios(make_driver: Callable[[], Driver], clock: Clock, wl: Workload,
         out.setdefault(name, []).append(round(us, 1))
 
     specs = list(wl.policies)
-    steps = range(wl.step_tokens, wl.grow_to_tokens + 1, wl.step_tokens)
+    steps = wl.kv.decode_steps()
     for r in range(rounds):
-        for spec in specs[r % len(specs):] + specs[:r % len(specs)]:
+        for spec in rotated(specs, r):
             if progress is not None:
                 progress(f"round {r + 1}/{rounds} {spec}")
             time.sleep(settle_s)

@@ -12,7 +12,7 @@ steps to 500,000 tokens), on two layouts of the same bytes:
   four steps ahead).
 
 Each without and with the handle pool's look-ahead, settled and back to back, medians of
-``--rounds`` (:func:`kvvmm.bench.elastic_growth`, the sweep of other look-aheads left out).
+``--rounds`` (:func:`kvvmm.measure.bench.elastic_growth`, the sweep of other look-aheads left out).
 What a step blocks for is wall time on the calling thread; the no-op step after a gap is
 ``ensure_prefix`` with nothing to back. One JSON with the card, versions and date.
 """
@@ -32,13 +32,13 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from kvvmm.bench import (  # noqa: E402
-    BENCH_WORKLOAD,
+from kvvmm.driver import open_driver  # noqa: E402
+from kvvmm.measure.elastic import (  # noqa: E402
     LOOKAHEAD_BYTES,
     STEP_TARGET_US,
     elastic_growth,
 )
-from kvvmm.driver import open_driver  # noqa: E402
+from kvvmm.measure.workload import BENCH_WORKLOAD  # noqa: E402
 
 #: the growth targets of the elastic-serving issue for this benchmark
 BLOCKED_TARGET_MS = 10.0

@@ -24,8 +24,9 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from kvvmm import Chunked, Exact, Geometric, KvBufferOwner, SimDriver, mha_token_major
-from kvvmm.bench import BENCH_WORKLOAD, GAP_S, LOOKAHEAD_BYTES, LOOKAHEAD_SWEEP
 from kvvmm.driver.faults import FaultyDriver
+from kvvmm.measure.elastic import GAP_S, LOOKAHEAD_BYTES, LOOKAHEAD_SWEEP
+from kvvmm.measure.workload import BENCH_WORKLOAD
 from kvvmm.policy import default_policy
 from kvvmm.units import MiB
 
@@ -86,7 +87,7 @@ def growth(policy: object, steps_to: int = 1_000_000, step: int = 4096) -> dict[
 
 def elastic_growth(*, pool: bool, lookahead_bytes: int = LOOKAHEAD_BYTES,
                    gap_s: float = GAP_S) -> dict[str, object]:
-    """Issue 19: ``kvvmm bench``'s elastic growth (kvvmm.bench.elastic_growth: 64 buffers x
+    """Issue 19: ``kvvmm bench``'s elastic growth (kvvmm.measure.bench.elastic_growth: 64 buffers x
     122 steps, Llama-3-8B-like, 2M reserved tokens, 4096-token steps to 500k, the default
     policy), on the sim's clock. The same gap and look-ahead as the H200 run: the bench sleeps
     ``gap_s`` between steps while the pool's thread works; here the pool is stepped

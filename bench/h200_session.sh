@@ -33,7 +33,7 @@ case $part in
     step 230 gpu-tests env OUT="$R" python3 -m pytest -q -p no:cacheprovider -rs \
       tests/gpu tests/test_driver_contract.py tests/test_cudafast.py
     step 330 kvvmm-bench python3 -m kvvmm bench --seed-file .seed/kv_vmm_backing_seed.py \
-      --out "$R" ;;
+      --seed-script bench/seed_side_by_side.py --out "$R" ;;
   rest)
     step 150 calibrate python3 -m kvvmm calibrate --out "$R/h200-calibrated.json"
     step 170 fidelity python3 bench/bench_fidelity.py --profile "$R/h200-calibrated.json" \

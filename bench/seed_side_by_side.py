@@ -2,12 +2,13 @@
 
     PYTHONPATH=$PWD python3 bench/seed_side_by_side.py PATH/kv_vmm_backing_seed.py
 
-``kvvmm bench --seed-file PATH`` runs this file in a child process, after its own sections,
-on the same card: the seed compiles a C++ stub for every arena (into a shared temp dir) and
-may abort at exit (a tensor outliving its arena's close), and neither may touch the
-benchmark's process. The workload and the bandwidth measurement are ``kvvmm.bench``'s own
-(64 buffers, 4096-token decode steps to 500k tokens, finalize to 1M), imported from there so
-the two sides cannot drift apart.
+``kvvmm bench --seed-file PATH --seed-script bench/seed_side_by_side.py`` runs this file in a
+child process, after its own sections, on the same card: the seed compiles a C++ stub for
+every arena (into a shared temp dir) and may abort at exit (a tensor outliving its arena's
+close), and neither may touch the benchmark's process. The workload and the bandwidth
+measurement are ``kvvmm bench``'s own (``kvvmm.measure.BENCH_WORKLOAD``: 64 buffers, 4096-token
+decode steps to 500k tokens, finalize to 1M; ``kvvmm.measure.copy_vs_malloc``), imported from
+there so the two sides cannot drift apart.
 
 The seed file must be named ``kv_vmm_backing_seed.py``: it is imported by that name. Prints
 one line, ``SEED_JSON {...}``: arena and owner construction, decode growth, handles, finalize,
@@ -30,18 +31,8 @@ def measure(seed: Any) -> dict[str, Any]:
     """Time the seed's arena and owner as ``kvvmm bench`` times kvvmm's."""
     import torch
 
-    from kvvmm.bench import (
-        _DIM,
-        _FINAL,
-        _GROW_TO,
-        _HEADS,
-        _LAYERS,
-        _PAGE,
-        _RESERVED,
-        _STEP,
-        _bw_pair,
-    )
-    from kvvmm.layout import mha_token_major
+    from kvvmm.measure import BENCH_WORKLOAD as w
+    from kvvmm.measure import copy_vs_malloc
 
     pc = time.perf_counter
     r: dict[str, Any] = {}
@@ -52,32 +43,31 @@ def measure(seed: Any) -> dict[str, Any]:
     arena.close()
     r["arena_close_ms"] = round((pc() - t) * 1e3, 2)
 
-    descs = mha_token_major(layers=_LAYERS, kv_heads=_HEADS, head_dim=_DIM,
-                            reserved_tokens=_RESERVED, page_size=_PAGE, dtype="bfloat16")
+    descs = w.descs()
     t = pc()
     own = seed.KvVmmBufferOwner(device="cuda:0", device_id=0, store_dtype=torch.bfloat16,
-                                page_size=_PAGE, reserved_num_tokens=_RESERVED,
+                                page_size=w.page_size, reserved_num_tokens=w.reserved_tokens,
                                 buffer_descs=descs)
     r["owner_ctor_s"] = round(pc() - t, 3)
     r["reserved_bytes"] = own._arena.reserved
 
     torch.cuda.synchronize()
     t = pc()
-    for n in range(_STEP, _GROW_TO + 1, _STEP):
+    for n in w.decode_steps():
         own.ensure_prefix(n)
     torch.cuda.synchronize()
     r["grow_ms"] = round((pc() - t) * 1e3, 2)
     r["handles_after_growth"] = len(own._arena._ranges)
 
     t = pc()
-    own.finalize(_FINAL)
+    own.finalize(w.finalize_tokens)
     torch.cuda.synchronize()
     r["finalize_1M_ms"] = round((pc() - t) * 1e3, 2)
 
     nbytes = 1 << 30
     vm = own.tensors[2].view(-1)[: nbytes // 2]
     vm2 = own.tensors[3].view(-1)[: nbytes // 2]
-    r["bandwidth"] = _bw_pair(vm, vm2)
+    r["bandwidth"] = copy_vs_malloc(vm, vm2)
     del vm, vm2
     t = pc()
     own.close()

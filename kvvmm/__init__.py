@@ -14,6 +14,7 @@ GPU; torch is imported when the first tensor is made.
 
 from __future__ import annotations
 
+from kvvmm._version import __version__ as __version__
 from kvvmm.arena import Arena
 from kvvmm.driver import (
     PROFILES,
@@ -58,8 +59,6 @@ from kvvmm.snapshot import (
     OwnerSnapshot,
     TpSnapshot,
 )
-
-__version__ = "0.1.0"
 
 __all__ = [
     "PROFILES",

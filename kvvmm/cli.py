@@ -7,7 +7,7 @@
   ``-o map.png`` (or .svg, .pdf) each figure becomes one image (kaleido + Chromium):
   ``map.png`` for one figure, ``map-0.png``, ``map-1.png``, ... in page order for several.
 - ``kvvmm plan --model llama-3.1-8b --gpu h200``: the capacity plan as a table, or ``--json``.
-- ``kvvmm bench ...``: the GPU benchmarks (``kvvmm.bench``); without a usable GPU it says
+- ``kvvmm bench ...``: the GPU benchmarks (``kvvmm.measure.bench``); without a usable GPU it says
   so in one line.
 - ``kvvmm --version``.
 
@@ -230,7 +230,7 @@ def _torch_cuda_usable() -> bool:
 
 def _cmd_bench(rest: Sequence[str], gpu_probe: GpuProbe) -> int:
     try:
-        from kvvmm import bench
+        from kvvmm.measure import bench
     except ImportError as e:
         _err("bench", f"the benchmarks are not available in this install ({e})")
         return 2
@@ -322,10 +322,10 @@ def _parser() -> argparse.ArgumentParser:
                     help="count padding and granularity rounding against the budget")
     pl.add_argument("--json", action="store_true", help="print the plan as JSON")
 
-    sub.add_parser("bench", help="run the GPU benchmarks (kvvmm.bench; arguments pass on)",
+    sub.add_parser("bench", help="run the GPU benchmarks (kvvmm.measure.bench; arguments pass on)",
                    add_help=False)
     sub.add_parser("calibrate", help="measure this GPU and write a sim profile "
-                                     "(kvvmm.calibrate; arguments pass on)", add_help=False)
+                                     "(kvvmm.measure.calibrate; arguments pass on)", add_help=False)
     from kvvmm.workload.cli import add_replay_parser
 
     add_replay_parser(sub)
@@ -349,7 +349,7 @@ def main(argv: Sequence[str] | None = None, *, launch: Launcher | None = None,
     if args_in and args_in[0] == "bench":
         return _cmd_bench(args_in[1:], gpu_probe or _torch_cuda_usable)
     if args_in and args_in[0] == "calibrate":
-        from kvvmm import calibrate  # it says itself, in one line, when there is no GPU
+        from kvvmm.measure import calibrate  # it says itself, in one line, when there is no GPU
 
         return int(calibrate.main(args_in[1:]))
     args = _parser().parse_args(args_in)

@@ -20,7 +20,8 @@ from typing import Protocol, runtime_checkable
 from kvvmm.errors import ArgumentError
 from kvvmm.units import MiB, align_up, fmt_bytes
 
-__all__ = ["Chunked", "Exact", "Geometric", "GrowthPolicy", "default_policy", "simulate_growth"]
+__all__ = ["Chunked", "Exact", "Geometric", "GrowthPolicy", "default_policy", "parse_policy",
+           "simulate_growth"]
 
 
 @runtime_checkable
@@ -139,6 +140,25 @@ def default_policy() -> GrowthPolicy:
     buffers). The real check is ``kvvmm bench`` on an H200.
     """
     return Geometric(2.0, 256 * MiB, 8 * MiB)
+
+
+def parse_policy(spec: str) -> GrowthPolicy:
+    """A policy from its short spelling, as ``kvvmm calibrate``'s plans and the benchmarks name
+    them: ``"default"``, ``"exact"``, ``"chunked:MiB"``, ``"geometric:factor:max MiB"``.
+
+    Raises:
+        ValueError: not one of those spellings (or a number that does not parse).
+    """
+    parts = spec.split(":")
+    if parts[0] == "default":
+        return default_policy()
+    if parts[0] == "exact":
+        return Exact()
+    if parts[0] == "chunked" and len(parts) == 2:
+        return Chunked(int(parts[1]) * MiB)
+    if parts[0] == "geometric" and len(parts) == 3:
+        return Geometric(float(parts[1]), int(parts[2]) * MiB)
+    raise ValueError(f"Unsupported policy spec: {spec!r}")
 
 
 def simulate_growth(

@@ -9,9 +9,9 @@ import json
 
 import pytest
 
-from kvvmm import bench
 from kvvmm.driver.host import HostDriver
 from kvvmm.driver.sim import SimDriver
+from kvvmm.measure import bench, timer
 from kvvmm.units import GiB, MiB
 
 # 2 buffers of 64 MiB (256 B a token, 128 pages a granule), 8 steps of 1 MiB a buffer
@@ -69,7 +69,7 @@ def test_bandwidth_with_holes_runs_on_real_bytes_and_the_targets_read_every_sect
     try:
         bw = bench.elastic_bandwidth(drv, SMALL, nbytes=8 * MiB, chunk_bytes=4 * MiB,
                                      lookahead_bytes=4 * MiB,
-                                     bw_pair=functools.partial(bench._bw_pair,
+                                     bw_pair=functools.partial(timer.copy_vs_malloc,
                                                                alternations=2, reps=2))
         assert drv.stats().clean
     finally:
@@ -89,3 +89,29 @@ def test_bandwidth_with_holes_runs_on_real_bytes_and_the_targets_read_every_sect
                 "elastic_back_to_back<=1.2x_settled", "elastic_bandwidth_ratio>=0.99"):
         assert isinstance(t[key], bool)
     assert t["elastic_lookahead_bytes"] == 4 * MiB and "page_commit_us_median" in t
+
+
+def test_one_timed_driver_counts_vmm_calls_by_thread_and_records_inside_a_block() -> None:
+    # Issue 23: bench's and calibrate's wrappers became one; each command's use still holds.
+    td = timer.TimedDriver(SimDriver("h200"))
+    g = td.granularity()
+    va = td.reserve(2 * g)
+    h = td.create(g)
+    td.mem_info()  # not a VMM call: never counted
+    assert td.fg_calls == 2 and td.bg_calls == 0 and td.fg_s > 0
+    with td.record() as calls:
+        td.map(va, g, h)
+        td.mem_info()
+    assert [(op, size) for op, size, _ in calls] == [("map", g), ("mem_info", 0)]
+    assert td.fg_calls == 2  # recorded calls go to the list, not the counters
+    td.unmap(va, g)
+    with td.record() as calls:
+        td.release(h)  # by its handle's size
+        td.free(va, 2 * g)
+    assert [(op, size) for op, size, _ in calls] == [("release", g), ("free", 2 * g)]
+    assert td.fg_calls == 3
+
+
+def test_rounds_turn_the_order_one_place_each_round() -> None:
+    assert [timer.rotated(["a", "b", "c"], r) for r in range(4)] == [
+        ["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"], ["a", "b", "c"]]

@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 
 from kvvmm import cli
-from kvvmm.calibrate import FULL, QUICK, build_profile, measure, slowdown_verdict
 from kvvmm.driver.sim import SimDriver
 from kvvmm.errors import ArgumentError
 from kvvmm.hardware import (
@@ -26,6 +25,7 @@ from kvvmm.hardware import (
     sim_costs,
 )
 from kvvmm.hardware.cost import default_cost_model
+from kvvmm.measure.calibrate import FULL, QUICK, build_profile, measure, slowdown_verdict
 from kvvmm.units import GiB, MiB
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -235,7 +235,7 @@ def test_calibrate_on_the_host_driver_writes_a_complete_profile_the_sim_loads(
     # Measured per operation: nothing is charged per call any more.
     assert costs.per_call_overhead_us == {} and costs.overhead_curves == {}
     assert costs.access_per_mapping is not None and costs.unmap_per_mapping is not None
-    from kvvmm.calibrate import WORK_UNITS
+    from kvvmm.measure.operations import WORK_UNITS
 
     lw = profile_data(prof)["library_work_us"]
     assert lw["source"] and set(costs.work) == set(WORK_UNITS)
@@ -375,7 +375,7 @@ def test_growth_lab_takes_a_calibrated_profile_by_path_and_names_it(tmp_path: Pa
 
 
 def test_the_fitted_overhead_makes_the_sim_reproduce_the_growth_it_was_fitted_to() -> None:
-    from kvvmm.calibrate import _charge, _merge_sizes, _sim_calls
+    from kvvmm.measure.fit import _charge, _merge_sizes, _sim_calls
 
     base = build_profile(_meas(), META, TINY)
     growth: dict[str, Any] = {}
@@ -401,7 +401,7 @@ def test_the_fitted_overhead_makes_the_sim_reproduce_the_growth_it_was_fitted_to
 
 
 def _work_profile(**over: float) -> Any:
-    from kvvmm.calibrate import WORK_UNITS
+    from kvvmm.measure.operations import WORK_UNITS
 
     data = build_profile(_meas(), META, FULL)
     data["library_overhead_us"] = {"per_call": {"create": 7.0}, "source": "replaced"}
@@ -543,3 +543,63 @@ def test_crossval_scores_each_profile_against_each_measured_run_and_rescore_keep
     before = json.loads(Path(runs[1]).read_text())
     again = bf.rescore(runs[1])
     assert again["scenarios"] == before["scenarios"] and again["within_count"].startswith("0 of")
+
+
+class _ArgCountingSim(SimDriver):
+    """The sim driver, noting how many arguments each set_access got."""
+
+    def __init__(self) -> None:
+        super().__init__("h200")
+        self.set_access_args: list[int] = []
+
+    def set_access(self, *args: Any) -> None:
+        self.set_access_args.append(len(args))
+        super().set_access(*args)
+
+
+def test_the_timed_driver_passes_set_access_on_with_the_arguments_it_got() -> None:
+    # Issue 23: calibrate's wrapper passed devices=None on as a third argument, and
+    # CudaDriver's C fast path hands any third argument to the slower Python path, so the
+    # library and growth sections timed a set_access that owners never pay.
+    from kvvmm.measure.calibrate import TimedDriver
+
+    inner = _ArgCountingSim()
+    td = TimedDriver(inner)
+    g = td.granularity()
+    va = td.reserve(2 * g)
+    h = td.create(g)
+    td.map(va, g, h)
+    with td.record() as calls:
+        td.set_access(va, g)
+        td.set_access(va, g, [0])
+    assert inner.set_access_args == [2, 3]
+    assert [c[0] for c in calls] == ["set_access", "set_access"]
+
+
+@pytest.mark.parametrize(("spec", "expected"), [
+    ("default", "Geometric(2, 256.0 MiB, min 8.0 MiB)"),
+    ("exact", "Exact()"),
+    ("chunked:128", "Chunked(128.0 MiB)"),
+    ("geometric:2:1024", "Geometric(2, 1.0 GiB)"),
+])
+def test_a_policy_is_read_from_its_short_spelling(spec: str, expected: str) -> None:
+    from kvvmm.policy import parse_policy
+
+    assert str(parse_policy(spec)) == expected
+
+
+@pytest.mark.parametrize("spec", ["", "chunked", "chunked:1:2", "geometric:2", "fixed:3"])
+def test_an_unknown_policy_spelling_is_refused_by_name(spec: str) -> None:
+    from kvvmm.policy import parse_policy
+
+    with pytest.raises(ValueError, match="Unsupported policy spec"):
+        parse_policy(spec)
+
+
+def test_the_full_calibration_grows_what_kvvmm_bench_grows() -> None:
+    # Issue 23: one workload definition; calibrate's plan only picks tokens and steps.
+    from kvvmm.measure.workload import BENCH_WORKLOAD
+
+    assert FULL.workload == BENCH_WORKLOAD
+    assert list(TINY.workload.decode_steps()) == [4096, 8192, 12288, 16384]
+    assert len(TINY.workload.descs()) == 2 * TINY.layers

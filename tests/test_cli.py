@@ -319,7 +319,7 @@ def test_version_prints_the_package_version(capsys: pytest.CaptureFixture[str]) 
 def test_bench_without_a_gpu_says_so_in_one_line_and_exits_2(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
 ) -> None:
-    bench = pytest.importorskip("kvvmm.bench")
+    bench = pytest.importorskip("kvvmm.measure.bench")
     called: list[object] = []
     monkeypatch.setattr(bench, "main", lambda argv=None: called.append(argv) or 0)
     assert cli.main(["bench", "--out", "x"], gpu_probe=lambda: False) == 2
@@ -329,13 +329,13 @@ def test_bench_without_a_gpu_says_so_in_one_line_and_exits_2(
 
 
 def test_bench_help_needs_no_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    bench = pytest.importorskip("kvvmm.bench")
+    bench = pytest.importorskip("kvvmm.measure.bench")
     monkeypatch.setattr(bench, "main", lambda argv=None: 0)
     assert cli.main(["bench", "-h"], gpu_probe=lambda: False) == 0
 
 
 def test_bench_hands_its_arguments_to_kvvmm_bench(monkeypatch: pytest.MonkeyPatch) -> None:
-    bench = pytest.importorskip("kvvmm.bench")
+    bench = pytest.importorskip("kvvmm.measure.bench")
     seen: list[list[str]] = []
 
     def fake_main(argv: list[str] | None = None) -> int:
@@ -346,3 +346,28 @@ def test_bench_hands_its_arguments_to_kvvmm_bench(monkeypatch: pytest.MonkeyPatc
     assert cli.main(["bench", "--out", "x.json", "--help"]) == 3
     assert cli.main(["bench", "--out", "y"], gpu_probe=lambda: True) == 3
     assert seen == [["--out", "x.json", "--help"], ["--out", "y"]]
+
+
+# -- the seed's script (issue 23: the package does not look for it in a checkout) ---------
+
+
+def test_the_seed_script_is_taken_where_it_is_named(tmp_path: Path) -> None:
+    from kvvmm.measure.bench import find_seed_script
+
+    script = ROOT / "bench" / "seed_side_by_side.py"
+    assert find_seed_script(str(script)) == script
+    with pytest.raises(FileNotFoundError, match="--seed-script"):
+        find_seed_script(str(tmp_path / "seed_side_by_side.py"))
+
+
+def test_without_a_named_seed_script_only_the_current_folder_is_looked_at_and_it_warns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from kvvmm.measure.bench import find_seed_script
+
+    monkeypatch.chdir(ROOT)
+    with pytest.warns(DeprecationWarning, match="--seed-script"):
+        assert find_seed_script() == ROOT / "bench" / "seed_side_by_side.py"
+    monkeypatch.chdir(tmp_path)  # the checkout next to the package is not searched
+    with pytest.warns(DeprecationWarning), pytest.raises(FileNotFoundError):
+        find_seed_script()

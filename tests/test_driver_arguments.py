@@ -11,9 +11,9 @@ import pytest
 
 from kvvmm import Arena, KvBufferOwner, mha_token_major
 from kvvmm.arena.pool import HandlePool
-from kvvmm.bench import TimedDriver
 from kvvmm.driver import FaultyDriver
 from kvvmm.errors import ArgumentError
+from kvvmm.measure.bench import TimedDriver
 from kvvmm.owner import RangeBacking
 from kvvmm.record.tracing import TracingDriver
 
@@ -22,7 +22,7 @@ _DESCS = mha_token_major(layers=1, kv_heads=4, head_dim=64, reserved_tokens=4096
 
 
 def _calibration_driver(x: Any) -> Any:
-    from kvvmm.calibrate import TimedDriver as CalibrationTimedDriver
+    from kvvmm.measure.calibrate import TimedDriver as CalibrationTimedDriver
 
     return CalibrationTimedDriver(x)
 

@@ -36,6 +36,7 @@ LAYERS = (
     "viz",
     "lab",
     "integrations",  # engine adapters (SGLang): the library's public API behind an engine's
+    "measure",  # measuring on a GPU: kvvmm bench, kvvmm calibrate
     "cli",
 )
 
@@ -45,6 +46,7 @@ LAYER_OF = {
     "kvvmm.errors": "foundation",
     "kvvmm.units": "foundation",
     "kvvmm.checks": "foundation",
+    "kvvmm._version": "foundation",  # the version, readable from any layer
     "kvvmm.hardware": "data",
     "kvvmm.dtypes": "data",
     "kvvmm.snapshot": "data",
@@ -65,8 +67,9 @@ LAYER_OF = {
     "kvvmm.lab": "lab",
     "kvvmm.integrations": "integrations",
     "kvvmm.cli": "cli",
-    "kvvmm.bench": "cli",  # `kvvmm bench`: drives owners and arenas on a GPU
-    "kvvmm.calibrate": "cli",  # `kvvmm calibrate`: measures a GPU, writes a hardware profile
+    "kvvmm.measure": "measure",  # `kvvmm bench` and `kvvmm calibrate`: owners and arenas on a GPU
+    "kvvmm.bench": "measure",  # 0.3: a shim for kvvmm.measure.bench
+    "kvvmm.calibrate": "measure",  # 0.3: a shim for kvvmm.measure.calibrate
     "kvvmm.workspace": "cli",  # the lab's working copies of the notebooks (stdlib only)
     "kvvmm.__main__": "cli",
     # The package root re-exports everything: only the CLI may import it from inside.
@@ -104,7 +107,7 @@ ONLY_IN = {
     # that talks to CUDA directly.
     # `kvvmm bench` is the one exception: it times the raw cuda-python call side by side with
     # CudaDriver's (the overhead target), importing cuda.bindings inside its functions only.
-    "cuda": {"kvvmm.driver.cuda", "kvvmm.bench"},
+    "cuda": {"kvvmm.driver.cuda", "kvvmm.measure.bench"},
 }
 LAZY_ONLY = {"torch"}
 

@@ -26,8 +26,8 @@ import torch
 from cuda.bindings import driver as d
 
 from kvvmm.arena._dlpack import device_tensor
-from kvvmm.bench import _bandwidth
 from kvvmm.driver.cuda import CudaDriver
+from kvvmm.measure import copy_tb_s
 
 MiB, GiB = 1 << 20, 1 << 30
 
@@ -154,8 +154,8 @@ def main() -> None:
         src.normal_()
         runs_v, runs_p = [], []
         for _ in range(7):
-            runs_v.append(_bandwidth(dst, src))
-            runs_p.append(_bandwidth(plain_b, plain_a))
+            runs_v.append(copy_tb_s(dst, src))
+            runs_p.append(copy_tb_s(plain_b, plain_a))
         v, p = statistics.median(runs_v), statistics.median(runs_p)
         bw[label] = {"vmm_TBps": v, "plain_TBps": p, "ratio": round(v / p, 4),
                      "runs_vmm": runs_v, "runs_plain": runs_p}

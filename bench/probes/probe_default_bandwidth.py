@@ -16,8 +16,8 @@ import statistics
 import sys
 import time
 
-from kvvmm.bench import _FINAL, _SETTLE_S, _bw_pair, _grow
 from kvvmm.driver.cuda import CudaDriver
+from kvvmm.measure import BENCH_WORKLOAD, SETTLE_S, copy_vs_malloc, grow, rotated
 from kvvmm.policy import Chunked, Geometric, default_policy
 from kvvmm.units import GiB, MiB
 
@@ -30,13 +30,13 @@ def main(out_dir: str, rounds: int = 3) -> None:
     policies = [default_policy(), Geometric(2.0, 256 * MiB), Chunked(128 * MiB)]
     ratios: dict[str, list[float]] = {str(p): [] for p in policies}
     for r in range(rounds):
-        for p in policies[r % 3:] + policies[: r % 3]:  # rotated, as the bench's rounds
-            time.sleep(_SETTLE_S)
-            owner, _, _ = _grow(cd, p)
-            owner.finalize(_FINAL)
+        for p in rotated(policies, r):  # as the bench's rounds
+            time.sleep(SETTLE_S)
+            owner, _, _ = grow(cd, p)
+            owner.finalize(BENCH_WORKLOAD.finalize_tokens)
             vm = owner.tensors[2].view(-1)[: GiB // 2]
             vm2 = owner.tensors[3].view(-1)[: GiB // 2]
-            ratios[str(p)].append(_bw_pair(vm, vm2)["ratio"])
+            ratios[str(p)].append(copy_vs_malloc(vm, vm2)["ratio"])
             del vm, vm2
             owner.close()
             print(p, ratios[str(p)][-1], flush=True)

@@ -19,9 +19,8 @@ from typing import Any
 
 import torch
 
-from kvvmm.bench import _GROW_TO, _PAGE, _RESERVED, _STEP, _descs
 from kvvmm.driver.cuda import CudaDriver
-from kvvmm.owner import KvBufferOwner
+from kvvmm.measure import BENCH_WORKLOAD
 from kvvmm.policy import Chunked, Exact
 from kvvmm.units import MiB
 
@@ -71,14 +70,13 @@ class Timed:
 
 
 def grow(td: Timed, policy: Any) -> dict[str, Any]:
-    owner = KvBufferOwner(driver=td, dtype="bfloat16", page_size=_PAGE,  # type: ignore[arg-type]
-                          reserved_tokens=_RESERVED, descs=_descs(), policy=policy)
+    owner = BENCH_WORKLOAD.owner(td, policy)
     free0, _ = td.mem_info()
     td.reset()
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     step_ms = []
-    for n in range(_STEP, _GROW_TO + 1, _STEP):
+    for n in BENCH_WORKLOAD.decode_steps():
         s0 = time.perf_counter()
         owner.ensure_prefix(n)
         step_ms.append((time.perf_counter() - s0) * 1e3)

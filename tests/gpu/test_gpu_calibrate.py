@@ -40,7 +40,7 @@ def test_calibrate_quick_writes_a_complete_profile_that_the_sim_loads_and_charge
                     "bandwidth"):
         assert raw[section]["source"], section
     costs = sim_costs(prof)
-    from kvvmm.calibrate import WORK_UNITS
+    from kvvmm.measure.operations import WORK_UNITS
 
     # The library's work is charged per operation (every one measured), nothing per call.
     assert set(costs.work) == set(WORK_UNITS) and costs.per_call_overhead_us == {}

@@ -1,0 +1,484 @@
+"""``kvvmm bench``: measure kvvmm on a real GPU, side by side with the raw driver and the seed.
+
+Sections (each a key of the JSON result):
+
+- ``per_call``: microseconds per driver call by handle size: raw cuda-python (with its
+  error check), CudaDriver as it runs (hot calls in C where ``_cudafast`` is built) and
+  CudaDriver with every call in Python, interleaved rep by rep in a shuffled order so all
+  see the same card.
+- ``arena``: Arena construction and close (64 GiB reservation).
+- ``owner``: KvBufferOwner construction with 64 buffers (Llama-3-8B-like: 32 layers x K/V,
+  8 KV heads x 128, bf16, page 64, 2M reserved tokens: ~246 GiB of VA) and close.
+- ``growth``: per policy, decode growth of those 64 buffers in 4096-token steps to 500k
+  tokens (122 steps): the median of three rounds with the policies' order rotated, each
+  started 2 s after the previous owner closed (``grow_rounds`` says why), and for the
+  default policy three rounds back to back as well; then finalize to 1M tokens; driver
+  calls, handles, over-commit, copy bandwidth of the owner's tensors vs cudaMalloc tensors
+  of the same size (median of 21 alternations).
+- ``elastic_growth`` (issue 19): the default policy's growth of those 64 buffers without
+  and with a HandlePool + look-ahead (``LOOKAHEAD_BYTES``), ``GAP_S`` slept between steps
+  (standing for the decode step's GPU time, an assumption stated in the JSON), settled and
+  back to back, plus a look-ahead sweep: what ``ensure_prefix`` blocks for (total, p50/p99
+  per step), driver time on the decode thread and the pool's (``TimedDriver``), over-commit
+  at the end and at the worst step.
+- ``page_ops``: single pages in the middle of a buffer (``commit_pages``/``decommit_pages``
+  of one page id) and single granules (``Arena.commit_range``/``decommit_range``), µs per
+  page, two cycles, without and with the pool.
+- ``elastic_bandwidth``: copy bandwidth of tensors with holes and after out-of-order
+  commit/decommit vs cudaMalloc.
+- ``seed`` (with ``--seed-file`` and ``--seed-script``): SGLang's arena on the same workload,
+  run by ``bench/seed_side_by_side.py`` in a child process (the seed compiles a stub per
+  arena and may abort at exit). That script is a bench file, not part of the package, and
+  the package does not look for it: ``--seed-script`` names it (in 0.3 ``--seed-file`` alone
+  still takes ``./bench/seed_side_by_side.py``, with a deprecation warning; 0.4 drops that).
+
+The result goes to ``bench/results/<card>-kvvmm-bench.json`` (``h200-kvvmm-bench.json``),
+with the card, versions and date inside; a new run replaces the file and git keeps the old
+one. What the figures have shown so far, and why the sections are timed as they are:
+``docs/MEASUREMENTS.md``. A progress bar (tqdm) goes to stderr, the summary to stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import functools
+import json
+import os
+import platform
+import random
+import subprocess
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from kvvmm.measure.elastic import (
+    GAP_S,
+    LOOKAHEAD_BYTES,
+    LOOKAHEAD_SWEEP,
+    elastic_bandwidth,
+    elastic_growth,
+    elastic_targets,
+    page_ops,
+)
+from kvvmm.measure.growth import back_to_back, grow_rounds, policy_growth
+from kvvmm.measure.timer import TimedDriver, _median_us, _timed
+from kvvmm.measure.workload import BENCH_WORKLOAD, Workload
+from kvvmm.units import GiB, MiB
+
+__all__ = ["BENCH_WORKLOAD", "GAP_S", "LOOKAHEAD_BYTES", "LOOKAHEAD_SWEEP", "SEED_SCRIPT",
+           "TimedDriver", "Workload", "elastic_bandwidth", "elastic_growth", "elastic_targets",
+           "find_seed_script", "main", "page_ops", "run"]
+
+#: The seed's side of the benchmark, a bench file (see the module docstring).
+SEED_SCRIPT = Path("bench") / "seed_side_by_side.py"
+
+
+def _per_call(drv_mod: Any, cd: Any, cd_py: Any | None = None) -> dict[str, Any]:
+    """Raw cuda-python vs CudaDriver, per call, interleaved rep by rep (order shuffled).
+
+    ``cd`` is the CudaDriver as it runs by default (its hot calls in C when ``_cudafast`` is
+    built); ``cd_py``, when given, one with every call in Python (``KVVMM_CUDA_FASTPATH=0``),
+    timed in the same reps so the two ratios compare on the same card at the same moment.
+    """
+    d = drv_mod
+    ok = d.CUresult.CUDA_SUCCESS
+    prop = d.CUmemAllocationProp()
+    prop.type = d.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+    prop.location.type = d.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+    prop.location.id = cd.device
+    acc = d.CUmemAccessDesc()
+    acc.location.type = d.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+    acc.location.id = cd.device
+    acc.flags = d.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+    drivers = [("kvvmm", cd)] + ([("kvvmm_python", cd_py)] if cd_py is not None else [])
+    ops = ("create", "map", "set_access", "unmap_sync", "release")
+    out: dict[str, Any] = {}
+    pc = time.perf_counter
+    for size, reps in ((2 * MiB, 300), (32 * MiB, 300), (512 * MiB, 90)):
+        raw_va = int(_ck(d.cuMemAddressReserve(size, 0, 0, 0)))
+        k_vas = [(w, drv, drv.reserve(size)) for w, drv in drivers]
+        t: dict[str, list[float]] = {f"raw_{op}": [] for op in (*ops, "unmap")}
+        for w, _ in drivers:
+            t.update({f"{w}_{op}": [] for op in ops})
+
+        def raw_rep(size: int = size, raw_va: int = raw_va,
+                    t: dict[str, list[float]] = t) -> None:
+            # the raw calls, with the error check any caller needs
+            t0 = pc()
+            err, h = d.cuMemCreate(size, prop, 0)
+            if err != ok:
+                raise RuntimeError(err)
+            t1 = pc()
+            if d.cuMemMap(raw_va, size, 0, h, 0)[0] != ok:
+                raise RuntimeError("map")
+            t2 = pc()
+            if d.cuMemSetAccess(raw_va, size, [acc], 1)[0] != ok:
+                raise RuntimeError("access")
+            t3 = pc()
+            if d.cuCtxSynchronize()[0] != ok:
+                raise RuntimeError("sync")
+            t4 = pc()
+            if d.cuMemUnmap(raw_va, size)[0] != ok:
+                raise RuntimeError("unmap")
+            t5 = pc()
+            if d.cuMemRelease(h)[0] != ok:
+                raise RuntimeError("release")
+            t6 = pc()
+            for k, v in (("create", t1 - t0), ("map", t2 - t1), ("set_access", t3 - t2),
+                         ("unmap", t5 - t4), ("unmap_sync", t5 - t3), ("release", t6 - t5)):
+                t[f"raw_{k}"].append(v)
+
+        def kvvmm_rep(w: str, drv: Any, k_va: int, size: int = size,
+                      t: dict[str, list[float]] = t) -> None:
+            t0 = pc()
+            hk = drv.create(size)
+            t1 = pc()
+            drv.map(k_va, size, hk)
+            t2 = pc()
+            drv.set_access(k_va, size)
+            t3 = pc()
+            drv.unmap(k_va, size)  # synchronizes first
+            t4 = pc()
+            drv.release(hk)
+            t5 = pc()
+            for k, v in (("create", t1 - t0), ("map", t2 - t1), ("set_access", t3 - t2),
+                         ("unmap_sync", t4 - t3), ("release", t5 - t4)):
+                t[f"{w}_{k}"].append(v)
+
+        runners: list[Callable[[], None]] = [raw_rep]
+        runners += [functools.partial(kvvmm_rep, w, drv, k_va) for w, drv, k_va in k_vas]
+        # A fresh random order each rep (seeded): what one call costs depends on the call
+        # before it, so every runner must follow every other as often. Turning a fixed order
+        # is not enough: it keeps who follows whom (docs/MEASUREMENTS.md, "Per-call costs").
+        rng = random.Random(size)
+        for _ in range(reps):
+            rng.shuffle(runners)
+            for run_one in runners:
+                run_one()
+        _ck(d.cuMemAddressFree(raw_va, size))
+        for _, drv, k_va in k_vas:
+            drv.free(k_va, size)
+        row: dict[str, Any] = {k: _median_us(v) for k, v in t.items() if v}
+        for w, _ in drivers:
+            row[f"ratio_{w}_over_raw"] = {
+                op: round(row[f"{w}_{op}"] / row[f"raw_{op}"], 3) for op in ops}
+        out[f"{size // MiB}MiB"] = row
+    return out
+
+
+def _ck(res: Any) -> Any:
+    from cuda.bindings import driver as d
+
+    err = res[0] if isinstance(res, tuple) else res
+    if err != d.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"CUDA call failed: {err}")
+    return res[1] if isinstance(res, tuple) and len(res) > 1 else None
+
+
+
+
+def _import_root() -> Path:
+    """The folder this ``kvvmm`` was imported from (a checkout or site-packages), so that a
+    child process imports the same one."""
+    return Path(__file__).resolve().parents[2]  # .../kvvmm/measure/bench.py -> ...
+
+
+def find_seed_script(explicit: str | None = None) -> Path:
+    """The seed's side of the benchmark, ``bench/seed_side_by_side.py``: where it is named.
+
+    Args:
+        explicit: a path given with ``--seed-script``; used as is. None is deprecated (0.3;
+            an error in 0.4): ``./bench/seed_side_by_side.py`` of the current directory.
+    Returns:
+        The script's path.
+    Raises:
+        FileNotFoundError: it is not there (an installed wheel has no ``bench/``).
+    """
+    if explicit is None:
+        warnings.warn("kvvmm bench --seed-file without --seed-script: the package no longer "
+                      "looks for bench/seed_side_by_side.py (0.3); pass --seed-script "
+                      "PATH/seed_side_by_side.py (./bench/ is taken until 0.4)",
+                      DeprecationWarning, stacklevel=2)
+    cand = Path(explicit) if explicit is not None else Path.cwd() / SEED_SCRIPT
+    if cand.is_file():
+        return cand
+    raise FileNotFoundError(
+        f"the seed's benchmark script is not at {cand}: pass --seed-script "
+        "PATH/seed_side_by_side.py (it is bench/seed_side_by_side.py of a kvvmm checkout)")
+
+
+def _check_seed_file(seed_file: str) -> str:
+    """The seed file's absolute path; it must exist and be named ``kv_vmm_backing_seed.py``."""
+    path = os.path.abspath(seed_file)
+    if os.path.basename(path) != "kv_vmm_backing_seed.py":
+        raise SystemExit(f"--seed-file must be named kv_vmm_backing_seed.py, got {seed_file}")
+    if not os.path.isfile(path):
+        raise SystemExit(f"--seed-file {seed_file}: no such file")
+    return path
+
+
+def _seed(seed_file: str, script: Path) -> dict[str, Any]:
+    """Run ``script`` on the seed file in a child process; its ``SEED_JSON`` line, or the error."""
+    env = dict(os.environ)
+    # The child imports the same kvvmm as this process (the script takes its workload from
+    # kvvmm.measure.bench).
+    env["PYTHONPATH"] = os.pathsep.join([str(_import_root()), env.get("PYTHONPATH", "")])
+    proc = subprocess.run([sys.executable, str(script), seed_file],
+                          capture_output=True, text=True, env=env, timeout=540)
+    for line in proc.stdout.splitlines():
+        if line.startswith("SEED_JSON "):
+            res: dict[str, Any] = json.loads(line[len("SEED_JSON "):])
+            res["exit_code"] = proc.returncode
+            res["stderr_tail"] = proc.stderr[-600:]
+            return res
+    return {"error": f"exit {proc.returncode}", "stderr_tail": proc.stderr[-3000:]}
+
+
+def _tqdm() -> Any:
+    """tqdm's bar class, imported only here: ``import kvvmm`` does not load it."""
+    try:
+        from tqdm import tqdm  # type: ignore[import-untyped]
+    except ImportError as e:
+        e.add_note("kvvmm bench shows its progress with tqdm, a kvvmm dependency: pip install tqdm")
+        raise
+    return tqdm
+
+
+def _card_slug(card: str) -> str:
+    """``"NVIDIA H200"`` -> ``"h200"``: the card's part of a result's file name."""
+    return card.lower().replace("nvidia ", "").strip().replace(" ", "-")
+
+
+def run(out_dir: str, seed_file: str | None, device: int = 0,
+        seed_script: str | None = None) -> dict[str, Any]:
+    """Run every section; return the result dict (also written as JSON under ``out_dir``).
+
+    Args:
+        out_dir: folder for ``<card>-kvvmm-bench.json`` (made if missing).
+        seed_file: SGLang's ``kv_vmm_backing_seed.py`` to run side by side, or None.
+        device: the CUDA device ordinal.
+        seed_script: the seed's benchmark script, ``bench/seed_side_by_side.py`` (None:
+            :func:`find_seed_script`'s deprecated default).
+    Returns:
+        The result, with ``"path"`` set to the file written.
+    Raises:
+        DriverUnavailableError: no usable GPU.
+        FileNotFoundError: ``seed_file`` is given and the seed's script is not found.
+        ImportError: tqdm is missing.
+    """
+    import importlib.metadata as md
+
+    from kvvmm._version import __version__
+
+    # All three checked before minutes of measuring, not after them.
+    seed = _check_seed_file(seed_file) if seed_file else None
+    script = find_seed_script(seed_script) if seed else None
+    tqdm = _tqdm()
+    from kvvmm.policy import Chunked, Exact, Geometric, default_policy
+
+    policies = [default_policy(), Exact(), Chunked(64 * MiB), Chunked(128 * MiB),
+                Chunked(256 * MiB), Geometric(2.0, 256 * MiB)]
+    unique: dict[str, Any] = {}
+    for p in policies:
+        unique.setdefault(str(p), p)
+    policies = list(unique.values())
+
+    import torch
+    from cuda.bindings import driver as d
+
+    from kvvmm.arena import Arena
+    from kvvmm.driver.cuda import CudaDriver
+    from kvvmm.owner import KvBufferOwner
+
+    torch.cuda.init()  # type: ignore[no-untyped-call]
+    torch.empty(1, device=f"cuda:{device}")
+    cd = CudaDriver(device=device)
+    w = BENCH_WORKLOAD
+    free, total = cd.mem_info()
+    res: dict[str, Any] = {
+        "benchmark": "kvvmm bench (gpu)",
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "card": torch.cuda.get_device_name(device),
+        "versions": {"torch": torch.__version__, "cuda_bindings": md.version("cuda-bindings"),
+                     "driver": int(_ck(d.cuDriverGetVersion())), "kvvmm": __version__,
+                     "python": platform.python_version()},
+        "mem_total_bytes": total, "mem_free_bytes": free,
+        "granularity_min": cd.granularity_min,
+        "granularity_recommended": cd.granularity_recommended,
+        "workload": {"buffers": w.buffers, "kv_heads": w.kv_heads, "head_dim": w.head_dim,
+                     "page_size": w.page_size, "reserved_tokens": w.reserved_tokens,
+                     "step_tokens": w.step_tokens, "grow_to_tokens": w.grow_to_tokens,
+                     "finalize_tokens": w.finalize_tokens},
+        "default_policy": str(default_policy()),
+    }
+
+    def per_call() -> None:
+        old = os.environ.get("KVVMM_CUDA_FASTPATH")
+        os.environ["KVVMM_CUDA_FASTPATH"] = "0"
+        try:
+            cd_py = CudaDriver(device=device)  # every call in Python, timed beside the default
+        finally:
+            if old is None:
+                del os.environ["KVVMM_CUDA_FASTPATH"]
+            else:
+                os.environ["KVVMM_CUDA_FASTPATH"] = old
+        res["fast_path"] = cd.fast_path
+        res["per_call"] = _per_call(d, cd, cd_py)
+        cd_py.close()
+
+    def arena() -> None:
+        Arena(cd, reserve_bytes=64 * GiB).close()  # warm-up: the first reserve costs more
+        arenas: list[Arena] = []
+        ctor = _timed(lambda: arenas.append(Arena(cd, reserve_bytes=64 * GiB)), 10)
+        close = _timed(lambda: arenas.pop().close(), 10)
+        res["arena"] = {"reserve_bytes": 64 * GiB, "ctor_ms_median": _median_us(ctor) / 1e3,
+                        "ctor_ms_max": round(max(ctor) * 1e3, 3),
+                        "close_ms_median": _median_us(close) / 1e3}
+
+    def owner() -> None:
+        owners: list[KvBufferOwner] = []
+
+        def make_owner() -> None:
+            owners.append(KvBufferOwner(driver=cd, dtype="bfloat16", page_size=w.page_size,
+                                        reserved_tokens=w.reserved_tokens, descs=w.descs()))
+
+        octor = _timed(make_owner, 5)
+        reserved = owners[0].arena.reserved_bytes
+        oclose = _timed(lambda: owners.pop().close(), 5)
+        res["owner"] = {"buffers": w.buffers, "reserved_bytes": reserved,
+                        "ctor_ms_median": _median_us(octor) / 1e3,
+                        "ctor_ms_max": round(max(octor) * 1e3, 3),
+                        "close_ms_median": _median_us(oclose) / 1e3}
+
+    rounds: dict[str, list[float]] = {}
+    b2b: list[float] = []
+
+    def growth_rounds() -> None:
+        rounds.update(grow_rounds(cd, policies))
+        b2b.extend(back_to_back(cd, policies[0]))
+        res["growth"] = []
+
+    def growth(p: Any) -> None:
+        g = policy_growth(cd, p, rounds[str(p)])
+        if p is policies[0]:
+            g["grow_ms_back_to_back"] = b2b
+        res["growth"].append(g)
+
+    def malloc() -> None:
+        nbytes = res["growth"][0]["backed_after_finalize_bytes"]
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        big = torch.empty(nbytes, dtype=torch.uint8, device=f"cuda:{device}")
+        torch.cuda.synchronize()
+        res["cudaMalloc_same_bytes_ms"] = round((time.perf_counter() - t0) * 1e3, 2)
+        del big
+        torch.cuda.empty_cache()
+
+    def elastic() -> None:
+        res["elastic_growth"] = elastic_growth(cd)
+
+    def pages() -> None:
+        res["page_ops"] = page_ops(cd)
+
+    def holes_bandwidth() -> None:
+        res["elastic_bandwidth"] = elastic_bandwidth(cd)
+
+    sections: list[tuple[str, Callable[[], None]]] = [
+        ("per-call costs", per_call), ("arena construction", arena),
+        ("owner construction", owner), ("growth, rotated rounds", growth_rounds),
+        *[(f"finalize and bandwidth {p}", functools.partial(growth, p)) for p in policies],
+        ("cudaMalloc of the same bytes", malloc),
+        # issue 19, after the sections above so their figures stay comparable with earlier
+        # runs (nothing before them has held a pool's thread or a look-ahead's memory)
+        ("elastic growth, pool vs none", elastic), ("single-page map/unmap", pages),
+        ("bandwidth with holes", holes_bandwidth),
+    ]
+    if seed is not None and script is not None:
+        seed_path, script_path = seed, script
+
+        def seed_side_by_side() -> None:
+            res["seed"] = _seed(seed_path, script_path)
+
+        sections.append(("seed (SGLang arena) in a subprocess", seed_side_by_side))
+    # One step of the bar per section, on stderr: stdout is the summary.
+    with tqdm(total=len(sections), file=sys.stderr, unit="section", dynamic_ncols=True) as bar:
+        for label, section in sections:
+            bar.set_description_str(label)
+            section()
+            bar.update()
+    res["targets"] = _targets(res)
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, f"{_card_slug(res['card'])}-kvvmm-bench.json")
+    with open(path, "w") as f:
+        json.dump(res, f, indent=1)
+    res["path"] = path
+    return res
+
+
+def _targets(res: dict[str, Any]) -> dict[str, Any]:
+    default = next(g for g in res["growth"] if g["policy"] == res["default_policy"])
+    ratios = [v for row in res["per_call"].values()
+              for v in row["ratio_kvvmm_over_raw"].values()]
+    out = {
+        "arena_ctor_ms<=50": res["arena"]["ctor_ms_max"] <= 50,
+        "owner_ctor_ms<=50": res["owner"]["ctor_ms_max"] <= 50,
+        "per_call_ratio<=1.1": max(ratios) <= 1.1,
+        "per_call_ratio_max": max(ratios),
+        "default_growth_ms<=60": default["grow_ms"] <= 60,
+        "default_growth_ms_rounds": default["grow_ms_rounds"],
+        "default_growth_ms_back_to_back": default.get("grow_ms_back_to_back"),
+        "default_bandwidth_ratio>=0.99": default["bandwidth"]["ratio"] >= 0.99,
+        "default_overcommit<=one_chunk": default["max_overcommit_per_buffer"],
+    }
+    out.update(elastic_targets(res))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``kvvmm bench``."""
+    ap = argparse.ArgumentParser(prog="kvvmm bench", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=os.path.join("bench", "results"),
+                    help="folder for the JSON result (default: bench/results)")
+    ap.add_argument("--seed-file", default=None,
+                    help="path to SGLang's kv_vmm_backing as kv_vmm_backing_seed.py: run it "
+                         "side by side")
+    ap.add_argument("--seed-script", default=None,
+                    help="the seed's benchmark script, bench/seed_side_by_side.py of a kvvmm "
+                         "checkout (needed with --seed-file; ./bench's is taken until 0.4, "
+                         "deprecated)")
+    ap.add_argument("--device", type=int, default=0)
+    args = ap.parse_args(argv)
+    from kvvmm.errors import DriverUnavailableError
+
+    script = None
+    if args.seed_file:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("always", DeprecationWarning)  # said on the command line
+                script = str(find_seed_script(args.seed_script))
+        except FileNotFoundError as e:
+            print(f"kvvmm bench: {e}", file=sys.stderr)
+            return 2
+    try:
+        res = run(args.out, args.seed_file, args.device, seed_script=script)
+    except DriverUnavailableError as e:
+        print(f"kvvmm bench needs a GPU: {e}", file=sys.stderr)
+        return 2
+    summary = {k: res[k] for k in ("card", "arena", "owner", "targets")}
+    summary["growth"] = [{k: g[k] for k in ("policy", "grow_ms", "grow_ms_rounds",
+                                             "grow_handles", "max_overcommit_per_buffer")}
+                         | {"bw_ratio": g["bandwidth"]["ratio"]} for g in res["growth"]]
+    if "seed" in res:
+        summary["seed"] = res["seed"]
+    print(json.dumps(summary, indent=1))
+    print("wrote", res["path"])
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

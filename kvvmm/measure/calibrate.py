@@ -1,0 +1,258 @@
+"""``kvvmm calibrate``: measure on a GPU what the simulator charges, and write it as a profile.
+
+The simulator advances its clock by a cost model per driver call (:mod:`kvvmm.hardware`). A
+table fitted once on one card neither follows the card's drift nor fits another card, and it
+missed the library's own work (docs/MEASUREMENTS.md §10). This command measures, on the card at
+hand, through :class:`~kvvmm.driver.cuda.CudaDriver` (what the sim stands in for):
+
+- ``per_call``: µs per create, map, set_access, unmap (with its synchronize) and release by
+  handle size, all sizes in one reservation (as an owner's calls are), every size
+  interleaved with every other in a fresh seeded order each rep (what a call costs depends
+  on the call before it: docs/MEASUREMENTS.md §2);
+- ``reserve_free``: reserve and free by reservation size;
+- ``access_multi``: one set_access over a range of several mappings against one call per
+  mapping, and one unmap over them: µs per mapping covered (§9);
+- ``library``: kvvmm's own work per arena and owner operation (what the arena and the owner
+  tell the simulator: ``library_work_us``), through a driver wrapper that times every call:
+  each operation's wall time minus its driver calls, the arena's fitted by handles or
+  mappings, the owner's per buffer beyond the arena operations it makes;
+- ``growth``: decode growth of 64 buffers x 122 steps per policy, settled rounds (as ``kvvmm
+  bench`` times it), and the close of each grown owner: kept as measured, and the residual
+  per call that the older per-call model fitted to it (a check; the sim charges per operation);
+- ``bandwidth``: copy bandwidth of a 1 GiB bf16 tensor by handle size and interleaving;
+- ``post_release``: creates right after a large release against settled creates, repeated:
+  modelled only when the slowdown is there in every repeat and the repeats agree.
+
+It writes one ``kvvmm-hardware-profile`` JSON (``--out``, default ``<card>-profile.json``) after
+every section, so a run cut short still leaves a loadable profile (``calibration.complete`` is
+false and ``calibration.errors`` says what failed); ``SimDriver(profile=PATH)`` loads it.
+``--quick`` measures fewer sizes and one round (about a minute). Without a usable GPU it says
+so in one line and exits 2.
+
+This module is the command; the sections are :mod:`kvvmm.measure.calls` (the driver's calls
+alone) and :mod:`kvvmm.measure.operations` (kvvmm's operations), the profile is made by
+:mod:`kvvmm.measure.fit`, and what a run measures is :mod:`kvvmm.measure.plan`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from kvvmm.driver.base import Driver
+from kvvmm.errors import DriverUnavailableError, KvvmmError
+from kvvmm.measure.calls import access_multi, first_touch, per_call, post_release, reserve_free
+from kvvmm.measure.fit import build_profile, fit_library_overhead, slowdown_verdict
+from kvvmm.measure.operations import bandwidth, growth, library
+from kvvmm.measure.plan import FULL, QUICK, Ctx, Plan, plan_dict
+from kvvmm.measure.timer import TimedDriver
+
+__all__ = ["FULL", "QUICK", "Plan", "TimedDriver", "build_profile", "fit_library_overhead",
+           "main", "measure", "run", "slowdown_verdict"]
+
+
+#: The sections, in the order they run: (its key in the profile's raw data, the function).
+SECTIONS: tuple[tuple[str, Callable[[Ctx], dict[str, Any]]], ...] = (
+    ("per_call", per_call), ("reserve_free", reserve_free), ("access_multi", access_multi),
+    ("first_touch", first_touch), ("library", library), ("growth", growth),
+    ("bandwidth", bandwidth), ("post_release", post_release),
+)
+
+
+def _card_key(card: str) -> str:
+    return card.lower().replace("nvidia ", "").strip().replace(" ", "-") or "gpu"
+
+
+def _nvidia_driver() -> str:
+    try:
+        proc = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return proc.stdout.strip().splitlines()[0] if proc.returncode == 0 and proc.stdout else "?"
+
+
+def _meta(driver: Driver, cuda: bool, key: str | None) -> dict[str, Any]:
+    import importlib.metadata as md
+
+    from kvvmm._version import __version__
+
+    def version(pkg: str) -> str:
+        try:
+            return md.version(pkg)
+        except md.PackageNotFoundError:
+            return "none"
+
+    torch_v, cuda_v = "none", None
+    if cuda:
+        import torch
+
+        torch_v, cuda_v = torch.__version__, torch.version.cuda
+        card = torch.cuda.get_device_name(driver.device)
+    else:
+        card = f"{driver.kind} driver ({driver.name})"
+    free, total = driver.mem_info()
+    gran = int(getattr(driver, "granularity_min", driver.granularity()))
+    return {
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "card": card, "key": key or _card_key(card),
+        "driver": _nvidia_driver() if cuda else "none", "cuda_runtime": cuda_v,
+        "torch": torch_v, "cuda_bindings": version("cuda-bindings"), "kvvmm": __version__,
+        "python": platform.python_version(), "capacity_bytes": total,
+        "free_bytes_at_start": free, "granularity_bytes": gran, "driver_kind": driver.kind,
+        # CudaDriver's hot calls in C (_cudafast) or Python: 0.4-0.6 µs a map apart (§2)
+        "fast_path": getattr(driver, "fast_path", None),
+    }
+
+
+def measure(driver: Driver, plan: Plan, *, out: str, key: str | None = None,
+            sections: Sequence[str] | None = None, cuda: bool = False,
+            sync: Callable[[], None] = lambda: None,
+            progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Run the sections on ``driver`` and write the profile to ``out`` after each one.
+
+    A section that fails is recorded (``calibration.errors``) and the run goes on: one run on
+    a borrowed GPU must leave every figure it could take. Works on any driver (the tests run
+    it on the host driver with a tiny plan); the figures mean something only on CUDA.
+
+    Returns:
+        The profile as written (``calibration.complete`` true when every section ran).
+    """
+    td = TimedDriver(driver)
+    ctx = Ctx(td, plan, sync, cuda)
+    meta = _meta(driver, cuda, key)
+    meas: dict[str, Any] = {}
+    errors: dict[str, str] = {}
+    names = [n for n, _ in SECTIONS if sections is None or n in sections]
+    started = time.perf_counter()
+    seconds: dict[str, float] = {}
+
+    def write(complete: bool) -> dict[str, Any]:
+        try:
+            data = build_profile(meas, meta, plan)
+        except Exception as e:  # a fit that fails must not lose the raw figures
+            errors["build_profile"] = f"{type(e).__name__}: {e}"
+            data = build_profile({k: v for k, v in meas.items() if k != "growth"}, meta, plan)
+        data["calibration"] = {"complete": complete, "plan": plan_dict(plan),
+                               "sections_done": list(meas), "errors": dict(errors),
+                               "seconds": dict(seconds),
+                               "wall_s": round(time.perf_counter() - started, 1),
+                               "raw": meas}
+        tmp = f"{out}.part"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=1)
+        os.replace(tmp, out)  # never a half-written profile at ``out``
+        return data
+
+    for name, fn in SECTIONS:
+        if name not in names:
+            continue
+        if progress is not None:
+            progress(name)
+        t0 = time.perf_counter()
+        try:
+            meas[name] = fn(ctx)
+        except Exception as e:  # recorded and reported; the other sections still run
+            errors[name] = f"{type(e).__name__}: {str(e)[:500]}"
+        seconds[name] = round(time.perf_counter() - t0, 2)
+        write(False)
+    return write(not errors)
+
+
+def run(*, out: str | None, quick: bool, device: int = 0, key: str | None = None,
+        sections: Sequence[str] | None = None) -> dict[str, Any]:
+    """Calibrate the GPU ``device`` (CudaDriver) and write the profile; see the module docstring.
+
+    Raises:
+        DriverUnavailableError: no usable GPU.
+    """
+    from kvvmm.driver.cuda import CudaDriver
+
+    try:
+        import torch
+    except ImportError as e:
+        raise DriverUnavailableError(f"torch is not installed ({e})") from None
+    if not torch.cuda.is_available():
+        raise DriverUnavailableError("torch.cuda.is_available() is False")
+    from kvvmm.measure.bench import _tqdm
+
+    tqdm = _tqdm()
+    torch.cuda.init()  # type: ignore[no-untyped-call]
+    torch.empty(1, device=f"cuda:{device}")
+    cd = CudaDriver(device=device)
+    plan = QUICK if quick else FULL
+    card = _card_key(torch.cuda.get_device_name(device))
+    path = out or f"{key or card}-profile.json"
+    names = [n for n, _ in SECTIONS if sections is None or n in sections]
+    with tqdm(total=len(names), file=sys.stderr, unit="section", dynamic_ncols=True) as bar:
+        started: list[str] = []
+
+        def progress(label: str) -> None:  # called as each section starts
+            if started:
+                bar.update()
+            started.append(label)
+            bar.set_description_str(label)
+
+        try:
+            data = measure(cd, plan, out=path, key=key, sections=sections, cuda=True,
+                           sync=lambda: torch.cuda.synchronize(device), progress=progress)
+        finally:
+            bar.update(len(names) - bar.n)
+    try:
+        cd.close()
+    except KvvmmError as e:  # the profile is written; what the driver still holds goes at exit
+        print(f"kvvmm calibrate: warning: closing the driver: {e}", file=sys.stderr)
+    data["path"] = path
+    return data
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``kvvmm calibrate``."""
+    ap = argparse.ArgumentParser(prog="kvvmm calibrate", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=None,
+                    help="profile JSON to write (default: <card>-profile.json); rewritten "
+                         "after every section")
+    ap.add_argument("--quick", action="store_true", help="fewer sizes, one round (~1 min)")
+    ap.add_argument("--device", type=int, default=0)
+    ap.add_argument("--key", default=None, help="the profile's key (default: from the card)")
+    ap.add_argument("--sections", default=None,
+                    help=f"comma-separated subset of {','.join(n for n, _ in SECTIONS)}")
+    args = ap.parse_args(argv)
+    sections = None if args.sections is None else [s.strip() for s in args.sections.split(",")]
+    unknown = sorted(set(sections or ()) - {n for n, _ in SECTIONS})
+    if unknown:
+        print(f"kvvmm calibrate: error: unknown sections {unknown}", file=sys.stderr)
+        return 2
+    try:
+        data = run(out=args.out, quick=args.quick, device=args.device, key=args.key,
+                   sections=sections)
+    except DriverUnavailableError as e:
+        one = str(e).replace("\n", " ")
+        print(f"kvvmm calibrate: needs a CUDA GPU; none is usable here ({one})",
+              file=sys.stderr)
+        return 2
+    except ImportError as e:  # tqdm (a kvvmm dependency) or cuda-python missing
+        print(f"kvvmm calibrate: error: {e} ({' '.join(getattr(e, '__notes__', []))})",
+              file=sys.stderr)
+        return 2
+    cal = data["calibration"]
+    lo = data.get("library_overhead_us", {}).get("per_call")
+    print(json.dumps({"path": data["path"], "complete": cal["complete"],
+                      "errors": cal["errors"], "seconds": cal["seconds"],
+                      "library_overhead_per_call_us": lo,
+                      "post_release_modelled": data.get("post_release_slowdown", {})
+                      .get("modelled")}, indent=1))
+    return 0 if cal["complete"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

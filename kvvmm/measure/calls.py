@@ -1,0 +1,279 @@
+"""``kvvmm calibrate``'s driver-call sections: µs per call by size, reserve and free, one call
+over several mappings, the first map into a region, creates after a large release.
+
+Each takes a :class:`~kvvmm.measure.plan.Ctx` and calls the driver itself (not the timing
+wrapper): these are the calls alone, as the simulator charges them.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import time
+from typing import Any
+
+from kvvmm.measure.plan import Ctx
+from kvvmm.measure.timer import _median_us, _tmean, _us
+from kvvmm.units import GiB, MiB
+
+__all__ = ["access_multi", "first_touch", "per_call", "post_release", "reserve_free"]
+
+
+def per_call(ctx: Ctx) -> dict[str, Any]:
+    """µs per call by handle size, in ONE reservation (as an owner's calls are), each size at
+    its own place in it; per rep, every size is created, mapped and given access, then every
+    size unmapped, then every size released, each phase in a fresh seeded random order.
+
+    One reservation: CudaDriver keeps the last reservation's range for its map check, so
+    maps spread over several reservations (as before) timed a miss an owner never pays
+    (9.3 µs against 1.8 µs). Phases: an owner's decommit and close unmap a run, then
+    release, so a release is timed after other unmaps, not right after its own.
+    """
+    d = ctx.td.inner
+    p = ctx.plan
+    place: dict[int, int] = {}
+    total = 0
+    for s in p.call_sizes_mib:
+        place[s] = total
+        total += s * MiB
+    base = d.reserve(total)
+    vas = {s: base + off for s, off in place.items()}
+    left = dict(zip(p.call_sizes_mib, p.call_reps, strict=True))
+    t: dict[int, dict[str, list[float]]] = {
+        s: {op: [] for op in ("create", "map", "set_access", "unmap", "release")}
+        for s in p.call_sizes_mib}
+    pc = time.perf_counter
+    rng = random.Random(14)
+    try:
+        for _ in range(2):  # warm-up: the first calls of a size cost more
+            for s in p.call_sizes_mib:
+                h = d.create(s * MiB)
+                d.map(vas[s], s * MiB, h)
+                d.set_access(vas[s], s * MiB)
+                d.unmap(vas[s], s * MiB)
+                d.release(h)
+        while any(left.values()):
+            order = [s for s, n in left.items() if n > 0]
+            handles: dict[int, int] = {}
+            rng.shuffle(order)
+            for s in order:
+                left[s] -= 1
+                size, va, row = s * MiB, vas[s], t[s]
+                t0 = pc()
+                h = d.create(size)
+                t1 = pc()
+                d.map(va, size, h)
+                t2 = pc()
+                d.set_access(va, size)
+                t3 = pc()
+                handles[s] = h
+                row["create"].append(t1 - t0)
+                row["map"].append(t2 - t1)
+                row["set_access"].append(t3 - t2)
+            rng.shuffle(order)
+            for s in order:
+                t0 = pc()
+                d.unmap(vas[s], s * MiB)  # synchronizes first, as CudaDriver always does
+                t[s]["unmap"].append(pc() - t0)
+            rng.shuffle(order)
+            for s in order:
+                t0 = pc()
+                d.release(handles.pop(s))
+                t[s]["release"].append(pc() - t0)
+    finally:
+        d.free(base, total)
+    return {f"{s}MiB": {op: _us(v) for op, v in row.items()} | {"reps": len(row["create"])}
+            | {"median": {op: _median_us(v) for op, v in row.items()}}
+            for s, row in t.items()}
+
+
+def reserve_free(ctx: Ctx) -> dict[str, Any]:
+    """µs per reserve and per free by reservation size (sizes in a seeded random order)."""
+    d = ctx.td.inner
+    p = ctx.plan
+    t: dict[int, dict[str, list[float]]] = {g: {"reserve": [], "free": []} for g in p.reserve_gib}
+    rng = random.Random(15)
+    d.free(d.reserve(GiB), GiB)  # warm-up
+    for _ in range(p.reserve_reps):
+        order = list(p.reserve_gib)
+        rng.shuffle(order)
+        for g in order:
+            t0 = time.perf_counter()
+            va = d.reserve(g * GiB)
+            t1 = time.perf_counter()
+            d.free(va, g * GiB)
+            t2 = time.perf_counter()
+            t[g]["reserve"].append(t1 - t0)
+            t[g]["free"].append(t2 - t1)
+    mem = []
+    for _ in range(200):
+        t0 = time.perf_counter()
+        d.mem_info()
+        mem.append(time.perf_counter() - t0)
+    return {"sizes": {f"{g}GiB": {k: _us(v) for k, v in row.items()} for g, row in t.items()},
+            "mem_info_us": _us(mem)}
+
+
+def access_multi(ctx: Ctx) -> dict[str, Any]:
+    """One set_access over k mappings against k calls, one per mapping (fresh maps each rep)."""
+    d = ctx.td.inner
+    out: dict[str, Any] = {}
+    for mib, k in ctx.plan.access_cases:
+        size = mib * MiB
+        va = d.reserve(size * k)
+        hs = [d.create(size) for _ in range(k)]
+        one: list[float] = []
+        many: list[float] = []
+        unmaps: list[float] = []
+        try:
+            for rep in range(ctx.plan.access_reps * 2):
+                for i, h in enumerate(hs):
+                    d.map(va + i * size, size, h)
+                t0 = time.perf_counter()
+                if rep % 2 == 0:
+                    d.set_access(va, size * k)
+                else:
+                    for i in range(k):
+                        d.set_access(va + i * size, size)
+                dt = time.perf_counter() - t0
+                (one if rep % 2 == 0 else many).append(dt)
+                t0 = time.perf_counter()
+                d.unmap(va, size * k)  # one call over the k mappings (synchronizes once)
+                unmaps.append(time.perf_counter() - t0)
+        finally:
+            for h in hs:
+                d.release(h)
+            d.free(va, size * k)
+        o, m = _tmean(one), _tmean(many)
+        out[f"{mib}MiBx{k}"] = {"mapping_mib": mib, "mappings": k,
+                                "one_call_us": round(o * 1e6, 2),
+                                "one_call_per_mapping_us": round(o * 1e6 / k, 3),
+                                "call_per_mapping_us": round(m * 1e6, 2),
+                                "ratio_one_over_calls": round(o / m, 4),
+                                "unmap_one_call_us": round(_tmean(unmaps) * 1e6, 2),
+                                "unmap_per_mapping_us": round(
+                                    _tmean(unmaps) * 1e6 / k, 3)}
+    return out
+
+
+def first_touch(ctx: Ctx) -> dict[str, Any]:
+    """map and set_access of one granule handle into VA of a reservation that no mapping has
+    touched yet (the first in its 1 GiB region) against one beside a mapping of the same
+    region, and one half a region away (is the region smaller?). A fresh reservation each
+    rep: whatever the driver sets up for a region may last until the reservation is freed.
+
+    An owner's construction maps slot 0 of every buffer, each buffer in its own gigabytes
+    of VA, and page commits far apart land in untouched regions too; decode growth mostly
+    maps beside what it mapped before.
+    """
+    d = ctx.td.inner
+    g = d.granularity()
+    n, reps = 32, 3
+    pc = time.perf_counter
+    got: dict[str, dict[str, list[float]]] = {
+        case: {"map": [], "set_access": []} for case in ("fresh", "beside", "half_away")}
+    unmaps: list[float] = []
+    for _ in range(reps):
+        va0 = d.reserve(n * GiB, GiB)
+        hs: list[int] = []
+        try:
+            for case, off in (("fresh", 0), ("beside", g), ("half_away", GiB // 2)):
+                for i in range(n):
+                    h = d.create(g)
+                    hs.append(h)
+                    va = va0 + i * GiB + off
+                    t0 = pc()
+                    d.map(va, g, h)
+                    t1 = pc()
+                    d.set_access(va, g)
+                    t2 = pc()
+                    got[case]["map"].append(t1 - t0)
+                    got[case]["set_access"].append(t2 - t1)
+            for case_off in (0, g, GiB // 2):
+                for i in range(n):
+                    t0 = pc()
+                    d.unmap(va0 + i * GiB + case_off, g)
+                    unmaps.append(pc() - t0)
+        finally:
+            for h in hs:
+                d.release(h)
+            d.free(va0, n * GiB)
+    # A large mapping enters several regions: is the extra paid per region or per mapping?
+    # The same 2 GiB handles mapped into fresh VA, then again where they were (touched).
+    big = 2 * GiB
+    big_t: dict[str, dict[str, list[float]]] = {
+        case: {"map": [], "set_access": []} for case in ("fresh", "again")}
+    for _ in range(reps):
+        va0 = d.reserve(4 * big, GiB)
+        hs = []
+        try:
+            hs = [d.create(big) for _ in range(2)]
+            for case in ("fresh", "again"):
+                for i, h in enumerate(hs):
+                    va = va0 + 2 * i * big
+                    t0 = pc()
+                    d.map(va, big, h)
+                    t1 = pc()
+                    d.set_access(va, big)
+                    t2 = pc()
+                    big_t[case]["map"].append(t1 - t0)
+                    big_t[case]["set_access"].append(t2 - t1)
+                for i in range(len(hs)):
+                    d.unmap(va0 + 2 * i * big, big)
+        finally:
+            for h in hs:
+                d.release(h)
+            d.free(va0, 4 * big)
+    out: dict[str, Any] = {case: {op: _us(v) for op, v in row.items()}
+                           for case, row in got.items()}
+    out["unmap_us"] = _us(unmaps)
+    out["samples_per_case"] = n * reps
+    out["big_mib"] = big // MiB
+    out["big"] = {case: {op: _us(v) for op, v in row.items()} for case, row in big_t.items()}
+    return out
+
+
+def post_release(ctx: Ctx) -> dict[str, Any]:
+    """Creates right after releasing a lot of memory, against the same creates settled."""
+    plan, d = ctx.plan, ctx.td.inner
+    free, _ = d.mem_info()
+    big = min(512 * MiB, plan.release_bytes)  # handles of the released memory
+    release = max(big, min(plan.release_bytes, (free // 2) // big * big))
+    size = plan.slow_create_mib * MiB
+    n = min(plan.slow_creates, max(1, int(free // 4 // size)))
+
+    def creates() -> list[float]:
+        hs, ts = [], []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            hs.append(d.create(size))
+            ts.append(time.perf_counter() - t0)
+        for h in hs:
+            d.release(h)
+        return ts
+
+    reps = []
+    for _ in range(plan.slow_repeats):
+        time.sleep(plan.settle_s)
+        settled = creates()
+        time.sleep(plan.settle_s)
+        # Backed and mapped as an owner's memory is, then given back as its close does.
+        va = d.reserve(release)
+        hs = [d.create(big) for _ in range(release // big)]
+        for i, h in enumerate(hs):
+            d.map(va + i * big, big, h)
+        d.set_access(va, release)
+        ctx.sync()
+        for i, h in enumerate(hs):
+            d.unmap(va + i * big, big)
+            d.release(h)
+        d.free(va, release)
+        after = creates()
+        reps.append({"settled_mean_us": round(statistics.fmean(settled) * 1e6, 3),
+                     "after_mean_us": round(statistics.fmean(after) * 1e6, 3),
+                     "settled_median_us": _median_us(settled), "after_median_us": _median_us(after),
+                     "ratio_of_means": round(statistics.fmean(after) / statistics.fmean(settled),
+                                             4)})
+    time.sleep(plan.settle_s)
+    return {"released_bytes": release, "create_bytes": size, "creates": n, "repeats": reps}
+

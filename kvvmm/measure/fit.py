@@ -1,0 +1,399 @@
+"""From measurements to a ``kvvmm-hardware-profile`` (pure: tests run these on CPU).
+
+What ``kvvmm calibrate`` measured becomes the simulator's figures here: call costs by size
+(in-context where kvvmm's operations made the calls), the library's overhead per call fitted
+against the same calls replayed on the simulator, the post-release verdict, and the profile.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from kvvmm.hardware.interp import Log2Curve
+from kvvmm.hardware.overhead import sim_costs
+from kvvmm.hardware.profiles import FORMAT, profile_from_data
+from kvvmm.measure.plan import Plan
+from kvvmm.measure.timer import TimedDriver, _tmean, _us
+from kvvmm.policy import parse_policy
+from kvvmm.units import GiB, MiB
+
+__all__ = ["MIN_CONTEXT_CALLS", "VERSION", "build_profile", "fit_library_overhead",
+           "slowdown_verdict", "with_context"]
+
+
+#: Written into every profile this module makes.
+VERSION = 2
+
+
+def _line(points: Sequence[tuple[int, float]]) -> tuple[float, float]:
+    """Least-squares ``us = fixed + per_unit * units`` over ``(units, us)``; both >= 0."""
+    xs = [float(u) for u, _ in points]
+    ys = [float(v) for _, v in points]
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    var = sum((x - mx) ** 2 for x in xs)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / var if var else 0.0
+    slope = max(0.0, slope)
+    return max(0.0, my - slope * mx), slope
+
+
+def _in_context(rounds: Sequence[Mapping[str, Mapping[int, Sequence[float]]]],
+                drift: Mapping[str, Mapping[str, Mapping[str, Sequence[float]]]],
+                ) -> dict[str, Any]:
+    """Per op and size, the median over rounds of each round's trimmed mean (one slow round
+    does not move it), with the calls seen in all rounds; and the drift within a growth."""
+    points: dict[str, list[list[float]]] = {}
+    ops = sorted({op for got in rounds for op in got})
+    for op in ops:
+        sizes = sorted({mib for got in rounds for mib in got.get(op, {})})
+        pts = []
+        for mib in sizes:
+            per_round = [_tmean(got[op][mib]) for got in rounds if got.get(op, {}).get(mib)]
+            n = sum(len(got[op][mib]) for got in rounds if got.get(op, {}).get(mib))
+            pts.append([mib, round(statistics.median(per_round) * 1e6, 3), n])
+        points[op] = pts
+    return {
+        "unit": ("[[MiB, µs, calls], ...] per op by handle size (unmap_per_mapping: per "
+                 "mapping covered): the median over rounds of each round's trimmed mean"),
+        "points": points,
+        "rounds": len(rounds),
+        "drift": {spec: {op: {"first_quarter_us": _us(v["first"]) if v["first"] else None,
+                              "last_quarter_us": _us(v["last"]) if v["last"] else None}
+                         for op, v in row.items()}
+                  for spec, row in drift.items()},
+    }
+
+
+def slowdown_verdict(m: Mapping[str, Any], *, min_ratio: float = 1.15,
+                     max_spread: float = 0.5) -> dict[str, Any]:
+    """Whether the post-release slowdown is real and stable enough to model, and its figures.
+
+    Real: every repeat's ratio (mean create after the release / settled) is at least
+    ``min_ratio``. Stable: the repeats' range is at most ``max_spread`` of their median.
+    """
+    ratios = [float(r["ratio_of_means"]) for r in m.get("repeats", [])]
+    base = {"measured": dict(m), "ratios": ratios,
+            "source": (f"kvvmm calibrate: mean of {m.get('creates')} creates of "
+                       f"{int(m.get('create_bytes', 0)) // MiB} MiB right after releasing "
+                       f"{int(m.get('released_bytes', 0)) / GiB:.0f} GiB, over the same "
+                       f"creates after a {'settled'} pause, {len(ratios)} repeats")}
+    if len(ratios) < 2:
+        return base | {"modelled": False, "why_not_modelled": "fewer than 2 repeats"}
+    med = statistics.median(ratios)
+    if min(ratios) < min_ratio:
+        return base | {"modelled": False, "why_not_modelled":
+                       f"not in every repeat (ratios {ratios}, below {min_ratio} in some)"}
+    if (max(ratios) - min(ratios)) > max_spread * med:
+        return base | {"modelled": False, "why_not_modelled":
+                       f"repeats disagree (ratios {ratios}: range over {max_spread:.0%} of "
+                       f"the median)"}
+    return base | {"modelled": True, "factor": round(med, 4), "creates": int(m["creates"]),
+                   "min_released_bytes": int(m["released_bytes"]) // 2}
+
+
+def _points(per_call_m: Mapping[str, Any], op: str) -> list[list[float]]:
+    return sorted([[int(k.removesuffix("MiB")), float(row[op])] for k, row in per_call_m.items()])
+
+
+#: In-context sizes with fewer calls than this are too noisy to be a point of their own.
+MIN_CONTEXT_CALLS = 16
+
+
+def with_context(isolated: Sequence[Sequence[float]], context: Sequence[Sequence[float]],
+                 ) -> tuple[list[list[float]], float | None]:
+    """One op's call costs: the in-context points (``[MiB, µs, calls]``, those with enough
+    calls) where kvvmm's operations made calls of that size; elsewhere the isolated points
+    (``[MiB, µs]``) times the median ratio in-context/isolated at the in-context sizes.
+
+    Returns the points and that ratio (None: no usable in-context point).
+    """
+    ctx_pts = [[float(m), float(u)] for m, u, *n in context
+               if (n[0] if n else MIN_CONTEXT_CALLS) >= MIN_CONTEXT_CALLS]
+    if not ctx_pts:
+        return [[float(m), float(u)] for m, u in isolated], None
+    if not isolated:
+        return sorted(ctx_pts), 1.0
+    curve = Log2Curve.from_points([(int(m * MiB), float(u)) for m, u in isolated])
+    ratios = [u / curve(int(m * MiB)) for m, u in ctx_pts if curve(int(m * MiB)) > 0]
+    factor = statistics.median(ratios) if ratios else 1.0
+    lo, hi = min(m for m, _ in ctx_pts), max(m for m, _ in ctx_pts)
+    rest = [[float(m), round(float(u) * factor, 3)] for m, u in isolated
+            if m < lo / 1.5 or m > hi * 1.5]
+    return sorted(ctx_pts + rest), round(factor, 4)
+
+
+def _sim_calls(data: Mapping[str, Any], plan: Plan, spec: str,
+               grow: bool = True) -> dict[str, Any]:
+    """The driver calls of one growth scenario (``grow=False``: an owner made and closed),
+    replayed on the simulator: the same sequence as on the GPU."""
+    from kvvmm.driver.sim import SimDriver
+
+    prof = profile_from_data(data, where="calibration in progress")
+    td = TimedDriver(SimDriver(prof))
+    with td.record() as ctor_calls:
+        owner = plan.workload.owner(td, parse_policy(spec))
+    with td.record() as grow_calls:
+        for n in plan.workload.decode_steps() if grow else ():
+            owner.ensure_prefix(n)
+    fin_calls: list[tuple[str, int, float]] = []
+    if grow and spec == plan.policies[0] and plan.finalize_tokens:
+        with td.record() as fin_calls:
+            owner.finalize(plan.finalize_tokens)
+    with td.record() as close_calls:
+        owner.close()
+    return {"construct": list(ctor_calls), "grow": list(grow_calls),
+            "finalize": list(fin_calls), "close": list(close_calls)}
+
+
+def _charge(data: Mapping[str, Any], calls: Sequence[tuple[str, int, float]]) -> float:
+    """µs the profile's call costs (no library overhead) charge for these calls."""
+    costs = sim_costs(profile_from_data(data, where="calibration in progress")).calls
+    return sum(costs.mem_info_us if op == "mem_info" else costs(op, size)
+               for op, size, _ in calls if op in costs.curves or op == "mem_info")
+
+
+def _merge_sizes(points: Mapping[float, Sequence[float]], within: float = 1.5
+                 ) -> list[list[float]]:
+    """``{MiB: [us, ...]}`` -> ``[[MiB, us], ...]``, sizes within ``within`` x merged (their
+    geometric mean size, their mean µs): two policies whose handles are about one size
+    (Chunked(32 MiB)'s 30 and 32 MiB) measure one point, not a cliff between two."""
+    groups: list[list[tuple[float, float]]] = []
+    for mib in sorted(points):
+        for us in points[mib]:
+            if groups and mib <= groups[-1][0][0] * within:
+                groups[-1].append((mib, us))
+            else:
+                groups.append([(mib, us)])
+    return [[round(statistics.geometric_mean([m for m, _ in g]), 3),
+             round(statistics.fmean([u for _, u in g]), 3)] for g in groups]
+
+
+def fit_library_overhead(data: Mapping[str, Any], growth_m: Mapping[str, Any],
+                         library_m: Mapping[str, Any] | None, plan: Plan) -> dict[str, Any]:
+    """``library_overhead_us``: µs per create and per unmap the sim adds for kvvmm's own work.
+
+    Fitted per policy as (measured growth - what the profile's call costs charge for the
+    same calls, replayed on the simulator) / creates, and likewise (measured close - calls)
+    / unmaps; the median over the policies is what the sim charges. The arena's and owner's
+    work per operation (``library_m``) is kept beside it as measured.
+    """
+    per_create, per_unmap, rows = [], [], {}
+    by_size: dict[str, dict[float, list[float]]] = {"create": {}, "unmap": {}}
+    for spec, row in growth_m.items():
+        if row.get("fresh") and row.get("close_us"):
+            sim = _sim_calls(data, plan, plan.policies[0], grow=False)
+            sizes = [c[1] for c in sim["close"] if c[0] == "unmap"]
+            if sizes:
+                meas = statistics.median(row["close_us"])
+                us = round((meas - _charge(data, sim["close"])) / len(sizes), 3)
+                mib = statistics.median(sizes) / MiB
+                rows[spec] = {"policy": row["policy"], "unmaps": len(sizes),
+                              "close_measured_us": meas, "us_per_unmap": us,
+                              "unmap_median_mib": mib}
+                by_size["unmap"].setdefault(mib, []).append(us)
+            continue
+        if not row.get("grow_us"):
+            continue
+        sim = _sim_calls(data, plan, spec)
+        create_sizes = [c[1] for c in sim["grow"] if c[0] == "create"]
+        unmap_sizes = [c[1] for c in sim["close"] if c[0] == "unmap"]
+        creates, unmaps = len(create_sizes), len(unmap_sizes)
+        grow_pred = _charge(data, sim["grow"])
+        close_pred = _charge(data, sim["close"])
+        grow_meas = statistics.median(row["grow_us"])
+        close_meas = statistics.median(row["close_us"])
+        r: dict[str, Any] = {"policy": row["policy"], "creates": creates, "unmaps": unmaps,
+                             "grow_measured_us": grow_meas, "grow_calls_us": round(grow_pred, 1),
+                             "close_measured_us": close_meas,
+                             "close_calls_us": round(close_pred, 1)}
+        if creates:
+            r["us_per_create"] = round((grow_meas - grow_pred) / creates, 3)
+            r["create_median_mib"] = statistics.median(create_sizes) / MiB
+            per_create.append(r["us_per_create"])
+            by_size["create"].setdefault(r["create_median_mib"], []).append(r["us_per_create"])
+        if unmaps:
+            r["us_per_unmap"] = round((close_meas - close_pred) / unmaps, 3)
+            r["unmap_median_mib"] = statistics.median(unmap_sizes) / MiB
+            per_unmap.append(r["us_per_unmap"])
+            by_size["unmap"].setdefault(r["unmap_median_mib"], []).append(r["us_per_unmap"])
+        rows[spec] = r
+    per_call: dict[str, float] = {}
+    if per_create:
+        per_call["create"] = round(statistics.median(per_create), 3)
+    if per_unmap:
+        per_call["unmap"] = round(statistics.median(per_unmap), 3)
+    # Each policy's handles lie around one size (Exact: a step's bytes; Chunked: its chunk),
+    # so the residuals give the overhead by handle size: what the calls cost more in a growth
+    # than alone depends on the size, as the calls themselves do.
+    merged = {op: _merge_sizes(pts) for op, pts in by_size.items()}
+    curves = {op: pts for op, pts in merged.items() if len(pts) >= 2}
+    return {
+        "unit": "µs of kvvmm's own work charged with each call of that kind",
+        "per_call": per_call,
+        "by_size": curves,
+        "by_size_unit": ("µs per call by the handle size in MiB, [[MiB, us], ...]: each "
+                         "policy's residual at its median handle size; where present it "
+                         "replaces per_call for that call"),
+        "source": ("kvvmm calibrate: settled decode growth (and the close of the grown "
+                   "owner) per policy on the measured driver, minus what this profile's call costs "
+                   "charge for the same calls replayed on the simulator, per create (per "
+                   "unmap); the median over the policies. It holds the arena's and owner's "
+                   "work per extension and what the calls cost more in a growth than alone"),
+        "fit": rows,
+        "measured": dict(library_m) if library_m else {},
+        "measured_source": ("kvvmm calibrate: wall time of each operation minus its driver "
+                            "calls timed inside a wrapper driver, less the wrapper's own cost "
+                            "per call; not charged by the sim where no driver call carries it "
+                            "(owner construction's tensors, steps with nothing to back)"),
+    }
+
+
+def build_profile(meas: Mapping[str, Any], meta: Mapping[str, Any], plan: Plan) -> dict[str, Any]:
+    """The ``kvvmm-hardware-profile`` JSON from what has been measured so far.
+
+    Sections not measured (yet) are left out: the sim then uses the H200's, and says so.
+    """
+    date = str(meta["date"])
+    card = str(meta["card"])
+    how = (f"measured by kvvmm calibrate on {card}, {date} (driver {meta.get('driver')}, "
+           f"torch {meta.get('torch')}, cuda-bindings {meta.get('cuda_bindings')}, kvvmm "
+           f"{meta.get('kvvmm')})")
+    data: dict[str, Any] = {
+        "format": FORMAT, "version": VERSION, "key": str(meta["key"]), "name": card,
+        "capacity_bytes": int(meta["capacity_bytes"]),
+        "granularity_bytes": int(meta["granularity_bytes"]),
+        "source": f"{how}: capacity from cuMemGetInfo, granularity cuMemGetAllocationGranularity",
+        "date": date[:10],
+        "measured_on": dict(meta),
+    }
+    pc, rf = meas.get("per_call"), meas.get("reserve_free")
+    if pc or rf:
+        points: dict[str, Any] = {}
+        if pc:
+            for op in ("create", "map", "set_access", "unmap", "release"):
+                points[op] = _points(pc, op)
+        if rf:
+            for op in ("reserve", "free"):
+                points[op] = sorted([int(k.removesuffix("GiB")) * 1024, float(row[op])]
+                                    for k, row in rf["sizes"].items())
+        ic = (meas.get("growth") or {}).get("in_context") or {}
+        ic_points = ic.get("points", {}) if isinstance(ic, Mapping) else {}
+        factors: dict[str, float | None] = {}
+        isolated = {op: list(pts) for op, pts in points.items()}
+        if ic_points:
+            for op in list(points):
+                points[op], factors[op] = with_context(points[op], ic_points.get(op, []))
+        reps = dict(zip(plan.call_sizes_mib, plan.call_reps, strict=True))
+        source = (f"{how}: mean per call (slowest 2% left out) through the "
+                  f"{meta.get('driver_kind')} driver (unmap with the synchronize CudaDriver "
+                  f"does first), all sizes in one reservation, interleaved in a fresh seeded "
+                  f"order each rep; reps per size {reps}")
+        if ic_points:
+            source += (f". Where kvvmm's own operations made calls of a size (an owner's "
+                       f"construction, decode growth and close per policy, calls timed inside "
+                       f"them, at least {MIN_CONTEXT_CALLS} per size), those are the points; "
+                       f"other sizes are the isolated ones times the op's in-context ratio "
+                       f"(context_factor)")
+        cc: dict[str, Any] = {
+            "unit": "microseconds per call by handle size in MiB: [[MiB, us], ...]",
+            "source": source,
+            "points": points,
+            "isolated_points": isolated,
+            "context_factor": factors,
+        }
+        if rf:
+            cc["mem_info_us"] = float(rf["mem_info_us"])
+            cc["mem_info_source"] = f"{how}: median of 200 mem_info calls"
+        data["call_costs"] = cc
+    am = meas.get("access_multi")
+    if am:
+        data["set_access_per_mapping"] = {
+            "unit": "µs per mapping covered by one set_access call, by mapping size in MiB",
+            "points": sorted([int(r["mapping_mib"]), float(r["one_call_per_mapping_us"])]
+                             for r in am.values()),
+            "source": (f"{how}: one set_access over k fresh mappings, divided by k (median of "
+                       f"{plan.access_reps} reps), beside k calls of one mapping each"),
+            "measured": dict(am),
+        }
+    if am and all("unmap_per_mapping_us" in r for r in am.values()):
+        iso = sorted([int(r["mapping_mib"]), float(r["unmap_per_mapping_us"])]
+                     for r in am.values())
+        ic = (meas.get("growth") or {}).get("in_context") or {}
+        ctx_pts = ic.get("points", {}).get("unmap_per_mapping", []) if ic else []
+        pts, factor = with_context(iso, ctx_pts)
+        data["unmap_per_mapping"] = {
+            "unit": "µs per mapping covered by one unmap call, by mapping size in MiB",
+            "points": pts,
+            "isolated_points": iso,
+            "context_factor": factor,
+            "source": (f"{how}: one unmap (with CudaDriver's synchronize) over k fresh "
+                       f"mappings, divided by k (mean of {2 * plan.access_reps} reps)"
+                       + ("; where the closes of grown owners unmapped runs of one mapping "
+                          "size, those per mapping, the other sizes times their ratio"
+                          if factor is not None else "")),
+        }
+    ft = meas.get("first_touch")
+    if ft and "fresh" in ft:
+        extra = {op: round(ft["fresh"][op] - ft["beside"][op], 3) for op in ("map", "set_access")}
+        half = sum(ft["half_away"][op] - ft["beside"][op] for op in extra)
+        whole = sum(extra.values())
+        region = GiB // 2 if whole > 0 and half > 0.5 * whole else GiB
+        per = "region"
+        if "big" in ft:  # per region entered, or once per mapping? the closer of the two
+            big_extra = sum(ft["big"]["fresh"][op] - ft["big"]["again"][op] for op in extra)
+            regions = ft["big_mib"] * MiB // region
+            if abs(big_extra - whole) < abs(big_extra - whole * regions):
+                per = "mapping"
+        data["first_touch"] = {
+            "unit": "µs more for a map (set_access) whose mapping is the first in its region",
+            "region_mib": region // MiB,
+            "per": per,
+            "map_us": max(0.0, extra["map"]), "set_access_us": max(0.0, extra["set_access"]),
+            "modelled": whole > 0.2 * sum(ft["beside"][op] for op in extra),
+            "source": (f"{how}: one granule mapped into each of 32 untouched 1 GiB regions of a "
+                       f"fresh reservation, then one beside each, then one half a region away "
+                       f"({ft['samples_per_case']} per case, means); the extra is fresh minus "
+                       f"beside; the region is 512 MiB when half a region away costs over half "
+                       f"the extra; modelled when the extra is over 20% of the calls. Paid per "
+                       f"region a mapping enters or once per mapping: whichever is closer to "
+                       f"what 2 GiB handles cost more mapped into fresh VA than mapped again"),
+            "measured": dict(ft),
+        }
+    lib = meas.get("library")
+    if lib and isinstance(lib.get("work"), Mapping):
+        data["library_work_us"] = {
+            **{op: dict(row) for op, row in lib["work"].items()},
+            "unit": ("µs of kvvmm's own work per arena/owner operation: fixed + per_unit x "
+                     "units (the unit named per operation)"),
+            "source": (f"{how}: wall time of each operation minus the driver calls it made "
+                       f"(timed inside a wrapper driver, less the wrapper's cost per call), "
+                       f"fitted over 1, 8 and 32 handles or mappings for the arena's; the "
+                       f"owner's per buffer beyond the arena operations it makes (the arena "
+                       f"charges those), median over reps"),
+            "samples": dict(lib.get("samples", {})),
+        }
+    if meas.get("growth"):
+        data["library_overhead_us"] = fit_library_overhead(data, meas["growth"],
+                                                           meas.get("library"), plan)
+        data["library_overhead_us"]["source"] = f"{how}. " + data["library_overhead_us"][
+            "source"]
+        data["growth_measured"] = dict(meas["growth"])
+    elif meas.get("library"):
+        data["library_overhead_us"] = {"per_call": {}, "measured": dict(meas["library"]),
+                                       "source": f"{how}: growth not measured, nothing fitted"}
+    bw = meas.get("bandwidth")
+    if bw and "runs" in bw:
+        data["bandwidth"] = {"unit": "TB/s of a 1 GiB bf16 copy, one entry per run",
+                             "tensor_bytes": int(bw["tensor_bytes"]),
+                             "source": (f"{how}: copy of a bf16 tensor by how its memory was "
+                                        f"mapped (kvvmm.measure.copy_tb_s: median of 30 copies "
+                                        f"per run)"),
+                             "runs": bw["runs"]}
+    pr = meas.get("post_release")
+    if pr and pr.get("repeats"):
+        v = slowdown_verdict(pr)
+        v["source"] = f"{how}: " + v["source"]
+        data["post_release_slowdown"] = v
+    return data
+

@@ -1,0 +1,259 @@
+"""Timing what kvvmm does: a driver wrapper that times every VMM call, the copy timer, and the
+statistics the sections report."""
+
+from __future__ import annotations
+
+import math
+import statistics
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+from kvvmm.driver.base import Driver, DriverStats, MemoryKind, check_driver
+
+T = TypeVar("T")
+
+__all__ = ["TimedDriver", "copy_tb_s", "copy_vs_malloc", "rotated", "wrapper_cost_s"]
+
+def copy_tb_s(dst: Any, src: Any, reps: int = 30) -> float:
+    """TB/s of ``dst.copy_(src)``: the median of ``reps`` copies after 5 warm-up copies,
+    event-timed on a GPU; on the CPU (the host driver's tensors, in tests) by the clock."""
+    import torch
+
+    for _ in range(5):
+        dst.copy_(src)
+    ts = []
+    for _ in range(reps):
+        if dst.device.type != "cuda":
+            t0 = time.perf_counter()
+            dst.copy_(src)
+            ts.append(max(time.perf_counter() - t0, 1e-9))
+            continue
+        e0 = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        e1 = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        e0.record()
+        dst.copy_(src)
+        e1.record()
+        e1.synchronize()
+        ts.append(float(e0.elapsed_time(e1)) / 1e3)
+    nbytes = 2 * int(dst.numel()) * int(dst.element_size())
+    return round(nbytes / statistics.median(ts) / 1e12, 3)
+
+
+def copy_vs_malloc(vm: Any, vm2: Any, alternations: int = 21, reps: int = 30) -> dict[str, Any]:
+    """Owner tensors vs cudaMalloc tensors of the same size, alternated 21 times."""
+    import torch
+
+    pl = torch.empty_like(vm, device=vm.device)
+    pl2 = torch.empty_like(vm, device=vm.device)
+    for x in (vm, vm2, pl, pl2):
+        x.normal_()
+    # 21 alternations: with fewer, the ratio moved between runs of the benchmark by as much
+    # as the effect measured (docs/MEASUREMENTS.md, "Copy bandwidth").
+    runs_vmm, runs_plain = [], []
+    for _ in range(alternations):
+        runs_vmm.append(copy_tb_s(vm2, vm, reps))
+        runs_plain.append(copy_tb_s(pl2, pl, reps))
+    del pl, pl2
+    torch.cuda.empty_cache()
+    vmm, plain = statistics.median(runs_vmm), statistics.median(runs_plain)
+    return {"vmm_TBps": vmm, "plain_TBps": plain, "runs_vmm": runs_vmm,
+            "runs_plain": runs_plain, "ratio": round(vmm / plain, 4)}
+
+
+def _timed(fn: Callable[[], Any], reps: int) -> list[float]:
+    out = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def _pct(xs: list[float], q: float) -> float:
+    """The nearest-rank ``q`` quantile (p99 of 122 steps: the second largest)."""
+    s = sorted(xs)
+    return s[max(0, min(len(s) - 1, math.ceil(q * len(s)) - 1))]
+
+
+class TimedDriver:
+    """A driver that forwards every call to ``inner`` and times it, for both commands.
+
+    - Always: the VMM calls (reserve, free, create, release, map, unmap, set_access) are
+      summed by thread, the thread that made the wrapper or last called :meth:`reset` (the
+      decode path: ``fg_s``, ``fg_calls``) and any other (the pool's thread: ``bg_s``,
+      ``bg_calls``). ``kvvmm bench``'s elastic sections read these.
+    - Inside ``with td.record() as calls:``: every call, ``mem_info``, ``pin`` and ``unpin``
+      too, is appended to ``calls`` as ``(op, size, seconds)`` instead (a release by the size
+      of its handle). ``kvvmm calibrate`` takes an operation's own work as its wall time
+      less the calls it made, less the wrapper's cost per call (:func:`wrapper_cost_s`).
+
+    Why a wrapper and not the pool's counters: the pool counts handles, not seconds, and
+    the foreground's own creates (a step the look-ahead did not cover) must count too. Each
+    counter is written by one side only, so no lock (a lock would be timed as well).
+    The pool and the arena must be built on this object (the arena checks that its pool
+    shares its driver).
+    """
+
+    def __init__(self, inner: Driver) -> None:
+        check_driver(inner, "inner")
+        self.inner = inner
+        self.kind: str = inner.kind
+        self.device: int = inner.device
+        self.name: str = inner.name
+        self.memory: MemoryKind = inner.memory
+        self.calls: list[tuple[str, int, float]] = []
+        self.recording = False
+        # handle -> size: a release costs by the size of its handle, and names only the handle
+        self._sizes: dict[int, int] = {}
+        self._fg = threading.get_ident()
+        self.reset()
+
+    def reset(self) -> None:
+        """Zero the counters (from now on, the decode path is the calling thread)."""
+        self._fg = threading.get_ident()
+        self.fg_s = self.bg_s = 0.0
+        self.fg_calls = self.bg_calls = 0
+
+    def _call(self, op: str, size: int, fn: Callable[..., Any], *args: Any) -> Any:
+        if self.recording:
+            return self._recorded(op, size, fn, *args)
+        t0 = time.perf_counter()
+        try:
+            return fn(*args)
+        finally:
+            dt = time.perf_counter() - t0
+            if threading.get_ident() == self._fg:
+                self.fg_s += dt
+                self.fg_calls += 1
+            else:
+                self.bg_s += dt
+                self.bg_calls += 1
+
+    def _recorded(self, op: str, size: int, fn: Callable[..., Any], *args: Any) -> Any:
+        t0 = time.perf_counter()
+        out = fn(*args)
+        self.calls.append((op, size, time.perf_counter() - t0))
+        return out
+
+    def granularity(self) -> int:
+        return int(self.inner.granularity())
+
+    def reserve(self, size: int, align: int = 0) -> int:
+        return int(self._call("reserve", size, self.inner.reserve, size, align))
+
+    def free(self, va: int, size: int) -> None:
+        self._call("free", size, self.inner.free, va, size)
+
+    def create(self, size: int) -> int:
+        h = int(self._call("create", size, self.inner.create, size))
+        self._sizes[h] = size
+        return h
+
+    def release(self, handle: int) -> None:
+        self._call("release", self._sizes.get(handle, 0), self.inner.release, handle)
+        self._sizes.pop(handle, None)
+
+    def map(self, va: int, size: int, handle: int) -> None:
+        self._call("map", size, self.inner.map, va, size, handle)
+
+    def unmap(self, va: int, size: int) -> None:
+        self._call("unmap", size, self.inner.unmap, va, size)
+
+    def set_access(self, va: int, size: int, devices: Sequence[int] | None = None) -> None:
+        # Two arguments when the arena passes two: CudaDriver's C fast path takes only
+        # (va, size) and hands a third, even None, to the slower Python path.
+        if devices is None:
+            self._call("set_access", size, self.inner.set_access, va, size)
+        else:
+            self._call("set_access", size, self.inner.set_access, va, size, devices)
+
+    def mem_info(self) -> tuple[int, int]:
+        # Not a VMM call: in the counters never, in a recording always.
+        if self.recording:
+            free, total = self._recorded("mem_info", 0, self.inner.mem_info)
+        else:
+            free, total = self.inner.mem_info()
+        return int(free), int(total)
+
+    def stats(self) -> DriverStats:
+        return self.inner.stats()
+
+    def pin(self, va: int) -> None:
+        """The arena pins once per tensor view; passed on where the driver pins."""
+        self._extra("pin", va)
+
+    def unpin(self, va: int) -> None:
+        self._extra("unpin", va)
+
+    def _extra(self, op: str, va: int) -> None:
+        fn = getattr(self.inner, op, None)
+        if self.recording:
+            self._recorded(op, 0, fn if fn is not None else (lambda _: None), va)
+        elif fn is not None:
+            fn(va)
+
+    def export_handle(self, handle: int) -> int:
+        return int(self.inner.export_handle(handle))
+
+    def import_handle(self, fd: int, size: int) -> int:
+        return int(self.inner.import_handle(fd, size))
+
+    @contextmanager
+    def record(self) -> Iterator[list[tuple[str, int, float]]]:
+        """Record the calls made inside the block (a fresh list each time)."""
+        self.calls = []
+        self.recording = True
+        try:
+            yield self.calls
+        finally:
+            self.recording = False
+
+    def __getattr__(self, name: str) -> Any:
+        # granularity_min, synchronize, fast_path, ...: what the arena, tensors and the
+        # commands look up on a driver beyond the protocol, untimed.
+        return getattr(self.inner, name)
+
+
+def wrapper_cost_s(td: TimedDriver, n: int = 2000) -> float:
+    """Seconds the wrapper adds per call beyond what it times (median of 5 batches)."""
+    out = []
+    for _ in range(5):
+        with td.record() as calls:
+            t0 = time.perf_counter()
+            for _ in range(n):
+                td.mem_info()
+            wall = time.perf_counter() - t0
+        out.append((wall - sum(c[2] for c in calls)) / n)
+    return max(0.0, statistics.median(out))
+
+
+def _tmean(xs: Sequence[float], trim: float = 0.02) -> float:
+    """The mean without the slowest ``trim`` of the values (at least none dropped).
+
+    What the simulator sums must be a mean, not a median: a growth is the sum of thousands
+    of calls and operations, and their costs are skewed (a garbage collection, an
+    interrupt), so medians of the parts under-predict the whole. The slowest 2% are left
+    out so that one 10 ms stall in 200 reps does not move a figure by 50 µs.
+    """
+    v = sorted(xs)
+    keep = max(1, len(v) - int(len(v) * trim))
+    return statistics.fmean(v[:keep])
+
+
+def _us(xs: Sequence[float]) -> float:
+    """µs, from seconds: the trimmed mean (:func:`_tmean`)."""
+    return round(_tmean(xs) * 1e6, 3)
+
+
+def _median_us(xs: Sequence[float]) -> float:
+    return round(statistics.median(xs) * 1e6, 3)
+
+
+def rotated(items: list[T], r: int) -> list[T]:
+    """``items`` turned by ``r`` places: round ``r`` of rounds that alternate what they time
+    starts each round with the next one, so every variant sees the card in every state."""
+    n = len(items)
+    return items[r % n:] + items[:r % n]
