@@ -9,7 +9,8 @@
 #   bash bench/h200_session.sh elastic # every GPU test, per-request cost beside kvcached
 #                                      # (.peers: its sdist), the 64 x 122 growth by layout
 #   bash bench/h200_session.sh sglang  # SGLang 0.5.23's pools on kvvmm and on its own owner
-#                                      # (.sglang-min, .seed), then every GPU test
+#                                      # (.sglang-min, .seed, .whl-sglang: msgspec's wheel),
+#                                      # then every GPU test
 #   bash bench/h200_session.sh beforeafter  # kvvmm bench at .before, then here
 #   ROUNDS=3 STRATEGIES="prefix request-ranges+deferred" TAG=-a bash bench/h200_session.sh ranges
 #                                      # the range strategies on the trace, CUDA beside the sim
@@ -58,7 +59,11 @@ case $part in
   sglang)  # SGLang 0.5.23's own pools on kvvmm beside its own owner (.sglang-min: the wheel's
            # sglang/ without the kernels and model code, which the suite stands in for)
     nvidia-smi > "$R/nvidia-smi.txt" 2>&1
-    step 200 sglang-conformance env KVVMM_SGLANG_DIR="$PWD/.sglang-min" \
+    # msgspec (SGLang's pool layouts are its Structs), from .whl-sglang: the machine has none
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+      --target /tmp/site-sglang .whl-sglang/*.whl || exit 1
+    step 200 sglang-conformance env PYTHONPATH="/tmp/site-sglang:$PWD" \
+      KVVMM_SGLANG_DIR="$PWD/.sglang-min" \
       KVVMM_SGLANG_CONFORMANCE=1 KVVMM_CONFORMANCE_OUT="$R/h200-sglang-0.5.23-conformance.json" \
       python3 -m pytest -q -p no:cacheprovider -rs tests/conformance
     step 60 gpu-capture-test env OUT="$R" python3 -m pytest -q -p no:cacheprovider -rs "$CAPTURE"
