@@ -66,8 +66,9 @@ case $part in
       KVVMM_SGLANG_DIR="$PWD/.sglang-min" \
       KVVMM_SGLANG_CONFORMANCE=1 KVVMM_CONFORMANCE_OUT="$R/h200-sglang-0.5.23-conformance.json" \
       python3 -m pytest -q -p no:cacheprovider -rs tests/conformance
-    step 60 gpu-capture-test env OUT="$R" python3 -m pytest -q -p no:cacheprovider -rs "$CAPTURE"
-    step 200 gpu-tests env OUT="$R" KVVMM_SEED_FILE="$PWD/.seed/kv_vmm_backing_seed.py" \
+    [ -n "${NO_GPU_TESTS:-}" ] || step 60 gpu-capture-test env OUT="$R" python3 -m pytest -q \
+      -p no:cacheprovider -rs "$CAPTURE"
+    [ -n "${NO_GPU_TESTS:-}" ] || step 200 gpu-tests env OUT="$R" KVVMM_SEED_FILE="$PWD/.seed/kv_vmm_backing_seed.py" \
       python3 -m pytest -q -p no:cacheprovider -rs --deselect "$CAPTURE" tests/gpu \
       tests/test_driver_contract.py tests/test_cudafast.py ;;
   beforeafter)  # kvvmm bench (no seed) at .before (a git archive of an earlier commit), then
