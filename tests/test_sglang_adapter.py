@@ -437,3 +437,48 @@ def test_backed_tokens_reads_no_buffer_and_no_driver_and_stays_true_after_every_
     assert own.backed_tokens == 0
 
 
+
+
+def test_install_with_a_driver_runs_sglangs_own_construction_on_it_and_uninstall_forgets_it(
+        make_driver: Callable[..., Any]) -> None:
+    drv = make_driver("host")
+    name = sglang.SGLANG_MODULE
+    saved = sys.modules.get(name)
+    try:
+        sglang.install(driver=drv)
+        own = KvVmmBufferOwner(device="cpu:0", device_id=0, store_dtype=torch.bfloat16,
+                               page_size=PAGE, reserved_num_tokens=1000,
+                               buffer_descs=mha_descs(1, 1000))  # no driver=: as SGLang calls
+        assert own.driver is drv
+        own.close()
+        assert own.released
+        sglang.uninstall()
+        with pytest.raises(ArgumentError, match="cuda"):  # CUDA's again: "cpu:0" is refused
+            KvVmmBufferOwner(device="cpu:0", device_id=0, store_dtype=torch.bfloat16,
+                             page_size=PAGE, reserved_num_tokens=1000,
+                             buffer_descs=mha_descs(1, 1000))
+        with pytest.raises(ArgumentError, match="driver"):
+            sglang.install(driver="host")  # type: ignore[arg-type]  # a kind's name, not a driver
+    finally:
+        sglang.uninstall()
+        if saved is not None:
+            sys.modules[name] = saved
+
+
+@pytest.mark.parametrize("granularity", ["recommended", "minimum", 4 << 20])
+def test_the_cuda_driver_is_opened_with_the_granularity_asked_recommended_by_default(
+        monkeypatch: pytest.MonkeyPatch, make_driver: Callable[..., Any],
+        granularity: Any) -> None:
+    asked: list[dict[str, Any]] = []
+
+    def fake_open(kind: str, **options: Any) -> Any:
+        asked.append({"kind": kind, **options})
+        return make_driver("host")
+
+    monkeypatch.setattr(sglang, "open_driver", fake_open)
+    kw = {} if granularity == "recommended" else {"granularity": granularity}
+    own = KvVmmBufferOwner(device="cuda:0", device_id=0, store_dtype=torch.bfloat16,
+                           page_size=PAGE, reserved_num_tokens=1000,
+                           buffer_descs=mha_descs(1, 1000), **kw)
+    assert asked == [{"kind": "cuda", "device": 0, "granularity": granularity}]
+    own.close()
