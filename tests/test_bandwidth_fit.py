@@ -97,3 +97,41 @@ def test_a_fit_refuses_points_that_leave_a_size_unpinned() -> None:
     one = GrowthPoint("x", ((2 * MiB, GiB),), (0.8, 0.9))
     fit = fit_growth_bandwidth([one])
     assert fit.band(one.copied).mid == pytest.approx(0.85, abs=0.01)
+
+
+# -- the lab's answer on the workload the H200 measured ----------------------------------
+
+MEASURED_GROWTH = {"model": "llama-3.1-8b", "page_size": 64, "tokens": 500_000,
+                   "step_tokens": 4096, "reserved_tokens": 2_000_000}
+
+
+def _measured_policies():  # type: ignore[no-untyped-def]
+    from kvvmm.policy import Chunked, Exact, Geometric, default_policy
+
+    return [default_policy(), Exact(), Chunked(64 * MiB), Chunked(128 * MiB),
+            Chunked(256 * MiB), Geometric(2.0, 256 * MiB)]
+
+
+def test_the_lab_names_the_policy_the_runs_name_on_the_measured_workload() -> None:
+    from kvvmm.growth import decode_growth, least_over_commit
+    from kvvmm.viz import format_growth
+
+    results = decode_growth(_measured_policies(), **MEASURED_GROWTH)
+    assert results[0].buffers == 64  # the bench's 64 buffers of 2 KiB per token
+    runs = {p.label: p for p in H200_BANDWIDTH.growth}
+    for r in results:  # each prediction lies within that policy's runs
+        assert runs[r.policy].low <= r.predicted_ratio.mid <= runs[r.policy].high, r.policy
+    by_runs = min((r for r in results if runs[r.policy].median >= BANDWIDTH_TARGET),
+                  key=lambda r: r.max_over_commit_bytes)
+    answer = least_over_commit(results)
+    assert answer is not None and answer.policy == by_runs.policy
+    assert f"with the least over-commit: {answer.policy}" in format_growth(results)
+
+
+def test_least_over_commit_is_none_when_no_policy_keeps_the_target() -> None:
+    from kvvmm.growth import decode_growth, least_over_commit
+    from kvvmm.policy import Exact
+
+    results = decode_growth([Exact()], layers=2, tokens=4096, step_tokens=256)
+    assert least_over_commit(results) is None
+    assert least_over_commit(results, target=0.5) is results[0]
