@@ -126,6 +126,9 @@ def test_the_lab_names_the_policy_the_runs_name_on_the_measured_workload() -> No
     answer = least_over_commit(results)
     assert answer is not None and answer.policy == by_runs.policy
     assert f"with the least over-commit: {answer.policy}" in format_growth(results)
+    # The design document gives the same answer (issue 26: the two had disagreed).
+    docs = " ".join((ROOT / "docs" / "MEASUREMENTS.md").read_text(encoding="utf-8").split())
+    assert f"keeps >= 0.99x with the least over-commit: `{answer.policy}`" in docs
 
 
 def test_least_over_commit_is_none_when_no_policy_keeps_the_target() -> None:
