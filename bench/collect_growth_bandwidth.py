@@ -132,10 +132,14 @@ def profile_section(collected: dict[str, Any]) -> dict[str, Any]:
         points[label] = {"copied_mib": copied_mib(known[label], collected["workload"]),
                          "ratios": [r["ratio"] for r in runs]}
     n = sum(len(v) for v in collected["runs"].values())
+    rounds = len({r["from"] for v in collected["runs"].values() for r in v
+                  if " round " in r["from"]})
     return {"unit": "copy bandwidth of an owner's tensor over a cudaMalloc tensor's, one "
                     "entry per run; copied_mib: [[handle MiB, MiB of the copy in handles of "
                     "that size], ...]",
-            "source": f"{n} runs of kvvmm bench's growth bandwidth (and its probe) on H200s, "
+            "source": f"{n} ratios by policy from {len(RUNS)} kvvmm bench runs of the growth "
+                      f"bandwidth and {rounds} rounds of its probe (probe_default_bandwidth.py) "
+                      "on H200s, "
                       "2026-11-29 to 2026-12-01, collected with their commits in "
                       "bench/results/h200-growth-bandwidth.json by "
                       "bench/collect_growth_bandwidth.py (docs/MEASUREMENTS.md \u00a74)",
