@@ -295,14 +295,15 @@ def bandwidth_fit_figure(table: BandwidthTable | None = None) -> go.Figure:
     fig.update_layout(
         title={"text": f"copy bandwidth after decode growth, measured and fitted "
                        f"({html.escape(table.device)})",
-               "subtitle": {"text": html.escape(table.growth_workload[:110]),
-                            "font": {"size": 11}},
+               # The workload in full, a clause a line: cut, it read "grown by 4096-t".
+               "subtitle": {"text": html.escape(table.growth_workload).replace(
+                                ", grown", ",<br>grown"), "font": {"size": 11}},
                "font": {"size": 14}},
         height=460, autosize=True, plot_bgcolor="white",
         xaxis={"type": "category", "tickfont": {"size": 10}},
         yaxis={"title": {"text": "× cudaMalloc"}, "gridcolor": "#e9ecef"},
         legend={"orientation": "h", "yanchor": "top", "y": -0.25, "x": 0},
-        margin={"l": 10, "r": 10, "t": 80, "b": 40},
+        margin={"l": 10, "r": 10, "t": 95, "b": 40},
         meta={"kvvmm": "bandwidth_fit", "points": [p.label for p in points],
               "source": table.growth_source},
     )
@@ -388,7 +389,9 @@ def growth_figure(results: Sequence[GrowthResult], *,
     fig.update_yaxes(title_text=f"backed ({unit_name})", rangemode="tozero", row=1, col=1)
     fig.update_yaxes(title_text="× cudaMalloc (H200 runs, fitted)",
                      range=[lo - pad, hi + pad], row=1, col=2)
-    fig.update_xaxes(tickangle=0, tickfont={"size": 10}, row=1, col=2)
+    # Room right of the last marker for its label (a category axis ends half a slot past it).
+    fig.update_xaxes(tickangle=0, tickfont={"size": 10}, row=1, col=2,
+                     range=[-0.5, max(1, len(results)) - 0.5 + 0.9])
     fig.update_layout(height=460, autosize=True, margin={"l": 10, "r": 10, "t": 60, "b": 40},
                       legend={"orientation": "h", "yanchor": "top", "y": -0.32, "x": 0},
                       plot_bgcolor="white", meta={"kvvmm": "growth", "unit_bytes": unit})
