@@ -217,6 +217,11 @@ print(len(check.results), "results kept, stale:", check.stale)
 by = {r.policy: r for r in results}
 exact = by["Exact()"]
 assert answer.policy == by_runs.policy  # the lab and the runs give one answer
+# The prose's workload: the table's 1 GiB tensor; the runs' 64 buffers of 2 KiB per token,
+# which llama-3.1-8b's 32 layers give.
+assert H200_BANDWIDTH.tensor_bytes == GiB
+assert H200_BANDWIDTH.growth_workload.startswith("64 buffers of 2 KiB per token (32 layers")
+assert results[0].buffers == 64 and results[0].needed_bytes == 64 * 2048 * MEASURED["tokens"]
 for r in results:  # each prediction lies in its policy's runs, on the same side of the line
     p = runs[r.policy]
     assert p.low <= r.predicted_ratio.mid <= p.high, r.policy
