@@ -93,7 +93,7 @@ print("ran:      ", len(wl), "requests;", fit_workload(wl).summary())
 # - `prefix`: `ensure_prefix` to the highest page in use, under the default growth policy;
 # - `prefix+shrink`: the same, giving the tail back once the pool has stayed low for a
 #   while (`PrefixGrowth(hold_s=...)`);
-# - `page-elastic`: `commit_pages`/`decommit_pages` as pages come and go: a 2 MiB granule
+# - `page-elastic`: `commit_pages`/`decommit_pages` as pages come and go: a granule
 #   per buffer is mapped when it gains its first used page and unmapped when it loses its
 #   last (kvcached's model), one owner call per step for each direction;
 # - `page-elastic+pool`: the same over a `HandlePool` that keeps the handles a decommit
