@@ -16,13 +16,15 @@ from dataclasses import dataclass, replace
 
 from kvvmm.driver import Driver, open_driver
 from kvvmm.hardware import predicted_bandwidth_tb_s
+from kvvmm.hardware.bandwidth import BANDWIDTH_TARGET, RatioBand, predicted_ratio
 from kvvmm.layout import KvBufferDesc
 from kvvmm.layout.model_buffers import full_pool_descs
 from kvvmm.owner import KvBufferOwner
 from kvvmm.policy import GrowthPolicy, simulate_growth
 from kvvmm.units import align_up
 
-__all__ = ["GrowthCost", "GrowthResult", "decode_growth", "growth_cost", "open_sim_or"]
+__all__ = ["GrowthCost", "GrowthResult", "decode_growth", "growth_cost", "least_over_commit",
+           "open_sim_or"]
 
 #: ``progress(done, total)``: called after every decode step of every policy.
 Progress = Callable[[int, int], None]
@@ -49,6 +51,8 @@ class GrowthResult:
     needed_bytes: int  #: what the prefix spans needed at the end
     max_over_commit_bytes: int  #: largest ``backed - needed`` seen after any step
     predicted_tb_s: float  #: copy bandwidth predicted from the handle sizes (H200 table)
+    #: the same as a ratio to cudaMalloc's, with the band of the runs it was fitted to
+    predicted_ratio: RatioBand
     sim_us: float  #: simulated driver time of the growth (0 on real drivers)
     wall_s: float  #: wall time of the growth steps
     tokens: tuple[int, ...]  #: token count after each step
@@ -92,12 +96,13 @@ def decode_growth(
     tp: int = 1,
     tokens: int = 32768,
     step_tokens: int = 256,
+    reserved_tokens: int | None = None,
     progress: Progress | None = None,
 ) -> list[GrowthResult]:
     """Grow a model's KV buffers by decode steps under each policy, on a real owner each.
 
     For each policy a fresh driver (``driver``: a kind, or a factory returning a driver)
-    gets a :class:`~kvvmm.owner.KvBufferOwner` of ``tokens`` reserved tokens, which then
+    gets a :class:`~kvvmm.owner.KvBufferOwner` of ``reserved_tokens``, which then
     runs ``ensure_prefix(step_tokens)``, ``ensure_prefix(2 * step_tokens)``, ... up to
     ``tokens``; the owner is closed after. Driver calls are counted from the handles the
     growth added (each new handle is one ``create``, one ``map`` and one ``set_access``:
@@ -113,6 +118,8 @@ def decode_growth(
         dtype, page_size, tp: the layout.
         tokens: tokens to grow to, > 0.
         step_tokens: tokens per decode step, > 0.
+        reserved_tokens: tokens each buffer reserves (None: ``tokens``; ``kvvmm bench``
+            grows to a quarter of its reservation).
         progress: called as ``progress(done, total)`` after each step (of all policies'
             steps), for a progress bar.
     Returns:
@@ -122,8 +129,9 @@ def decode_growth(
     """
     if isinstance(step_tokens, bool) or not isinstance(step_tokens, int) or step_tokens < 1:
         raise ValueError(f"step_tokens={step_tokens!r} is invalid: must be an int >= 1")
-    descs = _first_layers(full_pool_descs(model, layout="token_major", reserved_tokens=tokens,
-                                      page_size=page_size, dtype=dtype, tp=tp), layers)
+    reserved = tokens if reserved_tokens is None else reserved_tokens
+    descs = _first_layers(full_pool_descs(model, layout="token_major", reserved_tokens=reserved,
+                                          page_size=page_size, dtype=dtype, tp=tp), layers)
     steps = [*range(step_tokens, tokens, step_tokens), tokens]
     needed_at = _needed_fn(descs, page_size)
     needed = [needed_at(n) for n in steps]  # the same for every policy
@@ -132,7 +140,7 @@ def decode_growth(
     for policy in policies:
         drv = driver() if callable(driver) else open_sim_or(driver, profile)
         owner = KvBufferOwner(driver=drv, dtype=dtype, page_size=page_size,
-                              reserved_tokens=tokens, descs=descs, policy=policy)
+                              reserved_tokens=reserved, descs=descs, policy=policy)
         try:
             handles0 = owner.snapshot().handles
             clock0 = float(getattr(drv, "clock_us", 0.0))  # the sim's simulated time
@@ -157,10 +165,24 @@ def decode_growth(
             backed_bytes=snap.backed_bytes, needed_bytes=needed[-1],
             max_over_commit_bytes=max(b - n for b, n in zip(backed, needed, strict=True)),
             predicted_tb_s=predicted_bandwidth_tb_s(sizes, interleaved=len(descs) > 1),
+            predicted_ratio=predicted_ratio(sizes, interleaved=len(descs) > 1),
             sim_us=sim_us, wall_s=wall, tokens=tuple(steps),
             backed_by_step=tuple(backed), needed_by_step=tuple(needed),
         ))
     return out
+
+
+def least_over_commit(results: Sequence[GrowthResult], *,
+                      target: float = BANDWIDTH_TARGET) -> GrowthResult | None:
+    """The policy that keeps the bandwidth target with the least over-commit.
+
+    Among the results whose predicted bandwidth (the fit's median, ``predicted_ratio.mid``)
+    is at least ``target`` times cudaMalloc's, the one whose largest over-commit during the
+    growth (``max_over_commit_bytes``) is smallest; the first such on a tie. None if no
+    result keeps the target.
+    """
+    keep = [r for r in results if r.predicted_ratio.mid >= target]
+    return min(keep, key=lambda r: r.max_over_commit_bytes) if keep else None
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,6 +7,7 @@ arena, the figure's data and the error area (ipywidgets' own tests work the same
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -470,3 +471,20 @@ def test_growth_cost_predicts_what_decode_growth_measures_on_a_real_owner() -> N
                         granularity_bytes=2 * MiB, step_tokens=256)
         assert (c.backed_bytes, c.needed_bytes, c.max_over_commit_bytes) == (
             r.backed_bytes, r.needed_bytes, r.max_over_commit_bytes), policy
+
+
+def test_the_workload_lab_runs_a_trace_file_it_is_given_and_the_generator_without(
+        tmp_path: Path) -> None:
+    # Issue 26, item 2: WorkloadLab could take a trace file and nothing said so.
+    from kvvmm.lab import WorkloadLab
+    from kvvmm.workload import generate, save_jsonl
+
+    trace = tmp_path / "t.jsonl"
+    save_jsonl(generate(seed=5, duration_s=8.0).requests, trace)
+    lab = WorkloadLab(seconds=8.0, strategies=("static", "prefix"), trace=str(trace))
+    assert lab.source.value == str(trace)
+    assert lab.run(), lab.error_text
+    assert lab.comparison is not None and str(trace) in lab.comparison.setup.workload
+    lab.source.value = ""
+    assert lab.run() and lab.comparison is not None
+    assert "generat" in lab.comparison.setup.workload

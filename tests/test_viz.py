@@ -220,7 +220,9 @@ def test_the_bandwidth_table_is_the_h200_measurement_with_its_source() -> None:
 
 def test_predicted_bandwidth_follows_the_table_by_handle_size() -> None:
     assert predicted_bandwidth_tb_s([2 * MiB] * 8) == pytest.approx(3.6125)
-    assert predicted_bandwidth_tb_s([2 * MiB] * 8, interleaved=True) == pytest.approx(3.4915)
+    # Interleaved: the curve fitted to the growth runs, pinned at 2 MiB by the table's
+    # interleaved runs (3.492 and 3.491 TB/s).
+    assert 3.491 <= predicted_bandwidth_tb_s([2 * MiB] * 8, interleaved=True) <= 3.492
     assert predicted_bandwidth_tb_s([64 * MiB]) == pytest.approx(4.189)
     assert predicted_bandwidth_tb_s([4 * GiB]) == pytest.approx(4.217)  # flat past the end
     mixed = predicted_bandwidth_tb_s([2 * MiB, 64 * MiB])

@@ -12,6 +12,7 @@ from kvvmm.driver.sim import SimDriver
 from kvvmm.errors import ArgumentError, WorkloadFormatError
 from kvvmm.replay import replay, replay_arenas
 from kvvmm.workload import (
+    AZURE_CONV_TRACE,
     STRATEGIES,
     PageElastic,
     PrefixGrowth,
@@ -21,6 +22,7 @@ from kvvmm.workload import (
     Strategy,
     Workload,
     azure_conv_fit,
+    find_trace,
     fit_workload,
     generate,
     load_azure_csv,
@@ -109,6 +111,34 @@ def test_a_bad_jsonl_row_is_refused_naming_its_row_and_field(tmp_path: Path, lin
 def test_an_unknown_trace_suffix_is_refused(tmp_path: Path) -> None:
     with pytest.raises(WorkloadFormatError, match="unknown format"):
         load_workload(write(tmp_path, "t.parquet", ""))
+
+
+def test_find_trace_returns_a_path_a_user_names_and_refuses_one_that_is_not_a_file(
+        tmp_path: Path) -> None:
+    p = write(tmp_path, "mine.jsonl", "")
+    assert find_trace(p) == p and find_trace(str(p)) == p
+    with pytest.raises(WorkloadFormatError, match="not a file"):
+        find_trace(tmp_path / "absent.csv")
+
+
+def test_find_trace_looks_next_to_the_repository_root_and_finds_nothing_elsewhere(
+        tmp_path: Path) -> None:
+    # Issue 26, item 2: notebook 06 runs the real trace when ../shared holds it.
+    repo = tmp_path / "clone"
+    (repo / "notebooks").mkdir(parents=True)
+    (repo / "pyproject.toml").write_text("", encoding="utf-8")
+    assert find_trace(start=repo / "notebooks") is None  # no copy next to the clone
+    copy = tmp_path / AZURE_CONV_TRACE
+    copy.parent.mkdir(parents=True)
+    copy.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n", encoding="utf-8")
+    assert find_trace(start=repo / "notebooks") == copy
+    assert find_trace("", start=repo) == copy  # an empty path is no path
+    assert find_trace(start=tmp_path) is None  # not inside a repository
+
+
+@needs_trace
+def test_find_trace_finds_the_shared_copy_from_this_checkout() -> None:
+    assert find_trace(start=Path(__file__).parent) == TRACE
 
 
 # -- the fitted generator ---------------------------------------------------------------------

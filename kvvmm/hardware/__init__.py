@@ -10,10 +10,16 @@ call for the library's own work (from ``kvvmm calibrate``) is :mod:`~kvvmm.hardw
 from __future__ import annotations
 
 from kvvmm.hardware.bandwidth import (
+    BANDWIDTH_TARGET,
     H200_BANDWIDTH,
+    BandwidthFit,
     BandwidthPoint,
     BandwidthTable,
+    GrowthPoint,
+    RatioBand,
+    growth_fit,
     predicted_bandwidth_tb_s,
+    predicted_ratio,
 )
 from kvvmm.hardware.cost import COST_TABLE_US, CostModel, default_cost_model
 from kvvmm.hardware.interp import Log2Curve
@@ -29,21 +35,27 @@ from kvvmm.hardware.profiles import (
 )
 
 __all__ = [
+    "BANDWIDTH_TARGET",
     "COST_TABLE_US",
     "H200_BANDWIDTH",
     "PROFILES",
+    "BandwidthFit",
     "BandwidthPoint",
     "BandwidthTable",
     "CallClock",
     "CostModel",
     "DeviceProfile",
+    "GrowthPoint",
     "Log2Curve",
     "PostReleaseSlowdown",
+    "RatioBand",
     "SimCosts",
     "default_cost_model",
     "get_profile",
+    "growth_fit",
     "load_profile",
     "predicted_bandwidth_tb_s",
+    "predicted_ratio",
     "profile_data",
     "profile_from_data",
     "profile_label",

@@ -320,6 +320,18 @@ SCHEMA: dict[str, Rule] = {
                                 label=_bandwidth_label),
     "bandwidth.unit": _TEXT,
     "bandwidth.source": _TEXT,
+    # the owner's copy bandwidth after decode growth, by policy: what the interleaved curve
+    # is fitted to (bench/collect_growth_bandwidth.py writes it)
+    "bandwidth.growth": Section(),
+    "bandwidth.growth.unit": _TEXT,
+    "bandwidth.growth.source": _TEXT,
+    "bandwidth.growth.workload": _TEXT,
+    "bandwidth.growth.points": Section(),
+    "bandwidth.growth.points.*": Section(),
+    "bandwidth.growth.points.*.copied_mib": Pairs(_SIZE, Num(0, MAX_SIZE_MIB, "MiB copied",
+                                                             above=True), required=True),
+    "bandwidth.growth.points.*.ratios": Numbers(Num(0, 1e3, "a ratio to cudaMalloc",
+                                                    above=True), min_len=1, required=True),
     # what the simulator adds (kvvmm/hardware/overhead.py)
     "library_overhead_us": Section(),
     "library_overhead_us.per_call": Section(),

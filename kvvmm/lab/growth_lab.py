@@ -28,8 +28,11 @@ class GrowthLab(_Panel):
     progress bar while it runs. Next to each policy, its over-commit (backed - needed) on
     this workload, worked out as the controls change (:func:`~kvvmm.growth.growth_cost`).
     The table shows handles, driver calls, over-commit and the copy bandwidth predicted
-    from the handle sizes (the H200 table, ``kvvmm.hardware.H200_BANDWIDTH``); the figure
-    shows backed bytes per step against what the tokens need, and the predicted bandwidth.
+    from the handle sizes (``kvvmm.hardware.predicted_ratio``: the H200 curve fitted to the
+    owner's measured growth runs, with their band), whether each policy keeps the 0.99x
+    target, and which one keeps it with the least over-commit; the figure shows backed bytes
+    per step against what the tokens need, and the predicted bandwidth against the target
+    line.
     Both name the profile the sim's driver times come from (card, date). On a GPU the same
     growth also runs on the sim with that profile, and both show the measured driver time
     next to the predicted one (:attr:`predicted`).

@@ -31,21 +31,27 @@ class WorkloadLab(_Panel):
     strategy drives a fresh owner on the sim driver; the table gives peak and mean backed
     bytes, waste, stalls and driver calls, the figure memory over time and step stalls.
 
+    The **trace** field takes a file's path (an Azure CSV such as Azure's conversation
+    trace, or JSONL; :func:`~kvvmm.workload.find_trace` finds the copy next to a checkout);
+    left empty, the generator runs. Either way the first ``seconds`` of it run.
+
     Args:
         model, gpu, tp, seconds, strategies: initial control values.
+        trace: the trace field's initial value ("": the generator).
     """
 
     _stale_on_error = True
 
     def __init__(self, *, model: str = "llama-3.1-70b", gpu: str = "h200", tp: int = 8,
                  seconds: float = 120.0,
-                 strategies: tuple[str, ...] = ("static", "prefix", "prefix+shrink")) -> None:
+                 strategies: tuple[str, ...] = ("static", "prefix", "prefix+shrink"),
+                 trace: str = "") -> None:
         self.model = widgets.Dropdown(options=list_models(), value=model, description="model",
                                       **_field())
         self.gpu = widgets.Dropdown(options=sorted(PROFILES), value=gpu, description="GPU",
                                     **_field())
         self.tp = widgets.IntText(value=tp, description="TP", **_field("110px"))
-        self.source = widgets.Text(value="", placeholder="generator (or a .csv/.jsonl path)",
+        self.source = widgets.Text(value=trace, placeholder="generator (or a .csv/.jsonl path)",
                                    description="trace", **_field("340px"))
         self.seed = widgets.IntText(value=0, description="seed", **_field("120px"))
         self.rate = widgets.FloatText(value=1.0, description="traffic x", **_field("150px"))

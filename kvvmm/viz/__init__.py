@@ -13,9 +13,22 @@ changes a driver.
 from __future__ import annotations
 
 from kvvmm.viz.export import ExportError, save_figure
-from kvvmm.viz.figures import bandwidth_by_handle_size, growth_figure, handle_sizes, timeline
+from kvvmm.viz.figures import (
+    bandwidth_by_handle_size,
+    bandwidth_fit_figure,
+    growth_figure,
+    handle_sizes,
+    timeline,
+)
 from kvvmm.viz.plans import handles_by_policy, tokens_by_tp, waste_by_model
-from kvvmm.viz.text import describe, describe_descs, describe_stats, format_growth, format_plan
+from kvvmm.viz.text import (
+    describe,
+    describe_descs,
+    describe_stats,
+    format_bandwidth_fit,
+    format_growth,
+    format_plan,
+)
 from kvvmm.viz.va_map import (
     HEATMAP_THRESHOLD,
     MAX_ROWS,
@@ -39,9 +52,11 @@ __all__ = [
     "VA_MAP_TRACES",
     "ExportError",
     "bandwidth_by_handle_size",
+    "bandwidth_fit_figure",
     "describe",
     "describe_descs",
     "describe_stats",
+    "format_bandwidth_fit",
     "format_growth",
     "format_plan",
     "format_workload",

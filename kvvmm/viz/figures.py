@@ -17,6 +17,7 @@ import plotly.graph_objects as go
 from kvvmm.driver.base import CALLS
 from kvvmm.errors import ArgumentError
 from kvvmm.hardware import H200_BANDWIDTH, BandwidthTable, DeviceProfile, profile_label
+from kvvmm.hardware.bandwidth import BANDWIDTH_TARGET
 from kvvmm.record.trace import Trace
 from kvvmm.snapshot import ArenaSnapshot, OwnerSnapshot
 from kvvmm.units import fmt_bytes
@@ -249,14 +250,76 @@ def bandwidth_by_handle_size(table: BandwidthTable | None = None) -> go.Figure:
     return fig
 
 
+def bandwidth_fit_figure(table: BandwidthTable | None = None) -> go.Figure:
+    """Every measured run of the owner's copy after growth, by policy, and the fitted curve's
+    prediction with its band, against cudaMalloc and the target line.
+
+    Args:
+        table: the measurements (default :data:`~kvvmm.hardware.H200_BANDWIDTH`).
+    Returns:
+        A ``plotly.graph_objects.Figure`` (empty of points when the table has no growth
+        runs); ``layout.meta["points"]`` lists the copies drawn.
+    """
+    from kvvmm.hardware.bandwidth import growth_fit
+
+    table = H200_BANDWIDTH if table is None else table
+    fit = growth_fit(table)
+    points = list(fit.points) if fit is not None else []
+    names = [html.escape(p.label).replace("(", "<br>(").replace(", ", ",<br>")
+             for p in points]
+    fig = go.Figure()
+    fig.add_trace(go.Scatter(
+        name="one run", mode="markers",
+        x=[n for n, p in zip(names, points, strict=True) for _ in p.ratios],
+        y=[r for p in points for r in p.ratios],
+        marker={"size": 7, "color": "rgba(25, 113, 194, 0.45)", "line": {"width": 0}},
+        hovertemplate="%{y:.4f}× cudaMalloc<extra>one run</extra>"))
+    if fit is not None:
+        bands = [fit.band(p.copied) for p in points]
+        fig.add_trace(go.Scatter(
+            name="fitted (band: the runs' lowest to highest, fitted)", mode="markers",
+            x=names, y=[b.mid for b in bands],
+            marker={"symbol": "diamond", "size": 12, "color": "#2b8a3e"},
+            error_y={"type": "data", "symmetric": False, "color": "#2b8a3e",
+                     "array": [b.high - b.mid for b in bands],
+                     "arrayminus": [b.mid - b.low for b in bands]},
+            hovertemplate="fitted %{y:.4f}×<extra></extra>"))
+    ends = [names[0], names[-1]] if names else ["", ""]
+    ref = table.reference_tb_s("plain")
+    malloc = f"cudaMalloc ({ref:.2f} TB/s)" if ref else "cudaMalloc"
+    fig.add_trace(go.Scatter(name=malloc, x=ends, y=[1.0, 1.0], mode="lines",
+                             line={"dash": "dash", "color": "#e8590c"}))
+    fig.add_trace(go.Scatter(name=f"target {BANDWIDTH_TARGET:g}×", x=ends,
+                             y=[BANDWIDTH_TARGET] * 2, mode="lines",
+                             line={"dash": "dot", "color": "#c92a2a", "width": 2}))
+    fig.update_layout(
+        title={"text": f"copy bandwidth after decode growth, measured and fitted "
+                       f"({html.escape(table.device)})",
+               # The workload in full, a clause a line: cut, it read "grown by 4096-t".
+               "subtitle": {"text": html.escape(table.growth_workload).replace(
+                                ", grown", ",<br>grown"), "font": {"size": 11}},
+               "font": {"size": 14}},
+        height=460, autosize=True, plot_bgcolor="white",
+        xaxis={"type": "category", "tickfont": {"size": 10}},
+        yaxis={"title": {"text": "× cudaMalloc"}, "gridcolor": "#e9ecef"},
+        legend={"orientation": "h", "yanchor": "top", "y": -0.25, "x": 0},
+        margin={"l": 10, "r": 10, "t": 95, "b": 40},
+        meta={"kvvmm": "bandwidth_fit", "points": [p.label for p in points],
+              "source": table.growth_source},
+    )
+    return fig
+
+
 def growth_figure(results: Sequence[GrowthResult], *,
                   profile: str | DeviceProfile | None = None,
                   predicted: Sequence[GrowthResult] | None = None) -> go.Figure:
     """Backed vs needed bytes per step (left) and predicted bandwidth (right).
 
     The bytes axis takes its unit from the largest value (GiB for big pools, never "20k
-    MiB"); the bandwidth axis starts at 0, and each bar is labelled with its ratio to
-    cudaMalloc (the H200 table's plain copy), which is what the bars compare.
+    MiB"). The bandwidth panel gives each policy's predicted ratio to cudaMalloc with the
+    band of the H200 runs the curve is fitted to (:func:`kvvmm.hardware.predicted_ratio`),
+    against cudaMalloc and the target line (:data:`~kvvmm.hardware.bandwidth.BANDWIDTH_TARGET`);
+    a policy that keeps the target is green.
 
     Args:
         results: :func:`kvvmm.growth.compare_policies` results (or any with the same fields).
@@ -292,23 +355,43 @@ def growth_figure(results: Sequence[GrowthResult], *,
     # so the bars' labels stay horizontal and inside the figure at 1280 px.
     policies = [html.escape(r.policy).replace("(", "<br>(").replace(", ", ",<br>")
                 for r in results]
-    fig.add_trace(go.Bar(name="TB/s", x=policies,
-                         y=[r.predicted_tb_s for r in results], showlegend=False,
-                         text=[f"{r.predicted_tb_s:.2f} ({r.predicted_tb_s / ref:.2f}×)"
-                               if ref else f"{r.predicted_tb_s:.2f}" for r in results],
-                         textposition="inside", insidetextanchor="end",
-                         textfont={"color": "white", "size": 11},
-                         marker={"color": "#2f9e44"}), row=1, col=2)
-    if ref is not None:
-        fig.add_trace(go.Scatter(name=f"cudaMalloc {ref:.2f} TB/s", x=policies or [""],
-                                 y=[ref] * max(1, len(results)), mode="lines+markers",
-                                 marker={"symbol": "line-ew-open", "size": 14},
-                                 line={"dash": "dash", "color": "#e8590c"}), row=1, col=2)
-    top = max([ref or 0.0, *(r.predicted_tb_s for r in results)], default=1.0)
+    # Markers on a ratio axis, not bars from 0 TB/s: the question is whether a policy clears
+    # a line 1% below cudaMalloc, which bars from 0 cannot show. Error bars: the band of the
+    # H200 runs the curve is fitted to (one run may land anywhere in it).
+    mids = [r.predicted_ratio.mid for r in results]
+    fig.add_trace(go.Scatter(
+        name="predicted", x=policies, y=mids, mode="markers+text", showlegend=False,
+        text=[f"{m:.3f}×" for m in mids], textposition="middle right",
+        textfont={"size": 11},
+        marker={"size": 11, "color": ["#2f9e44" if m >= BANDWIDTH_TARGET else "#868e96"
+                                      for m in mids]},
+        error_y={"type": "data", "symmetric": False, "color": "#495057",
+                 "array": [r.predicted_ratio.high - r.predicted_ratio.mid for r in results],
+                 "arrayminus": [r.predicted_ratio.mid - r.predicted_ratio.low
+                                for r in results]},
+        hovertext=[f"{html.escape(r.policy)}: {r.predicted_ratio.mid:.3f}× "
+                   f"(runs' band {r.predicted_ratio.low:.3f}-{r.predicted_ratio.high:.3f}), "
+                   f"{r.predicted_tb_s:.2f} TB/s" for r in results],
+        hovertemplate="%{hovertext}<extra></extra>"), row=1, col=2)
+    xs = policies or [""]
+    ends = [xs[0], xs[-1]]
+    malloc = f"cudaMalloc ({ref:.2f} TB/s)" if ref is not None else "cudaMalloc"
+    fig.add_trace(go.Scatter(name=malloc, x=ends, y=[1.0, 1.0], mode="lines",
+                             line={"dash": "dash", "color": "#e8590c"}), row=1, col=2)
+    fig.add_trace(go.Scatter(name=f"target {BANDWIDTH_TARGET:g}× cudaMalloc", x=ends,
+                             y=[BANDWIDTH_TARGET] * 2, mode="lines",
+                             line={"dash": "dot", "color": "#c92a2a", "width": 2}),
+                  row=1, col=2)
+    lo = min([BANDWIDTH_TARGET, *(r.predicted_ratio.low for r in results)])
+    hi = max([1.0, *(r.predicted_ratio.high for r in results)])
+    pad = (hi - lo) * 0.12
     fig.update_xaxes(title_text="tokens", row=1, col=1)
     fig.update_yaxes(title_text=f"backed ({unit_name})", rangemode="tozero", row=1, col=1)
-    fig.update_yaxes(title_text="TB/s (H200 table)", range=[0, top * 1.1], row=1, col=2)
-    fig.update_xaxes(tickangle=0, tickfont={"size": 10}, row=1, col=2)
+    fig.update_yaxes(title_text="× cudaMalloc (H200 runs, fitted)",
+                     range=[lo - pad, hi + pad], row=1, col=2)
+    # Room right of the last marker for its label (a category axis ends half a slot past it).
+    fig.update_xaxes(tickangle=0, tickfont={"size": 10}, row=1, col=2,
+                     range=[-0.5, max(1, len(results)) - 0.5 + 0.9])
     fig.update_layout(height=460, autosize=True, margin={"l": 10, "r": 10, "t": 60, "b": 40},
                       legend={"orientation": "h", "yanchor": "top", "y": -0.32, "x": 0},
                       plot_bgcolor="white", meta={"kvvmm": "growth", "unit_bytes": unit})

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from kvvmm.workload.generator import WorkloadFit, azure_conv_fit, fit_workload, generate
 from kvvmm.workload.requests import (
+    AZURE_CONV_TRACE,
     Request,
     Workload,
+    find_trace,
     load_azure_csv,
     load_jsonl,
     load_workload,
@@ -43,6 +45,7 @@ from kvvmm.workload.strategies import (
 )
 
 __all__ = [
+    "AZURE_CONV_TRACE",
     "SLOT_ORDERS",
     "STRATEGIES",
     "PageElastic",
@@ -63,6 +66,7 @@ __all__ = [
     "WorkloadComparison",
     "WorkloadFit",
     "azure_conv_fit",
+    "find_trace",
     "fit_workload",
     "generate",
     "load_azure_csv",

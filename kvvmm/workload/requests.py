@@ -28,11 +28,16 @@ from typing import Any
 
 from kvvmm.errors import WorkloadFormatError
 
-__all__ = ["AZURE_COLUMNS", "Request", "Workload", "load_azure_csv", "load_jsonl",
-           "load_workload", "save_jsonl"]
+__all__ = ["AZURE_COLUMNS", "AZURE_CONV_TRACE", "Request", "Workload", "find_trace",
+           "load_azure_csv", "load_jsonl", "load_workload", "save_jsonl"]
 
 #: The Azure trace's columns, in order.
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+
+#: Where a checkout finds Azure's conversation trace, from the folder next to the
+#: repository's root (kvvmm's own setup keeps data there; the package never ships it).
+AZURE_CONV_TRACE = Path("shared", "data", "azure-llm-inference-2023",
+                        "AzureLLMInferenceTrace_conv.csv")
 
 
 @dataclass(frozen=True, slots=True)
@@ -263,6 +268,37 @@ def load_workload(path: str | os.PathLike[str]) -> Workload:
         return load_jsonl(path)
     raise WorkloadFormatError(f"trace {os.fspath(path)!r}: unknown format {_r(suffix)} "
                               f"(must be .csv, Azure's format, or .jsonl)")
+
+
+def find_trace(path: str | os.PathLike[str] | None = None, *,
+               start: str | os.PathLike[str] = ".") -> Path | None:
+    """The trace file to run: ``path`` when given, else Azure's conversation trace next to
+    the repository ``start`` lies in, else None (run a generated workload instead).
+
+    The repository's root is the first folder from ``start`` up that holds ``.git`` or a
+    ``pyproject.toml``; the trace is looked for at :data:`AZURE_CONV_TRACE` under the
+    folder above it (``../shared/data/...`` of the root). Nothing is downloaded.
+
+    Args:
+        path: a trace a user names (``.csv`` or ``.jsonl``); it must be a file.
+        start: where to look for the repository from (a notebook's folder).
+    Returns:
+        The path, or None when ``path`` is not given and no copy is there.
+    Raises:
+        WorkloadFormatError: ``path`` is given but is not a file.
+    """
+    if path is not None and os.fspath(path) != "":
+        p = Path(path).expanduser()
+        if not p.is_file():
+            raise WorkloadFormatError(f"trace {os.fspath(path)!r} is not a file: give the path "
+                                      f"of an Azure CSV or a JSONL trace")
+        return p
+    here = Path(start).resolve()
+    for folder in (here, *here.parents):
+        if (folder / ".git").exists() or (folder / "pyproject.toml").is_file():
+            found = folder.parent / AZURE_CONV_TRACE
+            return found if found.is_file() else None
+    return None
 
 
 def as_workload(requests: Workload | Sequence[Request], source: str = "requests") -> Workload:
