@@ -21,13 +21,14 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import (
+from harness import (
     CUDA,
     DEVICE,
     ROOT,
     adapter,
     envs,
     memory_pool,
+    observed,
     swa_memory_pool,
     unified_memory_pool,
 )
@@ -254,10 +255,8 @@ def test_the_lazy_callers_pattern_on_sglangs_own_descriptors(
 @pytest.mark.skipif(not CUDA, reason="the seed needs CUDA")
 def test_kvvmm_and_the_seed_observed_the_same(request: pytest.FixtureRequest) -> None:
     """Run last in the file: every scenario's observations, kvvmm's against the seed's."""
-    from conftest import _observed
-
-    pairs = {}
-    for name, seen in _observed.items():
+    pairs: dict[str, dict[str, Any]] = {}
+    for name, seen in observed.items():
         owner = seen.get("owner")
         if owner is None:
             continue
