@@ -49,6 +49,10 @@ def observe(request: pytest.FixtureRequest) -> Any:
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     _status["exit"] = int(exitstatus)
+    if CUDA:  # no collection from here to the exit below: see pytest_unconfigure
+        import gc
+
+        gc.disable()
     out = os.environ.get("KVVMM_CONFORMANCE_OUT")
     if out:
         import datetime
