@@ -28,6 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from kvvmm.errors import KvvmmError
+from kvvmm.hardware import GPU_HELP, profile_summary
 from kvvmm.units import GiB, KiB, MiB, TiB
 
 __all__ = ["find_notebooks", "lab_command", "main", "parse_bytes"]
@@ -209,9 +210,12 @@ def _cmd_plan(args: argparse.Namespace) -> int:
              reserved_tokens=args.reserved_tokens, count_overhead=args.count_overhead,
              mem_fraction_static=args.mem_fraction_static, weights_dtype=args.weights_dtype,
              max_total_tokens=args.max_total_tokens)
+    used = profile_summary(args.gpu)
     if args.json:
-        print(json.dumps(p.to_dict(), indent=2))
+        print(json.dumps({**p.to_dict(), "profile": used}, indent=2))
     else:
+        print(f"profile: {used['key']} ({used['card']}, measured {used['date']}; "
+              f"{used['path']})")
         print(format_plan(p))
     return 0
 
@@ -295,7 +299,7 @@ def _parser() -> argparse.ArgumentParser:
                     help="shipped model key (llama-3.1-8b, ...), a Hugging Face repo id of one "
                          "(meta-llama/Llama-3.1-8B-Instruct, Qwen/Qwen2.5-7B, ...), or a path "
                          "to a config.json")
-    pl.add_argument("--gpu", default="h200", help="device profile: h100, h200, b200, gb300")
+    pl.add_argument("--gpu", default="h200", help=GPU_HELP)
     pl.add_argument("--tp", type=int, default=1, help="tensor-parallel size")
     pl.add_argument("--dtype", default="bfloat16", help="KV dtype")
     pl.add_argument("--page-size", type=int, default=16, help="tokens per page")

@@ -371,3 +371,33 @@ def test_without_a_named_seed_script_only_the_current_folder_is_looked_at_and_it
     monkeypatch.chdir(tmp_path)  # the checkout next to the package is not searched
     with pytest.warns(DeprecationWarning), pytest.raises(FileNotFoundError):
         find_seed_script()
+
+
+@pytest.mark.parametrize("command", ["plan", "replay"])
+def test_gpu_help_says_a_profile_file_is_taken_and_the_output_names_the_file_used(
+        command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Calibrate-then-predict is visible (issue 26, item 5): --gpu's help names profile files
+    and `kvvmm calibrate`, and the output says which profile ran: key, card, date, path."""
+    from kvvmm.cli import main
+    from kvvmm.hardware import profile_summary
+
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    helptext = " ".join(capsys.readouterr().out.split())
+    assert ".json" in helptext and "kvvmm calibrate" in helptext
+    prof = tmp_path / "my-card.json"
+    src = Path(__file__).resolve().parents[1] / "kvvmm" / "hardware" / "data" / "h200.json"
+    shutil.copy(src, prof)
+    args = [command, "--gpu", str(prof)]
+    if command == "replay":
+        args = ["replay", "generated", "--seconds", "20", "--strategy", "prefix", "--gpu",
+                str(prof), "--json"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    used = profile_summary(str(prof))
+    assert used["path"] == str(prof.resolve()) and used["card"] == "NVIDIA H200"
+    if command == "replay":
+        assert json.loads(out)["profile"] == used
+    else:
+        assert out.splitlines()[0] == (f"profile: h200 (NVIDIA H200, measured "
+                                       f"{used['date']}; {prof.resolve()})")

@@ -25,6 +25,7 @@ from kvvmm.hardware.cost import COST_TABLE_US, CostModel, default_cost_model
 from kvvmm.hardware.interp import Log2Curve
 from kvvmm.hardware.overhead import CallClock, PostReleaseSlowdown, SimCosts, sim_costs
 from kvvmm.hardware.profiles import (
+    GPU_HELP,
     PROFILES,
     DeviceProfile,
     get_profile,
@@ -32,11 +33,13 @@ from kvvmm.hardware.profiles import (
     profile_data,
     profile_from_data,
     profile_label,
+    profile_summary,
 )
 
 __all__ = [
     "BANDWIDTH_TARGET",
     "COST_TABLE_US",
+    "GPU_HELP",
     "H200_BANDWIDTH",
     "PROFILES",
     "BandwidthFit",
@@ -59,5 +62,6 @@ __all__ = [
     "profile_data",
     "profile_from_data",
     "profile_label",
+    "profile_summary",
     "sim_costs",
 ]

@@ -32,8 +32,20 @@ from kvvmm.errors import ArgumentError, ProfileError
 from kvvmm.hardware.schema import FORMAT, MAX_DEPTH, VERSIONS, parse, validate
 from kvvmm.units import MiB
 
-__all__ = ["FORMAT", "MAX_PROFILE_BYTES", "PROFILES", "VERSIONS", "DeviceProfile",
-           "get_profile", "load_profile", "profile_data", "profile_from_data", "profile_label"]
+__all__ = [
+    "FORMAT",
+    "GPU_HELP",
+    "MAX_PROFILE_BYTES",
+    "PROFILES",
+    "VERSIONS",
+    "DeviceProfile",
+    "get_profile",
+    "load_profile",
+    "profile_data",
+    "profile_from_data",
+    "profile_label",
+    "profile_summary",
+]
 
 #: Largest profile file read, in bytes (the biggest shipped one is ~40 KiB). A bigger file
 #: (or ``/dev/zero``, read until memory ran out) is refused before it is read.
@@ -241,3 +253,17 @@ def profile_label(profile: str | os.PathLike[str] | DeviceProfile) -> str:
     parts = [p.name] + ([p.date[:10]] if p.date else []) + (
         [os.path.basename(p.path)] if p.path else [])
     return f"{p.key} ({', '.join(parts)})"
+
+
+#: What a ``--gpu`` option takes, for the commands' help.
+GPU_HELP = ("device profile: a shipped key (h100, h200, b200, gb300, h200-calibrated) or a "
+            "profile .json, such as one `kvvmm calibrate --out FILE` wrote on your card "
+            "(default: %(default)s)")
+
+
+def profile_summary(profile: str | os.PathLike[str] | DeviceProfile) -> dict[str, str]:
+    """Which profile a command used, for its output: key, card, date, and the file's
+    absolute path (``"shipped"`` for one that comes with kvvmm)."""
+    p = get_profile(profile)
+    return {"key": p.key, "card": p.name, "date": p.date[:10] if p.date else "unknown",
+            "path": p.path or "shipped"}

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from kvvmm.errors import KvvmmError
+from kvvmm.hardware import GPU_HELP, profile_summary
 from kvvmm.workload import (
     SLOT_ORDERS,
     STRATEGIES,
@@ -40,7 +41,7 @@ def add_replay_parser(subparsers: Any) -> argparse.ArgumentParser:
                     "the summary and write an HTML report.")
     p.add_argument("trace", help="a .csv (Azure format) or .jsonl trace, or 'generated'")
     p.add_argument("--model", default="llama-3.1-70b")
-    p.add_argument("--gpu", default="h200")
+    p.add_argument("--gpu", default="h200", help=GPU_HELP)
     p.add_argument("--tp", type=int, default=8)
     p.add_argument("--strategy", action="append", choices=STRATEGIES, default=None,
                    help="a strategy to run (repeat it; default: all)")
@@ -84,6 +85,11 @@ def _strict(value: Any) -> Any:
     return value
 
 
+def _profile_line(used: dict[str, str]) -> str:
+    return (f"profile: {used['key']} ({used['card']}, measured {used['date']}; "
+            f"{used['path']})")
+
+
 def replay_command(args: argparse.Namespace) -> int:
     """Run ``kvvmm replay`` with parsed ``args``; the exit code (2: bad input)."""
     try:
@@ -109,9 +115,10 @@ def replay_command(args: argparse.Namespace) -> int:
         # Input this deep inside is still input: one line and exit 2, never a traceback
         # (hardening round 2). Named as what it is, so a bug still shows its class.
         return _fail(f"the input could not be replayed ({type(e).__name__}: {e})")
+    used = profile_summary(args.gpu)
     if args.json:
         s = cmp.setup
-        print(json.dumps(_strict({"model": s.model, "gpu": s.gpu, "tp": s.tp,
+        print(json.dumps(_strict({"model": s.model, "gpu": s.gpu, "profile": used, "tp": s.tp,
                                   "pool_tokens": s.pool_tokens, "requests": s.requests,
                                   "workload": s.workload, "slot_order": s.config.slot_order,
                                   "results": cmp.summary()}), indent=1, allow_nan=False))
@@ -120,6 +127,7 @@ def replay_command(args: argparse.Namespace) -> int:
     from kvvmm.viz.workload import format_workload, workload_figure
 
     text = format_workload(cmp)
+    print(_profile_line(used))
     print(text)
     stem = "generated" if args.trace == "generated" else Path(args.trace).stem
     out = Path(args.output) if args.output else Path(f"{stem}-replay.html")
