@@ -134,7 +134,10 @@ def test_plan_prints_the_plan_as_a_table(capsys: pytest.CaptureFixture[str]) -> 
 
     expected = format_plan(plan(gpu="h200", model="llama-3.1-8b", tp=2,
                                 budget_bytes=40 * GiB))
-    assert out == expected + "\n"
+    first, rest = out.split("\n", 1)
+    from kvvmm.hardware import profile_summary
+    assert first == f"profile: h200 (NVIDIA H200, measured {profile_summary('h200')['date']}; shipped)"
+    assert rest == expected + "\n"
     assert "tokens" in out and "Chunked(64.0 MiB)" in out
 
 
