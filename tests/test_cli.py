@@ -136,7 +136,8 @@ def test_plan_prints_the_plan_as_a_table(capsys: pytest.CaptureFixture[str]) -> 
                                 budget_bytes=40 * GiB))
     first, rest = out.split("\n", 1)
     from kvvmm.hardware import profile_summary
-    assert first == f"profile: h200 (NVIDIA H200, measured {profile_summary('h200')['date']}; shipped)"
+    date = profile_summary("h200")["date"]
+    assert first == f"profile: h200 (NVIDIA H200, measured {date}; shipped)"
     assert rest == expected + "\n"
     assert "tokens" in out and "Chunked(64.0 MiB)" in out
 
