@@ -316,8 +316,9 @@ def _parser() -> argparse.ArgumentParser:
     pl.add_argument("--mem-fraction-static", type=float, default=None,
                     help="SGLang's share of the card for weights + KV (default 0.9); "
                          "not with --headroom-bytes")
-    pl.add_argument("--weights-dtype", default="bfloat16",
-                    help="dtype the weights are counted in (default bfloat16)")
+    pl.add_argument("--weights-dtype", default=None,
+                    help="dtype the weights are counted in (default: the model's, as its "
+                         "config says: fp8 for DeepSeek-V3, else its torch_dtype)")
     pl.add_argument("--max-total-tokens", type=int, default=None,
                     help="cap on the KV tokens (SGLang's --max-total-tokens)")
     pl.add_argument("--reserved-tokens", type=int, default=None,

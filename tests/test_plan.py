@@ -410,3 +410,22 @@ def test_a_budget_too_small_says_how_it_was_computed() -> None:
         plan(gpu="h100", model="llama-3.1-70b", free_bytes=3 * GiB, headroom_bytes=3 * GiB)
     msg = str(e.value)
     assert "free 3.0 GiB - headroom 3.0 GiB" in msg and "327680 bytes per token" in msg
+
+
+def test_weights_are_counted_in_the_dtype_the_models_config_ships_them_in() -> None:
+    """DeepSeek-V3's config quantizes its weights to fp8 (e4m3): 8 x H200 hold them, as they
+    do in practice; counted in bf16 they would not (issue 26, item 7)."""
+    from kvvmm.layout import load_model
+
+    assert load_model("deepseek-v3").weights_dtype == "float8_e4m3fn"
+    assert load_model("llama-3.1-8b").weights_dtype == "bfloat16"
+    p = plan(gpu="h200", model="deepseek-v3", tp=8)
+    assert p.weights_dtype == "float8_e4m3fn"
+    assert p.weights_bytes == plan(gpu="h200", model="deepseek-v3", tp=8,
+                                   weights_dtype="float8_e4m3fn").weights_bytes
+    with pytest.raises(OutOfRangeError):
+        plan(gpu="h200", model="deepseek-v3", tp=8, weights_dtype="bfloat16")
+    assert plan(gpu="h200", model="llama-3.1-8b").weights_dtype == "bfloat16"
+    cfg = {"num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 256,
+           "quantization_config": {"quant_method": "mxfp4"}}
+    assert load_model(cfg, name="four-bit").weights_dtype is None  # not a dtype kvvmm counts

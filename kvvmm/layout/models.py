@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from kvvmm.checks import int_arg, is_int
-from kvvmm.dtypes import dtype_itemsize
-from kvvmm.errors import ArgumentError
+from kvvmm.dtypes import dtype_itemsize, dtype_name
+from kvvmm.errors import ArgumentError, KvvmmError
 
 __all__ = [
     "FULL_ATTENTION",
@@ -58,6 +58,9 @@ class ModelConfig:
     layer_types: tuple[str, ...] | None  #: per layer ``"full_attention"``/``"sliding_attention"``
     source: str  #: where the figures come from
     parameter_count: int | None = None  #: weights' parameters (None: the config lacks sizes)
+    #: the dtype its weights are stored in, as its config says: fp8 when
+    #: ``quantization_config`` says so, else ``torch_dtype`` (None: the config says neither)
+    weights_dtype: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -324,7 +327,28 @@ def _from_hf(cfg: Mapping[str, Any], name: str, source: str) -> ModelConfig:
         layer_types=_layer_types_from_hf(cfg, layers, window, where),
         source=source,
         parameter_count=_parameter_count(cfg, outer, head_dim, where),
+        weights_dtype=_weights_dtype(outer, cfg),
     )
+
+
+#: ``quantization_config`` formats whose weights kvvmm counts in one byte each
+_FP8_FORMATS = {"e4m3": "float8_e4m3fn", "e5m2": "float8_e5m2"}
+
+
+def _weights_dtype(outer: Mapping[str, Any], cfg: Mapping[str, Any]) -> str | None:
+    """The stored weights' dtype from a HF config: its fp8 quantization (DeepSeek-V3 ships
+    ``{"quant_method": "fp8", "fmt": "e4m3"}``), else ``torch_dtype``; None when neither is
+    there or kvvmm has no such dtype (4-bit formats: count them with ``weights_dtype=``)."""
+    q = outer.get("quantization_config", cfg.get("quantization_config"))
+    if isinstance(q, Mapping) and q.get("quant_method") == "fp8":
+        return _FP8_FORMATS.get(str(q.get("fmt", "e4m3")))
+    if isinstance(q, Mapping) and q.get("quant_method"):
+        return None  # quantized in a format kvvmm does not count
+    t = outer.get("torch_dtype", cfg.get("torch_dtype"))
+    try:
+        return dtype_name(t) if isinstance(t, str) else None
+    except KvvmmError:
+        return None
 
 
 def _read_json(text: str, where: str) -> Mapping[str, Any]:

@@ -217,9 +217,10 @@ class PlanRequest:
             isinstance(mfs, bool) or not isinstance(mfs, (int, float)) or not 0 < mfs <= 1
         ):
             raise ArgumentError("mem_fraction_static", mfs, "a float in (0, 1]")
+        model = load_model(o["model"])
         return cls(
             profile=get_profile(o["gpu"]),
-            model=load_model(o["model"]),
+            model=model,
             dtype=name,
             itemsize=dtype_itemsize(name),
             page_size=int_arg("page_size", o["page_size"], lo=1, unit="tokens"),
@@ -239,7 +240,8 @@ class PlanRequest:
             headroom_bytes=_opt_int("headroom_bytes", o["headroom_bytes"], 0, "bytes"),
             mem_fraction_static=None if mfs is None else float(mfs),
             backed_bytes=int_arg("backed_bytes", o["backed_bytes"], lo=0, unit="bytes"),
-            weights_dtype=dtype_name(o["weights_dtype"]),
+            weights_dtype=dtype_name(o["weights_dtype"] if o["weights_dtype"] is not None
+                                     else (model.weights_dtype or "bfloat16")),
             max_total_tokens=_opt_int("max_total_tokens", o["max_total_tokens"], 1, "tokens"),
         )
 
@@ -260,7 +262,7 @@ _DEFAULTS: dict[str, Any] = dict(
     swa_reserved_tokens=None,
     count_overhead=False,
     mem_fraction_static=None,
-    weights_dtype="bfloat16",
+    weights_dtype=None,
     max_total_tokens=None,
 )
 
@@ -583,7 +585,7 @@ def plan(
     swa_reserved_tokens: int | None = None,
     count_overhead: bool = False,
     mem_fraction_static: float | None = None,
-    weights_dtype: object = "bfloat16",
+    weights_dtype: object = None,
     max_total_tokens: int | None = None,
 ) -> Plan:
     """Plan a KV cache for ``model`` on one rank of ``gpu``: tokens, VA, backing, handles.
@@ -616,7 +618,8 @@ def plan(
         mem_fraction_static: the share of the device's memory for weights + KV, in (0, 1]
             (SGLang's option; default :data:`DEFAULT_MEM_FRACTION_STATIC`); not with
             ``headroom_bytes``.
-        weights_dtype: dtype the weights are counted in (default bf16).
+        weights_dtype: dtype the weights are counted in (default: the model's own, as its
+            config says: fp8 for DeepSeek-V3, else its ``torch_dtype``; bf16 when unknown).
         max_total_tokens: cap on the full pool's tokens, >= ``page_size`` (SGLang's option);
             the budget is capped at what the capped tokens cost.
     Returns:
