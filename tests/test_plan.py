@@ -429,3 +429,20 @@ def test_weights_are_counted_in_the_dtype_the_models_config_ships_them_in() -> N
     cfg = {"num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 256,
            "quantization_config": {"quant_method": "mxfp4"}}
     assert load_model(cfg, name="four-bit").weights_dtype is None  # not a dtype kvvmm counts
+
+
+@pytest.mark.parametrize("kw", [{}, {"budget_bytes": 10 * GiB}, {"model": "deepseek-v3", "tp": 8},
+                                {"model": "gemma-3-27b"}])
+def test_the_plan_table_fits_100_columns_and_says_where_over_budget_bytes_come_from(
+        kw: dict[str, object]) -> None:
+    from kvvmm.viz import format_plan
+
+    args: dict[str, object] = {"gpu": "h200", "model": "llama-3.1-8b", **kw}
+    p = plan(**args)  # type: ignore[arg-type]
+    text = format_plan(p)
+    wide = [line for line in text.splitlines() if len(line) > 100]
+    assert not wide, wide
+    if p.over_budget_bytes:
+        assert "padded page and granule rounding" in text
+        assert ("safe: it comes out of" in text) if p.headroom_bytes is not None \
+            else ("on top of the explicit budget" in text)

@@ -136,6 +136,7 @@ def format_plan(p: Plan) -> str:
         f"backed at final {fmt_bytes(p.final_backed_bytes)} (padding {fmt_bytes(p.padding_bytes)}"
         f", granularity waste {fmt_bytes(p.granularity_waste_bytes)}"
         f", over budget {fmt_bytes(p.over_budget_bytes)})",
+        *_over_budget_lines(p),
         "",
     ]
     pool_rows = [
@@ -187,6 +188,21 @@ def format_plan(p: Plan) -> str:
     return "\n".join(out)
 
 
+def _over_budget_lines(p: Plan) -> list[str]:
+    """Where backing past the budget comes from, and whether it is safe (two short lines)."""
+    over = p.over_budget_bytes
+    if over <= 0:
+        return []
+    pad = " " * 16
+    why = f"{pad}over budget: each buffer's padded page and granule rounding, not budgeted;"
+    if p.headroom_bytes is None:
+        return [why, f"{pad}it comes on top of the explicit budget (--count-overhead counts it)"]
+    if over <= p.headroom_bytes:
+        return [why, f"{pad}safe: it comes out of the {fmt_bytes(p.headroom_bytes)} headroom"]
+    return [why, f"{pad}NOT safe: more than the {fmt_bytes(p.headroom_bytes)} headroom; "
+                 "pass --count-overhead"]
+
+
 def _budget_lines(p: Plan) -> list[str]:
     # Each term of SGLang's post-capture formula on its own line, saying what it is, so a
     # reader can check the figure against what the engine logs.
@@ -205,7 +221,7 @@ def _budget_lines(p: Plan) -> list[str]:
         head = f"total * (1 - mem_fraction_static {p.mem_fraction_static:g})"
     derived = p.weights_bytes is not None and p.free_bytes == p.capacity_bytes - p.weights_bytes
     lines += [
-        f"headroom        {fmt_bytes(p.headroom_bytes or 0)} ({head}: activations, CUDA graphs,"
+        f"headroom        {fmt_bytes(p.headroom_bytes or 0)} ({head}: activations, graphs,"
         " allocator)",
         f"free            {fmt_bytes(p.free_bytes)} ("
         + ("after weights: total - weights; graphs come out of the headroom)" if derived
