@@ -99,10 +99,13 @@ va_map(pool.snapshot())
 # %% [markdown]
 # ## 3. The later upstream calls, and errors SGLang catches
 #
-# `release_beyond(n)` gives back whole mappings past the final span of `n` tokens (kvvmm's
-# shrink); `ensure_prefix(n)` backs again. A driver failure reaches SGLang as the
-# `RuntimeError` it catches, and stays the kvvmm error it is (`DriverOutOfMemoryError`,
-# with the call and the CUDA error name), undone before it is raised.
+# The lazy-backing caller hands out the pool's top page with `ensure_prefix(size + page_size)`
+# and reads `backed_tokens` (O(1)) on every allocation; when the pool goes idle,
+# `release_beyond(n)` gives back every mapping that starts past the first `n` slots' prefix,
+# as upstream does (a mapping straddling it stays whole); `ensure_prefix(n)` backs again.
+# docs/SGLANG.md lists every call with its line in SGLang 0.5.23. A driver failure reaches
+# SGLang as the `RuntimeError` it catches, and stays the kvvmm error it is
+# (`DriverOutOfMemoryError`, with the call and the CUDA error name), undone before it is raised.
 
 # %%
 given = pool.release_beyond(PAGE)
