@@ -58,6 +58,8 @@ from __future__ import annotations
 import enum
 import functools
 import operator
+import types
+import warnings
 from bisect import bisect_right, insort
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -77,6 +79,7 @@ __all__ = [
     "CUDA_ERROR_INVALID_VALUE",
     "CUDA_ERROR_NOT_SUPPORTED",
     "CUDA_ERROR_OUT_OF_MEMORY",
+    "OPTIONAL_CALLS",
     "U64_LIMIT",
     "Driver",
     "DriverStats",
@@ -89,6 +92,7 @@ __all__ = [
     "locked",
     "pass_pin",
     "refuse_close",
+    "work_hook",
 ]
 
 CUDA_ERROR_INVALID_VALUE = "CUDA_ERROR_INVALID_VALUE"
@@ -218,7 +222,14 @@ class Pins:
 
 def pass_pin(inner: object, call: str, va: int) -> None:
     """A wrapper's ``pin``/``unpin`` (``call``): passed on to the wrapped driver if it has
-    pins (host, CUDA), ignored if not (sim: nothing it gives out can crash a reader)."""
+    pins (host, CUDA), ignored if not (sim: nothing it gives out can crash a reader).
+
+    Deprecated in 0.3 (goes in 0.4): every driver has ``pin`` and ``unpin`` now (no-ops
+    where there is nothing to pin); call ``inner.pin(va)``.
+    """
+    warnings.warn("kvvmm.driver.base.pass_pin is deprecated (0.3): every Driver has pin and "
+                  "unpin; call inner.pin(va) / inner.unpin(va)", DeprecationWarning,
+                  stacklevel=2)
     fn = getattr(inner, call, None)
     if fn is not None:
         fn(va)
@@ -333,6 +344,51 @@ class Driver(Protocol):
         still the caller's. The memory counts for the driver that created it, not this one.
         """
         ...
+
+    # -- optional calls: declared here with the defaults a driver without the feature has.
+    # SimDriver, HostDriver, CudaDriver and DriverWrapper subclass Driver and inherit them,
+    # so the arena and owner call them directly (no getattr on a driver).
+
+    @property
+    def clock_us(self) -> float:
+        """Simulated time spent in driver calls, in µs: the simulator's clock; 0.0 elsewhere."""
+        return 0.0
+
+    def library_work(self, op: str, units: int = 1) -> None:
+        """Charge kvvmm's own work for one arena or owner operation (``op``, ``units``
+        handles, mappings or buffers) to a simulated clock. A no-op except on the simulator;
+        :func:`work_hook` tells the hot paths to skip the call where it is one."""
+        return None
+
+    def pin(self, va: int) -> None:
+        """A view (a tensor) can reach the reservation at ``va``: drivers whose freed VA would
+        crash a reader (host, CUDA) refuse its ``free`` and ``close()`` until :meth:`unpin`.
+        A no-op where nothing given out can crash a reader (sim)."""
+        return None
+
+    def unpin(self, va: int) -> None:
+        """One view fewer reaches the reservation at ``va`` (see :meth:`pin`)."""
+        return None
+
+    def close(self) -> None:
+        """Give back everything still held (idempotent). A no-op where nothing is held for
+        real (sim) and on wrappers (the wrapped driver is its owner's to close)."""
+        return None
+
+
+#: The optional calls of :class:`Driver` (with their defaults there).
+OPTIONAL_CALLS = ("clock_us", "library_work", "pin", "unpin", "close")
+
+
+def work_hook(driver: Driver) -> Callable[[str, int], None] | None:
+    """``driver.library_work``, or None where it is the protocol's no-op default.
+
+    The arena and the owner take it once, at construction, and skip the charge when it is
+    None: a real driver's decode step then makes no call at all. Wrappers hand out their
+    inner driver's ``library_work`` itself, so a wrapper of a real driver gives None too.
+    """
+    fn = driver.library_work
+    return None if getattr(fn, "__func__", None) is Driver.library_work else fn
 
 
 def driver_error(call: str, args: dict[str, int], cuda_error: str, reason: str) -> DriverError:
@@ -583,7 +639,33 @@ def check_driver(driver: object, name: str = "driver") -> None:
     """
     if isinstance(driver, Driver):
         return
+    if all(hasattr(driver, m) for m in _REQUIRED):
+        _give_defaults(driver)
+        return
     hint = (f"; open it first: kvvmm.open_driver({driver!r})"
             if driver in ("auto", "sim", "host", "cuda") else "")
     raise ArgumentError(name, driver, f"a driver object (SimDriver, HostDriver, CudaDriver, "
                                       f"or a wrapper of one){hint}")
+
+
+#: What :func:`check_driver` requires of a driver (its optional calls have defaults).
+_REQUIRED = ("kind", "device", "name", "memory", "granularity", "reserve", "free", "create",
+             "release", "map", "unmap", "set_access", "mem_info", "stats", "export_handle",
+             "import_handle")
+
+
+def _give_defaults(driver: object) -> None:
+    """The 0.2 shim for a driver written without the optional calls (it does not subclass
+    :class:`Driver`): give the instance the protocol's defaults for the ones it lacks, with a
+    DeprecationWarning. In 0.4 such a driver is refused.
+    """
+    missing = [m for m in OPTIONAL_CALLS if not hasattr(driver, m)]
+    warnings.warn(
+        f"{type(driver).__name__} lacks the driver protocol's optional calls {missing}: "
+        "kvvmm gives it their no-op defaults for now (0.3); subclass kvvmm.driver.Driver to "
+        "inherit them (refused from 0.4)", DeprecationWarning, stacklevel=3)
+    for m in missing:
+        if m == "clock_us":
+            setattr(driver, m, 0.0)
+        else:
+            setattr(driver, m, types.MethodType(getattr(Driver, m), driver))

@@ -135,6 +135,7 @@ from kvvmm.driver.base import (
     CUDA_ERROR_INVALID_DEVICE,
     CUDA_ERROR_INVALID_VALUE,
     CUDA_ERROR_NOT_SUPPORTED,
+    Driver,
     DriverStats,
     MemoryKind,
     Pins,
@@ -231,7 +232,7 @@ def _unavailable(what: str) -> DriverUnavailableError:
     return DriverUnavailableError(f"the CUDA driver cannot run here: {what}. {_FALLBACK}.")
 
 
-class CudaDriver:
+class CudaDriver(Driver):
     """CUDA VMM on a real GPU, in the device's primary context (torch's).
 
     Args:

@@ -19,7 +19,6 @@ from kvvmm.driver.base import (
     MemoryKind,
     check_driver,
     driver_error,
-    pass_pin,
 )
 from kvvmm.errors import ArgumentError
 
@@ -55,7 +54,7 @@ class Fault:
             raise ArgumentError("error", self.error, f"one of {list(_ERRORS)}")
 
 
-class FaultyDriver:
+class FaultyDriver(Driver):
     """A driver that fails the calls its :class:`Fault` list picks, and counts every call.
 
     Args:
@@ -84,13 +83,11 @@ class FaultyDriver:
 
     @property
     def clock_us(self) -> float:
-        return float(getattr(self.inner, "clock_us", 0.0))
+        return self.inner.clock_us
 
     def library_work(self, op: str, units: int = 1) -> None:
         """Pass the library's work per operation on to a simulator (a no-op elsewhere)."""
-        fn = getattr(self.inner, "library_work", None)
-        if fn is not None:
-            fn(op, units)
+        self.inner.library_work(op, units)
 
     def arm(self, fail: Fault | Iterable[Fault] | Mapping[str, int]) -> None:
         """Add faults; their ``nth`` counts from now."""
@@ -169,8 +166,8 @@ class FaultyDriver:
 
     def pin(self, va: int) -> None:
         """Pass a view's pin on to the wrapped driver (drivers without pins ignore it)."""
-        pass_pin(self.inner, "pin", va)
+        self.inner.pin(va)
 
     def unpin(self, va: int) -> None:
         """Drop a pin on the wrapped driver (see :meth:`pin`)."""
-        pass_pin(self.inner, "unpin", va)
+        self.inner.unpin(va)

@@ -50,6 +50,7 @@ from collections.abc import Sequence
 from kvvmm.driver.base import (
     CUDA_ERROR_INVALID_VALUE,
     CUDA_ERROR_OUT_OF_MEMORY,
+    Driver,
     DriverStats,
     MemoryKind,
     Pins,
@@ -107,7 +108,7 @@ def _mem_available() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
 
 
-class HostDriver:
+class HostDriver(Driver):
     """Host-memory VMM: the driver protocol over mmap and memfd, real bytes on the CPU.
 
     Args:

@@ -189,10 +189,10 @@ class TimedDriver:
         self._extra("unpin", va)
 
     def _extra(self, op: str, va: int) -> None:
-        fn = getattr(self.inner, op, None)
+        fn = self.inner.pin if op == "pin" else self.inner.unpin
         if self.recording:
-            self._recorded(op, 0, fn if fn is not None else (lambda _: None), va)
-        elif fn is not None:
+            self._recorded(op, 0, fn, va)
+        else:
             fn(va)
 
     def export_handle(self, handle: int) -> int:

@@ -11,14 +11,14 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from kvvmm.driver.base import Driver, DriverStats, MemoryKind, check_driver, pass_pin
+from kvvmm.driver.base import Driver, DriverStats, MemoryKind, check_driver
 from kvvmm.errors import DriverError
 from kvvmm.record.trace import Trace
 
 __all__ = ["TracingDriver"]
 
 
-class TracingDriver:
+class TracingDriver(Driver):
     """Wraps a driver and records every call into :attr:`trace`.
 
     Recording costs about a microsecond per call; leave it off on hot paths you time.
@@ -43,13 +43,11 @@ class TracingDriver:
 
     @property
     def clock_us(self) -> float:
-        return float(getattr(self.inner, "clock_us", 0.0))
+        return self.inner.clock_us
 
     def library_work(self, op: str, units: int = 1) -> None:
         """Pass the library's work per operation on to a simulator (a no-op elsewhere)."""
-        fn = getattr(self.inner, "library_work", None)
-        if fn is not None:
-            fn(op, units)
+        self.inner.library_work(op, units)
 
     def _call(self, op: str, args: dict[str, Any], fn: Any, *a: Any) -> Any:
         clock0 = self.clock_us
@@ -112,10 +110,10 @@ class TracingDriver:
 
     def pin(self, va: int) -> None:
         """Pass a view's pin on to the wrapped driver (drivers without pins ignore it)."""
-        pass_pin(self.inner, "pin", va)
+        self.inner.pin(va)
 
     def unpin(self, va: int) -> None:
         """Drop a pin on the wrapped driver (see :meth:`pin`)."""
-        pass_pin(self.inner, "unpin", va)
+        self.inner.unpin(va)
 
 
