@@ -74,3 +74,32 @@ def test_a_driver_without_the_optional_calls_gets_their_defaults_with_a_warning(
     assert isinstance(d, Driver) and d.clock_us == 0.0 and work_hook(d) is None
     with Arena(d, reserve_bytes=8 * MiB) as a:  # type: ignore[arg-type]
         a.allocate(2 * MiB, "x")
+
+
+def test_a_wrapper_overrides_one_method_to_see_every_call() -> None:
+    from kvvmm.driver import DriverWrapper
+
+    class Counting(DriverWrapper):
+        def __init__(self, inner: Driver) -> None:
+            super().__init__(inner)
+            self.seen: list[str] = []
+
+        def _call(self, call: str, fn: Any, *args: Any) -> Any:
+            self.seen.append(call)
+            return fn(*args)
+
+    d = Counting(SimDriver("h200"))
+    va = d.reserve(4 * MiB)
+    h = d.create(2 * MiB)
+    d.map(va, 2 * MiB, h)
+    d.set_access(va, 2 * MiB)
+    d.pin(va)
+    d.unpin(va)
+    d.unmap(va, 2 * MiB)
+    d.release(h)
+    d.free(va, 4 * MiB)
+    d.mem_info()
+    assert d.seen == ["reserve", "create", "map", "set_access", "pin", "unpin", "unmap",
+                      "release", "free", "mem_info"]
+    assert d.granularity() == 2 * MiB and d.stats().clean and d.clock_us > 0
+    assert work_hook(d) == d.inner.library_work  # the simulator's own, not a forwarder

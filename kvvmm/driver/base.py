@@ -2,8 +2,11 @@
 
 A driver is the narrow waist of kvvmm: a few methods over plain ints, one per CUDA VMM entry
 point (``cuMemAddressReserve``, ``cuMemCreate``, ``cuMemMap``, ...). Three implementations
-exist (``SimDriver``, ``HostDriver``, ``CudaDriver``) plus wrappers (``FaultyDriver``,
-``TracingDriver``); everything above this layer is written against :class:`Driver` only.
+exist (``SimDriver``, ``HostDriver``, ``CudaDriver``) plus wrappers on
+:class:`~kvvmm.driver.wrapper.DriverWrapper` (``FaultyDriver``, ``TracingDriver``,
+``TimedDriver``); everything above this layer is written against :class:`Driver` only. Its
+optional calls (``clock_us``, ``library_work``, ``pin``, ``unpin``, ``close``) have no-op
+defaults that every driver inherits.
 
 The rules (cuda.core's VMM design lists the driver behaviour they come from):
 
