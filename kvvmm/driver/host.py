@@ -54,12 +54,12 @@ from kvvmm.driver.base import (
     DriverStats,
     MemoryKind,
     Pins,
-    VmmBook,
     check_call_ints,
     driver_error,
     locked,
     refuse_close,
 )
+from kvvmm.driver.book import VmmBook
 from kvvmm.errors import ArgumentError, DriverUnavailableError
 from kvvmm.units import MiB
 

@@ -32,11 +32,11 @@ from kvvmm.driver.base import (
     Driver,
     DriverStats,
     MemoryKind,
-    VmmBook,
     check_call_ints,
     driver_error,
     locked,
 )
+from kvvmm.driver.book import VmmBook
 from kvvmm.errors import ArgumentError
 from kvvmm.hardware import COST_TABLE_US, PROFILES, DeviceProfile, get_profile
 from kvvmm.hardware.overhead import CallClock, sim_costs
