@@ -143,7 +143,7 @@ def decode_growth(
                               reserved_tokens=reserved, descs=descs, policy=policy)
         try:
             handles0 = owner.snapshot().handles
-            clock0 = float(getattr(drv, "clock_us", 0.0))  # the sim's simulated time
+            clock0 = drv.clock_us  # the sim's simulated time
             backed = []
             t0 = time.perf_counter()
             for n in steps:
@@ -153,7 +153,7 @@ def decode_growth(
                 if progress is not None:
                     progress(done, total)
             wall = time.perf_counter() - t0
-            sim_us = float(getattr(drv, "clock_us", 0.0)) - clock0
+            sim_us = drv.clock_us - clock0
             snap = owner.snapshot()
         finally:
             owner.close()

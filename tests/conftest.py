@@ -59,11 +59,9 @@ def open_test_driver(kind: str, **options: Any) -> Driver:
     raise ValueError(f"Unsupported driver kind: {kind!r}")
 
 
-def close_test_driver(driver: object) -> None:
+def close_test_driver(driver: Driver) -> None:
     """Give back everything a host driver still holds (a no-op for the simulator)."""
-    close = getattr(driver, "close", None)
-    if callable(close):
-        close()
+    driver.close()
 
 
 @pytest.fixture

@@ -110,9 +110,7 @@ def open_driver_kind(kind: str, monkeypatch: pytest.MonkeyPatch) -> Driver:
 
 def close_driver(d: Driver) -> None:
     """Give back whatever the driver still holds (no-op for the simulator)."""
-    close = getattr(d, "close", None)
-    if callable(close):
-        close()
+    d.close()
 
 
 @dataclass

@@ -49,8 +49,7 @@ def _host(**kw: Any) -> Any:
 def drv(request: pytest.FixtureRequest) -> Iterator[Driver]:
     d: Any = SimDriver("h200") if request.param == "sim" else _host()
     yield d
-    if hasattr(d, "close"):
-        d.close()
+    d.close()
 
 
 def _fds() -> int:
@@ -114,8 +113,7 @@ def _outcome(call: str, kind: str, x: Any) -> tuple[str, str]:
         assert _fds() == fds, f"{kind}: {call}({x!r}) leaked a file descriptor"
         return got
     finally:
-        if hasattr(d, "close"):
-            d.close()
+        d.close()
 
 
 @pytest.mark.parametrize("x", NOT_INTS, ids=lambda x: f"{type(x).__name__}-{x!r}"[:24])

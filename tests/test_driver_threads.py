@@ -107,8 +107,7 @@ def test_threads_making_raw_driver_calls_never_corrupt_the_book(kind: str) -> No
     _run([threading.Thread(target=work, args=(s,)) for s in range(THREADS)])
     assert not errors, errors[:3]
     assert d.stats().clean, d.stats()
-    if hasattr(d, "close"):
-        d.close()
+    d.close()
 
 
 @pytest.mark.parametrize("kind", KINDS)

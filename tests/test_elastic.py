@@ -28,9 +28,7 @@ G = 2 * MiB
 def driver(request: pytest.FixtureRequest) -> Driver:
     d: Driver = SimDriver("h200") if request.param == "sim" else HostDriver(capacity_bytes=GiB)
     yield d  # type: ignore[misc]
-    close = getattr(d, "close", None)
-    if close is not None:
-        close()
+    d.close()
 
 
 def _bytes(arena: Arena, start: int, n: int) -> torch.Tensor:

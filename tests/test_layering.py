@@ -52,6 +52,7 @@ LAYER_OF = {
     "kvvmm.snapshot": "data",
     "kvvmm.policy": "policy",
     "kvvmm.driver.base": "driver-base",
+    "kvvmm.driver.book": "driver-base",  # the rules in Python (VmmBook), moved out of base
     "kvvmm.driver": "driver",
     "kvvmm.record": "record",
     "kvvmm.layout": "layout",

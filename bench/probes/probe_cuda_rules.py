@@ -575,7 +575,7 @@ def overhead() -> dict[str, Any]:
     assert d.stats().clean, d.stats()
 
     # VmmBook (the shared rule book of sim/host) on this CPU, for the record.
-    from kvvmm.driver.base import VmmBook
+    from kvvmm.driver.book import VmmBook
 
     G = d.granularity()
     book = VmmBook(G, 1 << 40)

@@ -48,7 +48,7 @@ from kvvmm.arena.state import _locked, log
 from kvvmm.arena.transaction import Transaction
 from kvvmm.arena.views import ViewLease, make_tensor
 from kvvmm.checks import int_arg
-from kvvmm.driver.base import Driver, MemoryKind
+from kvvmm.driver.base import Driver, MemoryKind, work_hook
 from kvvmm.dtypes import dtype_itemsize, dtype_name
 from kvvmm.errors import (
     AlignmentError,
@@ -151,7 +151,7 @@ class Arena(HolesMixin, SharingMixin):
         self._arena_id = trace.open_arena() if trace is not None else -1
         # The simulator's hook for the library's own work per operation (None elsewhere):
         # its clock then includes what the profile measured for each operation.
-        self._work: Callable[[str, int], None] | None = getattr(driver, "library_work", None)
+        self._work: Callable[[str, int], None] | None = work_hook(driver)
         self._note("open", name=self.name, reserve_bytes=self.reserved_bytes, base=self.base)
         if self._work is not None:
             self._work("arena.open", 0)
@@ -474,18 +474,15 @@ class Arena(HolesMixin, SharingMixin):
         self._check_open("lease")
         # A driver that can crash under a live view (host, CUDA) refuses close() and free()
         # of a pinned reservation: one pin per lease, dropped as the lease ends.
-        pin = getattr(self.driver, "pin", None)
-        if pin is not None:
-            pin(self.base)
+        self.driver.pin(self.base)
         self._views += 1
         return ViewLease(self, self._view_gone)
 
     @_locked
     def _view_gone(self) -> None:
         self._views -= 1
-        unpin = getattr(self.driver, "unpin", None)
-        if unpin is not None and not self._released:
-            unpin(self.base)
+        if not self._released:
+            self.driver.unpin(self.base)
         if self._dropping_pool:
             return
         if self._closed and not self._released and self._views == 0:

@@ -1,4 +1,5 @@
-"""Drivers: one protocol (``base.Driver``), three implementations, two wrappers.
+"""Drivers: one protocol (``base.Driver``), three implementations, one wrapper base
+(``DriverWrapper``) and the fault-injecting wrapper on it.
 
 ``open_driver`` picks one by name; nothing here imports torch or cuda.bindings.
 """
@@ -10,6 +11,7 @@ from typing import Any
 from kvvmm.driver.base import Driver, DriverStats, MemoryKind
 from kvvmm.driver.faults import Fault, FaultyDriver
 from kvvmm.driver.sim import SimDriver, SimNode
+from kvvmm.driver.wrapper import DriverWrapper
 from kvvmm.errors import ArgumentError, DriverUnavailableError
 from kvvmm.hardware import PROFILES, DeviceProfile, get_profile
 
@@ -18,6 +20,7 @@ __all__ = [
     "DeviceProfile",
     "Driver",
     "DriverStats",
+    "DriverWrapper",
     "Fault",
     "FaultyDriver",
     "MemoryKind",

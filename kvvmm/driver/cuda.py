@@ -1,124 +1,14 @@
 """CudaDriver: the driver protocol on a real GPU, through cuda-python's ``cuda.bindings.driver``.
 
 The only module of kvvmm that imports ``cuda.bindings``. Every call is one CUDA VMM entry
-point (``cuMemAddressReserve``, ``cuMemCreate``, ``cuMemMap``, ``cuMemSetAccess``, ...) in the
-device's *primary* context, the one torch uses (vLLM reports "context mismatch" when
-cuda-python work runs in a context of its own).
+point in the device's *primary* context, the one torch uses. The hot calls (create, map, set
+access, unmap, release) run in C when ``_cudafast.c`` is built; the Python methods here are
+its slow path and the whole driver without it. Optionally (``zero_page``) unbacked VA reads as
+zeros through a read-only zero cover (:mod:`kvvmm.driver.zerocover` plans it).
 
-What the real driver enforces was recorded on an H200 (``bench/results/h200-cuda-rules.json``,
-by ``bench/probes/probe_cuda_rules.py``; docs/MEASUREMENTS.md §1). It does not
-enforce every rule of ``base``, so this driver checks the missing ones itself, before CUDA is
-called, and answers with the name CUDA uses for the same mistake where CUDA has one:
-
-- a map must lie inside one live reservation: CUDA accepts a map straddling a reservation's
-  end, into a freed reservation, or across two adjacent reservations;
-- a map takes a whole live handle: CUDA refuses size != the handle's (CUDA_ERROR_NOT_SUPPORTED)
-  but accepts a map of a released handle that is still mapped elsewhere (kvvmm refuses it:
-  CUDA_ERROR_INVALID_VALUE, as for any handle that is not live);
-- unmap and set access must tile whole mappings: CUDA accepts an unmap over holes or over
-  nothing mapped (a no-op), and an access change over a hole;
-- release of an unknown or released handle is refused without passing a stale handle on;
-- alignment to the chosen granularity (which may exceed the device's minimum).
-
-CUDA itself refuses, with these names: misaligned sizes and addresses, zero sizes, a reserve
-alignment that is not a power of two, any free that is not one exact reservation or still has
-a mapping in it, an unmap of part of a mapping, an access change of part of a mapping or of
-unmapped VA (all CUDA_ERROR_INVALID_VALUE); a map over mapped VA (CUDA_ERROR_INVALID_VALUE);
-a create past free memory (CUDA_ERROR_OUT_OF_MEMORY).
-
-Cost: kvvmm's bookkeeping sits on the hot path, so it is kept to a handle record, one dict
-entry per mapping and a cached "last reservation" range (the shared
-:class:`~kvvmm.driver.base.VmmBook` would cost more than the raw ``cuMemMap`` itself). Even
-so, in Python map and unmap miss the 1.1x target (docs/MEASUREMENTS.md §2), so create, map,
-set access (own device), unmap and release run in C when the package's one
-extension is built (``_cudafast.c``, CPython's limited API; it links to nothing: the
-addresses of libcuda's entry points are looked up here, in the libcuda cuda-python loaded).
-It does the same checks on the same dicts and takes only the common, valid case; anything
-else (a failed check, an odd argument, a capture, another current context) runs the Python
-methods below, which are also the whole driver when the extension is missing or
-``KVVMM_CUDA_FASTPATH=0``. The C path meets the 1.1x target, and beats the raw call on map
-because C skips cuda-python's own wrapper (docs/MEASUREMENTS.md §2).
-
-Unmap synchronizes the context first: unmapping VA that a running kernel still reads or
-writes is an illegal-address fault that kills the context. A synchronize while any stream of
-the context is capturing a CUDA graph fails *and invalidates that capture*, even with the
-thread's capture mode relaxed (docs/MEASUREMENTS.md §6). So an unmap first looks for a
-capture on torch's current stream of this driver's device (when the process uses torch) and
-on blocking streams (the legacy stream's query), and refuses with
-CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED without touching anything: **unmap during CUDA graph
-capture is refused**; decommit after the capture ends. A capture on some other non-blocking
-stream is not seen; the synchronize then invalidates it.
-
-The VMM calls need no current context; the synchronize and ``cuMemGetInfo`` do, and run with
-this device's primary context pushed when another (or none) is current on the calling thread.
-
-Peer access: ``set_access(va, size, devices=(0, 1))`` passes one ``CUmemAccessDesc`` per
-device (read/write) to ``cuMemSetAccess``; the lists are built once per device tuple and
-cached, and the default call (``devices=None``) passes the pre-built own-device list as
-before. kvvmm refuses, before CUDA sees it, a device ordinal the process cannot see
-(CUDA_ERROR_INVALID_VALUE: raw cuMemSetAccess's answer on an H200, recorded by
-``tests/gpu/test_gpu_peer.py``) and a device for which ``cuDeviceCanAccessPeer(device, this
-device)`` is 0 (CUDA_ERROR_INVALID_DEVICE, cuMemSetAccess's documented answer; not measured:
-that needs two GPUs without a peer path). VMM peer access needs no ``cuCtxEnablePeerAccess``:
-the access descriptors are the whole story.
-
-Handles between processes: with ``exportable=True`` every ``cuMemCreate`` asks for
-``CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`` (``requestedHandleTypes``), so
-``export_handle`` (``cuMemExportToShareableHandle``) can give a file descriptor; another
-process passes it to ``import_handle`` (``cuMemImportFromShareableHandle``), which closes it
-(the imported handle holds the memory) and maps it like any handle. Off by default: a
-shareable allocation might cost more to create; on an H200 exportable handles cost no more
-(docs/MEASUREMENTS.md §7). CUDA cannot tell an
-imported handle's size: ``import_handle(fd, size)`` trusts ``size`` (aligned), and a map of
-another size is refused by CUDA.
-
-Arguments: every call's ints pass :func:`~kvvmm.driver.base.check_call_ints` before CUDA is
-called (the C fast path takes only exact ints in ``[0, 2**64)`` and hands anything else,
-``True`` and ``1.0`` included, to the Python path, which refuses it).
-
-Threads: the Python path holds one lock per driver across each call's check, CUDA call and
-book update, except the ``cuCtxSynchronize`` before an unmap, which runs with the mapping
-already taken out of the book (so no other call can use it) and the lock still held: a
-synchronize waits for the device, so an unmap may hold the lock that long (noted: the pool's
-background thread should not unmap). The C fast path relies on the GIL instead: it keeps
-the GIL across ``cuMemMap`` (a few µs), and takes a handle or mapping out of the book
-*before* it releases the GIL for ``cuMemRelease`` or the synchronize + ``cuMemUnmap``, and
-puts it back if CUDA refuses, so two threads never act on the same handle or mapping.
-
-Fresh memory is not zeroed: ``cuMemCreate`` gives pages with whatever bytes they last held
-(possibly another tenant's in this process); kvvmm does not clear them.
-
-Zero page (``CudaDriver(zero_page=...)``, off by default). Without it, reserved VA that is not
-mapped is not readable on CUDA: any touch is an illegal-address fault, which kills the CUDA
-context (printing a KV tensor before its commit does it: torch's ``repr`` reads rows). With
-it, every reserved byte that is not really mapped is mapped read-only to zeroed memory of
-this driver's own, so reads give zeros and writes still fault (as on the host driver).
-CUDA maps whole handles only and ``cuMemSetAccess`` costs about 40 µs per mapping whatever
-its size (docs/MEASUREMENTS.md §9), so the cover is made of few large mappings: one zeroed
-handle per piece size, the granularity doubled up to a block ``Z`` (64 MiB for ``True``;
-``2Z - g`` bytes of device memory, made and zeroed once at construction), tiled greedily
-(``kvvmm/driver/zerocover.py`` plans it and keeps its book). What it changes:
-
-- reserve aligns the VA to ``Z`` and covers the reservation (one map per piece, one
-  read-only access call per run); free synchronizes (a kernel may still read the cover),
-  then unmaps the cover (one unmap per run) before freeing;
-- map synchronizes the context first (it unmaps zero pieces a kernel may be reading), so
-  **a map (a commit) during CUDA graph capture is refused** like an unmap, then unmaps the
-  pieces under the new mapping, re-covers what they covered outside it (at most
-  ``log2(Z/g)`` pieces on each side) and maps the handle; unmap unmaps, then covers the
-  range again;
-- map and unmap run in Python (the C fast path knows nothing of the cover); create, release
-  and set access stay in C, and set access sees real mappings only;
-- every multi-step change undoes itself when a CUDA call fails part way (an unmap whose
-  re-cover fails maps the handles back, with their bytes and access; a released handle's
-  memory is held across the unmap by ``cuMemRetainAllocationHandle``), the book says
-  exactly what is mapped, and the error raised is the failed call's; if an undo step fails
-  too, a note says which VA is left uncovered (reading it faults; a map over it works);
-- :meth:`CudaDriver.stats` counts real mappings and memory only; :meth:`CudaDriver.zero_stats`
-  counts the cover (its mappings, covered and uncovered VA, the zero memory);
-- peer devices get no zero cover: only this device has read access to the zero pieces.
-
-Close refuses (``BusyError``) while a reservation is pinned (:meth:`CudaDriver.pin`).
+The design (the rules checked here that CUDA does not check, cost and the C fast path, unmap
+and graph capture, contexts, peers, handles between processes, arguments, threads, the zero
+page) is ``docs/CUDA_DRIVER.md``; the measurements it cites are ``docs/MEASUREMENTS.md``.
 """
 
 from __future__ import annotations
@@ -135,6 +25,7 @@ from kvvmm.driver.base import (
     CUDA_ERROR_INVALID_DEVICE,
     CUDA_ERROR_INVALID_VALUE,
     CUDA_ERROR_NOT_SUPPORTED,
+    Driver,
     DriverStats,
     MemoryKind,
     Pins,
@@ -231,7 +122,7 @@ def _unavailable(what: str) -> DriverUnavailableError:
     return DriverUnavailableError(f"the CUDA driver cannot run here: {what}. {_FALLBACK}.")
 
 
-class CudaDriver:
+class CudaDriver(Driver):
     """CUDA VMM on a real GPU, in the device's primary context (torch's).
 
     Args:
@@ -242,7 +133,7 @@ class CudaDriver:
         exportable: create every handle shareable as a POSIX file descriptor, so
             ``export_handle`` works (off by default: it may cost at create time).
         zero_page: keep reserved VA that is not mapped readable as zeros, for this device
-            (see "Zero page" in the module docstring). ``False`` (the default): unbacked VA
+            (see "Zero page" in docs/CUDA_DRIVER.md). ``False`` (the default): unbacked VA
             faults on any touch (an illegal-address fault kills the CUDA context). ``True``:
             on, with blocks of ``ZERO_PAGE_BLOCK`` (64 MiB). An int: the block size in
             bytes, the granularity times a power of two (the granularity itself: granule

@@ -7,20 +7,18 @@ call is *not* passed to the inner driver, exactly like a CUDA call that returned
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from kvvmm.driver.base import (
     CALLS,
     CUDA_ERROR_INVALID_VALUE,
     CUDA_ERROR_OUT_OF_MEMORY,
     Driver,
-    DriverStats,
-    MemoryKind,
-    check_driver,
     driver_error,
-    pass_pin,
 )
+from kvvmm.driver.wrapper import NAMED, DriverWrapper
 from kvvmm.errors import ArgumentError
 
 __all__ = ["Fault", "FaultyDriver"]
@@ -55,7 +53,7 @@ class Fault:
             raise ArgumentError("error", self.error, f"one of {list(_ERRORS)}")
 
 
-class FaultyDriver:
+class FaultyDriver(DriverWrapper):
     """A driver that fails the calls its :class:`Fault` list picks, and counts every call.
 
     Args:
@@ -67,12 +65,7 @@ class FaultyDriver:
     def __init__(
         self, inner: Driver, fail: Fault | Iterable[Fault] | Mapping[str, int] = ()
     ) -> None:
-        check_driver(inner, "inner")  # typed, not an AttributeError on .kind
-        self.inner = inner
-        self.kind: str = inner.kind
-        self.device: int = inner.device
-        self.name: str = inner.name
-        self.memory: MemoryKind = inner.memory
+        super().__init__(inner)
         self.calls: list[str] = []  #: every call made through this wrapper, in order
         self.injected: list[str] = []  #: calls that were made to fail
         self._faults: list[Fault] = []
@@ -81,16 +74,6 @@ class FaultyDriver:
 
     def __repr__(self) -> str:
         return f"FaultyDriver({self.inner!r}, fail={self._faults!r})"
-
-    @property
-    def clock_us(self) -> float:
-        return float(getattr(self.inner, "clock_us", 0.0))
-
-    def library_work(self, op: str, units: int = 1) -> None:
-        """Pass the library's work per operation on to a simulator (a no-op elsewhere)."""
-        fn = getattr(self.inner, "library_work", None)
-        if fn is not None:
-            fn(op, units)
 
     def arm(self, fail: Fault | Iterable[Fault] | Mapping[str, int]) -> None:
         """Add faults; their ``nth`` counts from now."""
@@ -108,69 +91,18 @@ class FaultyDriver:
         self._faults.clear()
         self._seen.clear()
 
-    def _gate(self, call: str, args: dict[str, int]) -> None:
+    def _call(self, call: str, fn: Callable[..., Any], *args: Any) -> Any:
+        if call == "pin" or call == "unpin":  # not protocol calls: never counted or failed
+            return fn(*args)
         self.calls.append(call)
-        size = args.get("size", 0)
-        for i, f in enumerate(self._faults):
-            if (f.call == "*" or f.call == call) and size >= f.min_size:
-                self._seen[i] += 1
-                if f.nth is None or self._seen[i] == f.nth:
-                    self.injected.append(call)
-                    raise driver_error(call, args, f.error, "injected by FaultyDriver")
-
-    def granularity(self) -> int:
-        return self.inner.granularity()
-
-    def reserve(self, size: int, align: int = 0) -> int:
-        self._gate("reserve", {"size": size, "align": align})
-        return self.inner.reserve(size, align)
-
-    def free(self, va: int, size: int) -> None:
-        self._gate("free", {"va": va, "size": size})
-        self.inner.free(va, size)
-
-    def create(self, size: int) -> int:
-        self._gate("create", {"size": size})
-        return self.inner.create(size)
-
-    def release(self, handle: int) -> None:
-        self._gate("release", {"handle": handle})
-        self.inner.release(handle)
-
-    def map(self, va: int, size: int, handle: int) -> None:
-        self._gate("map", {"va": va, "size": size, "handle": handle})
-        self.inner.map(va, size, handle)
-
-    def unmap(self, va: int, size: int) -> None:
-        self._gate("unmap", {"va": va, "size": size})
-        self.inner.unmap(va, size)
-
-    def set_access(self, va: int, size: int, devices: Sequence[int] | None = None) -> None:
-        self._gate("set_access", {"va": va, "size": size})
-        if devices is None:
-            self.inner.set_access(va, size)
-        else:
-            self.inner.set_access(va, size, devices)
-
-    def mem_info(self) -> tuple[int, int]:
-        self._gate("mem_info", {})
-        return self.inner.mem_info()
-
-    def stats(self) -> DriverStats:
-        return self.inner.stats()
-
-    def export_handle(self, handle: int) -> int:
-        self._gate("export_handle", {"handle": handle})
-        return self.inner.export_handle(handle)
-
-    def import_handle(self, fd: int, size: int) -> int:
-        self._gate("import_handle", {"fd": fd, "size": size})  # a refused fd stays the caller's
-        return self.inner.import_handle(fd, size)
-
-    def pin(self, va: int) -> None:
-        """Pass a view's pin on to the wrapped driver (drivers without pins ignore it)."""
-        pass_pin(self.inner, "pin", va)
-
-    def unpin(self, va: int) -> None:
-        """Drop a pin on the wrapped driver (see :meth:`pin`)."""
-        pass_pin(self.inner, "unpin", va)
+        if self._faults:
+            named = NAMED[call](*args)
+            named.pop("devices", None)  # a DriverError carries the ints only
+            size = named.get("size", 0)
+            for i, f in enumerate(self._faults):
+                if (f.call == "*" or f.call == call) and size >= f.min_size:
+                    self._seen[i] += 1
+                    if f.nth is None or self._seen[i] == f.nth:
+                        self.injected.append(call)
+                        raise driver_error(call, named, f.error, "injected by FaultyDriver")
+        return fn(*args)

@@ -50,15 +50,16 @@ from collections.abc import Sequence
 from kvvmm.driver.base import (
     CUDA_ERROR_INVALID_VALUE,
     CUDA_ERROR_OUT_OF_MEMORY,
+    Driver,
     DriverStats,
     MemoryKind,
     Pins,
-    VmmBook,
     check_call_ints,
     driver_error,
     locked,
     refuse_close,
 )
+from kvvmm.driver.book import VmmBook
 from kvvmm.errors import ArgumentError, DriverUnavailableError
 from kvvmm.units import MiB
 
@@ -107,7 +108,7 @@ def _mem_available() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
 
 
-class HostDriver:
+class HostDriver(Driver):
     """Host-memory VMM: the driver protocol over mmap and memfd, real bytes on the CPU.
 
     Args:

@@ -29,13 +29,14 @@ from kvvmm.driver.base import (
     CUDA_ERROR_INVALID_DEVICE,
     CUDA_ERROR_INVALID_VALUE,
     CUDA_ERROR_OUT_OF_MEMORY,
+    Driver,
     DriverStats,
     MemoryKind,
-    VmmBook,
     check_call_ints,
     driver_error,
     locked,
 )
+from kvvmm.driver.book import VmmBook
 from kvvmm.errors import ArgumentError
 from kvvmm.hardware import COST_TABLE_US, PROFILES, DeviceProfile, get_profile
 from kvvmm.hardware.overhead import CallClock, sim_costs
@@ -165,7 +166,7 @@ def _is_device(d: object, count: int) -> bool:
     return not isinstance(d, bool) and isinstance(d, int) and 0 <= d < count
 
 
-class SimDriver:
+class SimDriver(Driver):
     """A device with no memory: the driver rules, deterministic addresses, a cost clock.
 
     Args:
@@ -183,6 +184,7 @@ class SimDriver:
 
     kind = "sim"
     memory = MemoryKind.NONE
+    clock_us: float = 0.0  #: a plain attribute here (the protocol's default is a property)
 
     def __init__(
         self,
@@ -338,8 +340,8 @@ class SimDriver:
         Not a driver call: the arena and the owner say what they did (``op`` such as
         ``"arena.commit"``, ``units`` the handles, mappings or buffers it touched) so the
         simulated clock includes the library's work the profile measured
-        (``library_work_us``; nothing where the profile has none). Real drivers have no
-        such method; callers look it up with ``getattr``.
+        (``library_work_us``; nothing where the profile has none). Real drivers keep the
+        protocol's no-op, which the arena and owner skip (:func:`~kvvmm.driver.base.work_hook`).
         """
         with self._lock:
             self.clock_us += self._cost.work(op, units)

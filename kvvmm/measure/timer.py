@@ -11,11 +11,17 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
-from kvvmm.driver.base import Driver, DriverStats, MemoryKind, check_driver
+from kvvmm.driver.base import Driver
+from kvvmm.driver.wrapper import DriverWrapper
 
 T = TypeVar("T")
 
 __all__ = ["TimedDriver", "copy_tb_s", "copy_vs_malloc", "rotated", "wrapper_cost_s"]
+
+#: Where each timed VMM call has its size (a release is timed by its handle's size).
+_SIZE_AT = {"reserve": 0, "free": 1, "create": 0, "map": 1, "unmap": 1, "set_access": 1}
+#: What a recording holds beyond the VMM calls.
+_RECORDED_ONLY = frozenset(("mem_info", "pin", "unpin"))
 
 def copy_tb_s(dst: Any, src: Any, reps: int = 30) -> float:
     """TB/s of ``dst.copy_(src)``: the median of ``reps`` copies after 5 warm-up copies,
@@ -78,7 +84,7 @@ def _pct(xs: list[float], q: float) -> float:
     return s[max(0, min(len(s) - 1, math.ceil(q * len(s)) - 1))]
 
 
-class TimedDriver:
+class TimedDriver(DriverWrapper):
     """A driver that forwards every call to ``inner`` and times it, for both commands.
 
     - Always: the VMM calls (reserve, free, create, release, map, unmap, set_access) are
@@ -98,12 +104,7 @@ class TimedDriver:
     """
 
     def __init__(self, inner: Driver) -> None:
-        check_driver(inner, "inner")
-        self.inner = inner
-        self.kind: str = inner.kind
-        self.device: int = inner.device
-        self.name: str = inner.name
-        self.memory: MemoryKind = inner.memory
+        super().__init__(inner)
         self.calls: list[tuple[str, int, float]] = []
         self.recording = False
         # handle -> size: a release costs by the size of its handle, and names only the handle
@@ -117,89 +118,43 @@ class TimedDriver:
         self.fg_s = self.bg_s = 0.0
         self.fg_calls = self.bg_calls = 0
 
-    def _call(self, op: str, size: int, fn: Callable[..., Any], *args: Any) -> Any:
-        if self.recording:
-            return self._recorded(op, size, fn, *args)
-        t0 = time.perf_counter()
-        try:
+    def _call(self, call: str, fn: Callable[..., Any], *args: Any) -> Any:
+        at = _SIZE_AT.get(call)
+        if at is not None:
+            size = args[at]
+        elif call == "release":  # timed by its handle's size
+            size = self._sizes.get(args[0], 0)
+        elif self.recording and call in _RECORDED_ONLY:
+            # mem_info, pin, unpin: not VMM calls, in the counters never, in a recording
+            # always (on the same path as a VMM call: wrapper_cost_s times it)
+            return self._recorded(call, 0, fn, *args)
+        else:  # export_handle and import_handle pass through untimed
             return fn(*args)
-        finally:
-            dt = time.perf_counter() - t0
-            if threading.get_ident() == self._fg:
-                self.fg_s += dt
-                self.fg_calls += 1
-            else:
-                self.bg_s += dt
-                self.bg_calls += 1
+        if self.recording:
+            out = self._recorded(call, size, fn, *args)
+        else:
+            t0 = time.perf_counter()
+            try:
+                out = fn(*args)
+            finally:
+                dt = time.perf_counter() - t0
+                if threading.get_ident() == self._fg:
+                    self.fg_s += dt
+                    self.fg_calls += 1
+                else:
+                    self.bg_s += dt
+                    self.bg_calls += 1
+        if call == "create":
+            self._sizes[out] = size
+        elif call == "release":
+            self._sizes.pop(args[0], None)
+        return out
 
     def _recorded(self, op: str, size: int, fn: Callable[..., Any], *args: Any) -> Any:
         t0 = time.perf_counter()
         out = fn(*args)
         self.calls.append((op, size, time.perf_counter() - t0))
         return out
-
-    def granularity(self) -> int:
-        return int(self.inner.granularity())
-
-    def reserve(self, size: int, align: int = 0) -> int:
-        return int(self._call("reserve", size, self.inner.reserve, size, align))
-
-    def free(self, va: int, size: int) -> None:
-        self._call("free", size, self.inner.free, va, size)
-
-    def create(self, size: int) -> int:
-        h = int(self._call("create", size, self.inner.create, size))
-        self._sizes[h] = size
-        return h
-
-    def release(self, handle: int) -> None:
-        self._call("release", self._sizes.get(handle, 0), self.inner.release, handle)
-        self._sizes.pop(handle, None)
-
-    def map(self, va: int, size: int, handle: int) -> None:
-        self._call("map", size, self.inner.map, va, size, handle)
-
-    def unmap(self, va: int, size: int) -> None:
-        self._call("unmap", size, self.inner.unmap, va, size)
-
-    def set_access(self, va: int, size: int, devices: Sequence[int] | None = None) -> None:
-        # Two arguments when the arena passes two: CudaDriver's C fast path takes only
-        # (va, size) and hands a third, even None, to the slower Python path.
-        if devices is None:
-            self._call("set_access", size, self.inner.set_access, va, size)
-        else:
-            self._call("set_access", size, self.inner.set_access, va, size, devices)
-
-    def mem_info(self) -> tuple[int, int]:
-        # Not a VMM call: in the counters never, in a recording always.
-        if self.recording:
-            free, total = self._recorded("mem_info", 0, self.inner.mem_info)
-        else:
-            free, total = self.inner.mem_info()
-        return int(free), int(total)
-
-    def stats(self) -> DriverStats:
-        return self.inner.stats()
-
-    def pin(self, va: int) -> None:
-        """The arena pins once per tensor view; passed on where the driver pins."""
-        self._extra("pin", va)
-
-    def unpin(self, va: int) -> None:
-        self._extra("unpin", va)
-
-    def _extra(self, op: str, va: int) -> None:
-        fn = getattr(self.inner, op, None)
-        if self.recording:
-            self._recorded(op, 0, fn if fn is not None else (lambda _: None), va)
-        elif fn is not None:
-            fn(va)
-
-    def export_handle(self, handle: int) -> int:
-        return int(self.inner.export_handle(handle))
-
-    def import_handle(self, fd: int, size: int) -> int:
-        return int(self.inner.import_handle(fd, size))
 
     @contextmanager
     def record(self) -> Iterator[list[tuple[str, int, float]]]:
@@ -210,11 +165,6 @@ class TimedDriver:
             yield self.calls
         finally:
             self.recording = False
-
-    def __getattr__(self, name: str) -> Any:
-        # granularity_min, synchronize, fast_path, ...: what the arena, tensors and the
-        # commands look up on a driver beyond the protocol, untimed.
-        return getattr(self.inner, name)
 
 
 def wrapper_cost_s(td: TimedDriver, n: int = 2000) -> float:

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from kvvmm.arena import Arena, DecommitResult
 from kvvmm.arena.arena import MAX_RESERVE_BYTES, RangeResult, check_driver
 from kvvmm.arena.pool import HandlePool
-from kvvmm.driver.base import Driver
+from kvvmm.driver.base import Driver, work_hook
 from kvvmm.dtypes import dtype_itemsize, dtype_name
 from kvvmm.errors import ArgumentError, ClosedError, DriverError, OutOfRangeError
 from kvvmm.layout import KvBufferDesc
@@ -227,7 +227,7 @@ class KvBufferOwner:
         # The simulator's hook for the library's own work (None on real drivers): each
         # public operation tells it once, with the buffers it walks (the arena's part is the
         # arena's to tell).
-        self._work = getattr(driver, "library_work", None)
+        self._work = work_hook(driver)
         self._charge("owner.open")
         try:
             self._offsets = [self.arena.allocate(s, d.name)

@@ -271,9 +271,7 @@ def _tp_rank(rank: int, device: int, kind: str, options: Mapping[str, Any],
         finally:
             owner.close()
     finally:
-        close = getattr(drv, "close", None)
-        if callable(close):
-            close()
+        drv.close()
 
 
 def spawn_tp_snapshots(

@@ -1,0 +1,105 @@
+"""The driver protocol's optional calls (issue 23, part 2): declared on ``Driver`` with no-op
+defaults, so the arena and owner call them without looking them up."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from kvvmm import Arena
+from kvvmm.driver import Driver, FaultyDriver, SimDriver
+from kvvmm.driver.base import OPTIONAL_CALLS, check_driver, work_hook
+from kvvmm.driver.host import HostDriver
+from kvvmm.measure.timer import TimedDriver
+from kvvmm.record import TracingDriver
+from kvvmm.units import GiB, MiB
+
+
+def test_every_driver_and_wrapper_has_the_optional_calls() -> None:
+    host = HostDriver(capacity_bytes=GiB)
+    try:
+        for d in (SimDriver("h200"), host, FaultyDriver(host), TracingDriver(host),
+                  TimedDriver(host)):
+            for name in OPTIONAL_CALLS:
+                assert hasattr(d, name), (d, name)
+            assert isinstance(d.clock_us, float)
+    finally:
+        host.close()
+
+
+def test_a_real_driver_has_no_work_hook_so_the_decode_path_makes_no_call() -> None:
+    host = HostDriver(capacity_bytes=GiB)
+    try:
+        assert work_hook(host) is None
+        assert work_hook(TimedDriver(host)) is None
+    finally:
+        host.close()
+
+
+def test_the_simulator_and_its_wrappers_charge_the_library_work() -> None:
+    sim = SimDriver("h200")
+    for d in (sim, FaultyDriver(sim), TracingDriver(sim), TimedDriver(sim)):
+        assert work_hook(d) is not None
+
+
+def test_the_simulator_pins_nothing_and_closes_nothing() -> None:
+    sim = SimDriver("h200")
+    va = sim.reserve(2 * MiB)
+    sim.pin(va)
+    sim.unpin(va)
+    sim.free(va, 2 * MiB)  # a pin on the simulator refuses nothing
+    sim.close()
+    assert sim.stats().clean
+
+
+class _Legacy:
+    """A driver written for 0.2: the required calls only, no base class."""
+
+    def __init__(self) -> None:
+        self._sim = SimDriver("h200")
+        self.kind, self.device, self.name = "sim", 0, "legacy"
+        self.memory = self._sim.memory
+
+    def __getattr__(self, name: str) -> Any:
+        if name in OPTIONAL_CALLS or name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self._sim, name)
+
+
+def test_a_driver_without_the_optional_calls_gets_their_defaults_with_a_warning() -> None:
+    d = _Legacy()
+    with pytest.warns(DeprecationWarning, match="optional calls"):
+        check_driver(d)
+    assert isinstance(d, Driver) and d.clock_us == 0.0 and work_hook(d) is None
+    with Arena(d, reserve_bytes=8 * MiB) as a:  # type: ignore[arg-type]
+        a.allocate(2 * MiB, "x")
+
+
+def test_a_wrapper_overrides_one_method_to_see_every_call() -> None:
+    from kvvmm.driver import DriverWrapper
+
+    class Counting(DriverWrapper):
+        def __init__(self, inner: Driver) -> None:
+            super().__init__(inner)
+            self.seen: list[str] = []
+
+        def _call(self, call: str, fn: Any, *args: Any) -> Any:
+            self.seen.append(call)
+            return fn(*args)
+
+    d = Counting(SimDriver("h200"))
+    va = d.reserve(4 * MiB)
+    h = d.create(2 * MiB)
+    d.map(va, 2 * MiB, h)
+    d.set_access(va, 2 * MiB)
+    d.pin(va)
+    d.unpin(va)
+    d.unmap(va, 2 * MiB)
+    d.release(h)
+    d.free(va, 4 * MiB)
+    d.mem_info()
+    assert d.seen == ["reserve", "create", "map", "set_access", "pin", "unpin", "unmap",
+                      "release", "free", "mem_info"]
+    assert d.granularity() == 2 * MiB and d.stats().clean and d.clock_us > 0
+    assert work_hook(d) == d.inner.library_work  # the simulator's own, not a forwarder
