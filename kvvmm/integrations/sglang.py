@@ -297,7 +297,7 @@ class KvVmmBufferOwner:
                     policy=Exact() if policy is None else policy, name=name)
             except BaseException:
                 if self._owns_driver:
-                    _close_driver(driver)
+                    driver.close()
                 raise
         self.buffer_descs: tuple[KvBufferDesc, ...] = tuple(descs)
         self._reserved_num_tokens: int = reserved_num_tokens
@@ -392,7 +392,7 @@ class KvVmmBufferOwner:
             if wait and not self.released:
                 self._wait_released(timeout)
             if self.released and self._owns_driver:
-                _close_driver(self.driver)
+                self.driver.close()
         return self.released
 
     def _wait_released(self, timeout: float | None) -> None:
@@ -487,12 +487,6 @@ def _core_reserved(descs: Sequence[KvBufferDesc], page_size: object,
                               "the token slots the descs' tensors hold "
                               "(shape[0] * tokens_per_row, the least over the buffers)")
     return None if r > holds - page_size else r
-
-
-def _close_driver(driver: Driver) -> None:
-    close = getattr(driver, "close", None)
-    if callable(close):
-        close()
 
 
 # -- install ------------------------------------------------------------------------------
