@@ -140,7 +140,7 @@ class SleepMixin(_ArenaState):
         # Not the pool: a sleep gives the memory back to the device, not to the next commit.
         gone, self._gone = self._gone, []
         self._leftover += gone
-        self._release_leftover("wake() or close() to retry")
+        self._release_leftover("wake(), or close again, to retry")
         pool_bytes = 0
         pool = self._handle_pool
         if pool is not None and not keep_pool and pool.held_bytes:
@@ -175,7 +175,7 @@ class SleepMixin(_ArenaState):
                                     f"to end)")
         self._refuse_capture("wake")
         if self._leftover:  # a sleep's release that failed: the memory is needed now
-            self._release_leftover("wake() or close() to retry")
+            self._release_leftover("wake(), or close again, to retry")
         undo = Transaction()
         made: list[tuple[_Map, int]] = []
         try:
@@ -220,9 +220,12 @@ class SleepMixin(_ArenaState):
             if how == "save":
                 store.open(sum(v.numel() for v in views), views[0])
             pos = 0
-            for v in views:
-                store.save(pos, v) if how == "save" else store.load(pos, v)
-                pos += v.numel()
+            for i in range(len(views)):  # no loop variable: a traceback would keep it alive
+                if how == "save":
+                    store.save(pos, views[i])
+                else:
+                    store.load(pos, views[i])
+                pos += views[i].numel()
             store.flush(views[0].device)
         except Exception as e:
             if how == "save":
@@ -230,10 +233,13 @@ class SleepMixin(_ArenaState):
             if isinstance(e, KvvmmError):
                 raise
             what = "copy-out to" if how == "save" else "copy back from"
+            views.clear()
+            # The cause's frames go: they hold tensors over the arena (the backup's
+            # arguments), which would keep close() waiting for as long as the error lives.
             raise BackupError(f"arena {self.name!r}: the {what} the {store.kind} backup "
                               f"failed: {type(e).__name__}: {e}; the arena is "
                               + ("awake, every byte where it was" if how == "save" else
-                                 "asleep, its backup intact")) from e
+                                 "asleep, its backup intact")) from e.with_traceback(None)
         except BaseException:
             if how == "save":
                 store.drop()

@@ -371,7 +371,7 @@ class KvBufferOwner:
 
         def job() -> None:
             try:
-                if self._closed or self.arena.closed:
+                if self._closed or self.arena.closed or self.arena.asleep:
                     return
                 self._sync_backed()
                 gran, la = self.arena.granularity, self._lookahead
@@ -882,6 +882,8 @@ class KvBufferOwner:
                 return self.arena.sleep(backup, path=path, keep_pool=keep_pool)
             finally:
                 self._sync_backed()
+                if self.arena.asleep:  # no fast path: even ensure_prefix(0) says asleep
+                    self._covered = -1
 
     def wake(self) -> int:
         """End a :meth:`sleep`: back the same ranges again (same VA) and copy the bytes back.
@@ -916,7 +918,7 @@ class KvBufferOwner:
         capped at :attr:`max_prefix_tokens`. True after any change, failed ones included
         (the mirror is re-read from the arena each time).
         """
-        return 0 if self._closed else self._covered
+        return 0 if self._closed else max(self._covered, 0)  # -1 asleep: see sleep()
 
     @property
     def closed(self) -> bool:
