@@ -128,7 +128,14 @@ class HostBackup(Backup):
             dst[off:off + n].copy_(t[at:at + n], non_blocking=True)
 
     def drop(self) -> None:
+        pinned = any(t.is_pinned() for _, t in self._pieces if t.device.type == "cpu")
         self._pieces = []
+        if pinned:  # torch caches freed pinned blocks; a sleep's are not wanted again soon
+            import torch
+
+            empty = getattr(torch._C, "_host_emptyCache", None)
+            if empty is not None:
+                empty()
 
 
 class DiskBackup(Backup):
