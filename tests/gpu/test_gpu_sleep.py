@@ -127,9 +127,10 @@ def test_a_graph_captured_before_sleep_replays_after_wake_bit_for_bit(cd: CudaDr
     out.zero_()
     graph.replay()
     torch.cuda.synchronize()
-    assert torch.equal(out, before_out)
+    # bits, not values: random KV bits hold NaNs, which compare unequal to themselves
+    assert torch.equal(out.view(torch.int32), before_out.view(torch.int32))
     for t, b in zip(owner.tensors, before_kv, strict=True):
-        assert torch.equal(t[:200_016], b)
+        assert torch.equal(t[:200_016].view(torch.int16), b.view(torch.int16))
     del graph, want, before_kv
     owner.close()
 
