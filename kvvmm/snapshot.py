@@ -91,6 +91,9 @@ class ArenaSnapshot:
     #: asleep (``Arena.sleep``): the bytes a wake backs again at the same VA (not in
     #: ``backed_bytes``: that memory was given back); 0 while awake
     asleep_bytes: int = 0
+    #: asleep: the mappings a wake makes again (same offsets, sizes and ids), sorted by
+    #: offset, for a lab to draw where the memory comes back; () while awake
+    asleep_mappings: tuple[MappingInfo, ...] = ()
 
     @property
     def unbacked_bytes(self) -> int:

@@ -104,6 +104,7 @@ def test_a_sleep_gives_back_every_physical_byte_and_a_wake_restores_the_snapshot
     assert owner.asleep and owner.backed_bytes == 0 and owner.backed_tokens == 0
     asleep = owner.snapshot()
     assert asleep.arena.mappings == () and asleep.arena.asleep_bytes == backed
+    assert asleep.arena.asleep_mappings == snap.arena.mappings  # what the wake maps back
     assert (asleep.prefix_tokens, asleep.final_tokens) == (snap.prefix_tokens, snap.final_tokens)
     assert owner.wake() == backed
     assert owner.snapshot() == snap

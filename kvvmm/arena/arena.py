@@ -513,7 +513,7 @@ class Arena(HolesMixin, SharingMixin, SleepMixin):
             backed_bytes=sum(a.backed for a in self._allocs), closed=self._closed,
             peer_devices=self.peer_devices,
             pool_bytes=0 if self._handle_pool is None else self._handle_pool.held_bytes,
-            asleep_bytes=self.asleep_bytes,
+            asleep_bytes=self.asleep_bytes, asleep_mappings=self._asleep_mappings(),
         )
 
     @_locked

@@ -34,6 +34,7 @@ from kvvmm.arena.state import _ArenaState, _locked
 from kvvmm.arena.transaction import Transaction
 from kvvmm.driver.base import MemoryKind
 from kvvmm.errors import BackupError, KvvmmError, SleepRefusedError
+from kvvmm.snapshot import MappingInfo
 from kvvmm.units import fmt_bytes
 
 if TYPE_CHECKING:
@@ -272,6 +273,14 @@ class SleepMixin(_ArenaState):
         torch = self._torch_cuda()
         if torch is not None:
             torch.cuda.synchronize(self.device)
+
+    def _asleep_mappings(self) -> tuple[MappingInfo, ...]:
+        """For the snapshot: the mappings a wake makes again (() while awake)."""
+        s = self._sleeping
+        if s is None:
+            return ()
+        return tuple(MappingInfo(off, size, hid, a.name) for a, maps in s.maps
+                     for off, size, hid in maps)
 
     def _drop_sleep(self) -> None:
         """At close: a sleeping arena's backup goes (nothing will wake it)."""
