@@ -14,6 +14,8 @@ from typing import Any
 __all__ = [
     "AlignmentError",
     "ArgumentError",
+    "AsleepError",
+    "BackupError",
     "BusyError",
     "ClosedError",
     "CollectiveError",
@@ -25,6 +27,7 @@ __all__ = [
     "OutOfRangeError",
     "ProfileError",
     "ReservationExhaustedError",
+    "SleepRefusedError",
     "TraceFormatError",
     "UnknownDtypeError",
     "WorkloadFormatError",
@@ -116,6 +119,32 @@ def _rebuild_collective(op: str, phase: str, reason: str, failed_ranks: tuple[in
                         rolled_back: bool) -> CollectiveError:
     return CollectiveError(op, phase, reason, failed_ranks=failed_ranks,
                            rolled_back=rolled_back)
+
+
+class AsleepError(KvvmmError):
+    """An arena or owner was asked to back or give back memory while asleep (``sleep()``).
+
+    Nothing changed: its memory (and backup, if any) waits for ``wake()``. Call ``wake()``
+    first, then retry; ``close()`` works asleep too (it drops the backup).
+    """
+
+
+class SleepRefusedError(KvvmmError):
+    """``sleep()`` or ``wake()`` cannot run now; nothing changed.
+
+    A CUDA graph capture is underway (sleep after it ends), the arena is already asleep (or
+    awake, for ``wake()``), or it holds adopted handles (memory another process shares: give
+    them back first). The message names which.
+    """
+
+
+class BackupError(KvvmmError):
+    """A sleep's backup could not be made or read back (out of host memory, a full disk).
+
+    The arena is as it was before the call: awake with its contents when ``sleep()`` failed,
+    asleep with its backup intact when ``wake()`` failed. ``__cause__`` is the underlying
+    error; free host memory or disk (or pick the other ``backup``) and retry.
+    """
 
 
 class BusyError(KvvmmError):

@@ -202,5 +202,9 @@ def _replay_op(driver: Driver, arenas: dict[int, Arena], ev: ArenaOp) -> None:
     elif ev.op == "adopt":  # an imported handle: same-sized memory of our own, at the prefix
         off = a["offset"]
         arenas[i].commit_range(off, arenas[i].prefix_of(off), a["nbytes"])
+    elif ev.op == "sleep":  # the simulator has no bytes: the mappings are what replays
+        arenas[i].sleep()
+    elif ev.op == "wake":
+        arenas[i].wake()
     elif ev.op == "close":
         arenas[i].close()

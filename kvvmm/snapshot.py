@@ -88,6 +88,12 @@ class ArenaSnapshot:
     #: memory held by the arena's handle pool: created, not mapped anywhere (not in
     #: ``backed_bytes``; the pool is shared by the arenas of its driver)
     pool_bytes: int = 0
+    #: asleep (``Arena.sleep``): the bytes a wake backs again at the same VA (not in
+    #: ``backed_bytes``: that memory was given back); 0 while awake
+    asleep_bytes: int = 0
+    #: asleep: the mappings a wake makes again (same offsets, sizes and ids), sorted by
+    #: offset, for a lab to draw where the memory comes back; () while awake
+    asleep_mappings: tuple[MappingInfo, ...] = ()
 
     @property
     def unbacked_bytes(self) -> int:

@@ -1,6 +1,6 @@
 """Fault matrix: every driver call of commit, decommit, ensure_prefix, finalize, shrink,
-close, and (issue 19, holes) commit_range, decommit_range, commit_pages, decommit_pages and
-release_beyond, failing.
+close, (issue 19, holes) commit_range, decommit_range, commit_pages, decommit_pages and
+release_beyond, and (issue 28) sleep and wake, failing.
 
 For each operation we first count the driver calls it makes, then run it again once per
 call position and error kind with that call failing. Each time: the error names the call,
@@ -55,6 +55,8 @@ def inner_driver(kind: str) -> Driver:
 HOLE_PAGES = (1500, 1800, 2100)
 #: Operations that start from an owner with HOLE_PAGES committed.
 WITH_HOLES = {"decommit_range", "decommit_pages", "release_beyond", "decommit_slots"}
+#: Operations that start from an owner asleep (issue 28: its bytes in a host backup).
+ASLEEP = {"wake", "wake_host"}
 #: HOLE_PAGES as token-slot ranges, for the slot-range calls.
 HOLE_SLOTS = [(p * PAGE, (p + 1) * PAGE) for p in HOLE_PAGES]
 
@@ -68,8 +70,10 @@ def make_owner(kind: str, policy: object, op: str = "") -> tuple[KvBufferOwner, 
     # Several mappings per buffer, so shrink and close have several calls to fail.
     for n in (3000, 9000, 17000):
         owner.ensure_prefix(n)
-    if op in WITH_HOLES:
-        owner.commit_pages(HOLE_PAGES)
+    if op in WITH_HOLES or op in ASLEEP or op.startswith("sleep"):
+        owner.commit_pages(HOLE_PAGES)  # a sleep remembers holes and the prefix alike
+    if op in ASLEEP:
+        owner.sleep("host" if op == "wake_host" else None)
     return owner, drv
 
 
@@ -117,10 +121,16 @@ OPS: dict[str, Callable[[KvBufferOwner], object]] = {
     "release_beyond": lambda o: o.release_beyond(2_000),
     "commit_slots": lambda o: o.commit_slots([(24_000, 25_024), (28_800, 29_824)]),
     "decommit_slots": lambda o: o.decommit_slots(HOLE_SLOTS),
+    # issue 28: a failed sleep leaves the owner awake with its bytes; a failed wake leaves it
+    # asleep, its backup intact (tests/test_sleep.py checks the backup's bytes after it)
+    "sleep": lambda o: o.sleep(),
+    "sleep_host": lambda o: o.sleep("host"),
+    "wake": lambda o: o.wake(),
+    "wake_host": lambda o: o.wake(),
 }
 #: Operations whose releases come after every unmap succeeded (past the point of no return).
 GIVING_BACK = {"decommit", "shrink", "close", "decommit_range", "decommit_pages",
-               "release_beyond", "decommit_slots"}
+               "release_beyond", "decommit_slots", "sleep", "sleep_host"}
 
 
 # -- bytes: a pattern over every backed byte (host driver) ---------------------------------

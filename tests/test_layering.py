@@ -62,6 +62,7 @@ LAYER_OF = {
     "kvvmm.tp": "owner",  # 0.3: a shim for kvvmm.owner.tp
     "kvvmm.replay": "owner",  # rebuilds arenas from a trace
     "kvvmm.growth": "owner",  # decode growth under each policy, on real owners
+    "kvvmm.pressure": "owner",  # 0.3: the pressure poll, over drivers, pools and owners
     "kvvmm.workload": "workload",
     "kvvmm.workload.cli": "cli",  # `kvvmm replay`: writes reports through kvvmm.viz
     "kvvmm.viz": "viz",

@@ -63,6 +63,8 @@ def valid_doc() -> Doc:
         ("decommit_range", {"offset": 0, "start": 2 * G, "nbytes": G}),
         ("grant_access", {"devices": [1]}),
         ("adopt", {"offset": 0, "nbytes": G}),
+        ("sleep", {"backup": "none", "nbytes": G}),  # issue 28: sleep/wake are recorded
+        ("wake", {"nbytes": G}),
         ("close", {}),
     ]
     arena_ops = [{"seq": len(events) + j, "arena": 0, "op": op, "args": args}
@@ -381,19 +383,22 @@ for opname in ARENA_OPS:
     case(f"op-{opname}-with-an-unknown-argument", op_arg(op_index(opname), "extra", 1),
          f"arena op {op_index(opname)}", "unknown field 'extra'")
 
-# arena references: open before use, none after close, one open per number
+# arena references: open before use, none after close, one open per number (an appended op
+# is number len(ARENA_OPS): valid_doc has one of each)
 case("arena-never-opened", op(2, arena=5), "arena op 2", "arena 5 was never opened")
 case("arena-used-before-its-open", delete_op(0), "arena op 0", "arena 0 was never opened")
 case("arena-opened-twice", op(1, op="open", args={"name": "a", "reserve_bytes": G,
                                                   "base": 0}),
      "arena op 1 (seq 13, open)", "opened again")
 case("arena-used-after-its-close", append_op(op="commit", args={"offset": 0, "nbytes": G}),
-     "arena op 9 (seq 100, commit)", "after its close")
-case("arena-closed-twice", append_op(), "arena op 9 (seq 100, close)", "after its close")
+     f"arena op {len(ARENA_OPS)} (seq 100, commit)", "after its close")
+case("arena-closed-twice", append_op(), f"arena op {len(ARENA_OPS)} (seq 100, close)",
+     "after its close")
 case("arena-granted-after-its-close", append_op(op="grant_access", args={"devices": [1]}),
-     "arena op 9", "after its close")
+     f"arena op {len(ARENA_OPS)}", "after its close")
 case("arena-a-second-arena-never-opened", append_op(arena=1), "arena 1 was never opened")
-case("arena-the-close-moved-first", op(8, seq=11.5), "arena op 8", "seq")
+case("arena-the-close-moved-first", op(op_index("close"), seq=11.5),
+     f"arena op {op_index('close')}", "seq")
 
 # ordering: one sequence over both lists, each list in recorded order
 case("order-seq-repeated-in-events", event(3, seq=2), "event 3 (seq 2, set_access)",

@@ -3,7 +3,9 @@
 - :mod:`~kvvmm.arena.arena`: :class:`Arena` (reserve, allocate, commit/decommit, close);
   built on :mod:`~kvvmm.arena.state` (shared state, lock, backing transactions),
   :mod:`~kvvmm.arena.holes` (range commits and decommits) and :mod:`~kvvmm.arena.sharing`
-  (peers, export and adopt), with its records in :mod:`~kvvmm.arena.records`;
+  (peers, export and adopt), with its records in :mod:`~kvvmm.arena.records`, and
+  :mod:`~kvvmm.arena.sleep` (sleep and wake: every handle given back, the VA kept), whose
+  bytes :mod:`~kvvmm.arena.backup` keeps (pinned host memory, or a file through mmap);
 - :mod:`~kvvmm.arena.transaction`: the undo stack every multi-step change runs in;
 - :mod:`~kvvmm.arena.views`: :class:`ViewLease` and the tensors over the VA;
 - :mod:`~kvvmm.arena.mempool`: ``Arena.pool``, a ``torch.cuda.MemPool`` over the reservation;

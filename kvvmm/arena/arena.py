@@ -44,6 +44,7 @@ from kvvmm.arena.records import (
     check_driver,
 )
 from kvvmm.arena.sharing import SharingMixin
+from kvvmm.arena.sleep import SleepMixin, SleepResult
 from kvvmm.arena.state import _locked, log
 from kvvmm.arena.transaction import Transaction
 from kvvmm.arena.views import ViewLease, make_tensor
@@ -66,7 +67,8 @@ if TYPE_CHECKING:
 
     from kvvmm.arena.pool import HandlePool
 
-__all__ = ["MAX_RESERVE_BYTES", "Arena", "DecommitResult", "RangeResult", "check_driver"]
+__all__ = ["MAX_RESERVE_BYTES", "Arena", "DecommitResult", "RangeResult", "SleepResult",
+           "check_driver"]
 
 #: The most VA one arena may reserve: 2**48 bytes (256 TiB). CUDA's VA space on Hopper and
 #: Blackwell is 49 bits (part of it taken by the process's other mappings) and x86-64 user
@@ -80,7 +82,7 @@ MAX_RESERVE_BYTES = 1 << 48
 _POOL_TAGS = itertools.count(1)
 
 
-class Arena(HolesMixin, SharingMixin):
+class Arena(HolesMixin, SharingMixin, SleepMixin):
     """One VA reservation with bump allocation, commit/decommit and tensor views.
 
     Args:
@@ -508,6 +510,7 @@ class Arena(HolesMixin, SharingMixin):
             backed_bytes=sum(a.backed for a in self._allocs), closed=self._closed,
             peer_devices=self.peer_devices,
             pool_bytes=0 if self._handle_pool is None else self._handle_pool.held_bytes,
+            asleep_bytes=self.asleep_bytes, asleep_mappings=self._asleep_mappings(),
         )
 
     @_locked
@@ -555,6 +558,7 @@ class Arena(HolesMixin, SharingMixin):
             undo.unwind(e)
             raise
         self._released = True
+        self._drop_sleep()  # a sleeping arena's backup: nothing will wake it now
         self._note("close")
         if self._work is not None:
             self._work("arena.close", sum(len(a.maps) for a in self._allocs))

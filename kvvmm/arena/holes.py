@@ -69,7 +69,7 @@ class HolesMixin(_ArenaState):
             ArgumentError, OutOfRangeError, AlignmentError: bad ranges; nothing booked.
         """
         with self._lock:
-            if self._closed:
+            if self._closed or self._sleeping is not None:  # asleep: nothing to back ahead
                 return 0
             plan = [self._check_range("prepare_ranges", o, s, n) for o, s, n in requests]
             booked: list[tuple[_Alloc, int, int]] = []

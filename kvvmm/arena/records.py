@@ -12,9 +12,13 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from kvvmm.driver.base import check_driver
 from kvvmm.units import fmt_bytes, fmt_range
+
+if TYPE_CHECKING:
+    from kvvmm.arena.backup import Backup
 
 __all__ = ["DecommitResult", "RangeResult", "check_driver"]
 
@@ -38,6 +42,16 @@ class _Alloc:
     requested: int
     backed: int = 0  # bytes backed in the allocation (holes not counted)
     maps: list[_Map] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class _Sleep:
+    """What a sleeping arena remembers: each allocation's mappings as ``(offset, size,
+    hid)`` (arena offsets, the arena's ids), the backup (None: bytes dropped) and the bytes."""
+
+    maps: list[tuple[_Alloc, list[tuple[int, int, int]]]]
+    backup: Backup | None
+    nbytes: int
 
 
 @dataclass(frozen=True, slots=True)

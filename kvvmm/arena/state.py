@@ -27,6 +27,7 @@ from kvvmm.arena.records import (
     _overlaps,
     _prefix,
     _runs,
+    _Sleep,
 )
 from kvvmm.arena.transaction import Transaction
 from kvvmm.checks import int_arg
@@ -34,6 +35,7 @@ from kvvmm.driver.base import Driver
 from kvvmm.errors import (
     AlignmentError,
     ArgumentError,
+    AsleepError,
     ClosedError,
     DriverError,
     DriverOutOfMemoryError,
@@ -46,6 +48,11 @@ if TYPE_CHECKING:
 
 # One logger for the whole arena, under the name it always had.
 log = logging.getLogger("kvvmm.arena.arena")
+
+#: What a sleeping arena refuses: every change of its mappings (a wake maps the remembered
+#: ranges back, and must find them unmapped), and exports of handles it no longer holds.
+_AWAKE_ONLY = frozenset({"commit", "decommit", "commit_range", "decommit_range", "adopt",
+                         "adopt_range", "export_handles"})
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
@@ -108,6 +115,8 @@ class _ArenaState:
     _access: tuple[int, ...] | None
     _trace: Trace | None
     _arena_id: int
+    #: what a sleeping arena remembers (:mod:`~kvvmm.arena.sleep`); None while awake
+    _sleeping: _Sleep | None = None
 
     # -- basics -------------------------------------------------------------------------
 
@@ -118,6 +127,9 @@ class _ArenaState:
     def _check_open(self, what: str) -> None:
         if self._closed:
             raise ClosedError(f"arena {self.name!r}: {what} after close()")
+        if self._sleeping is not None and what in _AWAKE_ONLY:
+            raise AsleepError(f"arena {self.name!r}: {what} while asleep (its mappings were "
+                              f"given back by sleep()); call wake() first")
 
     def _alloc_at(self, offset: object) -> _Alloc:
         if isinstance(offset, bool) or not isinstance(offset, int):

@@ -30,11 +30,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from kvvmm.arena import Arena, DecommitResult
-from kvvmm.arena.arena import MAX_RESERVE_BYTES, RangeResult, check_driver
+from kvvmm.arena.arena import MAX_RESERVE_BYTES, RangeResult, SleepResult, check_driver
+from kvvmm.arena.backup import Backup
 from kvvmm.arena.pool import HandlePool
 from kvvmm.driver.base import Driver, work_hook
 from kvvmm.dtypes import dtype_itemsize, dtype_name
-from kvvmm.errors import ArgumentError, ClosedError, DriverError, OutOfRangeError
+from kvvmm.errors import ArgumentError, AsleepError, ClosedError, DriverError, OutOfRangeError
 from kvvmm.layout import KvBufferDesc
 from kvvmm.layout.geometry import (
     agreed_page_size,
@@ -54,6 +55,8 @@ __all__ = ["BufferInfo", "Chunked", "Exact", "Geometric", "KvBufferOwner", "Owne
            "ShrinkResult"]
 
 _EXACT = Exact()
+#: What an asleep owner still answers: the pure questions (no memory is touched).
+_ASLEEP_OK = frozenset({"slot_ranges", "page_ranges", "sleep", "wake"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,6 +268,9 @@ class KvBufferOwner:
     def _check_open(self, what: str) -> None:
         if self._closed:
             raise ClosedError(f"KvBufferOwner: {what} after close()")
+        if self.arena.asleep and what not in _ASLEEP_OK:
+            raise AsleepError(f"KvBufferOwner: {what} while asleep (sleep() gave its memory "
+                              f"back); call wake() first")
 
     def _back(self, spans: Sequence[int], policy: GrowthPolicy) -> int:
         """Back each buffer to at least ``spans[i]``; check every span before any commit."""
@@ -365,7 +371,7 @@ class KvBufferOwner:
 
         def job() -> None:
             try:
-                if self._closed or self.arena.closed:
+                if self._closed or self.arena.closed or self.arena.asleep:
                     return
                 self._sync_backed()
                 gran, la = self.arena.granularity, self._lookahead
@@ -835,6 +841,67 @@ class KvBufferOwner:
         if self.final_tokens is not None:
             self.final_tokens = min(self.final_tokens, n)
 
+    # -- sleep / wake (0.3) ---------------------------------------------------------------
+
+    @property
+    def asleep(self) -> bool:
+        """True between :meth:`sleep` and :meth:`wake`."""
+        return not self._closed and self.arena.asleep
+
+    def sleep(self, backup: str | Backup | None = None, *, path: Any = None,
+              keep_pool: bool = False) -> SleepResult:
+        """Give every physical handle back, keeping the VA, the tensors and captured graphs.
+
+        The arena remembers each mapping and (with ``backup``) copies its bytes out first;
+        :meth:`wake` backs the same ranges at the same VA and copies them back. The owner's
+        bookkeeping (prefix and final tokens, committed pages and slot ranges) is kept as it
+        is: after the wake it is true again, exactly. While asleep, :meth:`ensure_prefix`
+        (beyond what was never backed: 0), :meth:`finalize`, :meth:`shrink`,
+        :meth:`release_beyond` and the page and slot calls refuse with
+        :class:`~kvvmm.errors.AsleepError`; :meth:`close` works (and drops the backup).
+        Reading the tensors while asleep gives zeros on the host driver and on CUDA with
+        ``zero_page``; on CUDA without it any access faults: launch nothing on them.
+
+        Args:
+            backup: None (bytes dropped), ``"host"`` (pinned host memory on CUDA),
+                ``"disk"`` (a new file at ``path`` through mmap), or a
+                :class:`~kvvmm.arena.backup.Backup`; see :mod:`kvvmm.arena.backup` for the
+                copy paths and why.
+            path: the file for ``backup="disk"``; it must not exist.
+            keep_pool: keep the handle pool's idle handles (default: release them too).
+        Returns:
+            What :meth:`Arena.sleep <kvvmm.arena.Arena.sleep>` did (a ``SleepResult``).
+        Raises:
+            As :meth:`Arena.sleep <kvvmm.arena.Arena.sleep>`: a failed sleep leaves the owner
+            awake with its contents; a release failing past the unmaps leaves it asleep.
+        """
+        self._check_open("sleep")
+        self._charge("owner.sleep")
+        with self._slots_lock:  # no page or slot change between the mappings and the mirror
+            try:
+                return self.arena.sleep(backup, path=path, keep_pool=keep_pool)
+            finally:
+                self._sync_backed()
+                if self.arena.asleep:  # no fast path: even ensure_prefix(0) says asleep
+                    self._covered = -1
+
+    def wake(self) -> int:
+        """End a :meth:`sleep`: back the same ranges again (same VA) and copy the bytes back.
+
+        Returns:
+            Bytes backed again.
+        Raises:
+            As :meth:`Arena.wake <kvvmm.arena.Arena.wake>`: a failed wake leaves the owner
+            asleep with its backup intact; call :meth:`wake` again once the cause is gone.
+        """
+        self._check_open("wake")
+        self._charge("owner.wake")
+        with self._slots_lock:
+            try:
+                return self.arena.wake()
+            finally:
+                self._sync_backed()
+
     # -- state ----------------------------------------------------------------------------
 
     @property
@@ -851,7 +918,7 @@ class KvBufferOwner:
         capped at :attr:`max_prefix_tokens`. True after any change, failed ones included
         (the mirror is re-read from the arena each time).
         """
-        return 0 if self._closed else self._covered
+        return 0 if self._closed else max(self._covered, 0)  # -1 asleep: see sleep()
 
     @property
     def closed(self) -> bool:

@@ -25,7 +25,7 @@ __all__ = ["ARENA_OPS", "CALL_ARGS", "MAX_DEVICES", "OP_ARGS", "check_call", "ch
 
 #: What an arena records, in the order they can happen.
 ARENA_OPS = ("open", "allocate", "commit", "decommit", "commit_range", "decommit_range",
-             "grant_access", "adopt", "close")
+             "grant_access", "adopt", "sleep", "wake", "close")
 #: The int arguments each driver call must carry to be replayed.
 CALL_ARGS: dict[str, tuple[str, ...]] = {
     "reserve": ("size", "align"), "free": ("va", "size"), "create": ("size",),
@@ -48,6 +48,10 @@ OP_ARGS: dict[str, dict[str, str]] = {
     # holes (0.2): a granule-aligned range [start, start + nbytes) of the allocation
     "commit_range": {"offset": "int", "start": "int", "nbytes": "int"},
     "decommit_range": {"offset": "int", "start": "int", "nbytes": "int"},
+    # sleep/wake (0.3): every mapping given back and backed again at the same VA; backup is
+    # "none", "host", "disk" (or a Backup's kind), nbytes the bytes given back / backed again
+    "sleep": {"backup": "str", "nbytes": "int"},
+    "wake": {"nbytes": "int"},
 }
 #: Device ordinals a trace may name: a replay builds a SimNode of that many devices.
 MAX_DEVICES = 1024

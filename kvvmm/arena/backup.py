@@ -1,0 +1,227 @@
+"""Where a sleeping arena keeps its bytes: host memory, or a file through ``mmap``.
+
+:meth:`Arena.sleep <kvvmm.arena.Arena.sleep>` copies every backed range out before it gives
+the memory back, and :meth:`Arena.wake <kvvmm.arena.Arena.wake>` copies it back into fresh
+handles mapped at the same VA. The copies are torch ``copy_`` calls between a tensor over the
+arena's VA (:meth:`Arena.tensor <kvvmm.arena.Arena.tensor>`: DLPack on CUDA, ``frombuffer`` on
+host memory, ``meta`` on the simulator) and a tensor over the backup, so this module knows
+nothing of drivers: the same code runs on every one.
+
+The copy paths, and why:
+
+- ``"host"`` (:class:`HostBackup`): on CUDA, page-locked (pinned) host memory from torch's
+  host allocator, copied with ``non_blocking=True`` and one device synchronize at the end:
+  only pinned memory lets the copy engines run at the link's bandwidth (pageable memory is
+  staged through the driver's own small pinned buffers at a fraction of it), and the wake of a
+  full pool is that copy. torch's host allocator rounds each block up to a power of two, so
+  the backup is taken in power-of-two pieces (the binary digits of its size): exactly its size,
+  at most one piece per bit. On the host driver the arena's memory is already CPU memory:
+  a plain CPU tensor, and ``copy_`` is a memcpy. On the simulator there are no bytes: a
+  ``meta`` tensor, nothing copied.
+- ``"disk"`` (:class:`DiskBackup`): a new file, its blocks allocated up front with
+  ``posix_fallocate`` (a full disk fails there, before anything is given back, instead of
+  as a SIGBUS in the middle of the copy), mapped with ``mmap`` and viewed as one CPU tensor
+  (``torch.frombuffer``: no numpy, no copy through Python). A device-to-file copy goes through
+  pageable memory: slower than ``"host"``, chosen when host memory is what is short. The file
+  is removed when the backup is dropped (after a wake, or ``close()`` of a sleeping arena).
+
+A backup that fails (out of host memory, a full disk) raises whatever its allocator raised;
+the arena turns that into :class:`~kvvmm.errors.BackupError` after undoing its own steps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+from typing import TYPE_CHECKING, Any
+
+from kvvmm.errors import ArgumentError
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["BACKUPS", "Backup", "DiskBackup", "HostBackup", "make_backup"]
+
+#: The ``backup=`` names :meth:`Arena.sleep <kvvmm.arena.Arena.sleep>` takes (None: no backup).
+BACKUPS = ("host", "disk")
+
+#: torch's pinned host blocks are powers of two; larger pieces than this buy nothing and a
+#: single 64 GiB block is slow to pin in one call.
+_MAX_PIECE = 1 << 30
+
+
+class Backup:
+    """Bytes kept for a sleeping arena: :meth:`open` once, :meth:`save` each range at its
+    position, :meth:`load` them back, :meth:`drop` at the end.
+
+    Subclass it to keep the bytes elsewhere (tests subclass it to fail a step). Every method
+    may raise: the arena undoes what it did and reports a :class:`~kvvmm.errors.BackupError`.
+    """
+
+    kind = "backup"
+    nbytes = 0  #: bytes the backup holds (set by :meth:`open`)
+
+    def open(self, nbytes: int, like: torch.Tensor) -> None:
+        """Make room for ``nbytes``; ``like`` is a tensor over the arena (its device says
+        where the bytes come from: ``meta`` means there are none)."""
+        raise NotImplementedError
+
+    def save(self, pos: int, src: torch.Tensor) -> None:
+        """Copy ``src`` (uint8, 1-D, over the arena's VA) to ``[pos, pos + len(src))``."""
+        raise NotImplementedError
+
+    def load(self, pos: int, dst: torch.Tensor) -> None:
+        """Copy ``[pos, pos + len(dst))`` back into ``dst`` (over the arena's VA)."""
+        raise NotImplementedError
+
+    def flush(self, device: torch.device) -> None:
+        """Wait until every copy made so far has landed (a device synchronize on CUDA)."""
+        if device.type == "cuda":
+            import torch
+
+            torch.cuda.synchronize(device)
+
+    def drop(self) -> None:
+        """Give the backup's memory (or file) back; idempotent."""
+
+
+class HostBackup(Backup):
+    """The bytes in host memory: pinned on CUDA (see the module docstring for why)."""
+
+    kind = "host"
+
+    def __init__(self) -> None:
+        self._pieces: list[tuple[int, Any]] = []  # (start, tensor), in order
+
+    def open(self, nbytes: int, like: torch.Tensor) -> None:
+        import torch
+
+        self.nbytes = nbytes
+        pieces: list[tuple[int, Any]] = []
+        if like.device.type == "meta":
+            pieces.append((0, torch.empty(nbytes, dtype=torch.uint8, device="meta")))
+        else:
+            pinned = like.device.type == "cuda"
+            pos = 0
+            for size in _pow2_pieces(nbytes) if pinned else [nbytes]:
+                pieces.append((pos, torch.empty(size, dtype=torch.uint8, pin_memory=pinned)))
+                pos += size
+        self._pieces = pieces
+
+    def _spans(self, pos: int, n: int) -> list[tuple[Any, int, int, int]]:
+        """``(piece, piece_offset, offset_in_range, length)`` covering ``[pos, pos + n)``."""
+        out = []
+        for start, t in self._pieces:
+            end = start + t.numel()
+            lo, hi = max(pos, start), min(pos + n, end)
+            if lo < hi:
+                out.append((t, lo - start, lo - pos, hi - lo))
+        return out
+
+    def save(self, pos: int, src: torch.Tensor) -> None:
+        for t, at, off, n in self._spans(pos, src.numel()):
+            t[at:at + n].copy_(src[off:off + n], non_blocking=True)
+
+    def load(self, pos: int, dst: torch.Tensor) -> None:
+        for t, at, off, n in self._spans(pos, dst.numel()):
+            dst[off:off + n].copy_(t[at:at + n], non_blocking=True)
+
+    def drop(self) -> None:
+        pinned = any(t.is_pinned() for _, t in self._pieces if t.device.type == "cpu")
+        self._pieces = []
+        if pinned:  # torch caches freed pinned blocks; a sleep's are not wanted again soon
+            import torch
+
+            empty = getattr(torch._C, "_host_emptyCache", None)
+            if empty is not None:
+                empty()
+
+
+class DiskBackup(Backup):
+    """The bytes in a new file at ``path``, through ``mmap`` (see the module docstring).
+
+    Args:
+        path: a file that does not exist yet (refused otherwise: a sleep never overwrites
+            a file); removed when the backup is dropped.
+    Raises:
+        ArgumentError: ``path`` is not a str or path, or names an existing file.
+    """
+
+    kind = "disk"
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        if not isinstance(path, (str, os.PathLike)):
+            raise ArgumentError("path", path, "a file path (str or os.PathLike) for "
+                                              "backup='disk'")
+        self.path = os.fspath(path)
+        if os.path.lexists(self.path):
+            raise ArgumentError("path", self.path, "a file that does not exist yet (a sleep "
+                                                   "never overwrites one)")
+        self._fd = -1
+        self._map: mmap.mmap | None = None
+        self._buf: Any = None
+
+    def open(self, nbytes: int, like: torch.Tensor) -> None:
+        import torch
+
+        self.nbytes = nbytes
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        self._fd = fd
+        try:
+            if like.device.type == "meta" or nbytes == 0:
+                os.ftruncate(fd, nbytes)  # no bytes to keep: a sparse file of the right size
+                self._buf = torch.empty(nbytes, dtype=torch.uint8, device="meta")
+                return
+            os.posix_fallocate(fd, 0, nbytes)  # ENOSPC here, not SIGBUS mid-copy
+            self._map = mmap.mmap(fd, nbytes)
+            self._buf = torch.frombuffer(self._map, dtype=torch.uint8)
+        except BaseException:
+            self.drop()
+            raise
+
+    def save(self, pos: int, src: torch.Tensor) -> None:
+        self._buf[pos:pos + src.numel()].copy_(src)
+
+    def load(self, pos: int, dst: torch.Tensor) -> None:
+        dst.copy_(self._buf[pos:pos + dst.numel()])
+
+    def drop(self) -> None:
+        self._buf = None  # the tensor exports the map's buffer: it must go before close
+        if self._map is not None:
+            m, self._map = self._map, None
+            m.close()
+        if self._fd >= 0:
+            fd, self._fd = self._fd, -1
+            os.close(fd)
+            with contextlib.suppress(FileNotFoundError):  # removed by someone else: fine
+                os.unlink(self.path)
+
+
+def make_backup(backup: object, path: object) -> Backup | None:
+    """The :class:`Backup` for ``sleep(backup=..., path=...)``; None for no backup.
+
+    Raises:
+        ArgumentError: an unknown ``backup``, a ``path`` without ``backup="disk"``, or a bad
+            ``path``.
+    """
+    if isinstance(backup, Backup):
+        if path is not None:
+            raise ArgumentError("path", path, "None when backup is a Backup object")
+        return backup
+    if backup is None or backup == "host":
+        if path is not None:
+            raise ArgumentError("path", path, "None unless backup='disk'")
+        return None if backup is None else HostBackup()
+    if backup == "disk":
+        if path is None:
+            raise ArgumentError("path", path, "a file path: backup='disk' needs one")
+        return DiskBackup(path)  # type: ignore[arg-type]
+    raise ArgumentError("backup", backup, f"None, one of {list(BACKUPS)} or a Backup")
+
+
+def _pow2_pieces(nbytes: int) -> list[int]:
+    """``nbytes`` as power-of-two sizes, largest first, none above :data:`_MAX_PIECE`."""
+    big, rest = divmod(nbytes, _MAX_PIECE)
+    return [_MAX_PIECE] * big + [1 << b for b in range(rest.bit_length() - 1, -1, -1)
+                                 if rest >> b & 1]

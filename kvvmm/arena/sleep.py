@@ -1,0 +1,289 @@
+"""Sleep and wake: give every physical handle of an arena back, keep its VA, come back later.
+
+``SleepMixin`` gives :class:`~kvvmm.arena.arena.Arena` :meth:`~SleepMixin.sleep` and
+:meth:`~SleepMixin.wake`. A sleep remembers each mapping (its offset, size and the arena's
+id for it), optionally copies the bytes out (:mod:`~kvvmm.arena.backup`), then unmaps and
+releases every handle: the reservation stays, so tensors over it keep their pointers and
+CUDA graphs captured against them stay valid. A wake creates, maps and sets access on the
+same ranges (same sizes, same VA, same ids) and copies the bytes back. Afterwards the arena's
+snapshot is exactly what it was before the sleep.
+
+Both are transactions (:class:`~kvvmm.arena.transaction.Transaction`): a failed sleep leaves
+the arena awake with every byte (the copy-out happens before any unmap; a failed unmap maps
+the handles already unmapped back, bytes and all), a failed wake leaves it asleep with its
+backup intact (every handle the wake made is unmapped and released again). The one step past
+the point of no return is a release after every unmap of a sleep succeeded: the sleep then
+stands (asleep, backup intact) and the handle is retried at the wake or at ``close()``, as a
+decommit's is.
+
+While asleep, reads of the VA see what the driver shows for unmapped VA: zeros on the host
+driver and on CUDA with ``zero_page``; on CUDA without it, any access is an illegal-address
+fault (do not launch work on a sleeping arena's tensors). Commits, decommits, adopts and
+exports refuse with :class:`~kvvmm.errors.AsleepError`.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from kvvmm.arena.backup import Backup, make_backup
+from kvvmm.arena.records import _Alloc, _Map, _runs, _Sleep
+from kvvmm.arena.state import _ArenaState, _locked
+from kvvmm.arena.transaction import Transaction
+from kvvmm.driver.base import MemoryKind
+from kvvmm.errors import BackupError, KvvmmError, SleepRefusedError
+from kvvmm.snapshot import MappingInfo
+from kvvmm.units import fmt_bytes
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["SleepMixin", "SleepResult"]
+
+
+@dataclass(frozen=True, slots=True)
+class SleepResult:
+    """What one :meth:`SleepMixin.sleep` did (a record: nothing live)."""
+
+    backup: str | None  #: ``"host"``, ``"disk"``, another :class:`Backup`'s kind, or None
+    given_bytes: int  #: physical bytes of the arena's mappings unmapped and released
+    mappings: int  #: mappings given back (a wake makes as many)
+    backup_bytes: int  #: bytes copied out (0 without a backup)
+    pool_bytes: int  #: idle handles of the handle pool released too (0 with ``keep_pool``)
+
+    def __str__(self) -> str:
+        kept = f", {fmt_bytes(self.backup_bytes)} kept in {self.backup}" if self.backup else ""
+        pool = f", pool {fmt_bytes(self.pool_bytes)}" if self.pool_bytes else ""
+        return (f"sleep: gave back {fmt_bytes(self.given_bytes)} in {self.mappings} "
+                f"mappings{pool}{kept}")
+
+
+class SleepMixin(_ArenaState):
+    """Sleep and wake of an :class:`~kvvmm.arena.arena.Arena` (see the module docstring)."""
+
+    @property
+    def asleep(self) -> bool:
+        """True between a :meth:`sleep` and the :meth:`wake` that ends it."""
+        return self._sleeping is not None
+
+    @property
+    def asleep_bytes(self) -> int:
+        """Bytes a :meth:`wake` backs again (0 when awake)."""
+        s = self._sleeping
+        return 0 if s is None else s.nbytes
+
+    @_locked
+    def sleep(self, backup: str | Backup | None = None, *, path: Any = None,
+              keep_pool: bool = False) -> SleepResult:
+        """Give back every handle the arena maps, keeping the reservation (and so every
+        tensor's pointer and any CUDA graph captured against them).
+
+        Waits for the handle pool's look-ahead to publish what it is backing, then, on CUDA,
+        synchronizes the device (every stream of this process that may still use the memory)
+        before copying or unmapping anything.
+
+        Args:
+            backup: None: the bytes are dropped (a wake gives fresh memory: zeros on the host
+                driver, unspecified on CUDA). ``"host"``: copied to host memory (pinned on
+                CUDA). ``"disk"``: copied to a new file at ``path`` through ``mmap``. Or a
+                :class:`~kvvmm.arena.backup.Backup` object.
+            path: the file for ``backup="disk"`` (must not exist; removed after the wake).
+            keep_pool: keep the handle pool's idle handles (default: release them too, so
+                the device gets back all it can).
+        Returns:
+            A :class:`SleepResult`.
+        Raises:
+            ArgumentError: a bad ``backup`` or ``path``; nothing changed.
+            SleepRefusedError: asleep already, a CUDA graph capture is underway, or the
+                arena maps adopted handles (memory another process shares); nothing changed.
+            BackupError: the copy-out failed (out of host memory, a full disk): the arena is
+                awake and every byte is where it was.
+            DriverError: an unmap failed (the arena is awake, every byte where it was), or a
+                release failed after every unmap (the sleep stands; the handle is retried by
+                :meth:`wake` or ``close()``).
+            ClosedError: after ``close()``.
+        """
+        self._check_open("sleep")
+        if not isinstance(keep_pool, bool):
+            from kvvmm.errors import ArgumentError
+
+            raise ArgumentError("keep_pool", keep_pool, "True or False")
+        store = make_backup(backup, path)
+        if self._sleeping is not None:
+            raise SleepRefusedError(f"arena {self.name!r}: sleep() while asleep; wake() first")
+        if self._adopted:
+            raise SleepRefusedError(
+                f"arena {self.name!r}: sleep() with {len(self._adopted)} adopted handles "
+                f"mapped (memory another process or a collective shares: a wake could not "
+                f"bring it back); give those ranges back first")
+        self._refuse_capture("sleep")
+        self._wait_inflight([(a, 0, a.size) for a in self._allocs])
+        plan = [(a, list(a.maps)) for a in self._allocs if a.maps]
+        nbytes = sum(m.size for _, ms in plan for m in ms)
+        self._sync_device()
+        if store is not None:
+            self._copy(plan, store, "save")
+        try:
+            given = self._give_back(plan)  # a failed unmap maps every run back, bytes intact
+        except BaseException:
+            if store is not None:
+                store.drop()
+            raise
+        self._sleeping = _Sleep(
+            maps=[(a, [(m.offset, m.size, m.hid) for m in ms]) for a, ms in plan],
+            backup=store, nbytes=nbytes)
+        kind = None if store is None else store.kind
+        self._note("sleep", backup=kind or "none", nbytes=nbytes)
+        if self._work is not None:
+            self._work("arena.sleep", sum(len(ms) for _, ms in plan))
+        # Not the pool: a sleep gives the memory back to the device, not to the next commit.
+        gone, self._gone = self._gone, []
+        self._leftover += gone
+        self._release_leftover("wake(), or close again, to retry")
+        pool_bytes = 0
+        pool = self._handle_pool
+        if pool is not None and not keep_pool and pool.held_bytes:
+            pool_bytes = pool.trim(pool.held_bytes)
+        return SleepResult(backup=kind, given_bytes=sum(given.values()),
+                           mappings=sum(len(ms) for _, ms in plan),
+                           backup_bytes=nbytes if store is not None else 0,
+                           pool_bytes=pool_bytes)
+
+    @_locked
+    def wake(self) -> int:
+        """Back every range the sleep gave back again (same sizes, same VA), copy it back.
+
+        Each range gets one new handle (the pool's if it holds one, else a create), a map and
+        access (for the peers given access too); mapping ids are the ones the sleep
+        remembered, so the snapshot is exactly what it was before the sleep.
+
+        Returns:
+            Bytes backed again.
+        Raises:
+            SleepRefusedError: not asleep, or a CUDA graph capture is underway; nothing
+                changed.
+            DriverError: a create, map or set access failed (out of memory, ...): every handle
+                the wake made is given back; the arena is asleep, its backup intact.
+            BackupError: the copy back failed: as for a DriverError.
+            ClosedError: after ``close()``.
+        """
+        self._check_open("wake")
+        s = self._sleeping
+        if s is None:
+            raise SleepRefusedError(f"arena {self.name!r}: wake() while awake (no sleep() "
+                                    f"to end)")
+        self._refuse_capture("wake")
+        if self._leftover:  # a sleep's release that failed: the memory is needed now
+            self._release_leftover("wake(), or close again, to retry")
+        undo = Transaction()
+        made: list[tuple[_Map, int]] = []
+        try:
+            for a, maps in s.maps:
+                for off, size, hid in maps:
+                    got: list[_Map] = []
+                    self._back_gap(a, off - a.offset, off - a.offset + size, undo, got)
+                    made.append((got[0], hid))
+            if s.backup is not None:
+                self._copy([(a, [m for m in a.maps]) for a, _ in s.maps], s.backup, "load")
+        except BaseException as e:
+            undo.unwind(e)
+            raise
+        undo.commit()
+        for m, hid in made:
+            m.hid = hid
+        self._sleeping = None
+        if s.backup is not None:
+            s.backup.drop()
+        self._note("wake", nbytes=s.nbytes)
+        if self._work is not None:
+            self._work("arena.wake", len(made))
+        return s.nbytes
+
+    # -- helpers ------------------------------------------------------------------------
+
+    def _copy(self, plan: list[tuple[_Alloc, list[_Map]]], store: Backup, how: str) -> None:
+        """Copy each run of adjacent mappings out to ``store`` (``"save"``) or back from it
+        (``"load"``), at consecutive positions; any failure is a :class:`BackupError`."""
+        views: list[torch.Tensor] = []
+        try:
+            for _a, ms in plan:
+                for run in _runs(ms):
+                    start, end = run[0].offset, run[-1].offset + run[-1].size
+                    views.append(self.tensor(start, (end - start,), "uint8"))  # type: ignore[attr-defined]
+            if not views:
+                if how == "save":
+                    import torch
+
+                    store.open(0, torch.empty(0, dtype=torch.uint8, device="meta"))
+                return
+            if how == "save":
+                store.open(sum(v.numel() for v in views), views[0])
+            pos = 0
+            for i in range(len(views)):  # no loop variable: a traceback would keep it alive
+                if how == "save":
+                    store.save(pos, views[i])
+                else:
+                    store.load(pos, views[i])
+                pos += views[i].numel()
+            store.flush(views[0].device)
+        except Exception as e:
+            if how == "save":
+                store.drop()
+            if isinstance(e, KvvmmError):
+                raise
+            what = "copy-out to" if how == "save" else "copy back from"
+            views.clear()
+            # The cause's frames go: they hold tensors over the arena (the backup's
+            # arguments), which would keep close() waiting for as long as the error lives.
+            raise BackupError(f"arena {self.name!r}: the {what} the {store.kind} backup "
+                              f"failed: {type(e).__name__}: {e}; the arena is "
+                              + ("awake, every byte where it was" if how == "save" else
+                                 "asleep, its backup intact")) from e.with_traceback(None)
+        except BaseException:
+            if how == "save":
+                store.drop()
+            raise
+        finally:
+            views.clear()  # their leases end here, before any unmap
+
+    def _torch_cuda(self) -> Any:
+        """torch, when this arena's memory is CUDA's and the process has initialized CUDA."""
+        if self.driver.memory is not MemoryKind.DEVICE:
+            return None
+        torch = sys.modules.get("torch")  # never import it just to ask
+        if torch is None or not torch.cuda.is_initialized():
+            return None
+        return torch
+
+    def _refuse_capture(self, what: str) -> None:
+        torch = self._torch_cuda()
+        if torch is None:
+            return
+        with torch.cuda.device(self.device):
+            capturing = torch.cuda.is_current_stream_capturing()
+        if capturing:
+            raise SleepRefusedError(
+                f"arena {self.name!r}: {what}() during a CUDA graph capture on device "
+                f"{self.device} (its synchronize and copies would break the capture); "
+                f"nothing changed. Call it after the capture ends")
+
+    def _sync_device(self) -> None:
+        torch = self._torch_cuda()
+        if torch is not None:
+            torch.cuda.synchronize(self.device)
+
+    def _asleep_mappings(self) -> tuple[MappingInfo, ...]:
+        """For the snapshot: the mappings a wake makes again (() while awake)."""
+        s = self._sleeping
+        if s is None:
+            return ()
+        return tuple(MappingInfo(off, size, hid, a.name) for a, maps in s.maps
+                     for off, size, hid in maps)
+
+    def _drop_sleep(self) -> None:
+        """At close: a sleeping arena's backup goes (nothing will wake it)."""
+        s, self._sleeping = self._sleeping, None
+        if s is not None and s.backup is not None:
+            s.backup.drop()
