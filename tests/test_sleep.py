@@ -475,3 +475,26 @@ def test_the_pinned_backup_is_cut_in_power_of_two_pieces_that_sum_to_its_size() 
         pieces = _pow2_pieces(n)
         assert sum(pieces) == n
         assert all(p & (p - 1) == 0 and p <= 1 << 30 for p in pieces)
+
+
+def test_the_lab_draws_a_sleeping_owner_as_asleep_with_what_a_wake_backs(
+        make_driver: Any) -> None:
+    from kvvmm import KvBufferOwner, mha_token_major
+    from kvvmm.viz import describe, va_map
+
+    descs = mha_token_major(layers=1, kv_heads=2, head_dim=64, reserved_tokens=8192,
+                            page_size=16, dtype="bfloat16")
+    owner = KvBufferOwner(driver=make_driver("sim"), dtype="bfloat16", page_size=16,
+                          reserved_tokens=8192, descs=descs)
+    owner.ensure_prefix(4096)
+    backed = owner.backed_bytes
+    owner.sleep()
+    snap = owner.snapshot()
+    assert snap.arena.asleep_bytes == backed and snap.arena.backed_bytes == 0
+    text = describe(snap)
+    assert "asleep:" in text and "to wake at the same VA" in text
+    title = va_map(snap).layout.title.text
+    assert "asleep:" in title and "mapping" in title
+    owner.wake()
+    assert "asleep" not in va_map(owner.snapshot()).layout.title.text
+    owner.close()

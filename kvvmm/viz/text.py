@@ -50,6 +50,9 @@ def describe(snapshot: ArenaSnapshot | OwnerSnapshot) -> str:
         out.append(f"tokens: reserved {snapshot.reserved_tokens:,}, prefix "
                    f"{snapshot.prefix_tokens:,}, final {final}")
     state = ", closed" if a.closed else ""
+    if a.asleep_bytes:
+        state += (f", asleep: {fmt_bytes(a.asleep_bytes)} in "
+                  f"{len(a.asleep_mappings)} mappings to wake at the same VA")
     out.append(f"arena {a.name!r} on {a.driver} ({a.device_name}), granularity "
                f"{fmt_bytes(a.granularity)}{state}")
     pct = 100.0 * a.backed_bytes / a.reserved_bytes if a.reserved_bytes else 0.0

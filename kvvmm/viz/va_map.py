@@ -262,6 +262,9 @@ def _default_title(arena: ArenaSnapshot, what: str | None = None) -> tuple[str, 
     state = " (closed)" if arena.closed else ""
     head = html.escape(what if what is not None else f"{arena.name}{state}")
     pool = (f"; {fmt_bytes(arena.pool_bytes)} held by the pool" if arena.pool_bytes else "")
+    if arena.asleep_bytes:  # Arena.sleep: nothing is backed, the ranges wait for wake()
+        pool += (f"; asleep: {fmt_bytes(arena.asleep_bytes)} in "
+                 f"{_count(len(arena.asleep_mappings), 'mapping')} to wake at the same VA")
     return (f"{head}: {fmt_bytes(arena.backed_bytes)} backed of "
             f"{fmt_bytes(arena.reserved_bytes)} reserved "
             f"({_pct(arena.backed_bytes, arena.reserved_bytes)}), "
