@@ -333,7 +333,7 @@ class KvBufferOwner:
             if self._work is not None:  # _charge inlined: this runs every decode step
                 self._work("owner.ensure_prefix", len(self.descs))
             n = _tokens("n", n, lo=0, hi=self.max_prefix_tokens, what="0",
-                        hi_name="max_prefix_tokens (reserved_tokens + page_size)")
+                        hi_name=PREFIX_BOUND)
         if n <= self._covered:  # nothing to back: O(1), however many buffers
             if n > self.prefix_tokens:
                 self.prefix_tokens = n
@@ -977,6 +977,10 @@ def _merged(ranges: Iterable[tuple[int, int]], *, touching: bool = False) -> lis
         else:
             out.append((lo, hi))
     return out
+
+
+#: How a refused ``ensure_prefix`` names its bound (the owner's and the collective owner's).
+PREFIX_BOUND = "max_prefix_tokens (reserved_tokens + page_size)"
 
 
 def _tokens(name: str, value: object, *, lo: int, hi: int | None, what: str = "",

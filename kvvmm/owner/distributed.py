@@ -67,10 +67,9 @@ from kvvmm.errors import (
     ClosedError,
     CollectiveError,
     KvvmmError,
-    OutOfRangeError,
 )
 from kvvmm.layout.geometry import growth_targets
-from kvvmm.owner.buffers import KvBufferOwner
+from kvvmm.owner.buffers import PREFIX_BOUND, KvBufferOwner, _tokens
 from kvvmm.policy import Exact, GrowthPolicy
 from kvvmm.snapshot import OwnerSnapshot, TpSnapshot
 from kvvmm.units import align_up
@@ -234,18 +233,13 @@ class DistributedOwner:
     # -- planning (local) -------------------------------------------------------------------
 
     def _check_tokens(self, n: object, lo: int, lo_name: str) -> int:
-        if isinstance(n, bool) or not isinstance(n, int):
-            raise ArgumentError("n", n, "an int (tokens)")
-        if n < lo:
-            raise ArgumentError("n", n, f">= {lo_name} ({lo})" if lo_name else f">= {lo}")
+        """``n`` checked as the owner checks it: ensure_prefix (lo 0) reaches the padded
+        page, the rest stop at reserved_tokens."""
         o = self.owner
-        # ensure_prefix (lo 0) reaches the padded page, as the owner's does; the rest stop
-        # at reserved_tokens
-        hi, hi_name = ((o.max_prefix_tokens, "max_prefix_tokens (reserved_tokens + page_size)")
-                       if lo == 0 else (o.reserved_tokens, "reserved_tokens"))
-        if n > hi:
-            raise OutOfRangeError("n", n, f"<= {hi_name} ({hi})")
-        return n
+        if lo == 0:
+            return _tokens("n", n, lo=0, hi=o.max_prefix_tokens, what=lo_name,
+                           hi_name=PREFIX_BOUND)
+        return _tokens("n", n, lo=lo, hi=o.reserved_tokens, what=lo_name)
 
     def _gaps(self, off: int, lo: int, hi: int) -> list[tuple[int, int]]:
         """Unbacked ``[start, end)`` pieces of ``[lo, hi)`` of the buffer at ``off``."""
