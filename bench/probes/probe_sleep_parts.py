@@ -132,20 +132,25 @@ def owner_parts(gib: int) -> dict[str, Any]:
         del t  # a tensor left in this frame keeps the arena open after close (a deferred close)
         torch.cuda.synchronize()
         out: dict[str, Any] = {"gib": gib, "backed_bytes": owner.backed_bytes}
-        for rnd in range(2):
+        for rnd, memory in enumerate(["torch", "mmap", "torch", "mmap"]):
+            key = f"{memory}_{rnd}"
+            backup_mod.wait_unpinned()
             times.clear()
             f0 = free_bytes()
             t0 = time.perf_counter()
-            owner.sleep("host")
-            out[f"sleep_s_{rnd}"] = time.perf_counter() - t0
-            out[f"sleep_parts_{rnd}"] = dict(times)
-            out[f"device_freed_{rnd}"] = free_bytes() - f0
+            owner.sleep(backup_mod.HostBackup(memory))
+            out[f"sleep_s_{key}"] = time.perf_counter() - t0
+            out[f"sleep_parts_{key}"] = dict(times)
+            out[f"device_freed_{key}"] = free_bytes() - f0
             times.clear()
             t0 = time.perf_counter()
             owner.wake()
             torch.cuda.synchronize()
-            out[f"wake_s_{rnd}"] = time.perf_counter() - t0
-            out[f"wake_parts_{rnd}"] = dict(times)
+            out[f"wake_s_{key}"] = time.perf_counter() - t0
+            out[f"wake_parts_{key}"] = dict(times)
+            t0 = time.perf_counter()
+            backup_mod.wait_unpinned()
+            out[f"unpin_after_wake_s_{key}"] = time.perf_counter() - t0
         owner.close()
     finally:
         for k, fn in orig.items():
