@@ -22,11 +22,9 @@ from hypothesis import strategies as st
 
 from kvvmm import cli
 from kvvmm.errors import ArgumentError, ProfileError
-from kvvmm.hardware import DeviceProfile, get_profile, load_profile, profile_data, \
-    profile_from_data
+from kvvmm.hardware import DeviceProfile, get_profile, load_profile, profile_data, profile_from_data
 from kvvmm.hardware.profiles import shipped_data
-from kvvmm.hardware.spread import GROUPS, figures_of, quantiles, ratios, scaled, \
-    spread_section
+from kvvmm.hardware.spread import GROUPS, figures_of, quantiles, ratios, scaled, spread_section
 from kvvmm.policy import Chunked, Exact
 from kvvmm.units import MiB
 from kvvmm.workload.bands import Band, band_notes, band_profiles, growth_bands
@@ -226,8 +224,8 @@ def test_the_sim_is_monotone_in_its_costs_so_the_band_is_not_made_ordered_by_sor
     data["spread"] = {"figures": {g: {"p10": low, "p50": 1.0, "p90": high}
                                   for g in GROUPS[:11]}}
     prof = profile_from_data(data, where="monotone")
-    from kvvmm.growth import decode_growth
     from kvvmm.driver.sim import SimDriver
+    from kvvmm.growth import decode_growth
 
     def us(p: DeviceProfile) -> float:
         return decode_growth([Exact()], driver=lambda: SimDriver(p), **SMALL_GROWTH)[0].sim_us
