@@ -264,3 +264,43 @@ def test_kvvmm_replay_prints_a_band_table_of_at_most_100_columns_and_json_bands(
     text = format_workload_bands(bands, notes("h200"))
     assert max(len(line) for line in text.splitlines()) <= 100
     assert "request-ranges+deferred" in text
+
+
+def test_the_growth_lab_shows_each_policys_band_in_its_table_and_a_figure() -> None:
+    from kvvmm.lab import GrowthLab
+
+    lab = GrowthLab(layers=2, tokens=4096, step_tokens=512)
+    assert lab.run(), lab.error_text
+    assert len(lab.bands) == len(lab.results)
+    for r, b in zip(lab.results, lab.bands, strict=True):
+        assert b.low <= b.mid == r.sim_us <= b.high
+    assert "band (p10-p90)" in lab.table.value
+    (trace,) = lab.band_figure.data
+    assert list(trace.error_y.array) == pytest.approx([(b.high - b.mid) / 1e3
+                                                       for b in lab.bands])
+    assert "kvvmm calibrate --quick --profile h200" in lab.profile_age.value
+
+
+def test_the_workload_lab_draws_the_decode_band_as_error_bars() -> None:
+    from kvvmm.lab import WorkloadLab
+
+    lab = WorkloadLab(seconds=8.0, strategies=("prefix", "page-elastic"))
+    assert lab.run(), lab.error_text
+    assert set(lab.bands) == {"prefix", "page-elastic"}
+    bars = {t.name: t.error_x for t in lab.figure.data
+            if getattr(t, "mode", None) == "markers+text"}
+    for name, figs in lab.bands.items():
+        b = figs["decode_driver_ms"]
+        assert bars[name].array[0] == pytest.approx(b.high - b.mid)
+    assert "band (p10-p90)" in lab.table.value
+
+
+def test_the_profile_age_line_says_how_old_and_names_the_quick_refresh() -> None:
+    import datetime
+
+    from kvvmm.viz.bands import profile_age_line
+
+    line = profile_age_line("h200", today=datetime.date(2026, 12, 3))
+    assert "measured 2026-12-01, 2 days ago" in line
+    assert "kvvmm calibrate --quick --profile h200" in line
+    assert "unknown date" in profile_age_line(DeviceProfile("x", "X", 1 << 30, 2 * MiB, "s"))

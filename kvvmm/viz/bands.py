@@ -6,12 +6,15 @@ bars to a figure it is given (:func:`add_decode_bands`), and changes nothing els
 
 from __future__ import annotations
 
+import datetime
 import html
+import os
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import plotly.graph_objects as go
 
+from kvvmm.hardware import DeviceProfile, get_profile
 from kvvmm.viz._common import _table
 
 if TYPE_CHECKING:
@@ -20,7 +23,7 @@ if TYPE_CHECKING:
     from kvvmm.workload.run import WorkloadComparison
 
 __all__ = ["BAND_COLUMNS", "add_decode_bands", "format_growth_bands", "format_workload_bands",
-           "growth_band_figure"]
+           "growth_band_figure", "profile_age_line"]
 
 #: The workload figures the band table shows: (summary key, header, scale to the unit shown).
 BAND_COLUMNS = (("startup_driver_ms", "startup ms", 1.0), ("decode_driver_ms", "decode ms", 1.0),
@@ -116,3 +119,24 @@ def add_decode_bands(fig: go.Figure, cmp: WorkloadComparison,
         tr.hovertemplate = (f"band p10-p90 {b.low:.3f}-{b.high:.3f} ms<br>"
                             + (tr.hovertemplate or ""))
     return fig
+
+
+def profile_age_line(profile: str | DeviceProfile, today: datetime.date | None = None) -> str:
+    """How old a profile's figures are, and the one-minute refresh for a GPU user.
+
+    ``"profile h200: measured 2026-12-01, 2 days ago; on a GPU, refresh it in about a
+    minute: kvvmm calibrate --quick --profile h200 --out h200-refreshed.json"``.
+    """
+    p = get_profile(profile)
+    name = p.path or p.key
+    stem = os.path.splitext(os.path.basename(name))[0]
+    fix = (f"on a GPU, refresh it in about a minute: kvvmm calibrate --quick --profile "
+           f"{name} --out {stem}-refreshed.json")
+    try:
+        when = datetime.date.fromisoformat(p.date[:10])
+    except ValueError:
+        return f"profile {p.key}: measured on an unknown date; {fix}"
+    days = ((today or datetime.date.today()) - when).days
+    age = "today" if days == 0 else f"{days} day{'s' if days != 1 else ''} ago" \
+        if days > 0 else "in the future (a wrong clock?)"
+    return f"profile {p.key}: measured {when.isoformat()}, {age}; {fix}"
