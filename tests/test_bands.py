@@ -150,6 +150,14 @@ def test_a_hand_built_profile_meets_the_schema_on_construction(
     assert "DeviceProfile" in str(e.value)
 
 
+def test_a_hand_built_profile_with_a_shipped_key_keeps_its_own_fields_at_every_quantile(
+        ) -> None:
+    mine = DeviceProfile("h200", "small H200", 8 << 30, 2 * MiB, "by hand", "2026-12-03")
+    for q in (0.1, 0.9):
+        p = mine.at(q)
+        assert (p.name, p.capacity_bytes, p.date) == ("small H200", 8 << 30, "2026-12-03")
+
+
 def test_a_good_hand_built_profile_works_and_is_a_point() -> None:
     p = DeviceProfile("mine", "My GPU", 80 << 30, 2 * MiB, "by hand", "2026-12-03")
     assert p.at(0.5) is p

@@ -102,7 +102,11 @@ class DeviceProfile:
         spread = data.get("spread")
         if not isinstance(spread, Mapping) or not spread.get("figures"):
             return self
-        return profile_from_data(at_quantile(data, float(q)),
+        # The record's own fields stand (a hand-built profile borrows its key's costs only).
+        own = {"key": self.key, "name": self.name, "capacity_bytes": self.capacity_bytes,
+               "granularity_bytes": self.granularity_bytes, "source": self.source,
+               "date": self.date}
+        return profile_from_data(at_quantile(data, float(q)) | own,
                                  where=f"{self.key} at q={q:g}", path=self.path)
 
 
