@@ -112,7 +112,9 @@ def test_a_bad_spread_is_refused_naming_the_file_and_the_field(
 
 
 def test_a_nan_spread_in_the_file_text_is_refused_by_field(tmp_path: Path) -> None:
-    text = json.dumps(_h200()).replace('"p10": 0.859', '"p10": NaN', 1)
+    data = _h200()
+    data["spread"]["figures"]["call_costs.create"]["p10"] = 0.123456
+    text = json.dumps(data).replace('"p10": 0.123456', '"p10": NaN', 1)
     assert "NaN" in text
     with pytest.raises(ProfileError) as e:
         load_profile(_write(tmp_path, None, text))
