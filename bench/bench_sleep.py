@@ -262,15 +262,19 @@ def run_kvvmm(kind: str, gib: float, reps: int, disk_dir: str | None,
     owner.close()
     if cuda:
         torch.cuda.synchronize()
-    drv.close()
+    try:
+        drv.close()
+    except Exception as e:  # the measurements stand; say why the driver stayed open
+        res["driver_close_error"] = f"{type(e).__name__}: {e}"
     return res
 
 
 # -- torch_memory_saver, in a child --------------------------------------------------------
 
 
-def tms_child(gib: float, reps: int, out: str) -> None:
-    """In a fresh process: the same buffer sizes through torch_memory_saver."""
+def tms_child(gib: float, reps: int, label: str, out: str) -> None:
+    """In a fresh process: the same buffer sizes through torch_memory_saver, one mode (a
+    process each: a region's pool keeps its memory until the process ends)."""
     import torch
     from torch_memory_saver import torch_memory_saver as tms
 
@@ -279,48 +283,48 @@ def tms_child(gib: float, reps: int, out: str) -> None:
     rows = n + PAGE
     res: dict[str, Any] = {"version": _version("torch_memory_saver") or _tms_version(),
                            "hook_mode": "torch", "runs": {}}
-    for label, cpu_backup in (("cpu_backup", True), ("none", False)):
-        tag = f"kv-{label}"
+    cpu_backup = label == "cpu_backup"
+    tag = f"kv-{label}"
+    torch.cuda.synchronize()
+    with tms.region(tag=tag, enable_cpu_backup=cpu_backup):
+        tensors = [torch.empty((rows, *d.shape[1:]), dtype=torch.bfloat16, device="cuda")
+                   for d in descs]
+    fill(tensors, rows, seed=2)
+    torch.cuda.synchronize()
+    graph = Graph(tensors, rows)
+    before = graph.replay()
+    phys = sum(t.numel() * t.element_size() for t in tensors)
+    runs = []
+    for _ in range(reps):
+        free0 = torch.cuda.mem_get_info()[0]
         torch.cuda.synchronize()
-        with tms.region(tag=tag, enable_cpu_backup=cpu_backup):
-            tensors = [torch.empty((rows, *d.shape[1:]), dtype=torch.bfloat16, device="cuda")
-                       for d in descs]
-        fill(tensors, rows, seed=2)
+        t0 = time.perf_counter()
+        tms.pause(tag)
         torch.cuda.synchronize()
-        graph = Graph(tensors, rows)
-        before = graph.replay()
-        phys = sum(t.numel() * t.element_size() for t in tensors)
-        runs = []
-        for _ in range(reps):
-            free0 = torch.cuda.mem_get_info()[0]
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            tms.pause(tag)
-            torch.cuda.synchronize()
-            pause_s = time.perf_counter() - t0
-            free1 = torch.cuda.mem_get_info()[0]
-            t0 = time.perf_counter()
-            tms.resume(tag)
-            torch.cuda.synchronize()
-            resume_s = time.perf_counter() - t0
-            run: dict[str, Any] = {"sleep_s": pause_s, "wake_s": resume_s,
-                                   "physical_bytes": phys, "free_gain_bytes": free1 - free0,
-                                   "given_fraction": (free1 - free0) / phys}
-            if cpu_backup:
-                run["bit_exact"] = same_bytes(tensors, rows, seed=2)
-            after = graph.replay()
-            run["graph_same_as_before_sleep"] = _equal(after, before)
-            run["graph_same_as_eager"] = _equal(after, graph.eager())
-            runs.append(run)
-            if not cpu_backup:
-                fill(tensors, rows, seed=2)
-        res["runs"][label] = {
-            "sleep_s": _stats([x["sleep_s"] for x in runs]),
-            "wake_s": _stats([x["wake_s"] for x in runs]),
-            "given_fraction_min": min(x["given_fraction"] for x in runs), "reps": runs}
-        del graph, before, tensors
+        pause_s = time.perf_counter() - t0
+        free1 = torch.cuda.mem_get_info()[0]
+        t0 = time.perf_counter()
+        tms.resume(tag)
         torch.cuda.synchronize()
-        torch.cuda.empty_cache()
+        resume_s = time.perf_counter() - t0
+        run: dict[str, Any] = {"sleep_s": pause_s, "wake_s": resume_s,
+                               "physical_bytes": phys, "free_gain_bytes": free1 - free0,
+                               "given_fraction": (free1 - free0) / phys}
+        if cpu_backup:
+            run["bit_exact"] = same_bytes(tensors, rows, seed=2)
+        after = graph.replay()
+        run["graph_same_as_before_sleep"] = _equal(after, before)
+        run["graph_same_as_eager"] = _equal(after, graph.eager())
+        runs.append(run)
+        if not cpu_backup:
+            fill(tensors, rows, seed=2)
+    res["runs"][label] = {
+        "sleep_s": _stats([x["sleep_s"] for x in runs]),
+        "wake_s": _stats([x["wake_s"] for x in runs]),
+        "given_fraction_min": min(x["given_fraction"] for x in runs), "reps": runs}
+    del graph, before, tensors
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
     Path(out).write_text(json.dumps(res, indent=1))
 
 
@@ -337,19 +341,25 @@ def run_tms(gib: float, reps: int, tms_path: str | None, out_dir: Path,
             timeout_s: float) -> dict[str, Any]:
     if not tms_path or not os.path.isdir(tms_path):
         return {"skipped": f"no built torch_memory_saver at --tms-path {tms_path!r}"}
-    child_out = out_dir / "bench-sleep-tms-child.json"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([tms_path, str(ROOT),
                                                         os.environ.get("PYTHONPATH", "")])}
-    cmd = [sys.executable, __file__, "--tms-child", "--gib", str(gib), "--reps", str(reps),
-           "--child-out", str(child_out)]
-    try:
-        p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        return {"skipped": f"torch_memory_saver's child ran past {timeout_s} s"}
-    if p.returncode != 0 or not child_out.exists():
-        return {"skipped": f"torch_memory_saver's child failed (rc {p.returncode})",
-                "stderr_tail": p.stderr[-3000:]}
-    got: dict[str, Any] = json.loads(child_out.read_text())
+    got: dict[str, Any] = {"runs": {}}
+    for label in ("cpu_backup", "none"):
+        child_out = out_dir / f"bench-sleep-tms-{label}.json"
+        cmd = [sys.executable, __file__, "--tms-child", label, "--gib", str(gib),
+               "--reps", str(reps), "--child-out", str(child_out)]
+        try:
+            p = subprocess.run(cmd, env=env, capture_output=True, text=True,
+                               timeout=timeout_s / 2)
+        except subprocess.TimeoutExpired:
+            return {"skipped": f"torch_memory_saver's {label} child ran past "
+                               f"{timeout_s / 2} s", **got}
+        if p.returncode != 0 or not child_out.exists():
+            return {"skipped": f"torch_memory_saver's {label} child failed (rc "
+                               f"{p.returncode})", "stderr_tail": p.stderr[-3000:], **got}
+        one = json.loads(child_out.read_text())
+        got["runs"].update(one.pop("runs"))
+        got.update(one)
     return got
 
 
@@ -407,13 +417,14 @@ def main(argv: list[str] | None = None) -> int:
                     help="the host driver's granularity (tests make it small, so that a "
                          "small pool is not 160 rounded-up granules)")
     ap.add_argument("--out", default="bench-sleep.json")
-    ap.add_argument("--tms-child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--tms-child", choices=("cpu_backup", "none"), default=None,
+                    help=argparse.SUPPRESS)
     ap.add_argument("--child-out", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.gib <= 0 or args.reps < 1:
         ap.error("--gib must be > 0 and --reps >= 1")
     if args.tms_child:
-        tms_child(args.gib, args.reps, args.child_out)
+        tms_child(args.gib, args.reps, args.tms_child, args.child_out)
         return 0
     import torch
 
@@ -433,19 +444,36 @@ def main(argv: list[str] | None = None) -> int:
                  "page_size": PAGE}}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    res["pcie"] = pcie(int(args.gib * GiB)) if cuda else None
-    res["kvvmm"] = run_kvvmm(args.driver, args.gib, args.reps, args.disk_dir,
-                             args.host_granularity_kib * 1024)
+    errors: list[str] = []
+
+    def section(key: str, fn: Any) -> None:
+        """One part of the run; a failure is reported in the JSON, the rest still runs."""
+        try:
+            res[key] = fn()
+        except Exception as e:
+            import traceback
+
+            errors.append(f"{key}: {type(e).__name__}: {e}\n{traceback.format_exc()[-2000:]}")
+            res[key] = None
+        out.write_text(json.dumps(res, indent=1))  # what is measured so far, at every step
+
+    section("pcie", lambda: pcie(int(args.gib * GiB)) if cuda else None)
+    section("kvvmm", lambda: run_kvvmm(args.driver, args.gib, args.reps, args.disk_dir,
+                                       args.host_granularity_kib * 1024))
     if cuda:
         torch.cuda.empty_cache()
-        res["torch_memory_saver"] = run_tms(args.gib, args.reps, args.tms_path, out.parent,
-                                            args.tms_timeout)
+        section("torch_memory_saver", lambda: run_tms(args.gib, args.reps, args.tms_path,
+                                                      out.parent, args.tms_timeout))
     else:
         res["torch_memory_saver"] = {"skipped": "needs CUDA (--driver host)"}
-    res["targets"] = targets(res)
+    if res.get("kvvmm") is not None:
+        section("targets", lambda: targets(res))
+    res["errors"] = errors
     out.write_text(json.dumps(res, indent=1))
-    print(json.dumps(res["targets"], indent=1))
-    return 0
+    print(json.dumps(res.get("targets"), indent=1))
+    for e in errors:
+        print(e, file=sys.stderr)
+    return 1 if errors else 0
 
 
 if __name__ == "__main__":
