@@ -43,6 +43,11 @@ range (``Arena.adopt_range``) rather than after the prefix, and agree on the pag
 count and a checksum of the ids) instead of a token count; ``decommit_pages`` is agreed like
 ``shrink`` (a rank whose own decommit fails forgets the pages as committed all the same).
 
+``sleep`` and ``wake`` run the same four steps over the whole owner (prepare: arguments and
+:meth:`Arena.sleep_refusal <kvvmm.arena.Arena.sleep_refusal>`; agree; sleep or wake; confirm):
+every rank gives its memory back, or the ranks that did wake again (a wake's undo is a sleep
+with the same backup kind and file), see :meth:`DistributedOwner.sleep` and docs/SLEEP.md.
+
 Processes come from torchrun, or for the lab and tests from :func:`spawn` (a thin helper over
 ``torch.multiprocessing`` and ``init_process_group``, on loopback).
 """
