@@ -354,10 +354,10 @@ def run_tms(gib: float, reps: int, tms_path: str | None, out_dir: Path,
                "--reps", str(reps), "--child-out", str(child_out)]
         try:
             p = subprocess.run(cmd, env=env, capture_output=True, text=True,
-                               timeout=timeout_s / 2)
+                               timeout=timeout_s)
         except subprocess.TimeoutExpired:
             return {"skipped": f"torch_memory_saver's {label} child ran past "
-                               f"{timeout_s / 2} s", **got}
+                               f"{timeout_s} s", **got}
         if p.returncode != 0 or not child_out.exists():
             return {"skipped": f"torch_memory_saver's {label} child failed (rc "
                                f"{p.returncode})", "stderr_tail": p.stderr[-3000:], **got}
@@ -416,7 +416,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="also sleep to a file in this folder (not timed against a target)")
     ap.add_argument("--tms-path", default=None,
                     help="a folder holding the built torch_memory_saver package")
-    ap.add_argument("--tms-timeout", type=float, default=240.0)
+    ap.add_argument("--tms-timeout", type=float, default=120.0,
+                    help="seconds for each torch_memory_saver child (one a mode)")
     ap.add_argument("--host-granularity-kib", type=int, default=2048,
                     help="the host driver's granularity (tests make it small, so that a "
                          "small pool is not 160 rounded-up granules)")

@@ -78,7 +78,7 @@ case $part in all|bench)
   # torch_memory_saver's (hook_mode="torch" loads it after torch, not by LD_PRELOAD).
   step 270 bench-sleep python3 \
     bench/bench_sleep.py --gib "$GIB" --reps "$REPS" --tms-path /tmp/tms-site \
-    --tms-timeout 140 --out "$R/h200-sleep.json" ;;
+    --tms-timeout 95 --out "$R/h200-sleep.json" ;;
 esac
 case $part in all|tests)
   step 110 gpu-sleep-tests env OUT="$R" python3 -m pytest -q -p no:cacheprovider -rs \
