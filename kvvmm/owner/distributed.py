@@ -66,7 +66,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypeVar
 
-from kvvmm.arena.backup import Backup, DiskBackup, make_backup
+from kvvmm.arena.backup import Backup, DiskBackup, HostBackup, make_backup
 from kvvmm.arena.sleep import SleepResult
 from kvvmm.checks import seconds_arg
 from kvvmm.errors import (
@@ -773,7 +773,7 @@ class DistributedOwner:
         o = self.owner
         code = _OPS["wake"]
         local: BaseException | None = None
-        again: tuple[str | None, Any] = (None, None)
+        again: tuple[Any, Any] = (None, None)
         try:
             if o.closed:
                 raise ClosedError("KvBufferOwner: wake after close()")
@@ -813,7 +813,7 @@ class DistributedOwner:
                 self._undo_wake(True, again, e)
             raise
 
-    def _undo_wake(self, woke: bool, again: tuple[str | None, Any], err: BaseException) -> bool:
+    def _undo_wake(self, woke: bool, again: tuple[Any, Any], err: BaseException) -> bool:
         """Put this rank back to sleep if this call woke it, with its sleep's backup kind."""
         if not woke:
             return True
@@ -944,13 +944,16 @@ class DistributedOwner:
                           owners=tuple(s for _, s in out))
 
 
-def _backup_of(owner: KvBufferOwner) -> tuple[str | None, Any]:
-    """``(backup, path)`` a sleeping owner's sleep used, to sleep it the same way again."""
+def _backup_of(owner: KvBufferOwner) -> tuple[Any, Any]:
+    """``(backup, path)`` for ``sleep`` to sleep a sleeping owner again the way it slept: the
+    same kind, the same file, the same pinned memory (a fresh backup object each time)."""
     store = owner.arena.sleep_backup
     if store is None:
         return None, None
     if isinstance(store, DiskBackup):
         return "disk", store.path
+    if isinstance(store, HostBackup):
+        return HostBackup(store.memory), None
     return store.kind, None
 
 
