@@ -9,7 +9,9 @@ to ``--gib`` GiB on one GPU (``CudaDriver``), every byte filled with seeded rand
 
 - **PCIe**: a pinned host buffer copied to and from the device (up to 4 GiB, best of 5),
   measured in the same run: the wake with contents is held against ``bytes / H2D``.
-- **kvvmm**, ``--reps`` times each, backup ``"host"`` (pinned) then none: ``sleep`` and
+- **kvvmm**, ``--reps`` times each, backup ``"host"`` (torch's pinned memory), the same
+  with ``HostBackup(memory="mmap")`` (one huge-page mapping registered with CUDA), then none
+  (and ``"disk"`` with ``--disk-dir``): ``sleep`` and
   ``wake`` wall times (each ends in a device synchronize), the device's free memory before
   and after (bytes given back against the owner's physical bytes), every byte compared after
   a wake with contents (regenerated from the seeds, buffer by buffer: bit for bit), and a CUDA
@@ -228,16 +230,22 @@ def run_kvvmm(kind: str, gib: float, reps: int, disk_dir: str | None,
         "grow_s": grow_s, "runs": {}}
     graph = Graph(owner.tensors, rows) if cuda else None
     before = graph.replay() if graph is not None else None
-    modes: list[tuple[str, str | None]] = [("host", "host"), ("none", None)]
+    from kvvmm.arena.backup import HostBackup
+
+    # "host": torch's pinned allocator; "host-mmap": one huge-page mapping registered with
+    # CUDA (fewer host pages to pin, fewer device page-table entries).
+    modes: list[tuple[str, str | None]] = [("host", "host"), ("host-mmap", "host-mmap"),
+                                           ("none", None)]
     if disk_dir is not None:
-        modes.insert(1, ("disk", "disk"))
+        modes.insert(2, ("disk", "disk"))
     for label, backup in modes:
         runs = []
         for r in range(reps):
             path = os.path.join(disk_dir, f"kvvmm-sleep-{r}.bin") if backup == "disk" else None
+            how: Any = HostBackup(memory="mmap") if backup == "host-mmap" else backup
             backed, free0 = owner.backed_bytes, _free(drv)
             t0 = time.perf_counter()
-            got = owner.sleep(backup, path=path)
+            got = owner.sleep(how, path=path)
             sleep_s = time.perf_counter() - t0
             free1 = _free(drv)
             t0 = time.perf_counter()
@@ -377,23 +385,31 @@ def targets(res: dict[str, Any]) -> dict[str, Any]:
     h2d = (res.get("pcie") or {}).get("h2d_gbps")
     host = kv["host"]
     copy_s = host["reps"][0]["backup_bytes"] / (h2d * 1e9) if h2d else None
+    per_mode = {}
+    for mode in ("host", "host-mmap"):
+        if mode not in kv:
+            continue
+        w = kv[mode]["wake_s"]["median"]
+        per_mode[mode] = {"wake_s_median": w, "ratio": w / copy_s if copy_s else None,
+                          "met": (w <= WAKE_COPY_RATIO * copy_s) if copy_s else None}
+    best = min(per_mode, key=lambda m: per_mode[m]["wake_s_median"])
     out["wake_with_contents"] = {
-        "wake_s_median": host["wake_s"]["median"], "h2d_copy_s": copy_s,
-        "ratio": host["wake_s"]["median"] / copy_s if copy_s else None,
-        "target_ratio": WAKE_COPY_RATIO,
-        "met": (host["wake_s"]["median"] <= WAKE_COPY_RATIO * copy_s) if copy_s else None}
+        "h2d_copy_s": copy_s, "target_ratio": WAKE_COPY_RATIO, "by_memory": per_mode,
+        "best_memory": best, "wake_s_median": per_mode[best]["wake_s_median"],
+        "ratio": per_mode[best]["ratio"], "met": per_mode[best]["met"]}
     out["wake_without_contents"] = {
         "wake_s_median": kv["none"]["wake_s"]["median"], "target_s": WAKE_EMPTY_S,
         "met": kv["none"]["wake_s"]["median"] <= WAKE_EMPTY_S}
     frac = min(r["given_fraction_min"] for r in kv.values())
     out["given_back"] = {"fraction_min": frac, "target": GIVEN_FRACTION,
-                         "met": frac >= GIVEN_FRACTION}
+                         "met": frac >= GIVEN_FRACTION,
+                         "by_mode": {m: r["given_fraction_min"] for m, r in kv.items()}}
     graph = [r.get("graph_same_as_before_sleep") for r in host["reps"]]
     out["graph_after_wake"] = {"identical": all(graph) if None not in graph else None}
     out["bit_exact"] = all(r.get("bit_exact", True) for m in kv.values() for r in m["reps"])
     tms = res.get("torch_memory_saver") or {}
     if "runs" in tms:
-        pairs = (("host", "cpu_backup"), ("none", "none"))
+        pairs = (("host", "cpu_backup"), ("host-mmap", "cpu_backup"), ("none", "none"))
         out["vs_torch_memory_saver"] = {
             k: {"kvvmm_wake_s": kv[k]["wake_s"]["median"],
                 "tms_resume_s": tms["runs"][t]["wake_s"]["median"],
@@ -401,7 +417,7 @@ def targets(res: dict[str, Any]) -> dict[str, Any]:
                 "tms_pause_s": tms["runs"][t]["sleep_s"]["median"],
                 "met": (kv[k]["wake_s"]["median"] <= tms["runs"][t]["wake_s"]["median"]
                         and kv[k]["sleep_s"]["median"] <= tms["runs"][t]["sleep_s"]["median"])}
-            for k, t in pairs}
+            for k, t in pairs if k in kv}
     else:
         out["vs_torch_memory_saver"] = {"met": None, "why": tms.get("skipped")}
     return out

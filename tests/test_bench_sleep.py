@@ -42,7 +42,7 @@ def test_the_sleep_benchmark_runs_on_the_host_driver_and_reports_every_target(
     assert res["pool"] == {"model": "llama-3.1-70b", "tp": 8, "rank": 0, "gib": 0.03125,
                            "dtype": "bfloat16", "page_size": 16}
     kv = res["kvvmm"]
-    assert kv["buffers"] == 160 and set(kv["runs"]) == {"host", "disk", "none"}
+    assert kv["buffers"] == 160 and set(kv["runs"]) == {"host", "host-mmap", "disk", "none"}
     for mode, runs in kv["runs"].items():
         (rep,) = runs["reps"]
         assert rep["given_bytes"] == rep["physical_bytes"] == rep["woke_bytes"] > 0
