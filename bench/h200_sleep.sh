@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue 28 on the H200, in one device call of at most 8 minutes (80 + 290 + 100 s limits): torch_memory_saver built from
 # its sdist, bench/bench_sleep.py (a 60 GiB llama-3.1-70b TP8 rank-0 pool, kvvmm beside
-# torch_memory_saver), then tests/gpu/test_gpu_sleep.py. Everything lands under $OUT/sleep.
+# torch_memory_saver), then tests/gpu/test_gpu_sleep.py and test_gpu_sleep_owners.py. Everything
+# lands under $OUT/sleep.
 #
 #   bash bench/h200_sleep.sh            # all three (carry .peers-tms)
 #   bash bench/h200_sleep.sh bench      # the build and the benchmark only
@@ -82,6 +83,6 @@ case $part in all|bench)
 esac
 case $part in all|tests)
   step 100 gpu-sleep-tests env OUT="$R" python3 -m pytest -q -p no:cacheprovider -rs \
-    tests/gpu/test_gpu_sleep.py ;;
+    tests/gpu/test_gpu_sleep.py tests/gpu/test_gpu_sleep_owners.py ;;
 esac
 ls -la "$R"
