@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Issue 28 on the H200, in one device call of at most 8 minutes (80 + 290 + 100 s limits): torch_memory_saver built from
-# its sdist, bench/bench_sleep.py (a 60 GiB llama-3.1-70b TP8 rank-0 pool, kvvmm beside
-# torch_memory_saver), then tests/gpu/test_gpu_sleep.py and test_gpu_sleep_owners.py. Everything
-# lands under $OUT/sleep.
+# Issue 28 on the H200, in one device call of at most 8 minutes (80 + 290 + 100 s limits):
+# torch_memory_saver built from its sdist, bench/bench_sleep.py (a 60 GiB llama-3.1-70b TP8
+# rank-0 pool, kvvmm beside torch_memory_saver), then tests/gpu/test_gpu_sleep.py and
+# tests/gpu/test_gpu_sleep_owners.py. Everything lands under $OUT/sleep.
 #
 #   bash bench/h200_sleep.sh            # all three (carry .peers-tms)
 #   bash bench/h200_sleep.sh bench      # the build and the benchmark only
