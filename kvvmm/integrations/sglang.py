@@ -573,7 +573,8 @@ class KvVmmMemorySaver:
         Raises:
             KvVmmError (``RuntimeError``): an owner refused or failed: the owners paused
                 before it were resumed again (the notes say so); the inner adapter was not
-                asked.
+                asked. The inner adapter is asked after the owners: if it fails, the owners
+                stay paused (resume them with the same tag).
         """
         for t, owners in self._pick(tag):
             done: list[KvVmmBufferOwner] = []
