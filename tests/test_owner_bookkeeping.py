@@ -133,7 +133,6 @@ def test_no_mapping_outlives_every_page_it_backs(layout: str, seed: int) -> None
                           descs=descs)
     block = owner.slot_block_tokens()
     ps = owner.page_size
-    base = owner.backed_bytes
     for _ in range(120):
         op = rng.randrange(5)  # not release_beyond: a mapping it cuts stays by contract
         try:
