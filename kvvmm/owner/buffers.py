@@ -561,9 +561,12 @@ class KvBufferOwner:
         """Give back the pages ``pages`` of every buffer, in one transaction.
 
         A granule goes only when no page still committed (:meth:`commit_pages`) shares it;
-        a mapping that also backs other pages (a larger handle from ``ensure_prefix`` or
-        ``finalize``) stays, whole: :meth:`decommit_pages_report` names it. Pages inside the
-        ensured prefix may be given back (a hole; the next ``ensure_prefix`` fills it).
+        a mapping that also backs other pages still wanted (committed, slot 0's, or the
+        ensured prefix's: a larger handle from ``ensure_prefix`` or ``finalize``) stays,
+        whole: :meth:`decommit_pages_report` names it; a mapping none of whose pages is
+        wanted any more goes whole (a :meth:`commit_slots` handle whose last page goes).
+        Pages inside the ensured prefix may be given back (a hole; the next
+        ``ensure_prefix`` fills it).
 
         Args:
             pages: page ids in ``[1, pages)``; page 0 (slot 0) always stays.
@@ -785,9 +788,9 @@ class KvBufferOwner:
 
         The inverse of :meth:`commit_slots`: a granule goes unless a page still committed
         outside the ranges (or slot 0's page) shares it; mappings wholly inside what goes are
-        unmapped and released, a mapping that reaches past it stays whole (as for
-        :meth:`decommit_pages`). Costs what the ranges' ends touch, not what is committed
-        elsewhere: an engine calls it per request.
+        unmapped and released, a mapping that reaches past it stays whole while a page
+        past it is still wanted (as for :meth:`decommit_pages`). Costs what the ranges'
+        ends touch, not what is committed elsewhere: an engine calls it per request.
 
         Args:
             ranges: as :meth:`commit_slots`; a range must not include slot 0's page.
