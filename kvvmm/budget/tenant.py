@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from kvvmm.budget.errors import BudgetExceededError, LedgerError
+from kvvmm.budget.ledger import _BACKED, _H_BUDGET, _LIMIT, _SHED, _SHED_DL, MAX_BYTES, SLOTS
 from kvvmm.checks import int_arg, seconds_arg
 from kvvmm.errors import ArgumentError, ClosedError
 
@@ -77,7 +78,8 @@ class Tenant:
         """
         if self._closed:
             raise ClosedError(f"tenant {self.name!r}: charge after close()")
-        int_arg("nbytes", nbytes, lo=1, limit="an int > 0 (bytes)")
+        int_arg("nbytes", nbytes, lo=1, hi=MAX_BYTES,
+                limit=f"an int in [1, {MAX_BYTES}] (bytes)")
         wait = self.shed_wait_s if wait_s is None else seconds_arg("wait_s", wait_s)
         try:
             self.ledger._charge(self, nbytes, wait)
@@ -92,7 +94,8 @@ class Tenant:
         failed write keeps the credit here and books it at the next charge, credit or
         sweep of this tenant (until then the ledger books more than is backed, never less).
         """
-        int_arg("nbytes", nbytes, lo=1, limit="an int > 0 (bytes)")
+        int_arg("nbytes", nbytes, lo=1, hi=MAX_BYTES,
+                limit=f"an int in [1, {MAX_BYTES}] (bytes)")
         with self._plock:
             self._pending += nbytes
         try:
@@ -119,21 +122,15 @@ class Tenant:
     @property
     def backed_bytes(self) -> int:
         """What the ledger books to this tenant now."""
-        from kvvmm.budget.ledger import _BACKED
-
         return int(self.ledger._q[_BACKED + self.slot])
 
     @property
     def limit_bytes(self) -> int:
         """This tenant's limit now (the operator may change it at any time)."""
-        from kvvmm.budget.ledger import _LIMIT
-
         return int(self.ledger._q[_LIMIT + self.slot])
 
     def room_bytes(self) -> int:
         """What one charge could book now without shedding: min(limit room, GPU free)."""
-        from kvvmm.budget.ledger import _BACKED, _H_BUDGET, _LIMIT, SLOTS
-
         with self.ledger._locked() as q:
             self._flush(q)
             s = self.slot
@@ -145,8 +142,6 @@ class Tenant:
     def poll(self) -> ShedRequest | None:
         """The shed request standing against this tenant, if any (call it where the engine
         already decides: between decode steps, at admission)."""
-        from kvvmm.budget.ledger import _SHED, _SHED_DL
-
         q = self.ledger._q
         shed, deadline = q[_SHED + self.slot], q[_SHED_DL + self.slot]
         now = time.monotonic_ns()
