@@ -99,8 +99,7 @@ class Tenant:
         with self._plock:
             self._pending += nbytes
         try:
-            with self.ledger._locked() as q:
-                self._flush(q)
+            self.ledger._credit_now(self)
         except Exception as e:
             log.warning("budget: tenant %r could not credit %d bytes now (%s); kept for the "
                         "next ledger call", self.name, nbytes, e)
