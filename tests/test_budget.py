@@ -231,6 +231,20 @@ def test_a_driver_failure_at_any_call_of_a_commit_books_nothing_back_that_stays(
     t.close()
 
 
+@pytest.mark.parametrize("size", [0, -G, G + 4096, True, 2.0, None])
+def test_a_create_the_driver_refuses_is_refused_as_the_driver_does_and_books_nothing(
+        ledger: Ledger, size: object) -> None:
+    t = ledger.register("bad")
+    inner = kvvmm.open_driver("host")
+    drv = BudgetedDriver(inner, t)
+    with pytest.raises(DriverError) as got:
+        drv.create(size)  # type: ignore[arg-type]
+    with pytest.raises(type(got.value)):
+        inner.create(size)  # type: ignore[arg-type]
+    assert t.backed_bytes == drv.charged_bytes == 0 and inner.stats().clean
+    t.close()
+
+
 def test_mem_info_answers_the_tenants_room_and_pressure_sees_the_budget(ledger: Ledger) -> None:
     t = ledger.register("m", limit_bytes=16 * MiB)
     arena, drv = _arena(t)

@@ -71,6 +71,8 @@ class BudgetedDriver(Driver):
         return f"BudgetedDriver({self.inner!r}, tenant {self.tenant.name!r})"
 
     def create(self, size: int) -> int:
+        if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
+            return self._create(size)  # the driver's own refusal (DriverArgumentError, ...)
         self.tenant.charge(size)
         try:
             h = self._create(size)
