@@ -139,6 +139,31 @@ def test_a_tenant_name_is_freed_by_close_and_cannot_be_taken_while_live(ledger: 
     ledger.register("same").close()
 
 
+def test_a_slot_left_by_a_dead_process_whose_pid_this_one_now_has_is_reclaimed(
+        path: Path) -> None:
+    """Pids are reused: the slot's start time tells a dead tenant from this process."""
+    from kvvmm.budget.ledger import _START
+
+    with Ledger(path, budget_bytes=64 * MiB) as led:
+        t = led.register("old")
+        t.charge(8 * MiB)
+        led._q[_START + t.slot] -= 1  # as a process of this pid that started earlier left it
+        assert led.sweep() == ("old",)
+        assert led.snapshot().backed_bytes == 0
+        led.register("old").close()
+
+
+def test_a_closed_ledgers_tenants_refuse_typed(path: Path) -> None:
+    led = Ledger(path, budget_bytes=64 * MiB)
+    t = led.register("t")
+    led.close()
+    led.close()  # idempotent
+    for call in (lambda: t.backed_bytes, lambda: t.limit_bytes, t.poll, lambda: t.charge(G),
+                 led.snapshot, led.sweep):
+        with pytest.raises(ClosedError):
+            call()
+
+
 def test_the_ledger_holds_its_slots_and_refuses_one_more_typed(ledger: Ledger) -> None:
     ts = [ledger.register(f"t{i}") for i in range(SLOTS)]
     with pytest.raises(LedgerError, match="full"):

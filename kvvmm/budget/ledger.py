@@ -155,6 +155,7 @@ class Ledger:
         self._tlock = threading.Lock()
         self._closed = False
         self._tenants: list[Tenant] = []
+        self._me = (os.getpid(), start_ticks())  # this process: alive without a /proc read
         flags = os.O_RDWR | (os.O_CREAT if budget_bytes is not None else 0)
         try:
             self._fd = os.open(self.path, flags, 0o600)
@@ -307,7 +308,9 @@ class Ledger:
         """Free the slots of tenants whose process is gone and half-made slots; clear
         expired shed requests. Under the lock."""
         gone = []
-        me = os.getpid()
+        me, my_ticks = self._me
+        if me != os.getpid():  # a fork's child: it is another process
+            self._me = me, my_ticks = os.getpid(), start_ticks()
         now = time.monotonic_ns()
         for s in range(SLOTS):
             state = q[_STATE + s]
@@ -318,7 +321,9 @@ class Ledger:
                 q[_STATE + s] = _FREE
                 continue
             pid = q[_PID + s]
-            if pid != me and not alive(pid, q[_START + s]):
+            # Our own pid with another start time: a dead process whose pid we now have.
+            mine = pid == me and q[_START + s] == my_ticks
+            if not mine and not alive(pid, q[_START + s]):
                 gone.append(self._name_of(s))
                 log.info("budget ledger %s: tenant %r (pid %d) is gone; its %d bytes are "
                          "reclaimed", self.path, gone[-1], pid, q[_BACKED + s])
@@ -488,7 +493,8 @@ class Ledger:
             tenants = tuple(
                 TenantInfo(
                     name=self._name_of(s), pid=q[_PID + s],
-                    alive=q[_PID + s] == os.getpid() or alive(q[_PID + s], q[_START + s]),
+                    alive=(q[_PID + s], q[_START + s]) == self._me
+                    or alive(q[_PID + s], q[_START + s]),
                     limit_bytes=q[_LIMIT + s], backed_bytes=q[_BACKED + s],
                     shed_bytes=q[_SHED + s] if q[_SHED_DL + s] > now else 0,
                     shed_left_s=max(q[_SHED_DL + s] - now, 0) / 1e9 if q[_SHED + s] else 0.0,

@@ -121,11 +121,13 @@ class Tenant:
     @property
     def backed_bytes(self) -> int:
         """What the ledger books to this tenant now."""
+        self._check_ledger()
         return int(self.ledger._q[_BACKED + self.slot])
 
     @property
     def limit_bytes(self) -> int:
         """This tenant's limit now (the operator may change it at any time)."""
+        self._check_ledger()
         return int(self.ledger._q[_LIMIT + self.slot])
 
     def room_bytes(self) -> int:
@@ -136,11 +138,17 @@ class Tenant:
             free = q[_H_BUDGET] - sum(q[_BACKED:_BACKED + SLOTS])
             return max(min(q[_LIMIT + s] - q[_BACKED + s], free), 0)
 
+    def _check_ledger(self) -> None:
+        if self.ledger.closed:
+            raise ClosedError(f"tenant {self.name!r}: its ledger {str(self.ledger.path)!r} "
+                              f"was closed")
+
     # -- shedding ------------------------------------------------------------------------
 
     def poll(self) -> ShedRequest | None:
         """The shed request standing against this tenant, if any (call it where the engine
         already decides: between decode steps, at admission)."""
+        self._check_ledger()
         q = self.ledger._q
         shed, deadline = q[_SHED + self.slot], q[_SHED_DL + self.slot]
         now = time.monotonic_ns()
