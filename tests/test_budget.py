@@ -117,6 +117,58 @@ def test_every_charge_is_booked_exactly_when_the_model_says_it_fits(
             ld.close()
 
 
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(backed=st.lists(st.integers(0, 20), min_size=2, max_size=5), ask=st.integers(1, 64))
+def test_a_shortfall_is_asked_of_the_others_most_backed_first_each_for_at_most_its_backing(
+        backed: list[int], ask: int) -> None:
+    """The shed order the lab models: greedy over the other tenants by backing (ties by
+    slot), each asked min(its backing, what is still short); the asker is never asked."""
+    with tempfile.TemporaryDirectory() as d:
+        budget = sum(backed) + 4
+        with Ledger(Path(d) / "l", budget_bytes=budget * MiB) as led, \
+                Ledger(Path(d) / "l") as other:
+            ts = [led.register(f"t{i}") for i in range(len(backed))]
+            for t, b in zip(ts, backed, strict=True):
+                if b:
+                    t.charge(b * MiB)
+            asker = other.register("asker", limit_bytes=MAX_BYTES, shed_wait_s=0.1)
+            free = budget - sum(backed)
+            if ask <= free:
+                asker.charge(ask * MiB)
+                assert all(t.poll() is None for t in ts)
+            else:
+                seen: dict[str, int] = {}
+
+                def record() -> None:  # what stands while the asker waits (first seen)
+                    end = time.monotonic() + 0.08
+                    while time.monotonic() < end:  # one locked read: all or none posted
+                        snap = led.snapshot(sweep=False)
+                        seen.update({x.name: x.shed_bytes for x in snap.tenants
+                                     if x.name != "asker"})
+                        if any(seen.values()):
+                            return
+                        time.sleep(0.001)
+
+                th = threading.Thread(target=record)
+                th.start()
+                with pytest.raises(BudgetExceededError) as e:
+                    asker.charge(ask * MiB)
+                th.join()
+                assert e.value.budget_reason == "deadline"
+                short = ask - free
+                want = {}
+                for i in sorted(range(len(backed)), key=lambda i: (-backed[i], i)):
+                    give = min(backed[i], short)
+                    want[f"t{i}"] = give * MiB
+                    short -= give
+                assert seen == want
+                assert all(t.poll() is None for t in ts)  # withdrawn at the deadline
+            for t in (*ts, asker):
+                if t.backed_bytes:
+                    t.credit(t.backed_bytes)
+                t.close()
+
+
 def test_the_first_open_sets_the_budget_and_later_opens_share_the_same_file(path: Path) -> None:
     with Ledger(path, budget_bytes=10 * MiB) as a, Ledger(path) as b, \
             Ledger(path, budget_bytes=10 * MiB) as c:
