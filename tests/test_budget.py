@@ -432,6 +432,55 @@ def test_a_short_budget_is_asked_of_the_others_most_backed_first_and_the_asker_i
             t.close()
 
 
+def test_an_engine_that_polls_between_steps_sheds_through_its_owner_and_pool(path: Path) -> None:
+    """The documented pattern: the asker waits on its thread; the holder's engine thread
+    polls, trims its handle pool first, then gives back tokens with release_beyond."""
+    with Ledger(path, budget_bytes=40 * MiB) as la, Ledger(path) as lb:
+        a = la.register("engine")
+        drv = BudgetedDriver(kvvmm.open_driver("host"), a)
+        pool = HandlePool(drv, ready={G: 2}, threaded=False)
+        descs = kvvmm.mha_token_major(layers=2, kv_heads=2, head_dim=64,
+                                      reserved_tokens=30720, page_size=16, dtype="bfloat16")
+        owner = kvvmm.KvBufferOwner(driver=drv, dtype="bfloat16", page_size=16,
+                                    reserved_tokens=30720, descs=descs, pool=pool,
+                                    policy=kvvmm.Exact())  # 4 buffers of 256 B a token
+        for n in range(8192, 30721, 8192):  # grown in steps: whole mappings to give back
+            owner.ensure_prefix(n)
+        pool.run_once()
+        assert a.backed_bytes == owner.backed_bytes + pool.held_bytes >= 28 * MiB
+        b = lb.register("asker", shed_wait_s=10)
+        result: list[BaseException | None] = []
+
+        def ask() -> None:
+            try:
+                b.charge(16 * MiB)
+                result.append(None)
+            except BaseException as e:
+                result.append(e)
+
+        th = threading.Thread(target=ask)
+        th.start()
+        polls = 0
+        while th.is_alive() and polls < 5000:  # the engine's loop
+            req = a.poll()
+            if req is not None:
+                freed = pool.trim(req.shed_bytes)
+                if freed < req.shed_bytes:
+                    owner.release_beyond(max(owner.backed_tokens // 2, 16))
+            polls += 1
+            time.sleep(0.001)
+        th.join()
+        assert result == [None]
+        assert pool.held_bytes == 0  # the pool gave first
+        assert a.backed_bytes == drv.charged_bytes == owner.backed_bytes <= 24 * MiB
+        assert la.backed_bytes() <= 40 * MiB
+        owner.close()
+        pool.close()
+        b.credit(16 * MiB)
+        a.close()
+        b.close()
+
+
 def test_an_asker_is_refused_at_the_deadline_when_nobody_sheds_and_its_request_is_withdrawn(
         path: Path) -> None:
     with Ledger(path, budget_bytes=16 * MiB) as la, Ledger(path) as lb:
