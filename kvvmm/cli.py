@@ -1,4 +1,4 @@
-"""The ``kvvmm`` command: ``lab``, ``map``, ``plan`` and ``bench``.
+"""The ``kvvmm`` command: ``lab``, ``map``, ``plan``, ``bench`` and ``budget``.
 
 - ``kvvmm lab``: JupyterLab on the repository's ``notebooks/``, with ``KVVMM_DRIVER`` set
   for the notebooks to read (``cuda`` when a GPU is usable, else ``sim``).
@@ -9,6 +9,8 @@
 - ``kvvmm plan --model llama-3.1-8b --gpu h200``: the capacity plan as a table, or ``--json``.
 - ``kvvmm bench ...``: the GPU benchmarks (``kvvmm.measure.bench``); without a usable GPU it says
   so in one line.
+- ``kvvmm budget show | set TENANT BYTES | init BYTES``: the per-GPU budget ledger
+  (``kvvmm.budget.cli``).
 - ``kvvmm --version``.
 
 Exit codes: 0 success, 2 bad input or a missing piece (with one line saying why), else
@@ -334,6 +336,9 @@ def _parser() -> argparse.ArgumentParser:
     from kvvmm.workload.cli import add_replay_parser
 
     add_replay_parser(sub)
+    from kvvmm.budget.cli import add_budget_parser
+
+    add_budget_parser(sub)
     return ap
 
 
@@ -369,6 +374,10 @@ def main(argv: Sequence[str] | None = None, *, launch: Launcher | None = None,
             from kvvmm.workload.cli import replay_command
 
             return replay_command(args)
+        if args.cmd == "budget":
+            from kvvmm.budget.cli import budget_command
+
+            return budget_command(args)
     except BrokenPipeError:  # `kvvmm plan | head`: the reader left; not an error
         return 0
     except (KvvmmError, ValueError, OSError) as e:

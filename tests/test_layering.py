@@ -32,6 +32,7 @@ LAYERS = (
     "layout",  # buffer descriptions, presets, model configs, capacity planner (pure)
     "arena",  # the arena, its transactions, views and pool
     "owner",  # KV owners, TP owners, replays, the decode-growth experiment
+    "budget",  # the per-GPU budget broker across processes: ledger, tenants, BudgetedDriver
     "workload",  # request traces, generator, serving model, memory strategies, replay
     "viz",
     "lab",
@@ -63,6 +64,8 @@ LAYER_OF = {
     "kvvmm.replay": "owner",  # rebuilds arenas from a trace
     "kvvmm.growth": "owner",  # decode growth under each policy, on real owners
     "kvvmm.pressure": "owner",  # 0.3: the pressure poll, over drivers, pools and owners
+    "kvvmm.budget": "budget",
+    "kvvmm.budget.cli": "cli",  # `kvvmm budget`: parses sizes with kvvmm.cli
     "kvvmm.workload": "workload",
     "kvvmm.workload.cli": "cli",  # `kvvmm replay`: writes reports through kvvmm.viz
     "kvvmm.viz": "viz",
