@@ -62,7 +62,9 @@ def format_tenants(runs: Mapping[str, TenantsRun]) -> str:
     rows: list[tuple[str, ...]] = []
     for label, run in runs.items():
         for t in run.tenants:
-            rows.append((label, t.name, f"{t.served:,}", f"{t.rejected:,}", f"{t.preempted:,}",
+            # "alone NAME" runs show as "alone": the tenant column names them
+            rows.append((label.split(" ")[0], t.name, f"{t.served:,}", f"{t.rejected:,}",
+                         f"{t.preempted:,}",
                          f"{t.stalled_share:.2%}", f"{t.stalled_p99_s * 1e3:.2f} ms",
                          fmt_bytes(t.peak_backed_bytes), fmt_bytes(round(t.mean_backed_bytes))))
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h)

@@ -740,6 +740,12 @@ def run_tenants(
         raise ArgumentError("slot_order", cfg.slot_order, "'lowest' with tenants")
     if not sample_s > 0:
         raise ArgumentError("sample_s", sample_s, "> 0 (seconds)")
+    static = sum(min(t.limit_bytes or budget_bytes, budget_bytes) for t in tenants
+                 if t.strategy == "static")
+    if static > budget_bytes:
+        raise ArgumentError("limit_bytes", [t.limit_bytes for t in tenants],
+                            f"static shares that fit the budget ({budget_bytes} bytes) "
+                            f"together ({static} bytes asked)")
     prof = get_profile(gpu)
     driver = open_driver("sim", profile=prof, capacity_bytes=rules.budget_bytes)
     arb = _Arbiter(rules)
