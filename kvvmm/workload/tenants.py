@@ -846,8 +846,8 @@ def compare_tenants(
 ) -> dict[str, TenantsRun]:
     """The comparisons ``kvvmm replay --tenants`` prints, by label.
 
-    Without ``demand``: ``"alone <name>"`` (each tenant by itself on the whole budget, its
-    strategy as given), ``"static"`` (every tenant static on an equal share) and
+    Without ``demand``: ``"alone <name>"`` (each tenant by itself on the whole budget, all of
+    it backed: the whole card), ``"static"`` (every tenant static on an equal share) and
     ``"elastic"`` (every tenant elastic on the whole budget, sharing it). With ``demand``
     (issue 28 item 3): the tenants elastic, with the demand taking its step, once per answer
     (``"reject"``, ``"shed"``, ``"preempt"``).
@@ -862,7 +862,7 @@ def compare_tenants(
                  for t in tenants], demands=[demand], **kw)  # type: ignore[arg-type]
         return runs
     for t in tenants:
-        runs[f"alone {t.name}"] = run_tenants([replace(t, limit_bytes=None)],
+        runs[f"alone {t.name}"] = run_tenants([replace(t, strategy="static", limit_bytes=None)],
                                               **kw)  # type: ignore[arg-type]
     share = budget_bytes // len(tenants)
     runs["static"] = run_tenants([replace(t, strategy="static", limit_bytes=share)
