@@ -3,7 +3,8 @@
 Replay a trace (or a generated workload) through a continuous-batching serving model and a
 memory strategy that drives a real :class:`~kvvmm.owner.KvBufferOwner` on any driver, and
 compare strategies: memory held against used over time, driver calls and the decode-path
-stall they cost, preemptions. See :func:`~kvvmm.workload.run.run_workload`.
+stall they cost, preemptions. See :func:`~kvvmm.workload.run.run_workload`; several models
+sharing one simulated GPU's budget: :mod:`kvvmm.workload.tenants`.
 """
 
 from __future__ import annotations
@@ -43,11 +44,20 @@ from kvvmm.workload.strategies import (
     Strategy,
     make_strategy,
 )
+from kvvmm.workload.tenants import (
+    Demand,
+    Tenant,
+    TenantResult,
+    TenantsRun,
+    compare_tenants,
+    run_tenants,
+)
 
 __all__ = [
     "AZURE_CONV_TRACE",
     "SLOT_ORDERS",
     "STRATEGIES",
+    "Demand",
     "PageElastic",
     "PostCaptureFinalize",
     "PrefixGrowth",
@@ -61,11 +71,15 @@ __all__ = [
     "StepTimeModel",
     "Strategy",
     "StrategyResult",
+    "Tenant",
+    "TenantResult",
+    "TenantsRun",
     "Timeline",
     "Workload",
     "WorkloadComparison",
     "WorkloadFit",
     "azure_conv_fit",
+    "compare_tenants",
     "find_trace",
     "fit_workload",
     "generate",
@@ -73,6 +87,7 @@ __all__ = [
     "load_jsonl",
     "load_workload",
     "make_strategy",
+    "run_tenants",
     "run_workload",
     "save_jsonl",
 ]

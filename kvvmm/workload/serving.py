@@ -36,7 +36,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -104,12 +104,21 @@ class ServingConfig:
     max_batched_tokens: int = 8192  #: tokens per step at most (decode + prefill)
     page_size: int = 16  #: tokens per KV page
     slot_order: str = "lowest"  #: ``"lowest"`` or ``"lifo"`` (see the module docstring)
+    #: a request that has waited in the queue longer than this (seconds since it last joined
+    #: it) is dropped when it reaches the queue's head (counted ``timed_out``); None: never.
+    #: With a budget shared by several engines (:mod:`kvvmm.workload.tenants`) a queue can
+    #: wait on memory another engine holds, so served requests are counted against this.
+    max_wait_s: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_running", "max_batched_tokens", "page_size"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ArgumentError(name, v, "an int >= 1")
+        w = self.max_wait_s
+        if w is not None and (isinstance(w, bool) or not isinstance(w, (int, float))
+                              or not 0 < w < math.inf):
+            raise ArgumentError("max_wait_s", w, "None or a number of seconds > 0")
         if self.slot_order not in SLOT_ORDERS:
             raise ArgumentError("slot_order", self.slot_order, f"one of {SLOT_ORDERS}")
 
@@ -234,6 +243,7 @@ class ServingStats:
     peak_used_pages: int  #: most pages in use at once
     stall_steps: tuple[float, ...] = field(repr=False)  #: driver stall of each step that had one, s
     mean_step_s: float = 0.0  #: mean step time, stalls included
+    timed_out: int = 0  #: requests dropped after waiting ``max_wait_s`` (never finished)
 
 
 class _Req:
@@ -254,6 +264,8 @@ class _Req:
 
 
 _DONE, _PAGE = 0, 1
+#: how often an idle engine whose queue's head is refused memory asks again, seconds
+_RETRY_S = 0.01
 
 
 class ServingModel:
@@ -282,6 +294,19 @@ class ServingModel:
 
     def run(self, workload: Workload | Sequence[Request], hooks: ServingHooks) -> ServingStats:
         """Serve every request; call ``hooks`` as pages come and go. Returns the stats."""
+        steps = self.steps(workload, hooks)
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                stats: ServingStats = done.value
+                return stats
+
+    def steps(self, workload: Workload | Sequence[Request], hooks: ServingHooks
+              ) -> Generator[float, None, ServingStats]:
+        """:meth:`run` one boundary at a time: yields the serving time of each boundary before
+        serving it, returns the stats. Several engines on one simulated GPU
+        (:mod:`kvvmm.workload.tenants`) advance the one whose next boundary comes first."""
         reqs = workload.requests if isinstance(workload, Workload) else tuple(workload)
         cfg, sm = self.config, self.step_model
         ps = cfg.page_size
@@ -313,7 +338,10 @@ class ServingModel:
         freed: list[int] = []
         hp, hpop = heapq.heappush, heapq.heappop
 
+        max_wait = cfg.max_wait_s
+        timed_out = 0
         while True:
+            yield now
             alloc.now_s = now
             # -- events at this boundary: finished requests, then pages for the next step --
             while heap and heap[0][0] <= S:
@@ -356,6 +384,10 @@ class ServingModel:
                     seq += 1
 
             # -- arrivals, and admission --
+            if max_wait is not None:
+                while waiting and now - waiting[0].queued_s > max_wait:
+                    waiting.popleft()
+                    timed_out += 1
             while ai < n_arr and reqs[ai].arrival_s <= now:
                 q = reqs[ai]
                 if -(-(q.prompt_tokens + q.output_tokens) // ps) > usable:
@@ -418,6 +450,14 @@ class ServingModel:
                 next_sample = (math.floor(now / sample_s) + 1) * sample_s
 
             if not running:
+                if waiting and max_wait is not None:
+                    # Only an allocator bound by memory outside the pool (a shared budget)
+                    # refuses an empty pool's head: poll for it until it fits or times out.
+                    if sampled_at < now:
+                        hooks.sample(now, S, alloc.used, alloc.high_water, B, len(waiting))
+                        sampled_at = now
+                    now += stall + _RETRY_S
+                    continue
                 if ai >= n_arr:
                     break
                 # Idle: record the state now (the batch just emptied), then jump to the next
@@ -449,4 +489,4 @@ class ServingModel:
         return ServingStats(
             requests=n_arr, completed=completed, rejected=rejected, preemptions=preemptions,
             steps=S, end_s=now, busy_s=busy, peak_running=peak_run, peak_used_pages=peak_used,
-            stall_steps=tuple(stalls), mean_step_s=busy / S if S else 0.0)
+            stall_steps=tuple(stalls), mean_step_s=busy / S if S else 0.0, timed_out=timed_out)

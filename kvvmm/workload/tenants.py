@@ -1,0 +1,872 @@
+"""Several engines (tenants) on one simulated GPU, sharing one KV budget, in simulated time.
+
+Each tenant is a model serving its own workload through the lab's
+:class:`~kvvmm.workload.serving.ServingModel`, on a real :class:`~kvvmm.owner.KvBufferOwner`
+(the interleaved layout: one buffer of every layer, so a page range is one VA range) over one
+shared :class:`~kvvmm.driver.sim.SimDriver` whose capacity is the budget: the driver itself
+refuses any create past it, so an arbiter bug shows as an out-of-memory error, never as
+memory counted twice. The engines advance together: the one whose next step boundary comes
+first runs it (:meth:`ServingModel.steps`), so every decision sees every tenant's backing as it
+is at that instant of simulated time.
+
+**A tenant's backing** (its ``strategy``):
+
+- ``"static"``: its whole limit backed before serving, never given back (a fixed share of the
+  card: ``cudaMalloc`` of a pool).
+- ``"elastic"``: granules are backed when a page handed out first touches them (at admission
+  or when a request crosses a page boundary: the commit's driver time stalls the next step),
+  and a granule no used page touches any more stays backed as *idle backing*, up to
+  ``reserve_bytes`` (deferred reclamation: the next request reuses it for free); idle backing
+  above that is given back at the step boundary.
+
+**The arbiter's rules** (:class:`Rules`), applied whenever a tenant needs ``need`` more bytes
+(the granules its next pages touch that are not backed yet):
+
+1. *Budget*: the bytes backed by every tenant, plus what a pending demand holds, never exceed
+   ``budget_bytes``, at any instant. Nothing is ever counted before it is free.
+2. *Per-tenant limit*: a tenant never holds more than its ``limit_bytes`` (default: the budget;
+   a static tenant's limit is its share). Past it the request is refused at once, nobody is
+   asked to shed.
+3. *Shed order*: when the budget lacks room, the other tenants are asked, in ``shed_order``
+   (``"most-idle"``: the one with the most idle backing first; ``"listed"``: in the order
+   given), to give back idle backing only: memory no request uses, so no work is lost. A
+   ``"static"`` tenant, or one whose ``answer`` is ``"reject"``, gives nothing. Each gives
+   what is still missing (whole granules) or all it can, whichever is less.
+4. *Deadline*: the asking stops once the sheds' driver time reaches ``deadline_s``; the
+   requester waits for that time (it is added to its next step, as a stall). If the room is
+   still not there, the request is refused: an admission waits in the queue (and is dropped
+   after ``max_wait_s``, counted as rejected), a running request that needs a page preempts
+   its own engine's most recently admitted request (the serving model's recompute
+   preemption). Nothing else is ever taken from a tenant to make room for another.
+
+**A scripted demand** (:class:`Demand`, issue 28 item 3) is a second tenant that takes a step of
+memory at time ``at_s`` (another engine starting, say) and holds it. Each serving tenant
+answers it by its ``answer``: ``"reject"`` (nothing is given: the demand gets the free budget
+or is refused at once), ``"shed"`` (idle backing at once, then every granule that empties as
+requests finish, while the demand waits; the tenant admits nothing into memory the demand
+holds), or ``"preempt"`` (idle backing at once, then the tenant's limit drops so that its next
+page growth preempts its most recent requests until the demand fits). A demand that is not
+whole within ``patience_s`` is refused and its held bytes go back.
+
+What it leaves out: bandwidth (every tenant's KV reads at cudaMalloc speed), a handle pool,
+sleep of a whole idle tenant (a sleeping tenant's backing is all idle backing here, and it
+sheds as such), and the cross-process ledger (:mod:`kvvmm.budget` on branch ``budget`` builds
+that one on a real GPU; its rules are these). Everything is a pure function of its inputs:
+the same arguments give the same result.
+"""
+
+from __future__ import annotations
+
+import heapq
+from bisect import bisect_right
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass, replace
+
+from kvvmm.checks import int_arg, seconds_arg
+from kvvmm.driver import open_driver
+from kvvmm.errors import ArgumentError
+from kvvmm.hardware import get_profile
+from kvvmm.layout import full_pool_descs
+from kvvmm.owner import KvBufferOwner
+from kvvmm.record import Trace, TracingDriver
+from kvvmm.workload.requests import Request, Workload, as_workload
+from kvvmm.workload.run import _nearest_rank, _percentile_with_zeros
+from kvvmm.workload.serving import (
+    ServingConfig,
+    ServingModel,
+    ServingStats,
+    SlotAllocator,
+    StepTimeModel,
+)
+
+__all__ = ["ANSWERS", "SHED_ORDERS", "TENANT_STRATEGIES", "Demand", "DemandResult", "Rules",
+           "Tenant", "TenantResult", "TenantsRun", "compare_tenants", "run_tenants", "shifted"]
+
+#: how a tenant backs its pages (see the module docstring)
+TENANT_STRATEGIES = ("static", "elastic")
+#: what a tenant does when another needs memory
+ANSWERS = ("reject", "shed", "preempt")
+#: who is asked to shed first
+SHED_ORDERS = ("most-idle", "listed")
+
+_MiB = 1 << 20
+
+
+def shifted(workload: Workload | Sequence[Request], offset_s: float) -> Workload:
+    """``workload`` with every arrival ``offset_s`` seconds later (>= 0)."""
+    off = seconds_arg("offset_s", offset_s)
+    wl = as_workload(workload)
+    if not off:
+        return wl
+    return Workload(requests=tuple(Request(r.arrival_s + off, r.prompt_tokens, r.output_tokens,
+                                           r.prefix_id) for r in wl.requests),
+                    source=f"{wl.source}@{off:g}s")
+
+
+@dataclass(frozen=True, slots=True)
+class Tenant:
+    """One engine on the shared GPU: a model, its workload, how it backs and sheds."""
+
+    name: str
+    model: str  #: a shipped model key (``kvvmm.layout`` model configs)
+    workload: Workload  #: its requests, already at their times (:func:`shifted`)
+    strategy: str = "elastic"  #: one of :data:`TENANT_STRATEGIES`
+    limit_bytes: int | None = None  #: the most it may hold (None: the whole budget)
+    #: elastic: idle backing kept for reuse (given back once it passes twice this, down to it)
+    reserve_bytes: int = 64 * _MiB
+    #: elastic: backing grows in aligned chunks of this many bytes (one handle each) when
+    #: the budget has room for them without anyone shedding (else a page's granules)
+    chunk_bytes: int = 16 * _MiB
+    answer: str = "shed"  #: one of :data:`ANSWERS`
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ArgumentError("name", self.name, "a non-empty tenant name")
+        if self.strategy not in TENANT_STRATEGIES:
+            raise ArgumentError("strategy", self.strategy, f"one of {TENANT_STRATEGIES}")
+        if self.answer not in ANSWERS:
+            raise ArgumentError("answer", self.answer, f"one of {ANSWERS}")
+        if self.limit_bytes is not None:
+            int_arg("limit_bytes", self.limit_bytes, lo=1, unit="bytes")
+        int_arg("reserve_bytes", self.reserve_bytes, lo=0, unit="bytes")
+        int_arg("chunk_bytes", self.chunk_bytes, lo=1, unit="bytes")
+        if not isinstance(self.workload, Workload):
+            raise ArgumentError("workload", type(self.workload).__name__, "a Workload")
+
+
+@dataclass(frozen=True, slots=True)
+class Demand:
+    """A scripted tenant: ``bytes`` of the budget wanted at ``at_s``, held ``hold_s`` (None:
+    to the end), given up if not whole within ``patience_s``."""
+
+    name: str
+    at_s: float
+    nbytes: int
+    patience_s: float = 1.0
+    hold_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ArgumentError("name", self.name, "a non-empty tenant name")
+        seconds_arg("at_s", self.at_s)
+        int_arg("nbytes", self.nbytes, lo=1, unit="bytes")
+        seconds_arg("patience_s", self.patience_s)
+        seconds_arg("hold_s", self.hold_s, none=True, zero=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Rules:
+    """The arbiter's rules (the module docstring says what each does)."""
+
+    budget_bytes: int  #: the GPU's KV budget every tenant shares
+    deadline_s: float = 0.005  #: sheds' driver time one request may wait for, seconds
+    shed_order: str = "most-idle"  #: one of :data:`SHED_ORDERS`
+
+    def __post_init__(self) -> None:
+        int_arg("budget_bytes", self.budget_bytes, lo=1, unit="bytes")
+        seconds_arg("deadline_s", self.deadline_s)
+        if self.shed_order not in SHED_ORDERS:
+            raise ArgumentError("shed_order", self.shed_order, f"one of {SHED_ORDERS}")
+
+
+@dataclass(frozen=True, slots=True)
+class TenantResult:
+    """One serving tenant's run."""
+
+    name: str
+    model: str
+    strategy: str
+    answer: str
+    limit_bytes: int
+    serving: ServingStats
+    peak_backed_bytes: int
+    mean_backed_bytes: float  #: time-weighted, over the run
+    shed_bytes: int  #: given back because another tenant asked
+    asked: int  #: times its requests needed another tenant to shed
+    refused: int  #: times its request for memory was refused
+    decode_driver_s: float  #: driver time on its decode path (stalls), seconds
+
+    @property
+    def served(self) -> int:
+        """Requests that finished."""
+        return self.serving.completed
+
+    @property
+    def rejected(self) -> int:
+        """Requests never served: refused on arrival or dropped after ``max_wait_s``."""
+        return self.serving.rejected + self.serving.timed_out
+
+    @property
+    def preempted(self) -> int:
+        return self.serving.preemptions
+
+    @property
+    def stalled_share(self) -> float:
+        """The share of steps that waited on the driver (0..1)."""
+        s = self.serving
+        return len(s.stall_steps) / s.steps if s.steps else 0.0
+
+    @property
+    def stalled_p99_s(self) -> float:
+        """p99 driver wait over the steps that had one (0 when none did)."""
+        return _nearest_rank(sorted(self.serving.stall_steps), 99)
+
+    @property
+    def p99_stall_s(self) -> float:
+        """p99 driver wait over every step."""
+        return _percentile_with_zeros(sorted(self.serving.stall_steps), self.serving.steps, 99)
+
+    def summary(self) -> dict[str, float | int | str]:
+        """The summary row: plain numbers, for a table or JSON."""
+        s = self.serving
+        return {"tenant": self.name, "model": self.model, "strategy": self.strategy,
+                "answer": self.answer, "limit_bytes": self.limit_bytes,
+                "requests": s.requests, "served": self.served, "rejected": self.rejected,
+                "timed_out": s.timed_out, "preempted": self.preempted,
+                "stalled_share": round(self.stalled_share, 6),
+                "stalled_p99_us": round(self.stalled_p99_s * 1e6, 3),
+                "p99_stall_us": round(self.p99_stall_s * 1e6, 3),
+                "peak_backed_bytes": self.peak_backed_bytes,
+                "mean_backed_bytes": round(self.mean_backed_bytes),
+                "shed_bytes": self.shed_bytes, "asked": self.asked, "refused": self.refused,
+                "decode_driver_ms": round(self.decode_driver_s * 1e3, 3),
+                "end_s": round(s.end_s, 3)}
+
+
+@dataclass(frozen=True, slots=True)
+class DemandResult:
+    """A scripted demand's outcome."""
+
+    name: str
+    at_s: float
+    nbytes: int
+    granted: bool  #: it got every byte within its patience
+    wait_s: float | None  #: from ``at_s`` to the last byte (None: refused)
+    peak_held_bytes: int
+
+    def summary(self) -> dict[str, float | int | str | bool | None]:
+        return {"demand": self.name, "at_s": self.at_s, "nbytes": self.nbytes,
+                "granted": self.granted,
+                "wait_ms": None if self.wait_s is None else round(self.wait_s * 1e3, 3),
+                "peak_held_bytes": self.peak_held_bytes}
+
+
+@dataclass(frozen=True, slots=True)
+class TenantsRun:
+    """Tenants run together on one budget: results and every tenant's memory over time."""
+
+    rules: Rules
+    gpu: str
+    tenants: tuple[TenantResult, ...]
+    demands: tuple[DemandResult, ...]
+    names: tuple[str, ...]  #: the columns of ``held_bytes``: tenants, then demands
+    t_s: tuple[float, ...]  #: sample times (each value holds until the next)
+    held_bytes: tuple[tuple[int, ...], ...]  #: per sample, what each name holds
+    over_budget: int  #: samples where the sum exceeded the budget (must be 0)
+
+    @property
+    def peak_total_bytes(self) -> int:
+        return max((sum(h) for h in self.held_bytes), default=0)
+
+    def tenant(self, name: str) -> TenantResult:
+        for t in self.tenants:
+            if t.name == name:
+                return t
+        raise ArgumentError("tenant", name, f"one of {[t.name for t in self.tenants]}")
+
+    def summary(self) -> dict[str, object]:
+        return {"budget_bytes": self.rules.budget_bytes, "deadline_ms": self.rules.deadline_s
+                * 1e3, "shed_order": self.rules.shed_order, "gpu": self.gpu,
+                "peak_total_bytes": self.peak_total_bytes, "over_budget": self.over_budget,
+                "tenants": [t.summary() for t in self.tenants],
+                "demands": [d.summary() for d in self.demands]}
+
+
+# -- the live side ----------------------------------------------------------------------------
+
+
+class _Live:
+    """A serving tenant while it runs: its owner, granule books and counters."""
+
+    def __init__(self, spec: Tenant, arbiter: _Arbiter, driver: object, cfg: ServingConfig,
+                 gpu: str, index: int) -> None:
+        self.spec = spec
+        self.index = index
+        self.arbiter = arbiter
+        ps = cfg.page_size
+        probe = full_pool_descs(spec.model, layout="interleaved", reserved_tokens=2 * ps,
+                                page_size=ps, dtype="bfloat16", tp=1)
+        self.pb = probe[0].row_bytes * ps // probe[0].tokens_per_row  # bytes of one page
+        limit = arbiter.rules.budget_bytes if spec.limit_bytes is None else spec.limit_bytes
+        self.limit = min(limit, arbiter.rules.budget_bytes)
+        self.base_limit = self.limit
+        self.tracer = TracingDriver(driver, Trace())  # type: ignore[arg-type]
+        gran = self.gran = self.tracer.granularity()
+        # pool pages (page 0 included) such that the buffer (one padded page more), rounded
+        # up to granules, stays within the limit
+        pages = (self.limit // gran * gran) // self.pb - 1
+        if pages < 2:
+            raise ArgumentError("limit_bytes", self.limit, f"room for 3 pages of {spec.model} "
+                                f"({3 * self.pb} bytes) in whole granules")
+        self.pool_pages = pages
+        descs = full_pool_descs(spec.model, layout="interleaved", reserved_tokens=pages * ps,
+                                page_size=ps, dtype="bfloat16", tp=1)
+        self.owner = KvBufferOwner(driver=self.tracer, dtype="bfloat16", page_size=ps,
+                                   reserved_tokens=pages * ps, descs=descs,
+                                   name=f"kv-{spec.name}", trace=self.tracer.trace)
+        self.page_size = ps
+        self.chunk_g = max(1, spec.chunk_bytes // gran)
+        self.step_model = StepTimeModel.for_model(spec.model, gpu, tp=1, dtype="bfloat16")
+        n_gran = -(-(pages + 1) * self.pb // gran)
+        self.used_ref = [0] * n_gran  # used pages touching each granule
+        # Granules backed, as the owner's arena has them: a commit of touching pages is one
+        # handle, which goes back only whole, so after a give-back they are read back.
+        self.cref = bytearray(n_gran)
+        self.offset = self.owner.arena.snapshot().allocations[0].offset
+        self.idle: set[int] = set()  # granules backed with no used page
+        self.backed_g = 0  # granules backed
+        self.used_g = 0  # granules a used page touches
+        for g in self._granules(0):  # slot 0's page: backed by the owner, always used
+            self.used_ref[g] += 1
+            self.used_g += 1
+        self._read_back(range(n_gran))
+        self.seen = 0
+        self.pending_s = 0.0  # driver time not yet charged to a step
+        self.decode_s = 0.0
+        self.shed_bytes = self.asked = self.refused = 0
+        self.wants_idle_back = False  # a demand waits: give back every idle granule
+        self._account()
+        self._check()
+        if spec.strategy == "static":
+            self._commit(list(range(1, pages)))
+            self._account()
+            self.pending_s = 0.0
+
+    # -- books --
+
+    def _read_back(self, granules: Sequence[int] | range) -> None:
+        """Set the backed flags of ``granules`` from the arena's mappings."""
+        gran, cref, used = self.gran, self.cref, self.used_ref
+        maps = self.owner.arena.mappings_of(self.offset)
+        starts = [a for a, _ in maps]
+        for g in granules:
+            j = bisect_right(starts, g * gran) - 1
+            now = 1 if j >= 0 and maps[j][1] > g * gran else 0
+            if now != cref[g]:
+                cref[g] = now
+                self.backed_g += 1 if now else -1
+                if now and not used[g]:
+                    self.idle.add(g)
+                elif not now:
+                    self.idle.discard(g)
+
+    def _granules(self, p: int) -> range:
+        pb, gran = self.pb, self.gran
+        return range(p * pb // gran, -(-(p + 1) * pb // gran))
+
+    @property
+    def backed(self) -> int:
+        return self.backed_g * self.gran
+
+    @property
+    def idle_bytes(self) -> int:
+        return len(self.idle) * self.gran
+
+    def _check(self) -> None:
+        if self.backed != self.owner.backed_bytes:  # the books must be the owner's
+            raise AssertionError(f"tenant {self.spec.name}: books say {self.backed} bytes "
+                                 f"backed, the owner {self.owner.backed_bytes}")
+
+    def _account(self) -> None:
+        ev = self.tracer.trace.events
+        if len(ev) > self.seen:
+            self.pending_s += sum(e.sim_us for e in ev[self.seen:]) * 1e-6
+            self.seen = len(ev)
+
+    def need_bytes(self, pages: Sequence[int]) -> int:
+        """Bytes of granules the pages touch that are not backed yet."""
+        cref, new = self.cref, set()
+        for p in pages:
+            for g in self._granules(p):
+                if not cref[g]:
+                    new.add(g)
+        return len(new) * self.gran
+
+    def used_bytes(self) -> int:
+        return self.used_g * self.gran
+
+    def _commit(self, pages: list[int]) -> None:
+        """Back what ``pages`` touch that is not backed: whole aligned chunks of
+        ``chunk_bytes`` (one handle each, ``commit_slots``) when the budget and the limit
+        have room for them without anyone shedding, else just the pages' granules."""
+        cref, gran = self.cref, self.gran
+        need = sorted({g for p in pages for g in self._granules(p) if not cref[g]})
+        if not need:
+            return
+        if self.spec.strategy == "elastic":
+            c = self.chunk_g
+            want = sorted({h for g in need for h in range(g // c * c, min(g // c * c + c,
+                                                                          len(cref)))
+                           if not cref[h]})
+            runs: list[list[int]] = []
+            for g in want:
+                if runs and runs[-1][1] == g:
+                    runs[-1][1] = g + 1
+                else:
+                    runs.append([g, g + 1])
+            ps, pb, top = self.page_size, self.pb, self.owner.pages
+            slots = [(a * gran // pb * ps, min(-(-b * gran // pb), top) * ps) for a, b in runs]
+            touched = sorted({g for a, b in slots for q in range(a // ps, b // ps)
+                              for g in self._granules(q)})
+            extra = sum(1 for g in touched if not cref[g]) * gran - len(need) * gran
+            if extra <= min(self.arbiter.free() - len(need) * gran,
+                            self.limit - self.backed - len(need) * gran):
+                self.owner.commit_slots(slots)
+                self._read_back(touched)
+                self._check()
+                self.arbiter.changed(self)
+                return
+        todo = [p for p in pages if any(not cref[g] for g in self._granules(p))]
+        self.owner.commit_pages(todo)
+        self._read_back(sorted({g for p in todo for g in self._granules(p)}))
+        self._check()
+        self.arbiter.changed(self)
+
+    def use(self, pages: Sequence[int]) -> None:
+        used, cref = self.used_ref, self.cref
+        for p in pages:
+            for g in self._granules(p):
+                if not used[g]:
+                    self.used_g += 1
+                    if cref[g]:
+                        self.idle.discard(g)
+                used[g] += 1
+
+    def unuse(self, pages: Sequence[int]) -> None:
+        used, cref = self.used_ref, self.cref
+        for p in pages:
+            for g in self._granules(p):
+                used[g] -= 1
+                if not used[g]:
+                    self.used_g -= 1
+                    if cref[g]:
+                        self.idle.add(g)
+
+    def _pages_of(self, g: int) -> range:
+        """Pages touching granule ``g``."""
+        gran, pb = self.gran, self.pb
+        return range(g * gran // pb, min(((g + 1) * gran - 1) // pb + 1, self.owner.pages))
+
+    def give_back(self, want_bytes: int) -> int:
+        """Give back idle backing, highest mappings first, until ``want_bytes`` went or
+        nothing more can; bytes given back.
+
+        A mapping goes back only whole, and only if no page touching it is in use (so no
+        work is lost): its pages are decommitted, and what went is read back from the arena.
+        """
+        if self.spec.strategy == "static" or want_bytes <= 0 or not self.idle:
+            return 0
+        used, gran = self.used_ref, self.gran
+        drop: set[int] = set()
+        touched: set[int] = set()
+        freed = 0
+        for a, b in reversed(self.owner.arena.mappings_of(self.offset)):
+            gs = range(a // gran, b // gran)
+            if any(used[g] for g in gs) or not gs.start:
+                continue
+            pages = {p for g in gs for p in self._pages_of(g) if p}
+            if any(used[h] for p in pages for h in self._granules(p)):
+                continue
+            drop |= pages
+            for p in pages:
+                touched.update(self._granules(p))
+            freed += b - a
+            if freed >= want_bytes:
+                break
+        if not drop:
+            return 0
+        before = self.backed
+        self.owner.decommit_pages(sorted(drop))
+        self._read_back(sorted(touched))
+        self._check()
+        self.arbiter.changed(self)
+        return before - self.backed
+
+    def upkeep(self) -> None:
+        """At a boundary: idle backing above the reserve (or the limit) goes back."""
+        if self.spec.strategy == "static":
+            return
+        keep = 0 if self.wants_idle_back else self.spec.reserve_bytes
+        idle = self.idle_bytes
+        # hysteresis: idle backing goes back once it passes twice the reserve, down to the
+        # reserve (giving back at the reserve itself re-commits on the next burst's step)
+        over = max(idle - keep if idle > 2 * keep else 0, self.backed - self.limit)
+        if over > 0:
+            self.give_back(over)
+
+
+class _Allocator(SlotAllocator):
+    """The engine's page allocator, asking the arbiter before a page touches a new granule."""
+
+    def __init__(self, live: _Live, pages: int) -> None:
+        super().__init__(pages, "lowest")
+        self.live = live
+
+    def _peek(self, n: int) -> list[int]:
+        freed = self._freed
+        if n == 1:
+            return [min(freed[0], self._fresh) if freed else self._fresh]
+        got = heapq.nsmallest(n, freed)
+        got.extend(range(self._fresh, self._fresh + n - len(got)))
+        return sorted(got)[:n]
+
+    def can_alloc(self, rid: int, n: int) -> bool:
+        if n > self.pages - 1 - self.used:
+            return False
+        live = self.live
+        if live.spec.strategy == "static":
+            return True
+        need = live.need_bytes(self._peek(n))
+        if live.used_bytes() + need > live.limit:  # a lowered limit: refuse, even idle room
+            return False
+        return need == 0 or live.arbiter.grant(live, need, self.now_s)
+
+    def alloc_for(self, rid: int, n: int, out: list[int]) -> None:
+        start = len(out)
+        super().alloc_for(rid, n, out)
+        pages = out[start:]
+        self.live.use(pages)
+        if self.live.spec.strategy != "static":
+            self.live._commit(pages)
+
+    def release_for(self, rid: int, pages: Sequence[int]) -> None:
+        super().release_for(rid, pages)
+        self.live.unuse(pages)
+
+
+class _Hooks:
+    """The serving loop's side: upkeep at boundaries, stalls, samples."""
+
+    kv_bandwidth_factor = 1.0
+
+    def __init__(self, live: _Live) -> None:
+        self.live = live
+
+    def update(self, allocated: list[int], freed: list[int], high_water: int, step: int,
+               now_s: float) -> float:
+        live = self.live
+        live.arbiter.now_s = now_s
+        live.upkeep()
+        live._account()
+        stall, live.pending_s = live.pending_s, 0.0
+        live.decode_s += stall
+        return stall
+
+    def sample(self, t_s: float, step: int, used_pages: int, high_water: int, running: int,
+               waiting: int) -> None:
+        self.live.arbiter.record(t_s)
+
+
+class _PendingDemand:
+    def __init__(self, spec: Demand, index: int) -> None:
+        self.spec = spec
+        self.index = index
+        self.held = 0
+        self.peak = 0
+        self.granted_at: float | None = None
+        self.done = False  # granted or refused, or released
+
+
+class _Arbiter:
+    """The ledger and the rules; the tenants call it at their boundaries."""
+
+    def __init__(self, rules: Rules) -> None:
+        self.rules = rules
+        self.lives: list[_Live] = []
+        self.demands: list[_PendingDemand] = []
+        self.now_s = 0.0
+        self.t_s: list[float] = []
+        self.held: list[tuple[int, ...]] = []
+        self.over = 0
+
+    def total(self) -> int:
+        return sum(lv.backed for lv in self.lives) + sum(d.held for d in self.demands)
+
+    def free(self) -> int:
+        return self.rules.budget_bytes - self.total()
+
+    def record(self, t_s: float) -> None:
+        row = tuple(lv.backed for lv in self.lives) + tuple(d.held for d in self.demands)
+        if sum(row) > self.rules.budget_bytes:
+            self.over += 1
+        if self.held and self.held[-1] == row:
+            return
+        if self.t_s and self.t_s[-1] == t_s:
+            self.held[-1] = row
+            return
+        self.t_s.append(max(t_s, self.t_s[-1]) if self.t_s else t_s)
+        self.held.append(row)
+
+    def changed(self, live: _Live) -> None:
+        """A tenant's backing changed: feed a waiting demand, then sample."""
+        for d in self.demands:
+            if not d.done and d.granted_at is None and d.spec.at_s <= self.now_s:
+                self._feed(d)
+        self.record(self.now_s)
+
+    def grant(self, live: _Live, need: int, now_s: float) -> bool:
+        """Whether ``live`` may back ``need`` more bytes now (asking others to shed)."""
+        self.now_s = now_s
+        if live.backed + need > live.limit:
+            live.refused += 1
+            return False
+        short = need - self.free()
+        if short <= 0:
+            return True
+        live.asked += 1
+        others = [lv for lv in self.lives if lv is not live and lv.spec.answer != "reject"
+                  and lv.spec.strategy != "static" and lv.idle]
+        if self.rules.shed_order == "most-idle":
+            others.sort(key=lambda lv: (-len(lv.idle), lv.index))
+        spent = 0.0
+        for lv in others:
+            if short <= 0 or spent >= self.rules.deadline_s:
+                break
+            before = lv.pending_s
+            lv._account()
+            t0 = lv.pending_s
+            given = lv.give_back(short)
+            lv._account()
+            spent += lv.pending_s - t0
+            lv.pending_s = before + (lv.pending_s - t0)
+            lv.shed_bytes += given
+            short -= given
+        live.pending_s += spent  # the requester waited for the sheds
+        if short > 0:
+            live.refused += 1
+            return False
+        return True
+
+    # -- scripted demands --
+
+    def demand_arrives(self, d: _PendingDemand, now_s: float) -> None:
+        self.now_s = now_s
+        if self.free() < d.spec.nbytes and all(lv.spec.answer == "reject" for lv in self.lives):
+            d.done = True  # nobody will give anything: refused at once
+            return
+        self._feed(d)
+        if d.granted_at is None:
+            for lv in self.lives:
+                if lv.spec.answer != "reject":
+                    lv.give_back(d.spec.nbytes - d.held)
+                    self._feed(d)
+                    lv.wants_idle_back = True
+                if lv.spec.answer == "preempt" and d.granted_at is None:
+                    missing = d.spec.nbytes - d.held - max(self.free(), 0)
+                    lv.limit = max(lv.used_bytes() - missing, self.lives[0].gran)
+        self.record(now_s)
+
+    def _feed(self, d: _PendingDemand) -> None:
+        take = min(max(self.free(), 0), d.spec.nbytes - d.held)
+        if take > 0:
+            d.held += take
+            d.peak = max(d.peak, d.held)
+        if d.held >= d.spec.nbytes and d.granted_at is None:
+            d.granted_at = self.now_s
+            for lv in self.lives:
+                lv.wants_idle_back = False
+                lv.limit = lv.base_limit
+
+    def demand_expires(self, d: _PendingDemand, now_s: float) -> None:
+        self.now_s = now_s
+        if d.granted_at is None and not d.done:
+            d.held = 0
+            d.done = True
+            for lv in self.lives:
+                lv.wants_idle_back = False
+                lv.limit = lv.base_limit
+            self.record(now_s)
+
+    def demand_ends(self, d: _PendingDemand, now_s: float) -> None:
+        self.now_s = now_s
+        d.held = 0
+        d.done = True
+        self.record(now_s)
+
+
+def run_tenants(
+    tenants: Sequence[Tenant],
+    *,
+    budget_bytes: int,
+    demands: Sequence[Demand] = (),
+    gpu: str = "h200",
+    deadline_s: float = 0.005,
+    shed_order: str = "most-idle",
+    config: ServingConfig | None = None,
+    sample_s: float = 1.0,
+) -> TenantsRun:
+    """Serve every tenant's workload together on one simulated GPU sharing ``budget_bytes``.
+
+    Args:
+        tenants: the engines (at least one; names unique, demands' too).
+        budget_bytes: the KV budget they share (the sim driver's capacity), bytes.
+        demands: scripted tenants taking a step of the budget (issue 28 item 3).
+        gpu: the GPU profile (the sim's costs, the step time model).
+        deadline_s, shed_order: the arbiter's rules (:class:`Rules`).
+        config: the engines' knobs (default: :class:`ServingConfig` with ``max_wait_s=30``:
+            a queue can wait on another tenant's memory, so served requests count against
+            a timeout); its ``slot_order`` must be ``"lowest"``.
+        sample_s: simulated seconds between each engine's samples.
+    Returns:
+        A :class:`TenantsRun`.
+    Raises:
+        ArgumentError: a bad argument (no tenants, a name twice, a limit with no room for a
+            page, ``slot_order`` other than lowest, ...).
+    """
+    rules = Rules(budget_bytes=budget_bytes, deadline_s=deadline_s, shed_order=shed_order)
+    if not tenants:
+        raise ArgumentError("tenants", list(tenants), "at least one Tenant")
+    for t in tenants:
+        if not isinstance(t, Tenant):
+            raise ArgumentError("tenants", type(t).__name__, "Tenant records")
+    for d in demands:
+        if not isinstance(d, Demand):
+            raise ArgumentError("demands", type(d).__name__, "Demand records")
+    names = [t.name for t in tenants] + [d.name for d in demands]
+    if len(set(names)) != len(names):
+        raise ArgumentError("tenants", names, "unique names")
+    cfg = ServingConfig(max_wait_s=30.0) if config is None else config
+    if cfg.slot_order != "lowest":
+        raise ArgumentError("slot_order", cfg.slot_order, "'lowest' with tenants")
+    if not sample_s > 0:
+        raise ArgumentError("sample_s", sample_s, "> 0 (seconds)")
+    static = sum(min(t.limit_bytes or budget_bytes, budget_bytes) for t in tenants
+                 if t.strategy == "static")
+    if static > budget_bytes:
+        raise ArgumentError("limit_bytes", [t.limit_bytes for t in tenants],
+                            f"static shares that fit the budget ({budget_bytes} bytes) "
+                            f"together ({static} bytes asked)")
+    prof = get_profile(gpu)
+    driver = open_driver("sim", profile=prof, capacity_bytes=rules.budget_bytes)
+    arb = _Arbiter(rules)
+    lives: list[_Live] = []
+    try:
+        for i, spec in enumerate(tenants):
+            lives.append(_Live(spec, arb, driver, cfg, prof.key, i))
+            arb.lives.append(lives[-1])
+            if arb.total() > rules.budget_bytes:
+                raise ArgumentError("limit_bytes", spec.limit_bytes, "static shares that fit "
+                                    f"the budget ({rules.budget_bytes} bytes) together")
+        arb.demands = [_PendingDemand(d, i) for i, d in enumerate(demands)]
+        arb.record(0.0)
+        stats = _schedule(lives, arb, cfg, sample_s)
+        results = tuple(_result(lv, st, arb) for lv, st in zip(lives, stats, strict=True))
+    finally:
+        for lv in lives:
+            lv.owner.close()
+    drs = tuple(DemandResult(
+        name=d.spec.name, at_s=d.spec.at_s, nbytes=d.spec.nbytes,
+        granted=d.granted_at is not None,
+        wait_s=None if d.granted_at is None else d.granted_at - d.spec.at_s,
+        peak_held_bytes=d.peak) for d in arb.demands)
+    return TenantsRun(rules=rules, gpu=prof.key, tenants=results, demands=drs,
+                      names=tuple(names), t_s=tuple(arb.t_s), held_bytes=tuple(arb.held),
+                      over_budget=arb.over)
+
+
+def _schedule(lives: list[_Live], arb: _Arbiter, cfg: ServingConfig,
+              sample_s: float) -> list[ServingStats]:
+    """Advance whichever engine's (or demand's) next event comes first, to the end."""
+    gens: list[Generator[float, None, ServingStats]] = []
+    for lv in lives:
+        model = ServingModel(cfg, lv.step_model, pool_pages=lv.pool_pages, sample_s=sample_s,
+                             allocator=_Allocator(lv, lv.pool_pages))
+        gens.append(model.steps(lv.spec.workload, _Hooks(lv)))
+    # events: (time, kind, index); kind 0 demand arrives, 1 demand expires, 2 demand ends,
+    # 3 an engine's boundary (demands first at equal times: they are the step change)
+    heap: list[tuple[float, int, int]] = []
+    for d in arb.demands:
+        heap.append((d.spec.at_s, 0, d.index))
+    stats: list[ServingStats | None] = [None] * len(lives)
+    for i, g in enumerate(gens):
+        heap.append((next(g), 3, i))
+    heapq.heapify(heap)
+    while heap:
+        t, kind, i = heapq.heappop(heap)
+        if kind == 3:
+            arb.now_s = t
+            try:
+                nxt = gens[i].send(None)
+            except StopIteration as done:
+                stats[i] = done.value
+                continue
+            heapq.heappush(heap, (nxt, 3, i))
+            continue
+        d = arb.demands[i]
+        if kind == 0:
+            arb.demand_arrives(d, t)
+            heapq.heappush(heap, (t + d.spec.patience_s, 1, i))
+        elif kind == 1:
+            arb.demand_expires(d, t)
+            if d.granted_at is not None and d.spec.hold_s is not None:
+                heapq.heappush(heap, (max(t, d.granted_at + d.spec.hold_s), 2, i))
+        elif kind == 2:
+            arb.demand_ends(d, t)
+    end = max((s.end_s for s in stats if s is not None), default=0.0)
+    arb.record(end)
+    return [s for s in stats if s is not None]
+
+
+def _result(lv: _Live, st: ServingStats, arb: _Arbiter) -> TenantResult:
+    col = [row[lv.index] for row in arb.held]
+    t = arb.t_s
+    end = st.end_s if st.end_s > 0 else (t[-1] if t else 0.0)
+    total = 0.0
+    for k in range(len(t)):
+        t1 = t[k + 1] if k + 1 < len(t) else end
+        total += col[k] * max(0.0, min(t1, end) - t[k])
+    mean = total / end if end > 0 else float(col[-1] if col else 0)
+    return TenantResult(
+        name=lv.spec.name, model=lv.spec.model, strategy=lv.spec.strategy,
+        answer=lv.spec.answer, limit_bytes=lv.base_limit, serving=st,
+        peak_backed_bytes=max(col, default=0), mean_backed_bytes=mean,
+        shed_bytes=lv.shed_bytes, asked=lv.asked, refused=lv.refused,
+        decode_driver_s=lv.decode_s)
+
+
+
+def compare_tenants(
+    tenants: Sequence[Tenant],
+    *,
+    budget_bytes: int,
+    demand: Demand | None = None,
+    gpu: str = "h200",
+    deadline_s: float = 0.005,
+    config: ServingConfig | None = None,
+) -> dict[str, TenantsRun]:
+    """The comparisons ``kvvmm replay --tenants`` prints, by label.
+
+    Without ``demand``: ``"alone <name>"`` (each tenant by itself on the whole budget, all of
+    it backed: the whole card), ``"static"`` (every tenant static on an equal share) and
+    ``"elastic"`` (every tenant elastic on the whole budget, sharing it). With ``demand``
+    (issue 28 item 3): the tenants elastic, with the demand taking its step, once per answer
+    (``"reject"``, ``"shed"``, ``"preempt"``).
+    """
+    runs: dict[str, TenantsRun] = {}
+    kw = {"budget_bytes": budget_bytes, "gpu": gpu, "deadline_s": deadline_s,
+          "config": config}
+    if demand is not None:
+        for answer in ANSWERS:
+            runs[answer] = run_tenants(
+                [replace(t, strategy="elastic", limit_bytes=None, answer=answer)
+                 for t in tenants], demands=[demand], **kw)  # type: ignore[arg-type]
+        return runs
+    for t in tenants:
+        runs[f"alone {t.name}"] = run_tenants([replace(t, strategy="static", limit_bytes=None)],
+                                              **kw)  # type: ignore[arg-type]
+    share = budget_bytes // len(tenants)
+    runs["static"] = run_tenants([replace(t, strategy="static", limit_bytes=share)
+                                  for t in tenants], **kw)  # type: ignore[arg-type]
+    runs["elastic"] = run_tenants([replace(t, strategy="elastic", limit_bytes=None)
+                                   for t in tenants], **kw)  # type: ignore[arg-type]
+    return runs
