@@ -15,7 +15,7 @@ from kvvmm.layout import list_models
 from kvvmm.layout.model_buffers import full_pool_descs
 from kvvmm.policy import Chunked, Exact, Geometric, GrowthPolicy, default_policy
 from kvvmm.units import MiB
-from kvvmm.viz import format_growth, growth_figure
+from kvvmm.viz import growth_figure, growth_report
 
 __all__ = ["GrowthLab"]
 
@@ -150,7 +150,9 @@ class GrowthLab(_Panel):
         predicted = grow("sim", None) if results and results[0].driver == "cuda" else None
         self.results, self.predicted = results, predicted
         prof = self.profile.value
-        self.table.value = _pre(format_growth(results, profile=prof, predicted=predicted))
+        # HTML tables, not a <pre>: at a 1280 px window the text table ran past the cell
+        # and the panel cut its last column ("driver time" read "driv").
+        self.table.value = growth_report(results, profile=prof, predicted=predicted).html()
         self._show(growth_figure(results, profile=prof, predicted=predicted))
 
     def cost_texts(self) -> list[str]:

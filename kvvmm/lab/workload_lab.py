@@ -7,7 +7,7 @@ import ipywidgets as widgets
 from kvvmm.driver import PROFILES
 from kvvmm.lab._panel import _controls, _field, _Panel, _pre
 from kvvmm.layout import list_models
-from kvvmm.viz.workload import format_workload, workload_figure
+from kvvmm.viz.workload import workload_figure, workload_report
 from kvvmm.workload import (
     SLOT_ORDERS,
     STRATEGIES,
@@ -95,5 +95,7 @@ class WorkloadLab(_Panel):
                            gpu=self.gpu.value, tp=self.tp.value,
                            config=ServingConfig(slot_order=self.order.value))
         self.comparison = cmp
-        self.table.value = _pre(format_workload(cmp))
+        # HTML tables, one per kind of figure: the one 18-column text table wrapped every
+        # row onto two lines at a 1280 px window.
+        self.table.value = workload_report(cmp).html()
         self._show(workload_figure(cmp))

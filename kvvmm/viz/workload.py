@@ -13,52 +13,74 @@ from typing import TYPE_CHECKING
 import plotly.graph_objects as go
 
 from kvvmm.units import fmt_bytes
-from kvvmm.viz._common import _table, _unit
+from kvvmm.viz._common import TERMINAL_COLUMNS, Report, Table, _unit
 
 if TYPE_CHECKING:
     from kvvmm.workload.run import StrategyResult, WorkloadComparison
 
-__all__ = ["format_workload", "held_over_used", "stall_figure", "tradeoff_figure",
-           "workload_figure", "workload_memory_figure"]
+__all__ = ["TERMINAL_COLUMNS", "format_workload", "held_over_used", "stall_figure",
+           "tradeoff_figure", "workload_figure", "workload_memory_figure", "workload_report"]
 
 _COLORS = ("#1c7ed6", "#e8590c", "#2f9e44", "#ae3ec9", "#f08c00", "#0c8599", "#c2255c")
 
 
-def format_workload(cmp: WorkloadComparison) -> str:
-    """The summary table: one row per strategy (no wall times: the text is deterministic).
+def workload_report(cmp: WorkloadComparison) -> Report:
+    """The summary of a replay as three tables, one row per strategy in each (no wall
+    times: deterministic on the sim): printed, each line fits :data:`TERMINAL_COLUMNS`;
+    in a notebook (and in :class:`~kvvmm.lab.WorkloadLab`) it shows as HTML tables that
+    fit a cell at a 1280 px window.
 
-    Stalls two ways, as in ``kvvmm replay --json`` (``stalled_share``, ``stalled_p50_us``,
-    ``stalled_p99_us``, ``p99_stall_us``): how many steps waited on the driver and what such
-    a step waited (its p50 and p99), and the p99 over every step (0 while fewer than 1% of
-    steps stall).
+    - memory: peak and time-weighted mean of what is backed, held by the pool, used by
+      requests, backed but unused (waste), and what page-elastic backing needs at best;
+    - the decode path: its driver time, and stalls two ways, as in ``kvvmm replay --json``
+      (``stalled_share``, ``stalled_p50_us``, ``stalled_p99_us``): how many steps waited on
+      the driver and what such a step waited (p50, p99, worst);
+    - the rest: the p99 over every step (``p99_stall_us``: 0 while fewer than 1% of steps
+      stall), driver calls, handles at the end, predicted bandwidth over ``cudaMalloc``'s,
+      and the serving outcome (completed, rejected, preempted).
     """
     s = cmp.setup
-    head = ["strategy", "peak backed", "mean backed", "mean pool", "mean used", "mean waste",
-            "elastic at best", "stalled steps", "p50 if stalled", "p99 if stalled",
-            "p99 step", "max stall", "decode driver", "calls", "handles", "bw", "done",
-            "rejected", "preempted"]
-    rows = []
-    for r in cmp.results:
-        rows.append([
-            r.strategy, fmt_bytes(r.peak_backed_bytes), fmt_bytes(round(r.mean_backed_bytes)),
-            fmt_bytes(round(r.mean_pool_bytes)),
-            fmt_bytes(round(r.mean_used_bytes)), fmt_bytes(round(r.mean_waste_bytes)),
-            fmt_bytes(round(r.mean_elastic_bytes)),
-            f"{r.stalled_steps:,} ({r.stalled_share:.2%})", f"{r.stalled_p50_s * 1e3:.2f} ms",
-            f"{r.stalled_p99_s * 1e3:.2f} ms", f"{r.p99_stall_s * 1e6:.0f} us",
-            f"{r.max_stall_s * 1e3:.2f} ms",
-            f"{r.decode_driver_s * 1e3:.2f} ms", f"{r.driver_calls:,}", f"{r.final_handles:,}",
-            f"{r.summary()['bandwidth_factor']:.3f}x", f"{r.serving.completed:,}",
-            f"{r.serving.rejected:,}", f"{r.serving.preemptions:,}"])
-    if not rows:
-        return "no results"
+    if not cmp.results:
+        return Report(lead=("no results",), tables=())
     r0 = cmp.results[0]
-    lines = [f"{s.model} TP{s.tp} on {s.gpu}, one rank: {s.buffers} buffers, pool "
-             f"{s.pool_tokens:,} tokens ({fmt_bytes(s.pool_tokens * s.page_bytes // s.page_size)}),"
-             f" page {s.page_size}, slots {s.config.slot_order}-first; {s.requests:,} requests "
-             f"over {r0.serving.end_s:,.0f} s simulated, {r0.serving.steps:,} steps; "
-             f"driver {r0.driver}"]
-    return "\n".join(lines + _table(head, rows))
+    memory = [[r.strategy, fmt_bytes(r.peak_backed_bytes), fmt_bytes(round(r.mean_backed_bytes)),
+               fmt_bytes(round(r.mean_pool_bytes)), fmt_bytes(round(r.mean_used_bytes)),
+               fmt_bytes(round(r.mean_waste_bytes)), fmt_bytes(round(r.mean_elastic_bytes))]
+              for r in cmp.results]
+    decode = [[r.strategy, f"{r.decode_driver_s * 1e3:,.2f} ms",
+               f"{r.stalled_steps:,} ({r.stalled_share:.2%})", f"{r.stalled_p50_s * 1e3:.2f} ms",
+               f"{r.stalled_p99_s * 1e3:.2f} ms", f"{r.max_stall_s * 1e3:.2f} ms"]
+              for r in cmp.results]
+    rest = [[r.strategy, f"{r.p99_stall_s * 1e6:.0f} us", f"{r.driver_calls:,}",
+             f"{r.final_handles:,}", f"{r.summary()['bandwidth_factor']:.3f}x",
+             f"{r.serving.completed:,}", f"{r.serving.rejected:,}", f"{r.serving.preemptions:,}"]
+            for r in cmp.results]
+    lead = (f"{s.model} TP{s.tp} on {s.gpu}, one rank: {s.buffers} buffers, pool "
+            f"{s.pool_tokens:,} tokens ({fmt_bytes(s.pool_tokens * s.page_bytes // s.page_size)}), "
+            f"page {s.page_size}, slots {s.config.slot_order}-first; {s.requests:,} requests "
+            f"over {r0.serving.end_s:,.0f} s simulated, {r0.serving.steps:,} steps; "
+            f"driver {r0.driver}",)
+    return Report(lead=lead, tables=(
+        Table("memory on one rank (mean: time-weighted)",
+              ("strategy", "peak backed", "mean backed", "mean pool", "mean used",
+               "mean waste", "elastic at best"), _rows(memory)),
+        Table("the decode path: driver time, and the steps that waited on the driver",
+              ("strategy", "decode driver", "stalled steps", "p50 if stalled",
+               "p99 if stalled", "max stall"), _rows(decode)),
+        Table("every step, driver calls, handles, bandwidth and serving",
+              ("strategy", "p99 step", "calls", "handles", "bandwidth", "done", "rejected",
+               "preempted"), _rows(rest)),
+    ))
+
+
+def _rows(rows: list[list[str]]) -> tuple[tuple[str, ...], ...]:
+    return tuple(tuple(r) for r in rows)
+
+
+def format_workload(cmp: WorkloadComparison) -> str:
+    """:func:`workload_report` as text: three tables, every line at most
+    :data:`TERMINAL_COLUMNS` wide (what ``kvvmm replay`` prints)."""
+    return workload_report(cmp).text()
 
 
 def workload_memory_figure(cmp: WorkloadComparison | None, *, log: bool = True) -> go.Figure:
