@@ -197,3 +197,60 @@ def test_a_report_prints_as_text_and_shows_as_html_in_a_notebook() -> None:
     assert isinstance(rep, Report) and str(rep) == format_workload(cmp) == rep.text()
     assert rep._repr_html_().count("<table") == len(rep.tables) == 3
     assert all(len(line) <= TERMINAL_COLUMNS for line in rep.text().splitlines())
+
+
+# -- figures: one colour per strategy, lines that coincide both visible (issue 26, item 7) --
+
+
+def test_every_strategy_has_a_colour_of_its_own_and_coinciding_pairs_differ_in_dash() -> None:
+    from kvvmm.viz._common import STRATEGY_STYLES, strategy_style
+
+    assert set(STRATEGY_STYLES) == set(STRATEGIES)
+    colors = [strategy_style(n).color for n in STRATEGIES]
+    assert len(set(colors)) == len(colors)
+    # finalize backs what static backs, the pool strategy the pages page-elastic backs, and
+    # prefix+shrink is prefix growth until it shrinks: the second is thinner, dashed, on top
+    for under, over in (("static", "finalize"), ("page-elastic", "page-elastic+pool"),
+                        ("prefix", "prefix+shrink")):
+        a, b = strategy_style(under), strategy_style(over)
+        assert a.dash == "solid" != b.dash and b.width < a.width and b.layer > a.layer
+    own = strategy_style("headroom")  # a reader's own: a colour none of the shipped take
+    assert own == strategy_style("headroom") and own.color not in colors
+
+
+def test_each_figure_draws_a_strategy_in_its_colour_and_dashed_lines_over_solid_ones() -> None:
+    from kvvmm.viz._common import strategy_style
+    from kvvmm.viz.workload import (
+        stall_figure,
+        tradeoff_figure,
+        workload_figure,
+        workload_memory_figure,
+    )
+
+    names = ["page-elastic+pool", "finalize", "static", "page-elastic", "prefix"]
+    cmp = run_workload(generate(seed=0, duration_s=10.0), names)
+    mem = [t for t in workload_memory_figure(cmp).data if t.name.startswith("backed: ")]
+    drawn = [t.name.removeprefix("backed: ") for t in mem]
+    for t, name in zip(mem, drawn, strict=True):
+        sty = strategy_style(name)
+        assert (t.line.color, t.line.dash, t.line.width) == (sty.color, sty.dash, sty.width)
+    for under, over in (("static", "finalize"), ("page-elastic", "page-elastic+pool")):
+        assert drawn.index(under) < drawn.index(over)  # the dashed line on top
+    # the legend keeps the order the strategies were asked for
+    assert [n for _, n in sorted(zip((t.legendrank for t in mem), drawn, strict=True))] == names
+    for t in stall_figure(cmp).data:
+        assert t.marker.color == strategy_style(t.name.rsplit(" (", 1)[0]).color
+    trade = tradeoff_figure(cmp).data
+    for t in trade:
+        assert (t.marker.color, t.marker.symbol) == (strategy_style(t.name).color,
+                                                     strategy_style(t.name).symbol)
+    # static and finalize sit on one point: their labels go on opposite sides of it
+    st, fi = (next(t for t in trade if t.name == n) for n in ("static", "finalize"))
+    if (st.x[0], st.y[0]) == pytest.approx((fi.x[0], fi.y[0]), rel=0.1):
+        assert st.textposition.split()[0] != fi.textposition.split()[0]
+    combined = workload_figure(cmp)  # what kvvmm replay --png draws: the same styles
+    for t in combined.data:
+        name = (t.name or "").removeprefix("backed: ").rsplit(" (", 1)[0]
+        if name in names:
+            color = t.line.color if t.type == "scatter" and t.mode == "lines" else t.marker.color
+            assert color == strategy_style(name).color, t.name

@@ -5,6 +5,7 @@ from __future__ import annotations
 import html
 import re
 import textwrap
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -225,3 +226,57 @@ class Report:
 
     def _repr_pretty_(self, p: Any, cycle: bool) -> None:
         p.text(self.text())
+
+
+@dataclass(frozen=True, slots=True)
+class StrategyStyle:
+    """How one memory strategy draws, the same in every figure (memory over time, stalls,
+    the trade-off, ``kvvmm replay``'s report and PNG).
+
+    Attributes:
+        color: its colour (one per strategy, in every figure).
+        dash: its line's dash pattern (plotly's ``line.dash``).
+        width: its line's width (px): a strategy that can lie on another's line is drawn
+            thinner and dashed, on top, so both show.
+        symbol: its marker in point charts (an open symbol over a filled one where points
+            can coincide).
+        layer: drawing order, lowest first (wide solid lines under thin dashed ones).
+    """
+
+    color: str
+    dash: str
+    width: float
+    symbol: str
+    layer: int
+
+
+#: One style per strategy of ``kvvmm.workload.STRATEGIES``: matplotlib's ten colours without
+#: its grey, which the "used by requests" lines take. Pairs whose lines coincide get a solid
+#: wide line and a thin dashed one drawn over it: ``finalize`` backs what ``static`` backs
+#: (the replay's PNG showed one line for both), ``page-elastic+pool`` the pages
+#: ``page-elastic`` backs, ``prefix+shrink`` prefix growth's line until it shrinks.
+STRATEGY_STYLES: dict[str, StrategyStyle] = {
+    "static": StrategyStyle("#1f77b4", "solid", 4.0, "circle", 0),
+    "finalize": StrategyStyle("#ff7f0e", "dash", 2.0, "diamond-open", 1),
+    "prefix": StrategyStyle("#2ca02c", "solid", 3.0, "square", 0),
+    "prefix+shrink": StrategyStyle("#bcbd22", "dot", 2.5, "square-open", 1),
+    "page-elastic": StrategyStyle("#9467bd", "solid", 4.0, "triangle-up", 0),
+    "page-elastic+pool": StrategyStyle("#d62728", "dash", 2.0, "triangle-down-open", 1),
+    "xl-page-elastic": StrategyStyle("#17becf", "dashdot", 2.0, "hexagon", 1),
+    "request-ranges": StrategyStyle("#8c564b", "solid", 2.5, "star", 0),
+    "request-ranges+deferred": StrategyStyle("#e377c2", "longdash", 2.5, "pentagon-open", 1),
+}
+
+#: Colours for a strategy of the reader's own (a ``Strategy`` subclass): none of the above,
+#: picked by the name, so one strategy keeps its colour in every figure.
+_OWN_COLORS = ("#343a40", "#f783ac", "#5c7cfa", "#ffa94d", "#20c997", "#845ef7")
+
+
+def strategy_style(name: str) -> StrategyStyle:
+    """The style of strategy ``name`` (:data:`STRATEGY_STYLES`; a strategy of one's own gets
+    a colour of its own, the same in every figure, drawn long-dash-dot on top)."""
+    known = STRATEGY_STYLES.get(name)
+    if known is not None:
+        return known
+    color = _OWN_COLORS[zlib.crc32(name.encode()) % len(_OWN_COLORS)]
+    return StrategyStyle(color, "longdashdot", 2.5, "cross", 2)

@@ -13,15 +13,13 @@ from typing import TYPE_CHECKING
 import plotly.graph_objects as go
 
 from kvvmm.units import fmt_bytes
-from kvvmm.viz._common import TERMINAL_COLUMNS, Report, Table, _unit
+from kvvmm.viz._common import TERMINAL_COLUMNS, Report, Table, _unit, strategy_style
 
 if TYPE_CHECKING:
     from kvvmm.workload.run import StrategyResult, WorkloadComparison
 
 __all__ = ["TERMINAL_COLUMNS", "format_workload", "held_over_used", "stall_figure",
            "tradeoff_figure", "workload_figure", "workload_memory_figure", "workload_report"]
-
-_COLORS = ("#1c7ed6", "#e8590c", "#2f9e44", "#ae3ec9", "#f08c00", "#0c8599", "#c2255c")
 
 
 def workload_report(cmp: WorkloadComparison) -> Report:
@@ -101,11 +99,18 @@ def workload_memory_figure(cmp: WorkloadComparison | None, *, log: bool = True) 
         fig.add_trace(go.Scatter(name="page-elastic at best (granules in use)", x=list(t.t_s),
                                  y=[u / unit for u in t.elastic_bytes], mode="lines",
                                  line={"color": "#868e96", "dash": "dot", "shape": "hv"}))
-    for i, r in enumerate(results):
-        t = r.timeline
+    # Wide solid lines first, thin dashed ones over them: a strategy that backs what another
+    # backs (finalize and static, page-elastic with and without its pool) stays visible.
+    # The legend keeps the results' order (legendrank), whatever the drawing order.
+    order = sorted(range(len(results)), key=lambda i: strategy_style(results[i].strategy).layer)
+    for i in order:
+        r = results[i]
+        t, sty = r.timeline, strategy_style(r.strategy)
         fig.add_trace(go.Scatter(name=f"backed: {html.escape(r.strategy)}", x=list(t.t_s),
                                  y=[b / unit for b in t.backed_bytes], mode="lines",
-                                 line={"shape": "hv", "color": _COLORS[i % len(_COLORS)]},
+                                 line={"shape": "hv", "color": sty.color, "dash": sty.dash,
+                                       "width": sty.width},
+                                 legendrank=1000 + i,
                                  hovertemplate=f"%{{y:.4g}} {name} at %{{x:.1f}} s"
                                                "<extra>%{fullData.name}</extra>"))
     fig.update_xaxes(title_text="simulated time (s)")
@@ -121,12 +126,12 @@ def stall_figure(cmp: WorkloadComparison | None) -> go.Figure:
     """Driver stall of each step that had one, per strategy (a strip of points, log scale)."""
     results = () if cmp is None else cmp.results
     fig = go.Figure()
-    for i, r in enumerate(results):
+    for r in results:
         stalls = sorted(r.serving.stall_steps)
         fig.add_trace(go.Box(name=f"{html.escape(r.strategy)} ({r.stalled_share:.1%})",
                              y=[s * 1e3 for s in stalls],
                              boxpoints="all", jitter=0.4, pointpos=0,
-                             marker={"color": _COLORS[i % len(_COLORS)], "size": 5},
+                             marker={"color": strategy_style(r.strategy).color, "size": 5},
                              hovertemplate="%{y:.3f} ms<extra>%{fullData.name}</extra>"))
     fig.update_yaxes(title_text="driver time in one step (ms)", type="log")
     fig.update_layout(title="decode-path stalls: the steps that waited on the driver (their "
@@ -170,15 +175,29 @@ def tradeoff_figure(cmp: WorkloadComparison | None) -> go.Figure:
     fig = go.Figure()
     x_range = _padded_log_range(results)
     span = x_range or [0.0, 1.0]
-    for i, r in enumerate(results):
+    placed: list[tuple[float, float]] = []  # (log x, log y) of the points drawn so far
+    # filled markers first, open ones over them (as the memory figure's lines)
+    for r in sorted(results, key=lambda r: strategy_style(r.strategy).layer):
         ms = r.decode_driver_s * 1e3
+        x, y = max(ms, _NO_STALL_MS), held_over_used(r)
         # a label leans away from the nearer edge, so none runs off the plot
-        at = (math.log10(max(ms, _NO_STALL_MS)) - span[0]) / (span[1] - span[0])
-        where = "top left" if at > 0.66 else "top right" if at < 0.2 else "top center"
+        at = (math.log10(x) - span[0]) / (span[1] - span[0])
+        side = "left" if at > 0.66 else "right" if at < 0.2 else "center"
+        # Points that coincide (static and finalize hold the same, with no driver time):
+        # each later one's label goes below, then further out, instead of over the first's.
+        here = (math.log10(x), math.log10(y) if y > 0 and math.isfinite(y) else 0.0)
+        near = sum(abs(px - here[0]) < 0.05 and abs(py - here[1]) < 0.05 for px, py in placed)
+        placed.append(here)
+        where = f"{'top' if near % 2 == 0 else 'bottom'} {side}"
+        pad = "<br>" * (near // 2)  # a third and fourth label one line further out
+        label = (html.escape(r.strategy) + pad if near % 2 == 0
+                 else pad + html.escape(r.strategy))
+        sty = strategy_style(r.strategy)
         fig.add_trace(go.Scatter(
-            name=html.escape(r.strategy), x=[max(ms, _NO_STALL_MS)], y=[held_over_used(r)],
-            mode="markers+text", text=[html.escape(r.strategy)], textposition=where,
-            marker={"color": _COLORS[i % len(_COLORS)], "size": 12},
+            name=html.escape(r.strategy), x=[x], y=[y],
+            mode="markers+text", text=[label], textposition=where,
+            marker={"color": sty.color, "size": 14 if sty.layer == 0 else 11,
+                    "symbol": sty.symbol, "line": {"width": 2, "color": sty.color}},
             customdata=[[ms, r.p99_stall_s * 1e6, r.max_stall_s * 1e3,
                          100 * r.stalled_share]],
             hovertemplate="decode driver %{customdata[0]:.3f} ms<br>held / used %{y:.3f}x<br>"
