@@ -13,7 +13,15 @@ from typing import TYPE_CHECKING
 import plotly.graph_objects as go
 
 from kvvmm.units import fmt_bytes
-from kvvmm.viz._common import TERMINAL_COLUMNS, Report, Table, _unit, strategy_style
+from kvvmm.viz._common import (
+    TERMINAL_COLUMNS,
+    Report,
+    Table,
+    _legend_rows,
+    _text_px,
+    _unit,
+    strategy_style,
+)
 
 if TYPE_CHECKING:
     from kvvmm.workload.run import StrategyResult, WorkloadComparison
@@ -161,6 +169,43 @@ def _padded_log_range(results: tuple[StrategyResult, ...] | list[StrategyResult]
     return [math.log10(min(xs)) - pad, math.log10(max(xs)) + pad]
 
 
+def _log_y(y: float) -> float:
+    return math.log10(y) if y > 0 and math.isfinite(y) else 0.0
+
+
+#: The trade-off plot's size the labels are placed for (px): its cell in
+#: :func:`workload_figure` at a 1280 px window, the smallest it is drawn.
+_TRADE_PX = (480.0, 240.0)
+
+
+def _label_place(text: str, x: float, y: float, side: str,
+                 boxes: list[tuple[float, float, float, float]]
+                 ) -> tuple[str, str, tuple[float, float, float, float]]:
+    """Where a point's label goes: (textposition, line breaks that push it out, its box).
+
+    ``x``, ``y``: the point as shares of the axes; ``boxes``: labels already placed, in
+    the same shares. The first of above, below, a line further above, further below, ...
+    whose box overlaps none of them and stays on the plot; when every one overlaps, the
+    nearest that stays on the plot.
+    """
+    w = _text_px(text, 12) / _TRADE_PX[0]
+    line, gap = 15 / _TRADE_PX[1], 6 / _TRADE_PX[1]
+    x0 = {"left": x - w, "right": x, "center": x - w / 2}[side]
+    first: tuple[str, str, tuple[float, float, float, float]] | None = None
+    for k in range(4):
+        for vert in ("top", "bottom"):
+            lo = y + gap + k * line if vert == "top" else y - gap - (k + 1) * line
+            box = (x0, x0 + w, lo, lo + line)
+            tried = (f"{vert} {side}", "<br>" * k, box)
+            if lo < -0.03 or lo + line > 1.15:  # off the plot: under its x axis, over its top
+                continue
+            first = first or tried
+            if not any(box[0] < b[1] and b[0] < box[1] and box[2] < b[3] and b[2] < box[3]
+                       for b in boxes):
+                return tried
+    return first or (f"top {side}", "", (x0, x0 + w, y + gap, y + gap + line))
+
+
 def tradeoff_figure(cmp: WorkloadComparison | None) -> go.Figure:
     """Memory held against decode stall: one point per strategy.
 
@@ -175,7 +220,10 @@ def tradeoff_figure(cmp: WorkloadComparison | None) -> go.Figure:
     fig = go.Figure()
     x_range = _padded_log_range(results)
     span = x_range or [0.0, 1.0]
-    placed: list[tuple[float, float]] = []  # (log x, log y) of the points drawn so far
+    ys = [_log_y(held_over_used(r)) for r in results]
+    y_low = min(ys, default=0.0)
+    y_span = max(max(ys, default=0.0) - y_low, 1.0)
+    boxes: list[tuple[float, float, float, float]] = []  # labels placed: x0, x1, y0, y1
     # filled markers first, open ones over them (as the memory figure's lines)
     for r in sorted(results, key=lambda r: strategy_style(r.strategy).layer):
         ms = r.decode_driver_s * 1e3
@@ -183,14 +231,13 @@ def tradeoff_figure(cmp: WorkloadComparison | None) -> go.Figure:
         # a label leans away from the nearer edge, so none runs off the plot
         at = (math.log10(x) - span[0]) / (span[1] - span[0])
         side = "left" if at > 0.66 else "right" if at < 0.2 else "center"
-        # Points that coincide (static and finalize hold the same, with no driver time):
-        # each later one's label goes below, then further out, instead of over the first's.
-        here = (math.log10(x), math.log10(y) if y > 0 and math.isfinite(y) else 0.0)
-        near = sum(abs(px - here[0]) < 0.05 and abs(py - here[1]) < 0.05 for px, py in placed)
-        placed.append(here)
-        where = f"{'top' if near % 2 == 0 else 'bottom'} {side}"
-        pad = "<br>" * (near // 2)  # a third and fourth label one line further out
-        label = (html.escape(r.strategy) + pad if near % 2 == 0
+        # Labels that would overlap (static and finalize hold the same with no driver time;
+        # page-elastic and xl-page-elastic lie close): each goes above its point, else
+        # below, else a line further out, at the first place no earlier label takes.
+        where, pad, box = _label_place(r.strategy, at, (_log_y(y) - y_low) / y_span, side,
+                                       boxes)
+        boxes.append(box)
+        label = (html.escape(r.strategy) + pad if where.startswith("top")
                  else pad + html.escape(r.strategy))
         sty = strategy_style(r.strategy)
         fig.add_trace(go.Scatter(
@@ -240,8 +287,15 @@ def workload_figure(cmp: WorkloadComparison | None) -> go.Figure:
     fig.update_xaxes(title_text="decode-path driver time (ms, log)", type="log", row=2, col=2,
                      range=trade.layout.xaxis.range)
     fig.update_yaxes(title_text="held / used (log)", type="log", row=2, col=2)
-    fig.update_layout(height=820, autosize=True, plot_bgcolor="white",
-                      margin={"l": 10, "r": 10, "t": 60, "b": 40},
-                      legend={"orientation": "h", "yanchor": "bottom", "y": 1.04, "x": 0},
+    # The legend sits above the plots, the title above the legend: the top margin makes
+    # room for as many legend rows as the names take at a 1280 px cell (a title set later,
+    # as kvvmm replay's is, was drawn over the legend's first row).
+    rows = _legend_rows([tr.name or "" for tr in mem.data])
+    top = 50 + 22 * rows
+    fig.update_layout(height=800 + top, autosize=True, plot_bgcolor="white",
+                      margin={"l": 10, "r": 10, "t": top + 40, "b": 40},
+                      title={"y": 1.0, "yref": "container", "yanchor": "top",
+                             "pad": {"t": 12}},
+                      legend={"orientation": "h", "yanchor": "bottom", "y": 1.03, "x": 0},
                       meta={"kvvmm": "workload", "unit_bytes": mem.layout.meta["unit_bytes"]})
     return fig

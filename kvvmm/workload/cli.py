@@ -132,7 +132,7 @@ def replay_command(args: argparse.Namespace) -> int:
     stem = "generated" if args.trace == "generated" else Path(args.trace).stem
     out = Path(args.output) if args.output else Path(f"{stem}-replay.html")
     fig = workload_figure(cmp)
-    fig.update_layout(title=f"kvvmm replay: {stem}")
+    fig.update_layout(title_text=f"kvvmm replay: {stem}")  # text only: the placement stays
     try:
         save_figure(fig, out)
         print(f"wrote {out}")
