@@ -36,6 +36,8 @@ from kvvmm.units import fmt_bytes
 from kvvmm.viz import describe, va_map
 
 WORKER = '''
+import torch.distributed as dist
+
 from kvvmm.owner.distributed import DistributedOwner
 from kvvmm.driver import FaultyDriver, open_driver
 from kvvmm.errors import CollectiveError
@@ -53,7 +55,7 @@ def rank_main(rank, world, fail_rank):
     owner = KvBufferOwner(driver=drv, dtype="bfloat16", page_size=16,
                           reserved_tokens=262144, descs=descs)
     kv = DistributedOwner(owner, model=MODEL, timeout_s=30)
-    out = {"rank": kv.rank}
+    out = {"rank": kv.rank, "world": world, "backend": str(dist.get_backend())}
     before = owner.snapshot()
     if rank == fail_rank:
         drv.arm({"map": 3})  # this rank's third map fails, after the others agreed
@@ -64,8 +66,12 @@ def rank_main(rank, world, fail_rank):
         out["cause"] = repr(e.__cause__)
     out["unchanged"] = owner.snapshot() == before
     # After capture: what every rank can back (the smallest rank decides), then finalize.
+    free, _ = drv.mem_info()  # this rank's own free - headroom + backed, for the checks
+    out["own_budget_bytes"] = max(0, free - 132 * GiB) + owner.backed_bytes
     out["budget_bytes"] = kv.budget_bytes(headroom_bytes=132 * GiB)
     out["tokens"] = kv.finalize_to_budget(headroom_bytes=132 * GiB)
+    # what finalize backs for those tokens and for one more: the checks' "most that fit"
+    out["fit_bytes"] = [kv.finalize_bytes(out["tokens"] + i) for i in (0, 1)]
     out["backed_bytes"] = owner.backed_bytes
     out["gathered"] = kv.gather_snapshot(dst=0)
     owner.close()
@@ -126,3 +132,10 @@ assert len({r["budget_bytes"] for r in ranks}) == 1 and len({r["tokens"] for r i
 assert [o.final_tokens for o in tp.owners] == [ranks[0]["tokens"]] * 2
 assert tp.owners[0].backed_bytes == tp.owners[1].backed_bytes == ranks[0]["backed_bytes"]
 assert ranks[1]["gathered"] is None
+# The prose's claims, each against what ran.
+assert [r["rank"] for r in ranks] == [0, 1] and all(r["world"] == 2 for r in ranks)
+assert all(r["backend"] == "gloo" for r in ranks) and tp.tp == 2
+# the budget: the least over ranks of free - headroom + backed
+assert ranks[0]["budget_bytes"] == min(r["own_budget_bytes"] for r in ranks)
+for r in ranks:  # the most tokens that fit it: one more would not
+    assert r["fit_bytes"][0] <= r["budget_bytes"] < r["fit_bytes"][1]
