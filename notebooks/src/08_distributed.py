@@ -123,6 +123,36 @@ print(describe(tp.owners[1]).splitlines()[0])
 for rank, snap in enumerate(tp.owners):
     va_map(snap, title=f"rank {rank} of {tp.tp}").show()
 
+# %% [markdown]
+# ## 4. The same calls on an H200
+#
+# `tests/gpu/test_gpu_distributed.py` runs a collective finalize, an injected map fault and
+# a shrink on a real GPU over NCCL, and keeps what it measured in
+# `bench/results/h200-gpu-distributed.json`; the cell reads it (when this checkout has it).
+
+# %%
+import json
+
+
+def repo_file(rel: str) -> Path | None:
+    """``rel`` in this checkout, looked for above the notebook's folder (None without it)."""
+    for folder in (Path.cwd(), *Path.cwd().parents):
+        if (folder / rel).is_file():
+            return folder / rel
+    return None
+
+
+GPU_RUN = repo_file("bench/results/h200-gpu-distributed.json")
+if GPU_RUN is not None:
+    gpu = json.loads(GPU_RUN.read_text())
+    print(f"{gpu['device_name']}, {gpu['backend']}, a world of {gpu['gathered_tp']}: "
+          f"collective finalize({gpu['final_tokens']:,}) {gpu['collective_finalize_ms']:.1f} "
+          f"ms against {gpu['plain_finalize_ms']:.1f} ms for the owner's own finalize; a "
+          f"fault in {gpu['fault']['phase']} rolled back: {gpu['fault']['rolled_back']}, "
+          f"snapshot unchanged: {gpu['fault_unchanged']}")
+else:
+    print("bench/results/h200-gpu-distributed.json is not here: no H200 measurement")
+
 # %%
 # The notebook's claims, checked.
 assert all("aborted on every rank in map" in r["error"] for r in ranks)
@@ -139,3 +169,5 @@ assert all(r["backend"] == "gloo" for r in ranks) and tp.tp == 2
 assert ranks[0]["budget_bytes"] == min(r["own_budget_bytes"] for r in ranks)
 for r in ranks:  # the most tokens that fit it: one more would not
     assert r["fit_bytes"][0] <= r["budget_bytes"] < r["fit_bytes"][1]
+if GPU_RUN is not None:  # on the GPU too, a failed collective changed nothing
+    assert gpu["fault"]["rolled_back"] and gpu["fault_unchanged"]
