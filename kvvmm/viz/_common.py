@@ -164,7 +164,9 @@ class Table:
             for r in self.rows)
         caption = (f'<caption style="text-align:left;font-weight:600;padding:4px 0">'
                    f"{esc(self.title)}</caption>" if self.title else "")
-        return ('<div class="kvvmm-table" style="overflow-x:auto;max-width:100%;margin:4px 0">'
+        # not "kvvmm-table": a panel's table widget has that class (the browser test's hook)
+        return ('<div class="kvvmm-report-table" '
+                'style="overflow-x:auto;max-width:100%;margin:4px 0">'
                 '<table style="border-collapse:collapse;font-size:12px;'
                 'font-variant-numeric:tabular-nums">'
                 f"{caption}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>")
