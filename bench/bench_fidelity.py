@@ -32,7 +32,13 @@ Run on a GPU, after calibrating, in one command::
 
 ``--sim-only`` runs the sim side alone (no GPU: a smoke test). The JSON (``--out``) has the
 card, versions, date, the profile used, and per scenario predicted and measured µs, the
-ratio predicted/measured, and whether it is within 0.9-1.1.
+ratio predicted/measured, whether it is within 0.9-1.1, the predicted band (``band_us``:
+the sim at the profile's p10, as it is, and at its p90) and whether the measured median is
+in it (``in_band``).
+
+``--score RESULT...`` scores ``--profile``'s bands against committed runs from other
+sessions and days (no GPU): per scenario whether each run's measured median is in the band,
+the share in band, and each band's width against the card's own spread over those runs.
 """
 
 from __future__ import annotations
@@ -172,7 +178,7 @@ def _elastic(d: Driver, clock: Clock, wl: Workload, add: Callable[[str, float], 
     add("elastic:decommit_pages", t2 - t1)
 
 
-def predict(profile: str, wl: Workload) -> dict[str, list[float]]:
+def predict(profile: Any, wl: Workload) -> dict[str, list[float]]:
     """The sim side: every scenario once (the sim is deterministic), µs of simulated time."""
     from kvvmm.driver.sim import SimDriver
 
@@ -187,6 +193,25 @@ def predict(profile: str, wl: Workload) -> dict[str, list[float]]:
         bare, cap = _without_overhead(profile), get_profile("h200").capacity_bytes
         out |= workload_scenarios(lambda: SimDriver(bare, capacity_bytes=cap), wl.workload_s,
                                   "sim")
+    return out
+
+
+def predict_bands(profile: Any, wl: Workload,
+                  mid: dict[str, list[float]] | None = None) -> dict[str, list[float]]:
+    """Every timed scenario's band: the sim at the profile's p10, as it is, and at its p90
+    (:mod:`kvvmm.workload.bands`), ``[low, mid, high]`` µs. Counts have no band."""
+    from kvvmm.workload.bands import band_profiles
+
+    lo_p, mid_p, hi_p = band_profiles(profile)
+    m = predict(mid_p, wl) if mid is None else mid
+    lo = predict(lo_p, wl) if lo_p is not mid_p else m
+    hi = predict(hi_p, wl) if hi_p is not mid_p else m
+    out = {}
+    for name, v in m.items():
+        if name.endswith(":calls"):
+            continue
+        x = statistics.median(v)
+        out[name] = [min(lo[name][0], x), x, max(hi[name][0], x)]
     return out
 
 
@@ -279,8 +304,11 @@ def _versions() -> dict[str, Any]:
 
 
 def compare(predicted: dict[str, list[float]],
-            measured: dict[str, list[float]] | None) -> dict[str, Any]:
-    """Per scenario: predicted and measured µs (median of rounds), ratio, within 0.9-1.1."""
+            measured: dict[str, list[float]] | None,
+            bands: dict[str, list[float]] | None = None) -> dict[str, Any]:
+    """Per scenario: predicted and measured µs (median of rounds), ratio, within 0.9-1.1;
+    with ``bands`` (:func:`predict_bands`), the band and whether the measured median is in
+    it (``in_band``)."""
     out: dict[str, Any] = {}
     for name, pred in predicted.items():
         row: dict[str, Any]
@@ -305,6 +333,11 @@ def compare(predicted: dict[str, list[float]],
                 # as the card comes to itself, whatever the ratio to their median.
                 row["spread"] = round((max(rounds) - min(rounds)) / meas, 4)
                 row["in_rounds"] = min(rounds) <= row["predicted_us"] <= max(rounds)
+        if bands is not None and name in bands:
+            lo, _, hi = bands[name]
+            row["band_us"] = [round(x, 1) for x in bands[name]]
+            if "measured_us" in row:
+                row["in_band"] = bool(lo <= row["measured_us"] <= hi)
         out[name] = row
     return out
 
@@ -319,6 +352,13 @@ def summarize(res: dict[str, Any]) -> None:
                                           if not v.get("within") and v.get("in_rounds"))
     timed = [v for v in sc.values() if v.get("ratio") is not None]
     res["within_count"] = f"{sum(1 for v in timed if v['within'])} of {len(timed)} timed"
+    banded = [v for v in timed if "in_band" in v]
+    if banded:
+        n = sum(1 for v in banded if v["in_band"])
+        res["in_band_count"] = f"{n} of {len(banded)} timed"
+        res["in_band_share"] = round(n / len(banded), 4)
+        res["outside_band"] = sorted(k for k, v in sc.items()
+                                     if v.get("ratio") is not None and not v.get("in_band"))
 
 
 def measured_of(scenarios: dict[str, Any]) -> dict[str, list[float]]:
@@ -346,6 +386,70 @@ def rescore(path: str) -> dict[str, Any]:
     res["scenarios"] = compare(predicted, measured_of(sc))
     summarize(res)
     return res
+
+
+def _share(xs: Sequence[bool]) -> float:
+    return round(sum(xs) / len(xs), 4) if xs else 0.0
+
+
+def score(profile: str, results: Sequence[str], wl: Workload | None = None,
+          ) -> dict[str, Any]:
+    """A profile's bands against committed measured runs (no GPU: the sim side only).
+
+    Per result file and scenario: the band, the measured median, whether it falls in the
+    band (``in_band``); the share in band per file and over all; and per scenario the
+    band's width (``(high - low) / mid``) beside the card's own spread over every scored
+    run's rounds (``(p90 - p10) / p50`` of them all), against the target: no wider than the
+    card's spread + 0.10.
+    """
+    from kvvmm.hardware.spread import quantiles
+
+    wl = wl or Workload()
+    prof = get_profile(profile)
+    mid = predict(prof, wl)
+    bands = predict_bands(prof, wl, mid)
+    runs: dict[str, Any] = {}
+    rounds: dict[str, list[float]] = {}
+    all_in: list[bool] = []
+    for path in results:
+        with open(path, encoding="utf-8") as f:
+            got = json.load(f)
+        meas = measured_of(got["scenarios"])
+        c = compare(mid, meas, bands)
+        rows = {n: {"band_us": v["band_us"], "measured_us": v["measured_us"],
+                    "in_band": v["in_band"], "ratio": v["ratio"]}
+                for n, v in c.items() if v.get("ratio") is not None and "in_band" in v}
+        for n in rows:
+            rounds.setdefault(n, []).extend(x for x in meas[n] if x > 0)
+        flags = [r["in_band"] for r in rows.values()]
+        all_in += flags
+        runs[os.path.basename(path)] = {
+            "date": got.get("date"), "in_band_count": f"{sum(flags)} of {len(flags)} timed",
+            "in_band_share": _share(flags),
+            "outside_band": sorted(n for n, r in rows.items() if not r["in_band"]),
+            "scenarios": rows}
+    widths: dict[str, Any] = {}
+    for n, band in bands.items():
+        if n not in rounds or band[1] <= 0:
+            continue
+        q = quantiles(rounds[n])
+        card = (q["p90"] - q["p10"]) / q["p50"]
+        width = (band[2] - band[0]) / band[1]
+        widths[n] = {"band_width": round(width, 4), "card_spread": round(card, 4),
+                     "rounds": len(rounds[n]), "within_target": width <= card + 0.10}
+    return {"benchmark": "bench_fidelity --score",
+            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "versions": _versions(),
+            "profile": {"key": prof.key, "label": profile_label(prof), "path": prof.path,
+                        "date": prof.date},
+            "band": "the sim at every cost figure's p10 and p90 of the profile's spread "
+                    "(kvvmm.workload.bands): not a joint distribution",
+            "results": [os.path.basename(p) for p in results],
+            "in_band_count": f"{sum(all_in)} of {len(all_in)} timed",
+            "in_band_share": _share(all_in), "target_share": 0.9,
+            "widths_within_target": f"{sum(1 for w in widths.values() if w['within_target'])}"
+                                    f" of {len(widths)}",
+            "widths": widths, "runs": runs}
 
 
 def crossval(profiles: Sequence[str], results: Sequence[str],
@@ -401,6 +505,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-parity", action="store_true", help="skip the sim/CUDA parity run")
     ap.add_argument("--rescore", metavar="RESULT",
                     help="recompute the comparison of a result file in place (no new run)")
+    ap.add_argument("--score", nargs="+", metavar="RESULT",
+                    help="score --profile's bands against measured result files (no GPU): "
+                         "per scenario whether the measured median is in the band, the "
+                         "share in band, band width against the card's spread; to --out")
     ap.add_argument("--crossval", nargs=2, metavar=("PROFILES", "RESULTS"),
                     help="comma-separated profiles and result files: every profile's "
                          "predictions against every result's measurements (no GPU); "
@@ -414,6 +522,17 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({k: {kk: vv for kk, vv in v.items() if kk != "ratios"}
                           for k, v in res["pairs"].items()}, indent=1))
         print(json.dumps(res["mean_median_abs_log_ratio"]))
+        return 0
+    if args.score:
+        res = score(args.profile, args.score, SMALL if args.small else None)
+        out = args.out or os.path.join(str(ROOT), "bench", "results", "fidelity-bands.json")
+        with open(out, "w", encoding="utf-8") as f:
+            json.dump(res, f, indent=1)
+        print(json.dumps({k: res[k] for k in ("in_band_count", "in_band_share",
+                                              "widths_within_target")}
+                         | {name: {k: r[k] for k in ("in_band_count", "outside_band")}
+                            for name, r in res["runs"].items()}, indent=1))
+        print("wrote", out)
         return 0
     if args.rescore:
         res = rescore(args.rescore)
@@ -435,6 +554,8 @@ def main(argv: list[str] | None = None) -> int:
         "skipped": _skipped(),
     }
     predicted = predict(args.profile, wl)
+    bands = predict_bands(prof, wl, predicted)
+    res["band"] = "band_us: the sim at every cost figure's p10, as it is, and at its p90"
     measured: dict[str, list[float]] | None = None
     card = prof.name
     if not args.sim_only:
@@ -491,7 +612,7 @@ def main(argv: list[str] | None = None) -> int:
     res["card"] = card
     res["mode"] = "sim-only" if args.sim_only else "sim vs cuda"
     res["rounds"] = 1 if args.sim_only else args.rounds
-    res["scenarios"] = compare(predicted, measured)
+    res["scenarios"] = compare(predicted, measured, bands)
     if measured is not None:
         summarize(res)
     res["wall_s"] = round(time.perf_counter() - started, 1)
@@ -502,7 +623,7 @@ def main(argv: list[str] | None = None) -> int:
         json.dump(res, f, indent=1)
     summary = {k: res.get(k) for k in ("card", "mode", "profile", "ratios", "outside",
                                        "outside_but_in_rounds", "within_count", "all_within",
-                                       "wall_s")}
+                                       "in_band_count", "outside_band", "wall_s")}
     summary["parity"] = {k: v for k, v in res.get("parity", {}).items() if k != "examples"}
     print(json.dumps(summary, indent=1))
     print("wrote", out)

@@ -7,7 +7,8 @@
 2. Decode growth of 160 buffers (Llama-3.1-70B at TP=8: 80 layers x K and V, one KV head
    of 128 dims per rank, bf16) to 1M tokens in 4096-token steps, then finalize, then close,
    per growth policy: wall time, driver calls, handles, simulated driver time (the H200
-   cost model).
+   cost model) and its band (``grow_sim_driver_ms_band``: [low, mid, high], the growth at
+   the profile's p10 and p90 costs, kvvmm.workload.bands).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from kvvmm.measure.elastic import GAP_S, LOOKAHEAD_BYTES, LOOKAHEAD_SWEEP
 from kvvmm.measure.workload import BENCH_WORKLOAD
 from kvvmm.policy import default_policy
 from kvvmm.units import MiB
+from kvvmm.workload.bands import band_profiles
 
 
 def raw_ops(n: int = 100_000) -> dict[str, float]:
@@ -54,8 +56,9 @@ def raw_ops(n: int = 100_000) -> dict[str, float]:
             "teardown_ops_per_s": round(2 * n / (t2 - t1))}
 
 
-def growth(policy: object, steps_to: int = 1_000_000, step: int = 4096) -> dict[str, object]:
-    drv = FaultyDriver(SimDriver("h200"))  # no faults: counts calls
+def growth(policy: object, steps_to: int = 1_000_000, step: int = 4096,
+           profile: object = "h200") -> dict[str, object]:
+    drv = FaultyDriver(SimDriver(profile))  # type: ignore[arg-type]  # no faults: counts calls
     descs = mha_token_major(layers=80, kv_heads=8, head_dim=128, reserved_tokens=steps_to,
                             page_size=16, dtype="bfloat16", tp=8)
     t0 = time.perf_counter()
@@ -174,8 +177,14 @@ def main() -> None:
         "target": {"ops_per_s": 200_000},
     }
     res["raw"] = raw_ops()
-    res["decode_growth"] = [growth(p) for p in (default_policy(), Exact(), Chunked(64 * MiB),
-                                                Geometric(2.0, 256 * MiB))]
+    policies = (default_policy(), Exact(), Chunked(64 * MiB), Geometric(2.0, 256 * MiB))
+    res["decode_growth"] = [growth(p) for p in policies]
+    # The simulated growth time's band: the same growth at the profile's p10 and p90 costs
+    # (kvvmm.workload.bands), [low, mid, high] ms.
+    lo_p, _, hi_p = band_profiles("h200")
+    for row, p in zip(res["decode_growth"], policies, strict=True):  # type: ignore[call-overload]
+        ends = [growth(p, profile=q)["grow_sim_driver_ms"] for q in (lo_p, hi_p)]
+        row["grow_sim_driver_ms_band"] = [ends[0], row["grow_sim_driver_ms"], ends[1]]
     res["elastic_growth"] = [elastic_growth(pool=False), elastic_growth(pool=True)]
     res["elastic_lookahead_sweep"] = [elastic_growth(pool=True, lookahead_bytes=la)
                                       for la in (*LOOKAHEAD_SWEEP, 256 * MiB)

@@ -62,8 +62,8 @@ def test_kvvmm_replay_prints_every_strategy_in_lines_of_at_most_100_columns(
     text = capsys.readouterr().out
     wide = [line for line in text.splitlines() if len(line) > TERMINAL_COLUMNS]
     assert not wide, wide
-    for name in STRATEGIES:  # every strategy has its row in every table
-        assert sum(line.split("  ")[0].strip() == name for line in text.splitlines()) == 3
+    for name in STRATEGIES:  # every strategy has its row in each of the three tables (and bands)
+        assert sum(line.split("  ")[0].strip() == name for line in text.splitlines()) >= 3
     for column in ("peak backed", "mean backed", "decode driver", "stalled steps",
                    "p99 if stalled", "p99 step", "calls", "preempted"):
         assert column in text

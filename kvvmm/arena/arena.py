@@ -27,6 +27,7 @@ re-exports the public names of the parts.
 
 from __future__ import annotations
 
+import bisect
 import functools
 import itertools
 import threading
@@ -203,6 +204,20 @@ class Arena(HolesMixin, SharingMixin, SleepMixin):
         """``[(start, end), ...]`` of the allocation's mappings, allocation-relative, sorted."""
         a = self._alloc_at(offset)
         return [(m.offset - a.offset, m.offset - a.offset + m.size) for m in a.maps]
+
+    def mappings_over(self, offset: int, lo: int, hi: int) -> list[tuple[int, int]]:
+        """The allocation's mappings that overlap ``[lo, hi)`` (allocation-relative bytes),
+        as :meth:`mappings_of` gives them, found by bisection: costs the mappings found."""
+        a = self._alloc_at(offset)
+        maps, base = a.maps, a.offset
+        i = max(bisect.bisect_right(maps, base + lo, key=lambda m: m.offset) - 1, 0)
+        out = []
+        while i < len(maps) and maps[i].offset < base + hi:
+            m = maps[i]
+            if m.offset + m.size > base + lo:
+                out.append((m.offset - base, m.offset - base + m.size))
+            i += 1
+        return out
 
     @property
     def handle_pool(self) -> HandlePool | None:

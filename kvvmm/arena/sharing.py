@@ -88,7 +88,7 @@ class SharingMixin(_ArenaState):
         return out
 
     @_locked
-    def adopt(self, offset: int, handle: int, nbytes: int) -> int:
+    def adopt(self, offset: int, handle: int, nbytes: int, *, own: bool = False) -> int:
         """Back the next ``nbytes`` of the allocation at ``offset`` with ``handle``.
 
         For a handle the caller made, typically ``driver.import_handle(fd, size)`` of memory
@@ -101,6 +101,11 @@ class SharingMixin(_ArenaState):
             handle: a live handle of this arena's driver, of exactly ``nbytes``.
             nbytes: the handle's size, a multiple of the granularity that fits the
                 allocation after its backed prefix.
+            own: the handle is this process's own (made by this arena's driver, not
+                imported; a collective's prepared handle): from then on it is the arena's
+                like one it made, pooled when given back and given back by a sleep. False
+                (imported memory another process shares): released when given back, never
+                pooled, and a sleep is refused while it is mapped.
         Returns:
             ``nbytes``.
         Raises:
@@ -119,14 +124,17 @@ class SharingMixin(_ArenaState):
         if nbytes % self.granularity:
             raise AlignmentError("nbytes", nbytes,
                                  f"a multiple of the granularity {self.granularity}")
-        self._map_callers_handle(a, prefix, handle, nbytes)
+        self._map_callers_handle(a, prefix, handle, nbytes, own)
         self._note("adopt", offset=a.offset, nbytes=nbytes)
         return nbytes
 
-    def _map_callers_handle(self, a: _Alloc, start: int, handle: int, nbytes: int) -> None:
+    def _map_callers_handle(self, a: _Alloc, start: int, handle: int, nbytes: int,
+                            own: bool) -> None:
         """Map a caller-made ``handle`` at ``start`` of ``a`` and grant access (adopt and
         adopt_range): the map is undone if the access fails, and the handle stays the
         caller's until both succeeded."""
+        if not isinstance(own, bool):
+            raise ArgumentError("own", own, "True or False (is the handle this process's own?)")
         d = self.driver
         va = self.base + a.offset + start
         d.map(va, nbytes, handle)
@@ -139,10 +147,12 @@ class SharingMixin(_ArenaState):
             raise
         _insert(a, _Map(a.offset + start, nbytes, handle, self._next_hid))
         self._next_hid += 1
-        self._adopted.add(handle)  # released when given back, never pooled
+        if not own:
+            self._adopted.add(handle)  # released when given back, never pooled
 
     @_locked
-    def adopt_range(self, offset: int, start: int, handle: int, nbytes: int) -> int:
+    def adopt_range(self, offset: int, start: int, handle: int, nbytes: int, *,
+                    own: bool = False) -> int:
         """Back ``[start, start + nbytes)`` of the allocation at ``offset`` with ``handle``.
 
         :meth:`adopt` anywhere: for a handle the caller made ahead (a collective page commit
@@ -157,6 +167,7 @@ class SharingMixin(_ArenaState):
             handle: a live handle of this arena's driver, of exactly ``nbytes``.
             nbytes: the handle's size, > 0, a multiple of the granularity;
                 ``start + nbytes <= size``.
+            own: as for :meth:`adopt`.
         Returns:
             ``nbytes``.
         Raises:
@@ -177,6 +188,6 @@ class SharingMixin(_ArenaState):
             raise ArgumentError("start", start,
                                 f"a range that no mapping overlaps: [{lo}, {hi}) of allocation "
                                 f"{a.name!r} overlaps its mapping(s) {hit[:4]}")
-        self._map_callers_handle(a, lo, handle, nbytes)
+        self._map_callers_handle(a, lo, handle, nbytes, own)
         self._note("commit_range", offset=a.offset, start=lo, nbytes=nbytes)
         return nbytes

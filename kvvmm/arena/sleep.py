@@ -33,7 +33,7 @@ from kvvmm.arena.records import _Alloc, _Map, _runs, _Sleep
 from kvvmm.arena.state import _ArenaState, _locked
 from kvvmm.arena.transaction import Transaction
 from kvvmm.driver.base import MemoryKind
-from kvvmm.errors import BackupError, KvvmmError, SleepRefusedError
+from kvvmm.errors import ArgumentError, BackupError, KvvmmError, SleepRefusedError
 from kvvmm.snapshot import MappingInfo
 from kvvmm.units import fmt_bytes
 
@@ -74,6 +74,13 @@ class SleepMixin(_ArenaState):
         s = self._sleeping
         return 0 if s is None else s.nbytes
 
+    @property
+    def sleep_backup(self) -> Backup | None:
+        """The :class:`~kvvmm.arena.backup.Backup` a sleeping arena keeps its bytes in (None
+        when awake, or asleep without a backup)."""
+        s = self._sleeping
+        return None if s is None else s.backup
+
     @_locked
     def sleep(self, backup: str | Backup | None = None, *, path: Any = None,
               keep_pool: bool = False) -> SleepResult:
@@ -107,18 +114,11 @@ class SleepMixin(_ArenaState):
         """
         self._check_open("sleep")
         if not isinstance(keep_pool, bool):
-            from kvvmm.errors import ArgumentError
-
             raise ArgumentError("keep_pool", keep_pool, "True or False")
         store = make_backup(backup, path)
-        if self._sleeping is not None:
-            raise SleepRefusedError(f"arena {self.name!r}: sleep() while asleep; wake() first")
-        if self._adopted:
-            raise SleepRefusedError(
-                f"arena {self.name!r}: sleep() with {len(self._adopted)} adopted handles "
-                f"mapped (memory another process or a collective shares: a wake could not "
-                f"bring it back); give those ranges back first")
-        self._refuse_capture("sleep")
+        why = self.sleep_refusal("sleep")
+        if why is not None:
+            raise SleepRefusedError(why)
         self._wait_inflight([(a, 0, a.size) for a in self._allocs])
         plan = [(a, list(a.maps)) for a in self._allocs if a.maps]
         nbytes = sum(m.size for _, ms in plan for m in ms)
@@ -170,11 +170,11 @@ class SleepMixin(_ArenaState):
             ClosedError: after ``close()``.
         """
         self._check_open("wake")
+        why = self.sleep_refusal("wake")
+        if why is not None:
+            raise SleepRefusedError(why)
         s = self._sleeping
-        if s is None:
-            raise SleepRefusedError(f"arena {self.name!r}: wake() while awake (no sleep() "
-                                    f"to end)")
-        self._refuse_capture("wake")
+        assert s is not None  # sleep_refusal("wake") says so otherwise
         if self._leftover:  # a sleep's release that failed: the memory is needed now
             self._release_leftover("wake(), or close again, to retry")
         undo = Transaction()
@@ -200,6 +200,36 @@ class SleepMixin(_ArenaState):
         if self._work is not None:
             self._work("arena.wake", len(made))
         return s.nbytes
+
+    @_locked
+    def sleep_refusal(self, what: str = "sleep") -> str | None:
+        """Why :meth:`sleep` (or :meth:`wake`, ``what="wake"``) would be refused now, or None.
+
+        The refusals :meth:`sleep` and :meth:`wake` raise as
+        :class:`~kvvmm.errors.SleepRefusedError`, asked without changing anything: a
+        collective sleep (:class:`~kvvmm.owner.distributed.DistributedOwner`) has every rank
+        ask first and agree, so that no rank gives its memory back while another refuses.
+        A sleep that passes this can still fail in its copy-out or a driver call (and undoes
+        itself then).
+
+        Raises:
+            ArgumentError: ``what`` is not ``"sleep"`` or ``"wake"``.
+            ClosedError: after ``close()``.
+        """
+        self._check_open(what if what in ("sleep", "wake") else "sleep_refusal")
+        if what == "wake":
+            if self._sleeping is None:
+                return f"arena {self.name!r}: wake() while awake (no sleep() to end)"
+        elif what == "sleep":
+            if self._sleeping is not None:
+                return f"arena {self.name!r}: sleep() while asleep; wake() first"
+            if self._adopted:
+                return (f"arena {self.name!r}: sleep() with {len(self._adopted)} adopted "
+                        f"handles mapped (memory another process shares: a wake could not "
+                        f"bring it back); give those ranges back first")
+        else:
+            raise ArgumentError("what", what, "'sleep' or 'wake'")
+        return self._capture_refusal(what)
 
     # -- helpers ------------------------------------------------------------------------
 
@@ -257,15 +287,15 @@ class SleepMixin(_ArenaState):
             return None
         return torch
 
-    def _refuse_capture(self, what: str) -> None:
+    def _capture_refusal(self, what: str) -> str | None:
         torch = self._torch_cuda()
         if torch is None:
-            return
+            return None
         with torch.cuda.device(self.device):
             capturing = torch.cuda.is_current_stream_capturing()
-        if capturing:
-            raise SleepRefusedError(
-                f"arena {self.name!r}: {what}() during a CUDA graph capture on device "
+        if not capturing:
+            return None
+        return (f"arena {self.name!r}: {what}() during a CUDA graph capture on device "
                 f"{self.device} (its synchronize and copies would break the capture); "
                 f"nothing changed. Call it after the capture ends")
 

@@ -30,6 +30,7 @@ from typing import Any
 
 from kvvmm.errors import ArgumentError, ProfileError
 from kvvmm.hardware.schema import FORMAT, MAX_DEPTH, VERSIONS, parse, validate
+from kvvmm.hardware.spread import at_quantile
 from kvvmm.units import MiB
 
 __all__ = [
@@ -66,6 +67,47 @@ class DeviceProfile:
     #: digest of the data a profile was made from ("" for a shipped one): two profiles are
     #: equal only when their data is, so models cached per profile never mix two files
     digest: str = ""
+
+    def __post_init__(self) -> None:
+        # A profile made by hand meets the same schema as one read from a file (issue 25):
+        # a 3 MiB granularity or a 0-byte device is refused here, not at the first reserve.
+        where = f"DeviceProfile(key={self.key!r})" if isinstance(self.key, str) \
+            else "DeviceProfile(...)"
+        fields = {"format": FORMAT, "key": self.key, "name": self.name,
+                  "capacity_bytes": self.capacity_bytes,
+                  "granularity_bytes": self.granularity_bytes, "source": self.source,
+                  "date": self.date}
+        validate(fields, where)
+        for name in ("path", "digest"):
+            value = getattr(self, name)
+            if not isinstance(value, str):
+                raise ProfileError(where, name, value, "a string",
+                                   f"it is a {type(value).__name__}")
+
+    def at(self, q: float) -> DeviceProfile:
+        """This profile with every cost figure at its quantile ``q`` of the measured spread.
+
+        ``q`` in [0, 1]: 0.1 is each figure's p10, 0.5 its p50, 0.9 its p90 (linear between
+        them, flat beyond). Every figure group moves to its own quantile at once, so a sim
+        run on ``at(0.1)`` and ``at(0.9)`` brackets what the card did when all its costs
+        moved together (as they do between days); it is not the p10-p90 of a joint
+        distribution (docs/FIDELITY.md). A profile without a spread is a point: itself.
+
+        Raises:
+            ArgumentError: ``q`` not a finite number in [0, 1].
+        """
+        if isinstance(q, bool) or not isinstance(q, (int, float)) or not 0.0 <= q <= 1.0:
+            raise ArgumentError("q", q, "a quantile in [0, 1] (0.1: each figure's p10)")
+        data = profile_data(self)
+        spread = data.get("spread")
+        if not isinstance(spread, Mapping) or not spread.get("figures"):
+            return self
+        # The record's own fields stand (a hand-built profile borrows its key's costs only).
+        own = {"key": self.key, "name": self.name, "capacity_bytes": self.capacity_bytes,
+               "granularity_bytes": self.granularity_bytes, "source": self.source,
+               "date": self.date}
+        return profile_from_data(at_quantile(data, float(q)) | own,
+                                 where=f"{self.key} at q={q:g}", path=self.path)
 
 
 def _profile_of(data: Mapping[str, Any], path: str = "", digest: str = "") -> DeviceProfile:

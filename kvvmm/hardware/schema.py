@@ -278,6 +278,8 @@ _SIZE = Num(MIN_SIZE_MIB, MAX_SIZE_MIB, "MiB",
 _POINTS = Pairs(_SIZE, _COST)
 _RATIO = Num(0, 1e6, "a ratio", above=True, nullable=True)
 _TEXT = Str()
+#: A spread's factor: a multiple of the profile's figure (0.5: half of it).
+_FACTOR = Num(0, 1e3, "times the profile's figure", above=True, required=True)
 
 #: Every field of a profile the library reads: path (``*``: any key) -> rule. Keys of the
 #: data may themselves hold dots (``library_work_us["arena.close"]``); the paths here never.
@@ -384,6 +386,18 @@ SCHEMA: dict[str, Rule] = {
     "post_release_slowdown.why_not_modelled": _TEXT,
     "post_release_slowdown.source": _TEXT,
     "post_release_slowdown.measured": Record(),
+    # each cost figure's spread over rounds and calibrations (kvvmm/hardware/spread.py)
+    "spread": Section(),
+    "spread.unit": _TEXT,
+    "spread.source": _TEXT,
+    "spread.figures": Section(),
+    "spread.figures.*": Section(),
+    "spread.figures.*.p10": _FACTOR,
+    "spread.figures.*.p50": _FACTOR,
+    "spread.figures.*.p90": _FACTOR,
+    "spread.figures.*.samples": Num(1, 1 << 32, "samples", integer=True),
+    "spread.history": Record(),  # its shape is checked by _check_spread
+    "refreshed": Record(),  # what kvvmm calibrate --quick --profile did
 }
 
 _PATTERNS: dict[int, list[tuple[tuple[str, ...], Rule]]] = {}
@@ -538,3 +552,63 @@ def validate(data: object, where: str) -> None:
     if gran > cap:
         raise walk.fail(("granularity_bytes",), gran,
                         f"at most capacity_bytes ({cap}): one granule must fit the device")
+    spread = data.get("spread")
+    if isinstance(spread, Mapping):
+        _check_spread(walk, spread)
+
+
+#: The figure groups a spread may name (kvvmm.hardware.spread.GROUPS; spelled here so the
+#: schema imports nothing of the models it checks).
+SPREAD_GROUPS = ("call_costs.create", "call_costs.map", "call_costs.set_access",
+                 "call_costs.unmap", "call_costs.release", "call_costs.reserve",
+                 "call_costs.free", "set_access_per_mapping", "unmap_per_mapping",
+                 "first_touch", "library_work_us", "library_overhead_us")
+
+
+def _check_spread(walk: _Walk, spread: Mapping[str, Any]) -> None:
+    """What the table cannot say of a spread: known groups, p10 <= p50 <= p90, and a
+    history of ``{"figures": {group: {label: number}}}`` entries."""
+    for group, row in (spread.get("figures") or {}).items():
+        path: Path = ("spread", "figures", str(group))
+        if group not in SPREAD_GROUPS:
+            raise walk.fail(path, group, "one of " + ", ".join(SPREAD_GROUPS),
+                            "not a figure group the simulator reads")
+        if not row["p10"] <= row["p50"] <= row["p90"]:
+            raise walk.fail((*path, "p10"), row["p10"],
+                            f"p10 <= p50 ({row['p50']}) <= p90 ({row['p90']})",
+                            "the quantiles are out of order")
+    history = spread.get("history", [])
+    if not isinstance(history, list):
+        raise walk.fail(("spread", "history"), history, "a JSON array of calibrations' figures",
+                        f"it is {_kind(history)}")
+    for i, entry in enumerate(history):
+        path = ("spread", "history", i)
+        figs = entry.get("figures") if isinstance(entry, Mapping) else None
+        if not isinstance(figs, Mapping):
+            raise walk.fail((*path, "figures"), ProfileError.MISSING if isinstance(
+                entry, Mapping) else entry, "an object {group: {label: number}}")
+        for group, vals in figs.items():
+            if group not in SPREAD_GROUPS:
+                raise walk.fail((*path, "figures", str(group)), group,
+                                "one of " + ", ".join(SPREAD_GROUPS))
+            if not isinstance(vals, Mapping):
+                raise walk.fail((*path, "figures", str(group)), vals,
+                                "an object {label: number}", f"it is {_kind(vals)}")
+            for label, x in vals.items():
+                if group not in ("first_touch", "library_work_us", "library_overhead_us"):
+                    try:  # a curve's labels are handle sizes in MiB
+                        mib: object = float(label)
+                    except ValueError:
+                        mib = label
+                    bad = _SIZE.refuse(mib)
+                    if bad is not None:
+                        raise walk.fail((*path, "figures", str(group), str(label)), label,
+                                        "a handle size label: " + _SIZE.expects(), bad)
+                why = _HISTORY_VALUE.refuse(x)
+                if why is not None:
+                    raise walk.fail((*path, "figures", str(group), str(label)), x,
+                                    _HISTORY_VALUE.expects(), why)
+
+
+#: A figure of a calibration kept (a fitted residual may be negative).
+_HISTORY_VALUE = Num(-MAX_COST_US, MAX_COST_US, "µs, or µs per unit")

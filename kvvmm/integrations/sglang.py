@@ -66,6 +66,16 @@ Where kvvmm deliberately differs:
 Later upstream calls (the lazy-backing owner): ``release_beyond(n)`` (give back every mapping
 past the first ``n`` slots' prefix, as upstream), ``bytes_per_token()`` (rounded up as
 upstream), ``backed_tokens`` (O(1): the most tokens usable with nothing to back).
+
+Releasing memory occupation (SGLang's ``--enable-memory-saver``, issue 28): SGLang's
+``release_memory_occupation`` calls ``memory_saver_adapter.pause("kv_cache")`` (then flushes
+its radix cache) and ``resume_memory_occupation`` calls ``resume("kv_cache")``; with
+torch_memory_saver those give the KV pool's memory back and take it again at the same VA.
+``KvVmmBufferOwner.pause()`` / ``resume()`` do it with kvvmm's sleep and wake (the tensors and
+any captured graph keep their pointers; bytes dropped by default, as SGLang's KV region, or
+kept with ``backup="host"``), and :class:`KvVmmMemorySaver` is an adapter of the same shape
+SGLang calls: its ``"kv_cache"`` tag pauses every registered owner (all or none), every other
+tag goes to the adapter SGLang made.
 """
 
 from __future__ import annotations
@@ -95,11 +105,13 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = [
+    "KV_CACHE_TAG",
     "SGLANG_MODULE",
     "InstallResult",
     "KvBufferDesc",
     "KvVmmBufferOwner",
     "KvVmmError",
+    "KvVmmMemorySaver",
     "align_up",
     "install",
     "uninstall",
@@ -456,6 +468,47 @@ class KvVmmBufferOwner:
         """
         return self.owner.backed_tokens
 
+    # -- release / resume memory occupation (SGLang's memory saver) ---------------------
+
+    def pause(self, *, backup: str | None = None, path: Any = None) -> int:
+        """Give every physical byte back, keeping the tensors' pointers and captured graphs.
+
+        What SGLang's ``release_memory_occupation`` asks of its KV pool
+        (``memory_saver_adapter.pause("kv_cache")``): :meth:`KvBufferOwner.sleep`. SGLang
+        flushes its radix cache right after, so the default drops the bytes, as
+        torch_memory_saver's KV region does (``enable_cpu_backup=False``).
+
+        Args:
+            backup: None (default), ``"host"`` (pinned host memory) or ``"disk"`` (``path``).
+            path: the new file for ``backup="disk"``.
+        Returns:
+            Bytes given back (the pool's idle handles included).
+        Raises:
+            ArgumentError (``ValueError``): bad ``backup`` or ``path``; nothing changed.
+            KvVmmError (``RuntimeError``): refused (asleep already, a graph capture), or the
+                copy-out or a driver call failed: the owner is awake with its bytes.
+        """
+        with _sglang_errors():
+            res = self.owner.sleep(backup, path=path)
+        return res.given_bytes + res.pool_bytes
+
+    def resume(self) -> int:
+        """Back every range :meth:`pause` gave back (same VA), bytes copied back if kept.
+
+        Returns:
+            Bytes backed again.
+        Raises:
+            KvVmmError (``RuntimeError``): not paused, a capture underway, or a create, map
+                or copy failed: the owner stays paused with its backup; call again later.
+        """
+        with _sglang_errors():
+            return self.owner.wake()
+
+    @property
+    def paused(self) -> bool:
+        """True between :meth:`pause` and :meth:`resume`."""
+        return self.owner.asleep
+
     # -- for the lab ----------------------------------------------------------------------
 
     @property
@@ -466,6 +519,129 @@ class KvVmmBufferOwner:
     def snapshot(self) -> OwnerSnapshot:
         """Frozen view of the owner now: what ``kvvmm.viz.describe`` and ``va_map`` draw."""
         return self.owner.snapshot()
+
+
+#: SGLang's tag for its KV cache (``sglang.srt.constants.GPU_MEMORY_TYPE_KV_CACHE``).
+KV_CACHE_TAG = "kv_cache"
+
+
+class KvVmmMemorySaver:
+    """SGLang's memory-saver adapter, with the KV cache's pause/resume done by kvvmm.
+
+    SGLang's ``release_memory_occupation`` / ``resume_memory_occupation`` (its scheduler's
+    weight updater, 0.5.23) call ``memory_saver_adapter.pause(tag)`` / ``resume(tag)`` per
+    tag (``"kv_cache"``, ``"weights"``, ``"cuda_graph"``) on a ``TorchMemorySaverAdapter``.
+    This object answers the same calls: the ``"kv_cache"`` tag sleeps / wakes every
+    :class:`KvVmmBufferOwner` registered under it (hybrid SWA has two), every owner or none;
+    every other tag (and ``region``, ``cuda_graph``, ``configure_subprocess``,
+    ``disable``) goes to ``inner``, the adapter SGLang made, when given.
+
+    Args:
+        inner: the ``TorchMemorySaverAdapter`` to forward other tags to (None: they do
+            nothing, as SGLang's no-op adapter).
+        cpu_backup: keep the KV bytes in pinned host memory while paused (torch_memory_saver's
+            ``enable_cpu_backup``); default False: SGLang flushes its cache after the pause.
+    """
+
+    def __init__(self, inner: Any = None, *, cpu_backup: bool = False) -> None:
+        if not isinstance(cpu_backup, bool):
+            raise ArgumentError("cpu_backup", cpu_backup, "True or False")
+        self.inner = inner
+        self.cpu_backup = cpu_backup
+        self._owners: dict[str, list[KvVmmBufferOwner]] = {}
+
+    def register(self, owner: KvVmmBufferOwner, tag: str = KV_CACHE_TAG) -> None:
+        """Pause and resume ``owner`` with ``tag`` (idempotent)."""
+        if not isinstance(owner, KvVmmBufferOwner):
+            raise ArgumentError("owner", owner, "a KvVmmBufferOwner")
+        if not isinstance(tag, str) or not tag:
+            raise ArgumentError("tag", tag, "a non-empty str (SGLang's: 'kv_cache')")
+        owners = self._owners.setdefault(tag, [])
+        if owner not in owners:
+            owners.append(owner)
+
+    def owners(self, tag: str = KV_CACHE_TAG) -> tuple[KvVmmBufferOwner, ...]:
+        return tuple(self._owners.get(tag, ()))
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self._owners) or bool(getattr(self.inner, "enabled", False))
+
+    def pause(self, tag: str | None = None) -> None:
+        """Pause ``tag`` (None: every tag): its owners all sleep, or none does.
+
+        Raises:
+            KvVmmError (``RuntimeError``): an owner refused or failed: the owners paused
+                before it were resumed again (the notes say so); the inner adapter was not
+                asked. The inner adapter is asked after the owners: if it fails, the owners
+                stay paused (resume them with the same tag).
+        """
+        for t, owners in self._pick(tag):
+            done: list[KvVmmBufferOwner] = []
+            for o in owners:
+                try:
+                    o.pause(backup="host" if self.cpu_backup else None)
+                except BaseException as e:
+                    if o.paused:  # a release failing past every unmap: the sleep stood
+                        done.append(o)
+                    for d in reversed(done):
+                        try:
+                            d.resume()
+                        except Exception as e2:
+                            e.add_note(f"resuming {d.arena.name!r} again also failed: {e2}")
+                    e.add_note(f"KvVmmMemorySaver.pause({t!r}): {len(done)} owner(s) paused "
+                               f"by this call were resumed again")
+                    raise
+                done.append(o)
+        if self.inner is not None and (tag is None or tag not in self._owners):
+            self.inner.pause(tag)
+
+    def resume(self, tag: str | None = None) -> None:
+        """Resume ``tag`` (None: every tag): its owners all wake, or none stays awake.
+
+        Raises:
+            KvVmmError (``RuntimeError``): an owner's wake failed (out of memory): the
+                owners woken before it paused again; every owner is paused, retry later.
+        """
+        if self.inner is not None and (tag is None or tag not in self._owners):
+            self.inner.resume(tag)
+        for t, owners in self._pick(tag):
+            done: list[KvVmmBufferOwner] = []
+            for o in owners:
+                try:
+                    o.resume()
+                except BaseException as e:
+                    for d in reversed(done):
+                        try:
+                            d.pause(backup="host" if self.cpu_backup else None)
+                        except Exception as e2:
+                            e.add_note(f"pausing {d.arena.name!r} again also failed: {e2}")
+                    e.add_note(f"KvVmmMemorySaver.resume({t!r}): {len(done)} owner(s) "
+                               f"resumed before the failure were paused again")
+                    raise
+                done.append(o)
+
+    def _pick(self, tag: str | None) -> list[tuple[str, list[KvVmmBufferOwner]]]:
+        if tag is None:
+            return list(self._owners.items())
+        return [(tag, self._owners[tag])] if tag in self._owners else []
+
+    # -- the rest of TorchMemorySaverAdapter: the inner adapter's, or nothing ----------
+
+    @contextmanager
+    def region(self, tag: str, enable_cpu_backup: bool = False) -> Iterator[None]:
+        """The inner adapter's region (kvvmm owners need none: register them instead)."""
+        if self.inner is None:
+            yield
+            return
+        with self.inner.region(tag, enable_cpu_backup=enable_cpu_backup):
+            yield
+
+    def __getattr__(self, name: str) -> Any:  # cuda_graph, configure_subprocess, disable...
+        inner = self.__dict__.get("inner")
+        if inner is None or name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(inner, name)
 
 
 def _core_reserved(descs: Sequence[KvBufferDesc], page_size: object,

@@ -122,6 +122,24 @@ def _ipython_display(obj: object) -> None:
     show(obj)
 
 
+def _show_on(figure: Any, plot: Any, fig: go.Figure) -> None:
+    """Show ``fig`` in a (figure, plot) pair of :func:`_figure_view`."""
+    # No fixed width: the figure follows its cell (the FigureWidget resizes on resize).
+    fig.update_layout(width=None, autosize=True)
+    _sync(figure, fig)
+    if isinstance(plot, widgets.Output):
+        # Set the Output's outputs trait (synced over the widget's comm) rather than
+        # display() into it: a display message goes to whichever cell runs, and would
+        # land in that cell's outputs wherever no frontend routes it (nbval, nbclient).
+        spec = json.loads(figure.to_json())
+        spec["config"] = {"responsive": True}
+        plot.outputs = ({
+            "output_type": "display_data", "metadata": {},
+            "data": {"application/vnd.plotly.v1+json": spec,
+                     "text/plain": f"<plotly figure: {len(figure.data)} traces>"},
+        },)
+
+
 class _Panel:
     """What every panel shares: an error area, the figure, display support."""
 
@@ -130,6 +148,9 @@ class _Panel:
     #: plan, a growth run): then the error says the result shown is stale. ArenaLab's map
     #: is never stale: a failed call changes nothing, so the map still shows the arena.
     _stale_on_error = False
+    #: Figures shown beside the main one (attributes holding a ``_figure_view`` figure),
+    #: resent with it before a view is made.
+    _extra_figures: tuple[str, ...] = ()
 
     def __init__(self, fig: go.Figure) -> None:
         self.error = widgets.HTML(value="", layout={"width": "100%"})
@@ -174,21 +195,8 @@ class _Panel:
         """Show what a failed action did (its calls and their undo); the state is unchanged."""
 
     def _show(self, fig: go.Figure, *, result: bool = True) -> None:
-        # No fixed width: the figure follows its cell (the FigureWidget resizes on resize).
-        fig.update_layout(width=None, autosize=True)
-        _sync(self.figure, fig)
+        _show_on(self.figure, self.plot, fig)
         self._has_result = self._has_result or result
-        if isinstance(self.plot, widgets.Output):
-            # Set the Output's outputs trait (synced over the widget's comm) rather than
-            # display() into it: a display message goes to whichever cell runs, and would
-            # land in that cell's outputs wherever no frontend routes it (nbval, nbclient).
-            spec = json.loads(self.figure.to_json())
-            spec["config"] = {"responsive": True}
-            self.plot.outputs = ({
-                "output_type": "display_data", "metadata": {},
-                "data": {"application/vnd.plotly.v1+json": spec,
-                         "text/plain": f"<plotly figure: {len(self.figure.data)} traces>"},
-            },)
 
     def _add_dom_classes(self, panel: str) -> None:
         """CSS classes as stable hooks for the browser test (tests/test_browser.py).
@@ -218,10 +226,10 @@ class _Panel:
         always is). plotly's own FigureWidget resends both when it is displayed; a panel
         displays its box instead, so it does the same here.
         """
-        fw = self.figure
-        if hasattr(fw, "_widget_data"):  # a FigureWidget, not the Output fallback's Figure
-            fw._widget_layout = copy.deepcopy(fw._layout_obj._props)
-            fw._widget_data = copy.deepcopy(fw._data)
+        for fw in (self.figure, *(getattr(self, n) for n in self._extra_figures)):
+            if hasattr(fw, "_widget_data"):  # a FigureWidget, not the Output's Figure
+                fw._widget_layout = copy.deepcopy(fw._layout_obj._props)
+                fw._widget_data = copy.deepcopy(fw._data)
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
         self._resend_figure()

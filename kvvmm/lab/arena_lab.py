@@ -35,9 +35,12 @@ class ArenaLab(_Panel):
     Two ways in: **Reserve** makes a bare :class:`~kvvmm.arena.Arena` of ``reserve_mib``
     to ``allocate`` / ``commit`` / ``decommit`` by hand; **Reserve KV** makes a
     :class:`~kvvmm.owner.KvBufferOwner` (``layers`` K and V buffers, 8 KV heads of 128,
-    bf16) to ``ensure_prefix`` / ``finalize`` / ``shrink`` by tokens. **Close** gives
-    everything back. Every driver call goes through a :class:`~kvvmm.trace.TracingDriver`;
-    ``trace`` holds them and ``log`` shows the last ones.
+    bf16) to ``ensure_prefix`` / ``finalize`` / ``shrink`` by tokens. **Sleep** gives every
+    physical byte of either back, keeping the reservation (the map says "asleep" and what a
+    wake backs), its bytes kept or not as **backup** says (none, host memory, or a file in a
+    temporary folder); **Wake** backs the same ranges at the same VA and copies them back.
+    **Close** gives everything back. Every driver call goes through a
+    :class:`~kvvmm.trace.TracingDriver`; ``trace`` holds them and ``log`` shows the last ones.
 
     Args:
         driver: ``"sim"``, ``"host"`` or ``"cuda"``, or a driver object to use as it is
@@ -96,6 +99,14 @@ class ArenaLab(_Panel):
         self.prefix_button = widgets.Button(description="Ensure prefix")
         self.finalize_button = widgets.Button(description="Finalize")
         self.shrink_button = widgets.Button(description="Shrink")
+        self.backup = widgets.Dropdown(options=[("none", "none"), ("host", "host"),
+                                                ("disk", "disk")], value="none",
+                                       description="backup", **_field("170px"))
+        self.sleep_button = widgets.Button(description="Sleep")
+        self.wake_button = widgets.Button(description="Wake")
+        self.sleep_status = widgets.HTML(value="")
+        self._disk_dir: str | None = None  # a temporary folder for backup="disk", made once
+        self._disk_files = 0
         self.close_button = widgets.Button(description="Close", button_style="warning")
         self.summary = widgets.HTML(value=_pre("nothing reserved yet"))
         self.log = widgets.HTML(value=_pre("no driver calls yet"),
@@ -110,6 +121,8 @@ class ArenaLab(_Panel):
         self.prefix_button.on_click(lambda _: self._run(self._ensure_prefix))
         self.finalize_button.on_click(lambda _: self._run(self._finalize))
         self.shrink_button.on_click(lambda _: self._run(self._shrink))
+        self.sleep_button.on_click(lambda _: self._run(self._sleep))
+        self.wake_button.on_click(lambda _: self._run(self._wake))
         self.close_button.on_click(lambda _: self._run(self._close))
         self.target.observe(lambda _: self._fit_commit_slider(), names="value")
 
@@ -126,6 +139,7 @@ class ArenaLab(_Panel):
             self.policy_cost,
             _controls(self.tokens, self.prefix_button, self.finalize_button,
                       self.shrink_button),
+            _controls(self.backup, self.sleep_button, self.wake_button, self.sleep_status),
             self.error, self.plot, self.summary, self.log,
         ], layout={"width": "100%"})
         self._add_dom_classes("arena-lab")
@@ -285,6 +299,33 @@ class ArenaLab(_Panel):
 
     def _shrink(self) -> None:
         self._kv().shrink(self.tokens.value)
+        self._refresh()
+
+    def _disk_path(self) -> str:
+        """A new file in the lab's temporary folder (a disk backup never overwrites one)."""
+        import os
+        import tempfile
+
+        if self._disk_dir is None:
+            self._disk_dir = tempfile.mkdtemp(prefix="kvvmm-lab-sleep-")
+        self._disk_files += 1
+        return os.path.join(self._disk_dir, f"sleep-{self._disk_files}.bin")
+
+    def _sleep(self) -> None:
+        a = self._open_arena()
+        assert a is not None
+        kind = None if self.backup.value == "none" else self.backup.value
+        path = self._disk_path() if kind == "disk" else None
+        res = (self.owner.sleep(kind, path=path) if self.owner is not None
+               else a.sleep(kind, path=path))
+        self.sleep_status.value = _line(str(res))
+        self._refresh()
+
+    def _wake(self) -> None:
+        a = self._open_arena()
+        assert a is not None
+        got = self.owner.wake() if self.owner is not None else a.wake()
+        self.sleep_status.value = _line(f"wake: backed {fmt_bytes(got)} again at the same VA")
         self._refresh()
 
     def _close(self) -> None:

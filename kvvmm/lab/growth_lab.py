@@ -10,12 +10,26 @@ import ipywidgets as widgets
 from kvvmm.driver import PROFILES, get_profile
 from kvvmm.dtypes import dtype_itemsize
 from kvvmm.growth import GrowthResult, decode_growth, growth_cost
-from kvvmm.lab._panel import DRIVERS, DTYPES, _controls, _cost_line, _field, _line, _Panel, _pre
+from kvvmm.hardware import profile_label
+from kvvmm.lab._panel import (
+    DRIVERS,
+    DTYPES,
+    _controls,
+    _cost_line,
+    _field,
+    _figure_view,
+    _line,
+    _Panel,
+    _pre,
+    _show_on,
+)
 from kvvmm.layout import list_models
 from kvvmm.layout.model_buffers import full_pool_descs
 from kvvmm.policy import Chunked, Exact, Geometric, GrowthPolicy, default_policy
 from kvvmm.units import MiB
 from kvvmm.viz import growth_figure, growth_report
+from kvvmm.viz.bands import format_growth_bands, growth_band_figure, profile_age_line
+from kvvmm.workload.bands import Band, band_notes, growth_bands
 
 __all__ = ["GrowthLab"]
 
@@ -36,6 +50,9 @@ class GrowthLab(_Panel):
     Both name the profile the sim's driver times come from (card, date). On a GPU the same
     growth also runs on the sim with that profile, and both show the measured driver time
     next to the predicted one (:attr:`predicted`).
+    Every simulated time carries its band (:mod:`kvvmm.workload.bands`: the sim at the
+    profile's p10 and p90 costs), in a table under the first and a figure with error bars
+    under the main one; a line says how old the profile is and how to refresh it on a GPU.
     A run that fails leaves the last results showing, marked stale.
 
     Args:
@@ -46,6 +63,7 @@ class GrowthLab(_Panel):
     """
 
     _stale_on_error = True
+    _extra_figures = ("band_figure",)
 
     def __init__(self, driver: str = "sim", profile: str = "h200", *,
                  model: str = "llama-3.1-8b", layers: int = 4, tokens: int = 32768,
@@ -85,6 +103,11 @@ class GrowthLab(_Panel):
                                                                   visibility="hidden"))
         self.table = widgets.HTML(value=_pre("press Run"))
         self.results: list[GrowthResult] = []
+        #: Each policy's simulated growth time as a band (the sim's results, or on a GPU the
+        #: prediction's), in the order of :attr:`results`.
+        self.bands: list[Band] = []
+        self.profile_age = widgets.HTML(value=_line(profile_age_line(profile)))
+        self.band_figure, self.band_plot = _figure_view(growth_band_figure([], []))
         #: On a GPU: the same growth on the sim with the chosen profile (else None).
         self.predicted: list[GrowthResult] | None = None
         super().__init__(growth_figure([]))
@@ -93,16 +116,20 @@ class GrowthLab(_Panel):
                   self.step_tokens, self.chunk_mib, self.geo_factor, self.geo_max_mib,
                   self.profile):
             c.observe(lambda _: self._show_costs(), names="value")
+        self.profile.observe(
+            lambda _: setattr(self.profile_age, "value",
+                              _line(profile_age_line(self.profile.value))), names="value")
         label = widgets.HTML
         self.widget = widgets.VBox([
             _controls(self.driver, self.profile, self.model, self.layers),
+            self.profile_age,
             _controls(self.dtype, self.page_size, self.tokens, self.step_tokens),
             _controls(label(_pre(f"default {default_policy()}")), self.default_cost),
             _controls(label(_pre("Exact()")), self.exact_cost),
             _controls(self.chunk_mib, self.chunked_cost),
             _controls(self.geo_factor, self.geo_max_mib, self.geometric_cost),
             _controls(self.run_button, self.progress),
-            self.error, self.table, self.plot,
+            self.error, self.table, self.plot, self.band_plot,
         ], layout={"width": "100%"})
         self._add_dom_classes("growth-lab")
         self._show_costs()
@@ -148,12 +175,23 @@ class GrowthLab(_Panel):
         results = grow(self.driver.value, self._on_progress)
         # Measured next to predicted: on a GPU, the same growth on the sim (cheap: no memory).
         predicted = grow("sim", None) if results and results[0].driver == "cuda" else None
-        self.results, self.predicted = results, predicted
         prof = self.profile.value
+        sim = predicted if predicted is not None else (
+            results if results and results[0].driver == "sim" else None)
+        bands = [] if sim is None else growth_bands(
+            self.policies(), profile=prof, mid=sim, model=self.model.value,
+            layers=self._layers(), dtype=self.dtype.value, page_size=self.page_size.value,
+            tokens=self.tokens.value, step_tokens=self.step_tokens.value)
+        self.results, self.predicted, self.bands = results, predicted, bands
         # HTML tables, not a <pre>: at a 1280 px window the text table ran past the cell
         # and the panel cut its last column ("driver time" read "driv").
-        self.table.value = growth_report(results, profile=prof, predicted=predicted).html()
+        report = growth_report(results, profile=prof, predicted=predicted).html()
+        if sim is not None:
+            report += _pre(format_growth_bands(sim, bands, band_notes(prof)))
+        self.table.value = report
         self._show(growth_figure(results, profile=prof, predicted=predicted))
+        _show_on(self.band_figure, self.band_plot,
+                 growth_band_figure(sim or [], bands, label=profile_label(prof)))
 
     def cost_texts(self) -> list[str]:
         """Each policy's over-commit on the workload the controls describe, one a line.

@@ -5,8 +5,9 @@ from __future__ import annotations
 import ipywidgets as widgets
 
 from kvvmm.driver import PROFILES
-from kvvmm.lab._panel import _controls, _field, _Panel, _pre
+from kvvmm.lab._panel import _controls, _field, _line, _Panel, _pre
 from kvvmm.layout import list_models
+from kvvmm.viz.bands import add_decode_bands, format_workload_bands, profile_age_line
 from kvvmm.viz.workload import workload_figure, workload_report
 from kvvmm.workload import (
     SLOT_ORDERS,
@@ -18,6 +19,7 @@ from kvvmm.workload import (
     load_workload,
     run_workload,
 )
+from kvvmm.workload.bands import Band, band_notes, workload_bands
 
 __all__ = ["WorkloadLab"]
 
@@ -30,6 +32,10 @@ class WorkloadLab(_Panel):
     JSONL), how many seconds of it, the slot order, and the strategies; press **Run**. Each
     strategy drives a fresh owner on the sim driver; the table gives peak and mean backed
     bytes, waste, stalls and driver calls, the figure memory over time and step stalls.
+    Every timed figure carries its band (:mod:`kvvmm.workload.bands`: the sim at the
+    profile's p10 and p90 costs): a second table, and error bars on the decode driver time
+    in the memory-against-stall panel; a line says how old the profile is and how to
+    refresh it on a GPU.
 
     The **trace** field takes a file's path (an Azure CSV such as Azure's conversation
     trace, or JSONL; :func:`~kvvmm.workload.find_trace` finds the copy next to a checkout);
@@ -64,10 +70,17 @@ class WorkloadLab(_Panel):
         self.run_button = widgets.Button(description="Run", button_style="primary")
         self.table = widgets.HTML(value=_pre("press Run"))
         self.comparison: WorkloadComparison | None = None
+        #: per strategy, each timed figure's band (:func:`~kvvmm.workload.bands.workload_bands`)
+        self.bands: dict[str, dict[str, Band]] = {}
+        self.profile_age = widgets.HTML(value=_line(profile_age_line(gpu)))
         super().__init__(workload_figure(None))
         self.run_button.on_click(lambda _: self.run())
+        self.gpu.observe(lambda _: setattr(self.profile_age, "value",
+                                           _line(profile_age_line(self.gpu.value))),
+                         names="value")
         self.widget = widgets.VBox([
             _controls(self.model, self.gpu, self.tp),
+            self.profile_age,
             _controls(self.source, self.seed, self.rate, self.seconds),
             _controls(self.order, self.strategies, self.run_button),
             self.error, self.table, self.plot,
@@ -91,11 +104,15 @@ class WorkloadLab(_Panel):
             self.run_button.disabled = False
 
     def _run_all(self) -> None:
-        cmp = run_workload(self.workload(), list(self.strategies.value), model=self.model.value,
-                           gpu=self.gpu.value, tp=self.tp.value,
-                           config=ServingConfig(slot_order=self.order.value))
-        self.comparison = cmp
+        wl, names = self.workload(), list(self.strategies.value)
+        cfg = ServingConfig(slot_order=self.order.value)
+        cmp = run_workload(wl, names, model=self.model.value, gpu=self.gpu.value,
+                           tp=self.tp.value, config=cfg)
+        bands = workload_bands(wl, names, gpu=self.gpu.value, mid=cmp, model=self.model.value,
+                               tp=self.tp.value, config=cfg)
+        self.comparison, self.bands = cmp, bands
         # HTML tables, one per kind of figure: the one 18-column text table wrapped every
         # row onto two lines at a 1280 px window.
-        self.table.value = workload_report(cmp).html()
-        self._show(workload_figure(cmp))
+        self.table.value = (workload_report(cmp).html()
+                            + _pre(format_workload_bands(bands, band_notes(self.gpu.value))))
+        self._show(add_decode_bands(workload_figure(cmp), cmp, bands))

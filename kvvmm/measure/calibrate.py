@@ -26,8 +26,10 @@ hand, through :class:`~kvvmm.driver.cuda.CudaDriver` (what the sim stands in for
 It writes one ``kvvmm-hardware-profile`` JSON (``--out``, default ``<card>-profile.json``) after
 every section, so a run cut short still leaves a loadable profile (``calibration.complete`` is
 false and ``calibration.errors`` says what failed); ``SimDriver(profile=PATH)`` loads it.
-``--quick`` measures fewer sizes and one round (about a minute). Without a usable GPU it says
-so in one line and exits 2.
+``--quick`` measures fewer sizes and one round (about a minute); ``--quick --profile EXISTING``
+refreshes an existing full profile instead (:mod:`kvvmm.measure.refresh`: the drift-prone
+figures measured in well under a minute, the rest rescaled, the old figures kept as history
+for the bands). Without a usable GPU it says so in one line and exits 2.
 
 This module is the command; the sections are :mod:`kvvmm.measure.calls` (the driver's calls
 alone) and :mod:`kvvmm.measure.operations` (kvvmm's operations), the profile is made by
@@ -214,6 +216,62 @@ def run(*, out: str | None, quick: bool, device: int = 0, key: str | None = None
     return data
 
 
+def refresh(profile: str, out: str | None, device: int = 0) -> dict[str, Any]:
+    """``kvvmm calibrate --quick --profile``: refresh ``profile`` on GPU ``device``, write it.
+
+    Raises:
+        DriverUnavailableError: no usable GPU.
+        ProfileError, OSError: ``profile`` cannot be read.
+    """
+    from kvvmm.driver.cuda import CudaDriver
+    from kvvmm.hardware import get_profile, profile_data
+    from kvvmm.measure.refresh import quick_refresh
+
+    old = dict(profile_data(get_profile(profile)))  # refused before the GPU is touched
+    try:
+        import torch
+    except ImportError as e:
+        raise DriverUnavailableError(f"torch is not installed ({e})") from None
+    if not torch.cuda.is_available():
+        raise DriverUnavailableError("torch.cuda.is_available() is False")
+    torch.empty(1, device=f"cuda:{device}")
+    cd = CudaDriver(device=device)
+    try:
+        data = quick_refresh(cd, old, clock=lambda: time.perf_counter() * 1e6)
+    finally:
+        try:
+            cd.close()
+        except KvvmmError as e:
+            print(f"kvvmm calibrate: warning: closing the driver: {e}", file=sys.stderr)
+    stem = os.path.splitext(os.path.basename(profile))[0]
+    path = out or f"{stem}-refreshed.json"
+    tmp = f"{path}.part"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=1)
+    os.replace(tmp, path)
+    data["path"] = path
+    return data
+
+
+def refresh_main(profile: str, out: str | None, device: int = 0) -> int:
+    """``refresh`` with one line per failure (exit 2) and a summary (exit 0)."""
+    try:
+        data = refresh(profile, out, device)
+    except DriverUnavailableError as e:
+        one = str(e).replace("\n", " ")
+        print(f"kvvmm calibrate: needs a CUDA GPU; none is usable here ({one})",
+              file=sys.stderr)
+        return 2
+    except (KvvmmError, OSError, ImportError) as e:
+        print(f"kvvmm calibrate: error: {type(e).__name__}: {e}", file=sys.stderr)
+        return 2
+    r = data["refreshed"]
+    print(json.dumps({"path": data["path"], "seconds": r["seconds"], "from_date": r["from_date"],
+                      "factors": r["factors"], "history": len(data["spread"]["history"])},
+                     indent=1))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``kvvmm calibrate``."""
     ap = argparse.ArgumentParser(prog="kvvmm calibrate", description=__doc__,
@@ -221,12 +279,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=None,
                     help="profile JSON to write (default: <card>-profile.json); rewritten "
                          "after every section")
-    ap.add_argument("--quick", action="store_true", help="fewer sizes, one round (~1 min)")
+    ap.add_argument("--quick", action="store_true",
+                    help="fewer sizes, one round (~1 min); with --profile: refresh that "
+                         "profile instead (kvvmm.measure.refresh)")
+    ap.add_argument("--profile", default=None,
+                    help="with --quick: an existing full profile (a .json, or a shipped key "
+                         "such as h200) to refresh: the drift-prone figures measured "
+                         "(per-call costs by size, first touch, library work) in under a "
+                         "minute, the rest rescaled, the old figures kept as the bands' "
+                         "history; written to --out (default <profile>-refreshed.json)")
     ap.add_argument("--device", type=int, default=0)
     ap.add_argument("--key", default=None, help="the profile's key (default: from the card)")
     ap.add_argument("--sections", default=None,
                     help=f"comma-separated subset of {','.join(n for n, _ in SECTIONS)}")
     args = ap.parse_args(argv)
+    if args.profile is not None:
+        if not args.quick:
+            print("kvvmm calibrate: error: --profile refreshes a profile, with --quick (the "
+                  "full calibrate makes a new one)", file=sys.stderr)
+            return 2
+        return refresh_main(args.profile, args.out, args.device)
     sections = None if args.sections is None else [s.strip() for s in args.sections.split(",")]
     unknown = sorted(set(sections or ()) - {n for n, _ in SECTIONS})
     if unknown:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 import threading
 from bisect import bisect_left
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -607,7 +607,8 @@ class KvBufferOwner:
                             free.add(g)
                 ranges = _merged([(g, g + gran) for g in sorted(free)], touching=True)
                 by_shape[(pb, limit)] = ranges
-            for lo, hi in ranges:
+            wanted = self._wanted_test(set(left) | {0}, ids)
+            for lo, hi in self._whole_mappings(i, off, ranges, wanted):
                 reqs.append((off, lo, hi - lo))
         try:
             results = self.arena.decommit_ranges_report(reqs) if reqs else ()
@@ -819,7 +820,10 @@ class KvBufferOwner:
                         hi -= gran
                     if hi > lo:
                         spans.append((lo, hi))
-                for lo, hi in _merged(spans, touching=True):
+                gone = set(ids)
+                wanted = self._wanted_test(pages, gone)
+                for lo, hi in self._whole_mappings(i, off, _merged(spans, touching=True),
+                                                   wanted):
                     reqs.append((off, lo, hi - lo))
             try:
                 results = self.arena.decommit_ranges_report(reqs) if reqs else ()
@@ -830,6 +834,40 @@ class KvBufferOwner:
             self._sync_backed()
             pages.difference_update(ids)
         return sum(r.given_bytes for r in results)
+
+    def _wanted_test(self, kept: set[int] | frozenset[int],
+                     gone: Iterable[int]) -> Callable[[int], bool]:
+        """Whether page ``q`` must stay backed after a decommit of the pages ``gone``: slot
+        0's page, a page committed and not going, or a page of the ensured prefix (or the
+        finalized span) not going."""
+        gone = gone if isinstance(gone, (set, frozenset)) else set(gone)
+        ps = self.page_size
+        ensured = max(self.prefix_tokens, self.final_tokens or 0)
+
+        def wanted(q: int) -> bool:
+            if q == 0:
+                return True
+            if q in gone:
+                return False
+            return q in kept or q * ps < ensured
+        return wanted
+
+    def _whole_mappings(self, i: int, off: int, ranges: list[tuple[int, int]],
+                        wanted: Callable[[int], bool]) -> list[tuple[int, int]]:
+        """``ranges`` (buffer ``i``'s granules to give back) widened to every mapping they
+        cut into that no wanted page touches: a mapping is one handle, unmapped whole or
+        not at all, so without this a handle that backed several pages (``commit_slots``)
+        stayed mapped, unused, until close once its pages went one call at a time."""
+        if not ranges:
+            return ranges
+        pb = self._page_bytes[i]
+        extra = []
+        for lo, hi in ranges:
+            for s, e in self.arena.mappings_over(off, lo, hi):
+                if (s < lo or e > hi) and not any(
+                        wanted(q) for q in range(s // pb, (e - 1) // pb + 1)):
+                    extra.append((s, e))
+        return _merged(ranges + extra, touching=True) if extra else ranges
 
     @property
     def committed_pages(self) -> frozenset[int]:

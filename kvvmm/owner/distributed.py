@@ -43,6 +43,11 @@ range (``Arena.adopt_range``) rather than after the prefix, and agree on the pag
 count and a checksum of the ids) instead of a token count; ``decommit_pages`` is agreed like
 ``shrink`` (a rank whose own decommit fails forgets the pages as committed all the same).
 
+``sleep`` and ``wake`` run the same four steps over the whole owner (prepare: arguments and
+:meth:`Arena.sleep_refusal <kvvmm.arena.Arena.sleep_refusal>`; agree; sleep or wake; confirm):
+every rank gives its memory back, or the ranks that did wake again (a wake's undo is a sleep
+with the same backup kind and file), see :meth:`DistributedOwner.sleep` and docs/SLEEP.md.
+
 Processes come from torchrun, or for the lab and tests from :func:`spawn` (a thin helper over
 ``torch.multiprocessing`` and ``init_process_group``, on loopback).
 """
@@ -61,12 +66,15 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypeVar
 
+from kvvmm.arena.backup import Backup, DiskBackup, HostBackup, make_backup
+from kvvmm.arena.sleep import SleepResult
 from kvvmm.checks import seconds_arg
 from kvvmm.errors import (
     ArgumentError,
     ClosedError,
     CollectiveError,
     KvvmmError,
+    SleepRefusedError,
 )
 from kvvmm.layout.geometry import growth_targets
 from kvvmm.owner.buffers import PREFIX_BOUND, KvBufferOwner, _tokens
@@ -80,7 +88,10 @@ T = TypeVar("T")
 
 #: Codes of the collective ops, agreed like the token count (ranks must run the same op).
 _OPS = {"ensure_prefix": 1, "finalize": 2, "shrink": 3, "budget": 4, "commit_pages": 5,
-        "decommit_pages": 6}
+        "decommit_pages": 6, "sleep": 7, "wake": 8}
+
+#: A sleep's backup as the ranks agree on it (every rank keeps its bytes alike, or none).
+_BACKUP_CODES = {None: 0, "host": 1, "disk": 2}
 
 
 class TpWorkerError(KvvmmError):
@@ -222,6 +233,10 @@ class DistributedOwner:
             names = {v: k for k, v in _OPS.items()}
             why = (f"ranks called different collectives ({names.get(got[0], got[0])} and "
                    f"{names.get(-got[1], -got[1])})")
+        elif got[2] != -got[3] and code == _OPS["sleep"]:
+            names = {v: repr(k) for k, v in _BACKUP_CODES.items()}
+            why = (f"ranks asked for different backups ({names.get(got[2], 'a bad one')} "
+                   f"and {names.get(-got[3], 'a bad one')})")
         elif got[2] != -got[3]:
             why = (f"ranks asked for different page sets, from {got[2]} to {-got[3]} pages"
                    if pages else
@@ -317,7 +332,7 @@ class DistributedOwner:
             return self._plan(spans_of(), policy)
 
         def adopt(p: _Prepared) -> None:
-            self.owner.arena.adopt(p.offset, p.handle, p.size_bytes)
+            self.owner.arena.adopt(p.offset, p.handle, p.size_bytes, own=True)
 
         n_ok = n if isinstance(n, int) and not isinstance(n, bool) else -1
         return self._back_all(op, f"{op}({n!r})", n_ok, 0, plan, adopt)
@@ -579,7 +594,7 @@ class DistributedOwner:
             return out
 
         def adopt(p: _Prepared) -> None:
-            o.arena.adopt_range(p.offset, p.start, p.handle, p.size_bytes)
+            o.arena.adopt_range(p.offset, p.start, p.handle, p.size_bytes, own=True)
 
         added = self._back_all("commit_pages", f"commit_pages({n_ok} pages)", n_ok, key,
                                plan, adopt)
@@ -634,6 +649,181 @@ class DistributedOwner:
                                   failed_ranks=tuple(failed),
                                   rolled_back=o.backed_bytes == before) from local
         return given
+
+    # -- sleep / wake -----------------------------------------------------------------------
+
+    def sleep(self, backup: str | None = None, *, path: Any = None,
+              keep_pool: bool = False) -> SleepResult:
+        """Collective :meth:`KvBufferOwner.sleep`: every rank gives its memory back, or none.
+
+        1. **prepare** (local, nothing changes): the arguments (``path`` is this rank's own
+           file for ``backup="disk"``), and the refusals a sleep would raise
+           (:meth:`Arena.sleep_refusal <kvvmm.arena.Arena.sleep_refusal>`: asleep already,
+           a CUDA graph capture, adopted handles);
+        2. **agree**: every rank succeeded and asked for the same ``backup`` kind; else every
+           rank raises, nothing changed anywhere;
+        3. **sleep** (local): copy out, unmap, release;
+        4. **confirm**: every rank slept. Else the ranks that slept wake again (a wake is the
+           undo of a sleep): with a backup their bytes come back exactly; with
+           ``backup=None`` the bytes were given up when the sleep began, so those ranks wake
+           with fresh memory (their layout, snapshot and bookkeeping as before). Step 1
+           leaves little to fail in step 3 without a backup: a driver's unmap or release.
+
+        Args:
+            backup: None, ``"host"`` or ``"disk"``, the same on every rank (a
+                :class:`~kvvmm.arena.backup.Backup` object cannot be agreed on: refused).
+            path: this rank's file for ``backup="disk"`` (must not exist).
+            keep_pool: as for :meth:`KvBufferOwner.sleep`.
+        Returns:
+            This rank's :class:`~kvvmm.arena.SleepResult`.
+        Raises:
+            CollectiveError: on every rank when any rank refused or failed, the ranks asked
+                for different backups, or a collective broke: ``phase`` "prepare" (nothing
+                changed), "sleep" (the ranks that slept woke again: ``rolled_back``; if a
+                wake failed, that rank is asleep with its backup, see the notes) or
+                "agree"/"confirm" (a broken collective: this rank rolled back as for
+                "sleep"). The local failure is the ``__cause__``.
+        """
+        o = self.owner
+        code = _OPS["sleep"]
+        what = f"sleep({backup!r})"
+        local: BaseException | None = None
+        store: Backup | None = None
+        try:
+            if o.closed:
+                raise ClosedError("KvBufferOwner: sleep after close()")
+            if not (backup is None or isinstance(backup, str)):
+                raise ArgumentError("backup", backup, "None, 'host' or 'disk' (the same on "
+                                                      "every rank)")
+            store = make_backup(backup, path)
+            why = o.arena.sleep_refusal("sleep")
+            if why is not None:
+                raise SleepRefusedError(why)
+        except Exception as e:
+            local = e
+        if store is not None and local is not None:
+            store.drop()
+        kind = _BACKUP_CODES.get(backup, -1) if isinstance(backup, (str, type(None))) else -1
+        try:
+            self._agree_or_raise(what, code, kind, local)
+        except BaseException:
+            if store is not None:
+                store.drop()  # never opened: no file was made
+            raise
+        slept = False
+        try:
+            result: SleepResult | None = None
+            try:
+                result = o.sleep(store, keep_pool=keep_pool)
+            except Exception as e:
+                local = e
+            slept = o.asleep  # a release failing past the unmaps: the sleep stands
+            try:
+                failed, _ = self._agree(code, kind, ok=local is None)
+            except _Broken as b:
+                rolled = self._undo_sleep(slept, b)
+                slept = False
+                raise CollectiveError(what, "confirm", f"the collective broke ({b})",
+                                      rolled_back=rolled) from (local or b.__cause__)
+            if failed:
+                err = CollectiveError(what, "sleep", f"rank(s) {failed} failed to sleep; "
+                                      "the ranks that slept woke again",
+                                      failed_ranks=tuple(failed), rolled_back=True)
+                err.rolled_back = self._undo_sleep(slept, err)
+                slept = False
+                raise err from local
+            assert result is not None  # this rank did not fail
+            slept = False  # confirmed: the sleep is the owner's now
+            return result
+        except BaseException as e:
+            if slept and not isinstance(e, Exception):  # interrupted: undo this call's sleep
+                self._undo_sleep(True, e)
+            raise
+
+    def _undo_sleep(self, slept: bool, err: BaseException) -> bool:
+        """Wake this rank again if this call put it to sleep; False (and a note) if the wake
+        failed (the rank is then asleep, its backup intact: a later wake retries)."""
+        if not slept:
+            return True
+        try:
+            self.owner.wake()
+        except Exception as e:
+            err.add_note(f"rank {self.rank}: waking again (the undo of its sleep) failed: "
+                         f"{type(e).__name__}: {e}; it is asleep, its backup intact")
+            return False
+        return True
+
+    def wake(self) -> int:
+        """Collective :meth:`KvBufferOwner.wake`: every rank backs its memory again, or none.
+
+        The same four steps as :meth:`sleep`: prepare (asleep? no capture?), agree, wake
+        (create, map, copy back), confirm. When a rank's wake fails (out of memory: another
+        process took it while the ranks slept), the ranks that woke sleep again, with the
+        backup kind (and ``path``) their sleep had, so every rank is asleep, its bytes kept,
+        and a later :meth:`wake` retries all of them.
+
+        Returns:
+            Bytes backed again on this rank.
+        Raises:
+            CollectiveError: on every rank when any rank refused or failed, or a collective
+                broke: ``phase`` "prepare" (nothing changed) or "wake"/"confirm" (the ranks
+                that woke slept again: ``rolled_back``; if that sleep failed the rank is awake
+                with its bytes, see the notes). The local failure is the ``__cause__``.
+        """
+        o = self.owner
+        code = _OPS["wake"]
+        local: BaseException | None = None
+        again: tuple[Any, Any] = (None, None)
+        try:
+            if o.closed:
+                raise ClosedError("KvBufferOwner: wake after close()")
+            why = o.arena.sleep_refusal("wake")
+            if why is not None:
+                raise SleepRefusedError(why)
+            again = _backup_of(o)
+        except Exception as e:
+            local = e
+        self._agree_or_raise("wake()", code, 0, local)
+        woke = False
+        try:
+            added = 0
+            try:
+                added = o.wake()
+            except Exception as e:
+                local = e
+            woke = not o.asleep
+            try:
+                failed, _ = self._agree(code, 0, ok=local is None)
+            except _Broken as b:
+                rolled = self._undo_wake(woke, again, b)
+                woke = False
+                raise CollectiveError("wake()", "confirm", f"the collective broke ({b})",
+                                      rolled_back=rolled) from (local or b.__cause__)
+            if failed:
+                err = CollectiveError("wake()", "wake", f"rank(s) {failed} failed to wake; "
+                                      "the ranks that woke slept again",
+                                      failed_ranks=tuple(failed), rolled_back=True)
+                err.rolled_back = self._undo_wake(woke, again, err)
+                woke = False
+                raise err from local
+            woke = False
+            return added
+        except BaseException as e:
+            if woke and not isinstance(e, Exception):
+                self._undo_wake(True, again, e)
+            raise
+
+    def _undo_wake(self, woke: bool, again: tuple[Any, Any], err: BaseException) -> bool:
+        """Put this rank back to sleep if this call woke it, with its sleep's backup kind."""
+        if not woke:
+            return True
+        try:
+            self.owner.sleep(again[0], path=again[1])
+        except Exception as e:
+            err.add_note(f"rank {self.rank}: sleeping again (the undo of its wake) failed: "
+                         f"{type(e).__name__}: {e}; it is awake with its bytes")
+            return False
+        return True
 
     # -- budget -----------------------------------------------------------------------------
 
@@ -752,6 +942,19 @@ class DistributedOwner:
         return TpSnapshot(model=self.model, tp=self.world_size,
                           devices=tuple(int(d) for d, _ in out),
                           owners=tuple(s for _, s in out))
+
+
+def _backup_of(owner: KvBufferOwner) -> tuple[Any, Any]:
+    """``(backup, path)`` for ``sleep`` to sleep a sleeping owner again the way it slept: the
+    same kind, the same file, the same pinned memory (a fresh backup object each time)."""
+    store = owner.arena.sleep_backup
+    if store is None:
+        return None, None
+    if isinstance(store, DiskBackup):
+        return "disk", store.path
+    if isinstance(store, HostBackup):
+        return HostBackup(store.memory), None
+    return store.kind, None
 
 
 def _page_key(ids: Sequence[int]) -> int:

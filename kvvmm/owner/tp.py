@@ -6,9 +6,10 @@ keeps the KV buffers of its own heads: T owners with the same layout (the preset
 
 - in one process, over drivers you pass (``TpOwners(drivers, model=...)``); on the
   simulator ``TpOwners.on_sim("llama-3.1-70b", tp=8)`` lays out eight H200s on a laptop, on
-  one :class:`~kvvmm.driver.sim.SimNode` (shared VA space, peers). Each rank is its own
-  transaction here: when one rank fails, ranks before it keep what they did (the error
-  names them);
+  one :class:`~kvvmm.driver.sim.SimNode` (shared VA space, peers). Each rank's resize is
+  its own transaction here: when one rank fails, ranks before it keep what they did (the
+  error names them). ``sleep`` and ``wake`` are one transaction over all ranks: every rank
+  sleeps (wakes), or the ranks that did are undone;
 - one process per GPU, as serving engines run: each process joins a ``torch.distributed``
   process group and wraps its owner in a :class:`~kvvmm.owner.distributed.DistributedOwner`,
   whose resizes every rank completes or every rank undoes. Engines launch those processes
@@ -23,13 +24,15 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from kvvmm.arena.backup import make_backup
+from kvvmm.arena.sleep import SleepResult
 from kvvmm.checks import seconds_arg
 from kvvmm.driver.base import Driver
 from kvvmm.dtypes import dtype_name
-from kvvmm.errors import ArgumentError
+from kvvmm.errors import ArgumentError, ClosedError, SleepRefusedError
 from kvvmm.layout import KvBufferDesc, ModelLike, load_model, model_descs
 from kvvmm.owner.buffers import KvBufferOwner
-from kvvmm.owner.distributed import DistributedOwner, TpWorkerError, _spawn
+from kvvmm.owner.distributed import DistributedOwner, TpWorkerError, _backup_of, _spawn
 from kvvmm.policy import GrowthPolicy
 from kvvmm.snapshot import OwnerSnapshot, TpSnapshot
 
@@ -188,6 +191,135 @@ class TpOwners:
     def shrink(self, n: int) -> int:
         """``shrink(n)`` on every rank; returns bytes given back."""
         return self._each("shrink", lambda o: o.shrink(n))
+
+    # -- sleep / wake: every rank or none --------------------------------------------------
+
+    @property
+    def asleep(self) -> bool:
+        """True when every rank is asleep (a sleep and a wake here move all of them)."""
+        return bool(self.owners) and all(o.asleep for o in self.owners)
+
+    def sleep(self, backup: str | None = None, *, paths: Sequence[Any] | None = None,
+              keep_pool: bool = False) -> tuple[SleepResult, ...]:
+        """Every rank's :meth:`KvBufferOwner.sleep`, all of them or none.
+
+        Unlike the resizes here, a sleep is one transaction over the ranks: the arguments
+        and each rank's refusals (:meth:`Arena.sleep_refusal
+        <kvvmm.arena.Arena.sleep_refusal>`) are checked on every rank before any sleeps;
+        then the ranks sleep in order, and when rank ``k`` fails, ranks ``0..k-1`` wake
+        again (with a backup, every byte comes back; with ``backup=None`` the bytes were
+        given up, so they wake with fresh memory, layout and bookkeeping as before).
+
+        Args:
+            backup: None, ``"host"`` or ``"disk"``, for every rank.
+            paths: for ``"disk"``, one new file per rank, in rank order.
+            keep_pool: as for :meth:`KvBufferOwner.sleep`.
+        Returns:
+            Each rank's :class:`~kvvmm.arena.sleep.SleepResult`, in rank order.
+        Raises:
+            ArgumentError: bad ``backup`` or ``paths`` (a path per rank for ``"disk"``, none
+                otherwise); nothing changed.
+            SleepRefusedError: a rank would refuse (asleep already, a capture, adopted
+                handles), named in the message; nothing changed.
+            BackupError, DriverError: a rank's sleep failed: the ranks before it woke again
+                (the notes say so, and name any whose wake failed: asleep, backup intact).
+            ClosedError: after ``close()``.
+        """
+        self._check_open("sleep")
+        if backup is not None and not isinstance(backup, str):
+            raise ArgumentError("backup", backup, "None, 'host' or 'disk' (one kind for "
+                                                  "every rank)")
+        if backup == "disk":
+            if isinstance(paths, (str, bytes)) or not isinstance(paths, Sequence) \
+                    or len(paths) != self.tp:
+                raise ArgumentError("paths", paths, f"{self.tp} file paths, one a rank, for "
+                                                    f"backup='disk'")
+            per_rank: list[Any] = list(paths)
+        elif paths is not None:
+            raise ArgumentError("paths", paths, "None unless backup='disk'")
+        else:
+            per_rank = [None] * self.tp
+        if len({str(p) for p in per_rank if p is not None}) < sum(p is not None
+                                                                  for p in per_rank):
+            raise ArgumentError("paths", paths, "distinct files (one a rank)")
+        stores = [make_backup(backup, p) for p in per_rank]  # checks each path, makes none
+        for rank, o in enumerate(self.owners):
+            why = o.arena.sleep_refusal("sleep")
+            if why is not None:
+                raise SleepRefusedError(f"TpOwners.sleep: rank {rank}: {why}")
+        results: list[SleepResult] = []
+        for rank, (o, store) in enumerate(zip(self.owners, stores, strict=True)):
+            try:
+                results.append(o.sleep(store, keep_pool=keep_pool))
+            except BaseException as e:
+                undo = [*self.owners[:rank], *([o] if o.asleep else [])]
+                for s in stores[rank + 1:]:
+                    if s is not None:
+                        s.drop()
+                self._wake_again(undo, e, f"TpOwners.sleep: rank {rank} of {self.tp} "
+                                          f"failed")
+                raise
+        return tuple(results)
+
+    def _wake_again(self, owners: Sequence[KvBufferOwner], e: BaseException, head: str) -> None:
+        """The undo of a partial sleep: wake ``owners`` (in reverse), notes on ``e``."""
+        stuck = []
+        for o in reversed(owners):
+            try:
+                o.wake()
+            except Exception as e2:
+                stuck.append(o.arena.name)
+                e.add_note(f"waking {o.arena.name!r} again also failed: "
+                           f"{type(e2).__name__}: {e2}; it is asleep, its backup intact")
+        woke = len(owners) - len(stuck)
+        e.add_note(f"{head}; {woke} rank(s) that had slept woke again"
+                   + (f", {stuck} stayed asleep" if stuck else ""))
+
+    def wake(self) -> int:
+        """Every rank's :meth:`KvBufferOwner.wake`, all of them or none.
+
+        Every rank must be asleep (checked first, nothing changes otherwise). When rank
+        ``k``'s wake fails (out of memory on its device, say), ranks ``0..k-1`` sleep again
+        with the backup their sleep had (same kind, same file), so every rank is asleep with
+        its bytes kept and a later :meth:`wake` retries them all.
+
+        Returns:
+            Bytes backed again on all ranks.
+        Raises:
+            SleepRefusedError: a rank is awake, or a capture is underway; nothing changed.
+            DriverError, BackupError: a rank's wake failed: the ranks before it slept again
+                (the notes name any whose sleep failed: awake with its bytes).
+            ClosedError: after ``close()``.
+        """
+        self._check_open("wake")
+        for rank, o in enumerate(self.owners):
+            why = o.arena.sleep_refusal("wake")
+            if why is not None:
+                raise SleepRefusedError(f"TpOwners.wake: rank {rank}: {why}")
+        again = [_backup_of(o) for o in self.owners]
+        total = 0
+        for rank, o in enumerate(self.owners):
+            try:
+                total += o.wake()
+            except BaseException as e:
+                stuck = []
+                for r in range(rank - 1, -1, -1):
+                    kind, path = again[r]
+                    try:
+                        self.owners[r].sleep(kind, path=path)
+                    except Exception as e2:
+                        stuck.append(r)
+                        e.add_note(f"rank {r}: sleeping again also failed: "
+                                   f"{type(e2).__name__}: {e2}; it is awake with its bytes")
+                e.add_note(f"TpOwners.wake: rank {rank} of {self.tp} failed; "
+                           f"{rank - len(stuck)} rank(s) that had woken slept again"
+                           + (f", ranks {stuck} stayed awake" if stuck else ""))
+                raise
+        return total
+
+    def _check_open(self, what: str) -> None:
+        if not self.owners or any(o.closed for o in self.owners):
+            raise ClosedError(f"TpOwners: {what} after close()")
 
     @property
     def backed_bytes(self) -> int:

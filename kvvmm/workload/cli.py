@@ -59,6 +59,9 @@ def add_replay_parser(subparsers: Any) -> argparse.ArgumentParser:
                                                       "(needs kaleido and Chromium)")
     p.add_argument("--json", action="store_true",
                    help="print the summary as JSON and write no report")
+    p.add_argument("--no-bands", action="store_true",
+                   help="skip the p10-p90 bands of the timed figures (on the sim they run "
+                        "the replay twice more, at the profile's p10 and p90 costs)")
     return p
 
 
@@ -116,12 +119,32 @@ def replay_command(args: argparse.Namespace) -> int:
         # (hardening round 2). Named as what it is, so a bug still shows its class.
         return _fail(f"the input could not be replayed ({type(e).__name__}: {e})")
     used = profile_summary(args.gpu)
+    bands: dict[str, Any] = {}
+    if args.driver == "sim" and not args.no_bands:
+        from kvvmm.workload.bands import workload_bands
+
+        try:
+            bands = workload_bands(wl, [r.strategy for r in cmp.results], gpu=args.gpu,
+                                   mid=cmp, model=args.model, tp=args.tp,
+                                   pool_tokens=args.pool_tokens,
+                                   config=ServingConfig(slot_order=args.slot_order))
+        except Exception as e:  # the point figures stand; the bands say why they are missing
+            return _fail(f"the bands could not be run ({type(e).__name__}: {e})")
     if args.json:
+        from kvvmm.workload.bands import BAND_QUANTILES, band_notes
+
         s = cmp.setup
+        results: list[dict[str, Any]] = [dict(r) for r in cmp.summary()]
+        for row in results:
+            if row["strategy"] in bands:
+                row["bands"] = {k: b.as_list() for k, b in bands[str(row["strategy"])].items()}
         print(json.dumps(_strict({"model": s.model, "gpu": s.gpu, "profile": used, "tp": s.tp,
                                   "pool_tokens": s.pool_tokens, "requests": s.requests,
                                   "workload": s.workload, "slot_order": s.config.slot_order,
-                                  "results": cmp.summary()}), indent=1, allow_nan=False))
+                                  "band": {"quantiles": list(BAND_QUANTILES),
+                                           "fields": "[low, mid, high] per timed figure",
+                                           "notes": band_notes(args.gpu)} if bands else None,
+                                  "results": results}), indent=1, allow_nan=False))
         return 0
     from kvvmm.viz import save_figure
     from kvvmm.viz.workload import format_workload, workload_figure
@@ -129,9 +152,16 @@ def replay_command(args: argparse.Namespace) -> int:
     text = format_workload(cmp)
     print(_profile_line(used))
     print(text)
+    if bands:
+        from kvvmm.viz.bands import add_decode_bands, format_workload_bands
+        from kvvmm.workload.bands import band_notes
+
+        print(format_workload_bands(bands, band_notes(args.gpu)))
     stem = "generated" if args.trace == "generated" else Path(args.trace).stem
     out = Path(args.output) if args.output else Path(f"{stem}-replay.html")
     fig = workload_figure(cmp)
+    if bands:
+        add_decode_bands(fig, cmp, bands)
     fig.update_layout(title_text=f"kvvmm replay: {stem}")  # text only: the placement stays
     try:
         save_figure(fig, out)

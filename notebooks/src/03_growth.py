@@ -125,6 +125,44 @@ from kvvmm.viz import growth_figure
 growth_figure(results, profile=PROFILE, predicted=predicted)
 
 # %% [markdown]
+# ## Bands: the driver time as a range
+#
+# One profile gives one number per policy, and the card does not: the same growth measured
+# minutes apart moved by 10-50%, and a day later the shipped profile over-predicted most
+# growths by about 30% (`docs/FIDELITY.md`). The H200 profile carries each cost figure's
+# **spread**: its p10, p50 and p90 over the rounds and the calibrations kept, computed by
+# `bench/collect_spread.py` from the committed measurements. A band runs the same growth on
+# the sim three times, with every figure at its p10, as it is, and at its p90
+# (`DeviceProfile.at(q)`), and reports [low, mid, high]. All figures move together, as the
+# card's did between runs: the band is not a joint distribution of independent costs. How
+# often a measured run lands inside: `bench/results/fidelity-bands.json`.
+
+# %%
+from kvvmm.viz.bands import format_growth_bands, growth_band_figure
+from kvvmm.workload.bands import band_notes, growth_bands
+
+sim_results = results if predicted is None else predicted
+bands = growth_bands(MEASURED_POLICIES, profile=PROFILE, mid=sim_results, **MEASURED)
+print(format_growth_bands(sim_results, bands, band_notes(PROFILE)))
+
+# %% tags=["nbval-ignore-output"]
+growth_band_figure(sim_results, bands, label=kvvmm.hardware.profile_label(PROFILE))
+
+# %% [markdown]
+# A profile gets old: the lab says how old, and on a GPU the drift-prone figures (per-call
+# costs by size, first touch, the library's own work) are measured again in about a minute,
+# the rest rescaled and the old figures kept as the bands' history:
+#
+#     kvvmm calibrate --quick --profile h200 --out h200-refreshed.json
+#
+# then pass `h200-refreshed.json` as the profile.
+
+# %% tags=["nbval-ignore-output"]
+from kvvmm.viz.bands import profile_age_line
+
+print(profile_age_line(PROFILE))
+
+# %% [markdown]
 # ## The answer
 #
 # The lab's answer is the last line of the table: of the policies predicted at the target
@@ -228,6 +266,9 @@ for r in results:  # each prediction lies in its policy's runs, on the same side
     assert (r.predicted_ratio.mid >= BANDWIDTH_TARGET) == (p.median >= BANDWIDTH_TARGET)
     assert r.predicted_ratio.low <= r.predicted_ratio.mid <= r.predicted_ratio.high
 assert all(r.backed_bytes >= r.needed_bytes for r in (*results, *short))
+for b in (*bands, *check.bands):  # every simulated time is a band around the point
+    assert 0 < b.low < b.mid < b.high, b
+assert [b.mid for b in bands] == [r.sim_us for r in sim_results]
 for rs in (results, short):  # Exact: most handles and calls, least over-commit, slowest
     ex = next(r for r in rs if r.policy == "Exact()")
     assert all(ex.handles > r.handles and ex.driver_calls > r.driver_calls

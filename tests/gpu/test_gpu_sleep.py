@@ -30,6 +30,7 @@ from kvvmm import (
     SleepRefusedError,
     mha_token_major,
 )
+from kvvmm.arena.backup import HostBackup, wait_unpinned
 from kvvmm.driver.base import CUDA_ERROR_OUT_OF_MEMORY
 from kvvmm.driver.cuda import CudaDriver
 from kvvmm.policy import Exact
@@ -46,6 +47,17 @@ def cd() -> Iterator[CudaDriver]:
     gc.collect()
     assert d.stats().clean, d.stats()
     d.close()
+
+
+def _record(key: str, value: float) -> None:
+    """One figure into ``$OUT/gpu_sleep_figures.json`` (kept across tests)."""
+    if not os.environ.get("OUT"):
+        return
+    path = os.path.join(os.environ["OUT"], "gpu_sleep_figures.json")
+    got = json.loads(Path(path).read_text()) if os.path.exists(path) else {}
+    got[key] = value
+    with open(path, "w") as f:
+        json.dump(got, f, indent=1)
 
 
 def make_owner(driver: Any, reserved: int = 1_000_000, layers: int = 2,
@@ -74,7 +86,7 @@ def same(owner: KvBufferOwner, want: list[torch.Tensor]) -> bool:
                for t, x in zip(owner.tensors, want, strict=True))
 
 
-@pytest.mark.parametrize("backup", ["host", "disk"])
+@pytest.mark.parametrize("backup", ["host", "host-torch", "host-mmap", "disk"])
 def test_sleep_gives_the_device_its_memory_back_and_wake_brings_every_byte_back(
         cd: CudaDriver, backup: str, tmp_path: Path) -> None:
     owner = make_owner(cd)
@@ -83,11 +95,16 @@ def test_sleep_gives_the_device_its_memory_back_and_wake_brings_every_byte_back(
     want = fill_random(owner, 300_016)
     snap, backed = owner.snapshot(), owner.backed_bytes
     ptrs = [t.data_ptr() for t in owner.tensors]
+    wait_unpinned()
     free0 = cd.mem_info()[0]
-    res = owner.sleep(backup, path=tmp_path / "kv.bin" if backup == "disk" else None)
+    how: Any = HostBackup(backup[5:]) if backup.startswith("host-") else backup
+    res = owner.sleep(how, path=tmp_path / "kv.bin" if backup == "disk" else None)
     assert res.given_bytes == backed and cd.stats().physical_bytes == 0
-    # target: >= 99.9% of the owner's physical bytes back to the device
-    assert cd.mem_info()[0] - free0 >= 0.999 * backed, (cd.mem_info()[0] - free0, backed)
+    # target: >= 99.9% of the owner's physical bytes back to the device (a pinned backup's
+    # page tables are device memory: 4 KiB host pages cost 8 bytes each, 0.2%)
+    back = cd.mem_info()[0] - free0
+    _record(f"device_back_fraction_{backup}", back / backed)
+    assert back >= 0.999 * backed, (back, backed)
     owner.wake()
     assert owner.snapshot() == snap
     assert [t.data_ptr() for t in owner.tensors] == ptrs
@@ -239,16 +256,21 @@ def test_wake_time_with_and_without_contents_against_a_plain_host_to_device_copy
     out: dict[str, Any] = {"gib": gib, "backed_bytes": backed, "h2d_s": h2d,
                            "h2d_GBps": backed / h2d / 1e9,
                            "mappings": len(owner.snapshot().arena.mappings)}
-    for backup in ("host", None):
+    for name in ("torch", "mmap", None):
+        wait_unpinned()
         t0 = time.perf_counter()
-        res = owner.sleep(backup)
-        out[f"sleep_{backup}_s"] = time.perf_counter() - t0
-        out[f"sleep_{backup}_given_fraction"] = res.given_bytes / backed
+        res = owner.sleep(None if name is None else HostBackup(name))
+        out[f"sleep_{name}_s"] = time.perf_counter() - t0
+        out[f"sleep_{name}_given_fraction"] = res.given_bytes / backed
         t0 = time.perf_counter()
         owner.wake()
         torch.cuda.synchronize()
-        out[f"wake_{backup}_s"] = time.perf_counter() - t0
-    out["wake_with_contents_over_h2d"] = out["wake_host_s"] / h2d
+        out[f"wake_{name}_s"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        wait_unpinned()  # the backup's host memory, unpinned on a thread after the wake
+        out[f"unpin_after_wake_{name}_s"] = time.perf_counter() - t0
+    for name in ("torch", "mmap"):
+        out[f"wake_{name}_over_h2d"] = out[f"wake_{name}_s"] / h2d
     print(json.dumps(out, indent=1))
     if os.environ.get("OUT"):
         with open(os.path.join(os.environ["OUT"], "gpu_sleep_wake.json"), "w") as f:
@@ -256,7 +278,7 @@ def test_wake_time_with_and_without_contents_against_a_plain_host_to_device_copy
     owner.close()
     # Loose bounds only (the issue's targets, 1.2x and 50 ms at 60 GiB, are read from the
     # JSON): a wake must not be an order of magnitude off a plain copy.
-    assert out["sleep_host_given_fraction"] >= 0.999
-    assert out["wake_with_contents_over_h2d"] < 3.0, out
+    assert out["sleep_torch_given_fraction"] >= 0.999
+    assert min(out["wake_torch_over_h2d"], out["wake_mmap_over_h2d"]) < 3.0, out
     assert out["wake_None_s"] < 1.0 + gib * 0.05, out
     assert backed >= (gib * GiB) - 64 * MiB

@@ -1,0 +1,123 @@
+"""The shipped H200 profile's ``spread``, computed from the committed measurements (never typed).
+
+Reads, from this checkout (no GPU):
+
+- the calibrations kept: ``bench/results/fidelity-runs/*-profile.json`` (three ``kvvmm
+  calibrate`` runs of one hour, 2026-12-01 12:20, 12:39, 12:43; the shipped ``h200`` carries
+  the 12:20 run's costs) — every calibration whose figures differ from the shipped ones joins
+  ``spread.history``;
+- the rounds: ``bench/results/h200-growth-variance.json`` (16 growths of one process, every
+  call timed by kind, 2026-11-29), its *settled* rounds only (the fresh one and those after a
+  pause: the fidelity benchmark times settled rounds; back-to-back rounds run creates up to
+  3.6x slower and are a different scenario), each round's mean per call over the median of
+  those rounds: the card's round-to-round spread of create, map and set_access.
+
+Each figure group's p10 / p50 / p90 are the quantiles of the ratios (calibration / shipped
+figure at the shipped sizes, and round / median), pooled
+(:func:`kvvmm.hardware.spread.spread_section`).
+
+    python bench/collect_spread.py            # print the section
+    python bench/collect_spread.py --write    # write it into kvvmm/hardware/data/h200.json
+    python bench/collect_spread.py --check    # exit 1 if the shipped section differs
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from kvvmm.hardware.spread import figures_of, spread_section  # noqa: E402
+
+SHIPPED = ROOT / "kvvmm" / "hardware" / "data" / "h200.json"
+RUNS = ROOT / "bench" / "results" / "fidelity-runs"
+VARIANCE = ROOT / "bench" / "results" / "h200-growth-variance.json"
+#: The growth-variance rounds that started settled (a pause, or a fresh process).
+SETTLED = ("fresh", "pause")
+
+
+def _load(path: Path | str) -> dict[str, Any]:
+    with open(path, encoding="utf-8") as f:
+        data: dict[str, Any] = json.load(f)
+    return data
+
+
+def history(shipped: dict[str, Any], runs: Path = RUNS) -> list[dict[str, Any]]:
+    """Every kept calibration whose figures are not the shipped ones, oldest first."""
+    mine = figures_of(shipped)
+    out = []
+    for path in sorted(glob.glob(str(runs / "*-profile.json"))):
+        data = _load(path)
+        figs = figures_of(data)
+        if all(figs.get(g) == v for g, v in mine.items()):
+            continue  # the calibration the profile carries (its figures, maybe more groups)
+        out.append({"date": str(data.get("measured_on", {}).get("date", data.get("date", ""))),
+                    "source": f"bench/results/fidelity-runs/{os.path.basename(path)}",
+                    "figures": figs})
+    return out
+
+
+def round_ratios(path: Path = VARIANCE) -> dict[str, list[float]]:
+    """Per call group, each settled round's mean µs per call over those rounds' median
+    (rounds of one policy together)."""
+    rounds = [r for r in _load(path)["rounds"] if r["label"].startswith(SETTLED)]
+    out: dict[str, list[float]] = {}
+    for policy in sorted({r["policy"] for r in rounds}):
+        mine = [r for r in rounds if r["policy"] == policy]
+        if len(mine) < 3:  # one or two rounds say nothing of a spread
+            continue
+        for op in ("create", "map", "set_access"):
+            means = [r["calls"][op]["mean_us"] for r in mine if op in r["calls"]]
+            med = statistics.median(means)
+            out.setdefault(f"call_costs.{op}", []).extend(round(m / med, 4) for m in means)
+    return out
+
+
+def compute(shipped: dict[str, Any]) -> dict[str, Any]:
+    """The ``spread`` section for ``shipped`` from the committed files."""
+    hist = history(shipped)
+    rr = round_ratios()
+    n_rounds = len(next(iter(rr.values()), []))
+    return spread_section(
+        shipped, history=hist, rounds=rr,
+        source=(f"bench/collect_spread.py: ratios to this profile's figures of the "
+                f"{len(hist)} other kvvmm calibrate runs kept (bench/results/fidelity-runs/, "
+                f"2026-12-01, at this profile's sizes) and of {n_rounds} settled growth "
+                f"rounds' mean per call to their median (bench/results/"
+                f"h200-growth-variance.json, 2026-11-29; create, map, set_access), pooled"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--write", action="store_true", help=f"write the section into {SHIPPED}")
+    ap.add_argument("--check", action="store_true",
+                    help="exit 1 if the shipped profile's section differs from the files")
+    args = ap.parse_args(argv)
+    shipped = _load(SHIPPED)
+    sec = compute(shipped)
+    if args.check:
+        same = shipped.get("spread") == sec
+        print("spread: up to date" if same else "spread: differs from the committed files")
+        return 0 if same else 1
+    if args.write:
+        shipped["spread"] = sec
+        with open(SHIPPED, "w", encoding="utf-8") as f:
+            json.dump(shipped, f, indent=1)
+            f.write("\n")
+        print(f"wrote spread of {len(sec['figures'])} groups into {SHIPPED}")
+    print(json.dumps(sec["figures"], indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,282 @@
+"""A profile's spread: where each cost figure fell over rounds and over the calibrations kept.
+
+One calibration is a point, and the card is not within ±10% of itself over an hour
+(docs/MEASUREMENTS.md §12, docs/FIDELITY.md): a profile may carry, beside its figures, a
+``spread`` section saying how far each *figure group* moved, as multiples of the figure the
+profile holds:
+
+- ``spread.figures.<group>``: ``{"p10": f, "p50": f, "p90": f, "samples": n}``, quantiles of
+  the ratios (another measurement / this profile's figure) over the rounds and calibrations
+  kept, pooled over the sizes both measured;
+- ``spread.history``: the figures of earlier (or other) calibrations of the card, each
+  ``{"date", "source", "figures": {group: {label: value}}}``: what ``kvvmm calibrate
+  --quick --profile`` keeps when it refreshes a profile, and what the quantiles are taken over.
+
+The groups are the cost figures the simulator reads (:data:`GROUPS`): each driver call's
+curve by size (``call_costs.create``, ...), the per-mapping curves, the first-touch extra and
+the library's own work. A profile without a group's spread (every shipped profile but the
+H200's, any file before this section existed) is a point for that group: factor 1 at every
+quantile, stated by :func:`spread_notes`.
+
+:func:`scaled` multiplies a profile's figures by a factor per group; :func:`at_quantile` is
+what :meth:`~kvvmm.hardware.profiles.DeviceProfile.at` makes of it: every figure at its own
+quantile ``q``, all at once (comonotone: the band that gives is not a joint distribution of
+independent costs; docs/FIDELITY.md says why).
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import math
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from kvvmm.errors import ArgumentError
+from kvvmm.hardware.interp import Log2Curve
+from kvvmm.units import MiB
+
+__all__ = ["CALLS", "GROUPS", "QUANTILES", "at_quantile", "factor_at", "figures_of",
+           "quantiles", "ratios", "scaled", "spread_notes", "spread_section"]
+
+#: The driver calls whose curves a profile carries (``call_costs.points.<call>``).
+CALLS = ("create", "map", "set_access", "unmap", "release", "reserve", "free")
+#: Every figure group a spread may name, in a fixed order.
+GROUPS = (*(f"call_costs.{c}" for c in CALLS), "set_access_per_mapping", "unmap_per_mapping",
+          "first_touch", "library_work_us", "library_overhead_us")
+#: The quantiles a spread stores, by name.
+QUANTILES = (("p10", 0.1), ("p50", 0.5), ("p90", 0.9))
+#: Groups whose figures are curves by handle size (labels are MiB; ratios interpolate).
+_CURVES = frozenset((*(f"call_costs.{c}" for c in CALLS), "set_access_per_mapping",
+                     "unmap_per_mapping"))
+#: Most calibrations a history keeps (the oldest go first).
+MAX_HISTORY = 16
+
+
+def _fmt_mib(mib: float) -> str:
+    return f"{mib:g}"
+
+
+def _pairs_to_labels(points: Iterable[Sequence[float]]) -> dict[str, float]:
+    return {_fmt_mib(float(mib)): float(v) for mib, v in points}
+
+
+def figures_of(data: Mapping[str, Any]) -> dict[str, dict[str, float]]:
+    """A profile's cost figures by group: ``{group: {label: value}}``.
+
+    Labels are handle sizes in MiB for curves (``"2"``, ``"512"``), field names otherwise
+    (``"map_us"``, ``"arena.commit.fixed"``). Groups the profile lacks are left out.
+    """
+    out: dict[str, dict[str, float]] = {}
+    cc = data.get("call_costs")
+    if isinstance(cc, Mapping) and isinstance(cc.get("points"), Mapping):
+        for op, pts in cc["points"].items():
+            if op in CALLS and pts:
+                out[f"call_costs.{op}"] = _pairs_to_labels(pts)
+    for name in ("set_access_per_mapping", "unmap_per_mapping"):
+        sec = data.get(name)
+        if isinstance(sec, Mapping) and sec.get("points"):
+            out[name] = _pairs_to_labels(sec["points"])
+    ft = data.get("first_touch")
+    if isinstance(ft, Mapping):
+        vals = {k: float(ft[k]) for k in ("map_us", "set_access_us") if k in ft}
+        if vals:
+            out["first_touch"] = vals
+    lw = data.get("library_work_us")
+    if isinstance(lw, Mapping):
+        vals = {}
+        for op, row in lw.items():
+            if isinstance(row, Mapping) and "fixed" in row:
+                vals[f"{op}.fixed"] = float(row["fixed"])
+                vals[f"{op}.per_unit"] = float(row.get("per_unit", 0.0))
+        if vals:
+            out["library_work_us"] = vals
+    lo = data.get("library_overhead_us")
+    if isinstance(lo, Mapping) and isinstance(lo.get("per_call"), Mapping):
+        vals = {f"per_call.{k}": float(v) for k, v in lo["per_call"].items()}
+        by = lo.get("by_size")
+        if isinstance(by, Mapping):
+            for op, pts in by.items():
+                vals |= {f"by_size.{op}.{_fmt_mib(float(m))}": float(v) for m, v in pts}
+        if vals:
+            out["library_overhead_us"] = vals
+    return out
+
+
+def _curve_of(labels: Mapping[str, float]) -> Log2Curve:
+    return Log2Curve.from_points([(max(1, round(float(k) * MiB)), v) for k, v in labels.items()])
+
+
+def ratios(base: Mapping[str, Mapping[str, float]], other: Mapping[str, Mapping[str, float]],
+           ) -> dict[str, list[float]]:
+    """Per group, ``other / base`` at each of ``base``'s labels both can say.
+
+    A curve is read at ``base``'s sizes (``other`` interpolated in log2 size, flat past its
+    ends); other groups pair labels by name. A figure of 0 or below on either side (nothing
+    to scale, a fitted residual, a term a fit dropped) gives no ratio.
+    """
+    out: dict[str, list[float]] = {}
+    for group, b in base.items():
+        o = other.get(group)
+        if not o:
+            continue
+        got: list[float] = []
+        if group in _CURVES:
+            curve = _curve_of(o)
+            for k, v in b.items():
+                r = curve(float(k) * MiB) / v if v > 0 else 0.0
+                if r > 0:
+                    got.append(r)
+        else:
+            for k, v in b.items():
+                if v > 0 and k in o and o[k] > 0:
+                    got.append(o[k] / v)
+        if got:
+            out[group] = got
+    return out
+
+
+def quantiles(samples: Sequence[float]) -> dict[str, float]:
+    """p10 / p50 / p90 of ``samples`` (linear between order statistics; one sample: a point).
+
+    Raises:
+        ArgumentError: no samples, or one that is not a finite number > 0.
+    """
+    xs = sorted(samples)
+    if not xs or not all(isinstance(x, (int, float)) and math.isfinite(x) and x > 0 for x in xs):
+        raise ArgumentError("samples", list(samples)[:8], "a non-empty list of finite ratios > 0")
+    out = {}
+    for name, q in QUANTILES:
+        pos = q * (len(xs) - 1)
+        i = int(pos)
+        j = min(i + 1, len(xs) - 1)
+        out[name] = round(xs[i] + (pos - i) * (xs[j] - xs[i]), 4)
+    return out
+
+
+def spread_section(data: Mapping[str, Any], *, history: Sequence[Mapping[str, Any]] = (),
+                   rounds: Mapping[str, Sequence[float]] | None = None,
+                   source: str) -> dict[str, Any]:
+    """A ``spread`` section for ``data``'s figures: quantiles over the history and rounds.
+
+    The profile's own figures count as one calibration (a ratio of 1 at each).
+
+    Args:
+        data: the profile the factors are relative to.
+        history: earlier calibrations' figures (``{"date", "source", "figures"}``), kept in
+            the section as they are (the newest :data:`MAX_HISTORY`).
+        rounds: per group, ratios of single rounds to their mean (a calibration's own
+            round-to-round spread), pooled with the history's ratios.
+        source: how the samples were taken, for the section's ``source``.
+    Returns:
+        The section (``figures`` holds only groups with at least one sample).
+    """
+    base = figures_of(data)
+    # This profile's own calibration is one of those kept: a ratio of 1 at each figure.
+    pooled: dict[str, list[float]] = {g: [1.0] * len(v) for g, v in base.items()}
+    for entry in history:
+        figs = entry.get("figures")
+        if isinstance(figs, Mapping):
+            for g, got in ratios(base, figs).items():
+                pooled[g].extend(got)
+    for g, rs in (rounds or {}).items():
+        if g in pooled:
+            pooled[g].extend(float(r) for r in rs if math.isfinite(r) and r > 0)
+    figures = {g: quantiles(rs) | {"samples": len(rs)} for g, rs in pooled.items() if rs}
+    return {
+        "unit": "each figure group's quantiles (p10, p50, p90) over the rounds and the "
+                "calibrations kept, as multiples of the figure this profile carries; a group "
+                "not listed is a point (factor 1)",
+        "source": source,
+        "figures": {g: figures[g] for g in GROUPS if g in figures},
+        "history": [dict(h) for h in list(history)[-MAX_HISTORY:]],
+    }
+
+
+def factor_at(row: Mapping[str, float], q: float) -> float:
+    """A group's factor at quantile ``q``: linear between p10, p50 and p90, flat beyond."""
+    pts = [(qq, float(row[name])) for name, qq in QUANTILES]
+    if q <= pts[0][0]:
+        return pts[0][1]
+    for (q0, f0), (q1, f1) in itertools.pairwise(pts):
+        if q <= q1:
+            return f0 + (q - q0) / (q1 - q0) * (f1 - f0)
+    return pts[-1][1]
+
+
+def _scale_pairs(points: Any, f: float) -> list[list[float]]:
+    return [[mib, round(float(v) * f, 4)] for mib, v in points]
+
+
+def scaled(data: Mapping[str, Any], factors: Mapping[str, float]) -> dict[str, Any]:
+    """A copy of ``data`` with each group's figures times its factor (others as they are).
+
+    A fitted residual (``library_overhead_us``, which may be negative) is scaled as it is:
+    a slower card's library is slower by the same factor either way.
+    """
+    out = copy.deepcopy(dict(data))
+    for group, f in factors.items():
+        if f == 1.0:
+            continue
+        if group.startswith("call_costs."):
+            op = group.split(".", 1)[1]
+            pts = out.get("call_costs", {}).get("points", {})
+            if op in pts:
+                pts[op] = _scale_pairs(pts[op], f)
+        elif group in ("set_access_per_mapping", "unmap_per_mapping"):
+            sec = out.get(group)
+            if isinstance(sec, dict) and sec.get("points"):
+                sec["points"] = _scale_pairs(sec["points"], f)
+        elif group == "first_touch":
+            sec = out.get(group)
+            if isinstance(sec, dict):
+                for k in ("map_us", "set_access_us"):
+                    if k in sec:
+                        sec[k] = round(float(sec[k]) * f, 4)
+        elif group == "library_work_us":
+            sec = out.get(group)
+            if isinstance(sec, dict):
+                for row in sec.values():
+                    if isinstance(row, dict) and "fixed" in row:
+                        row["fixed"] = round(float(row["fixed"]) * f, 4)
+                        if "per_unit" in row:
+                            row["per_unit"] = round(float(row["per_unit"]) * f, 4)
+        elif group == "library_overhead_us":
+            sec = out.get(group)
+            if isinstance(sec, dict) and isinstance(sec.get("per_call"), dict):
+                sec["per_call"] = {k: round(float(v) * f, 4) for k, v in sec["per_call"].items()}
+                if isinstance(sec.get("by_size"), dict):
+                    sec["by_size"] = {k: _scale_pairs(v, f) for k, v in sec["by_size"].items()}
+    return out
+
+
+def at_quantile(data: Mapping[str, Any], q: float) -> dict[str, Any]:
+    """``data`` with every figure group at its quantile ``q`` of the spread (a copy).
+
+    Groups without a spread keep their figures (a point). The spread section itself is kept
+    unchanged (its factors stay relative to the profile's own figures).
+    """
+    sp = data.get("spread")
+    figs = sp.get("figures", {}) if isinstance(sp, Mapping) else {}
+    return scaled(data, {g: factor_at(row, q) for g, row in figs.items()})
+
+
+def spread_notes(data: Mapping[str, Any]) -> list[str]:
+    """What a band made from ``data`` covers: which groups have a spread, which are points."""
+    sp = data.get("spread")
+    figs = dict(sp.get("figures", {})) if isinstance(sp, Mapping) else {}
+    have = figures_of(data)
+    points = [g for g in GROUPS if g in have and g not in figs]
+    if not figs:
+        return ["no spread measured: every figure is a point (the band has no width)"]
+    notes = [f"spread of {len(figs)} figure groups over "
+             f"{max(int(r.get('samples', 0)) for r in figs.values())} samples at most"]
+    if points:
+        notes.append("a point (no spread measured): " + ", ".join(points))
+    return notes
+
+
+def median_factor(factors: Mapping[str, float]) -> float:
+    """The median of the groups' factors (1 when there are none)."""
+    return statistics.median(factors.values()) if factors else 1.0

@@ -1,0 +1,166 @@
+"""Bands: every simulated time as [low, mid, high], from a profile's measured spread.
+
+The simulator is deterministic: one profile, one number. A card is not (docs/FIDELITY.md):
+its costs move by tens of percent between rounds, runs and days. A profile with a ``spread``
+(:mod:`kvvmm.hardware.spread`) says how far each cost figure moved; a band runs the same
+thing three times, through the existing runners, on
+
+- ``low``: the profile with every figure at its p10 (:meth:`DeviceProfile.at` ``(0.1)``),
+- ``mid``: the profile as it is (what a point prediction always was),
+- ``high``: every figure at its p90 (``at(0.9)``),
+
+and reports the three. All figures move to their quantile together (comonotone), which is
+how the card moved between the runs measured (the whole card faster or slower); the band is
+therefore wider than a p10-p90 of independent per-call noise would be, and it is not a joint
+distribution: a run may land outside it when figures move apart. ``low <= mid <= high``
+always (a figure the sim does not charge monotonically, a negative fitted residual, is
+bounded by ``mid``). A profile without a spread gives a band of no width, said by
+:func:`band_notes`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from kvvmm.driver.sim import SimDriver
+from kvvmm.errors import ArgumentError
+from kvvmm.hardware import DeviceProfile, get_profile, profile_data
+from kvvmm.hardware.spread import spread_notes
+
+__all__ = ["BAND_QUANTILES", "WORKLOAD_TIMES", "Band", "band_notes", "band_profiles", "banded",
+           "growth_bands", "workload_bands"]
+
+#: The quantiles a band's low and high ends are run at.
+BAND_QUANTILES = (0.1, 0.9)
+#: The timed figures of a workload replay that carry a band (their ``summary()`` keys).
+WORKLOAD_TIMES = ("startup_driver_ms", "decode_driver_ms", "background_driver_ms",
+                  "p99_stall_us", "stalled_p99_us", "max_stall_us")
+
+
+@dataclass(frozen=True, slots=True)
+class Band:
+    """A simulated figure at the profile's p10, as it is, and at its p90."""
+
+    low: float
+    mid: float
+    high: float
+
+    @classmethod
+    def of(cls, low: float, mid: float, high: float) -> Band:
+        """The band of three runs, ordered around ``mid`` (``low <= mid <= high``)."""
+        return cls(min(low, mid, high), mid, max(low, mid, high))
+
+    @property
+    def width(self) -> float:
+        """``(high - low) / mid``: the band's width relative to the point (0 for mid 0)."""
+        return (self.high - self.low) / self.mid if self.mid > 0 else 0.0
+
+    def contains(self, x: float) -> bool:
+        """Whether ``x`` lies in ``[low, high]``."""
+        return self.low <= x <= self.high
+
+    def as_list(self, digits: int = 3) -> list[float]:
+        """``[low, mid, high]`` rounded, for JSON."""
+        return [round(self.low, digits), round(self.mid, digits), round(self.high, digits)]
+
+
+def band_profiles(profile: str | DeviceProfile) -> tuple[DeviceProfile, DeviceProfile,
+                                                         DeviceProfile]:
+    """The (low, mid, high) profiles of a band: ``at(0.1)``, the profile, ``at(0.9)``."""
+    prof = get_profile(profile)
+    lo, hi = BAND_QUANTILES
+    return prof.at(lo), prof, prof.at(hi)
+
+
+def band_notes(profile: str | DeviceProfile) -> list[str]:
+    """What the bands made from ``profile`` cover (a profile without a spread: no width)."""
+    prof = get_profile(profile)
+    lo, hi = BAND_QUANTILES
+    return [f"band: every cost figure at its p{lo * 100:.0f} and p{hi * 100:.0f} at once "
+            f"(not a joint distribution)", *spread_notes(profile_data(prof))]
+
+
+def banded(run: Callable[[DeviceProfile], Mapping[str, float]],
+           profile: str | DeviceProfile, *,
+           mid: Mapping[str, float] | None = None) -> dict[str, Band]:
+    """Run ``run(profile)`` at the band's three profiles; a band per figure it returns.
+
+    Args:
+        run: a profile -> {figure: value} function (one of the runners, wrapped).
+        profile: the profile the band is around.
+        mid: ``run(profile)`` when the caller has it already (not run again).
+    """
+    lo_p, mid_p, hi_p = band_profiles(profile)
+    m = dict(run(mid_p) if mid is None else mid)
+    lo = run(lo_p) if lo_p is not mid_p else m
+    hi = run(hi_p) if hi_p is not mid_p else m
+    return {k: Band.of(float(lo[k]), float(v), float(hi[k])) for k, v in m.items()}
+
+
+def growth_bands(policies: Sequence[Any], *, profile: str | DeviceProfile = "h200",
+                 mid: Sequence[Any] | None = None, **growth: Any) -> list[Band]:
+    """The band of each policy's simulated growth time (µs), :func:`kvvmm.growth.decode_growth`.
+
+    Args:
+        policies: the growth policies (as ``decode_growth`` takes them).
+        profile: the sim's profile.
+        mid: the results of the run at ``profile`` itself, if the caller has them (a lab
+            that just ran), so only the low and high runs are made.
+        growth: the rest of ``decode_growth``'s arguments (model, layers, tokens, ...).
+    """
+    from kvvmm.growth import decode_growth
+
+    growth.pop("driver", None)
+    growth.pop("progress", None)
+
+    def run(p: DeviceProfile) -> dict[str, float]:
+        res = decode_growth(policies, driver=lambda: SimDriver(p), **growth)
+        return {str(i): r.sim_us for i, r in enumerate(res)}
+
+    have = None if mid is None else {str(i): r.sim_us for i, r in enumerate(mid)}
+    got = banded(run, profile, mid=have)
+    return [got[str(i)] for i in range(len(policies))]
+
+
+def workload_bands(workload: Any, strategies: Sequence[str], *, gpu: str = "h200",
+                   mid: Any | None = None, **kw: Any) -> dict[str, dict[str, Band]]:
+    """Per strategy, a band of each timed figure (:data:`WORKLOAD_TIMES`) of
+    :func:`kvvmm.workload.run_workload` on the sim.
+
+    Args:
+        workload, strategies: as ``run_workload`` takes them; strategies by name (each band
+            runs them three times).
+        gpu: the sim's profile (a key or a path).
+        mid: the :class:`~kvvmm.workload.run.WorkloadComparison` of the run at ``gpu`` itself,
+            when the caller has it (only the low and high runs are made).
+        kw: the rest of ``run_workload``'s arguments (model, tp, config, ...; not ``driver``:
+            a band is a prediction, always on the sim).
+    Raises:
+        ArgumentError: a strategy that is not a name (an object runs once only).
+    """
+    from kvvmm.workload.run import run_workload
+
+    for s in strategies:
+        if not isinstance(s, str):
+            raise ArgumentError("strategies", s, "strategy names (a band runs each three "
+                                                 "times; an object runs once)")
+    kw.pop("driver", None)
+    prof = get_profile(gpu)
+    cap = prof.capacity_bytes
+
+    def flat(cmp: Any) -> dict[str, float]:
+        return {f"{r.strategy}|{k}": float(r.summary()[k]) for r in cmp.results
+                for k in WORKLOAD_TIMES}
+
+    def run(p: DeviceProfile) -> dict[str, float]:
+        return flat(run_workload(workload, list(strategies), gpu=gpu,
+                                 driver=lambda: SimDriver(p, capacity_bytes=cap), **kw))
+
+    got = banded(run, prof, mid=None if mid is None else flat(mid))
+    out: dict[str, dict[str, Band]] = {}
+    for key, band in got.items():
+        strategy, fig = key.split("|", 1)
+        out.setdefault(strategy, {})[fig] = band
+    return out

@@ -1,0 +1,110 @@
+"""``kvvmm calibrate --quick --profile``: a one-minute refresh of a full profile (issue 27).
+
+On a simulator whose costs are the shipped profile's scaled (each measured figure group by
+its own factor), a quick refresh of the shipped profile recovers the scaling: every measured
+group, and the groups that follow a measured call, within 2%; the old figures join the
+spread's history, so the refreshed profile's bands still carry where the card was.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvvmm.driver.sim import SimDriver
+from kvvmm.errors import ArgumentError
+from kvvmm.hardware import get_profile, load_profile, profile_data, profile_from_data
+from kvvmm.hardware.spread import figures_of, ratios, scaled
+from kvvmm.measure import calibrate
+from kvvmm.measure.refresh import FOLLOWS, MEASURED, quick_refresh
+
+#: Several scalings of the measured groups: all together (a slower or faster day), each
+#: its own way (a driver update that slowed creates only), and far from 1.
+SCALINGS: list[dict[str, float]] = [
+    dict.fromkeys(MEASURED, 0.7),
+    dict.fromkeys(MEASURED, 1.35),
+    {"call_costs.create": 1.5, "call_costs.map": 0.8, "call_costs.set_access": 1.2,
+     "call_costs.unmap": 0.9, "call_costs.release": 2.0, "call_costs.reserve": 0.5,
+     "call_costs.free": 1.5, "first_touch": 0.6, "library_work_us": 1.3},
+    {"call_costs.create": 0.5, "call_costs.map": 1.1, "call_costs.set_access": 0.75,
+     "call_costs.unmap": 1.6, "call_costs.release": 0.85, "call_costs.reserve": 1.2,
+     "call_costs.free": 0.9, "first_touch": 1.8, "library_work_us": 0.7},
+]
+
+
+def _old() -> dict[str, Any]:
+    return copy.deepcopy(dict(profile_data(get_profile("h200"))))
+
+
+def _truth(old: dict[str, Any], scaling: dict[str, float]) -> dict[str, Any]:
+    full = dict(scaling)
+    for follower, leader in FOLLOWS.items():
+        full[follower] = scaling[leader]
+    return scaled(old, full)
+
+
+@pytest.mark.parametrize("scaling", SCALINGS, ids=["all 0.7", "all 1.35", "mixed", "mixed 2"])
+def test_a_quick_refresh_recovers_a_scaled_simulator_within_two_percent(
+        scaling: dict[str, float]) -> None:
+    old = _old()
+    truth = _truth(old, scaling)
+    d = SimDriver(profile_from_data(truth, where="scaled h200"))
+    new = quick_refresh(d, old, clock=lambda: float(d.clock_us), reps=8,
+                        date="2026-12-03T12:00:00+00:00")
+    got = ratios(figures_of(truth), figures_of(new))
+    for group in (*MEASURED, *FOLLOWS):
+        assert got[group], group
+        for r in got[group]:
+            assert r == pytest.approx(1.0, rel=0.02), (group, r)
+    for group, f in scaling.items():
+        assert new["refreshed"]["factors"][group] == pytest.approx(f, rel=0.02)
+    assert d.mem_info()[0] == d.mem_info()[1]  # everything it made is given back
+
+
+def test_a_refresh_keeps_the_old_figures_as_history_and_its_spread_covers_them() -> None:
+    old = _old()
+    truth = _truth(old, dict.fromkeys(MEASURED, 0.75))
+    d = SimDriver(profile_from_data(truth, where="faster day"))
+    new = quick_refresh(d, old, clock=lambda: float(d.clock_us), reps=6)
+    hist = new["spread"]["history"]
+    assert len(hist) == len(old["spread"]["history"]) + 1
+    assert hist[-1]["figures"] == figures_of(old)
+    assert new["date"] != "" and new["refreshed"]["from_date"] == old["date"]
+    # the old (slower) figures are ~1/0.75 of the new: the band's high end reaches them
+    create = new["spread"]["figures"]["call_costs.create"]
+    assert create["p90"] >= 1.25
+    prof = profile_from_data(new, where="refreshed")
+    assert prof.at(0.9) != prof
+
+
+def test_a_profile_without_call_costs_is_refused_for_a_refresh() -> None:
+    data = copy.deepcopy(dict(profile_data(get_profile("h100"))))
+    with pytest.raises(ArgumentError, match="full kvvmm calibrate"):
+        quick_refresh(SimDriver("h100"), data, clock=lambda: 0.0)
+
+
+def test_calibrate_quick_profile_without_a_gpu_says_so_in_one_line(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    assert calibrate.main(["--quick", "--profile", "h200", "--out",
+                           str(tmp_path / "x.json")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "GPU" in err
+    assert calibrate.main(["--profile", "h200"]) == 2
+    assert "--quick" in capsys.readouterr().err
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"format": "kvvmm-hardware-profile"}), encoding="utf-8")
+    assert calibrate.main(["--quick", "--profile", str(bad)]) == 2
+    assert "bad.json" in capsys.readouterr().err
+
+
+def test_a_refreshed_profile_written_to_a_file_loads(tmp_path: Path) -> None:
+    old = _old()
+    d = SimDriver(profile_from_data(_truth(old, dict.fromkeys(MEASURED, 1.1)), where="t"))
+    new = quick_refresh(d, old, clock=lambda: float(d.clock_us), reps=5)
+    p = tmp_path / "h200-refreshed.json"
+    p.write_text(json.dumps(new), encoding="utf-8")
+    assert load_profile(p).key == "h200"
