@@ -388,6 +388,24 @@ def _fits(panel: Any, why: str) -> None:
     _fills_cell(panel, why)
 
 
+def _tables_fit(root: Any, why: str, *, least: int) -> None:
+    """Every results table under ``root`` (``kvvmm.viz._common.Table.html``) fits its cell
+    with no scrolling, and no header is cut (issue 26, item 6: at 1280 px 06's 18-column
+    table wrapped every row, GrowthLab cut "driver time" to "driv")."""
+    found = root.evaluate("""(root) => {
+      const out = [];
+      for (const t of root.querySelectorAll('.kvvmm-report-table')) {
+        const cut = [...t.querySelectorAll('th')].filter(
+          (th) => th.scrollWidth > th.clientWidth + 1).map((th) => th.textContent);
+        out.push({overflow: t.scrollWidth - t.clientWidth, cut: cut,
+                  head: t.querySelector('th') ? t.querySelector('th').textContent : ''});
+      }
+      return out; }""")
+    assert len(found) >= least, f"{why}: {len(found)} results tables, expected {least}+"
+    bad = [t for t in found if t["overflow"] > 1 or t["cut"]]
+    assert not bad, f"tables that do not fit in {why}: {bad}"
+
+
 #: JavaScript: the figure's drawn width and its cell's (the output area beside the prompt).
 _WIDTHS_JS = """(root) => {
   const svg = root.querySelector('.kvvmm-plot .main-svg');
@@ -429,6 +447,7 @@ def test_saving_in_jupyterlab_leaves_the_checkout_clean(
         _expect(gl.locator(".kvvmm-default-cost"), "the default's over-commit shows"
                 ).to_contain_text("over-commit", timeout=STEP_MS)
         _fits(gl, "GrowthLab after Run All")
+        _tables_fit(gl, "GrowthLab after Run All at 1280 px", least=2)
         _shot(gl, "07-growth-lab-after-run-all")
         saved = Path(lab_server.root_dir) / "03_growth.ipynb"
         before = saved.stat().st_mtime_ns
@@ -480,6 +499,8 @@ def test_the_workloads_notebook_says_which_traffic_it_ran_and_hands_the_trace_to
         tradeoff = tab.root.locator(".jp-CodeCell", has_text="tradeoff_figure(ranged)").last
         _expect(tradeoff.locator(".js-plotly-plot"), "the tradeoff chart renders"
                 ).to_have_count(1, timeout=STEP_MS)
+        # three results reports (five strategies, the range ones, your own), three tables each
+        _tables_fit(tab.root, "06 after Run All at 1280 px", least=9)
         errors.check("after Run All on 06_workloads.ipynb")
 
 

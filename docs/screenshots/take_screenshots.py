@@ -25,14 +25,16 @@ from browser_support import CHROMIUM_ARGS, ConsoleErrors, LabServer, NotebookTab
 
 from kvvmm.workload import find_trace  # noqa: E402
 
-#: notebook -> (screenshot name, what to shoot: a panel's CSS class, or a cell's source line)
+#: notebook -> its shots: (screenshot name, what to shoot: a panel's CSS class, or a line of
+#: a cell's source), each taken after the one Run All
 SHOTS = {
-    "01_tour.ipynb": ("lab-01-arena-lab", ".kvvmm-arena-lab"),
-    "02_layouts.ipynb": ("lab-02-layout-explorer", ".kvvmm-layout-explorer"),
-    "03_growth.ipynb": ("lab-03-growth-lab", ".kvvmm-growth-lab"),
-    "04_failures.ipynb": ("lab-04-arena-lab-failure", ".kvvmm-arena-lab"),
-    "05_gpu.ipynb": ("lab-05-va-map", "va_map(owner.snapshot())"),
-    "06_workloads.ipynb": ("lab-06-tradeoff", "tradeoff_figure(ranged)"),
+    "01_tour.ipynb": [("lab-01-arena-lab", ".kvvmm-arena-lab")],
+    "02_layouts.ipynb": [("lab-02-layout-explorer", ".kvvmm-layout-explorer")],
+    "03_growth.ipynb": [("lab-03-growth-lab", ".kvvmm-growth-lab")],
+    "04_failures.ipynb": [("lab-04-arena-lab-failure", ".kvvmm-arena-lab")],
+    "05_gpu.ipynb": [("lab-05-va-map", "va_map(owner.snapshot())")],
+    "06_workloads.ipynb": [("lab-06-results", "workload_report(cmp)"),
+                           ("lab-06-tradeoff", "tradeoff_figure(ranged)")],
 }
 SIZES = ((1280, 800, ""), (1800, 1000, "-1800"))
 
@@ -67,7 +69,6 @@ def main(argv: list[str] | None = None) -> None:
             sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=chromium, args=list(CHROMIUM_ARGS))
         for nb in names:
-            name, what = SHOTS[nb]
             for width, height, suffix in SIZES:
                 ctx = browser.new_context(viewport={"width": width, "height": height})
                 page = ctx.new_page()
@@ -76,16 +77,19 @@ def main(argv: list[str] | None = None) -> None:
                           timeout=60_000)
                 tab = NotebookTab.open(page, nb, timeout_ms=60_000)
                 tab.run_all(timeout_ms=600_000)  # 06 on the whole real hour: ~4 min
-                target = _target(tab, what)
-                target.scroll_into_view_if_needed()  # type: ignore[attr-defined]
-                page.wait_for_timeout(1000)  # the figure's relayout after it is drawn
-                page.set_viewport_size({"width": width, "height": 2400})
-                page.wait_for_timeout(500)
-                target.screenshot(path=str(HERE / f"{name}{suffix}.png"))  # type: ignore[attr-defined]
+                for name, what in SHOTS[nb]:
+                    page.set_viewport_size({"width": width, "height": height})
+                    page.wait_for_timeout(500)
+                    target = _target(tab, what)
+                    target.scroll_into_view_if_needed()  # type: ignore[attr-defined]
+                    page.wait_for_timeout(1000)  # the figure's relayout after it is drawn
+                    page.set_viewport_size({"width": width, "height": 2400})
+                    page.wait_for_timeout(500)
+                    target.screenshot(path=str(HERE / f"{name}{suffix}.png"))  # type: ignore[attr-defined]
+                    print(f"{name}{suffix}.png")
                 errors.check(f"{nb} at {width} px")
                 ctx.close()
                 srv.shutdown_kernels()
-                print(f"{name}{suffix}.png")
         browser.close()
 
 

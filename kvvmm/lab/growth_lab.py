@@ -27,7 +27,7 @@ from kvvmm.layout import list_models
 from kvvmm.layout.model_buffers import full_pool_descs
 from kvvmm.policy import Chunked, Exact, Geometric, GrowthPolicy, default_policy
 from kvvmm.units import MiB
-from kvvmm.viz import format_growth, growth_figure
+from kvvmm.viz import growth_figure, growth_report
 from kvvmm.viz.bands import format_growth_bands, growth_band_figure, profile_age_line
 from kvvmm.workload.bands import Band, band_notes, growth_bands
 
@@ -183,10 +183,12 @@ class GrowthLab(_Panel):
             layers=self._layers(), dtype=self.dtype.value, page_size=self.page_size.value,
             tokens=self.tokens.value, step_tokens=self.step_tokens.value)
         self.results, self.predicted, self.bands = results, predicted, bands
-        text = format_growth(results, profile=prof, predicted=predicted)
+        # HTML tables, not a <pre>: at a 1280 px window the text table ran past the cell
+        # and the panel cut its last column ("driver time" read "driv").
+        report = growth_report(results, profile=prof, predicted=predicted).html()
         if sim is not None:
-            text += "\n" + format_growth_bands(sim, bands, band_notes(prof))
-        self.table.value = _pre(text)
+            report += _pre(format_growth_bands(sim, bands, band_notes(prof)))
+        self.table.value = report
         self._show(growth_figure(results, profile=prof, predicted=predicted))
         _show_on(self.band_figure, self.band_plot,
                  growth_band_figure(sim or [], bands, label=profile_label(prof)))

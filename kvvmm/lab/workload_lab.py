@@ -8,7 +8,7 @@ from kvvmm.driver import PROFILES
 from kvvmm.lab._panel import _controls, _field, _line, _Panel, _pre
 from kvvmm.layout import list_models
 from kvvmm.viz.bands import add_decode_bands, format_workload_bands, profile_age_line
-from kvvmm.viz.workload import format_workload, workload_figure
+from kvvmm.viz.workload import workload_figure, workload_report
 from kvvmm.workload import (
     SLOT_ORDERS,
     STRATEGIES,
@@ -111,6 +111,8 @@ class WorkloadLab(_Panel):
         bands = workload_bands(wl, names, gpu=self.gpu.value, mid=cmp, model=self.model.value,
                                tp=self.tp.value, config=cfg)
         self.comparison, self.bands = cmp, bands
-        self.table.value = _pre(format_workload(cmp) + "\n"
-                                + format_workload_bands(bands, band_notes(self.gpu.value)))
+        # HTML tables, one per kind of figure: the one 18-column text table wrapped every
+        # row onto two lines at a 1280 px window.
+        self.table.value = (workload_report(cmp).html()
+                            + _pre(format_workload_bands(bands, band_notes(self.gpu.value))))
         self._show(add_decode_bands(workload_figure(cmp), cmp, bands))

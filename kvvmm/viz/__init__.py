@@ -28,6 +28,7 @@ from kvvmm.viz.text import (
     format_bandwidth_fit,
     format_growth,
     format_plan,
+    growth_report,
 )
 from kvvmm.viz.va_map import (
     HEATMAP_THRESHOLD,
@@ -43,6 +44,7 @@ from kvvmm.viz.workload import (
     tradeoff_figure,
     workload_figure,
     workload_memory_figure,
+    workload_report,
 )
 
 __all__ = [
@@ -61,6 +63,7 @@ __all__ = [
     "format_plan",
     "format_workload",
     "growth_figure",
+    "growth_report",
     "handle_sizes",
     "handles_by_policy",
     "held_over_used",
@@ -73,4 +76,5 @@ __all__ = [
     "waste_by_model",
     "workload_figure",
     "workload_memory_figure",
+    "workload_report",
 ]

@@ -18,12 +18,13 @@ from kvvmm.hardware.bandwidth import BANDWIDTH_TARGET, BandwidthTable
 from kvvmm.layout import KvBufferDesc, Plan
 from kvvmm.snapshot import ArenaSnapshot, OwnerSnapshot
 from kvvmm.units import fmt_bytes, fmt_range
-from kvvmm.viz._common import _arena_of, _count, _table
+from kvvmm.viz._common import Report, Table, _arena_of, _count, _table
 
 if TYPE_CHECKING:
     from kvvmm.growth import GrowthResult
 
-__all__ = ["describe", "describe_descs", "describe_stats", "format_growth", "format_plan"]
+__all__ = ["describe", "describe_descs", "describe_stats", "format_growth", "format_plan",
+           "growth_report"]
 
 
 def describe(snapshot: ArenaSnapshot | OwnerSnapshot) -> str:
@@ -252,7 +253,7 @@ def format_growth(results: Sequence[GrowthResult], *,
     (:func:`kvvmm.hardware.predicted_ratio`), the band of the H200 runs the curve is fitted
     to, and whether it keeps the target; and the policy that keeps it with the least
     over-commit (:func:`kvvmm.growth.least_over_commit`). Two tables, so each fits a
-    notebook's width.
+    notebook's width. :func:`growth_report` is the same as tables (HTML in the lab).
 
     Args:
         results: what ran (on the sim, its clock is the driver time shown).
@@ -260,8 +261,20 @@ def format_growth(results: Sequence[GrowthResult], *,
         predicted: on a real driver, the same growth on the sim (same policies, same
             order): its time is shown as predicted next to the measured wall time.
     """
+    if not results:
+        return "no results"
+    return growth_report(results, profile=profile, predicted=predicted).text(width=None)
+
+
+def growth_report(results: Sequence[GrowthResult], *,
+                  profile: str | DeviceProfile | None = None,
+                  predicted: Sequence[GrowthResult] | None = None) -> Report:
+    """:func:`format_growth`'s tables and sentences as a :class:`~kvvmm.viz._common.Report`
+    (``.html()`` for a notebook cell, ``.text()`` for a terminal); same arguments."""
     from kvvmm.growth import least_over_commit
 
+    if not results:
+        return Report(lead=("no results",), tables=())
     # No "smallest" column: every owner's smallest handle is its slot-0 page, whatever the
     # policy, and with it the table ran a few characters past a 1280 px panel.
     rows = [[r.policy, f"{r.handles:,}", f"{r.driver_calls:,}",
@@ -272,8 +285,6 @@ def format_growth(results: Sequence[GrowthResult], *,
     # TB/s), and with it the table ran past a 1280 px panel, cutting "driver time".
     head = ["policy", "handles", "calls", "largest", "backed", "max over", "vs malloc",
             "driver time"]
-    if not results:
-        return "no results"
     if predicted is not None:
         head = [*head[:-1], "measured", "predicted", "pred/meas"]
         for row, r, p in zip(rows, results, predicted, strict=True):
@@ -281,25 +292,25 @@ def format_growth(results: Sequence[GrowthResult], *,
             row[-1:] = [f"{wall_ms:.1f} ms", f"{p.sim_us / 1000:.1f} ms",
                         f"{p.sim_us / 1000 / wall_ms:.2f}" if wall_ms > 0 else "-"]
     r0 = results[0]
-    lines = [f"{r0.buffers} buffers grown to {r0.tokens[-1]:,} tokens in {len(r0.tokens)} "
-             f"steps on {r0.driver}; needed at the end {fmt_bytes(r0.needed_bytes)}"]
-    out = lines + _table(head, rows)
+    lead = (f"{r0.buffers} buffers grown to {r0.tokens[-1]:,} tokens in {len(r0.tokens)} "
+            f"steps on {r0.driver}; needed at the end {fmt_bytes(r0.needed_bytes)}",)
     target = f">= {BANDWIDTH_TARGET:g}x"
-    out.append(f"copy bandwidth predicted against the target ({target} cudaMalloc; band: "
-               "the H200 runs' lowest to highest, fitted):")
-    out += _table(["policy", "vs malloc", "band", target],
-                  [[r.policy, f"{r.predicted_ratio.mid:.3f}x",
-                    f"{r.predicted_ratio.low:.3f}-{r.predicted_ratio.high:.3f}",
-                    "yes" if r.predicted_ratio.mid >= BANDWIDTH_TARGET else "no"]
-                   for r in results])
+    ratios = Table(f"copy bandwidth predicted against the target ({target} cudaMalloc; band: "
+                   "the H200 runs' lowest to highest, fitted):",
+                   ("policy", "vs malloc", "band", target),
+                   tuple((r.policy, f"{r.predicted_ratio.mid:.3f}x",
+                          f"{r.predicted_ratio.low:.3f}-{r.predicted_ratio.high:.3f}",
+                          "yes" if r.predicted_ratio.mid >= BANDWIDTH_TARGET else "no")
+                         for r in results))
     best = least_over_commit(results)
-    out.append(f"keeps {target} cudaMalloc (predicted) with the least over-commit: "
-               + (f"{best.policy} (max over {fmt_bytes(best.max_over_commit_bytes)})"
-                  if best is not None else "none of these"))
+    tail = [f"keeps {target} cudaMalloc (predicted) with the least over-commit: "
+            + (f"{best.policy} (max over {fmt_bytes(best.max_over_commit_bytes)})"
+               if best is not None else "none of these")]
     if profile is not None and (predicted is not None or any(r.sim_us for r in results)):
         what = "predicted" if predicted is not None else "driver time"
-        out.append(f"{what}: simulated with profile {profile_label(profile)}")
-    return "\n".join(out)
+        tail.append(f"{what}: simulated with profile {profile_label(profile)}")
+    return Report(lead=lead, tables=(Table("", tuple(head), tuple(tuple(r) for r in rows)),
+                                     ratios), tail=tuple(tail))
 
 
 def format_bandwidth_fit(table: BandwidthTable | None = None) -> str:

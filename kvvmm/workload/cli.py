@@ -282,7 +282,7 @@ def replay_command(args: argparse.Namespace) -> int:
     fig = workload_figure(cmp)
     if bands:
         add_decode_bands(fig, cmp, bands)
-    fig.update_layout(title=f"kvvmm replay: {stem}")
+    fig.update_layout(title_text=f"kvvmm replay: {stem}")  # text only: the placement stays
     try:
         save_figure(fig, out)
         print(f"wrote {out}")

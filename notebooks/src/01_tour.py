@@ -21,7 +21,7 @@
 # | word | meaning |
 # |---|---|
 # | reserve / free | take / give back a VA range (no memory) |
-# | granularity | the driver's allocation unit (2 MiB on H100/H200) |
+# | granularity | the driver's allocation unit (the first cell prints it for H100 and H200) |
 # | create / release, map / unmap | make / drop a physical handle; attach / detach it at a VA |
 # | commit / decommit | create + map + set access / unmap + release |
 # | backed | committed, physically present |
@@ -42,6 +42,7 @@ import os
 from collections import Counter
 
 import kvvmm
+from kvvmm.driver import PROFILES
 from kvvmm.units import MiB, fmt_bytes
 from kvvmm.viz import describe, describe_stats, va_map
 
@@ -59,6 +60,8 @@ drv = kvvmm.TracingDriver(open_driver())  # records every driver call
 free_bytes, total_bytes = drv.mem_info()
 print(f"{drv.kind} driver on {drv.name}: granularity {fmt_bytes(drv.granularity())}, "
       f"{fmt_bytes(free_bytes)} free of {fmt_bytes(total_bytes)}")
+print("granularity:", ", ".join(f"{PROFILES[k].name} {fmt_bytes(PROFILES[k].granularity_bytes)}"
+                                for k in ("h100", "h200")))
 
 # %% [markdown]
 # ## 1. Describe the KV buffers
@@ -109,6 +112,7 @@ va_map(owner.snapshot())
 # memory, with no copy and no compiled extension. Their addresses are fixed for life.
 
 # %%
+devices = {t.device.type for t in owner.tensors}
 for d, t in list(zip(descs, owner.tensors, strict=True))[:3]:
     print(f"{d.name}: shape {tuple(t.shape)}, {t.dtype}, on {t.device.type}")
 snap = owner.snapshot()
@@ -141,12 +145,14 @@ print(f"slot 0 of each buffer: {fmt_bytes(slot0.page0_bytes)} of data, backed by
 # per buffer.
 
 # %%
-budget_bytes = 512 * MiB  # say 512 MiB are left for KV after weights, activations, graphs
+budget_bytes = 512 * MiB  # say: what is left for KV after weights, activations, graphs
 bytes_per_token = sum(d.row_bytes for d in descs)  # token-major: one row per token
 capacity = budget_bytes // bytes_per_token // PAGE * PAGE
 print(f"{fmt_bytes(bytes_per_token)} per token -> capacity {capacity:,} tokens")
+handles_before = len(owner.snapshot().arena.mappings)
 owner.finalize(capacity)
-print(describe(owner.snapshot()))
+owner_final = owner.snapshot()
+print(describe(owner_final))
 
 # %% tags=["nbval-ignore-output"]
 va_map(owner.snapshot())
@@ -154,17 +160,18 @@ va_map(owner.snapshot())
 # %% [markdown]
 # ## 6. Grow on demand, give back
 #
-# `ensure_prefix(n)` backs the first `n` token slots when they are needed; the growth
-# policy (`Chunked(64 MiB)` here) decides the handle size. `shrink(n)` gives back whole
-# mappings beyond `n` tokens: a handle that straddles the boundary stays, because maps are
-# whole handles.
+# `ensure_prefix(n)` backs the first `n` token slots when they are needed; the owner's
+# growth policy (the `Chunked` one it was given: `describe` names it) decides the handle
+# size. `shrink(n)` gives back whole mappings beyond `n` tokens: a handle that straddles
+# the boundary stays, because maps are whole handles.
 
 # %%
 owner.ensure_prefix(40_000)
 print("after ensure_prefix(40_000):", fmt_bytes(owner.backed_bytes), "backed")
 owner.shrink(16_384)
 print("after shrink(16_384):      ", fmt_bytes(owner.backed_bytes), "backed")
-print(describe(owner.snapshot()))
+shrunk = owner.snapshot()
+print(describe(shrunk))
 
 # %% tags=["nbval-ignore-output"]
 va_map(owner.snapshot())
@@ -215,8 +222,11 @@ check.tokens.value = 4096
 check.finalize_button.click()
 print(check.error_text or "finalize(4096): ok")
 check.tokens.value = 8  # below one page: refused, nothing changes
+before_refusal = check.snapshot()
 check.finalize_button.click()
-print(check.error_text)
+refused = check.error_text
+refusal_changed_nothing = check.snapshot() == before_refusal
+print(refused)
 print(describe(check.snapshot()))
 
 # %% [markdown]
@@ -232,6 +242,25 @@ print(describe_stats(drv.stats()))
 
 # %%
 # The tour's claims, checked.
+# 1: one K and one V buffer per layer, each (reserved_tokens + page_size, kv_heads, head_dim)
+assert len(descs) == 2 * LAYERS
+assert all(d.shape == (RESERVED_TOKENS + PAGE, KV_HEADS, HEAD_DIM) for d in descs)
+# 2: construction backs one page of each buffer (slot 0) and nothing else: one handle each
+assert len(snap.arena.mappings) == len(descs)
+assert all(0 < b.page0_bytes <= b.backed_bytes == snap.arena.granularity for b in snap.buffers)
+# 3: on the simulator the tensors are meta tensors
+assert devices == ({"meta"} if DRIVER == "sim" else devices)
+# 5: finalize backs each final span exactly (to the granularity), one new handle per buffer
+gran = snap.arena.granularity
+assert len(owner_final.arena.mappings) == handles_before + len(descs)
+for b in owner_final.buffers:
+    assert b.backed_bytes == -(-b.final_bytes // gran) * gran, b.name
+# 6: shrink keeps the handle that straddles the boundary: more than the prefix stays
+assert all(b.backed_bytes > b.prefix_bytes for b in shrunk.buffers)
+# 8: the reader's panel is an owner of 2 layers, so 4 buffers; fewer tokens than a page:
+# refused, nothing changed
+assert lab.layers.value == 2 and len(lab.snapshot().buffers) == 4
+assert "page_size" in refused and refusal_changed_nothing
 final = owner.snapshot()
 assert final.arena.closed and final.backed_bytes == 0
 assert drv.stats().clean, drv.stats()

@@ -8,6 +8,7 @@
 
 # %%
 from kvvmm.errors import OutOfRangeError
+from kvvmm.hardware import predicted_ratio
 from kvvmm.layout import (
     Plan,
     kv_bytes_per_token,
@@ -17,7 +18,7 @@ from kvvmm.layout import (
     page_major,
     plan,
 )
-from kvvmm.units import GiB, fmt_bytes
+from kvvmm.units import GiB, MiB, fmt_bytes
 from kvvmm.viz import format_plan, handles_by_policy, tokens_by_tp, waste_by_model
 
 # %% [markdown]
@@ -70,7 +71,8 @@ print(format_plan(p))
 # ## Tensor parallelism
 #
 # TP shards the KV heads: each rank stores `kv_heads / tp` heads, so the same GPU holds
-# more tokens per rank. Past `tp = kv_heads` heads are replicated, and the gain stops.
+# more tokens per rank. Past `tp = kv_heads` heads are replicated: the bytes per token per
+# rank stop falling (the tokens still grow, by less, as each rank holds less of the weights).
 
 # %%
 by_tp = [plan(gpu="h200", model="llama-3.1-70b", tp=tp) for tp in (2, 4, 8, 16)]
@@ -84,8 +86,9 @@ tokens_by_tp(by_tp)
 # %% [markdown]
 # ## Every model on two GPUs, and the granularity's cost
 #
-# The granularity (2 MiB) rounds each buffer's backing up: a model with many small
-# buffers wastes up to 2 MiB per buffer. The padded page costs one page per buffer. Each
+# The granularity (the GPU's allocation unit) rounds each buffer's backing up: a model
+# with many small buffers wastes up to one granule per buffer. The padded page costs one
+# page per buffer. Each
 # model runs at the smallest TP its weights fit at (the planner refuses a TP at which
 # they do not).
 
@@ -119,8 +122,9 @@ for page in (1, 16, 64):
 # %% [markdown]
 # ## Handles per growth policy
 #
-# How many handles each policy creates while the pool grows to its planned capacity (and
-# how many `finalize` makes instead): fewer, larger handles copy faster (`03_growth`).
+# How many handles each policy creates while the pool grows to its planned capacity:
+# fewer, larger handles copy faster (`03_growth`; the check cell holds it to the fitted
+# bandwidth curve).
 
 # %%
 for h in p.handles:
@@ -133,7 +137,7 @@ handles_by_policy(p)
 # ## Explore
 #
 # The panel re-plans on every change and draws the finalized full-attention pool on the
-# simulator of the chosen GPU: here llama-3.1-70b at TP 8, its 160 buffers. A change the
+# simulator of the chosen GPU: here llama-3.1-70b at TP 8, all its buffers. A change the
 # planner refuses shows the error in red over the last good plan, marked stale. The cell
 # after it checks the controls from code, on a panel of its own.
 
@@ -146,6 +150,7 @@ explorer
 # %%
 check = LayoutExplorer(model="deepseek-v3", gpu="h200", tp=8)  # its fp8 weights fit 8 ranks
 # MLA: the latent is not sharded, every rank keeps it whole
+mla = check.plan
 print("\n".join(check.text.splitlines()[:7]))
 check.model.value = "llama-3.1-8b"
 check.tp.value = 3  # refused: 8 KV heads do not split over 3 ranks
@@ -162,4 +167,36 @@ for q in every:
     assert q.va_reserve_bytes >= q.final_backed_bytes
     assert q.va_reserve_bytes % q.granularity_bytes == 0
 assert check.stale and check.plan.model == "llama-3.1-8b" and check.plan.tp == 8
+
+# The prose's claims, each against the package.
+for key in list_models():  # KV bytes per token, as the model configs section states it
+    m = load_model(key)
+    per_layer = (m.kv_lora_rank + m.qk_rope_head_dim if m.is_mla
+                 else 2 * m.num_kv_heads * m.head_dim)
+    full = m.num_layers - len(m.sliding_layers)  # sliding-window layers: the second pool
+    assert kv_bytes_per_token(m, "bfloat16") == per_layer * full * 2, key
+assert load_model("gpt-oss-120b").is_hybrid_swa and load_model("gemma-3-27b").is_hybrid_swa
+assert load_model("deepseek-v3").is_mla
+assert (tm.tokens_per_row, pm.tokens_per_row) == (1, 16)  # a row per token, a row per page
+for d in (tm, pm):  # the final span adds the padded page
+    assert d.final_span_bytes(17, 16) == d.prefix_span_bytes(17, 16) + 16 * d.row_bytes // \
+        d.tokens_per_row
+assert p.budget_bytes == p.free_bytes - p.headroom_bytes + p.backed_bytes  # the plan's budget
+heads = load_model("llama-3.1-70b").num_kv_heads  # TP shards KV heads up to tp = kv_heads
+for q in by_tp:
+    assert q.bytes_per_token == by_tp[0].bytes_per_token * by_tp[0].tp // min(q.tp, heads)
+past, at = by_tp[-1], next(q for q in by_tp if q.tp == heads)  # past it: replicated
+assert past.tp > heads and past.bytes_per_token == at.bytes_per_token
+assert at.tokens < past.tokens < 2 * at.tokens  # the weights' share only
+for q in every:  # at most one granule of waste, and one padded page, per buffer
+    assert q.granularity_waste_bytes < q.num_buffers * q.granularity_bytes
+    if len(q.pools) == 1:
+        assert q.padding_bytes == q.page_size * q.bytes_per_token
+assert predicted_ratio([GiB]).mid > predicted_ratio([2 * MiB]).mid  # larger handles copy faster
+assert all(h.handles >= p.handles[0].handles or h.max_handle_bytes > p.handles[0].max_handle_bytes
+           for h in p.handles)  # Exact makes the most, smallest handles
+assert explorer.plan.num_buffers == 2 * load_model("llama-3.1-70b").num_layers  # all buffers
+assert mla.model == "deepseek-v3" and mla.tp == 8 and mla.tokens > 0
+assert mla.bytes_per_token == kv_bytes_per_token(load_model("deepseek-v3"), "bfloat16")  # whole
+assert load_model("llama-3.1-8b").num_kv_heads % 3 != 0 and "divisor" in check.error_text
 assert explorer.last_error is None and explorer.plan.tp == 8  # the reader's panel

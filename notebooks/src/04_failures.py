@@ -55,6 +55,7 @@ try:
     make_owner(faulty)
 except kvvmm.DriverError as e:
     show(e)
+construction_calls, after_construction = list(faulty.calls), faulty.stats()
 print("calls:", " ".join(faulty.calls))
 print("driver holds:", describe_stats(faulty.stats()))
 
@@ -69,10 +70,12 @@ print("driver holds:", describe_stats(faulty.stats()))
 owner = make_owner(faulty)
 before = owner.snapshot()
 faulty.arm(Fault(call="map", nth=2, error="CUDA_ERROR_UNKNOWN"))
+calls_at = len(faulty.calls)
 try:
     owner.ensure_prefix(4096)
 except kvvmm.DriverError as e:
     show(e)
+growth_calls = faulty.calls[calls_at:]
 print("snapshot unchanged:", owner.snapshot() == before)
 print(describe(owner.snapshot()))
 
@@ -107,7 +110,7 @@ faulty.disarm()
 # the limit and often the fix. kvvmm never clamps.
 
 # %%
-calls_before = len(faulty.calls)
+calls_before, refused = len(faulty.calls), 0
 for attempt in (lambda: owner.finalize(10**9),
                 lambda: owner.ensure_prefix(-1),
                 lambda: owner.shrink(8),
@@ -118,7 +121,9 @@ for attempt in (lambda: owner.finalize(10**9),
         attempt()
     except (kvvmm.KvvmmError, ValueError) as e:
         show(e)
-print("driver calls made by the bad input:", len(faulty.calls) - calls_before)
+        refused += 1
+bad_input_calls = len(faulty.calls) - calls_before
+print("driver calls made by the bad input:", bad_input_calls)
 
 # %% [markdown]
 # ## Out of memory, and recovering from it
@@ -129,16 +134,19 @@ print("driver calls made by the bad input:", len(faulty.calls) - calls_before)
 # %%
 small = kvvmm.SimDriver("h200", capacity_bytes=64 * MiB)
 tight = make_owner(small)
+before_oom = small.stats()
 try:
     tight.finalize(16_384)
 except kvvmm.DriverOutOfMemoryError as e:
     show(e)
+after_oom = small.stats()
 print(describe_stats(small.stats()))
 free, _ = small.mem_info()
 fits = (free // (4 * 2048)) // 16 * 16 - 16  # per token: 4 buffers x 2 KiB; keep a page
 print(f"{fmt_bytes(free)} free -> finalize({fits})")
 tight.finalize(fits)
-print(describe(tight.snapshot()))
+fitted = tight.snapshot()
+print(describe(fitted))
 tight.close()
 
 # %% [markdown]
@@ -147,7 +155,8 @@ tight.close()
 # An `ArenaLab` on a faulty driver: it reserved KV buffers, then `Finalize` of 4096 tokens
 # hit an injected `set_access` failure. The failure appears in red in the panel, and the
 # map and the summary stay as they were (slot 0 backed only), because the library undid
-# every call. Press **Finalize** again: the fault is spent, and it works.
+# every call. Press **Finalize** again: the fault is spent (it failed one call), and it
+# works.
 
 # %% tags=["nbval-ignore-output"]
 from kvvmm.lab import ArenaLab
@@ -173,10 +182,10 @@ lab
 
 # %%
 check, check_driver = faulty_lab()
+failed = check.snapshot()
 print(check.error_text)
-print(describe(check.snapshot()))
-check_driver.disarm()
-check.finalize_button.click()  # recovery: the same click works once the fault is gone
+print(describe(failed))
+check.finalize_button.click()  # recovery: the same click works, the fault spent
 print(check.error_text or "finalize(4096): ok,", fmt_bytes(check.snapshot().backed_bytes),
       "backed")
 
@@ -188,6 +197,17 @@ print(describe_stats(faulty.stats()), "|", describe_stats(check_driver.stats()))
 
 # %%
 assert all(rows), rows
+# The prose's claims, each against what ran.
+assert len(descs) == 4 and construction_calls.count("create") == 3  # the 3rd of 4 failed
+assert construction_calls.count("release") == 2 and after_construction.clean  # all back
+assert growth_calls.count("map") == 2  # the growth stopped at its 2nd map
+first_map = growth_calls.index("map")  # the first buffer's extension: unmapped and released
+assert {"unmap", "release"} <= set(growth_calls[first_map + 1:])
+assert refused == 5 and bad_input_calls == 0  # refused before any driver call
+need = 16_384 * sum(d.row_bytes for d in descs)  # finalizing 16k tokens needs more
+assert small.mem_info()[1] == 64 * MiB < need and after_oom == before_oom  # undone
+assert fitted.final_tokens == fits  # what fits, works
+assert failed.backed_bytes == len(failed.buffers) * failed.arena.granularity  # slot 0 only
 assert faulty.stats().clean and small.stats().clean and check_driver.stats().clean
 assert len(faulty.injected) >= 8
 assert check.last_error is None

@@ -35,8 +35,10 @@ descs = kvvmm.mha_token_major(layers=2, kv_heads=8, head_dim=128, reserved_token
 owner = kvvmm.KvBufferOwner(driver=drv, dtype="bfloat16", page_size=16,
                             reserved_tokens=4096, descs=descs)
 k0 = owner.tensors[0]
+KV_ELEMENTS = k0[0].numel()  # one token of one buffer: kv_heads x head_dim
 k0[0].fill_(1.5)
-print(f"k0 {tuple(k0.shape)} {k0.dtype}: token 0 sums to {float(k0[0].float().sum())}")
+token0 = float(k0[0].float().sum())
+print(f"k0 {tuple(k0.shape)} {k0.dtype}: token 0 sums to {token0}")
 print(f"{len(owner.tensors)} buffers, {owner.snapshot().handles} handles, "
       f"{owner.backed_bytes // MiB} MiB backed")
 
@@ -53,6 +55,7 @@ print(describe(owner.snapshot()))
 
 # %%
 owner.finalize(3000)
+finalized = owner.snapshot()
 k0[2999].fill_(2.0)
 print(f"tokens 0 and 2999 sum to {float(k0[:3000].float().sum())}; "
       f"{owner.backed_bytes // MiB} MiB backed in {owner.snapshot().handles} handles")
@@ -70,6 +73,7 @@ va_map(owner.snapshot())
 
 # %%
 owner.close()
+released_while_held = owner.arena.released
 print("closed:", owner.closed, "| memory given back:", owner.arena.released)
 print("k0 still reads", float(k0[0].float().sum()))
 del k0
@@ -77,5 +81,12 @@ print("after del k0, memory given back:", owner.arena.released)
 print(describe_stats(drv.stats()))
 
 # %%
-assert owner.arena.released
+# The notebook's claims, checked.
+assert token0 == 1.5 * KV_ELEMENTS  # slot 0 backed at construction: token 0 written at once
+gran = finalized.arena.granularity  # finalize(3000): 3000 tokens and the padded page backed
+assert finalized.final_tokens == 3000
+assert all(b.backed_bytes == -(-b.final_bytes // gran) * gran >= b.final_bytes
+           >= (3000 + 16) * d.row_bytes for b, d in zip(finalized.buffers, descs, strict=True))
+assert owner.closed and not released_while_held  # a live tensor kept the memory
+assert owner.arena.released  # until it went
 assert drv.stats().clean, drv.stats()

@@ -25,13 +25,16 @@
 import dataclasses
 import os
 
+from IPython.display import display
+
+import kvvmm
 from kvvmm.hardware import H200_BANDWIDTH
 from kvvmm.units import fmt_bytes
 from kvvmm.viz.workload import (
-    format_workload,
     held_over_used,
     tradeoff_figure,
     workload_figure,
+    workload_report,
 )
 from kvvmm.workload import (
     PrefixGrowth,
@@ -87,7 +90,8 @@ print("ran:      ", len(wl), "requests;", fit_workload(wl).summary())
 # each), as large as the planner fits after the weights. The engine batches continuously,
 # hands out pages lowest-free-first, and a decode step reads the rank's weights and the
 # batch's KV at HBM bandwidth (`StepTimeModel`); the cell after the run prints the pool and
-# the engine's limits. Every strategy drives a real `KvBufferOwner` on the sim driver:
+# the engine's limits. Every strategy drives a real `KvBufferOwner` on the sim driver
+# (the tables: memory, the decode path, the rest; `kvvmm replay --json` has every figure):
 #
 # - `static`: the whole pool backed before capture (what `cudaMalloc` gives);
 # - `prefix`: `ensure_prefix` to the highest page in use, under the default growth policy;
@@ -104,7 +108,7 @@ print("ran:      ", len(wl), "requests;", fit_workload(wl).summary())
 # %% tags=["nbval-ignore-output"]
 names = ["static", "prefix", "prefix+shrink", "page-elastic", "page-elastic+pool"]
 cmp = run_workload(wl, names, model="llama-3.1-70b", gpu="h200", tp=8)
-print(format_workload(cmp))
+workload_report(cmp)
 
 # %%
 st = cmp.setup  # the same whatever traffic ran
@@ -174,7 +178,7 @@ print(f"static backs {fmt_bytes(cmp.result('static').peak_backed_bytes)} through
 ran3 = run_workload(wl, ["xl-page-elastic", "request-ranges", "request-ranges+deferred"],
                     model="llama-3.1-70b", gpu="h200", tp=8)
 ranged = dataclasses.replace(ran3, results=(cmp.result("prefix"), *ran3.results))
-print(format_workload(ranged))
+display(workload_report(ranged))
 rp = ranged.result("prefix")
 for r in ranged.results:
     x = r.decode_driver_s / rp.decode_driver_s
@@ -227,26 +231,51 @@ met = {name: value <= most for name, (value, most) in TARGETS.items()}
 for name, (value, most) in TARGETS.items():
     print(f"{name:42s} {value:7.2f} (target <= {most:g}): "
           f"{'met' if met[name] else 'missed'}")
-#
+
+# %% [markdown]
 # ## Your own strategy, in a cell
 #
-# A strategy is a subclass of `Strategy` with an `update` method: back every page just
-# handed out. This one grows in exact steps of one granule of headroom and never shrinks.
+# A strategy is a subclass of `Strategy` with an `update` method that backs every page
+# just handed out. `Headroom` keeps one granule per buffer backed ahead of the highest page
+# in use, exactly (its owner grows under `Exact()`, where prefix growth's default policy
+# backs ahead in ever larger handles), and gives the tail back as soon as more than
+# `SPARE` granules lie unused (prefix growth never gives back; `prefix+shrink` waits until the
+# pool has stayed low for a while). So it should hold less than prefix growth and pay for
+# it in driver calls on the decode path: the cell prints both side by side, and what it
+# saves and costs.
 
 # %% tags=["nbval-ignore-output"]
 class Headroom(Strategy):
     name = "headroom"
+    policy = kvvmm.Exact()  # the owner's growth policy: back exactly what is asked
+    SPARE = 4  # granules per buffer unused before the tail is given back
+
+    def bind(self, owner: kvvmm.KvBufferOwner, *, pool_pages: int) -> None:
+        super().bind(owner, pool_pages=pool_pages)
+        d = owner.descs[0]  # pages in one granule of a buffer: the headroom
+        page_bytes = d.row_bytes * self.page_size // d.tokens_per_row
+        self.ahead = max(1, owner.snapshot().arena.granularity // page_bytes)
 
     def update(self, allocated: list[int], freed: list[int], high_water: int) -> None:
         if high_water > self.covered_pages:  # pages [0, covered) are backed
-            self.grow_to(high_water + 512)  # 512 pages: one 2 MiB granule per buffer
+            self.grow_to(high_water + self.ahead)
+        elif self.covered_pages > high_water + self.SPARE * self.ahead:
+            self.shrink_to(high_water + self.ahead)
 
 
 # Prefix growth is the one of the first run (PrefixGrowth() is "prefix"): reused, not rerun.
 assert PrefixGrowth().name == "prefix"
 own = run_workload(wl, [Headroom()], model="llama-3.1-70b", gpu="h200", tp=8)
 mine = dataclasses.replace(own, results=(*own.results, cmp.result("prefix")))
-print(format_workload(mine))
+display(workload_report(mine))
+head, base = mine.result("headroom"), mine.result("prefix")
+print(f"headroom holds {head.mean_backed_bytes / base.mean_backed_bytes:.2f}x prefix growth's "
+      f"mean backing ({fmt_bytes(round(head.mean_backed_bytes))} against "
+      f"{fmt_bytes(round(base.mean_backed_bytes))}), for "
+      f"{head.decode_driver_s / base.decode_driver_s:.0f}x its decode-path driver time "
+      f"({head.driver_calls:,} driver calls against {base.driver_calls:,}; "
+      f"{head.stalled_steps:,} stalled steps against {base.stalled_steps:,}); bandwidth "
+      f"{head.predicted_tb_s / base.predicted_tb_s:.2f}x prefix growth's")
 
 # %% [markdown]
 # ## The slot allocator's order
@@ -307,3 +336,6 @@ assert li.mean_elastic_bytes > lo.mean_elastic_bytes  # LIFO scatters the used p
 assert RAN.startswith("the real trace") == REAL  # the first cell says which ran
 assert (ranged.result("request-ranges").decode_driver_s
         < ranged.result("xl-page-elastic").decode_driver_s)
+# Your own strategy: it behaves differently from prefix growth, as the prose says
+assert head.mean_backed_bytes < base.mean_backed_bytes  # holds less
+assert head.driver_calls > base.driver_calls and head.decode_driver_s > base.decode_driver_s

@@ -4,7 +4,8 @@
 # SGLang sizes its KV pool after CUDA-graph capture with `KvVmmBufferOwner` from its
 # `kv_vmm_backing.py` (**the seed**). `kvvmm.integrations.sglang` offers the same class, with
 # the same keyword constructor and calls, on kvvmm's owner: no C++ stub compiled per arena
-# (the seed builds one, ~16-18 s each on an H200), every multi-step change undone on failure,
+# (the seed builds one each time: the first cell prints how long that took on an H200,
+# from the measurement this repository keeps), every multi-step change undone on failure,
 # a close that waits for the last live tensor, and an owner the lab can draw.
 #
 # The swap is one line, before SGLang builds its pool:
@@ -18,7 +19,9 @@
 # `from sglang.srt.mem_cache.kv_vmm_backing import KvVmmBufferOwner` finds kvvmm's class.
 
 # %%
+import json
 import os
+from pathlib import Path
 
 import kvvmm
 import kvvmm.integrations.sglang as k
@@ -26,6 +29,35 @@ from kvvmm.units import fmt_bytes
 from kvvmm.viz import describe, va_map
 
 k.install()  # the one line
+
+
+def repo_file(rel: str) -> Path | None:
+    """``rel`` in this checkout: looked for above the notebook's folder (kvvmm lab runs a
+    working copy in notebooks/.work/); None where the notebook runs without the repository."""
+    for folder in (Path.cwd(), *Path.cwd().parents):
+        if (folder / rel).is_file():
+            return folder / rel
+    return None
+
+
+def ctor_seconds(node: object, key: str) -> list[float]:
+    """Every ``key`` (a constructor's seconds) anywhere in a measurement JSON."""
+    if isinstance(node, dict):
+        return [v for k_, v in node.items() if k_ == key] + [
+            x for v in node.values() for x in ctor_seconds(v, key)]
+    return [x for v in node for x in ctor_seconds(v, key)] if isinstance(node, list) else []
+
+
+CONFORMANCE = repo_file("bench/results/h200-sglang-conformance.json")
+if CONFORMANCE is not None:
+    measured = json.loads(CONFORMANCE.read_text())
+    seed_s, ours_s = (ctor_seconds(measured, f"{who}_ctor_s") for who in ("seed", "kvvmm"))
+    print(f"constructing one pool on an {measured['device']}: the seed "
+          f"{min(seed_s):.1f}-{max(seed_s):.1f} s, kvvmm {min(ours_s) * 1e3:.1f}-"
+          f"{max(ours_s) * 1e3:.1f} ms ({len(seed_s)} pools each; "
+          f"{CONFORMANCE.relative_to(CONFORMANCE.parents[2])})")
+else:
+    print("bench/results/h200-sglang-conformance.json is not here: no H200 measurement")
 
 # %%
 from sglang.srt.mem_cache.kv_vmm_backing import KvVmmBufferOwner  # SGLang's own line
@@ -87,7 +119,9 @@ print(f"{len(pool.tensors)} tensors of shape {tuple(pool.tensors[0].shape)}; bac
 # %%
 BUDGET_BYTES = 1 << 30  # what is left after weights, activations and graphs
 n = BUDGET_BYTES // pool.bytes_per_token() // PAGE * PAGE
+slot0 = pool.snapshot()
 pool.finalize(n)
+finalized = pool.snapshot()
 assert [t.data_ptr() for t in pool.tensors] == ptrs  # captured graphs keep their addresses
 print(f"finalize({n}): {fmt_bytes(pool.backed_bytes)} backed, "
       f"{pool.backed_tokens} tokens usable with nothing more to back")
@@ -109,6 +143,7 @@ va_map(pool.snapshot())
 
 # %%
 given = pool.release_beyond(PAGE)
+after_release = pool.snapshot()
 print(f"release_beyond({PAGE}): gave back {fmt_bytes(given)}; "
       f"{fmt_bytes(pool.backed_bytes)} stay (slot 0's handles)")
 
@@ -117,6 +152,7 @@ small = KvVmmBufferOwner(device="cuda", device_id=0, store_dtype="bfloat16", pag
                          reserved_num_tokens=SIZE, buffer_descs=descs, driver=faulty,
                          name="faulty")
 faulty.arm({"create": 1})
+small_before = small.snapshot()
 try:
     small.finalize(n)
 except RuntimeError as e:  # what SGLang catches
@@ -124,7 +160,9 @@ except RuntimeError as e:  # what SGLang catches
 print(type(caught).__name__, "is a RuntimeError:", isinstance(caught, RuntimeError),
       "and a kvvmm DriverError:", isinstance(caught, kvvmm.DriverError))
 print(caught)
-print(f"after the failed finalize: {fmt_bytes(small.backed_bytes)} backed (as before)")
+small_after = small.snapshot()
+print(f"after the failed finalize: {fmt_bytes(small.backed_bytes)} backed "
+      f"({'as' if small_after == small_before else 'NOT as'} before)")
 
 # %% [markdown]
 # ## 4. Close
@@ -162,4 +200,18 @@ k.uninstall()
 assert pool.released and small.released and hpool.released and pool.backed_bytes == 0
 assert isinstance(caught, RuntimeError) and isinstance(caught, kvvmm.DriverOutOfMemoryError)
 assert n == 65_536 and given > 0
+# The prose's claims, each against what ran.
+if CONFORMANCE is not None:  # seconds per seed pool, milliseconds per kvvmm one
+    assert min(seed_s) > 1.0 > 0.1 > max(ours_s)
+assert all(tuple(t.shape) == (SIZE + PAGE, KV_HEADS, HEAD_DIM) for t in pool.tensors)
+gran = finalized.arena.granularity
+assert finalized.policy == "Exact()"  # the seed's growth: one handle per extension
+for b0, b in zip(slot0.buffers, finalized.buffers, strict=True):  # final span backed
+    assert b.backed_bytes == -(-b.final_bytes // gran) * gran and b0.backed_bytes == gran
+handles = {m.allocation for m in finalized.arena.mappings}
+assert len(finalized.arena.mappings) == 2 * len(handles)  # slot 0's page, one extension
+assert after_release.backed_bytes == len(descs) * gran  # slot 0's handles stay
+assert small_after == small_before  # the failed finalize was undone
+sglang_doc = repo_file("docs/SGLANG.md")
+assert sglang_doc is None or "0.5.23" in sglang_doc.read_text()
 assert drv.stats().clean and faulty.inner.stats().clean

@@ -36,6 +36,8 @@ from kvvmm.units import fmt_bytes
 from kvvmm.viz import describe, va_map
 
 WORKER = '''
+import torch.distributed as dist
+
 from kvvmm.owner.distributed import DistributedOwner
 from kvvmm.driver import FaultyDriver, open_driver
 from kvvmm.errors import CollectiveError
@@ -53,7 +55,7 @@ def rank_main(rank, world, fail_rank):
     owner = KvBufferOwner(driver=drv, dtype="bfloat16", page_size=16,
                           reserved_tokens=262144, descs=descs)
     kv = DistributedOwner(owner, model=MODEL, timeout_s=30)
-    out = {"rank": kv.rank}
+    out = {"rank": kv.rank, "world": world, "backend": str(dist.get_backend())}
     before = owner.snapshot()
     if rank == fail_rank:
         drv.arm({"map": 3})  # this rank's third map fails, after the others agreed
@@ -64,8 +66,12 @@ def rank_main(rank, world, fail_rank):
         out["cause"] = repr(e.__cause__)
     out["unchanged"] = owner.snapshot() == before
     # After capture: what every rank can back (the smallest rank decides), then finalize.
+    free, _ = drv.mem_info()  # this rank's own free - headroom + backed, for the checks
+    out["own_budget_bytes"] = max(0, free - 132 * GiB) + owner.backed_bytes
     out["budget_bytes"] = kv.budget_bytes(headroom_bytes=132 * GiB)
     out["tokens"] = kv.finalize_to_budget(headroom_bytes=132 * GiB)
+    # what finalize backs for those tokens and for one more: the checks' "most that fit"
+    out["fit_bytes"] = [kv.finalize_bytes(out["tokens"] + i) for i in (0, 1)]
     out["backed_bytes"] = owner.backed_bytes
     out["gathered"] = kv.gather_snapshot(dst=0)
     owner.close()
@@ -117,6 +123,36 @@ print(describe(tp.owners[1]).splitlines()[0])
 for rank, snap in enumerate(tp.owners):
     va_map(snap, title=f"rank {rank} of {tp.tp}").show()
 
+# %% [markdown]
+# ## 4. The same calls on an H200
+#
+# `tests/gpu/test_gpu_distributed.py` runs a collective finalize, an injected map fault and
+# a shrink on a real GPU over NCCL, and keeps what it measured in
+# `bench/results/h200-gpu-distributed.json`; the cell reads it (when this checkout has it).
+
+# %%
+import json
+
+
+def repo_file(rel: str) -> Path | None:
+    """``rel`` in this checkout, looked for above the notebook's folder (None without it)."""
+    for folder in (Path.cwd(), *Path.cwd().parents):
+        if (folder / rel).is_file():
+            return folder / rel
+    return None
+
+
+GPU_RUN = repo_file("bench/results/h200-gpu-distributed.json")
+if GPU_RUN is not None:
+    gpu = json.loads(GPU_RUN.read_text())
+    print(f"{gpu['device_name']}, {gpu['backend']}, a world of {gpu['gathered_tp']}: "
+          f"collective finalize({gpu['final_tokens']:,}) {gpu['collective_finalize_ms']:.1f} "
+          f"ms against {gpu['plain_finalize_ms']:.1f} ms for the owner's own finalize; a "
+          f"fault in {gpu['fault']['phase']} rolled back: {gpu['fault']['rolled_back']}, "
+          f"snapshot unchanged: {gpu['fault_unchanged']}")
+else:
+    print("bench/results/h200-gpu-distributed.json is not here: no H200 measurement")
+
 # %%
 # The notebook's claims, checked.
 assert all("aborted on every rank in map" in r["error"] for r in ranks)
@@ -126,3 +162,12 @@ assert len({r["budget_bytes"] for r in ranks}) == 1 and len({r["tokens"] for r i
 assert [o.final_tokens for o in tp.owners] == [ranks[0]["tokens"]] * 2
 assert tp.owners[0].backed_bytes == tp.owners[1].backed_bytes == ranks[0]["backed_bytes"]
 assert ranks[1]["gathered"] is None
+# The prose's claims, each against what ran.
+assert [r["rank"] for r in ranks] == [0, 1] and all(r["world"] == 2 for r in ranks)
+assert all(r["backend"] == "gloo" for r in ranks) and tp.tp == 2
+# the budget: the least over ranks of free - headroom + backed
+assert ranks[0]["budget_bytes"] == min(r["own_budget_bytes"] for r in ranks)
+for r in ranks:  # the most tokens that fit it: one more would not
+    assert r["fit_bytes"][0] <= r["budget_bytes"] < r["fit_bytes"][1]
+if GPU_RUN is not None:  # on the GPU too, a failed collective changed nothing
+    assert gpu["fault"]["rolled_back"] and gpu["fault_unchanged"]
