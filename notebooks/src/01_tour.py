@@ -38,8 +38,10 @@
 # so your edits stay there across launches. Delete a copy to get the current version back.
 
 # %%
+import json
 import os
 from collections import Counter
+from pathlib import Path
 
 import kvvmm
 from kvvmm.driver import PROFILES
@@ -195,7 +197,55 @@ from kvvmm.viz import timeline
 timeline(drv.trace)
 
 # %% [markdown]
-# ## 8. Your turn: the arena lab
+# ## 8. Sleep and wake
+#
+# A server that idles can give the GPU its KV memory back without rebuilding anything:
+# `sleep()` unmaps and releases every handle but keeps the reservation, so the tensors keep
+# their pointers and a captured graph stays valid; `wake()` backs the same ranges at the same
+# VA. With `backup="host"` (pinned host memory) or `"disk"` (a file) the bytes are copied out
+# first and back after; with none, a wake gives fresh memory. Both are transactions: a
+# failure leaves the owner awake with its bytes or asleep with its backup. (On the simulator
+# there are no bytes to copy: the tensors are meta tensors.) The ArenaLab below has **Sleep**
+# and **Wake** buttons too; docs/SLEEP.md has the contract for every owner kind.
+
+# %%
+awake = owner.snapshot()
+slept = owner.sleep("host")
+print(slept)
+asleep_line = next(ln for ln in describe(owner.snapshot()).splitlines() if "asleep" in ln)
+print(asleep_line)
+asleep_backed = owner.backed_bytes
+owner.wake()
+woke_same = owner.snapshot() == awake
+print("after wake the snapshot is the one before the sleep:", woke_same)
+
+
+def repo_file(rel: str) -> Path | None:
+    """``rel`` in this checkout: looked for above the notebook's folder (kvvmm lab runs a
+    working copy in notebooks/.work/); None where the notebook runs without the repository."""
+    for folder in (Path.cwd(), *Path.cwd().parents):
+        if (folder / rel).is_file():
+            return folder / rel
+    return None
+
+
+SLEEP = repo_file("bench/results/h200-sleep.json")
+if SLEEP is not None:  # what a 60 GiB pool measured on an H200, beside torch_memory_saver
+    m = json.loads(SLEEP.read_text())
+    runs, t = m["kvvmm"]["runs"], m["targets"]
+    tms = m["torch_memory_saver"]["runs"]["cpu_backup"]
+    print(f"{m['card']}, a {m['pool']['gib']:.0f} GiB {m['pool']['model']} TP{m['pool']['tp']} "
+          f"pool: host-backed sleep {runs['host-mmap']['sleep_s']['median']:.1f} s, wake "
+          f"{runs['host-mmap']['wake_s']['median']:.2f} s "
+          f"({t['wake_with_contents']['ratio']:.2f}x the PCIe copy of its bytes); without "
+          f"a backup wake {runs['none']['wake_s']['median'] * 1e3:.0f} ms; torch_memory_saver "
+          f"{tms['sleep_s']['median']:.1f} s / {tms['wake_s']['median']:.2f} s "
+          f"({SLEEP.relative_to(SLEEP.parents[2])})")
+else:
+    print("bench/results/h200-sleep.json is not here: no H200 measurement")
+
+# %% [markdown]
+# ## 9. Your turn: the arena lab
 #
 # The panel below drives the same library. It has pressed **Reserve KV** for you: an
 # owner like the one above (2 layers, so 4 buffers), slot 0 backed. Move the token slider
@@ -230,7 +280,7 @@ print(refused)
 print(describe(check.snapshot()))
 
 # %% [markdown]
-# ## 9. Close
+# ## 10. Close
 #
 # `close()` unmaps, frees the reservation and releases the handles; the driver then holds
 # nothing. (If a tensor were still alive, the arena would wait for it: see `05_gpu`.)
@@ -257,7 +307,10 @@ for b in owner_final.buffers:
     assert b.backed_bytes == -(-b.final_bytes // gran) * gran, b.name
 # 6: shrink keeps the handle that straddles the boundary: more than the prefix stays
 assert all(b.backed_bytes > b.prefix_bytes for b in shrunk.buffers)
-# 8: the reader's panel is an owner of 2 layers, so 4 buffers; fewer tokens than a page:
+# 8: sleep gives back every mapping and the wake brings the same snapshot back
+assert slept.given_bytes == awake.backed_bytes and asleep_backed == 0 and woke_same
+assert slept.mappings == len(awake.arena.mappings) and "asleep" in asleep_line
+# 9: the reader's panel is an owner of 2 layers, so 4 buffers; fewer tokens than a page:
 # refused, nothing changed
 assert lab.layers.value == 2 and len(lab.snapshot().buffers) == 4
 assert "page_size" in refused and refusal_changed_nothing
