@@ -67,7 +67,7 @@ $(SGLANG_DIR)/.unpacked: | venv
 	echo "could not download sglang==$(SGLANG_VERSION): its conformance suite will be skipped"
 
 # `kvvmm lab` picks the driver (CUDA when a GPU is usable, else the host or sim driver)
-# and opens JupyterLab on notebooks/. Until kvvmm/cli.py exists, plain JupyterLab.
+# and opens JupyterLab on notebooks/. Without kvvmm.cli (an old checkout), plain JupyterLab.
 lab: venv
 	@if $(PY) -c 'import kvvmm.cli' 2>/dev/null; then \
 	  $(VENV)/bin/kvvmm lab $(LAB_ARGS); \

@@ -2,7 +2,7 @@
 
 nbval proves the notebooks' outputs; it cannot see a panel that never renders (a missing
 front-end extension, a widget whose view fails). This test starts JupyterLab on the working
-folder ``kvvmm.workspace`` makes in a git checkout of the notebooks (private Jupyter
+folder ``kvvmm.cli.workspace`` makes in a git checkout of the notebooks (private Jupyter
 directories, news and autosave off, ``KVVMM_DRIVER=sim``; saving must leave ``git status``
 clean),
 opens ``01_tour.ipynb`` in the system's Chromium, runs all cells, and then uses the
@@ -41,9 +41,9 @@ from browser_support import (
     screenshot_on_exit,
 )
 
+from kvvmm.cli.workspace import prepare_workspace
 from kvvmm.units import MiB, fmt_bytes
 from kvvmm.workload import find_trace
-from kvvmm.workspace import prepare_workspace
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 

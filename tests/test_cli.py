@@ -262,7 +262,7 @@ def test_lab_opens_jupyterlab_on_the_notebooks_with_the_sim_driver_without_a_gpu
 def test_lab_allows_root_only_when_running_as_root(monkeypatch: pytest.MonkeyPatch) -> None:
     launch = _Launch()
     for root in (True, False):
-        monkeypatch.setattr(cli, "is_root", lambda root=root: root)
+        monkeypatch.setattr(cli.lab, "is_root", lambda root=root: root)
         cli.main(["lab"], launch=launch, gpu_probe=lambda: False)
     assert ["--allow-root" in argv for argv, _ in launch.calls] == [True, False]
 

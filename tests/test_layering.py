@@ -65,17 +65,17 @@ LAYER_OF = {
     "kvvmm.growth": "owner",  # decode growth under each policy, on real owners
     "kvvmm.pressure": "owner",  # 0.3: the pressure poll, over drivers, pools and owners
     "kvvmm.budget": "budget",
-    "kvvmm.budget.cli": "cli",  # `kvvmm budget`: parses sizes with kvvmm.cli
+    "kvvmm.budget.cli": "cli",  # 0.3: a shim for kvvmm.cli.budget
     "kvvmm.workload": "workload",
-    "kvvmm.workload.cli": "cli",  # `kvvmm replay`: writes reports through kvvmm.viz
+    "kvvmm.workload.cli": "cli",  # 0.3: a shim for kvvmm.cli.replay
     "kvvmm.viz": "viz",
     "kvvmm.lab": "lab",
     "kvvmm.integrations": "integrations",
-    "kvvmm.cli": "cli",
+    "kvvmm.cli": "cli",  # dispatch, one module per command, the lab's working copies
     "kvvmm.measure": "measure",  # `kvvmm bench` and `kvvmm calibrate`: owners and arenas on a GPU
     "kvvmm.bench": "measure",  # 0.3: a shim for kvvmm.measure.bench
     "kvvmm.calibrate": "measure",  # 0.3: a shim for kvvmm.measure.calibrate
-    "kvvmm.workspace": "cli",  # the lab's working copies of the notebooks (stdlib only)
+    "kvvmm.workspace": "cli",  # 0.3: a shim for kvvmm.cli.workspace
     "kvvmm.__main__": "cli",
     # The package root re-exports everything: only the CLI may import it from inside.
     "kvvmm": "cli",

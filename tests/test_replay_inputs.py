@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from kvvmm.cli.replay import add_replay_parser, replay_command
 from kvvmm.errors import ArgumentError, OutOfRangeError, WorkloadFormatError
 from kvvmm.workload import Request, Workload, generate, load_workload, run_workload
-from kvvmm.workload.cli import add_replay_parser, replay_command
 from kvvmm.workload.generator import MAX_REQUESTS
 
 HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens\n"

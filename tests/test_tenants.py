@@ -10,10 +10,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvvmm.cli import main
+from kvvmm.cli.replay import parse_tenants
 from kvvmm.errors import ArgumentError
 from kvvmm.viz.tenants import format_tenants, tenants_figure
 from kvvmm.workload import Request, Workload, generate
-from kvvmm.workload.cli import parse_tenants
 from kvvmm.workload.tenants import (
     ANSWERS,
     Demand,

@@ -419,7 +419,7 @@ def test_the_gpu_bench_compares_page_elastic_with_its_pool_measured_next_to_pred
 def replay_cli(*argv: str) -> int:
     import argparse
 
-    from kvvmm.workload.cli import add_replay_parser, replay_command
+    from kvvmm.cli.replay import add_replay_parser, replay_command
 
     ap = argparse.ArgumentParser(prog="kvvmm")
     add_replay_parser(ap.add_subparsers(dest="cmd"))

@@ -1,7 +1,7 @@
 """The lab's working folder: copies of the tracked notebooks, made once, never overwritten.
 
 Issue 12, item 4: JupyterLab's autosave rewrote the tracked ``03_growth.ipynb``; the lab now
-opens copies in an ignored folder that :func:`kvvmm.workspace.prepare_workspace` fills.
+opens copies in an ignored folder that :func:`kvvmm.cli.workspace.prepare_workspace` fills.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from kvvmm.workspace import WORK_DIR_NAME, prepare_workspace
+from kvvmm.cli.workspace import WORK_DIR_NAME, prepare_workspace
 
 ROOT = Path(__file__).resolve().parents[1]
 
