@@ -27,7 +27,9 @@ from kvvmm.layout import list_models
 from kvvmm.viz._common import FIT_PX, TERMINAL_COLUMNS, Report, Table, _fitted_table
 from kvvmm.workload import STRATEGIES, generate, run_workload
 
-cell = st.text(alphabet="abc xyz0123456789.,%()", min_size=1, max_size=14)
+# Not blank: a row of blank cells prints as an empty line, which the block split below reads
+# as the gap between two blocks (found by hypothesis in CI).
+cell = st.text(alphabet="abc xyz0123456789.,%()", min_size=1, max_size=14).filter(str.strip)
 
 
 @settings(max_examples=60, deadline=None)

@@ -35,6 +35,7 @@ SHOTS = {
     "05_gpu.ipynb": [("lab-05-va-map", "va_map(owner.snapshot())")],
     "06_workloads.ipynb": [("lab-06-results", "workload_report(cmp)"),
                            ("lab-06-tradeoff", "tradeoff_figure(ranged)")],
+    "09_tenants.ipynb": [("lab-09-tenants", 'tenants_figure(runs["elastic"]')],
 }
 SIZES = ((1280, 800, ""), (1800, 1000, "-1800"))
 
