@@ -110,3 +110,20 @@ def driver_kind(request: pytest.FixtureRequest) -> str:
 def driver(driver_kind: str, make_driver: MakeDriver) -> Driver:
     """A fresh driver of each kind: SimDriver (H200 profile) or HostDriver (2 GiB, 2 MiB)."""
     return make_driver(driver_kind)
+
+
+@pytest.fixture(scope="module")
+def gloo_world_of_one() -> Iterator[None]:
+    """A gloo process group of one rank (this process) for a module's collective tests: a
+    DistributedOwner on one rank runs every step of its agreement without a second process."""
+    import socket
+
+    import torch.distributed as dist
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0,
+                            world_size=1)
+    yield
+    dist.destroy_process_group()

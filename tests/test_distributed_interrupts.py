@@ -5,8 +5,6 @@ prepare, the agreement, the map and the confirmation."""
 
 from __future__ import annotations
 
-import socket
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -34,19 +32,6 @@ class _Interrupting(FaultyDriver):
         return super().create(size)
 
 
-@pytest.fixture(scope="module")
-def group() -> Iterator[None]:
-    import torch.distributed as dist
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0,
-                            world_size=1)
-    yield
-    dist.destroy_process_group()
-
-
 def _setup() -> tuple[_Interrupting, KvBufferOwner, Any]:
     from kvvmm.owner.distributed import DistributedOwner
 
@@ -67,7 +52,7 @@ def _state(drv: _Interrupting, owner: KvBufferOwner) -> tuple[object, ...]:
 @pytest.mark.parametrize("exc", [KeyboardInterrupt, SystemExit])
 @pytest.mark.parametrize("where", ["create 1", "create 3", "agree", "adopt 2", "confirm"])
 def test_an_interrupted_collective_resize_leaves_every_handle_as_it_was(
-        group: None, monkeypatch: pytest.MonkeyPatch, where: str,
+        gloo_world_of_one: None, monkeypatch: pytest.MonkeyPatch, where: str,
         exc: type[BaseException]) -> None:
     drv, owner, dist_owner = _setup()
     before = _state(drv, owner)

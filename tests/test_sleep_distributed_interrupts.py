@@ -5,8 +5,6 @@ this process, on the simulator (as tests/test_distributed_interrupts.py)."""
 
 from __future__ import annotations
 
-import socket
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -14,19 +12,6 @@ import pytest
 from kvvmm import KvBufferOwner, SimDriver, mha_token_major
 
 TOKENS = 36_000
-
-
-@pytest.fixture(scope="module")
-def group() -> Iterator[None]:
-    import torch.distributed as dist
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0,
-                            world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 def _setup() -> tuple[SimDriver, KvBufferOwner, Any]:
@@ -59,7 +44,7 @@ def _interrupt_at(monkeypatch: pytest.MonkeyPatch, dist_owner: Any, nth: int,
 @pytest.mark.parametrize("exc", [KeyboardInterrupt, SystemExit])
 @pytest.mark.parametrize(("op", "nth"), [("sleep", 1), ("sleep", 2), ("wake", 1), ("wake", 2)])
 def test_an_interrupted_collective_sleep_or_wake_leaves_the_rank_as_it_was(
-        group: None, monkeypatch: pytest.MonkeyPatch, op: str, nth: int,
+        gloo_world_of_one: None, monkeypatch: pytest.MonkeyPatch, op: str, nth: int,
         exc: type[BaseException]) -> None:
     drv, owner, dist_owner = _setup()
     if op == "wake":
