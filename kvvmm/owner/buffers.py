@@ -596,6 +596,7 @@ class KvBufferOwner:
         reqs: list[tuple[int, int, int]] = []
         # Buffers of one shape free the same ranges: work them out once per shape.
         by_shape: dict[tuple[int, int], list[tuple[int, int]]] = {}
+        wanted = self._wanted_test(left, ids)
         for i, off in enumerate(self._offsets):
             pb, limit = self._page_bytes[i], self._limits[i]
             ranges = by_shape.get((pb, limit))
@@ -610,7 +611,6 @@ class KvBufferOwner:
                             free.add(g)
                 ranges = _merged([(g, g + gran) for g in sorted(free)], touching=True)
                 by_shape[(pb, limit)] = ranges
-            wanted = self._wanted_test(set(left) | {0}, ids)
             for lo, hi in self._whole_mappings(i, off, ranges, wanted):
                 reqs.append((off, lo, hi - lo))
         try:
@@ -810,6 +810,7 @@ class KvBufferOwner:
         with self._slots_lock:
             pages = self._pages
             reqs: list[tuple[int, int, int]] = []
+            wanted = self._wanted_test(pages, ids)
             for i, off in enumerate(self._offsets):
                 pb = self._page_bytes[i]
                 spans = []
@@ -823,8 +824,6 @@ class KvBufferOwner:
                         hi -= gran
                     if hi > lo:
                         spans.append((lo, hi))
-                gone = set(ids)
-                wanted = self._wanted_test(pages, gone)
                 for lo, hi in self._whole_mappings(i, off, _merged(spans, touching=True),
                                                    wanted):
                     reqs.append((off, lo, hi - lo))
@@ -839,11 +838,11 @@ class KvBufferOwner:
         return sum(r.given_bytes for r in results)
 
     def _wanted_test(self, kept: set[int] | frozenset[int],
-                     gone: Iterable[int]) -> Callable[[int], bool]:
-        """Whether page ``q`` must stay backed after a decommit of the pages ``gone``: slot
+                     going: Iterable[int]) -> Callable[[int], bool]:
+        """Whether page ``q`` must stay backed after a decommit of the pages ``going``: slot
         0's page, a page committed and not going, or a page of the ensured prefix (or the
-        finalized span) not going."""
-        gone = gone if isinstance(gone, (set, frozenset)) else set(gone)
+        finalized span) not going. Made once per decommit, not per buffer."""
+        gone = frozenset(going)
         ps = self.page_size
         ensured = max(self.prefix_tokens, self.final_tokens or 0)
 
