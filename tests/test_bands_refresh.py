@@ -20,7 +20,7 @@ from kvvmm.errors import ArgumentError
 from kvvmm.hardware import get_profile, load_profile, profile_data, profile_from_data
 from kvvmm.hardware.spread import figures_of, ratios, scaled
 from kvvmm.measure import calibrate
-from kvvmm.measure.refresh import FOLLOWS, MEASURED, quick_refresh
+from kvvmm.measure.refresh import FOLLOWS, MEASURED, quick_refresh, refresh_from
 
 #: Several scalings of the measured groups: all together (a slower or faster day), each
 #: its own way (a driver update that slowed creates only), and far from 1.
@@ -108,3 +108,51 @@ def test_a_refreshed_profile_written_to_a_file_loads(tmp_path: Path) -> None:
     p = tmp_path / "h200-refreshed.json"
     p.write_text(json.dumps(new), encoding="utf-8")
     assert load_profile(p).key == "h200"
+
+
+def _card_like(old: dict[str, Any], f: float) -> dict[str, Any]:
+    """A simulator whose calls cost the profile's *isolated* figures times ``f``: as a card's
+    tight loop does on a day ``f`` times the calibration's (its in-context calls then cost
+    the points times ``f``)."""
+    truth = copy.deepcopy(old)
+    cc = truth["call_costs"]
+    cc["points"] = {op: [[m, u * f] for m, u in pts]
+                    for op, pts in cc["isolated_points"].items()}
+    return truth
+
+
+@pytest.mark.parametrize("f", [0.6, 1.3])
+def test_on_a_card_the_tight_loop_is_compared_with_the_isolated_figures(f: float) -> None:
+    # The profile's points are in-context costs (set_access ~1.4x its tight loop on the
+    # H200): a refresh that compared its tight loop with them read a day at f as ~0.55 f.
+    old = _old()
+    assert old["call_costs"]["isolated_points"]
+    d = SimDriver(profile_from_data(_card_like(old, f), where="card-like"))
+    new = quick_refresh(d, old, clock=lambda: float(d.clock_us), reps=6, reference="isolated")
+    for op in ("create", "map", "set_access", "unmap", "release"):
+        assert new["refreshed"]["factors"][f"call_costs.{op}"] == pytest.approx(f, rel=0.03), op
+    got = ratios(figures_of(scaled(old, dict.fromkeys(
+        [f"call_costs.{op}" for op in ("create", "map", "set_access", "unmap", "release")],
+        f))), figures_of(new))
+    for op in ("create", "map", "set_access", "unmap", "release"):
+        for r in got[f"call_costs.{op}"]:
+            assert r == pytest.approx(1.0, rel=0.03), (op, r)
+    # the isolated figures move with the points: the next refresh compares like with like
+    assert new["call_costs"]["isolated_points"]["create"][0][1] == pytest.approx(
+        old["call_costs"]["isolated_points"]["create"][0][1] * f, rel=0.03)
+
+
+def test_a_refresh_is_repeatable_from_its_record_without_a_driver() -> None:
+    old = _old()
+    d = SimDriver(profile_from_data(_truth(old, dict.fromkeys(MEASURED, 0.8)), where="t"))
+    new = quick_refresh(d, old, clock=lambda: float(d.clock_us), reps=5,
+                        date="2026-12-03T12:00:00+00:00")
+    again = refresh_from(old, new["refreshed"]["raw"], date="2026-12-03T12:00:00+00:00")
+    assert again["refreshed"]["factors"] == new["refreshed"]["factors"]
+    assert again["call_costs"] == new["call_costs"]
+    assert new["refreshed"]["raw"]["library"]["calls_from"] == "timed inside the probe"
+
+
+def test_an_unknown_reference_is_refused_naming_the_choices() -> None:
+    with pytest.raises(ArgumentError, match="isolated"):
+        quick_refresh(SimDriver("h200"), _old(), clock=lambda: 0.0, reference="median")

@@ -221,13 +221,16 @@ def scaled(data: Mapping[str, Any], factors: Mapping[str, float]) -> dict[str, A
             continue
         if group.startswith("call_costs."):
             op = group.split(".", 1)[1]
-            pts = out.get("call_costs", {}).get("points", {})
-            if op in pts:
-                pts[op] = _scale_pairs(pts[op], f)
+            for key in ("points", "isolated_points"):  # a tight loop's figures move too
+                pts = out.get("call_costs", {}).get(key, {})
+                if isinstance(pts, dict) and op in pts:
+                    pts[op] = _scale_pairs(pts[op], f)
         elif group in ("set_access_per_mapping", "unmap_per_mapping"):
             sec = out.get(group)
-            if isinstance(sec, dict) and sec.get("points"):
-                sec["points"] = _scale_pairs(sec["points"], f)
+            if isinstance(sec, dict):
+                for key in ("points", "isolated_points"):
+                    if sec.get(key):
+                        sec[key] = _scale_pairs(sec[key], f)
         elif group == "first_touch":
             sec = out.get(group)
             if isinstance(sec, dict):

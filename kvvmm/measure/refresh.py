@@ -33,6 +33,7 @@ import random
 import statistics
 import time
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any
 
 from kvvmm.arena import Arena
@@ -43,7 +44,8 @@ from kvvmm.hardware import DeviceProfile, profile_from_data
 from kvvmm.hardware.spread import figures_of, median_factor, ratios, scaled, spread_section
 from kvvmm.units import MiB
 
-__all__ = ["CALL_SIZES_MIB", "MEASURED", "library_probe", "quick_refresh"]
+__all__ = ["CALL_SIZES_MIB", "MEASURED", "REFERENCES", "library_probe", "quick_refresh",
+           "refresh_from"]
 
 #: Handle sizes the per-call section times (MiB).
 CALL_SIZES_MIB = (2, 8, 32, 128, 512)
@@ -56,6 +58,8 @@ MEASURED = ("call_costs.create", "call_costs.map", "call_costs.set_access",
 #: Groups that follow a measured one: the same driver call over several mappings.
 FOLLOWS = {"set_access_per_mapping": "call_costs.set_access",
            "unmap_per_mapping": "call_costs.unmap"}
+#: What a refresh's tight loop is compared with (:func:`refresh_from`).
+REFERENCES = ("isolated", "points")
 _OPS = ("create", "map", "set_access", "unmap", "release", "reserve", "free")
 _HANDLE_OPS = _OPS[:5]
 
@@ -171,30 +175,51 @@ def _first_touch(d: Driver, clock: Clock, region_bytes: int, regions: int) -> di
             for op in ("map", "set_access")}
 
 
-def library_probe(d: Driver, clock: Clock, reps: int = 5, handles: int = 8) -> dict[str, float]:
-    """Median µs of an arena's open, commit of ``handles`` handles, decommit and close."""
+def library_probe(d: Driver, clock: Clock, reps: int = 5, handles: int = 8,
+                  time_calls: bool = False) -> dict[str, Any]:
+    """Median µs of an arena's open, commit of ``handles`` handles, decommit and close.
+
+    With ``time_calls`` the driver calls made inside each operation are timed too, by
+    ``clock`` (:class:`~kvvmm.measure.timer.TimedDriver`, less its own cost per call), and
+    the answer is ``{"wall": {op: µs}, "calls": {op: µs}}``: the work is the difference,
+    measured where it happens. Without, ``{op: µs}`` of wall time only.
+    """
+    from kvvmm.measure.timer import TimedDriver, wrapper_cost_s
+
+    td = TimedDriver(d, clock=lambda: clock() / 1e6) if time_calls else None
+    drv: Driver = td if td is not None else d
+    per_call_s = wrapper_cost_s(td, n=500) if td is not None else 0.0
     g = d.granularity()
     got: dict[str, list[float]] = {"open": [], "commit": [], "decommit": [], "close": []}
+    calls: dict[str, list[float]] = {k: [] for k in got}
+
+    def timed(op: str, fn: Callable[[], Any]) -> Any:
+        if td is None:
+            t0 = clock()
+            out = fn()
+            got[op].append(clock() - t0)
+            return out
+        with td.record() as made:
+            t0 = clock()
+            out = fn()
+            wall = clock() - t0
+        got[op].append(wall)
+        calls[op].append(1e6 * (sum(c[2] for c in made) + per_call_s * len(made)))
+        return out
+
     for _ in range(reps):
-        t0 = clock()
-        arena = Arena(d, reserve_bytes=2 * handles * g, name="refresh")
-        t1 = clock()
+        arena = timed("open", lambda: Arena(drv, reserve_bytes=2 * handles * g, name="refresh"))
         try:
             offs = [arena.allocate(2 * g, f"b{i}") for i in range(handles)]
-            t2 = clock()
-            arena.commit_many([(o, g) for o in offs])
-            t3 = clock()
-            arena.decommit_many([(o, 0) for o in offs])
-            t4 = clock()
+            runs = [(o, g) for o in offs]
+            timed("commit", partial(arena.commit_many, runs))
+            timed("decommit", partial(arena.decommit_many, [(o, 0) for o in offs]))
         finally:
-            t5 = clock()
-            arena.close()
-            t6 = clock()
-        got["open"].append(t1 - t0)
-        got["commit"].append(t3 - t2)
-        got["decommit"].append(t4 - t3)
-        got["close"].append(t6 - t5)
-    return {k: statistics.median(v) for k, v in got.items()}
+            timed("close", arena.close)
+    wall = {k: statistics.median(v) for k, v in got.items()}
+    if td is None:
+        return wall
+    return {"wall": wall, "calls": {k: statistics.median(v) for k, v in calls.items()}}
 
 
 def _sim_probe(data: Mapping[str, Any], where: str) -> dict[str, float]:
@@ -215,10 +240,29 @@ def _curve_factor(old: Mapping[str, float], new_by_size: Mapping[int, float]) ->
     return statistics.median(got) if got else None
 
 
+def _references(old: Mapping[str, Any], reference: str) -> dict[str, dict[str, float]]:
+    """Per call group, the figures a tight loop of the refresh is compared with.
+
+    ``"isolated"``: the profile's ``isolated_points`` (what the calibration's own tight loop
+    measured, before the in-context ratio made the points), where it has them. ``"points"``:
+    the points themselves.
+    """
+    base = figures_of(old)
+    refs = {g: v for g, v in base.items() if g.startswith("call_costs.")}
+    if reference == "isolated":
+        iso = (old.get("call_costs") or {}).get("isolated_points")
+        if isinstance(iso, Mapping):
+            for op, pts in iso.items():
+                if f"call_costs.{op}" in refs and pts:
+                    refs[f"call_costs.{op}"] = {str(int(m) if float(m).is_integer() else m):
+                                                float(u) for m, u in pts}
+    return refs
+
+
 def quick_refresh(driver: Driver, old: Mapping[str, Any], *, clock: Clock,
                   sizes_mib: tuple[int, ...] = CALL_SIZES_MIB, reps: int = 30,
                   regions: int = 16, time_limit_s: float = 45.0,
-                  date: str | None = None) -> dict[str, Any]:
+                  date: str | None = None, reference: str | None = None) -> dict[str, Any]:
     """Measure the drift-prone figures on ``driver`` and return ``old`` refreshed.
 
     Args:
@@ -229,13 +273,13 @@ def quick_refresh(driver: Driver, old: Mapping[str, Any], *, clock: Clock,
             after 5 rounds at least, once ``time_limit_s`` is spent).
         regions: untouched regions the first-touch section maps into.
         date: the refreshed profile's date (default: now, UTC).
+        reference: what the per-call timings are compared with (see :func:`refresh_from`);
+            default ``"points"`` on a simulator, ``"isolated"`` on any other driver.
     Returns:
-        The refreshed profile's data (schema-checked): the old figures times each group's
-        factor, ``refreshed`` saying what was measured and the factors, ``spread`` recomputed
-        with the old figures in its history.
+        The refreshed profile's data (schema-checked), as :func:`refresh_from` makes it.
     Raises:
         ArgumentError: ``old`` has no call costs to refresh (a new card: run the full
-            calibrate).
+            calibrate), or an unknown ``reference``.
         DriverError: a driver call failed (what this made is given back first).
     """
     base = figures_of(old)
@@ -243,21 +287,56 @@ def quick_refresh(driver: Driver, old: Mapping[str, Any], *, clock: Clock,
         raise ArgumentError("profile", old.get("key", "?"),
                             "a full profile with call_costs (a new card needs the full "
                             "kvvmm calibrate first)")
+    if reference is None:
+        reference = "points" if isinstance(driver, SimDriver) else "isolated"
+    if reference not in REFERENCES:
+        raise ArgumentError("reference", reference, f"one of {', '.join(REFERENCES)}")
     started = time.monotonic()
     deadline = started + time_limit_s
     means, rounds = _per_call(driver, clock, tuple(sizes_mib), reps, deadline)
+    ft_new: dict[str, float] = {}
+    if base.get("first_touch"):
+        region = int(old["first_touch"].get("region_mib", 512)) * MiB
+        ft_new = _first_touch(driver, clock, region, regions)
+    library: dict[str, Any] = {}
+    if "library_work_us" in base:  # the calls inside the probe timed where they run
+        lp = library_probe(driver, clock, time_calls=True)
+        library = {"measured_us": lp["wall"], "calls_timed_us": lp["calls"]}
+    raw = {"per_call_us": {op: {str(s): round(v, 3) for s, v in by.items()}
+                           for op, by in means.items()},
+           "first_touch_us": ft_new, "library": library,
+           "rounds": rounds, "reference": reference}
+    return refresh_from(old, raw, date=date, seconds=round(time.monotonic() - started, 2))
+
+
+def refresh_from(old: Mapping[str, Any], raw: Mapping[str, Any], *, date: str | None = None,
+                 seconds: float = 0.0) -> dict[str, Any]:
+    """``old`` rescaled by what a refresh measured (``raw``: a refreshed profile's
+    ``refreshed.raw``), with no driver: a refresh's arithmetic, repeatable from its record.
+
+    Per call group the factor is the median over the measured sizes of measured / the
+    reference curve at that size. The reference (``raw["reference"]``) is what the same tight
+    loop gave on the calibration's day: on a card, the profile's ``isolated_points`` (its
+    points are in-context costs, a ``context_factor`` above the tight loop's: set_access
+    1.4x on the H200, so comparing a tight loop with them read every day as 0.55-0.7x);
+    on a simulator, the points (it charges a call its points whatever surrounds it).
+    Groups not measured follow their call (``FOLLOWS``) or take the median factor.
+    """
+    base = figures_of(old)
+    reference = str(raw.get("reference", "points"))
+    refs = _references(old, reference)
     factors: dict[str, float] = {}
+    per_call = raw.get("per_call_us", {})
     for op in _OPS:
         g = f"call_costs.{op}"
-        if g in base and means.get(op):
-            f = _curve_factor(base[g], means[op])
+        by = {int(float(s)): float(v) for s, v in (per_call.get(op) or {}).items()}
+        if g in base and by:
+            f = _curve_factor(refs.get(g, base[g]), by)
             if f is not None and f > 0:
                 factors[g] = f
     ft_old = base.get("first_touch", {})
-    ft_new: dict[str, float] = {}
-    if ft_old:
-        region = int(old["first_touch"].get("region_mib", 512)) * MiB
-        ft_new = _first_touch(driver, clock, region, regions)
+    ft_new = dict(raw.get("first_touch_us") or {})
+    if ft_old and ft_new:
         fs = [ft_new[k] / v for k, v in ft_old.items() if v > 0 and ft_new.get(k, 0) > 0]
         if fs:
             factors["first_touch"] = statistics.median(fs)
@@ -267,9 +346,12 @@ def quick_refresh(driver: Driver, old: Mapping[str, Any], *, clock: Clock,
             factors[g] = factors.get(FOLLOWS.get(g, ""), calls_common)
     # Library work: the probe's time less what the refreshed calls charge for its calls.
     lib: dict[str, Any] = {}
-    if "library_work_us" in base:
-        measured = library_probe(driver, clock)
-        calls_now = _sim_probe(_no_work(scaled(old, factors)), "refreshed calls")
+    measured = dict((raw.get("library") or {}).get("measured_us") or {})
+    timed = dict((raw.get("library") or {}).get("calls_timed_us") or {})
+    if "library_work_us" in base and measured:
+        # The calls inside the probe: as timed there, else (a record from before they
+        # were timed) as the refreshed profile charges them.
+        calls_now = timed or _sim_probe(_no_work(scaled(old, factors)), "refreshed calls")
         old_full = _sim_probe(old, "old profile")
         old_calls = _sim_probe(_no_work(old), "old calls")
         fs = []
@@ -277,7 +359,8 @@ def quick_refresh(driver: Driver, old: Mapping[str, Any], *, clock: Clock,
             work_new, work_old = t - calls_now[k], old_full[k] - old_calls[k]
             if work_old > 0 and work_new > 0:
                 fs.append(work_new / work_old)
-        lib = {"measured_us": measured, "calls_us": calls_now}
+        lib = {"measured_us": measured, "calls_timed_us": timed, "calls_us": calls_now,
+               "calls_from": "timed inside the probe" if timed else "the refreshed profile"}
         if fs:
             factors["library_work_us"] = statistics.median(fs)
     common = median_factor(factors)
@@ -291,20 +374,18 @@ def quick_refresh(driver: Driver, old: Mapping[str, Any], *, clock: Clock,
     history = [*list(kept),
                {"date": str(old.get("date", "")), "source": "before kvvmm calibrate --quick "
                 f"--profile ({old.get('key', '?')})", "figures": base}]
-    seconds = round(time.monotonic() - started, 2)
     new["date"] = when[:10]
     new["refreshed"] = {
         "date": when, "from_date": str(old.get("date", "")), "seconds": seconds,
         "measured": list(MEASURED), "factors": {g: round(f, 4) for g, f in factors.items()},
-        "raw": {"per_call_us": {op: {str(s): round(v, 3) for s, v in by.items()}
-                                for op, by in means.items()},
-                "first_touch_us": ft_new, "library": lib},
+        "raw": {"per_call_us": per_call, "first_touch_us": ft_new, "library": lib,
+                "rounds": raw.get("rounds", {}), "reference": reference},
         "how": "kvvmm calibrate --quick --profile: the measured groups times measured / "
-               "profile (median over sizes), the rest times the call they follow or the "
-               "median factor",
+               f"reference ({reference}; median over sizes), the rest times the call they "
+               "follow or the median factor",
     }
     new["spread"] = spread_section(
-        new, history=history, rounds=rounds,
+        new, history=history, rounds=dict(raw.get("rounds") or {}),
         source=f"kvvmm calibrate --quick --profile, {when}: ratios of the {len(history)} "
                "calibrations kept (the profile before each refresh) to these figures, and "
                "of this run's blocks of rounds to their mean, pooled")

@@ -103,8 +103,10 @@ class TimedDriver(DriverWrapper):
     shares its driver).
     """
 
-    def __init__(self, inner: Driver) -> None:
+    def __init__(self, inner: Driver, clock: Callable[[], float] | None = None) -> None:
         super().__init__(inner)
+        #: seconds now: the wall clock, or a simulator's (``lambda: d.clock_us / 1e6``)
+        self._now = clock or time.perf_counter
         self.calls: list[tuple[str, int, float]] = []
         self.recording = False
         # handle -> size: a release costs by the size of its handle, and names only the handle
@@ -133,11 +135,11 @@ class TimedDriver(DriverWrapper):
         if self.recording:
             out = self._recorded(call, size, fn, *args)
         else:
-            t0 = time.perf_counter()
+            t0 = self._now()
             try:
                 out = fn(*args)
             finally:
-                dt = time.perf_counter() - t0
+                dt = self._now() - t0
                 if threading.get_ident() == self._fg:
                     self.fg_s += dt
                     self.fg_calls += 1
@@ -151,9 +153,9 @@ class TimedDriver(DriverWrapper):
         return out
 
     def _recorded(self, op: str, size: int, fn: Callable[..., Any], *args: Any) -> Any:
-        t0 = time.perf_counter()
+        t0 = self._now()
         out = fn(*args)
-        self.calls.append((op, size, time.perf_counter() - t0))
+        self.calls.append((op, size, self._now() - t0))
         return out
 
     @contextmanager
@@ -172,10 +174,10 @@ def wrapper_cost_s(td: TimedDriver, n: int = 2000) -> float:
     out = []
     for _ in range(5):
         with td.record() as calls:
-            t0 = time.perf_counter()
+            t0 = td._now()
             for _ in range(n):
                 td.mem_info()
-            wall = time.perf_counter() - t0
+            wall = td._now() - t0
         out.append((wall - sum(c[2] for c in calls)) / n)
     return max(0.0, statistics.median(out))
 
