@@ -23,7 +23,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from kvvmm.driver.base import (
-    CUDA_ERROR_INVALID_DEVICE,
     CUDA_ERROR_INVALID_VALUE,
     CUDA_ERROR_NOT_SUPPORTED,
     Driver,
@@ -35,6 +34,7 @@ from kvvmm.driver.base import (
     locked,
     refuse_close,
 )
+from kvvmm.driver.cuda_peers import PeerAccessMixin
 
 # ZERO_PAGE_BLOCK: re-exported, it was defined here until 0.3.
 from kvvmm.driver.cuda_zero import ZERO_PAGE_BLOCK as ZERO_PAGE_BLOCK
@@ -122,7 +122,7 @@ def _unavailable(what: str) -> DriverUnavailableError:
     return DriverUnavailableError(f"the CUDA driver cannot run here: {what}. {_FALLBACK}.")
 
 
-class CudaDriver(ZeroPageMixin, Driver):
+class CudaDriver(ZeroPageMixin, PeerAccessMixin, Driver):
     """CUDA VMM on a real GPU, in the device's primary context (torch's).
 
     Args:
@@ -672,60 +672,6 @@ class CudaDriver(ZeroPageMixin, Driver):
         if err:  # CUDA_SUCCESS is 0: the cheapest test
             raise self._cuda_error("set_access", {"va": va, "size": size}, "cuMemSetAccess", err)
 
-    def _set_access_for(self, va: int, size: int, devices: Sequence[int]) -> None:
-        """Set access for each listed device: the peer rules, then one cuMemSetAccess."""
-        try:
-            key = tuple(devices)
-            # Exact ints only: (False,) and (0.0,) equal (0,) as dict keys.
-            access = (self._access_lists.get(key)
-                      if all(type(d) is int for d in key) else None)
-        except TypeError:  # not iterable, or unhashable items: _access_list says why
-            access = None
-        if access is None:
-            access = self._access_list(va, size, devices)
-        m = self._maps.get(va)
-        starts = [va] if m is not None and m.size == size else self._tiling("set_access", va,
-                                                                             size)
-        (err,) = self._cuMemSetAccess(va, size, access, len(access))
-        if err:
-            raise self._cuda_error("set_access", {"va": va, "size": size}, "cuMemSetAccess", err)
-        if self._zero is not None:  # what an undo that maps them back must give them again
-            for s in starts:
-                self._peer_access[s] = access
-
-    def _access_list(self, va: int, size: int, devices: Sequence[int]) -> list[Any]:
-        """Check ``devices`` and build (and cache) their CUmemAccessDesc list."""
-        if isinstance(devices, (str, bytes)) or not isinstance(devices, Sequence) or not devices:
-            raise ArgumentError("devices", devices, "a non-empty sequence of device ordinals")
-        args = {"va": va, "size": size}
-        n = self._device_count
-        devices = [check_call_ints("set_access", device=d)["device"] for d in devices]
-        for d in devices:
-            if not 0 <= d < n:
-                # What raw cuMemSetAccess answers on an H200 for an ordinal it does not have
-                # (tests/gpu/test_gpu_peer.py, bench/results/h200-export-peer-1gpu.json).
-                raise driver_error(
-                    "set_access", args, CUDA_ERROR_INVALID_VALUE,
-                    f"device {d!r} is not a device this process sees (0..{n - 1})",
-                )
-            if d != self.device and not self.can_access_peer(d):
-                raise driver_error(
-                    "set_access", args, CUDA_ERROR_INVALID_DEVICE,
-                    f"device {d} cannot access device {self.device}'s memory "
-                    f"(cuDeviceCanAccessPeer({d}, {self.device}) is 0: no NVLink or PCIe "
-                    "peer path between them)",
-                )
-        drv = _drv
-        out = []
-        for d in dict.fromkeys(devices):  # each device once, in the order given
-            acc = drv.CUmemAccessDesc()
-            acc.location.type = drv.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
-            acc.location.id = d
-            acc.flags = drv.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
-            out.append(acc)
-        self._access_lists[tuple(devices)] = out
-        return out
-
     # The Python implementations, which the C fast path calls for anything but the common
     # valid case (and which run every call when it is off).
     _py_create = create
@@ -733,23 +679,6 @@ class CudaDriver(ZeroPageMixin, Driver):
     _py_map = map
     _py_unmap = unmap
     _py_set_access = set_access
-
-    def can_access_peer(self, device: int) -> bool:
-        """``cuDeviceCanAccessPeer(device, this device)``: can ``device`` use our memory?
-
-        False for this device itself (CUDA answers 0 there) and for ordinals out of range.
-        Asked once per device, then cached.
-        """
-        ok = self._peer_ok.get(device)
-        if ok is None:
-            ok = False
-            if device != self.device and 0 <= device < self._device_count:
-                err, dev = _drv.cuDeviceGet(device)
-                if err == self._ok:
-                    err, can = _drv.cuDeviceCanAccessPeer(dev, self._dev)
-                    ok = err == self._ok and bool(can)
-            self._peer_ok[device] = ok
-        return ok
 
     # -- handles shared between processes -----------------------------------------------
 
