@@ -14,9 +14,7 @@ page) is ``docs/CUDA_DRIVER.md``; the measurements it cites are ``docs/MEASUREME
 
 from __future__ import annotations
 
-import functools
 import os
-import sys
 import threading
 from bisect import bisect_right, insort
 from collections.abc import Sequence
@@ -34,6 +32,7 @@ from kvvmm.driver.base import (
     locked,
     refuse_close,
 )
+from kvvmm.driver.cuda_capture import SynchronizeMixin
 from kvvmm.driver.cuda_peers import PeerAccessMixin
 
 # ZERO_PAGE_BLOCK: re-exported, it was defined here until 0.3.
@@ -122,7 +121,7 @@ def _unavailable(what: str) -> DriverUnavailableError:
     return DriverUnavailableError(f"the CUDA driver cannot run here: {what}. {_FALLBACK}.")
 
 
-class CudaDriver(ZeroPageMixin, PeerAccessMixin, Driver):
+class CudaDriver(ZeroPageMixin, PeerAccessMixin, SynchronizeMixin, Driver):
     """CUDA VMM on a real GPU, in the device's primary context (torch's).
 
     Args:
@@ -584,79 +583,6 @@ class CudaDriver(ZeroPageMixin, PeerAccessMixin, Driver):
             raise self._cuda_error("unmap", {"va": va, "size": size}, "cuMemUnmap", err)
         for _, h in taken:
             self._unmapped(h)
-
-    def _synchronize(self, call: str, va: int, size: int) -> None:
-        """Wait for all work in this device's context; refuse while a capture is seen.
-
-        Before an unmap, and (zero cover on) before a map or a free, which unmap zero pieces
-        a kernel may be reading.
-        """
-        done, act = {"map": ("mapped", "Map"), "free": ("freed", "Free")}.get(
-            call, ("unmapped", "Unmap"))
-        drv = _drv
-        err, cur = self._cuCtxGetCurrent()
-        pushed = int(cur) != self._ctx_int
-        if pushed:  # another context (or none) is current on this thread: sync ours
-            drv.cuCtxPushCurrent(self._ctx)
-        try:
-            capturing = self._capturing()
-            if not capturing:
-                (err,) = self._cuCtxSynchronize()
-        finally:
-            if pushed:
-                drv.cuCtxPopCurrent()
-        if capturing:
-            raise driver_error(
-                call, {"va": va, "size": size}, "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED",
-                f"a CUDA graph capture is underway ({capturing}); nothing was {done} and the "
-                f"capture is untouched. {act} after the capture ends",
-            )
-        if err != self._ok:
-            raise driver_error(
-                call, {"va": va, "size": size}, _name(err),
-                f"cuCtxSynchronize before the {call} returned it ({_describe(err)}); nothing "
-                f"was {done}",
-            )
-
-    def _capturing(self) -> str:
-        """Where a capture was seen ('' if none): torch's current stream, or a blocking one.
-
-        Measured on an H200: ``cuCtxSynchronize`` while any stream of the context captures
-        fails with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED *and invalidates the capture*, even
-        with the thread's capture mode relaxed. So look first. torch captures on a non-blocking
-        stream that it makes current; the legacy stream's query sees blocking streams only.
-        A capture on another non-blocking stream is not seen and is invalidated by the sync.
-        """
-        fn = self._b.capture_check
-        if fn is None:
-            torch = sys.modules.get("torch")  # only if the process uses torch: never import
-            if torch is not None and torch.cuda.is_initialized():
-                # torch's current stream on *this driver's* device, as a raw pointer (torch's
-                # own is_current_stream_capturing looks at its current device, which may be
-                # another); the C fast path calls it too, once it is known.
-                raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-                if raw is not None:
-                    fn = functools.partial(raw, self.device)
-                else:  # an older torch: its current device's stream, as a bool
-                    fn = torch.cuda.is_current_stream_capturing
-                self._b.capture_check = fn
-        if fn is not None:
-            got = fn()
-            if isinstance(got, bool):
-                if got:
-                    return "on torch's current stream"
-            elif self._stream_capturing(_drv.CUstream(got)):
-                return f"on torch's current stream of device {self.device}"
-        if self._stream_capturing(self._legacy):
-            return "on a blocking stream"
-        return ""
-
-    def _stream_capturing(self, stream: Any) -> bool:
-        """``cuStreamIsCapturing`` says a capture is underway (or one on a blocking stream
-        makes the legacy stream's query implicit); any other error: the synchronize
-        reports it."""
-        err, status = self._cuStreamIsCapturing(stream)
-        return bool(err == self._implicit or (err == self._ok and status != self._capture_none))
 
     @locked
     def set_access(self, va: int, size: int, devices: Sequence[int] | None = None) -> None:

@@ -11,6 +11,7 @@ is "Peer access" in docs/CUDA_DRIVER.md.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -27,11 +28,9 @@ __all__ = ["PeerAccessMixin"]
 
 
 def _cuda() -> Any:
-    """:mod:`kvvmm.driver.cuda`, looked up when called (it imports this module): it holds
-    cuda.bindings' driver module as ``_drv`` (where the tests put a stand-in)."""
-    from kvvmm.driver import cuda
-
-    return cuda
+    """:mod:`kvvmm.driver.cuda` (which imports this module), read at call time: it holds
+    cuda.bindings' driver module as ``_drv``, where the tests put a stand-in."""
+    return sys.modules["kvvmm.driver.cuda"]
 
 
 class PeerAccessMixin:

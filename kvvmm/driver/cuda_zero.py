@@ -13,6 +13,7 @@ the driver's state (its book, its bound CUDA calls, its lock) and its checks.
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING, Any
 
 from kvvmm.driver.base import check_call_ints, locked
@@ -29,11 +30,9 @@ ZERO_PAGE_BLOCK = 64 << 20
 
 
 def _cuda() -> Any:
-    """:mod:`kvvmm.driver.cuda`, looked up when called (it imports this module): it holds
-    cuda.bindings' driver module as ``_drv`` (where the tests put a stand-in)."""
-    from kvvmm.driver import cuda
-
-    return cuda
+    """:mod:`kvvmm.driver.cuda` (which imports this module), read at call time: it holds
+    cuda.bindings' driver module as ``_drv``, where the tests put a stand-in."""
+    return sys.modules["kvvmm.driver.cuda"]
 
 
 def _name(err: Any) -> str:
