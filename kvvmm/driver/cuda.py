@@ -5,7 +5,11 @@ point in the device's *primary* context, the one torch uses. The hot calls (crea
 access, unmap, release) run in C when ``_cudafast.c`` is built; the Python methods here are
 its slow path and the whole driver without it. Optionally (``zero_page``) unbacked VA reads as
 zeros through a read-only zero cover (:mod:`kvvmm.driver.zerocover` plans it,
-:mod:`kvvmm.driver.cuda_zero` runs it).
+:mod:`kvvmm.driver.cuda_zero` runs it). Each part of the driver that is an idea of its own
+is one of ``CudaDriver``'s bases, in a module beside this one: the C fast path's Python side
+(``cuda_fast``), the synchronize before an unmap (``cuda_capture``), peer access
+(``cuda_peers``) and the zero cover (``cuda_zero``); the cuda.bindings module they call
+through is this module's ``_drv``.
 
 The design (the rules checked here that CUDA does not check, cost and the C fast path, unmap
 and graph capture, contexts, peers, handles between processes, arguments, threads, the zero
