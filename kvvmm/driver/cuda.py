@@ -4,7 +4,12 @@ The only module of kvvmm that imports ``cuda.bindings``. Every call is one CUDA 
 point in the device's *primary* context, the one torch uses. The hot calls (create, map, set
 access, unmap, release) run in C when ``_cudafast.c`` is built; the Python methods here are
 its slow path and the whole driver without it. Optionally (``zero_page``) unbacked VA reads as
-zeros through a read-only zero cover (:mod:`kvvmm.driver.zerocover` plans it).
+zeros through a read-only zero cover (:mod:`kvvmm.driver.zerocover` plans it,
+:mod:`kvvmm.driver.cuda_zero` runs it). Each part of the driver that is an idea of its own
+is one of ``CudaDriver``'s bases, in a module beside this one: the C fast path's Python side
+(``cuda_fast``), the synchronize before an unmap (``cuda_capture``), peer access
+(``cuda_peers``) and the zero cover (``cuda_zero``); the cuda.bindings module they call
+through is this module's ``_drv``.
 
 The design (the rules checked here that CUDA does not check, cost and the C fast path, unmap
 and graph capture, contexts, peers, handles between processes, arguments, threads, the zero
@@ -13,16 +18,13 @@ page) is ``docs/CUDA_DRIVER.md``; the measurements it cites are ``docs/MEASUREME
 
 from __future__ import annotations
 
-import functools
 import os
-import sys
 import threading
 from bisect import bisect_right, insort
 from collections.abc import Sequence
 from typing import Any
 
 from kvvmm.driver.base import (
-    CUDA_ERROR_INVALID_DEVICE,
     CUDA_ERROR_INVALID_VALUE,
     CUDA_ERROR_NOT_SUPPORTED,
     Driver,
@@ -34,7 +36,17 @@ from kvvmm.driver.base import (
     locked,
     refuse_close,
 )
-from kvvmm.driver.zerocover import Piece, ZeroCover, ZeroCoverStats, runs
+from kvvmm.driver.cuda_capture import SynchronizeMixin
+from kvvmm.driver.cuda_fast import FastPathMixin, _Handle, _PyBook
+
+# The C extension, or None when it is not built (tests/drivers.py and tests/gpu look here).
+from kvvmm.driver.cuda_fast import _cudafast as _cudafast
+from kvvmm.driver.cuda_peers import PeerAccessMixin
+
+# ZERO_PAGE_BLOCK: re-exported, it was defined here until 0.3.
+from kvvmm.driver.cuda_zero import ZERO_PAGE_BLOCK as ZERO_PAGE_BLOCK
+from kvvmm.driver.cuda_zero import ZeroPageMixin
+from kvvmm.driver.zerocover import ZeroCover
 from kvvmm.errors import ArgumentError, DriverError, DriverUnavailableError
 
 try:  # Imported here (not lazily) because this module is itself imported lazily.
@@ -49,80 +61,13 @@ __all__ = ["CudaDriver"]
 
 _FALLBACK = 'open_driver("sim") works everywhere; open_driver("host") gives real bytes on Linux'
 
-#: ``zero_page=True``'s block: the largest granularity-times-a-power-of-two up to this. 64 MiB:
-#: a 246 GiB reservation is ~3,936 zero mappings (~40 µs of cuMemSetAccess each, ~0.17 s),
-#: for 2 x 64 MiB - 2 MiB = 126 MiB of zero memory (0.09% of an H200); 32 MiB would halve
-#: the memory and double the cover's cost.
-ZERO_PAGE_BLOCK = 64 << 20
-
-
-class _PyHandle:
-    """One ``cuMemCreate`` allocation as this driver tracks it (``_cudafast.Handle`` in C)."""
-
-    __slots__ = ("imported", "live", "maps", "raw", "size")
-
-    def __init__(self, raw: int, size: int, imported: bool = False) -> None:
-        self.raw = raw  #: the ``CUmemGenericAllocationHandle`` as an int
-        self.size = size  #: bytes
-        self.maps = 0  #: live mappings of it
-        self.live = True  #: not yet released
-        #: from another process (``import_handle``): its memory is not this driver's to count
-        self.imported = imported
-
-
-class _PyBook:
-    """The driver's counters, when the C fast path is not in use (``_cudafast.Fast`` holds
-    the same ones when it is)."""
-
-    __slots__ = ("capture_check", "hot_hi", "hot_lo", "next_handle", "physical_bytes")
-
-    def __init__(self) -> None:
-        # The reservation the last map landed in, as [hot_lo, hot_hi): maps mostly land in
-        # the reservation the previous one did, so the hot path compares two ints, no bisect.
-        self.hot_lo = self.hot_hi = 0
-        self.next_handle = 1
-        self.physical_bytes = 0
-        self.capture_check: Any = None  # torch's "current stream capturing?", once seen
-
-
-# The hot calls in C (kvvmm/driver/_cudafast.c), built with the package when a C compiler
-# and Python's headers are there; without it every call runs the Python below, which gives
-# the same answers (tests/test_cudafast.py, tests/gpu/test_gpu_parity.py run both).
-try:
-    from kvvmm.driver import _cudafast
-except ImportError:  # pragma: no cover - depends on the build
-    _cudafast = None  # type: ignore[assignment]
-
-_Handle: Any = _cudafast.Handle if _cudafast is not None else _PyHandle
-
-#: The libcuda entry points the C fast path calls, in the order ``_cudafast.Fast`` takes them.
-_FAST_FUNCTIONS = ("cuMemMap", "cuMemUnmap", "cuMemCreate", "cuMemRelease", "cuMemSetAccess",
-                   "cuCtxGetCurrent", "cuCtxSynchronize", "cuStreamIsCapturing")
-
-
-def _libcuda_functions() -> tuple[int, ...] | None:
-    """Addresses of ``_FAST_FUNCTIONS`` in the libcuda that cuda-python already loaded.
-
-    ``RTLD_NOLOAD``: the very library the bindings call, never a second copy. These names
-    have one ABI each (the versioned ``_v2`` functions are other symbols), and
-    ``cuStreamIsCapturing`` without ``_ptsz`` is the legacy-stream one, as passed.
-    """
-    import ctypes
-
-    try:
-        lib = ctypes.CDLL("libcuda.so.1", mode=os.RTLD_NOLOAD | os.RTLD_NOW)
-        out = tuple(ctypes.cast(getattr(lib, n), ctypes.c_void_p).value or 0
-                    for n in _FAST_FUNCTIONS)
-    except (OSError, AttributeError):
-        return None
-    return out if all(out) else None
 
 
 def _unavailable(what: str) -> DriverUnavailableError:
     return DriverUnavailableError(f"the CUDA driver cannot run here: {what}. {_FALLBACK}.")
 
 
-class CudaDriver(Driver):
+class CudaDriver(ZeroPageMixin, PeerAccessMixin, SynchronizeMixin, FastPathMixin, Driver):
     """CUDA VMM on a real GPU, in the device's primary context (torch's).
 
     Args:
@@ -279,15 +224,6 @@ class CudaDriver(Driver):
         self._cuCtxSynchronize = drv.cuCtxSynchronize
         self._cuCtxGetCurrent = drv.cuCtxGetCurrent
         self._cuMemRetainAllocationHandle = drv.cuMemRetainAllocationHandle
-        ro = drv.CUmemAccessDesc()
-        ro.location.type = drv.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
-        ro.location.id = device
-        ro.flags = drv.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READ
-        self._ro_access = [ro]  # the zero cover's access: read-only, this device only
-        self._zraw: dict[int, int] = {}  # zero piece size -> its zero handle (raw)
-        # mapping start -> the access list a set_access with devices= gave it (zero page on
-        # only: an undo that maps a real handle back gives it the same access again)
-        self._peer_access: dict[int, list[Any]] = {}
 
         self._res: dict[int, int] = {}  # reservation start -> size
         self._res_starts: list[int] = []  # sorted reservation starts (for the slow lookup)
@@ -304,44 +240,6 @@ class CudaDriver(Driver):
         # Mapping start -> its handle; a mapping's size is its handle's (maps take whole ones).
         self._maps: dict[int, Any] = {}
         return ""
-
-    def _start_fast_path(self) -> None:
-        """Hand the hot calls to C (``_cudafast``) when it is built and libcuda's entry
-        points are found; ``KVVMM_CUDA_FASTPATH=0`` keeps them in Python."""
-        if _cudafast is None or os.environ.get("KVVMM_CUDA_FASTPATH", "1") == "0":
-            return
-        fns = _libcuda_functions()
-        if fns is None:
-            return
-        # Called from __init__, before any call: the fresh book has nothing to carry over.
-        fast = _cudafast.Fast(
-            fns, self._ctx_int, int(self._prop.getPtr()), int(self._access[0].getPtr()),
-            self._gran, self._handles, self._maps, self, _cudafast.Handle,
-        )
-        self._b = fast
-        # Instance attributes over the class's methods: a call reaches C with no Python
-        # frame. The class's methods stay the slow path (``_py_*``), called from C. With the
-        # zero cover on, map and unmap stay in Python (C knows nothing of the cover); create,
-        # release and set access (which sees only real mappings, ``_maps``) run in C.
-        calls = dict(create=fast.create, release=fast.release, set_access=fast.set_access)
-        if self._zero is None:
-            calls.update(map=fast.map, unmap=fast.unmap)
-        self.__dict__.update(calls)
-        self.fast_path = True
-
-    def _fast_failed(self, call: str, fn: str, args: tuple[int, ...], err: int) -> None:
-        """Raise the DriverError for a CUDA call the C fast path made and CUDA refused."""
-        names = {"map": ("va", "size", "handle"), "unmap": ("va", "size"), "create": ("size",),
-                 "release": ("handle",), "set_access": ("va", "size")}[call]
-        res = _drv.CUresult(err)
-        kw = dict(zip(names, args, strict=True))
-        if fn == "cuCtxSynchronize":
-            raise driver_error(
-                call, kw, _name(res),
-                f"cuCtxSynchronize before the unmap returned it ({_describe(res)}); nothing "
-                "was unmapped",
-            )
-        raise self._cuda_error(call, kw, fn, res)
 
     def _set_granularity(self, granularity: str | int) -> None:
         gmin = self.granularity_min
@@ -397,293 +295,10 @@ class CudaDriver(Driver):
         bad = self._misaligned(call, args)
         return bad if bad is not None else self._refuse(call, args, "misaligned")
 
-    # -- the zero cover (zero_page) -----------------------------------------------------
-
-    def _start_zero_page(self, zero_page: bool | int) -> None:
-        """Check the block size, create and zero the zero handles, route map/unmap here."""
-        g = self._gran
-        if zero_page is True:
-            block = g
-            while block * 2 <= ZERO_PAGE_BLOCK:
-                block *= 2
-        else:
-            block = int(zero_page)
-            ratio = block // g
-            if block % g or ratio & (ratio - 1):
-                self.close()
-                raise ArgumentError(
-                    "zero_page", zero_page,
-                    f"True, False, or a block size in bytes: the granularity ({g}) times a "
-                    "power of two",
-                )
-        cover = ZeroCover(g, block)
-        raws: dict[int, int] = {}
-        try:
-            for n in cover.sizes:
-                err, obj = self._cuMemCreate(n, self._prop, 0)
-                if err != self._ok:
-                    raise self._cuda_error("zero_page", {"size": n}, "cuMemCreate", err)
-                raws[n] = int(obj)
-            self._zero_fill(raws)
-        except BaseException:
-            for raw in raws.values():
-                _drv.cuMemRelease(raw)
-            self.close()
-            raise
-        self._zero = cover
-        self._zraw = raws
-        self.zero_page = block
-        # Instance attributes over the class's map and unmap (the fast path leaves them).
-        self.__dict__.update(map=self._zp_map, unmap=self._zp_unmap)
-
-    def _zero_fill(self, raws: dict[int, int]) -> None:
-        """Zero the zero handles once: cuMemCreate memory holds whatever it last held.
-
-        Each is mapped read/write at a temporary reservation, one ``cuMemsetD8`` over all of
-        them runs in this device's primary context, synchronized, then unmapped and freed.
-        """
-        drv = _drv
-        total = sum(raws)
-        args = {"size": total}
-        err, ptr = drv.cuMemAddressReserve(total, self._gran, 0, 0)
-        if err != self._ok:
-            raise self._cuda_error("zero_page", args, "cuMemAddressReserve", err)
-        tmp = int(ptr)
-        mapped: list[tuple[int, int]] = []
-        try:
-            pos = tmp
-            for n, raw in raws.items():
-                (err,) = self._cuMemMap(pos, n, 0, raw, 0)
-                if err != self._ok:
-                    raise self._cuda_error("zero_page", args, "cuMemMap", err)
-                mapped.append((pos, n))
-                pos += n
-            (err,) = self._cuMemSetAccess(tmp, total, self._access, 1)
-            if err != self._ok:
-                raise self._cuda_error("zero_page", args, "cuMemSetAccess", err)
-            drv.cuCtxPushCurrent(self._ctx)
-            try:
-                (err,) = drv.cuMemsetD8(tmp, 0, total)
-                (err2,) = drv.cuCtxSynchronize()  # also after a failed memset: then unmap
-            finally:
-                drv.cuCtxPopCurrent()
-            if err != self._ok or err2 != self._ok:
-                bad = err if err != self._ok else err2
-                fn = "cuMemsetD8" if err != self._ok else "cuCtxSynchronize"
-                raise self._cuda_error("zero_page", args, fn, bad)
-        finally:
-            for pos, n in mapped:
-                drv.cuMemUnmap(pos, n)
-            drv.cuMemAddressFree(tmp, total)
-
-    def _cover_reservation(self, va: int, size: int, args: dict[str, int]) -> None:
-        """Cover a new reservation; undo it (free the VA) if the cover fails."""
-        z = self._zero
-        assert z is not None
-        z.add_reservation(va, size)
-        notes: list[str] = []
-        fail = self._z_put(z.cover(va, va + size), notes)
-        if fail is None:
-            return
-        e = self._z_error("reserve", args, fail, [])
-        if z.overlapping(va, va + size):  # the undo left pieces: keep the VA in the book
-            e.add_note(f"the reservation at {va:#x} ({size} bytes) stays in this driver's book "
-                       "with what is still mapped in it: close() gives it back")
-            self._note(e, notes, va, va + size)
-            raise e
-        z.drop_reservation(va)
-        del self._res[va]
-        self._res_starts.remove(va)
-        (err,) = _drv.cuMemAddressFree(va, size)
-        if err != self._ok:
-            e.add_note(f"undo: cuMemAddressFree({va:#x}) returned {_name(err)}: that VA leaks")
-        raise e
-
-    def _z_put(self, pieces: list[Piece], notes: list[str]) -> tuple[str, Any] | None:
-        """Map zero pieces, then read-only access per run; all or none. Returns the failed
-        call (its name and CUDA's error) after undoing, or None. Records what is mapped."""
-        if not pieces:
-            return None
-        z = self._zero
-        assert z is not None
-        raw = self._zraw
-        done: list[Piece] = []
-        fail: tuple[str, Any] | None = None
-        for s, n in pieces:
-            (err,) = self._cuMemMap(s, n, 0, raw[n], 0)
-            if err:
-                fail = ("cuMemMap", err)
-                break
-            done.append((s, n))
-        z.add(done)
-        if fail is None:
-            for lo, hi in runs(done):
-                (err,) = self._cuMemSetAccess(lo, hi - lo, self._ro_access, 1)
-                if err:
-                    fail = ("cuMemSetAccess", err)
-                    break
-        if fail is not None and done:
-            undo = self._z_take(done)
-            if undo is not None:
-                left = [(s, s + n) for s, n in done if (s, n) in z]
-                notes.append(
-                    f"undo: {undo[0]} returned {_name(undo[1])}: {len(left)} zero mappings "
-                    f"from {left[0][0]:#x} stay mapped, some perhaps without read access"
-                )
-        return fail
-
-    def _z_reput(self, pieces: list[Piece], notes: list[str]) -> None:
-        """``_z_put`` as an undo step: a failure becomes a note (the caller raises the
-        original error)."""
-        fail = self._z_put(pieces, notes)
-        if fail is not None:
-            notes.append(f"undo: {fail[0]} returned {_name(fail[1])} while covering "
-                         f"{len(pieces)} zero pieces again")
-
-    def _z_take(self, pieces: list[Piece]) -> tuple[str, Any] | None:
-        """Unmap zero pieces, one call per run; stop at the first failure (returned, as
-        ``_z_put``'s). Records each run that went."""
-        z = self._zero
-        assert z is not None
-        for lo, hi in runs(pieces):
-            (err,) = self._cuMemUnmap(lo, hi - lo)
-            if err:
-                return ("cuMemUnmap", err)
-            z.remove([p for p in pieces if lo <= p[0] < hi])
-        return None
-
-    def _z_error(self, call: str, args: dict[str, int], fail: tuple[str, Any],
-                 notes: list[str]) -> DriverError:
-        e = self._cuda_error(call, args, fail[0], fail[1])
-        for n in notes:
-            e.add_note(n)
-        return e
-
-    def _note(self, e: DriverError, notes: list[str], lo: int, hi: int) -> None:
-        """Add the undo's notes, and which VA of ``[lo, hi)`` is now left uncovered."""
-        for n in notes:
-            e.add_note(n)
-        z = self._zero
-        if z is None:
-            return
-        holes = [(a, b) for a, b in z.gaps(lo, hi)
-                 if not any(s < b and a < s + m.size for s, m in self._maps.items())]
-        if holes:
-            e.add_note("left uncovered (reading it faults; a map over it works): "
-                       + ", ".join(f"[{a:#x}, {b:#x})" for a, b in holes))
-
-    @locked
-    def _zp_map(self, va: int, size: int, handle: int) -> None:
-        """map with the zero cover on: synchronize, unmap the zero pieces over
-        ``[va, va+size)``, re-cover what they covered outside it, map the handle."""
-        va, size, handle = check_call_ints("map", va=va, size=size, handle=handle).values()
-        args = {"va": va, "size": size, "handle": handle}
-        h = self._map_slow(va, size, handle, self._handles.get(handle))
-        z = self._zero
-        assert z is not None
-        end = va + size
-        for a, b in z.gaps(va, end):  # a real mapping there, or a hole an undo left
-            for s, m in self._maps.items():
-                if s < b and a < s + m.size:
-                    raise self._refuse("map", args, f"{s:#x} is already mapped there")
-        self._synchronize("map", va, size)
-        if not h.live:  # released (on the C path, which takes no lock) while we waited
-            raise self._refuse("map", args, f"handle {handle} is not live")
-        old, new = z.uncover(va, end)
-        notes: list[str] = []
-        fail = self._z_take(old)
-        if fail is None:
-            fail = self._z_put(new, notes)
-            if fail is None:
-                self._maps[va] = h
-                h.maps += 1
-                (err,) = self._cuMemMap(va, size, 0, h.raw, 0)
-                if not err:
-                    return
-                del self._maps[va]
-                h.maps -= 1
-                fail = ("cuMemMap", err)
-        # Undo: the re-cover out, the old pieces back.
-        e = self._z_error("map", args, fail, [])
-        undo = self._z_take([p for p in new if p in z])
-        if undo is not None:
-            notes.append(f"undo: {undo[0]} returned {_name(undo[1])}")
-            # The old pieces cannot all go back: cover what is not covered instead.
-            lo = old[0][0] if old else va
-            hi = old[-1][0] + old[-1][1] if old else end
-            for a, b in z.gaps(lo, hi):
-                self._z_reput(z.cover(a, b), notes)
-        else:
-            self._z_reput([p for p in old if p not in z], notes)
-        if old:
-            self._note(e, notes, old[0][0], old[-1][0] + old[-1][1])
-        raise e
-
-    @locked
-    def _zp_unmap(self, va: int, size: int, recover: bool = True) -> None:
-        """unmap with the zero cover on: unmap, then cover ``[va, va+size)`` read-only (if
-        that fails, map the handles back with the access they had)."""
-        va, size = check_call_ints("unmap", va=va, size=size).values()
-        args = {"va": va, "size": size}
-        maps = self._maps
-        m = maps.get(va)
-        starts = [va] if m is not None and m.size == size else self._tiling("unmap", va, size)
-        self._synchronize("unmap", va, size)
-        taken = [(s, maps.pop(s)) for s in starts]
-        # A released handle's memory goes with its last mapping: hold a reference across
-        # the unmap so that an undo can map it back.
-        held: list[int] = []
-        for s, h in taken:
-            if not h.live:
-                err, obj = self._cuMemRetainAllocationHandle(s)
-                if err:
-                    maps.update(taken)
-                    self._drop_refs(held)
-                    raise self._cuda_error("unmap", args, "cuMemRetainAllocationHandle", err)
-                held.append(int(obj))
-        (err,) = self._cuMemUnmap(va, size)
-        if err:
-            maps.update(taken)
-            self._drop_refs(held)
-            raise self._cuda_error("unmap", args, "cuMemUnmap", err)
-        notes: list[str] = []
-        z = self._zero
-        assert z is not None
-        fail = self._z_put(z.cover(va, va + size), notes) if recover else None
-        if fail is not None:
-            e = self._z_error("unmap", args, fail, [])
-            for s, h in taken:  # map the real handles back, with their bytes and access
-                (err,) = self._cuMemMap(s, h.size, 0, h.raw, 0)
-                if err:
-                    notes.append(f"undo: cuMemMap of the handle back at {s:#x} returned "
-                                 f"{_name(err)}: that mapping is gone")
-                    self._unmapped(h)
-                    continue
-                maps[s] = h
-                (err,) = self._cuMemSetAccess(s, h.size, self._access, 1)
-                peers = self._peer_access.get(s)
-                if not err and peers is not None:
-                    (err,) = self._cuMemSetAccess(s, h.size, peers, len(peers))
-                if err:
-                    notes.append(f"undo: cuMemSetAccess of the mapping back at {s:#x} "
-                                 f"returned {_name(err)}: it is mapped but not accessible")
-            self._drop_refs(held)
-            self._note(e, notes, va, va + size)
-            raise e
-        self._drop_refs(held)
-        for s, h in taken:
-            self._peer_access.pop(s, None)
-            self._unmapped(h)
-
     def _unmapped(self, h: Any) -> None:
         h.maps -= 1
         if not h.maps and not h.live and not h.imported:  # released while mapped: now
             self._b.physical_bytes -= h.size
-
-    def _drop_refs(self, held: list[int]) -> None:
-        """Release the references ``cuMemRetainAllocationHandle`` gave."""
-        for raw in held:
-            self._cuMemRelease(raw)
 
     # -- the protocol -----------------------------------------------------------------
 
@@ -735,25 +350,12 @@ class CudaDriver(Driver):
             raise self._refuse("free", args, f"{inside} mappings are still in it")
         self._pins.check_free(va, size)
         z = self._zero
-        cover = z.overlapping(va, end) if z is not None else []
-        if z is not None and cover:
-            # A kernel may still read the cover (a tensor over it dropped before its kernel
-            # ended): wait for the device first, as an unmap does.
-            self._synchronize("free", va, size)
-            notes: list[str] = []
-            fail = self._z_take(cover)
-            if fail is not None:
-                self._z_reput([p for p in cover if p not in z], notes)
-                e = self._z_error("free", args, fail, [])
-                self._note(e, notes, va, end)
-                raise e
+        cover = self._uncover_reservation(va, size, args) if z is not None else []
         (err,) = _drv.cuMemAddressFree(va, size)
         if err != self._ok:
             e = self._cuda_error("free", args, "cuMemAddressFree", err)
             if cover:
-                notes = []
-                self._z_reput(cover, notes)
-                self._note(e, notes, va, end)
+                self._recover_reservation(e, cover, va, end)
             raise e
         if z is not None:
             z.drop_reservation(va)
@@ -890,79 +492,6 @@ class CudaDriver(Driver):
         for _, h in taken:
             self._unmapped(h)
 
-    def _synchronize(self, call: str, va: int, size: int) -> None:
-        """Wait for all work in this device's context; refuse while a capture is seen.
-
-        Before an unmap, and (zero cover on) before a map or a free, which unmap zero pieces
-        a kernel may be reading.
-        """
-        done, act = {"map": ("mapped", "Map"), "free": ("freed", "Free")}.get(
-            call, ("unmapped", "Unmap"))
-        drv = _drv
-        err, cur = self._cuCtxGetCurrent()
-        pushed = int(cur) != self._ctx_int
-        if pushed:  # another context (or none) is current on this thread: sync ours
-            drv.cuCtxPushCurrent(self._ctx)
-        try:
-            capturing = self._capturing()
-            if not capturing:
-                (err,) = self._cuCtxSynchronize()
-        finally:
-            if pushed:
-                drv.cuCtxPopCurrent()
-        if capturing:
-            raise driver_error(
-                call, {"va": va, "size": size}, "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED",
-                f"a CUDA graph capture is underway ({capturing}); nothing was {done} and the "
-                f"capture is untouched. {act} after the capture ends",
-            )
-        if err != self._ok:
-            raise driver_error(
-                call, {"va": va, "size": size}, _name(err),
-                f"cuCtxSynchronize before the {call} returned it ({_describe(err)}); nothing "
-                f"was {done}",
-            )
-
-    def _capturing(self) -> str:
-        """Where a capture was seen ('' if none): torch's current stream, or a blocking one.
-
-        Measured on an H200: ``cuCtxSynchronize`` while any stream of the context captures
-        fails with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED *and invalidates the capture*, even
-        with the thread's capture mode relaxed. So look first. torch captures on a non-blocking
-        stream that it makes current; the legacy stream's query sees blocking streams only.
-        A capture on another non-blocking stream is not seen and is invalidated by the sync.
-        """
-        fn = self._b.capture_check
-        if fn is None:
-            torch = sys.modules.get("torch")  # only if the process uses torch: never import
-            if torch is not None and torch.cuda.is_initialized():
-                # torch's current stream on *this driver's* device, as a raw pointer (torch's
-                # own is_current_stream_capturing looks at its current device, which may be
-                # another); the C fast path calls it too, once it is known.
-                raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-                if raw is not None:
-                    fn = functools.partial(raw, self.device)
-                else:  # an older torch: its current device's stream, as a bool
-                    fn = torch.cuda.is_current_stream_capturing
-                self._b.capture_check = fn
-        if fn is not None:
-            got = fn()
-            if isinstance(got, bool):
-                if got:
-                    return "on torch's current stream"
-            elif self._stream_capturing(_drv.CUstream(got)):
-                return f"on torch's current stream of device {self.device}"
-        if self._stream_capturing(self._legacy):
-            return "on a blocking stream"
-        return ""
-
-    def _stream_capturing(self, stream: Any) -> bool:
-        """``cuStreamIsCapturing`` says a capture is underway (or one on a blocking stream
-        makes the legacy stream's query implicit); any other error: the synchronize
-        reports it."""
-        err, status = self._cuStreamIsCapturing(stream)
-        return bool(err == self._implicit or (err == self._ok and status != self._capture_none))
-
     @locked
     def set_access(self, va: int, size: int, devices: Sequence[int] | None = None) -> None:
         va, size = check_call_ints("set_access", va=va, size=size).values()
@@ -977,60 +506,6 @@ class CudaDriver(Driver):
         if err:  # CUDA_SUCCESS is 0: the cheapest test
             raise self._cuda_error("set_access", {"va": va, "size": size}, "cuMemSetAccess", err)
 
-    def _set_access_for(self, va: int, size: int, devices: Sequence[int]) -> None:
-        """Set access for each listed device: the peer rules, then one cuMemSetAccess."""
-        try:
-            key = tuple(devices)
-            # Exact ints only: (False,) and (0.0,) equal (0,) as dict keys.
-            access = (self._access_lists.get(key)
-                      if all(type(d) is int for d in key) else None)
-        except TypeError:  # not iterable, or unhashable items: _access_list says why
-            access = None
-        if access is None:
-            access = self._access_list(va, size, devices)
-        m = self._maps.get(va)
-        starts = [va] if m is not None and m.size == size else self._tiling("set_access", va,
-                                                                             size)
-        (err,) = self._cuMemSetAccess(va, size, access, len(access))
-        if err:
-            raise self._cuda_error("set_access", {"va": va, "size": size}, "cuMemSetAccess", err)
-        if self._zero is not None:  # what an undo that maps them back must give them again
-            for s in starts:
-                self._peer_access[s] = access
-
-    def _access_list(self, va: int, size: int, devices: Sequence[int]) -> list[Any]:
-        """Check ``devices`` and build (and cache) their CUmemAccessDesc list."""
-        if isinstance(devices, (str, bytes)) or not isinstance(devices, Sequence) or not devices:
-            raise ArgumentError("devices", devices, "a non-empty sequence of device ordinals")
-        args = {"va": va, "size": size}
-        n = self._device_count
-        devices = [check_call_ints("set_access", device=d)["device"] for d in devices]
-        for d in devices:
-            if not 0 <= d < n:
-                # What raw cuMemSetAccess answers on an H200 for an ordinal it does not have
-                # (tests/gpu/test_gpu_peer.py, bench/results/h200-export-peer-1gpu.json).
-                raise driver_error(
-                    "set_access", args, CUDA_ERROR_INVALID_VALUE,
-                    f"device {d!r} is not a device this process sees (0..{n - 1})",
-                )
-            if d != self.device and not self.can_access_peer(d):
-                raise driver_error(
-                    "set_access", args, CUDA_ERROR_INVALID_DEVICE,
-                    f"device {d} cannot access device {self.device}'s memory "
-                    f"(cuDeviceCanAccessPeer({d}, {self.device}) is 0: no NVLink or PCIe "
-                    "peer path between them)",
-                )
-        drv = _drv
-        out = []
-        for d in dict.fromkeys(devices):  # each device once, in the order given
-            acc = drv.CUmemAccessDesc()
-            acc.location.type = drv.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
-            acc.location.id = d
-            acc.flags = drv.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
-            out.append(acc)
-        self._access_lists[tuple(devices)] = out
-        return out
-
     # The Python implementations, which the C fast path calls for anything but the common
     # valid case (and which run every call when it is off).
     _py_create = create
@@ -1038,23 +513,6 @@ class CudaDriver(Driver):
     _py_map = map
     _py_unmap = unmap
     _py_set_access = set_access
-
-    def can_access_peer(self, device: int) -> bool:
-        """``cuDeviceCanAccessPeer(device, this device)``: can ``device`` use our memory?
-
-        False for this device itself (CUDA answers 0 there) and for ordinals out of range.
-        Asked once per device, then cached.
-        """
-        ok = self._peer_ok.get(device)
-        if ok is None:
-            ok = False
-            if device != self.device and 0 <= device < self._device_count:
-                err, dev = _drv.cuDeviceGet(device)
-                if err == self._ok:
-                    err, can = _drv.cuDeviceCanAccessPeer(dev, self._dev)
-                    ok = err == self._ok and bool(can)
-            self._peer_ok[device] = ok
-        return ok
 
     # -- handles shared between processes -----------------------------------------------
 
@@ -1121,21 +579,6 @@ class CudaDriver(Driver):
             physical_bytes=self._b.physical_bytes,
         )
 
-    @locked
-    def zero_stats(self) -> ZeroCoverStats | None:
-        """What the zero cover holds (None when ``zero_page`` is off): its mappings, the VA
-        they cover, the device memory of the zero handles, and any reserved VA left neither
-        mapped nor covered (0 unless an undo failed). :meth:`stats` leaves all of it out."""
-        z = self._zero
-        if z is None:
-            return None
-        real = sum(h.size for h in self._maps.values())
-        return ZeroCoverStats(
-            block=z.block, piece_sizes=z.sizes, zero_bytes=sum(z.sizes), mappings=len(z),
-            covered_bytes=z.covered_bytes,
-            uncovered_bytes=sum(self._res.values()) - z.covered_bytes - real,
-        )
-
     def close(self) -> None:
         """Unmap, release and free everything still held, then drop the context reference.
 
@@ -1173,9 +616,8 @@ class CudaDriver(Driver):
             self.release(handle)
         for va, size in list(self._res.items()):
             self.free(va, size)
-        for raw in self._zraw.values():  # the zero handles last: nothing maps them now
-            _drv.cuMemRelease(raw)
-        self._zraw = {}
+        if self._zero is not None:  # the zero handles last: nothing maps them now
+            self._release_zero_handles()
         self._closed = True
         _drv.cuDevicePrimaryCtxRelease(self._dev)
 

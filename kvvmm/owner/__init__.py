@@ -1,6 +1,7 @@
 """Owners of KV buffers: one arena's buffers (:mod:`~kvvmm.owner.buffers`), one owner per
 device (:mod:`~kvvmm.owner.tp`), owners that resize together over torch.distributed
-(:mod:`~kvvmm.owner.distributed`).
+(:mod:`~kvvmm.owner.collective`, and :mod:`~kvvmm.owner.spawn` to run them on loopback; both
+imported from :mod:`~kvvmm.owner.distributed`).
 
 ``from kvvmm.owner import KvBufferOwner`` is the import for most code; the TP and collective
 owners load their modules only when asked for.

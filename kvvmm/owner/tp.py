@@ -32,7 +32,8 @@ from kvvmm.dtypes import dtype_name
 from kvvmm.errors import ArgumentError, ClosedError, SleepRefusedError
 from kvvmm.layout import KvBufferDesc, ModelLike, load_model, model_descs
 from kvvmm.owner.buffers import KvBufferOwner
-from kvvmm.owner.distributed import DistributedOwner, TpWorkerError, _backup_of, _spawn
+from kvvmm.owner.collective import DistributedOwner, _backup_of
+from kvvmm.owner.spawn import TpWorkerError, _spawn
 from kvvmm.policy import GrowthPolicy
 from kvvmm.snapshot import OwnerSnapshot, TpSnapshot
 

@@ -1,0 +1,937 @@
+"""Tensor-parallel KV owners on torch.distributed: one resize agreed by every rank, or none.
+
+A serving engine runs its tensor-parallel ranks as processes of one ``torch.distributed``
+process group (torchrun) and must give every rank the same KV capacity: SGLang takes the
+least free memory over the ranks and finalizes every rank to the same token count. If one
+rank failed to back its share while the others kept theirs, the ranks' capacities would
+diverge, which an engine cannot serve with. :class:`DistributedOwner` wraps each rank's own
+:class:`~kvvmm.owner.KvBufferOwner` and makes every change collective, in four phases:
+
+1. **prepare** (local): check the arguments, compute each buffer's new backed size with the
+   owner's spans and growth policy, and *create* the handles, or take them from the arena's
+   handle pool (no map yet: nothing a tensor can reach has changed, and a handle that is
+   never mapped is simply released, or given back to the pool);
+2. **agree**: one ``all_reduce(MIN)`` of a small vector: every rank's success (0/1, one slot
+   per rank, so all learn *which* rank failed) and the op and token count (as ``x`` and
+   ``-x``, so MIN gives both the least and the most: ranks that asked for different changes
+   abort too). Any failure: every rank releases what it prepared;
+3. **map**: ``Arena.adopt`` each prepared handle right after its buffer's backed prefix;
+4. **confirm**: a second ``all_reduce(MIN)`` of the map results. Any failure: every rank
+   decommits back to the bytes it had before (the new handles lie wholly beyond them).
+
+So after a collective call either every rank holds the new backing, or every rank's bytes
+and snapshot are what they were, and every rank raises
+:class:`~kvvmm.errors.CollectiveError` (the local failure, if any, is its ``__cause__``).
+
+**A rank that dies or hangs.** A collective waits at most ``timeout_s`` (default: the
+group's own timeout, ``init_process_group(timeout=...)``). On gloo a rank that exits breaks
+its peers' collective at once ("Connection closed by peer"), and one that hangs makes it
+time out; either way the surviving ranks roll back and raise ``CollectiveError`` with
+``phase`` the step that broke and ``failed_ranks=()`` (a broken collective does not say who).
+The group is unusable afterwards (destroy it; on gloo ``destroy_process_group`` then waits
+out the group's timeout, so keep that timeout short in tests). On NCCL, pass the engine's
+CPU (gloo) group for these small collectives, as SGLang does for its own control traffic:
+NCCL's timeout is enforced by its watchdog, which aborts the process rather than raising.
+
+``shrink`` gives memory back, which cannot be taken back without losing its contents: its
+agreement covers the arguments (every rank, same ``n``) before anything changes; a rank whose
+own shrink fails is left as the owner leaves it (its unmaps undone), and every rank caps its
+token counts at ``n``, so capacities still agree (see :meth:`DistributedOwner.shrink`).
+
+Page commits (``commit_pages``) run the same four phases, mapping each handle at its own
+range (``Arena.adopt_range``) rather than after the prefix, and agree on the page set (its
+count and a checksum of the ids) instead of a token count; ``decommit_pages`` is agreed like
+``shrink`` (a rank whose own decommit fails forgets the pages as committed all the same).
+
+``sleep`` and ``wake`` run the same four steps over the whole owner (prepare: arguments and
+:meth:`Arena.sleep_refusal <kvvmm.arena.Arena.sleep_refusal>`; agree; sleep or wake; confirm):
+every rank gives its memory back, or the ranks that did wake again (a wake's undo is a sleep
+with the same backup kind and file), see :meth:`DistributedOwner.sleep` and docs/SLEEP.md.
+
+Processes come from torchrun, or for the lab and tests from
+:func:`~kvvmm.owner.spawn.spawn`; ``kvvmm.owner.distributed`` imports both.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from kvvmm.arena.backup import Backup, DiskBackup, HostBackup, make_backup
+from kvvmm.arena.sleep import SleepResult
+from kvvmm.checks import seconds_arg
+from kvvmm.errors import (
+    ArgumentError,
+    ClosedError,
+    CollectiveError,
+    SleepRefusedError,
+)
+from kvvmm.layout.geometry import growth_targets
+from kvvmm.owner.buffers import PREFIX_BOUND, KvBufferOwner, _tokens
+from kvvmm.policy import Exact, GrowthPolicy
+from kvvmm.snapshot import OwnerSnapshot, TpSnapshot
+from kvvmm.units import align_up
+
+__all__ = ["DistributedOwner"]
+
+#: Codes of the collective ops, agreed like the token count (ranks must run the same op).
+_OPS = {"ensure_prefix": 1, "finalize": 2, "shrink": 3, "budget": 4, "commit_pages": 5,
+        "decommit_pages": 6, "sleep": 7, "wake": 8}
+
+#: A sleep's backup as the ranks agree on it (every rank keeps its bytes alike, or none).
+_BACKUP_CODES = {None: 0, "host": 1, "disk": 2}
+
+
+@dataclass(frozen=True, slots=True)
+class _Prepared:
+    """One handle created in prepare, for ``[start, start + size_bytes)`` of buffer ``offset``."""
+
+    offset: int
+    start: int  #: from the allocation's start
+    handle: int
+    size_bytes: int
+
+
+class _Broken(Exception):
+    """A collective itself failed (a rank died, a timeout): carries torch's error."""
+
+
+class DistributedOwner:
+    """One rank's :class:`~kvvmm.owner.KvBufferOwner`, resized together with every other rank.
+
+    Every rank of the group builds its own owner (same layout: the TP presets shard the KV
+    heads) and wraps it; then each collective method must be called by every rank, with the
+    same arguments, in the same order, like any ``torch.distributed`` collective.
+
+    Args:
+        owner: this rank's owner. The wrapper does not own it: close it yourself.
+        group: the process group (default: the default group). Any backend; on NCCL the
+            small agreement tensors live on ``torch.cuda.current_device()`` (set it first),
+            and a gloo (CPU) group is the better choice (see the module docstring).
+        timeout_s: longest wait of one collective, in seconds (default: the group's own
+            timeout). Past it every rank rolls back and raises ``CollectiveError``.
+        model: the model's name, shown in :meth:`gather_snapshot`'s ``TpSnapshot``.
+    Raises:
+        ArgumentError: no initialised process group, ``owner`` not an owner or closed, or a
+            bad ``timeout_s``.
+    """
+
+    def __init__(self, owner: KvBufferOwner, *, group: Any = None,
+                 timeout_s: float | None = None, model: str = "kv") -> None:
+        import torch
+        import torch.distributed as dist
+
+        if not isinstance(owner, KvBufferOwner):
+            raise ArgumentError("owner", owner, "a KvBufferOwner (this rank's)")
+        if owner.closed:
+            raise ArgumentError("owner", owner, "an open owner (it was closed)")
+        if not (dist.is_available() and dist.is_initialized()):
+            raise ArgumentError("group", group, "an initialised torch.distributed process "
+                                                "group: call init_process_group first")
+        if timeout_s is not None:  # None: the group's own timeout
+            seconds_arg("timeout_s", timeout_s, zero=False)
+        self.owner = owner
+        self.group = group
+        self.timeout_s = None if timeout_s is None else float(timeout_s)
+        self.model = str(model)
+        self.rank: int = dist.get_rank(group)
+        self.world_size: int = dist.get_world_size(group)
+        backend = str(dist.get_backend(group))
+        # NCCL reduces CUDA tensors only; every other backend here takes CPU ones.
+        self._device = (torch.device("cuda", torch.cuda.current_device())
+                        if "nccl" in backend else torch.device("cpu"))
+        snap = owner.snapshot()
+        # Offsets and limits never change for an owner: read them once, from its snapshot.
+        self._offsets = [b.offset for b in snap.buffers]
+        self._spans = [b.reserved_span_bytes for b in snap.buffers]
+        self._limits = [b.aligned_bytes for b in snap.buffers]
+        self._gran = owner.arena.granularity
+
+    def __repr__(self) -> str:
+        return (f"DistributedOwner(rank {self.rank} of {self.world_size}, "
+                f"{len(self._offsets)} buffers, final {self.owner.final_tokens})")
+
+    # -- collectives ------------------------------------------------------------------------
+
+    def _all_reduce_min(self, values: Sequence[int]) -> list[int]:
+        """MIN over ranks of ``values``; raises _Broken when the collective fails or times out."""
+        import torch
+        import torch.distributed as dist
+
+        try:
+            t = torch.tensor(list(values), dtype=torch.int64, device=self._device)
+            work = dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.group, async_op=True)
+            if work is None:  # pragma: no cover - async_op=True always gives a work handle
+                raise RuntimeError("all_reduce gave no work handle")
+            if self.timeout_s is None:
+                work.wait()
+            else:
+                work.wait(timeout=timedelta(seconds=self.timeout_s))
+            return [int(x) for x in t.cpu().tolist()]
+        except Exception as e:  # gloo raises RuntimeError, NCCL DistBackendError, ...
+            raise _Broken(f"{type(e).__name__}: {e}") from e
+
+    def _agree_or_raise(self, what: str, code: int, n: int, local: BaseException | None, *,
+                        key: int = 0) -> None:
+        """Agree on the arguments of a change that cannot be undone once made (shrink,
+        decommit_pages): raise CollectiveError on every rank unless every rank can go on."""
+        try:
+            failed, why = self._agree(code, n, ok=local is None, key=key)
+        except _Broken as b:
+            raise CollectiveError(what, "agree", f"the collective broke ({b})") from (
+                local or b.__cause__)
+        if failed or why:
+            raise CollectiveError(what, "prepare", why or f"rank(s) {failed} refused",
+                                  failed_ranks=tuple(failed)) from local
+
+    def _agree(self, code: int, n: int, ok: bool, key: int = 0) -> tuple[list[int], str]:
+        """One all_reduce: which ranks failed, and the reason ranks disagree ('' if they agree).
+
+        ``n`` is the token count, or for page ops the number of pages, with ``key`` a
+        checksum of the page ids (every op sends the slot, so every rank's vector has one
+        length: ranks calling different ops must still meet in one all_reduce).
+        """
+        mine = [1] * self.world_size
+        if not ok:
+            mine[self.rank] = 0
+        got = self._all_reduce_min([code, -code, n, -n, key, -key, *mine])
+        failed = [r for r, s in enumerate(got[6:]) if s == 0]
+        pages = code in (_OPS["commit_pages"], _OPS["decommit_pages"])
+        why = ""
+        if got[0] != -got[1]:
+            names = {v: k for k, v in _OPS.items()}
+            why = (f"ranks called different collectives ({names.get(got[0], got[0])} and "
+                   f"{names.get(-got[1], -got[1])})")
+        elif got[2] != -got[3] and code == _OPS["sleep"]:
+            names = {v: repr(k) for k, v in _BACKUP_CODES.items()}
+            why = (f"ranks asked for different backups ({names.get(got[2], 'a bad one')} "
+                   f"and {names.get(-got[3], 'a bad one')})")
+        elif got[2] != -got[3]:
+            why = (f"ranks asked for different page sets, from {got[2]} to {-got[3]} pages"
+                   if pages else
+                   f"ranks asked for different token counts, from {got[2]} to {-got[3]}")
+        elif got[4] != -got[5]:
+            why = f"ranks asked for different page sets of {got[2]} pages (their ids differ)"
+        return failed, why
+
+    # -- planning (local) -------------------------------------------------------------------
+
+    def _check_tokens(self, n: object, lo: int, lo_name: str) -> int:
+        """``n`` checked as the owner checks it: ensure_prefix (lo 0) reaches the padded
+        page, the rest stop at reserved_tokens."""
+        o = self.owner
+        if lo == 0:
+            return _tokens("n", n, lo=0, hi=o.max_prefix_tokens, what=lo_name,
+                           hi_name=PREFIX_BOUND)
+        return _tokens("n", n, lo=lo, hi=o.reserved_tokens, what=lo_name)
+
+    def _gaps(self, off: int, lo: int, hi: int) -> list[tuple[int, int]]:
+        """Unbacked ``[start, end)`` pieces of ``[lo, hi)`` of the buffer at ``off``."""
+        out, at = [], lo
+        for s, e in self.owner.arena.mappings_of(off):
+            if e <= at or s >= hi:
+                continue
+            if s > at:
+                out.append((at, s))
+            at = max(at, e)
+        if at < hi:
+            out.append((at, hi))
+        return out
+
+    def _plan(self, spans: Sequence[int], policy: GrowthPolicy) -> list[tuple[int, int, int]]:
+        """``(offset, start, nbytes)`` of each gap to back, in VA order; checks every span first.
+
+        The same checks as the owner's own growth: a span beyond its reserved bytes is a
+        layout bug (never clamped), and a policy's answer is checked like any input. The
+        policy grows the contiguous backed prefix (a span is backed from slot 0); pages
+        already backed beyond it (holes between them) are kept and skipped.
+        """
+        owner = self.owner
+        prefixes = [owner.arena.prefix_of(off) for off in self._offsets]
+        plan = []
+        for i, prefix, target in growth_targets(policy, [d.name for d in owner.descs], spans,
+                                                self._spans, self._limits, prefixes,
+                                                self._gran):
+            off = self._offsets[i]
+            plan += [(off, s, e - s) for s, e in self._gaps(off, prefix, target)]
+        return plan
+
+    def _release(self, prepared: Sequence[_Prepared], err: BaseException | None) -> bool:
+        """Release handles that were never mapped; failures become notes on ``err``."""
+        clean = True
+        pool = self.owner.arena.handle_pool
+        for p in prepared:
+            try:
+                if pool is None or not pool.give(p.handle, p.size_bytes,
+                                                 self.owner.arena.pool_tag):
+                    self.owner.arena.driver.release(p.handle)
+            except Exception as e:  # keep releasing the others; say which one stayed
+                clean = False
+                if err is not None:
+                    err.add_note(f"rank {self.rank}: release(handle={p.handle}) of a prepared "
+                                 f"handle also failed: {e}")
+        return clean
+
+    def _unmap_back(self, adopted: Sequence[_Prepared], err: BaseException | None) -> bool:
+        """Give back exactly the handles this call mapped (pages backed before stay)."""
+        if not adopted:
+            return True
+        try:
+            self.owner.arena.decommit_ranges([(p.offset, p.start, p.size_bytes)
+                                              for p in adopted])
+        except Exception as e:  # the arena attached its own undo notes to e
+            if err is not None:
+                err.add_note(f"rank {self.rank}: rolling the maps back failed: {e}")
+                for note in getattr(e, "__notes__", []):
+                    err.add_note(note)
+            return False
+        return True
+
+    def _resync(self) -> None:
+        # The owner mirrors its arena's backed bytes for its decode fast path; handles
+        # adopted here bypass its own commit path, so its mirror must be read again.
+        self.owner.sync_backed()
+
+    # -- the collective grow ----------------------------------------------------------------
+
+    def _grow(self, op: str, n: int, spans_of: Callable[[], list[int]],
+              policy: GrowthPolicy, lo: int, lo_name: str) -> int:
+        def plan() -> list[tuple[int, int, int]]:
+            self._check_tokens(n, lo, lo_name)
+            return self._plan(spans_of(), policy)
+
+        def adopt(p: _Prepared) -> None:
+            self.owner.arena.adopt(p.offset, p.handle, p.size_bytes, own=True)
+
+        n_ok = n if isinstance(n, int) and not isinstance(n, bool) else -1
+        return self._back_all(op, f"{op}({n!r})", n_ok, 0, plan, adopt)
+
+    def _back_all(self, op: str, what: str, n_ok: int, key: int,
+                  plan: Callable[[], list[tuple[int, int, int]]],
+                  adopt: Callable[[_Prepared], None]) -> int:
+        """Prepare, agree, map, confirm: the handles of ``plan()``, on every rank or none.
+
+        ``plan`` checks the arguments and names each gap to back; ``adopt`` maps one
+        prepared handle (at the prefix for a resize, at its range for pages).
+        """
+        prepared: list[_Prepared] = []
+        # What this call holds, kept at every step, so that an interrupt (Ctrl-C, SystemExit:
+        # not an Exception, so none of the steps' handlers sees it) undoes exactly it: handles
+        # made and not yet mapped, and handles mapped by this call.
+        live: list[_Prepared] = []
+        mapped: list[_Prepared] = []
+
+        def release(xs: Sequence[_Prepared], err: BaseException | None) -> bool:
+            xs = list(xs)
+            for x in xs:
+                if x in live:
+                    live.remove(x)
+            return self._release(xs, err)
+
+        def unmap_back(xs: Sequence[_Prepared], err: BaseException | None) -> bool:
+            ok = self._unmap_back(xs, err)
+            if ok:
+                for x in xs:
+                    if x in mapped:
+                        mapped.remove(x)
+            return ok
+
+        try:
+            return self._back_all_steps(op, what, n_ok, key, plan, adopt, prepared, live,
+                                        mapped, release, unmap_back)
+        except BaseException as e:
+            if not isinstance(e, Exception):  # interrupted: undo what this call holds
+                self._release(list(live), e)
+                live.clear()
+                if mapped and self._unmap_back(list(mapped), e):
+                    mapped.clear()
+                self._resync()
+            raise
+
+    def _back_all_steps(self, op: str, what: str, n_ok: int, key: int,
+                        plan: Callable[[], list[tuple[int, int, int]]],
+                        adopt: Callable[[_Prepared], None], prepared: list[_Prepared],
+                        live: list[_Prepared], mapped: list[_Prepared],
+                        release: Callable[[Sequence[_Prepared], BaseException | None], bool],
+                        unmap_back: Callable[[Sequence[_Prepared], BaseException | None],
+                                             bool]) -> int:
+        """:meth:`_back_all`'s four steps; ``live`` and ``mapped`` follow every handle."""
+        code = _OPS[op]
+        local: BaseException | None = None
+        # 1. prepare: checks and creates; nothing any tensor can reach changes.
+        try:
+            if self.owner.closed:
+                raise ClosedError(f"KvBufferOwner: {op} after close()")
+            pool = self.owner.arena.handle_pool
+            for off, start, size in plan():
+                # The arena's handle pool first (a handle made ahead costs no create now).
+                got = pool.take(size, self.owner.arena.pool_tag) if pool is not None else None
+                h = self.owner.arena.driver.create(size) if got is None else got
+                p = _Prepared(off, start, h, size)
+                prepared.append(p)
+                live.append(p)
+        except Exception as e:
+            local = e
+            release(prepared, e)
+            prepared.clear()
+        # 2. agree.
+        try:
+            failed, why = self._agree(code, n_ok, ok=local is None, key=key)
+        except _Broken as b:
+            err = CollectiveError(what, "agree", f"the collective broke ({b})",
+                                  rolled_back=release(prepared, None))
+            raise err from (local or b.__cause__)
+        if failed or why:
+            clean = release(prepared, local)
+            reason = why or f"rank(s) {failed} failed to prepare"
+            raise CollectiveError(what, "prepare", reason, failed_ranks=tuple(failed),
+                                  rolled_back=clean) from local
+        # 3. map.
+        adopted: list[_Prepared] = []
+        try:
+            for i, p in enumerate(prepared):
+                try:
+                    adopt(p)
+                except BaseException:
+                    release(prepared[i:], None)  # a failed adopt leaves it ours
+                    raise
+                live.remove(p)
+                mapped.append(p)
+                adopted.append(p)
+        except Exception as e:
+            local = e
+        rolled = True
+        if local is not None:
+            rolled = unmap_back(adopted, local)
+            adopted = []
+        # 4. confirm.
+        try:
+            failed, _ = self._agree(code, n_ok, ok=local is None, key=key)
+        except _Broken as b:
+            rolled = unmap_back(adopted, b) and rolled
+            self._resync()
+            err = CollectiveError(what, "confirm", f"the collective broke ({b})",
+                                  rolled_back=rolled)
+            for note in getattr(b, "__notes__", []):
+                err.add_note(note)
+            raise err from (local or b.__cause__)
+        if failed:
+            rolled = unmap_back(adopted, local) and rolled
+            self._resync()
+            err = CollectiveError(what, "map", f"rank(s) {failed} failed to map",
+                                  failed_ranks=tuple(failed), rolled_back=rolled)
+            for note in getattr(local, "__notes__", []):
+                err.add_note(note)
+            raise err from local
+        mapped.clear()  # confirmed: the owner's now
+        self._resync()
+        return sum(p.size_bytes for p in prepared)
+
+    # -- public collectives -----------------------------------------------------------------
+
+    def finalize(self, n: int) -> int:
+        """Collective :meth:`KvBufferOwner.finalize`: every rank backs its final span of ``n``.
+
+        Args:
+            n: tokens, the same on every rank, ``page_size <= n <= reserved_tokens``.
+        Returns:
+            Bytes newly backed on this rank.
+        Raises:
+            CollectiveError: on every rank, when any rank failed (bad ``n``, a create or a
+                map), the ranks disagree on ``n``, or a collective broke; every rank is as
+                it was (``rolled_back``), and the local failure is the ``__cause__``.
+        """
+        o = self.owner
+        added = self._grow("finalize", n,
+                           lambda: [d.final_span_bytes(n, o.page_size) for d in o.descs],
+                           Exact(), o.page_size, "page_size")
+        o.final_tokens = n
+        return added
+
+    def ensure_prefix(self, n: int) -> int:
+        """Collective :meth:`KvBufferOwner.ensure_prefix` (the owner's growth policy sizes handles).
+
+        Args:
+            n: tokens, the same on every rank, in ``[0, max_prefix_tokens]`` (as the owner's).
+        Returns:
+            Bytes newly backed on this rank.
+        Raises:
+            CollectiveError: as :meth:`finalize`.
+        """
+        o = self.owner
+        added = self._grow("ensure_prefix", n,
+                           lambda: [d.prefix_span_bytes(n, o.page_size) for d in o.descs],
+                           o.policy, 0, "")
+        o.prefix_tokens = max(o.prefix_tokens, n)
+        return added
+
+    def shrink(self, n: int) -> int:
+        """Collective :meth:`KvBufferOwner.shrink`: every rank gives back what lies beyond ``n``.
+
+        The ranks agree on the arguments first (every rank open, the same ``n``), then each
+        shrinks. A shrink cannot be undone without losing what the memory held, so a rank
+        whose own shrink fails keeps its backing (the owner undoes its unmaps), the others'
+        shrinks stand, and every rank caps its token counts at ``n``: the capacities still
+        agree, and the failed rank only holds memory it can give back by shrinking again.
+
+        Returns:
+            Bytes given back on this rank.
+        Raises:
+            CollectiveError: on every rank when the agreement failed (nothing changed,
+                ``rolled_back`` True) or a rank's shrink failed or a collective broke after
+                the shrinks (``phase`` "confirm", ``rolled_back`` False where the shrink
+                stood).
+        """
+        what = f"shrink({n!r})"
+        o = self.owner
+        code = _OPS["shrink"]
+        n_ok = n if isinstance(n, int) and not isinstance(n, bool) else -1
+        local: BaseException | None = None
+        try:
+            if o.closed:
+                raise ClosedError("KvBufferOwner: shrink after close()")
+            self._check_tokens(n, o.page_size, "page_size")
+        except Exception as e:
+            local = e
+        self._agree_or_raise(what, code, n_ok, local)
+        before = o.backed_bytes
+        given = 0
+        try:
+            given = o.shrink(n)
+        except Exception as e:
+            local = e
+        if local is not None:  # capacities must agree even where the shrink did not happen
+            o.prefix_tokens = min(o.prefix_tokens, n)
+            if o.final_tokens is not None:
+                o.final_tokens = min(o.final_tokens, n)
+        try:
+            failed, _ = self._agree(code, n_ok, ok=local is None)
+        except _Broken as b:
+            raise CollectiveError(what, "confirm", f"the collective broke ({b})",
+                                  rolled_back=o.backed_bytes == before) from (local or b.__cause__)
+        if failed:
+            raise CollectiveError(what, "confirm", f"rank(s) {failed} failed to shrink; the "
+                                  f"others' shrinks stand, every rank serves at most {n} tokens",
+                                  failed_ranks=tuple(failed),
+                                  rolled_back=o.backed_bytes == before) from local
+        return given
+
+    # -- pages ------------------------------------------------------------------------------
+
+    def _page_ids(self, op: str, pages: Iterable[int]) -> tuple[list[int], int, int,
+                                                                 BaseException | None]:
+        """Checked, sorted page ids; their count and checksum for the agreement (-1, 0: bad)."""
+        o = self.owner
+        try:
+            if o.closed:
+                raise ClosedError(f"KvBufferOwner: {op} after close()")
+            # The owner's own check, so a page id is refused here exactly as it would be there.
+            ids = o._check_pages(pages, "commit" if op == "commit_pages" else "decommit")
+        except Exception as e:
+            return [], -1, 0, e
+        return ids, len(ids), _page_key(ids), None
+
+    def commit_pages(self, pages: Iterable[int]) -> int:
+        """Collective :meth:`KvBufferOwner.commit_pages`: every rank backs the pages, or none.
+
+        Prepare works out each buffer's unbacked granules of the pages (the ranges the
+        owner's ``commit_pages`` would back) and creates their handles, or takes them from
+        the arena's pool; the ranks agree on success and on the page set (its count and a
+        checksum of the ids: ranks asked for different pages abort); then each handle is
+        mapped at its range (``Arena.adopt_range``) and, once every rank confirmed, the
+        pages are committed in the owner (:meth:`KvBufferOwner.note_pages`).
+
+        Args:
+            pages: page ids in ``[0, owner.pages)``, the same set on every rank.
+        Returns:
+            Bytes newly backed on this rank.
+        Raises:
+            CollectiveError: on every rank, when any rank failed (a bad page id, a create or
+                a map), the ranks' page sets differ, or a collective broke; every rank's
+                bytes and snapshot are as they were, the pages not committed
+                (``rolled_back``), and the local failure is the ``__cause__``.
+        """
+        o = self.owner
+        ids, n_ok, key, bad = self._page_ids("commit_pages", pages)
+
+        def plan() -> list[tuple[int, int, int]]:
+            if bad is not None:
+                raise bad
+            out: list[tuple[int, int, int]] = []
+            for off, lo, n in o.page_ranges(ids):
+                out += [(off, s, e - s) for s, e in self._gaps(off, lo, lo + n)]
+            return out
+
+        def adopt(p: _Prepared) -> None:
+            o.arena.adopt_range(p.offset, p.start, p.handle, p.size_bytes, own=True)
+
+        added = self._back_all("commit_pages", f"commit_pages({n_ok} pages)", n_ok, key,
+                               plan, adopt)
+        # Only now: a page marked committed on one rank and not another would let the
+        # ranks' decommits free different granules.
+        o.note_pages(ids)
+        return added
+
+    def decommit_pages(self, pages: Iterable[int]) -> int:
+        """Collective :meth:`KvBufferOwner.decommit_pages`: every rank gives the pages back.
+
+        As :meth:`shrink`: memory given back cannot be taken back with its contents, so the
+        ranks agree on the arguments first (every rank open, the same page set: count and
+        checksum), then each decommits. A rank whose own decommit fails keeps its bytes (the
+        owner undoes its unmaps) but forgets the pages as committed, like the others: every
+        rank's page set agrees, and the failed rank only holds memory that the next
+        decommit of those pages frees.
+
+        Args:
+            pages: page ids in ``[1, owner.pages)``, the same set on every rank.
+        Returns:
+            Bytes given back on this rank.
+        Raises:
+            CollectiveError: on every rank when the agreement failed (nothing changed,
+                ``rolled_back`` True) or a rank's decommit failed or a collective broke
+                after the decommits (``phase`` "confirm", ``rolled_back`` False where the
+                decommit stood).
+        """
+        o = self.owner
+        code = _OPS["decommit_pages"]
+        ids, n_ok, key, local = self._page_ids("decommit_pages", pages)
+        what = f"decommit_pages({n_ok} pages)"
+        self._agree_or_raise(what, code, n_ok, local, key=key)
+        before = o.backed_bytes
+        given = 0
+        try:
+            given = o.decommit_pages(ids)
+        except Exception as e:
+            local = e
+            try:  # the page sets must agree even where the decommit did not happen
+                o.note_pages(ids, committed=False)
+            except Exception as e2:
+                e.add_note(f"rank {self.rank}: forgetting the pages also failed: {e2}")
+        try:
+            failed, _ = self._agree(code, n_ok, ok=local is None, key=key)
+        except _Broken as b:
+            raise CollectiveError(what, "confirm", f"the collective broke ({b})",
+                                  rolled_back=o.backed_bytes == before) from (local or b.__cause__)
+        if failed:
+            raise CollectiveError(what, "confirm", f"rank(s) {failed} failed to decommit; the "
+                                  "others' decommits stand, no rank keeps the pages committed",
+                                  failed_ranks=tuple(failed),
+                                  rolled_back=o.backed_bytes == before) from local
+        return given
+
+    # -- sleep / wake -----------------------------------------------------------------------
+
+    def sleep(self, backup: str | None = None, *, path: Any = None,
+              keep_pool: bool = False) -> SleepResult:
+        """Collective :meth:`KvBufferOwner.sleep`: every rank gives its memory back, or none.
+
+        1. **prepare** (local, nothing changes): the arguments (``path`` is this rank's own
+           file for ``backup="disk"``), and the refusals a sleep would raise
+           (:meth:`Arena.sleep_refusal <kvvmm.arena.Arena.sleep_refusal>`: asleep already,
+           a CUDA graph capture, adopted handles);
+        2. **agree**: every rank succeeded and asked for the same ``backup`` kind; else every
+           rank raises, nothing changed anywhere;
+        3. **sleep** (local): copy out, unmap, release;
+        4. **confirm**: every rank slept. Else the ranks that slept wake again (a wake is the
+           undo of a sleep): with a backup their bytes come back exactly; with
+           ``backup=None`` the bytes were given up when the sleep began, so those ranks wake
+           with fresh memory (their layout, snapshot and bookkeeping as before). Step 1
+           leaves little to fail in step 3 without a backup: a driver's unmap or release.
+
+        Args:
+            backup: None, ``"host"`` or ``"disk"``, the same on every rank (a
+                :class:`~kvvmm.arena.backup.Backup` object cannot be agreed on: refused).
+            path: this rank's file for ``backup="disk"`` (must not exist).
+            keep_pool: as for :meth:`KvBufferOwner.sleep`.
+        Returns:
+            This rank's :class:`~kvvmm.arena.SleepResult`.
+        Raises:
+            CollectiveError: on every rank when any rank refused or failed, the ranks asked
+                for different backups, or a collective broke: ``phase`` "prepare" (nothing
+                changed), "sleep" (the ranks that slept woke again: ``rolled_back``; if a
+                wake failed, that rank is asleep with its backup, see the notes) or
+                "agree"/"confirm" (a broken collective: this rank rolled back as for
+                "sleep"). The local failure is the ``__cause__``.
+        """
+        o = self.owner
+        code = _OPS["sleep"]
+        what = f"sleep({backup!r})"
+        local: BaseException | None = None
+        store: Backup | None = None
+        try:
+            if o.closed:
+                raise ClosedError("KvBufferOwner: sleep after close()")
+            if not (backup is None or isinstance(backup, str)):
+                raise ArgumentError("backup", backup, "None, 'host' or 'disk' (the same on "
+                                                      "every rank)")
+            store = make_backup(backup, path)
+            why = o.arena.sleep_refusal("sleep")
+            if why is not None:
+                raise SleepRefusedError(why)
+        except Exception as e:
+            local = e
+        if store is not None and local is not None:
+            store.drop()
+        kind = _BACKUP_CODES.get(backup, -1) if isinstance(backup, (str, type(None))) else -1
+        try:
+            self._agree_or_raise(what, code, kind, local)
+        except BaseException:
+            if store is not None:
+                store.drop()  # never opened: no file was made
+            raise
+        slept = False
+        try:
+            result: SleepResult | None = None
+            try:
+                result = o.sleep(store, keep_pool=keep_pool)
+            except Exception as e:
+                local = e
+            slept = o.asleep  # a release failing past the unmaps: the sleep stands
+            try:
+                failed, _ = self._agree(code, kind, ok=local is None)
+            except _Broken as b:
+                rolled = self._undo_sleep(slept, b)
+                slept = False
+                raise CollectiveError(what, "confirm", f"the collective broke ({b})",
+                                      rolled_back=rolled) from (local or b.__cause__)
+            if failed:
+                err = CollectiveError(what, "sleep", f"rank(s) {failed} failed to sleep; "
+                                      "the ranks that slept woke again",
+                                      failed_ranks=tuple(failed), rolled_back=True)
+                err.rolled_back = self._undo_sleep(slept, err)
+                slept = False
+                raise err from local
+            assert result is not None  # this rank did not fail
+            slept = False  # confirmed: the sleep is the owner's now
+            return result
+        except BaseException as e:
+            if slept and not isinstance(e, Exception):  # interrupted: undo this call's sleep
+                self._undo_sleep(True, e)
+            raise
+
+    def _undo_sleep(self, slept: bool, err: BaseException) -> bool:
+        """Wake this rank again if this call put it to sleep; False (and a note) if the wake
+        failed (the rank is then asleep, its backup intact: a later wake retries)."""
+        if not slept:
+            return True
+        try:
+            self.owner.wake()
+        except Exception as e:
+            err.add_note(f"rank {self.rank}: waking again (the undo of its sleep) failed: "
+                         f"{type(e).__name__}: {e}; it is asleep, its backup intact")
+            return False
+        return True
+
+    def wake(self) -> int:
+        """Collective :meth:`KvBufferOwner.wake`: every rank backs its memory again, or none.
+
+        The same four steps as :meth:`sleep`: prepare (asleep? no capture?), agree, wake
+        (create, map, copy back), confirm. When a rank's wake fails (out of memory: another
+        process took it while the ranks slept), the ranks that woke sleep again, with the
+        backup kind (and ``path``) their sleep had, so every rank is asleep, its bytes kept,
+        and a later :meth:`wake` retries all of them.
+
+        Returns:
+            Bytes backed again on this rank.
+        Raises:
+            CollectiveError: on every rank when any rank refused or failed, or a collective
+                broke: ``phase`` "prepare" (nothing changed) or "wake"/"confirm" (the ranks
+                that woke slept again: ``rolled_back``; if that sleep failed the rank is awake
+                with its bytes, see the notes). The local failure is the ``__cause__``.
+        """
+        o = self.owner
+        code = _OPS["wake"]
+        local: BaseException | None = None
+        again: tuple[Any, Any] = (None, None)
+        try:
+            if o.closed:
+                raise ClosedError("KvBufferOwner: wake after close()")
+            why = o.arena.sleep_refusal("wake")
+            if why is not None:
+                raise SleepRefusedError(why)
+            again = _backup_of(o)
+        except Exception as e:
+            local = e
+        self._agree_or_raise("wake()", code, 0, local)
+        woke = False
+        try:
+            added = 0
+            try:
+                added = o.wake()
+            except Exception as e:
+                local = e
+            woke = not o.asleep
+            try:
+                failed, _ = self._agree(code, 0, ok=local is None)
+            except _Broken as b:
+                rolled = self._undo_wake(woke, again, b)
+                woke = False
+                raise CollectiveError("wake()", "confirm", f"the collective broke ({b})",
+                                      rolled_back=rolled) from (local or b.__cause__)
+            if failed:
+                err = CollectiveError("wake()", "wake", f"rank(s) {failed} failed to wake; "
+                                      "the ranks that woke slept again",
+                                      failed_ranks=tuple(failed), rolled_back=True)
+                err.rolled_back = self._undo_wake(woke, again, err)
+                woke = False
+                raise err from local
+            woke = False
+            return added
+        except BaseException as e:
+            if woke and not isinstance(e, Exception):
+                self._undo_wake(True, again, e)
+            raise
+
+    def _undo_wake(self, woke: bool, again: tuple[Any, Any], err: BaseException) -> bool:
+        """Put this rank back to sleep if this call woke it, with its sleep's backup kind."""
+        if not woke:
+            return True
+        try:
+            self.owner.sleep(again[0], path=again[1])
+        except Exception as e:
+            err.add_note(f"rank {self.rank}: sleeping again (the undo of its wake) failed: "
+                         f"{type(e).__name__}: {e}; it is awake with its bytes")
+            return False
+        return True
+
+    # -- budget -----------------------------------------------------------------------------
+
+    def budget_bytes(self, headroom_bytes: int = 0) -> int:
+        """Bytes every rank can back: the least over ranks of ``free - headroom + backed``.
+
+        ``free`` is the driver's ``mem_info()`` now (after capture, weights and the rest);
+        ``backed`` what this owner already holds (it counts towards the KV budget). As
+        SGLang's ``get_available_gpu_memory(distributed=True)``: the smallest rank decides.
+
+        Args:
+            headroom_bytes: bytes to leave free on each rank, >= 0.
+        Returns:
+            The budget in bytes, the same on every rank.
+        Raises:
+            ArgumentError: bad ``headroom_bytes`` (on every rank: the call aborts on all).
+            CollectiveError: the collective broke, or a rank refused its arguments.
+        """
+        local: BaseException | None = None
+        mine = 0
+        try:
+            if isinstance(headroom_bytes, bool) or not isinstance(headroom_bytes, int) \
+                    or headroom_bytes < 0:
+                raise ArgumentError("headroom_bytes", headroom_bytes, "an int >= 0 (bytes)")
+            free, _ = self.owner.arena.driver.mem_info()
+            mine = max(0, free - headroom_bytes) + self.owner.backed_bytes
+        except Exception as e:
+            local = e
+        ok = [1] * self.world_size
+        if local is not None:
+            ok[self.rank] = 0
+        try:
+            got = self._all_reduce_min([mine, *ok])
+        except _Broken as b:
+            raise CollectiveError("budget_bytes()", "agree",
+                                  f"the collective broke ({b})") from (local or b.__cause__)
+        failed = tuple(r for r, s in enumerate(got[1:]) if s == 0)
+        if failed:
+            raise CollectiveError("budget_bytes()", "prepare", f"rank(s) {list(failed)} failed",
+                                  failed_ranks=failed) from local
+        return got[0]
+
+    def finalize_bytes(self, n: int) -> int:
+        """Bytes this owner holds after ``finalize(n)`` (local, pure: nothing changes)."""
+        o = self.owner
+        n = self._check_tokens(n, o.page_size, "page_size")
+        total = 0
+        for d, off, limit in zip(o.descs, self._offsets, self._limits, strict=True):
+            need = min(align_up(d.final_span_bytes(n, o.page_size), self._gran), limit)
+            total += o.arena.backed_of(off) + sum(e - s for s, e in self._gaps(off, 0, need))
+        return total
+
+    def fit_tokens(self, budget_bytes: int) -> int:
+        """The most tokens ``finalize`` can back within ``budget_bytes`` (local, pure).
+
+        Raises:
+            ArgumentError: not even ``page_size`` tokens fit.
+        """
+        o = self.owner
+        lo, hi = o.page_size, o.reserved_tokens
+        if self.finalize_bytes(lo) > budget_bytes:
+            raise ArgumentError("budget_bytes", budget_bytes,
+                                f">= {self.finalize_bytes(lo)} (what finalize(page_size="
+                                f"{lo}) backs)")
+        while lo < hi:  # finalize_bytes grows with n: the largest n that fits
+            mid = (lo + hi + 1) // 2
+            if self.finalize_bytes(mid) <= budget_bytes:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    def finalize_to_budget(self, headroom_bytes: int = 0) -> int:
+        """:meth:`budget_bytes`, :meth:`fit_tokens`, then :meth:`finalize`: all ranks alike.
+
+        Returns:
+            The token count every rank was finalized to.
+        Raises:
+            CollectiveError: as :meth:`finalize` (a budget too small for one page aborts
+                every rank, naming the ranks, with the ArgumentError as cause).
+        """
+        budget = self.budget_bytes(headroom_bytes)
+        try:
+            n = self.fit_tokens(budget)
+        except ArgumentError:
+            n = self.owner.page_size - 1  # refused in prepare on every rank alike
+        self.finalize(n)
+        return n
+
+    # -- snapshots --------------------------------------------------------------------------
+
+    def snapshot(self) -> OwnerSnapshot:
+        """This rank's owner snapshot (local)."""
+        return self.owner.snapshot()
+
+    def gather_snapshot(self, dst: int = 0) -> TpSnapshot | None:
+        """Every rank's snapshot, gathered on rank ``dst`` of the group (collective).
+
+        Returns:
+            On ``dst``: a :class:`~kvvmm.snapshot.TpSnapshot` in rank order; elsewhere None.
+        Raises:
+            CollectiveError: the gather broke (a rank died, the group's timeout).
+        """
+        import torch.distributed as dist
+
+        mine = (self.owner.arena.device, self.owner.snapshot())
+        out: list[Any] | None = [None] * self.world_size if self.rank == dst else None
+        try:
+            target = dst if self.group is None else dist.get_global_rank(self.group, dst)
+            dist.gather_object(mine, out, dst=target, group=self.group)
+        except Exception as e:
+            raise CollectiveError("gather_snapshot()", "gather",
+                                  f"the collective broke ({type(e).__name__}: {e})") from e
+        if out is None:
+            return None
+        return TpSnapshot(model=self.model, tp=self.world_size,
+                          devices=tuple(int(d) for d, _ in out),
+                          owners=tuple(s for _, s in out))
+
+
+def _backup_of(owner: KvBufferOwner) -> tuple[Any, Any]:
+    """``(backup, path)`` for ``sleep`` to sleep a sleeping owner again the way it slept: the
+    same kind, the same file, the same pinned memory (a fresh backup object each time)."""
+    store = owner.arena.sleep_backup
+    if store is None:
+        return None, None
+    if isinstance(store, DiskBackup):
+        return "disk", store.path
+    if isinstance(store, HostBackup):
+        return HostBackup(store.memory), None
+    return store.kind, None
+
+
+def _page_key(ids: Sequence[int]) -> int:
+    """A checksum of a sorted page set, the same in every process (``hash`` is per process
+    for some types, and a sum would let two different sets agree); 56 bits fit the int64
+    all_reduce with room for its negation."""
+    digest = hashlib.blake2b(",".join(map(str, ids)).encode(), digest_size=7).digest()
+    return int.from_bytes(digest, "big")
