@@ -24,7 +24,8 @@ hardware without a test failing:
   reason (:data:`NOT_EXPRESSIBLE`).
 
 Below the table: rules about capacity (which only the simulator and host driver let a test
-set), what mem_info shows on every driver, and what only the simulator or the host driver
+set), what mem_info shows and what handles are shared as (``handle_type``) on every driver,
+and what only the simulator or the host driver
 promises (deterministic addresses, profiles, the cost clock; real bytes, real faults).
 """
 
@@ -57,10 +58,12 @@ from drivers import (
 )
 
 from kvvmm import PROFILES, DriverError, DriverOutOfMemoryError, SimDriver
+from kvvmm.driver import FaultyDriver
 from kvvmm.driver.base import (
     CUDA_ERROR_INVALID_VALUE,
     CUDA_ERROR_NOT_SUPPORTED,
     CUDA_ERROR_OUT_OF_MEMORY,
+    HANDLE_TYPES,
     Driver,
 )
 
@@ -843,6 +846,38 @@ def test_mem_info_sees_a_handle_released_while_mapped_hold_its_memory_until_the_
     free3, _ = driver.mem_info()
     assert abs((free3 - free2) - size) <= slack, "the last unmap gives the memory back"
     driver.free(va, 2 * size)
+
+
+# -- what handles can be shared as, on every driver --------------------------------------------
+
+#: ``handle_type`` of each kind as the contract opens it: the simulator's and the host
+#: driver's exports are file descriptors; a plain ``CudaDriver()`` asks CUDA for no
+#: shareable handle (``handle_type="none"``, its default).
+HANDLE_TYPE = {"sim": "posix_fd", "host": "posix_fd", "cuda-c": "none", "cuda-python": "none"}
+
+
+def test_every_driver_names_its_handle_type_and_exports_a_descriptor_only_as_posix_fd(
+    driver: Driver, kind: str
+) -> None:
+    assert driver.handle_type in HANDLE_TYPES
+    assert driver.handle_type == HANDLE_TYPE[kind]
+    assert FaultyDriver(driver).handle_type == driver.handle_type  # a wrapper says the same
+    h = driver.create(driver.granularity())
+    try:
+        if driver.handle_type == "posix_fd":
+            fd = driver.export_handle(h)
+            try:
+                assert os.fstat(fd) is not None  # a live descriptor, the caller's
+            finally:
+                os.close(fd)
+        else:
+            before = driver.stats()
+            with pytest.raises(DriverError) as info:
+                driver.export_handle(h)
+            check_refusal(driver, kind, "export_handle", info.value, {"handle": h})
+            assert driver.stats() == before
+    finally:
+        driver.release(h)
 
 
 # -- what only the simulator promises ---------------------------------------------------------

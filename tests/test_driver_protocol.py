@@ -3,11 +3,13 @@ defaults, so the arena and owner call them without looking them up."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from kvvmm import Arena
+from kvvmm.budget import BudgetedDriver, Ledger
 from kvvmm.driver import Driver, FaultyDriver, SimDriver
 from kvvmm.driver.base import OPTIONAL_CALLS, check_driver, work_hook
 from kvvmm.driver.host import HostDriver
@@ -24,8 +26,24 @@ def test_every_driver_and_wrapper_has_the_optional_calls() -> None:
             for name in OPTIONAL_CALLS:
                 assert hasattr(d, name), (d, name)
             assert isinstance(d.clock_us, float)
+            assert d.handle_type == "posix_fd", d  # what export_handle gives on sim and host
     finally:
         host.close()
+
+
+class _Unshared(SimDriver):
+    """A driver whose handles cannot be shared (as a plain CudaDriver's)."""
+
+    handle_type = "none"
+
+
+def test_every_wrapper_says_the_handle_type_of_the_driver_it_wraps(tmp_path: Path) -> None:
+    inner = _Unshared("h200")
+    with Ledger(tmp_path / "ledger", budget_bytes=GiB) as led:
+        budgeted = BudgetedDriver(inner, led.register("t"))
+        for d in (FaultyDriver(inner), TracingDriver(inner), TimedDriver(inner), budgeted,
+                  TracingDriver(budgeted)):
+            assert d.handle_type == "none", d
 
 
 def test_a_real_driver_has_no_work_hook_so_the_decode_path_makes_no_call() -> None:
@@ -72,6 +90,7 @@ def test_a_driver_without_the_optional_calls_gets_their_defaults_with_a_warning(
     with pytest.warns(DeprecationWarning, match="optional calls"):
         check_driver(d)
     assert isinstance(d, Driver) and d.clock_us == 0.0 and work_hook(d) is None
+    assert d.handle_type == "posix_fd"  # what its export_handle promised in 0.2
     with Arena(d, reserve_bytes=8 * MiB) as a:  # type: ignore[arg-type]
         a.allocate(2 * MiB, "x")
 

@@ -480,5 +480,44 @@ def test_the_cuda_driver_is_opened_with_the_granularity_asked_recommended_by_def
     own = KvVmmBufferOwner(device="cuda:0", device_id=0, store_dtype=torch.bfloat16,
                            page_size=PAGE, reserved_num_tokens=1000,
                            buffer_descs=mha_descs(1, 1000), **kw)
-    assert asked == [{"kind": "cuda", "device": 0, "granularity": granularity}]
+    assert asked == [{"kind": "cuda", "device": 0, "granularity": granularity,
+                      "handle_type": "auto"}]
     own.close()
+
+
+@pytest.mark.parametrize("handle_type", ["auto", "posix_fd", "fabric", "none"])
+def test_the_cuda_driver_is_opened_with_the_handle_type_asked_auto_by_default_as_sglang(
+        monkeypatch: pytest.MonkeyPatch, make_driver: Callable[..., Any],
+        handle_type: str) -> None:
+    # Issue 24: SGLang 0.5.23's own owner probes FABRIC, then POSIX fd, then none
+    # (make_device_allocation_prop's "auto"); the seed asked for no shareable handle.
+    asked: list[dict[str, Any]] = []
+
+    def fake_open(kind: str, **options: Any) -> Any:
+        asked.append({"kind": kind, **options})
+        return make_driver("host")
+
+    monkeypatch.setattr(sglang, "open_driver", fake_open)
+    kw = {} if handle_type == "auto" else {"handle_type": handle_type}
+    own = KvVmmBufferOwner(device="cuda", device_id=0, store_dtype=torch.bfloat16,
+                           page_size=PAGE, reserved_num_tokens=1000,
+                           buffer_descs=mha_descs(1, 1000), **kw)
+    assert asked == [{"kind": "cuda", "device": 0, "granularity": "recommended",
+                      "handle_type": handle_type}]
+    assert own.driver.handle_type == "posix_fd"  # the host driver's, which it was given
+    own.close()
+
+
+@pytest.mark.parametrize("bad", ["FABRIC", "posix", None, 1])
+def test_an_unknown_handle_type_is_refused_naming_it_before_any_driver_opens(
+        monkeypatch: pytest.MonkeyPatch, bad: object) -> None:
+    def fake_open(kind: str, **options: Any) -> Any:
+        raise AssertionError("no driver may open for a bad handle_type")
+
+    monkeypatch.setattr(sglang, "open_driver", fake_open)
+    with pytest.raises(ArgumentError) as info:
+        KvVmmBufferOwner(device="cuda", device_id=0, store_dtype=torch.bfloat16,
+                         page_size=PAGE, reserved_num_tokens=1000,
+                         buffer_descs=mha_descs(1, 1000), handle_type=bad)  # type: ignore[arg-type]
+    assert info.value.name == "handle_type" and info.value.value == bad
+    assert "'auto'" in info.value.limit and "'fabric'" in info.value.limit

@@ -68,7 +68,8 @@ class SharingMixin(_ArenaState):
         Send them to another process (``multiprocessing.reduction.send_handle``), which backs
         an allocation of its own arena with them in the same order: ``import_handle(fd,
         size)`` and :meth:`adopt` for each. The caller owns the descriptors (close them once
-        sent). The driver must share handles (CudaDriver(exportable=True), HostDriver).
+        sent). The driver must share handles as POSIX fds (``driver.handle_type ==
+        "posix_fd"``: ``CudaDriver(handle_type="posix_fd")``, HostDriver).
 
         Returns:
             ``[(fd, size_bytes), ...]`` in VA order, covering the backed prefix.

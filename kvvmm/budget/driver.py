@@ -111,6 +111,11 @@ class BudgetedDriver(Driver):
     def clock_us(self) -> float:
         return self.inner.clock_us
 
+    @property
+    def handle_type(self) -> str:
+        """The inner driver's: the budget does not change what its handles are."""
+        return self.inner.handle_type
+
     @property  # the inner driver's bound method itself, so work_hook sees through
     def library_work(self) -> Callable[[str, int], None]:  # type: ignore[override]
         return self.inner.library_work

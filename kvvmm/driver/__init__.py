@@ -40,7 +40,7 @@ def open_driver(kind: str = "auto", **options: Any) -> Driver:
         kind: ``"sim"`` (no memory; ``profile=``, ``capacity_bytes=``..., or ``node=`` a
             :class:`SimNode` and ``device=``: that device of the node), ``"host"`` (Linux
             host memory; ``granularity=``, ``capacity_bytes=``), ``"cuda"`` (a real GPU;
-            ``device=``, ``exportable=``, ``zero_page=``: unbacked VA reads as zeros, see
+            ``device=``, ``handle_type=``, ``zero_page=``: unbacked VA reads as zeros, see
             :class:`~kvvmm.driver.cuda.CudaDriver`), or ``"auto"``: cuda when a GPU is
             usable, else host (whose unbacked VA always reads as zeros: ``zero_page`` is
             dropped for it).
@@ -68,12 +68,12 @@ def open_driver(kind: str = "auto", **options: Any) -> Driver:
     if kind == "cuda":
         return _open_cuda(options)
     # "auto" passes each driver only the options it takes: capacity_bytes caps the host
-    # driver, device picks the GPU, exportable makes GPU handles shareable (host ones always
-    # are), zero_page covers unbacked GPU VA (host VA always reads as zeros); granularity
-    # means the same to both.
+    # driver, device picks the GPU, handle_type (and the deprecated exportable) makes GPU
+    # handles shareable (host ones always are), zero_page covers unbacked GPU VA (host VA
+    # always reads as zeros); granularity means the same to both.
     try:
-        return _open_cuda({k: v for k, v in options.items()
-                           if k in ("device", "granularity", "exportable", "zero_page")})
+        return _open_cuda({k: v for k, v in options.items() if k in (
+            "device", "granularity", "handle_type", "exportable", "zero_page")})
     except DriverUnavailableError:
         from kvvmm.driver.host import HostDriver
 

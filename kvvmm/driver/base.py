@@ -5,8 +5,8 @@ point (``cuMemAddressReserve``, ``cuMemCreate``, ``cuMemMap``, ...). Three imple
 exist (``SimDriver``, ``HostDriver``, ``CudaDriver``) plus wrappers on
 :class:`~kvvmm.driver.wrapper.DriverWrapper` (``FaultyDriver``, ``TracingDriver``,
 ``TimedDriver``); everything above this layer is written against :class:`Driver` only. Its
-optional calls (``clock_us``, ``library_work``, ``pin``, ``unpin``, ``close``) have no-op
-defaults that every driver inherits.
+optional calls (``clock_us``, ``handle_type``, ``library_work``, ``pin``, ``unpin``,
+``close``) have defaults that every driver inherits.
 
 The rules (cuda.core's VMM design lists the driver behaviour they come from):
 
@@ -27,7 +27,9 @@ The rules (cuda.core's VMM design lists the driver behaviour they come from):
   driver's own device's;
 - an exported handle is a POSIX file descriptor the caller owns; an import takes one (on
   success the driver owns it) and gives a handle mapped like any other, whose memory was
-  counted by the driver that created it.
+  counted by the driver that created it. ``handle_type`` says what the driver's handles can
+  be shared as (:data:`HANDLE_TYPES`): ``export_handle`` gives a descriptor only where it is
+  ``"posix_fd"``.
 
 Arguments (:func:`check_call_ints`, the one check every driver runs before any syscall or CUDA
 call, so a refused call changes nothing and leaks nothing):
@@ -81,6 +83,7 @@ __all__ = [
     "CUDA_ERROR_INVALID_VALUE",
     "CUDA_ERROR_NOT_SUPPORTED",
     "CUDA_ERROR_OUT_OF_MEMORY",
+    "HANDLE_TYPES",
     "OPTIONAL_CALLS",
     "U64_LIMIT",
     "Driver",
@@ -107,6 +110,12 @@ CUDA_ERROR_INVALID_DEVICE = "CUDA_ERROR_INVALID_DEVICE"
 CALLS = ("reserve", "free", "create", "release", "map", "unmap", "set_access", "mem_info",
          "export_handle", "import_handle")
 
+
+#: What a driver's handles can be shared between processes as (``Driver.handle_type``):
+#: ``"none"`` (not at all), ``"posix_fd"`` (a POSIX file descriptor: ``export_handle``), or
+#: ``"fabric"`` (CUDA's 64-byte ``CUmemFabricHandle``, across the nodes of an NVLink fabric;
+#: kvvmm's ``export_handle`` does not pass those).
+HANDLE_TYPES = ("none", "posix_fd", "fabric")
 
 #: CUDA's sizes and addresses are 64-bit (``size_t``, ``CUdeviceptr``): no value reaches this.
 U64_LIMIT = 1 << 64
@@ -355,6 +364,16 @@ class Driver(Protocol):
         """Simulated time spent in driver calls, in µs: the simulator's clock; 0.0 elsewhere."""
         return 0.0
 
+    @property
+    def handle_type(self) -> str:
+        """What this driver's handles can be shared as, one of :data:`HANDLE_TYPES`.
+
+        ``"posix_fd"`` by default, what :meth:`export_handle` promises: the simulator and the
+        host driver; CudaDriver says what it asked CUDA for (``handle_type=``), and a wrapper
+        says what the driver it wraps does.
+        """
+        return "posix_fd"
+
     def library_work(self, op: str, units: int = 1) -> None:
         """Charge kvvmm's own work for one arena or owner operation (``op``, ``units``
         handles, mappings or buffers) to a simulated clock. A no-op except on the simulator;
@@ -378,7 +397,7 @@ class Driver(Protocol):
 
 
 #: The optional calls of :class:`Driver` (with their defaults there).
-OPTIONAL_CALLS = ("clock_us", "library_work", "pin", "unpin", "close")
+OPTIONAL_CALLS = ("clock_us", "handle_type", "library_work", "pin", "unpin", "close")
 
 
 def work_hook(driver: Driver) -> Callable[[str, int], None] | None:
@@ -445,5 +464,7 @@ def _give_defaults(driver: object) -> None:
     for m in missing:
         if m == "clock_us":
             setattr(driver, m, 0.0)
+        elif m == "handle_type":  # what its export_handle promised when it was written
+            setattr(driver, m, "posix_fd")
         else:
             setattr(driver, m, types.MethodType(getattr(Driver, m), driver))

@@ -20,13 +20,15 @@ from __future__ import annotations
 
 import os
 import threading
+import warnings
 from bisect import bisect_right, insort
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from kvvmm.driver.base import (
     CUDA_ERROR_INVALID_VALUE,
     CUDA_ERROR_NOT_SUPPORTED,
+    HANDLE_TYPES,
     Driver,
     DriverStats,
     MemoryKind,
@@ -67,6 +69,81 @@ def _unavailable(what: str) -> DriverUnavailableError:
     return DriverUnavailableError(f"the CUDA driver cannot run here: {what}. {_FALLBACK}.")
 
 
+#: ``handle_type=`` -> the ``CUmemAllocationHandleType`` it asks ``cuMemCreate`` for.
+_CU_HANDLE_TYPES = {
+    "none": "CU_MEM_HANDLE_TYPE_NONE",
+    "posix_fd": "CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR",
+    "fabric": "CU_MEM_HANDLE_TYPE_FABRIC",
+}
+#: What ``handle_type="auto"`` tries, in order: SGLang 0.5.23's candidates
+#: (``get_device_allocation_handle_type``, ``sglang/srt/utils/cuda_vmm_utils.py``).
+AUTO_HANDLE_ORDER = ("fabric", "posix_fd", "none")
+
+
+def _handle_type_arg(handle_type: object, exportable: object) -> str:
+    """The handle type asked for, from ``handle_type=`` and the deprecated ``exportable=``.
+
+    Raises:
+        ArgumentError: an unknown ``handle_type``, an ``exportable`` that is not a bool, or
+            one that says otherwise than ``handle_type``.
+    """
+    if not isinstance(handle_type, str) or handle_type not in ("auto", *HANDLE_TYPES):
+        raise ArgumentError("handle_type", handle_type,
+                            "'none', 'posix_fd', 'fabric' or 'auto' (as SGLang probes: FABRIC, "
+                            "then POSIX fd, then none)")
+    if exportable is None:
+        return handle_type
+    if not isinstance(exportable, bool):
+        raise ArgumentError("exportable", exportable, "True or False")
+    implied = "posix_fd" if exportable else "none"
+    warnings.warn(f"CudaDriver(exportable={exportable}) is deprecated (0.3, goes in 0.4): pass "
+                  f"handle_type={implied!r}", DeprecationWarning, stacklevel=3)
+    if handle_type not in ("none", implied):
+        raise ArgumentError("exportable", exportable,
+                            f"left out with handle_type={handle_type!r} (exportable=True is "
+                            "handle_type='posix_fd', False is 'none')")
+    return implied
+
+
+def _pick_handle_type(
+    want: str, probe: Callable[[str], DriverError | None]
+) -> tuple[str, tuple[tuple[str, str], ...]]:
+    """The handle type a CudaDriver asked for ``want`` gets, and what each probe answered.
+
+    ``"auto"`` probes as SGLang 0.5.23 does: FABRIC, then POSIX fd, then none; the first
+    that CUDA takes wins, and any refusal (out of memory too) moves on to the next, as there.
+    ``"fabric"`` is probed alone: where CUDA refuses it (no NVLink fabric, no IMEX channel)
+    the driver is not made. ``"posix_fd"`` and ``"none"`` are taken as asked, unprobed (Linux
+    always has POSIX fds; what ``exportable=`` did).
+
+    Args:
+        want: ``"auto"`` or one of :data:`~kvvmm.driver.base.HANDLE_TYPES`.
+        probe: tries one handle type; None when CUDA took it, else CUDA's refusal.
+    Returns:
+        The handle type, and ``(type, "ok" or CUDA's error name)`` per probe made.
+    Raises:
+        DriverError: CUDA refused ``"fabric"``, or under ``"auto"`` all three (the last
+            refusal, with a note naming each type and what CUDA answered).
+    """
+    if want not in ("auto", "fabric"):
+        return want, ()
+    answers: list[tuple[str, str]] = []
+    err: DriverError | None = None
+    for name in AUTO_HANDLE_ORDER if want == "auto" else ("fabric",):
+        err = probe(name)
+        answers.append((name, "ok" if err is None else err.cuda_error))
+        if err is None:
+            return name, tuple(answers)
+    assert err is not None  # the loop made at least one probe, and every one was refused
+    if want == "fabric":
+        err.add_note("FABRIC handles need an NVLink-fabric system (GB200/GB300 NVL) with IMEX "
+                     "channels; handle_type='auto' falls back to 'posix_fd' as SGLang does")
+    else:
+        err.add_note("handle_type='auto' tried " + ", ".join(f"{n} ({a})" for n, a in answers)
+                     + ": CUDA took none of them")
+    raise err
+
+
 class CudaDriver(ZeroPageMixin, PeerAccessMixin, SynchronizeMixin, FastPathMixin, Driver):
     """CUDA VMM on a real GPU, in the device's primary context (torch's).
 
@@ -75,8 +152,16 @@ class CudaDriver(ZeroPageMixin, PeerAccessMixin, SynchronizeMixin, FastPathMixin
         granularity: ``"minimum"`` or ``"recommended"`` (``cuMemGetAllocationGranularity``
             with that flag; both are 2 MiB on H100/H200), or an int: a multiple of the
             minimum, to work in larger units.
-        exportable: create every handle shareable as a POSIX file descriptor, so
-            ``export_handle`` works (off by default: it may cost at create time).
+        handle_type: what every handle is created shareable as (``requestedHandleTypes``):
+            ``"none"`` (the default: not shareable), ``"posix_fd"`` (a POSIX file descriptor,
+            so ``export_handle`` works), ``"fabric"`` (a ``CUmemFabricHandle``, across an
+            NVLink fabric: needs IMEX channels, and ``export_handle`` refuses it), or
+            ``"auto"``: as SGLang 0.5.23 picks, FABRIC, then POSIX fd, then none, each probed
+            with a ``cuMemCreate`` of one recommended granule released at once.
+            :attr:`handle_type` says what it got, :attr:`handle_type_probe` what each probe
+            answered. The granularities are queried with the type it got, as SGLang's are.
+        exportable: deprecated (0.3, goes in 0.4): ``True`` is ``handle_type="posix_fd"``,
+            ``False`` is ``"none"``.
         zero_page: keep reserved VA that is not mapped readable as zeros, for this device
             (see "Zero page" in docs/CUDA_DRIVER.md). ``False`` (the default): unbacked VA
             faults on any touch (an illegal-address fault kills the CUDA context). ``True``:
@@ -91,11 +176,18 @@ class CudaDriver(ZeroPageMixin, PeerAccessMixin, SynchronizeMixin, FastPathMixin
             a GPU without VMM support (one message; no CUDA traceback chained to it).
         ArgumentError: ``device`` out of range, an unknown ``granularity``, or a
             ``zero_page`` that is not a bool or such a block size.
-        DriverError: ``zero_page`` on and the zero handles could not be made (out of memory).
+        ArgumentError: an unknown ``handle_type``, or an ``exportable`` that contradicts it.
+        DriverError: ``zero_page`` on and the zero handles could not be made (out of memory);
+            ``handle_type="fabric"`` and CUDA refused it (no NVLink fabric or IMEX channel
+            here: the error names the type), or ``"auto"`` and CUDA refused all three.
 
     Attributes:
         granularity_min: the device's minimum granularity in bytes.
         granularity_recommended: the device's recommended granularity in bytes.
+        handle_type: what the handles are shareable as: ``"none"``, ``"posix_fd"`` or
+            ``"fabric"`` (``"auto"`` resolved).
+        handle_type_probe: ``(type, "ok" or CUDA's error name)`` per probe ``"auto"`` or
+            ``"fabric"`` made, in order; empty for ``"none"`` and ``"posix_fd"``.
         zero_page: the zero cover's block size in bytes, 0 when off
             (:meth:`zero_stats` says what the cover holds; :meth:`stats` counts real
             mappings and memory only).
@@ -103,13 +195,14 @@ class CudaDriver(ZeroPageMixin, PeerAccessMixin, SynchronizeMixin, FastPathMixin
 
     kind = "cuda"
     memory = MemoryKind.DEVICE
+    handle_type = "none"  #: a plain attribute here (the protocol's default is a property)
 
     def __init__(
-        self, *, device: int = 0, granularity: str | int = "minimum", exportable: bool = False,
-        zero_page: bool | int = False,
+        self, *, device: int = 0, granularity: str | int = "minimum",
+        exportable: bool | None = None, zero_page: bool | int = False,
+        handle_type: str = "none",
     ) -> None:
-        if not isinstance(exportable, bool):
-            raise ArgumentError("exportable", exportable, "True or False")
+        want = _handle_type_arg(handle_type, exportable)
         if not isinstance(zero_page, int) or (type(zero_page) is not bool and zero_page <= 0):
             raise ArgumentError("zero_page", zero_page,
                                 "True, False, or a block size in bytes (> 0)")
@@ -117,7 +210,8 @@ class CudaDriver(ZeroPageMixin, PeerAccessMixin, SynchronizeMixin, FastPathMixin
         self.zero_page = 0
         problem = ""
         try:
-            problem = self._open(device, exportable)
+            # POSIX fds are asked for here; "auto" and "fabric" are probed once it is open.
+            problem = self._open(device, want == "posix_fd")
         except (ArgumentError, DriverUnavailableError):
             raise
         except Exception as e:  # DynamicLibNotFoundError, OSError, RuntimeError, ...
@@ -128,10 +222,53 @@ class CudaDriver(ZeroPageMixin, PeerAccessMixin, SynchronizeMixin, FastPathMixin
             )
         if problem:
             raise _unavailable(problem)
+        try:
+            got, self.handle_type_probe = _pick_handle_type(want, self._probe_handle_type)
+        except DriverError:
+            self.close()
+            raise
+        self.handle_type = got
+        self.exportable = got == "posix_fd"  # what export_handle needs
         self._set_granularity(granularity)
         if zero_page is not False:
             self._start_zero_page(zero_page)
         self._start_fast_path()
+
+    def _probe_handle_type(self, name: str) -> DriverError | None:
+        """Try handle type ``name`` as SGLang 0.5.23 does: the granularity asked with it, then
+        a ``cuMemCreate`` of one recommended granule, released at once. None when CUDA took
+        it: every create then asks for it, and the granularities are its. Else the refusal,
+        a DriverError naming the type."""
+        drv = _drv
+        ok = self._ok
+        prop = self._prop
+        cu = _CU_HANDLE_TYPES[name]
+        what = f"handle_type={name!r} ({cu})"
+        enum = getattr(drv.CUmemAllocationHandleType, cu, None)
+        if enum is None:  # a cuda-bindings older than the handle type (FABRIC: CUDA 12.3)
+            return driver_error("create", {}, CUDA_ERROR_NOT_SUPPORTED,
+                                f"{what}: this cuda-bindings does not have it")
+        prop.requestedHandleTypes = enum
+        flags = drv.CUmemAllocationGranularity_flags
+        err, gmin = drv.cuMemGetAllocationGranularity(
+            prop, flags.CU_MEM_ALLOC_GRANULARITY_MINIMUM)
+        if err == ok:
+            err, grec = drv.cuMemGetAllocationGranularity(
+                prop, flags.CU_MEM_ALLOC_GRANULARITY_RECOMMENDED)
+        if err != ok:
+            return driver_error("create", {}, _name(err), f"{what}: "
+                                f"cuMemGetAllocationGranularity returned it: {_describe(err)}")
+        size = int(grec)
+        err, raw = drv.cuMemCreate(size, prop, 0)
+        if err != ok:
+            return driver_error("create", {"size": size}, _name(err), f"{what}: cuMemCreate "
+                                f"of one granule returned it: {_describe(err)}")
+        (err,) = drv.cuMemRelease(raw)
+        if err != ok:
+            return driver_error("create", {"size": size}, _name(err), f"{what}: cuMemRelease "
+                                f"of the probe's granule returned it: {_describe(err)}")
+        self.granularity_min, self.granularity_recommended = int(gmin), size
+        return None
 
     # -- construction -----------------------------------------------------------------
 
@@ -265,7 +402,7 @@ class CudaDriver(ZeroPageMixin, PeerAccessMixin, SynchronizeMixin, FastPathMixin
     def __repr__(self) -> str:
         zero = f", zero_page={self.zero_page}" if self.zero_page else ""
         return (f"CudaDriver(device={self.device}, name={self.name!r}, "
-                f"granularity={self._gran}{zero})")
+                f"granularity={self._gran}, handle_type={self.handle_type!r}{zero})")
 
     # -- errors -----------------------------------------------------------------------
 
@@ -521,19 +658,29 @@ class CudaDriver(ZeroPageMixin, PeerAccessMixin, SynchronizeMixin, FastPathMixin
         """A POSIX file descriptor for ``handle`` (``cuMemExportToShareableHandle``).
 
         The caller owns the descriptor: send it (``multiprocessing.reduction.send_handle``)
-        and close it. Needs a driver made with ``exportable=True``.
+        and close it. Needs a driver made with ``handle_type="posix_fd"`` (or ``"auto"`` where
+        that is what it got). FABRIC handles are refused before CUDA is called
+        (CUDA_ERROR_NOT_SUPPORTED): what they export is a 64-byte ``CUmemFabricHandle``, not
+        a descriptor, and kvvmm does not pass those between processes.
         """
         (handle,) = check_call_ints("export_handle", handle=handle).values()
         args = {"handle": handle}
         h = self._handles.get(handle)
         if h is None:
             raise self._refuse("export_handle", args, f"handle {handle} is not live")
+        if self.handle_type == "fabric":
+            raise driver_error(
+                "export_handle", args, CUDA_ERROR_NOT_SUPPORTED,
+                "this CudaDriver's handles are FABRIC handles (handle_type='fabric'), which "
+                "export as a 64-byte CUmemFabricHandle, not a POSIX file descriptor; kvvmm "
+                "does not pass those: open the driver with handle_type='posix_fd'")
         err, fd = _drv.cuMemExportToShareableHandle(h.raw, self._posix_fd, 0)
         if err != self._ok:
             e = self._cuda_error("export_handle", args, "cuMemExportToShareableHandle", err)
             if not self.exportable:
-                e.add_note("this CudaDriver creates handles that are not shareable: open it "
-                           "with exportable=True (open_driver('cuda', exportable=True))")
+                e.add_note("this CudaDriver creates handles that are not shareable "
+                           f"(handle_type={self.handle_type!r}): open it with "
+                           "handle_type='posix_fd' (open_driver('cuda', handle_type='posix_fd'))")
             raise e
         return int(fd)
 

@@ -121,6 +121,7 @@ class HostDriver(Driver):
 
     kind = "host"
     memory = MemoryKind.HOST
+    handle_type = "posix_fd"  #: its exports are memfds, POSIX file descriptors
 
     def __init__(
         self, *, granularity: int = 2 * MiB, capacity_bytes: int | None = None, device: int = 0

@@ -185,6 +185,8 @@ class SimDriver(Driver):
     kind = "sim"
     memory = MemoryKind.NONE
     clock_us: float = 0.0  #: a plain attribute here (the protocol's default is a property)
+    #: its exports are file descriptors (``/dev/null``), importable within its node
+    handle_type = "posix_fd"
 
     def __init__(
         self,

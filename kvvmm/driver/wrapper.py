@@ -42,9 +42,9 @@ NAMED: dict[str, Callable[..., dict[str, Any]]] = {
 class DriverWrapper(Driver):
     """Wraps ``inner``: every call goes to it through :meth:`_call`, unchanged by default.
 
-    ``granularity``, ``stats``, ``clock_us`` and ``library_work`` are the inner driver's own
-    (never gated, recorded or timed); ``close`` is the protocol's no-op: the wrapped driver
-    is its opener's to close.
+    ``granularity``, ``stats``, ``clock_us``, ``handle_type`` and ``library_work`` are the
+    inner driver's own (never gated, recorded or timed); ``close`` is the protocol's no-op:
+    the wrapped driver is its opener's to close.
 
     Args:
         inner: the driver to wrap.
@@ -80,6 +80,11 @@ class DriverWrapper(Driver):
     @property
     def clock_us(self) -> float:
         return self.inner.clock_us
+
+    @property
+    def handle_type(self) -> str:
+        """The wrapped driver's: what its handles can be shared as."""
+        return self.inner.handle_type
 
     @property  # the inner driver's bound method itself: no frame here, and work_hook sees
     def library_work(self) -> Callable[[str, int], None]:  # type: ignore[override]

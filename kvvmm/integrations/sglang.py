@@ -59,9 +59,11 @@ Where kvvmm deliberately differs:
   ``except DriverOutOfMemoryError`` (kvvmm), ``except KvvmmError`` and ``except RuntimeError``
   (SGLang) all catch the same object. Argument errors stay what they are, ``ValueError``
   (``OutOfRangeError``, ...), as the seed's span and ``finalize`` checks are.
-- **Device.** ``device="cuda"`` (or ``"cuda:N"``) opens kvvmm's CUDA driver on ``device_id``;
-  ``driver=`` (a kvvmm extension) runs the same class on any driver, the host or sim one
-  included, with ``device`` then only recorded.
+- **Device.** ``device="cuda"`` (or ``"cuda:N"``) opens kvvmm's CUDA driver on ``device_id``
+  (``granularity="recommended"`` and ``handle_type="auto"`` by default, as SGLang 0.5.23's
+  own owner asks: ``KvVmmBufferOwner(..., granularity="minimum", handle_type="none")`` is
+  the seed's); ``driver=`` (a kvvmm extension) runs the same class on any driver, the host
+  or sim one included, with ``device`` then only recorded.
 
 Later upstream calls (the lazy-backing owner): ``release_beyond(n)`` (give back every mapping
 past the first ``n`` slots' prefix, as upstream), ``bytes_per_token()`` (rounded up as
@@ -93,7 +95,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from kvvmm.checks import seconds_arg
 from kvvmm.driver import open_driver
-from kvvmm.driver.base import Driver, check_driver
+from kvvmm.driver.base import HANDLE_TYPES, Driver, check_driver
 from kvvmm.errors import ArgumentError, BusyError, KvvmmError, OutOfRangeError
 from kvvmm.layout import KvBufferDesc as _KvvmmDesc
 from kvvmm.owner import KvBufferOwner
@@ -119,6 +121,9 @@ __all__ = [
 
 #: The module SGLang imports the seed from.
 SGLANG_MODULE = "sglang.srt.mem_cache.kv_vmm_backing"
+
+#: ``handle_type=`` values, SGLang 0.5.23's choice first.
+_HANDLE_TYPES = ("auto", *HANDLE_TYPES)
 
 
 class KvVmmError(KvvmmError, RuntimeError):
@@ -257,6 +262,11 @@ class KvVmmBufferOwner:
         granularity: with CUDA's driver, the mapping unit: ``"recommended"`` (default, as
             SGLang 0.5.23's ``get_device_granularity`` asks), ``"minimum"`` (the seed this
             module was first written against), or bytes. Equal on an H200 (2 MiB both).
+        handle_type: with CUDA's driver, what its handles are shareable as: ``"auto"``
+            (default: as SGLang 0.5.23's ``make_device_allocation_prop`` probes, FABRIC, then
+            POSIX fd, then none; POSIX fd on a single H200), ``"posix_fd"``, ``"fabric"`` or
+            ``"none"`` (the seed's: it asks for no shareable handle). ``driver.handle_type``
+            says what it got. Backed bytes do not depend on it.
         policy: growth policy for ``ensure_prefix`` (kvvmm extension; default ``Exact()``,
             the seed's).
         name: the arena's name, shown by the lab.
@@ -280,10 +290,14 @@ class KvVmmBufferOwner:
         policy: GrowthPolicy | None = None,
         name: str = "kv",
         granularity: str | int = "recommended",
+        handle_type: str = "auto",
     ) -> None:
         self.device = device
         if isinstance(device_id, bool) or not isinstance(device_id, int) or device_id < 0:
             raise ArgumentError("device_id", device_id, "an int >= 0 (a device ordinal)")
+        if not isinstance(handle_type, str) or handle_type not in _HANDLE_TYPES:
+            raise ArgumentError("handle_type", handle_type,
+                                f"one of {list(_HANDLE_TYPES)} ('auto': as SGLang 0.5.23 picks)")
         self.device_id = device_id
         self.store_dtype = store_dtype
         self.page_size = page_size
@@ -299,7 +313,8 @@ class KvVmmBufferOwner:
                     raise ArgumentError(
                         "device", device, "'cuda' or 'cuda:<device_id>'",
                         "pass driver=kvvmm.open_driver('host' | 'sim') to run elsewhere")
-                driver = open_driver("cuda", device=device_id, granularity=granularity)
+                driver = open_driver("cuda", device=device_id, granularity=granularity,
+                                     handle_type=handle_type)
             self.driver: Driver = driver
             try:
                 core_reserved = _core_reserved(descs, page_size, reserved_num_tokens)

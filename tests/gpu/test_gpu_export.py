@@ -1,6 +1,6 @@
 """Handles between processes on a real GPU: POSIX file descriptors (issue 7).
 
-A parent makes exportable handles (``CudaDriver(exportable=True)``), writes through a torch
+A parent makes exportable handles (``CudaDriver(handle_type="posix_fd")``), writes through a torch
 tensor over its arena, exports the handles and sends the descriptors to a *spawned* child
 (SCM_RIGHTS over a pipe). The child imports them, backs an allocation of its own arena with
 them (``adopt``), reads the parent's bytes through its own tensor and writes some back, which
@@ -49,7 +49,7 @@ def _record(name: str, value: Any, file: str = "export_answers.json") -> None:
 @pytest.fixture
 def xdrv() -> Iterator[CudaDriver]:
     torch.empty(1, device="cuda")
-    d = CudaDriver(exportable=True)
+    d = CudaDriver(handle_type="posix_fd")
     yield d
     d.close()
 
@@ -170,7 +170,7 @@ def test_export_of_a_handle_not_made_exportable_is_refused(cuda: Any) -> None:
     with pytest.raises(DriverError) as info:
         cuda.export_handle(h)
     _record("export of a handle created without requestedHandleTypes", info.value.cuda_error)
-    assert any("exportable=True" in n for n in info.value.__notes__)
+    assert any("handle_type='posix_fd'" in n for n in info.value.__notes__)
     cuda.release(h)
 
 
@@ -204,7 +204,7 @@ def test_what_exportable_handles_and_the_access_paths_cost_is_recorded() -> None
         return statistics.median(times)
 
     cost: dict[str, Any] = {"gpu": torch.cuda.get_device_name(0)}
-    plain, shared = CudaDriver(), CudaDriver(exportable=True)
+    plain, shared = CudaDriver(), CudaDriver(handle_type="posix_fd")
     try:
         for size, n in ((2 * MiB, 200), (64 * MiB, 40), (1024 * MiB, 8)):
             for name, d in (("plain", plain), ("exportable", shared)):
