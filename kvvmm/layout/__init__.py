@@ -51,7 +51,9 @@ from kvvmm.layout.planner import (
     plan_request,
 )
 from kvvmm.layout.presets import (
+    CROSS_LAYER,
     LAYOUTS,
+    block_interleaved,
     heads_per_rank,
     layer_interleaved,
     mha_token_major,
@@ -61,6 +63,7 @@ from kvvmm.layout.presets import (
 from kvvmm.layout.ranges import RangesFullError, SlotRanges
 
 __all__ = [
+    "CROSS_LAYER",
     "DEFAULT_MEM_FRACTION_STATIC",
     "DEFAULT_PAGE_SIZE",
     "DTYPE_ITEMSIZE",
@@ -80,6 +83,7 @@ __all__ = [
     "SlotRanges",
     "agreed_page_size",
     "agreed_reserved_tokens",
+    "block_interleaved",
     "check_itemsize",
     "default_policies",
     "dtype_itemsize",

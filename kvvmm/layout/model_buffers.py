@@ -15,6 +15,7 @@ from kvvmm.layout.models import ModelConfig, ModelLike, as_model, load_model
 from kvvmm.layout.presets import (
     _check_layout,
     _check_tokens,
+    block_interleaved,
     heads_per_rank,
     layer_interleaved,
     mha_token_major,
@@ -43,7 +44,7 @@ def _gqa_descs(
     tp: int,
 ) -> list[KvBufferDesc]:
     preset = {"token_major": mha_token_major, "page_major": page_major,
-              "interleaved": layer_interleaved}[layout]
+              "interleaved": layer_interleaved, "block_interleaved": block_interleaved}[layout]
     return preset(
         layers=layers,
         kv_heads=model.num_kv_heads,
@@ -68,11 +69,13 @@ def model_descs(
 
     MLA models get :func:`mla` (not sharded); the others :func:`mha_token_major` or
     :func:`page_major`. ``layout="interleaved"`` gives every model one buffer of all layers
-    (:func:`layer_interleaved`; MLA's latent as ``kv=1`` with one "head" of the latent width).
+    (:func:`layer_interleaved`; MLA's latent as ``kv=1`` with one "head" of the latent width),
+    ``"block_interleaved"`` the same with a row per page (:func:`block_interleaved`).
 
     Args:
         model: a :class:`ModelConfig` or anything :func:`load_model` takes.
-        layout: ``"token_major"``, ``"page_major"`` or ``"interleaved"``.
+        layout: ``"token_major"``, ``"page_major"``, ``"interleaved"`` or
+            ``"block_interleaved"``.
         reserved_tokens: the pool's upper bound in token slots, > 0.
         page_size: tokens per page, > 0.
         dtype: KV dtype.
@@ -95,9 +98,10 @@ def model_descs(
             f"{len(m.sliding_layers)} of its {m.num_layers} layers slide; "
             "use hybrid_swa_descs() for its full and sliding-window pools",
         )
-    if m.is_mla and layout == "interleaved":
+    if m.is_mla and layout in ("interleaved", "block_interleaved"):
         assert m.kv_lora_rank is not None and m.qk_rope_head_dim is not None
-        return layer_interleaved(layers=m.num_layers, kv_heads=1,
+        cross = layer_interleaved if layout == "interleaved" else block_interleaved
+        return cross(layers=m.num_layers, kv_heads=1,
                                  head_dim=m.kv_lora_rank + m.qk_rope_head_dim,
                                  reserved_tokens=reserved_tokens, page_size=page_size,
                                  dtype=dtype, kv=1)

@@ -5,6 +5,10 @@ The interleaved tensor is ``(slots, layers, kv, heads, head_dim)``. Layer ``l``'
 head_dim, head_dim, 1)`` elements, so it reads exactly like a per-layer token-major buffer
 whose slot stride is ``layers * kv`` times larger. Kernels that take a slot (or page) stride
 read it without a copy; see docs/ELASTIC.md for which do.
+
+The block-interleaved tensor (:func:`~kvvmm.layout.block_interleaved`) is ``(pages, layers,
+kv, page_size, heads, head_dim)``: it has paged views only (:func:`paged_layer_views`), each
+page's tokens of a layer contiguous.
 """
 
 from __future__ import annotations
@@ -27,10 +31,11 @@ def _interleaved(owner_or_tensor: Any) -> torch.Tensor:
             raise ArgumentError("owner", owner_or_tensor, "an owner of one interleaved buffer "
                                                           f"(it has {len(tensors)})")
         t = tensors[0]
-    if getattr(t, "dim", None) is None or t.dim() != 5:
+    if getattr(t, "dim", None) is None or t.dim() not in (5, 6):
         raise ArgumentError("tensor", getattr(t, "shape", t),
                             "an interleaved KV tensor of shape (slots, layers, kv, heads, "
-                            "head_dim)")
+                            "head_dim), or a block-interleaved one (pages, layers, kv, "
+                            "page_size, heads, head_dim)")
     out: torch.Tensor = t
     return out
 
@@ -44,8 +49,16 @@ def layer_views(owner_or_tensor: Any) -> list[tuple[torch.Tensor, ...]]:
             layout, or its tensor.
     Returns:
         ``[(k0, v0), (k1, v1), ...]`` (``kv=1``: ``[(kv0,), ...]``).
+    Raises:
+        ArgumentError: not an interleaved owner or tensor; a block-interleaved one, which
+            has no flat view (:func:`paged_layer_views` reads it).
     """
     t = _interleaved(owner_or_tensor)
+    if t.dim() == 6:
+        raise ArgumentError("owner_or_tensor", tuple(t.shape),
+                            "the token-interleaved layout (layer_interleaved): a "
+                            "block-interleaved buffer has no flat (slots, heads, head_dim) "
+                            "view of a layer; paged_layer_views(owner, page_size) reads it")
     return [tuple(t[:, layer, j] for j in range(t.shape[2])) for layer in range(t.shape[1])]
 
 
@@ -53,8 +66,21 @@ def paged_layer_views(owner_or_tensor: Any, page_size: int) -> list[tuple[torch.
     """Per layer, K and V as ``(pages, page_size, heads, head_dim)`` views (NHD pages, as
     FlashInfer's paged KV cache lays a page out), with a page stride of ``page_size * layers
     * kv * heads * head_dim`` elements. The slot count must be a multiple of ``page_size``.
+
+    On a block-interleaved buffer the pages are its rows (``page_size`` must be its page
+    size): the same shape and page stride, a token stride of ``heads * head_dim`` (each
+    page's tokens of a layer contiguous) instead of ``layers * kv * heads * head_dim``.
+
+    Raises:
+        ArgumentError: not such an owner or tensor, or a ``page_size`` that does not fit it.
     """
     t = _interleaved(owner_or_tensor)
+    if t.dim() == 6:
+        if isinstance(page_size, bool) or page_size != t.shape[3]:
+            raise ArgumentError("page_size", page_size,
+                                f"the block-interleaved buffer's page size ({t.shape[3]})")
+        return [tuple(t[:, layer, j] for j in range(t.shape[2]))
+                for layer in range(t.shape[1])]
     if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1 \
             or t.shape[0] % page_size:
         raise ArgumentError("page_size", page_size,

@@ -193,3 +193,49 @@ def test_a_failed_commit_on_cuda_leaves_every_byte_and_handle_as_it_was(
         assert _holds(owner, a, b, 4.0)
     backing.close()
     owner.close()
+
+
+def test_block_interleaved_pages_hold_what_token_interleaved_pages_hold_on_the_card(
+        cuda: Any) -> None:
+    """The same KV in both cross-layer layouts, backed by slot ranges on the card: every
+    layer's paged view agrees, a page's tokens of a layer are one contiguous run, and an
+    attention over gathered pages gives the same answer from either layout."""
+    import torch
+
+    F = torch.nn.functional
+    tokens = 8 * 1024
+    owners = {}
+    for layout in ("interleaved", "block_interleaved"):
+        descs = model_descs("llama-3.1-8b", layout=layout, reserved_tokens=tokens,
+                            page_size=PS, dtype="bfloat16")
+        owners[layout] = KvBufferOwner(driver=cuda, dtype="bfloat16", page_size=PS,
+                                       reserved_tokens=tokens, descs=descs)
+    try:
+        ranges = [(PS, 64 * PS), (200 * PS, 300 * PS)]
+        for o in owners.values():
+            assert o.commit_slots(ranges) == (63 + 100) * G  # one granule a page
+        tok = paged_layer_views(owners["interleaved"], PS)
+        blk = paged_layer_views(owners["block_interleaved"], PS)
+        pages = torch.tensor([*range(1, 64), *range(200, 300)], device="cuda")
+        torch.manual_seed(0)
+        for (tk, tv), (bk, bv) in zip(tok, blk, strict=True):
+            tk[pages] = torch.randn(len(pages), *tk.shape[1:], device="cuda").bfloat16()
+            tv[pages] = torch.randn(len(pages), *tv.shape[1:], device="cuda").bfloat16()
+            bk[pages] = tk[pages]
+            bv[pages] = tv[pages]
+        torch.cuda.synchronize()
+        q = torch.randn(1, 32, 1, 128, device="cuda").bfloat16()
+        for layer in (0, 31):
+            (tk, tv), (bk, bv) = tok[layer], blk[layer]
+            assert torch.equal(tk[pages], bk[pages]) and torch.equal(tv[pages], bv[pages])
+            assert bk[7].is_contiguous() and not tk[7].is_contiguous()
+            outs = []
+            for k, v in ((tk, tv), (bk, bv)):
+                kk = k[pages].flatten(0, 1).permute(1, 0, 2)[None]
+                vv = v[pages].flatten(0, 1).permute(1, 0, 2)[None]
+                outs.append(F.scaled_dot_product_attention(q, kk, vv, enable_gqa=True))
+            assert torch.equal(outs[0], outs[1])
+        del tok, blk, tk, tv, bk, bv, kk, vv
+    finally:
+        for o in owners.values():
+            o.close()
