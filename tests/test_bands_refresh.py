@@ -47,21 +47,28 @@ def _truth(old: dict[str, Any], scaling: dict[str, float]) -> dict[str, Any]:
     return scaled(old, full)
 
 
+@pytest.mark.parametrize("in_context", [False, True], ids=["tight loop", "in context"])
 @pytest.mark.parametrize("scaling", SCALINGS, ids=["all 0.7", "all 1.35", "mixed", "mixed 2"])
-def test_a_quick_refresh_recovers_a_scaled_simulator_within_two_percent(
-        scaling: dict[str, float]) -> None:
+def test_a_quick_refresh_recovers_a_scaled_simulator(
+        scaling: dict[str, float], in_context: bool) -> None:
+    # Within 2%; in context, 5% when first touch is scaled unlike the calls (a growth's
+    # calls include the first maps into new regions, as on the card: like for like with
+    # the calibration's points, which are measured the same way).
+    tol = 0.05 if in_context and len(set(scaling.values())) > 1 else 0.02
     old = _old()
     truth = _truth(old, scaling)
     d = SimDriver(profile_from_data(truth, where="scaled h200"))
     new = quick_refresh(d, old, clock=lambda: float(d.clock_us), reps=8,
-                        date="2026-12-03T12:00:00+00:00")
+                        date="2026-12-03T12:00:00+00:00", in_context=in_context)
+    from_ = new["refreshed"]["factor_from"]
+    assert ("in context" in from_.values()) == in_context
     got = ratios(figures_of(truth), figures_of(new))
     for group in (*MEASURED, *FOLLOWS):
         assert got[group], group
         for r in got[group]:
-            assert r == pytest.approx(1.0, rel=0.02), (group, r)
+            assert r == pytest.approx(1.0, rel=tol), (group, r)
     for group, f in scaling.items():
-        assert new["refreshed"]["factors"][group] == pytest.approx(f, rel=0.02)
+        assert new["refreshed"]["factors"][group] == pytest.approx(f, rel=tol)
     assert d.mem_info()[0] == d.mem_info()[1]  # everything it made is given back
 
 
@@ -128,7 +135,8 @@ def test_on_a_card_the_tight_loop_is_compared_with_the_isolated_figures(f: float
     old = _old()
     assert old["call_costs"]["isolated_points"]
     d = SimDriver(profile_from_data(_card_like(old, f), where="card-like"))
-    new = quick_refresh(d, old, clock=lambda: float(d.clock_us), reps=6, reference="isolated")
+    new = quick_refresh(d, old, clock=lambda: float(d.clock_us), reps=6, reference="isolated",
+                        in_context=False)  # the sim charges in context what it charges alone
     for op in ("create", "map", "set_access", "unmap", "release"):
         assert new["refreshed"]["factors"][f"call_costs.{op}"] == pytest.approx(f, rel=0.03), op
     got = ratios(figures_of(scaled(old, dict.fromkeys(

@@ -237,7 +237,8 @@ def refresh(profile: str, out: str | None, device: int = 0) -> dict[str, Any]:
     torch.empty(1, device=f"cuda:{device}")
     cd = CudaDriver(device=device)
     try:
-        data = quick_refresh(cd, old, clock=lambda: time.perf_counter() * 1e6)
+        data = quick_refresh(cd, old, clock=lambda: time.perf_counter() * 1e6,
+                             sync=lambda: torch.cuda.synchronize(device))
     finally:
         try:
             cd.close()

@@ -42,6 +42,7 @@ from kvvmm.driver.sim import SimDriver
 from kvvmm.errors import ArgumentError
 from kvvmm.hardware import DeviceProfile, profile_from_data
 from kvvmm.hardware.spread import figures_of, median_factor, ratios, scaled, spread_section
+from kvvmm.measure.fit import MIN_CONTEXT_CALLS
 from kvvmm.units import MiB
 
 __all__ = ["CALL_SIZES_MIB", "MEASURED", "REFERENCES", "library_probe", "quick_refresh",
@@ -222,6 +223,32 @@ def library_probe(d: Driver, clock: Clock, reps: int = 5, handles: int = 8,
     return {"wall": wall, "calls": {k: statistics.median(v) for k, v in calls.items()}}
 
 
+#: The growths whose calls the in-context section times (the calibration's own way).
+CONTEXT_POLICIES = ("default", "exact")
+
+
+def in_context_calls(driver: Driver, clock: Clock, *, sync: Callable[[], None] = lambda: None,
+                     policies: tuple[str, ...] = CONTEXT_POLICIES, rounds: int = 2,
+                     settle_s: float = 0.3) -> dict[str, list[list[float]]]:
+    """µs per call by op and handle size as kvvmm's own operations make them: the full
+    calibration's growth section (``kvvmm.measure.operations.growth``: bench's decode growth
+    per policy and each grown owner's close, every call timed inside), shortened to
+    ``policies`` and ``rounds``. ``{op: [[MiB, µs, calls], ...]}``: what the profile's
+    points are (in-context costs), so these compare with them like for like.
+    """
+    from dataclasses import replace
+
+    from kvvmm.measure.operations import growth
+    from kvvmm.measure.plan import FULL, Ctx
+    from kvvmm.measure.timer import TimedDriver
+
+    plan = replace(FULL, policies=tuple(policies), rounds=rounds, settle_s=settle_s,
+                   finalize_tokens=0)
+    td = TimedDriver(driver, clock=lambda: clock() / 1e6)
+    got = growth(Ctx(td, plan, sync, cuda=False))
+    return dict(got["in_context"]["points"])
+
+
 def _sim_probe(data: Mapping[str, Any], where: str) -> dict[str, float]:
     prof = profile_from_data(data, where=where)
     d = SimDriver(prof)
@@ -262,7 +289,9 @@ def _references(old: Mapping[str, Any], reference: str) -> dict[str, dict[str, f
 def quick_refresh(driver: Driver, old: Mapping[str, Any], *, clock: Clock,
                   sizes_mib: tuple[int, ...] = CALL_SIZES_MIB, reps: int = 30,
                   regions: int = 16, time_limit_s: float = 45.0,
-                  date: str | None = None, reference: str | None = None) -> dict[str, Any]:
+                  date: str | None = None, reference: str | None = None,
+                  in_context: bool = True, sync: Callable[[], None] = lambda: None,
+                  ) -> dict[str, Any]:
     """Measure the drift-prone figures on ``driver`` and return ``old`` refreshed.
 
     Args:
@@ -275,6 +304,10 @@ def quick_refresh(driver: Driver, old: Mapping[str, Any], *, clock: Clock,
         date: the refreshed profile's date (default: now, UTC).
         reference: what the per-call timings are compared with (see :func:`refresh_from`);
             default ``"points"`` on a simulator, ``"isolated"`` on any other driver.
+        in_context: also time the calls inside two short decode growths and their closes
+            (:func:`in_context_calls`, a few seconds on an H200): where a size was called
+            often enough there, that is its group's factor (like for like with the points).
+        sync: waits for the device (CUDA: ``torch.cuda.synchronize``).
     Returns:
         The refreshed profile's data (schema-checked), as :func:`refresh_from` makes it.
     Raises:
@@ -302,8 +335,11 @@ def quick_refresh(driver: Driver, old: Mapping[str, Any], *, clock: Clock,
     if "library_work_us" in base:  # the calls inside the probe timed where they run
         lp = library_probe(driver, clock, time_calls=True)
         library = {"measured_us": lp["wall"], "calls_timed_us": lp["calls"]}
+    settle = 0.0 if isinstance(driver, SimDriver) else 0.3  # a simulator has nothing to settle
+    ic = in_context_calls(driver, clock, sync=sync, settle_s=settle) if in_context else {}
     raw = {"per_call_us": {op: {str(s): round(v, 3) for s, v in by.items()}
                            for op, by in means.items()},
+           "in_context_us": ic,
            "first_touch_us": ft_new, "library": library,
            "rounds": rounds, "reference": reference}
     return refresh_from(old, raw, date=date, seconds=round(time.monotonic() - started, 2))
@@ -327,13 +363,29 @@ def refresh_from(old: Mapping[str, Any], raw: Mapping[str, Any], *, date: str | 
     refs = _references(old, reference)
     factors: dict[str, float] = {}
     per_call = raw.get("per_call_us", {})
+    ic = raw.get("in_context_us") or {}
+    how: dict[str, str] = {}
     for op in _OPS:
         g = f"call_costs.{op}"
+        if g not in base:
+            continue
+        seen = {int(m): float(u) for m, u, n in ic.get(op, []) if n >= MIN_CONTEXT_CALLS}
+        if seen:  # in context, like the points: the figure the sim charges
+            f = _curve_factor(base[g], seen)
+            if f is not None and f > 0:
+                factors[g], how[g] = f, "in context"
+                continue
         by = {int(float(s)): float(v) for s, v in (per_call.get(op) or {}).items()}
-        if g in base and by:
+        if by:
             f = _curve_factor(refs.get(g, base[g]), by)
             if f is not None and f > 0:
-                factors[g] = f
+                factors[g], how[g] = f, f"tight loop vs {reference}"
+    seen_upm = {int(m): float(u) for m, u, n in ic.get("unmap_per_mapping", [])
+                if n >= MIN_CONTEXT_CALLS}
+    if seen_upm and "unmap_per_mapping" in base:
+        f = _curve_factor(base["unmap_per_mapping"], seen_upm)
+        if f is not None and f > 0:
+            factors["unmap_per_mapping"], how["unmap_per_mapping"] = f, "in context"
     ft_old = base.get("first_touch", {})
     ft_new = dict(raw.get("first_touch_us") or {})
     if ft_old and ft_new:
@@ -378,7 +430,9 @@ def refresh_from(old: Mapping[str, Any], raw: Mapping[str, Any], *, date: str | 
     new["refreshed"] = {
         "date": when, "from_date": str(old.get("date", "")), "seconds": seconds,
         "measured": list(MEASURED), "factors": {g: round(f, 4) for g, f in factors.items()},
-        "raw": {"per_call_us": per_call, "first_touch_us": ft_new, "library": lib,
+        "factor_from": how,
+        "raw": {"per_call_us": per_call, "in_context_us": ic, "first_touch_us": ft_new,
+                "library": lib,
                 "rounds": raw.get("rounds", {}), "reference": reference},
         "how": "kvvmm calibrate --quick --profile: the measured groups times measured / "
                f"reference ({reference}; median over sizes), the rest times the call they "
