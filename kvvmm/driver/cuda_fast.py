@@ -14,20 +14,15 @@ through. The design is "Cost and the C fast path" in docs/CUDA_DRIVER.md.
 from __future__ import annotations
 
 import os
-import sys
 from typing import TYPE_CHECKING, Any
 
 from kvvmm.driver.base import driver_error
+from kvvmm.driver.cuda_capture import _cuda
 from kvvmm.driver.zerocover import ZeroCover
 from kvvmm.errors import DriverError
 
 __all__ = ["FastPathMixin"]
 
-
-def _cuda() -> Any:
-    """:mod:`kvvmm.driver.cuda` (which imports this module), read at call time: it holds
-    cuda.bindings' driver module as ``_drv``, where the tests put a stand-in."""
-    return sys.modules["kvvmm.driver.cuda"]
 
 
 class _PyHandle:

@@ -11,7 +11,6 @@ is "Peer access" in docs/CUDA_DRIVER.md.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -21,16 +20,12 @@ from kvvmm.driver.base import (
     check_call_ints,
     driver_error,
 )
+from kvvmm.driver.cuda_capture import _cuda
 from kvvmm.driver.zerocover import ZeroCover
 from kvvmm.errors import ArgumentError, DriverError
 
 __all__ = ["PeerAccessMixin"]
 
-
-def _cuda() -> Any:
-    """:mod:`kvvmm.driver.cuda` (which imports this module), read at call time: it holds
-    cuda.bindings' driver module as ``_drv``, where the tests put a stand-in."""
-    return sys.modules["kvvmm.driver.cuda"]
 
 
 class PeerAccessMixin:

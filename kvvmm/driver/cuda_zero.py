@@ -13,10 +13,10 @@ the driver's state (its book, its bound CUDA calls, its lock) and its checks.
 
 from __future__ import annotations
 
-import sys
 from typing import TYPE_CHECKING, Any
 
 from kvvmm.driver.base import check_call_ints, locked
+from kvvmm.driver.cuda_capture import _cuda, _name
 from kvvmm.driver.zerocover import Piece, ZeroCover, ZeroCoverStats, runs
 from kvvmm.errors import ArgumentError, DriverError
 
@@ -29,16 +29,6 @@ __all__ = ["ZERO_PAGE_BLOCK", "ZeroPageMixin"]
 ZERO_PAGE_BLOCK = 64 << 20
 
 
-def _cuda() -> Any:
-    """:mod:`kvvmm.driver.cuda` (which imports this module), read at call time: it holds
-    cuda.bindings' driver module as ``_drv``, where the tests put a stand-in."""
-    return sys.modules["kvvmm.driver.cuda"]
-
-
-def _name(err: Any) -> str:
-    """CUDA's name for an error code (``kvvmm.driver.cuda._name``)."""
-    name: str = _cuda()._name(err)
-    return name
 
 
 class ZeroPageMixin:
