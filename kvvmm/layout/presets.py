@@ -112,6 +112,12 @@ def mha_token_major(
     return _kv_pair(layers, shape, hpr * head_dim * itemsize, 1)
 
 
+def _check_kv(kv: object) -> None:
+    """Tensors per layer and slot of a cross-layer layout: 2 (K and V) or 1 (a latent)."""
+    if kv not in (1, 2) or isinstance(kv, bool):
+        raise ArgumentError("kv", kv, "2 (K and V per layer) or 1 (one latent per layer)")
+
+
 def _mha_checks(layers: int, kv_heads: int, head_dim: int, reserved_tokens: int,
                 page_size: int, dtype: object, tp: int) -> tuple[int, int]:
     """Check the arguments of an MHA layout; return (itemsize, heads per rank)."""
@@ -188,8 +194,7 @@ def layer_interleaved(
             ``kv_heads``.
         UnknownDtypeError: unknown dtype.
     """
-    if kv not in (1, 2) or isinstance(kv, bool):
-        raise ArgumentError("kv", kv, "2 (K and V per layer) or 1 (one latent per layer)")
+    _check_kv(kv)
     itemsize, hpr = _mha_checks(layers, kv_heads, head_dim, reserved_tokens, page_size,
                                 dtype, tp)
     shape = (reserved_tokens + page_size, layers, kv, hpr, head_dim)
@@ -232,8 +237,7 @@ def block_interleaved(
     Args, Returns and Raises: as :func:`layer_interleaved` (one desc, ``tokens_per_row ==
     page_size``).
     """
-    if kv not in (1, 2) or isinstance(kv, bool):
-        raise ArgumentError("kv", kv, "2 (K and V per layer) or 1 (one latent per layer)")
+    _check_kv(kv)
     itemsize, hpr = _mha_checks(layers, kv_heads, head_dim, reserved_tokens, page_size,
                                 dtype, tp)
     pages = -(-reserved_tokens // page_size)
