@@ -46,9 +46,12 @@ ext:
 # the whole hour takes about 3 minutes on a 2-core machine, its first 10 minutes about 40 s,
 # so the suite runs the first TRACE_MINUTES of it (empty: the whole hour).
 TRACE_MINUTES ?= 10
+# The slowest tests, in every run's log (issue 23, part 5).
+TEST_DURATIONS ?= 25
 
 test: venv sglang
-	KVVMM_TRACE_MINUTES=$(TRACE_MINUTES) $(PY) -m pytest tests $(NBVAL_ARGS) $(PYTEST_ARGS)
+	KVVMM_TRACE_MINUTES=$(TRACE_MINUTES) $(PY) -m pytest --durations=$(TEST_DURATIONS) tests \
+	  $(NBVAL_ARGS) $(PYTEST_ARGS)
 
 # SGLang's own pool code for the conformance suite (tests/conformance): the released wheel,
 # unpacked, never installed (its dependencies are the whole server; the suite stands in for
