@@ -1,9 +1,11 @@
 """Collective KV resizes on torch.distributed (gloo on 127.0.0.1): every rank or none (issue 16).
 
 Each world is spawned once (a module fixture: a spawn costs a second or two a world) and runs
-its scenarios in order on every rank; the tests then read what each rank saw. Worlds of 2
-(host driver: real bytes), 4 and 8 ranks (sim driver), and one of 3 whose last rank exits in
-the middle of a resize.
+its scenarios in order on every rank; the tests then read what each rank saw. A world of 2
+(host driver: real bytes) and one of 4 (sim driver) whose last rank exits in the middle of a
+resize. A world of 8 ran the 4's scenarios once more (22 s of a 2-core CI run, for eight
+spawned torch imports); the 4 covers what it added: a fault on a rank other than the first
+or last, and a snapshot gathered on a rank other than 0 (rank 2, before the crash).
 """
 
 from __future__ import annotations
@@ -297,7 +299,12 @@ def test_a_collective_page_decommit_gives_every_page_back_on_every_rank(two: Any
     assert r0["committed"] == r1["committed"] == []
 
 
-# -- worlds of 4 and 8, sim driver; the 4 ends with a crash --------------------------------
+# -- a world of 4, sim driver, ending with a crash ----------------------------------------
+
+
+#: The rank the world of 4 gathers its snapshot on: neither 0 (the world of 2's) nor the last,
+#: which crashes later.
+GATHER_RANK = 2
 
 
 class _ExitOnMap(FaultyDriver):
@@ -327,7 +334,7 @@ def _world_sim(rank: int, world: int, fail_rank: int, crash: bool) -> dict[str, 
     out["prefix"] = _attempt(lambda: dist_owner.ensure_prefix(12000))
     out["tokens"] = dist_owner.finalize_to_budget(headroom_bytes=140 * 1024 * MiB)
     out["backed"] = owner.backed_bytes
-    out["gathered"] = dist_owner.gather_snapshot(dst=world - 1)
+    out["gathered"] = dist_owner.gather_snapshot(dst=GATHER_RANK)
     owner.close()
     if crash:  # last: the group is broken afterwards
         second = _owner(drv, world)
@@ -358,38 +365,24 @@ def four(four_and_the_crash: Any) -> list[dict[str, Any]]:
     return [results[r] for r in sorted(results)]
 
 
-@pytest.fixture(scope="module")
-def eight() -> list[dict[str, Any]]:
-    return spawn(_world_sim, 8, 5, False, timeout_s=180, group_timeout_s=60)
-
-
-@pytest.mark.parametrize("world", ["four", "eight"])
-def test_one_ranks_failed_map_rolls_every_rank_of_the_world_back(world: str,
-                                                                  request: Any) -> None:
-    ranks = request.getfixturevalue(world)
-    fail = {"four": 2, "eight": 5}[world]
-    for r in ranks:
-        assert r["fault"]["phase"] == "map" and r["fault"]["failed"] == (fail,)
+def test_one_ranks_failed_map_rolls_every_rank_of_the_world_back(four: Any) -> None:
+    for r in four:
+        assert r["fault"]["phase"] == "map" and r["fault"]["failed"] == (2,)
         assert r["fault"]["rolled_back"] and r["unchanged"]
         assert "ok" in r["prefix"]  # and the retry succeeds everywhere
 
 
-@pytest.mark.parametrize("world", ["four", "eight"])
-def test_finalize_to_budget_gives_every_rank_the_same_tokens_and_bytes(world: str,
-                                                                       request: Any) -> None:
-    ranks = request.getfixturevalue(world)
+def test_finalize_to_budget_gives_every_rank_the_same_tokens_and_bytes(four: Any) -> None:
+    # rank 3 crashed later, so only ranks 0-2 sent results; the snapshot was gathered before
+    ranks = four
+    assert len(ranks) == 3
     assert len({r["tokens"] for r in ranks}) == 1 and len({r["backed"] for r in ranks}) == 1
     assert 12000 <= ranks[0]["tokens"] <= 16384
     snaps = [r["gathered"] for r in ranks]
-    n = {"four": 4, "eight": 8}[world]
-    if world == "four":  # rank 3 crashed later, so the gathering rank sent no result
-        assert len(ranks) == 3
-        assert all(s is None for s in snaps)
-        return
-    assert len(ranks) == n and all(s is None for s in snaps[:-1])
-    last = snaps[-1]
-    assert isinstance(last, TpSnapshot) and last.tp == n
-    assert [o.final_tokens for o in last.owners] == [ranks[0]["tokens"]] * n
+    assert [s is None for s in snaps] == [i != GATHER_RANK for i in range(3)]
+    got = snaps[GATHER_RANK]
+    assert isinstance(got, TpSnapshot) and got.tp == 4
+    assert [o.final_tokens for o in got.owners] == [ranks[0]["tokens"]] * 4
 
 
 def test_a_rank_that_exits_mid_resize_makes_the_others_raise_and_roll_back(
