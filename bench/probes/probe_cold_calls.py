@@ -11,7 +11,9 @@ and the median of the later ones. The scenarios differ only in what comes betwee
 - ``fresh_after_sleep``: a new driver each round, a 50 ms sleep first;
 - ``fresh_after_work``: a new driver each round, ~30 ms of Python work on 64 MiB first;
 - ``same_after_sleep``: one driver for every round, a 50 ms sleep first;
-- ``same_after_work``: one driver for every round, the Python work first.
+- ``same_after_work``: one driver for every round, the Python work first;
+- ``same_after_sleep_<N>ms`` (``--gaps``): one driver, an N ms sleep first: how short a pause
+  makes calls cold (the sim's ``cold_calls.gap_ms``).
 
     python3 bench/probes/probe_cold_calls.py --out h200-cold-calls.json
 """
@@ -73,7 +75,8 @@ def one_round(drv: Driver, calls: int) -> dict[str, list[float]]:
 
 def scenario(name: str, rounds: int, calls: int, kind: str) -> dict[str, Any]:
     fresh = name.startswith("fresh")
-    between = (lambda: time.sleep(0.05)) if name.endswith("sleep") else \
+    gap_s = float(name.rsplit("_", 1)[1][:-2]) / 1e3 if name.endswith("ms") else 0.05
+    between = (lambda: time.sleep(gap_s)) if "sleep" in name else \
         python_work if name.endswith("work") else (lambda: None)
     shared = None if fresh else open_driver(kind)
     firsts: dict[str, list[float]] = {op: [] for op in OPS}
@@ -106,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--calls", type=int, default=8)
     ap.add_argument("--driver", default="cuda", help="host: a dry run without a GPU")
+    ap.add_argument("--gaps", default="", help="comma-separated ms: same_after_sleep_<N>ms")
     ap.add_argument("--out", default="h200-cold-calls.json")
     args = ap.parse_args(argv)
     card, versions = args.driver, {"python": platform.python_version()}
@@ -119,8 +123,9 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "cold-calls", "card": card, "versions": versions,
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "rounds": args.rounds, "calls": args.calls, "scenarios": {}}
+    gaps = [f"same_after_sleep_{g.strip()}ms" for g in args.gaps.split(",") if g.strip()]
     for name in ("fresh_back_to_back", "fresh_after_sleep", "fresh_after_work",
-                 "same_after_sleep", "same_after_work"):
+                 "same_after_sleep", "same_after_work", *gaps):
         res["scenarios"][name] = s = scenario(name, args.rounds, args.calls, args.driver)
         print(name, {op: (v["first_median_us"], v["later_median_us"]) for op, v in s.items()},
               flush=True)
