@@ -36,7 +36,8 @@ TINY = replace(FULL, call_sizes_mib=(2, 4), call_reps=(3, 3), reserve_gib=(1, 2)
                step_tokens=4096, grow_to_tokens=16384, finalize_tokens=16384,
                policies=("default", "exact"), rounds=1, settle_s=0.0, commit_reps=3,
                owner_reps=1, bandwidth_handles_mib=(0,), bandwidth_bytes=8 * MiB,
-               release_bytes=16 * MiB, slow_creates=2, slow_create_mib=2, slow_repeats=2)
+               release_bytes=16 * MiB, slow_creates=2, slow_create_mib=2, slow_repeats=2,
+               cold_rounds=2, cold_gap_s=0.01)
 
 META = {"date": "2026-12-01T12:00:00+00:00", "card": "NVIDIA Test GPU", "key": "testgpu",
         "driver": "580.1", "torch": "2.11", "cuda_bindings": "13.3.1", "kvvmm": "0.2",
@@ -122,7 +123,10 @@ def test_the_sim_charges_a_loaded_profiles_call_costs_not_the_h200s(tmp_path: Pa
         d.clock_us = 0.0
         d.create(2 * MiB)
     assert sim.clock_us == pytest.approx(100.0)
-    assert h200.clock_us == pytest.approx(default_cost_model()("create", 2 * MiB))
+    cold = sim_costs(h200.profile).cold
+    assert cold is not None  # the shipped H200 profile models the first call's premium
+    assert h200.clock_us == pytest.approx(default_cost_model()("create", 2 * MiB)
+                                          + cold.premium_us["create"])
 
 
 def test_a_profile_without_call_costs_borrows_the_h200s_and_says_so() -> None:
@@ -172,9 +176,13 @@ def test_library_overhead_fitted_by_handle_size_replaces_the_flat_figure_for_its
 def test_the_shipped_h200_profile_charges_its_call_costs_and_the_first_touch_once() -> None:
     sim, model = SimDriver("h200"), default_cost_model()
     first = sim_costs(sim.profile).first_touch
+    cold = sim_costs(sim.profile).cold
     assert first is not None  # measured on the H200 (calibrate, 2026-12-01)
+    assert cold is not None  # each call kind's first call costs its premium, once
     va = sim.reserve(64 * GiB)
     expected = model("reserve", 64 * GiB) + first[1] + first[2]  # one region touched
+    expected += sum(cold.premium_us[op] for op in ("reserve", "create", "map", "set_access",
+                                                   "unmap", "release"))
     for size in (2 * MiB, 6 * MiB, 512 * MiB):
         h = sim.create(size)
         sim.map(va, size, h)

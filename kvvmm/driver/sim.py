@@ -25,6 +25,7 @@ import stat
 import threading
 from collections.abc import Iterable, Sequence
 
+from kvvmm.checks import seconds_arg
 from kvvmm.driver.base import (
     CUDA_ERROR_INVALID_DEVICE,
     CUDA_ERROR_INVALID_VALUE,
@@ -347,6 +348,22 @@ class SimDriver(Driver):
         """
         with self._lock:
             self.clock_us += self._cost.work(op, units)
+
+    def pause(self, seconds: float) -> None:
+        """Time passed outside the driver: after a pause of at least the profile's
+        ``cold_calls.gap_ms``, the next call of every kind is cold again (costs its premium).
+
+        Not a driver call and not on the protocol: a real driver's calls go cold by
+        themselves. The clock does not advance (it counts driver time only). A simulated
+        device's first call of each kind is cold without a pause: it follows whatever ran
+        before the device was made.
+
+        Raises:
+            ArgumentError: ``seconds`` is not a finite number >= 0.
+        """
+        us = seconds_arg("seconds", seconds) * 1e6
+        with self._lock:
+            self._cost.pause(us)
 
     def _access_cost(self, starts: list[int]) -> float:
         """One call over several mappings costs about one call per mapping on an H200

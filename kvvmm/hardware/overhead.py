@@ -31,6 +31,13 @@ sections that ``kvvmm calibrate`` measures on a GPU:
   first in its region of VA (1 GiB on an H200) since the reservation was made (the driver
   sets the region up then): an owner's construction maps slot 0 of every buffer, each in
   VA of its own. Charged when calibrate found it over 20% of the calls (``modelled``).
+- ``cold_calls``: the first call of each kind after a pause costs more than the calls right
+  after it (on an H200, after a 50 ms sleep or 30 ms of other work: reserve ~55 µs more,
+  create ~80, map ~28, set_access ~86, unmap ~92, release ~23; back to back, none: the
+  caches of the CPU and the driver hold the call's code and data again). ``premium_us`` per
+  call; charged on a simulated device's first call of each kind and, after
+  :meth:`~kvvmm.driver.sim.SimDriver.pause` of at least ``gap_ms``, again
+  (``modelled: true``).
 - ``post_release_slowdown``: creates right after a large release run slower while the driver
   reclaims the memory (docs/MEASUREMENTS.md §3); charged only when calibrate found it real
   and stable across repeats (``modelled: true``).
@@ -51,7 +58,7 @@ from kvvmm.hardware.interp import Log2Curve
 from kvvmm.hardware.profiles import DeviceProfile, profile_data
 from kvvmm.units import MiB
 
-__all__ = ["CallClock", "PostReleaseSlowdown", "SimCosts", "sim_costs"]
+__all__ = ["CallClock", "ColdCalls", "PostReleaseSlowdown", "SimCosts", "sim_costs"]
 
 #: The calls whose cost depends on the handle or range size.
 SIZED_CALLS = ("create", "map", "set_access", "unmap", "release", "reserve", "free")
@@ -64,6 +71,15 @@ class PostReleaseSlowdown:
     factor: float  #: measured ratio of a create's cost right after the release to settled
     creates: int  #: how many creates the measurement covered after the release
     min_released_bytes: int  #: released since the last create, at least, to set it off
+    source: str
+
+
+@dataclass(frozen=True, slots=True)
+class ColdCalls:
+    """The first call of each kind after a pause costs ``premium_us[call]`` more."""
+
+    premium_us: Mapping[str, float]  #: µs more for a call that is the first of its kind
+    gap_us: float  #: a pause at least this long (µs) makes every call kind cold again
     source: str
 
 
@@ -88,6 +104,7 @@ class SimCosts:
     #: than per region entered) for a mapping that enters a region of VA no mapping touched
     #: since the reservation; None: not modelled
     first_touch: tuple[int, float, float, bool] | None = None
+    cold: ColdCalls | None = None  #: None: not modelled on this profile
 
     def work_us(self, op: str, units: int = 1) -> float:
         """µs of the library's own work for one ``op`` over ``units`` units (0 if unknown)."""
@@ -204,6 +221,13 @@ def sim_costs(profile: DeviceProfile) -> SimCosts:
     if access is None:
         notes.append("set_access over several mappings: the H200's factor "
                      f"({h200.multi_access_factor}) times one call per mapping")
+    cd = _section(data, "cold_calls")
+    cold = None
+    if cd is not None and cd.get("modelled") is True:
+        cold = ColdCalls({str(k): float(v) for k, v in cd["premium_us"].items()},
+                         float(cd.get("gap_ms", 50.0)) * 1e3, str(cd.get("source", "")))
+    elif cd is None:
+        notes.append("cold calls: not measured on this profile; every call costs as warm")
     prs = _section(data, "post_release_slowdown")
     slow = None
     if prs is not None and prs.get("modelled") is True:
@@ -213,7 +237,7 @@ def sim_costs(profile: DeviceProfile) -> SimCosts:
         notes.append("post-release slowdown: measured, not modelled ("
                      + str(prs.get("why_not_modelled", "not stable across repeats")) + ")")
     return SimCosts(profile.key, calls, per_call, over_curves, access, slow, tuple(notes),
-                    lo_source, work, unmap_pm, first)
+                    lo_source, work, unmap_pm, first, cold)
 
 
 class CallClock:
@@ -221,10 +245,12 @@ class CallClock:
     post-release slowdown needs (bytes released since the last create, slow creates left).
 
     ``clock(op, size)`` returns the µs to add to the device's clock; the driver calls it once
-    per call, under its own lock.
+    per call, under its own lock. Where the profile models cold calls, the first call of each
+    kind (since the clock was made, or since a :meth:`pause` of at least the profile's gap)
+    costs its premium more.
     """
 
-    __slots__ = ("_released", "_slow_left", "calls", "costs", "mem_info_us")
+    __slots__ = ("_released", "_slow_left", "_warm", "calls", "costs", "mem_info_us")
 
     def __init__(self, costs: SimCosts) -> None:
         self.costs = costs
@@ -232,10 +258,25 @@ class CallClock:
         self.mem_info_us = costs.calls.mem_info_us
         self._released = 0
         self._slow_left = 0
+        self._warm: set[str] = set()  # call kinds made since the last pause
+
+    def _cold(self, op: str) -> float:
+        cold = self.costs.cold
+        if cold is None or op in self._warm:
+            return 0.0
+        self._warm.add(op)
+        return cold.premium_us.get(op, 0.0)
+
+    def pause(self, us: float) -> None:
+        """``us`` of time passed outside the driver: a pause of at least the profile's gap
+        makes the next call of every kind cold again."""
+        cold = self.costs.cold
+        if cold is not None and us >= cold.gap_us:
+            self._warm.clear()
 
     def __call__(self, op: str, size: int) -> float:
         c = self.costs
-        us = c.calls(op, size)
+        us = c.calls(op, size) + self._cold(op)
         if c.per_call_overhead_us or c.overhead_curves:
             us = max(0.0, us + c.overhead_us(op, size))
         slow = c.slowdown
@@ -253,11 +294,11 @@ class CallClock:
 
     def access(self, mapping_sizes: Sequence[int]) -> float:
         """µs of one set_access over whole mappings of these sizes."""
-        return self.costs.access_us(mapping_sizes)
+        return self.costs.access_us(mapping_sizes) + self._cold("set_access")
 
     def unmap(self, mapping_sizes: Sequence[int]) -> float:
         """µs of one unmap over whole mappings of these sizes."""
-        return self.costs.unmap_us(mapping_sizes)
+        return self.costs.unmap_us(mapping_sizes) + self._cold("unmap")
 
     def work(self, op: str, units: int) -> float:
         """µs of the library's own work for one arena/owner operation."""

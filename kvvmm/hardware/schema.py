@@ -376,6 +376,14 @@ SCHEMA: dict[str, Rule] = {
     "first_touch.unit": _TEXT,
     "first_touch.source": _TEXT,
     "first_touch.measured": Record(),
+    "cold_calls": Section(needs=("modelled", ("premium_us",))),
+    "cold_calls.premium_us": Section(),
+    "cold_calls.premium_us.*": _COST,
+    "cold_calls.gap_ms": Num(0, 1e9, "ms of pause that makes calls cold again"),
+    "cold_calls.modelled": Bool(),
+    "cold_calls.unit": _TEXT,
+    "cold_calls.source": _TEXT,
+    "cold_calls.measured": Record(),
     "post_release_slowdown": Section(needs=("modelled",
                                             ("factor", "creates", "min_released_bytes"))),
     "post_release_slowdown.factor": Num(1, 1e6, "times a settled create's cost: a slowdown"),
@@ -562,7 +570,7 @@ def validate(data: object, where: str) -> None:
 SPREAD_GROUPS = ("call_costs.create", "call_costs.map", "call_costs.set_access",
                  "call_costs.unmap", "call_costs.release", "call_costs.reserve",
                  "call_costs.free", "set_access_per_mapping", "unmap_per_mapping",
-                 "first_touch", "library_work_us", "library_overhead_us")
+                 "first_touch", "cold_calls", "library_work_us", "library_overhead_us")
 
 
 def _check_spread(walk: _Walk, spread: Mapping[str, Any]) -> None:
@@ -595,7 +603,8 @@ def _check_spread(walk: _Walk, spread: Mapping[str, Any]) -> None:
                 raise walk.fail((*path, "figures", str(group)), vals,
                                 "an object {label: number}", f"it is {_kind(vals)}")
             for label, x in vals.items():
-                if group not in ("first_touch", "library_work_us", "library_overhead_us"):
+                if group not in ("first_touch", "cold_calls", "library_work_us",
+                                 "library_overhead_us"):
                     try:  # a curve's labels are handle sizes in MiB
                         mib: object = float(label)
                     except ValueError:

@@ -44,7 +44,7 @@ __all__ = ["CALLS", "GROUPS", "QUANTILES", "at_quantile", "factor_at", "figures_
 CALLS = ("create", "map", "set_access", "unmap", "release", "reserve", "free")
 #: Every figure group a spread may name, in a fixed order.
 GROUPS = (*(f"call_costs.{c}" for c in CALLS), "set_access_per_mapping", "unmap_per_mapping",
-          "first_touch", "library_work_us", "library_overhead_us")
+          "first_touch", "cold_calls", "library_work_us", "library_overhead_us")
 #: The quantiles a spread stores, by name.
 QUANTILES = (("p10", 0.1), ("p50", 0.5), ("p90", 0.9))
 #: Groups whose figures are curves by handle size (labels are MiB; ratios interpolate).
@@ -83,6 +83,11 @@ def figures_of(data: Mapping[str, Any]) -> dict[str, dict[str, float]]:
         vals = {k: float(ft[k]) for k in ("map_us", "set_access_us") if k in ft}
         if vals:
             out["first_touch"] = vals
+    cold = data.get("cold_calls")
+    if isinstance(cold, Mapping) and isinstance(cold.get("premium_us"), Mapping):
+        vals = {str(k): float(v) for k, v in cold["premium_us"].items()}
+        if vals:
+            out["cold_calls"] = vals
     lw = data.get("library_work_us")
     if isinstance(lw, Mapping):
         vals = {}
@@ -237,6 +242,11 @@ def scaled(data: Mapping[str, Any], factors: Mapping[str, float]) -> dict[str, A
                 for k in ("map_us", "set_access_us"):
                     if k in sec:
                         sec[k] = round(float(sec[k]) * f, 4)
+        elif group == "cold_calls":
+            sec = out.get(group)
+            if isinstance(sec, dict) and isinstance(sec.get("premium_us"), dict):
+                sec["premium_us"] = {k: round(float(v) * f, 4)
+                                     for k, v in sec["premium_us"].items()}
         elif group == "library_work_us":
             sec = out.get(group)
             if isinstance(sec, dict):
