@@ -51,7 +51,14 @@ from typing import Any
 
 from kvvmm.driver.base import Driver
 from kvvmm.errors import DriverUnavailableError, KvvmmError
-from kvvmm.measure.calls import access_multi, first_touch, per_call, post_release, reserve_free
+from kvvmm.measure.calls import (
+    access_multi,
+    cold_calls,
+    first_touch,
+    per_call,
+    post_release,
+    reserve_free,
+)
 from kvvmm.measure.fit import build_profile, fit_library_overhead, slowdown_verdict
 from kvvmm.measure.operations import bandwidth, growth, library
 from kvvmm.measure.plan import FULL, QUICK, Ctx, Plan, plan_dict
@@ -64,7 +71,8 @@ __all__ = ["FULL", "QUICK", "Plan", "TimedDriver", "build_profile", "fit_library
 #: The sections, in the order they run: (its key in the profile's raw data, the function).
 SECTIONS: tuple[tuple[str, Callable[[Ctx], dict[str, Any]]], ...] = (
     ("per_call", per_call), ("reserve_free", reserve_free), ("access_multi", access_multi),
-    ("first_touch", first_touch), ("library", library), ("growth", growth),
+    ("first_touch", first_touch), ("cold_calls", cold_calls), ("library", library),
+    ("growth", growth),
     ("bandwidth", bandwidth), ("post_release", post_release),
 )
 

@@ -1,5 +1,6 @@
 """``kvvmm calibrate``'s driver-call sections: µs per call by size, reserve and free, one call
-over several mappings, the first map into a region, creates after a large release.
+over several mappings, the first map into a region, the first call of each kind after a
+pause, creates after a large release.
 
 Each takes a :class:`~kvvmm.measure.plan.Ctx` and calls the driver itself (not the timing
 wrapper): these are the calls alone, as the simulator charges them.
@@ -16,7 +17,8 @@ from kvvmm.measure.plan import Ctx
 from kvvmm.measure.timer import _median_us, _tmean, _us
 from kvvmm.units import GiB, MiB
 
-__all__ = ["access_multi", "first_touch", "per_call", "post_release", "reserve_free"]
+__all__ = ["access_multi", "cold_calls", "first_touch", "per_call", "post_release",
+           "reserve_free"]
 
 
 def per_call(ctx: Ctx) -> dict[str, Any]:
@@ -153,6 +155,89 @@ def access_multi(ctx: Ctx) -> dict[str, Any]:
                                 "unmap_one_call_us": round(_tmean(unmaps) * 1e6, 2),
                                 "unmap_per_mapping_us": round(
                                     _tmean(unmaps) * 1e6 / k, 3)}
+    return out
+
+
+#: The calls of one round of :func:`cold_calls`, in the order they are made.
+COLD_CALLS = ("reserve", "create", "map", "set_access", "unmap", "release", "free")
+
+
+def _calls_round(d: Any, n: int) -> dict[str, list[float]]:
+    """reserve 64 GiB, ``n`` x (create a granule, map it a GiB apart, set_access), unmap and
+    release each, free: every call's seconds, by kind, in order."""
+    g = d.granularity()
+    pc = time.perf_counter
+    t: dict[str, list[float]] = {op: [] for op in COLD_CALLS}
+    t0 = pc()
+    va = d.reserve(64 * GiB, GiB)
+    t["reserve"].append(pc() - t0)
+    hs: list[int] = []
+    mapped: list[int] = []
+    try:
+        for i in range(n):
+            t0 = pc()
+            h = d.create(g)
+            t1 = pc()
+            hs.append(h)
+            d.map(va + i * GiB, g, h)
+            t2 = pc()
+            mapped.append(va + i * GiB)
+            d.set_access(va + i * GiB, g)
+            t3 = pc()
+            t["create"].append(t1 - t0)
+            t["map"].append(t2 - t1)
+            t["set_access"].append(t3 - t2)
+        while mapped:
+            t0 = pc()
+            d.unmap(mapped[0], g)
+            t["unmap"].append(pc() - t0)
+            mapped.pop(0)
+        while hs:
+            t0 = pc()
+            d.release(hs[0])
+            t["release"].append(pc() - t0)
+            hs.pop(0)
+        t0 = pc()
+        d.free(va, 64 * GiB)
+        t["free"].append(pc() - t0)
+    except BaseException:
+        for m in mapped:
+            d.unmap(m, g)
+        for h in hs:
+            d.release(h)
+        d.free(va, 64 * GiB)
+        raise
+    return t
+
+
+def cold_calls(ctx: Ctx) -> dict[str, Any]:
+    """The first call of each kind after a pause against the calls after it.
+
+    Each of ``cold_rounds`` rounds: a ``cold_gap_s`` sleep, one round of calls (reserve,
+    4 x create / map / set_access, unmaps, releases, free), then at once a second, warm round.
+    A call kind's premium is the median of its cold rounds' first calls minus the median of
+    every later call of that kind in both rounds; reserve and free, one per round, are set
+    against the warm rounds' ones. On an H200 back to back no call is cold and after a pause
+    every kind is, on a fresh driver or an old one (bench/probes/probe_cold_calls.py).
+    """
+    d = ctx.td.inner
+    p = ctx.plan
+    first: dict[str, list[float]] = {op: [] for op in COLD_CALLS}
+    later: dict[str, list[float]] = {op: [] for op in COLD_CALLS}
+    for _ in range(p.cold_rounds):
+        time.sleep(p.cold_gap_s)
+        cold = _calls_round(d, 4)
+        warm = _calls_round(d, 4)
+        for op in COLD_CALLS:
+            first[op].append(cold[op][0])
+            later[op] += cold[op][1:] + (warm[op] if op in ("reserve", "free") else warm[op][1:])
+    out: dict[str, Any] = {"gap_ms": round(p.cold_gap_s * 1e3, 3), "rounds": p.cold_rounds,
+                           "first_us": {op: _median_us(v) for op, v in first.items()},
+                           "later_us": {op: _median_us(v) for op, v in later.items()},
+                           "first_all_us": {op: [round(x * 1e6, 2) for x in v]
+                                            for op, v in first.items()}}
+    out["premium_us"] = {op: round(out["first_us"][op] - out["later_us"][op], 3)
+                         for op in COLD_CALLS}
     return out
 
 

@@ -360,6 +360,25 @@ def build_profile(meas: Mapping[str, Any], meta: Mapping[str, Any], plan: Plan) 
                        f"what 2 GiB handles cost more mapped into fresh VA than mapped again"),
             "measured": dict(ft),
         }
+    cold = meas.get("cold_calls")
+    if cold and isinstance(cold.get("premium_us"), Mapping):
+        prem = {op: max(0.0, float(v)) for op, v in cold["premium_us"].items()}
+        warm = sum(float(v) for v in cold["later_us"].values())
+        data["cold_calls"] = {
+            "unit": ("µs more for the first call of each kind after a pause (on a simulated "
+                     "device: its first call of each kind, and the first after "
+                     "SimDriver.pause of at least gap_ms)"),
+            "gap_ms": float(cold["gap_ms"]),
+            "premium_us": prem,
+            "modelled": sum(prem.values()) > 0.2 * warm,
+            "source": (f"{how}: {cold['rounds']} rounds of a {cold['gap_ms']:g} ms sleep, one "
+                       f"round of calls (reserve, 4 x create / map / set_access, unmaps, releases, "
+                       f"free), then a warm round at once; the premium is the cold rounds' "
+                       f"first call's median minus the median of the later calls (reserve, "
+                       f"free: the warm rounds'); modelled when the premiums sum to over 20% "
+                       f"of the calls' warm costs"),
+            "measured": dict(cold),
+        }
     lib = meas.get("library")
     if lib and isinstance(lib.get("work"), Mapping):
         data["library_work_us"] = {

@@ -41,6 +41,8 @@ class Plan:
     slow_creates: int  #: creates timed after the release, and settled
     slow_create_mib: int
     slow_repeats: int
+    cold_rounds: int = 12  #: pauses, each followed by one cold and one warm round of calls
+    cold_gap_s: float = 0.05  #: the pause before each cold round
 
     @property
     def workload(self) -> Workload:
@@ -73,7 +75,7 @@ QUICK = replace(
     reserve_reps=8, access_cases=((2, 64), (32, 16)), access_reps=3,
     policies=("default", "exact", "chunked:128"), rounds=1, settle_s=1.0, commit_reps=100,
     owner_reps=3, finalize_tokens=0, bandwidth_handles_mib=(0, 64, 2),
-    release_bytes=32 * GiB, slow_creates=128, slow_repeats=2,
+    release_bytes=32 * GiB, slow_creates=128, slow_repeats=2, cold_rounds=6,
 )
 
 

@@ -55,7 +55,7 @@ RESERVE_SIZES_MIB = (1024, 65536)
 #: The groups measured (every other group is rescaled).
 MEASURED = ("call_costs.create", "call_costs.map", "call_costs.set_access",
             "call_costs.unmap", "call_costs.release", "call_costs.reserve", "call_costs.free",
-            "first_touch", "library_work_us")
+            "first_touch", "cold_calls", "library_work_us")
 #: Groups that follow a measured one: the same driver call over several mappings.
 FOLLOWS = {"set_access_per_mapping": "call_costs.set_access",
            "unmap_per_mapping": "call_costs.unmap"}
@@ -174,6 +174,69 @@ def _first_touch(d: Driver, clock: Clock, region_bytes: int, regions: int) -> di
         d.free(base, total)
     return {f"{op}_us": max(0.0, statistics.median(fresh[op]) - statistics.median(beside[op]))
             for op in ("map", "set_access")}
+
+
+def _cold_calls(d: Driver, clock: Clock, rounds: int, gap_s: float) -> dict[str, float]:
+    """µs more for the first call of each kind after a ``gap_s`` pause than for the calls
+    after it (reserve and free: than in a round made at once after): ``rounds`` pauses.
+
+    A simulator does not sleep: it is told of the pause (:meth:`SimDriver.pause`).
+    """
+    g = d.granularity()
+    first: dict[str, list[float]] = {op: [] for op in _OPS}
+    later: dict[str, list[float]] = {op: [] for op in _OPS}
+    for _ in range(rounds):
+        if isinstance(d, SimDriver):
+            d.pause(gap_s)
+        else:
+            time.sleep(gap_s)
+        for warm in (False, True):
+            t: dict[str, list[float]] = {op: [] for op in _OPS}
+            t0 = clock()
+            va = d.reserve(4 * g * 512, 0)
+            t["reserve"].append(clock() - t0)
+            made: list[tuple[int, int]] = []
+            try:
+                for i in range(4):
+                    at = va + i * 512 * g
+                    t0 = clock()
+                    h = d.create(g)
+                    t1 = clock()
+                    made.append((at, h))
+                    d.map(at, g, h)
+                    t2 = clock()
+                    d.set_access(at, g)
+                    t3 = clock()
+                    t["create"].append(t1 - t0)
+                    t["map"].append(t2 - t1)
+                    t["set_access"].append(t3 - t2)
+                while made:
+                    at, h = made[0]
+                    t0 = clock()
+                    d.unmap(at, g)
+                    t1 = clock()
+                    d.release(h)
+                    t2 = clock()
+                    made.pop(0)
+                    t["unmap"].append(t1 - t0)
+                    t["release"].append(t2 - t1)
+            finally:
+                for at, h in made:
+                    try:
+                        d.unmap(at, g)
+                    finally:
+                        d.release(h)
+                t0 = clock()
+                d.free(va, 4 * g * 512)
+                t["free"].append(clock() - t0)
+            for op in _OPS:
+                if warm:
+                    later[op] += t[op] if op in ("reserve", "free") else t[op][1:]
+                else:
+                    first[op].append(t[op][0])
+                    later[op] += t[op][1:]
+    return {op: max(0.0, statistics.median(first[op]) - statistics.median(later[op]))
+            for op in _OPS}
 
 
 def library_probe(d: Driver, clock: Clock, reps: int = 5, handles: int = 8,
@@ -331,6 +394,10 @@ def quick_refresh(driver: Driver, old: Mapping[str, Any], *, clock: Clock,
     if base.get("first_touch"):
         region = int(old["first_touch"].get("region_mib", 512)) * MiB
         ft_new = _first_touch(driver, clock, region, regions)
+    cold: dict[str, float] = {}
+    if base.get("cold_calls"):
+        cold = _cold_calls(driver, clock, rounds=4,
+                           gap_s=float(old["cold_calls"].get("gap_ms", 50.0)) / 1e3)
     library: dict[str, Any] = {}
     if "library_work_us" in base:  # the calls inside the probe timed where they run
         lp = library_probe(driver, clock, time_calls=True)
@@ -340,7 +407,7 @@ def quick_refresh(driver: Driver, old: Mapping[str, Any], *, clock: Clock,
     raw = {"per_call_us": {op: {str(s): round(v, 3) for s, v in by.items()}
                            for op, by in means.items()},
            "in_context_us": ic,
-           "first_touch_us": ft_new, "library": library,
+           "first_touch_us": ft_new, "cold_calls_us": cold, "library": library,
            "rounds": rounds, "reference": reference}
     return refresh_from(old, raw, date=date, seconds=round(time.monotonic() - started, 2))
 
@@ -392,6 +459,12 @@ def refresh_from(old: Mapping[str, Any], raw: Mapping[str, Any], *, date: str | 
         fs = [ft_new[k] / v for k, v in ft_old.items() if v > 0 and ft_new.get(k, 0) > 0]
         if fs:
             factors["first_touch"] = statistics.median(fs)
+    cold_old = base.get("cold_calls", {})
+    cold_new = dict(raw.get("cold_calls_us") or {})
+    if cold_old and cold_new:
+        fs = [cold_new[k] / v for k, v in cold_old.items() if v > 0 and cold_new.get(k, 0) > 0]
+        if fs:
+            factors["cold_calls"], how["cold_calls"] = statistics.median(fs), "measured"
     calls_common = median_factor(factors)
     for g in base:
         if g not in factors and g not in ("library_work_us", "library_overhead_us"):
@@ -432,7 +505,7 @@ def refresh_from(old: Mapping[str, Any], raw: Mapping[str, Any], *, date: str | 
         "measured": list(MEASURED), "factors": {g: round(f, 4) for g, f in factors.items()},
         "factor_from": how,
         "raw": {"per_call_us": per_call, "in_context_us": ic, "first_touch_us": ft_new,
-                "library": lib,
+                "cold_calls_us": cold_new, "library": lib,
                 "rounds": raw.get("rounds", {}), "reference": reference},
         "how": "kvvmm calibrate --quick --profile: the measured groups times measured / "
                f"reference ({reference}; median over sizes), the rest times the call they "

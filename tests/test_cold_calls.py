@@ -1,0 +1,217 @@
+"""The first call of each kind after a pause: measured by calibrate, refreshed by --quick,
+charged by the sim, checked by the schema (bench/results/h200-cold-calls.json: on an H200 a
+pause or other work makes the next create 80-117 us dearer; back to back, nothing)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvvmm.driver import SimDriver
+from kvvmm.errors import ArgumentError, ProfileError
+from kvvmm.hardware import get_profile, profile_data, profile_from_data
+from kvvmm.hardware.overhead import sim_costs
+from kvvmm.hardware.spread import figures_of, scaled
+from kvvmm.measure.calls import COLD_CALLS, cold_calls
+from kvvmm.measure.fit import build_profile
+from kvvmm.measure.plan import FULL, QUICK, Ctx
+from kvvmm.measure.refresh import quick_refresh
+from kvvmm.measure.timer import TimedDriver
+from kvvmm.units import GiB, MiB
+
+OPS = ("reserve", "create", "map", "set_access", "unmap", "release", "free")
+META = {"date": "2026-12-03T12:00:00+00:00", "card": "NVIDIA Test GPU", "key": "testgpu",
+        "driver": "580.1", "torch": "2.11", "cuda_bindings": "13.3.1", "kvvmm": "0.3",
+        "capacity_bytes": 80 * GiB, "granularity_bytes": 2 * MiB}
+
+
+def _h200() -> dict[str, Any]:
+    return copy.deepcopy(dict(profile_data(get_profile("h200"))))
+
+
+def _round(d: SimDriver) -> dict[str, float]:
+    """One of each call, each call's µs on the sim's clock."""
+    out: dict[str, float] = {}
+
+    def timed(op: str, fn: Any) -> Any:
+        t0 = d.clock_us
+        r = fn()
+        out[op] = d.clock_us - t0
+        return r
+
+    va = timed("reserve", lambda: d.reserve(4 * GiB))
+    h = timed("create", lambda: d.create(2 * MiB))
+    timed("map", lambda: d.map(va + GiB, 2 * MiB, h))  # a region of its own: no first touch
+    timed("set_access", lambda: d.set_access(va + GiB, 2 * MiB))
+    timed("unmap", lambda: d.unmap(va + GiB, 2 * MiB))
+    timed("release", lambda: d.release(h))
+    timed("free", lambda: d.free(va, 4 * GiB))
+    return out
+
+
+def _warm_costs(data: dict[str, Any]) -> dict[str, float]:
+    """A round's costs on a profile without the cold section, after a warm-up round."""
+    plain = copy.deepcopy(data)
+    plain.pop("cold_calls", None)
+    d = SimDriver(profile_from_data(plain))
+    _round(d)
+    return _round(d)
+
+
+# -- the sim ---------------------------------------------------------------------------
+
+
+def test_a_devices_first_call_of_each_kind_costs_its_premium_and_the_next_does_not() -> None:
+    data = _h200()
+    cold = sim_costs(profile_from_data(data)).cold
+    assert cold is not None and set(cold.premium_us) == set(OPS)
+    warm = _warm_costs(data)
+    d = SimDriver(profile_from_data(data))
+    first, second = _round(d), _round(d)
+    for op in OPS:
+        assert first[op] == pytest.approx(warm[op] + cold.premium_us[op]), op
+        assert second[op] == pytest.approx(warm[op]), op
+
+
+def test_a_pause_of_the_gap_or_longer_makes_every_kind_cold_again_and_a_shorter_one_not(
+) -> None:
+    data = _h200()
+    cold = sim_costs(profile_from_data(data)).cold
+    assert cold is not None
+    gap_s = cold.gap_us / 1e6
+    warm = _warm_costs(data)
+    d = SimDriver(profile_from_data(data))
+    _round(d)
+    d.pause(gap_s * 0.5)
+    assert _round(d) == pytest.approx(warm)
+    clock = d.clock_us
+    d.pause(gap_s)
+    assert d.clock_us == clock  # a pause is not driver time
+    again = _round(d)
+    assert again == pytest.approx({op: warm[op] + cold.premium_us[op] for op in OPS})
+
+
+@pytest.mark.parametrize("bad", [-1.0, math.nan, math.inf, True, "0.1", None])
+def test_a_pause_refuses_what_is_not_a_finite_number_of_seconds(bad: object) -> None:
+    d = SimDriver("h200")
+    with pytest.raises(ArgumentError, match="seconds"):
+        d.pause(bad)  # type: ignore[arg-type]
+
+
+def test_a_profile_without_the_section_charges_no_premium_and_says_so() -> None:
+    data = _h200()
+    data.pop("cold_calls")
+    costs = sim_costs(profile_from_data(data))
+    assert costs.cold is None
+    assert any("cold calls" in n for n in costs.notes)
+    d = SimDriver(profile_from_data(data))
+    assert _round(d) == pytest.approx(_round(d))
+
+
+def test_a_section_measured_but_not_modelled_charges_nothing() -> None:
+    data = _h200()
+    data["cold_calls"]["modelled"] = False
+    d = SimDriver(profile_from_data(data))
+    assert sim_costs(d.profile).cold is None
+    assert _round(d) == pytest.approx(_round(d))
+
+
+# -- the schema ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("premium_us.create", -1.0), ("premium_us.map", "fast"), ("gap_ms", -5.0),
+    ("gap_ms", True), ("modelled", "yes"), ("premium_us.create", 1e12),
+])
+def test_the_schema_refuses_a_bad_cold_figure_by_its_path(field: str, value: object) -> None:
+    data = _h200()
+    sec = data["cold_calls"]
+    *parents, last = field.split(".")
+    for p in parents:
+        sec = sec[p]
+    sec[last] = value
+    with pytest.raises(ProfileError, match=r"cold_calls\." + field.split(".")[0]):
+        profile_from_data(data)
+
+
+def test_a_modelled_section_without_premiums_is_refused() -> None:
+    data = _h200()
+    del data["cold_calls"]["premium_us"]
+    with pytest.raises(ProfileError, match="premium_us"):
+        profile_from_data(data)
+
+
+# -- spread, calibrate, refresh -----------------------------------------------------------
+
+
+def test_the_premiums_are_a_figure_group_bands_scale() -> None:
+    data = _h200()
+    figs = figures_of(data)
+    assert figs["cold_calls"] == data["cold_calls"]["premium_us"]
+    assert "cold_calls" in data["spread"]["figures"]
+    up = scaled(data, {"cold_calls": 2.0})
+    for op, v in data["cold_calls"]["premium_us"].items():
+        assert up["cold_calls"]["premium_us"][op] == pytest.approx(2 * v)
+    profile_from_data(up)
+
+
+def test_calibrates_section_times_a_cold_round_against_warm_calls_and_the_profile_keeps_it(
+    tmp_path: Path,
+) -> None:
+    from kvvmm.driver.host import HostDriver
+
+    plan = replace(FULL, cold_rounds=2, cold_gap_s=0.0)
+    d = HostDriver()
+    try:
+        got = cold_calls(Ctx(TimedDriver(d), plan, lambda: None, cuda=False))
+    finally:
+        d.close()
+    assert set(got["premium_us"]) == set(COLD_CALLS) == set(OPS)
+    assert all(len(v) == 2 for v in got["first_all_us"].values())
+    for op in OPS:
+        assert got["premium_us"][op] == pytest.approx(got["first_us"][op] - got["later_us"][op],
+                                                      abs=1e-3)
+    data = build_profile({"cold_calls": got}, META, plan)
+    sec = data["cold_calls"]
+    assert sec["gap_ms"] == 0.0 and sec["source"] and sec["measured"]["rounds"] == 2
+    assert all(v >= 0 for v in sec["premium_us"].values())  # a negative premium is noise
+    path = tmp_path / "card.json"
+    path.write_text(json.dumps(data), encoding="utf-8")
+    get_profile(path)
+    assert QUICK.cold_rounds < FULL.cold_rounds
+
+
+def test_the_quick_refresh_measures_the_premiums_on_a_sim_as_the_profile_charges_them(
+) -> None:
+    old = _h200()
+    sim = SimDriver(profile_from_data(old))
+    new = quick_refresh(sim, old, clock=lambda: sim.clock_us, reps=5, regions=2,
+                        in_context=False, date="2026-12-03")
+    assert new["refreshed"]["factors"]["cold_calls"] == pytest.approx(1.0, rel=1e-3)
+    assert new["refreshed"]["factor_from"]["cold_calls"] == "measured"
+    raw = new["refreshed"]["raw"]["cold_calls_us"]
+    for op, v in old["cold_calls"]["premium_us"].items():
+        assert raw[op] == pytest.approx(v, rel=1e-6), op
+
+
+def test_a_fresh_owners_startup_on_the_sim_pays_one_premium_per_call_kind() -> None:
+    from kvvmm.workload import run_workload
+    from kvvmm.workload.requests import Request
+
+    reqs = [Request(arrival_s=0.01 * i, prompt_tokens=200, output_tokens=20) for i in range(8)]
+    data = _h200()
+    cold = sim_costs(profile_from_data(data)).cold
+    assert cold is not None
+    r = run_workload(reqs, ["xl-page-elastic"], record=True).results[0]
+    assert r.trace is not None
+    startup = [e for e in r.trace.events][:4]
+    assert [e.op for e in startup] == ["reserve", "create", "map", "set_access"]
+    premium = sum(cold.premium_us[e.op] for e in startup)
+    assert r.startup_driver_s * 1e6 == pytest.approx(sum(e.sim_us for e in startup))
+    assert r.startup_driver_s * 1e6 > premium
