@@ -83,8 +83,10 @@ def _rank(rank: int, world: int, opts: dict[str, Any]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from kvvmm.driver import DRIVER_KINDS
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--driver", default="sim", choices=["sim", "host", "cuda"])
+    ap.add_argument("--driver", default="sim", choices=DRIVER_KINDS)
     ap.add_argument("--backend", default="gloo", choices=["gloo", "nccl"])
     ap.add_argument("--world", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=20)

@@ -17,6 +17,7 @@ from __future__ import annotations
 from kvvmm._version import __version__ as __version__
 from kvvmm.arena import Arena
 from kvvmm.driver import (
+    DRIVER_KINDS,
     PROFILES,
     DeviceProfile,
     Driver,
@@ -64,6 +65,7 @@ from kvvmm.snapshot import (
 )
 
 __all__ = [
+    "DRIVER_KINDS",
     "PROFILES",
     "AlignmentError",
     "AllocationInfo",

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvvmm.driver.base import Driver, DriverStats, MemoryKind
+from kvvmm.driver.base import DRIVER_KINDS, Driver, DriverStats, MemoryKind
 from kvvmm.driver.faults import Fault, FaultyDriver
 from kvvmm.driver.sim import SimDriver, SimNode
 from kvvmm.driver.wrapper import DriverWrapper
@@ -16,6 +16,7 @@ from kvvmm.errors import ArgumentError, DriverUnavailableError
 from kvvmm.hardware import PROFILES, DeviceProfile, get_profile
 
 __all__ = [
+    "DRIVER_KINDS",
     "PROFILES",
     "DeviceProfile",
     "Driver",
@@ -30,16 +31,18 @@ __all__ = [
     "open_driver",
 ]
 
-_KINDS = ("auto", "cuda", "host", "sim")
+#: What ``open_driver`` takes: a driver's kind, or ``"auto"`` (cuda when a GPU is usable).
+_OPEN_KINDS = ("auto", *DRIVER_KINDS)
 
 
 def open_driver(kind: str = "auto", **options: Any) -> Driver:
     """Open a driver by name.
 
     Args:
-        kind: ``"sim"`` (no memory; ``profile=``, ``capacity_bytes=``..., or ``node=`` a
-            :class:`SimNode` and ``device=``: that device of the node), ``"host"`` (Linux
-            host memory; ``granularity=``, ``capacity_bytes=``), ``"cuda"`` (a real GPU;
+        kind: one of :data:`DRIVER_KINDS`: ``"sim"`` (no memory; ``profile=``,
+            ``capacity_bytes=``..., or ``node=`` a :class:`SimNode` and ``device=``: that
+            device of the node), ``"host"`` (Linux host memory; ``granularity=``,
+            ``capacity_bytes=``), ``"cuda"`` (a real GPU;
             ``device=``, ``handle_type=``, ``zero_page=``: unbacked VA reads as zeros, see
             :class:`~kvvmm.driver.cuda.CudaDriver`), or ``"auto"``: cuda when a GPU is
             usable, else host (whose unbacked VA always reads as zeros: ``zero_page`` is
@@ -52,8 +55,8 @@ def open_driver(kind: str = "auto", **options: Any) -> Driver:
         DriverUnavailableError: the driver cannot run here (one message, no traceback from
             the CUDA library).
     """
-    if kind not in _KINDS:
-        raise ArgumentError("kind", kind, f"one of {list(_KINDS)}")
+    if kind not in _OPEN_KINDS:
+        raise ArgumentError("kind", kind, f"one of {list(_OPEN_KINDS)}")
     if kind == "sim":
         node = options.pop("node", None)
         if node is not None:

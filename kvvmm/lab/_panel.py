@@ -17,7 +17,6 @@ from kvvmm.policy import Chunked, Exact, Geometric, GrowthPolicy, default_policy
 from kvvmm.snapshot import ArenaSnapshot
 from kvvmm.units import MiB, fmt_bytes
 
-DRIVERS = ("sim", "host", "cuda")
 DTYPES = ("bfloat16", "float16", "float8_e4m3fn", "float32")
 
 
