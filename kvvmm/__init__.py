@@ -26,6 +26,7 @@ from kvvmm.driver import (
     FaultyDriver,
     SimDriver,
     SimNode,
+    driver_for,
     open_driver,
 )
 from kvvmm.errors import (
@@ -109,6 +110,7 @@ __all__ = [
     "TracingDriver",
     "UnknownDtypeError",
     "WorkloadFormatError",
+    "driver_for",
     "mha_token_major",
     "mla",
     "open_driver",

@@ -7,8 +7,12 @@ import sys
 import pytest
 
 import kvvmm
-from kvvmm.driver import DRIVER_KINDS, open_driver
+from kvvmm.driver import DRIVER_KINDS, SimDriver, driver_for, get_profile, open_driver
 from kvvmm.errors import ArgumentError, DriverUnavailableError
+from kvvmm.units import MiB
+
+host_only = pytest.mark.skipif(not sys.platform.startswith("linux"),
+                               reason="the host driver needs Linux")
 
 
 def test_the_list_is_the_three_drivers_from_the_one_that_runs_anywhere_to_the_card() -> None:
@@ -61,3 +65,58 @@ def test_every_panel_offers_the_list_as_its_driver_choices() -> None:
 
     for panel in (ArenaLab(), GrowthLab(), LayoutExplorer()):
         assert tuple(panel.driver.options) == DRIVER_KINDS
+
+
+# -- driver_for: one opener for "a driver of this kind, the sim simulating this profile" ------
+
+
+def test_driver_for_gives_the_sim_the_profile_and_the_device() -> None:
+    drv = driver_for("sim", profile="b200", device=3)
+    assert drv.kind == "sim" and drv.device == 3
+    assert drv.profile.key == "b200"  # type: ignore[attr-defined]
+    assert drv.mem_info()[1] == get_profile("b200").capacity_bytes
+
+
+def test_driver_for_defaults_to_the_h200_the_sim_defaults_to() -> None:
+    assert driver_for("sim").profile.key == "h200"  # type: ignore[attr-defined]
+    assert driver_for("sim").profile == SimDriver().profile
+
+
+def test_driver_for_takes_a_profile_object_as_well_as_a_key() -> None:
+    prof = get_profile("h100")
+    assert driver_for("sim", profile=prof).mem_info()[1] == prof.capacity_bytes
+
+
+@host_only
+def test_driver_for_opens_a_real_driver_as_it_is_whatever_the_profile() -> None:
+    small = driver_for("host", profile="b200", device=1, capacity_bytes=64 * MiB)
+    try:
+        assert small.kind == "host" and small.device == 1
+        assert small.mem_info()[1] == 64 * MiB  # the host's options, not the B200's capacity
+    finally:
+        small.close()
+
+
+@host_only
+def test_open_driver_still_refuses_a_profile_for_a_real_driver() -> None:
+    with pytest.raises(TypeError, match="profile"):
+        open_driver("host", profile="h200")
+
+
+def test_driver_for_checks_the_profile_for_every_kind() -> None:
+    for kind in ("sim", "host", "auto"):
+        with pytest.raises(ArgumentError, match="h900"):
+            driver_for(kind, profile="h900")
+
+
+def test_driver_for_refuses_an_unknown_kind_as_open_driver_does() -> None:
+    with pytest.raises(ArgumentError, match=r"one of \['auto', 'sim', 'host', 'cuda'\]"):
+        driver_for("gpu")
+
+
+def test_open_sim_or_still_opens_but_warns_that_it_moved() -> None:
+    from kvvmm.growth import open_sim_or
+
+    with pytest.warns(DeprecationWarning, match="driver_for"):
+        drv = open_sim_or("sim", "b200")
+    assert drv.profile.key == "b200"  # type: ignore[attr-defined]

@@ -1,7 +1,8 @@
 """Drivers: one protocol (``base.Driver``), three implementations, one wrapper base
 (``DriverWrapper``) and the fault-injecting wrapper on it.
 
-``open_driver`` picks one by name; nothing here imports torch or cuda.bindings.
+``open_driver`` picks one by name, ``driver_for`` one by name for a given GPU profile (the
+sim's; see its docstring for why there are two); nothing here imports torch or cuda.bindings.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ __all__ = [
     "MemoryKind",
     "SimDriver",
     "SimNode",
+    "driver_for",
     "get_profile",
     "open_driver",
 ]
@@ -82,6 +84,43 @@ def open_driver(kind: str = "auto", **options: Any) -> Driver:
 
         host_opts = {k: v for k, v in options.items() if k in ("granularity", "capacity_bytes")}
         return HostDriver(**host_opts)
+
+
+def driver_for(kind: str = "auto", *, profile: str | DeviceProfile = "h200", device: int = 0,
+               **options: Any) -> Driver:
+    """A driver of ``kind`` on ``device``; the simulator simulates ``profile``.
+
+    For code that lets its caller pick the kind (the lab's panels, the notebooks, the growth
+    and workload experiments, the TP ranks): one call for every kind. The profile configures
+    only the simulator, whose costs and capacity come from it. The real drivers (``"host"``,
+    ``"cuda"``, and ``"auto"``, which opens one of them) measure the machine they run on, so
+    for them the profile is checked and then not used: it names what the sim would have been
+    (a prediction to compare with, as ``decode_growth`` does), not what the device is.
+
+    Why not ``open_driver(kind, profile=...)``: ``open_driver`` passes every option to the
+    driver's constructor and refuses what it does not take (``open_driver("host",
+    profile="h200")`` is a ``TypeError``), which is what a caller naming one driver wants. A
+    caller writing for every kind would otherwise spell ``**({"profile": p} if kind == "sim"
+    else {})`` again.
+
+    Args:
+        kind: one of :data:`DRIVER_KINDS`, or ``"auto"`` (see :func:`open_driver`).
+        profile: the simulated device: a profile key (``"h200"``, the sim's default), the path
+            of a calibrated profile, or a :class:`DeviceProfile`; checked for every kind.
+        device: the device ordinal (the sim's and the host driver's only report it).
+        options: more constructor options of the chosen driver, as :func:`open_driver`
+            passes them (``capacity_bytes=``, ``granularity=``, ``handle_type=``...).
+    Returns:
+        The driver.
+    Raises:
+        ArgumentError: unknown ``kind``, or an unknown profile key (whatever the kind).
+        ProfileError: a profile file that is not a valid profile (whatever the kind).
+        DriverUnavailableError: the driver cannot run here.
+    """
+    prof = get_profile(profile)
+    if kind == "sim":
+        return open_driver("sim", profile=prof, device=device, **options)
+    return open_driver(kind, device=device, **options)
 
 
 def _open_cuda(options: dict[str, Any]) -> Driver:
