@@ -27,6 +27,7 @@ from kvvmm.driver import (
     SimDriver,
     SimNode,
     driver_for,
+    notebook_driver_kind,
     open_driver,
 )
 from kvvmm.errors import (
@@ -113,6 +114,7 @@ __all__ = [
     "driver_for",
     "mha_token_major",
     "mla",
+    "notebook_driver_kind",
     "open_driver",
     "page_major",
     "replay_arenas",

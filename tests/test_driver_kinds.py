@@ -7,7 +7,15 @@ import sys
 import pytest
 
 import kvvmm
-from kvvmm.driver import DRIVER_KINDS, SimDriver, driver_for, get_profile, open_driver
+from kvvmm.driver import (
+    DRIVER_ENV,
+    DRIVER_KINDS,
+    SimDriver,
+    driver_for,
+    get_profile,
+    notebook_driver_kind,
+    open_driver,
+)
 from kvvmm.errors import ArgumentError, DriverUnavailableError
 from kvvmm.units import MiB
 
@@ -120,3 +128,42 @@ def test_open_sim_or_still_opens_but_warns_that_it_moved() -> None:
     with pytest.warns(DeprecationWarning, match="driver_for"):
         drv = open_sim_or("sim", "b200")
     assert drv.profile.key == "b200"  # type: ignore[attr-defined]
+
+
+# -- notebook_driver_kind: the driver a notebook runs on ----------------------------------------
+
+
+def test_a_notebook_runs_on_the_sim_without_the_variable_or_with_it_empty() -> None:
+    assert notebook_driver_kind(environ={}) == "sim"
+    assert notebook_driver_kind(environ={DRIVER_ENV: ""}) == "sim"
+
+
+@pytest.mark.parametrize("kind", ["auto", *DRIVER_KINDS])
+def test_a_notebook_runs_on_the_kind_the_lab_set(kind: str) -> None:
+    assert notebook_driver_kind(environ={DRIVER_ENV: kind}) == kind
+
+
+def test_a_notebook_about_real_memory_turns_the_sim_into_auto_and_keeps_the_rest() -> None:
+    assert notebook_driver_kind(real_memory=True, environ={}) == "auto"
+    assert notebook_driver_kind(real_memory=True, environ={DRIVER_ENV: "sim"}) == "auto"
+    for kind in ("auto", "host", "cuda"):
+        assert notebook_driver_kind(real_memory=True, environ={DRIVER_ENV: kind}) == kind
+
+
+def test_a_bad_value_of_the_variable_is_refused_by_name_with_what_it_may_hold() -> None:
+    with pytest.raises(ArgumentError, match=r"KVVMM_DRIVER='gpu'.*'auto', 'sim', 'host', 'cuda'"):
+        notebook_driver_kind(environ={DRIVER_ENV: "gpu"})
+
+
+def test_the_variable_is_read_when_asked_not_at_import(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(DRIVER_ENV, "host")
+    assert notebook_driver_kind() == "host"
+    monkeypatch.delenv(DRIVER_ENV)
+    assert notebook_driver_kind() == "sim"
+
+
+def test_the_lab_sets_the_variable_the_notebooks_read() -> None:
+    from kvvmm.cli import lab
+
+    assert lab.DRIVER_ENV is DRIVER_ENV == "KVVMM_DRIVER"
+    assert kvvmm.notebook_driver_kind is notebook_driver_kind

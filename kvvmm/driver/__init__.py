@@ -2,11 +2,14 @@
 (``DriverWrapper``) and the fault-injecting wrapper on it.
 
 ``open_driver`` picks one by name, ``driver_for`` one by name for a given GPU profile (the
-sim's; see its docstring for why there are two); nothing here imports torch or cuda.bindings.
+sim's; see its docstring for why there are two), ``notebook_driver_kind`` the kind a notebook
+runs on; nothing here imports torch or cuda.bindings.
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from typing import Any
 
 from kvvmm.driver.base import DRIVER_KINDS, Driver, DriverStats, MemoryKind
@@ -17,6 +20,7 @@ from kvvmm.errors import ArgumentError, DriverUnavailableError
 from kvvmm.hardware import PROFILES, DeviceProfile, get_profile
 
 __all__ = [
+    "DRIVER_ENV",
     "DRIVER_KINDS",
     "PROFILES",
     "DeviceProfile",
@@ -30,11 +34,15 @@ __all__ = [
     "SimNode",
     "driver_for",
     "get_profile",
+    "notebook_driver_kind",
     "open_driver",
 ]
 
 #: What ``open_driver`` takes: a driver's kind, or ``"auto"`` (cuda when a GPU is usable).
 _OPEN_KINDS = ("auto", *DRIVER_KINDS)
+
+#: The environment variable the notebooks read to pick their driver (``kvvmm lab`` sets it).
+DRIVER_ENV = "KVVMM_DRIVER"
 
 
 def open_driver(kind: str = "auto", **options: Any) -> Driver:
@@ -121,6 +129,33 @@ def driver_for(kind: str = "auto", *, profile: str | DeviceProfile = "h200", dev
     if kind == "sim":
         return open_driver("sim", profile=prof, device=device, **options)
     return open_driver(kind, device=device, **options)
+
+
+def notebook_driver_kind(*, real_memory: bool = False,
+                         environ: Mapping[str, str] | None = None) -> str:
+    """The driver kind a notebook runs on: what ``KVVMM_DRIVER`` says, else the simulator.
+
+    ``kvvmm lab`` sets :data:`DRIVER_ENV` (``--driver auto``: ``cuda`` when a GPU is usable,
+    else ``sim``). Without it (an empty value counts as none), as under nbval and
+    ``notebooks/build.py``, a notebook runs on the sim, whose addresses and costs are
+    deterministic, so its saved outputs compare. A notebook about real memory
+    (``real_memory=True``: notebook 05) turns ``"sim"``, set or defaulted, into ``"auto"``:
+    the CUDA driver when a GPU is usable, else the host driver. The variable is read when
+    this is called, never at import.
+
+    Args:
+        real_memory: the notebook needs memory that holds bytes: no simulator.
+        environ: the environment to read (default ``os.environ``).
+    Returns:
+        One of :data:`DRIVER_KINDS`, or ``"auto"``; pass it to :func:`driver_for`.
+    Raises:
+        ArgumentError: the variable holds something else (named, with what it may hold).
+    """
+    value = (os.environ if environ is None else environ).get(DRIVER_ENV) or "sim"
+    if value not in _OPEN_KINDS:
+        raise ArgumentError(DRIVER_ENV, value, f"one of {list(_OPEN_KINDS)}",
+                            "the notebooks' driver; kvvmm lab --driver sets it")
+    return "auto" if real_memory and value == "sim" else value
 
 
 def _open_cuda(options: dict[str, Any]) -> Driver:
