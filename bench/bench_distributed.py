@@ -36,7 +36,7 @@ def _rank(rank: int, world: int, opts: dict[str, Any]) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
 
-    from kvvmm.driver import open_driver
+    from kvvmm.driver import driver_for
     from kvvmm.owner import KvBufferOwner
     from kvvmm.owner.distributed import DistributedOwner
     from kvvmm.owner.tp import tp_descs
@@ -44,7 +44,7 @@ def _rank(rank: int, world: int, opts: dict[str, Any]) -> dict[str, Any]:
     kind = opts["driver"]
     if kind == "cuda":
         torch.cuda.set_device(rank)
-    drv = open_driver(kind, device=rank, **({"profile": "h200"} if kind == "sim" else {}))
+    drv = driver_for(kind, device=rank, profile="h200")
     descs = tp_descs(opts["model"], tp=world, reserved_tokens=opts["reserved"], page_size=PS,
                      dtype="bfloat16")
     owner = KvBufferOwner(driver=drv, dtype="bfloat16", page_size=PS,
@@ -83,8 +83,10 @@ def _rank(rank: int, world: int, opts: dict[str, Any]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from kvvmm.driver import DRIVER_KINDS
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--driver", default="sim", choices=["sim", "host", "cuda"])
+    ap.add_argument("--driver", default="sim", choices=DRIVER_KINDS)
     ap.add_argument("--backend", default="gloo", choices=["gloo", "nccl"])
     ap.add_argument("--world", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=20)

@@ -32,7 +32,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from kvvmm.driver import open_driver  # noqa: E402
+from kvvmm.driver import DRIVER_KINDS, open_driver  # noqa: E402
 from kvvmm.measure.elastic import (  # noqa: E402
     LOOKAHEAD_BYTES,
     STEP_TARGET_US,
@@ -84,7 +84,7 @@ def run(kind: str, rounds: int) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    ap.add_argument("--driver", default="cuda", choices=("cuda", "sim", "host"))
+    ap.add_argument("--driver", default="cuda", choices=DRIVER_KINDS)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", default="h200-growth-steps.json")
     args = ap.parse_args(argv)

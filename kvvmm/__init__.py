@@ -17,6 +17,7 @@ from __future__ import annotations
 from kvvmm._version import __version__ as __version__
 from kvvmm.arena import Arena
 from kvvmm.driver import (
+    DRIVER_KINDS,
     PROFILES,
     DeviceProfile,
     Driver,
@@ -25,6 +26,8 @@ from kvvmm.driver import (
     FaultyDriver,
     SimDriver,
     SimNode,
+    driver_for,
+    notebook_driver_kind,
     open_driver,
 )
 from kvvmm.errors import (
@@ -64,6 +67,7 @@ from kvvmm.snapshot import (
 )
 
 __all__ = [
+    "DRIVER_KINDS",
     "PROFILES",
     "AlignmentError",
     "AllocationInfo",
@@ -107,8 +111,10 @@ __all__ = [
     "TracingDriver",
     "UnknownDtypeError",
     "WorkloadFormatError",
+    "driver_for",
     "mha_token_major",
     "mla",
+    "notebook_driver_kind",
     "open_driver",
     "page_major",
     "replay_arenas",

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import re
 import time
+import warnings
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from kvvmm.driver import Driver, open_driver
+from kvvmm.driver import Driver, driver_for
 from kvvmm.hardware import predicted_bandwidth_tb_s
 from kvvmm.hardware.bandwidth import BANDWIDTH_TARGET, RatioBand, predicted_ratio
 from kvvmm.layout import KvBufferDesc
@@ -31,8 +32,11 @@ Progress = Callable[[int, int], None]
 
 
 def open_sim_or(kind: str, profile: str) -> Driver:
-    """A fresh driver: the sim one with the profile, host or cuda as they are."""
-    return open_driver(kind, **({"profile": profile} if kind == "sim" else {}))
+    """Deprecated (0.3): :func:`kvvmm.driver.driver_for` ``(kind, profile=profile)``."""
+    warnings.warn("kvvmm.growth.open_sim_or is deprecated (0.3): use "
+                  "kvvmm.driver.driver_for(kind, profile=profile)", DeprecationWarning,
+                  stacklevel=2)
+    return driver_for(kind, profile=profile)
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,7 +116,8 @@ def decode_growth(
     Args:
         policies: growth policies to compare.
         driver: ``"sim"``, ``"host"``, ``"cuda"``, or a zero-argument driver factory.
-        profile: sim device profile.
+        profile: the sim driver's device profile (checked, and unused, on real drivers:
+            :func:`~kvvmm.driver.driver_for`).
         model: a shipped model key (hybrid models grow their full-attention pool).
         layers: use only the first ``layers`` layers (None: all), to keep runs small.
         dtype, page_size, tp: the layout.
@@ -138,7 +143,7 @@ def decode_growth(
     total, done = len(steps) * len(policies), 0
     out = []
     for policy in policies:
-        drv = driver() if callable(driver) else open_sim_or(driver, profile)
+        drv = driver() if callable(driver) else driver_for(driver, profile=profile)
         owner = KvBufferOwner(driver=drv, dtype=dtype, page_size=page_size,
                               reserved_tokens=reserved, descs=descs, policy=policy)
         try:

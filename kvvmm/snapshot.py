@@ -73,7 +73,7 @@ class ArenaSnapshot:
     """Everything viz needs about an arena at one moment; nothing live."""
 
     name: str
-    driver: str  #: driver kind: "sim", "host" or "cuda"
+    driver: str  #: driver kind, one of ``kvvmm.driver.DRIVER_KINDS``: "sim", "host", "cuda"
     device_name: str
     granularity: int
     base: int  #: address of the reservation

@@ -14,6 +14,7 @@ from kvvmm.hardware import PROFILES
 from kvvmm.layout import (
     DEFAULT_MEM_FRACTION_STATIC,
     LARGE_TOKENS,
+    TP_SIZES,
     Plan,
     PoolPlan,
     default_policies,
@@ -22,6 +23,7 @@ from kvvmm.layout import (
     load_model,
     model_descs,
     plan,
+    plan_smallest_tp,
     weights_bytes_per_rank,
 )
 from kvvmm.policy import Chunked, Exact, Geometric
@@ -446,3 +448,57 @@ def test_the_plan_table_fits_100_columns_and_says_where_over_budget_bytes_come_f
         assert "padded page and granule rounding" in text
         assert ("safe: it comes out of" in text) if p.headroom_bytes is not None \
             else ("on top of the explicit budget" in text)
+
+
+# -- plan_smallest_tp: the smallest TP at which a model fits (notebook 02's, issue 23.5) -------
+
+
+def test_a_model_that_fits_one_gpu_is_planned_at_tp_one_as_plan_plans_it() -> None:
+    got = plan_smallest_tp(gpu="h200", model="llama-3.1-8b", page_size=64)
+    assert got == plan(gpu="h200", model="llama-3.1-8b", page_size=64, tp=1)
+
+
+def test_a_tp_whose_weights_do_not_fit_is_skipped_for_the_next_larger_one() -> None:
+    with pytest.raises(OutOfRangeError) as e:
+        plan(gpu="h200", model="deepseek-v3", tp=4)
+    assert e.value.name == "tp"
+    assert plan_smallest_tp(gpu="h200", model="deepseek-v3").tp == 8
+    assert plan_smallest_tp(gpu="b200", model="deepseek-v3").tp == 4  # more memory, fewer ranks
+
+
+def test_a_tp_whose_weights_leave_no_page_of_kv_is_skipped_too() -> None:
+    with pytest.raises(OutOfRangeError) as e:
+        plan(gpu="h200", model="llama-3.1-70b", tp=1)
+    assert e.value.name == "budget_bytes"  # the weights fit, the headroom takes the rest
+    assert plan_smallest_tp(gpu="h200", model="llama-3.1-70b").tp == 2
+
+
+def test_the_sizes_are_tried_from_the_smallest_whatever_their_order() -> None:
+    assert plan_smallest_tp(gpu="h200", model="gpt-oss-120b", tps=(16, 4, 2)).tp == 2
+    assert TP_SIZES == (1, 2, 4, 8, 16)
+
+
+def test_a_model_that_fits_no_size_names_tp_the_sizes_and_the_last_refusal() -> None:
+    with pytest.raises(OutOfRangeError, match=r"a TP in \[1, 2\] at which deepseek-v3 fits h200"
+                       ) as e:
+        plan_smallest_tp(gpu="h200", model="deepseek-v3", tps=[1, 2])
+    assert e.value.name == "tp" and e.value.value == 2
+    assert isinstance(e.value.__cause__, OutOfRangeError) and e.value.__cause__.value == 2
+
+
+def test_an_error_of_the_request_itself_is_raised_at_the_first_size() -> None:
+    with pytest.raises(ArgumentError, match="page_size"):
+        plan_smallest_tp(gpu="h200", model="llama-3.1-8b", page_size=0)
+    with pytest.raises(OutOfRangeError) as e:  # a budget over the device: so at every TP
+        plan_smallest_tp(gpu="h200", model="llama-3.1-8b", budget_bytes=1 << 50)
+    assert e.value.name == "budget_bytes" and e.value.__cause__ is None
+
+
+@pytest.mark.parametrize(("kw", "name"), [
+    ({"tps": []}, "tps"), ({"tps": [2, 0]}, "tps"), ({"tps": [1.5]}, "tps"),
+    ({"tp": 2}, "tp"),
+])
+def test_bad_sizes_or_a_tp_of_its_own_are_refused_by_name(kw: dict[str, Any], name: str) -> None:
+    with pytest.raises(ArgumentError) as e:
+        plan_smallest_tp(gpu="h200", model="llama-3.1-8b", **kw)
+    assert e.value.name == name

@@ -41,6 +41,7 @@ from kvvmm.cli.lab import (
 )
 from kvvmm.cli.map import _cmd_map
 from kvvmm.cli.plan import _cmd_plan
+from kvvmm.driver import DRIVER_KINDS
 from kvvmm.errors import KvvmmError
 from kvvmm.hardware import GPU_HELP
 
@@ -64,7 +65,7 @@ def _parser() -> argparse.ArgumentParser:
 
     lab = sub.add_parser("lab", help="open JupyterLab on the notebooks",
                          description="Open JupyterLab on notebooks/ with KVVMM_DRIVER set.")
-    lab.add_argument("--driver", choices=["auto", "sim", "host", "cuda"], default="auto",
+    lab.add_argument("--driver", choices=["auto", *DRIVER_KINDS], default="auto",
                      help="driver the notebooks use (auto: cuda with a usable GPU, else sim)")
     lab.add_argument("--port", type=int, default=None, help="JupyterLab's port")
     lab.add_argument("--no-browser", action="store_true", help="do not open a browser")

@@ -10,11 +10,10 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from kvvmm.cli.common import _err
+from kvvmm.driver import DRIVER_ENV
 
+# DRIVER_ENV lives in kvvmm.driver since 0.3 (notebook_driver_kind reads it); still here.
 __all__ = ["DRIVER_ENV", "find_notebooks", "is_root", "lab_command"]
-
-#: The environment variable the notebooks read to pick their driver.
-DRIVER_ENV = "KVVMM_DRIVER"
 
 Launcher = Callable[[Sequence[str], Mapping[str, str]], int]
 GpuProbe = Callable[[], bool]

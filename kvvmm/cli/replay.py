@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from kvvmm.driver import DRIVER_KINDS
 from kvvmm.errors import ArgumentError, KvvmmError
 from kvvmm.hardware import GPU_HELP, profile_summary
 from kvvmm.layout import load_model
@@ -60,7 +61,7 @@ def add_replay_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="only the first SECONDS of the trace (generated: its length, "
                         "default 600)")
     p.add_argument("--seed", type=int, default=0, help="generated workloads' seed")
-    p.add_argument("--driver", choices=("sim", "host", "cuda"), default="sim")
+    p.add_argument("--driver", choices=DRIVER_KINDS, default="sim")
     p.add_argument("--pool-tokens", type=int, default=None,
                    help="KV pool tokens per rank (default: what the planner fits)")
     p.add_argument("-o", "--output", default=None,

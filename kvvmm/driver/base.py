@@ -83,6 +83,7 @@ __all__ = [
     "CUDA_ERROR_INVALID_VALUE",
     "CUDA_ERROR_NOT_SUPPORTED",
     "CUDA_ERROR_OUT_OF_MEMORY",
+    "DRIVER_KINDS",
     "HANDLE_TYPES",
     "OPTIONAL_CALLS",
     "U64_LIMIT",
@@ -109,6 +110,12 @@ CUDA_ERROR_INVALID_DEVICE = "CUDA_ERROR_INVALID_DEVICE"
 #: calls (between processes) last.
 CALLS = ("reserve", "free", "create", "release", "map", "unmap", "set_access", "mem_info",
          "export_handle", "import_handle")
+
+#: The drivers there are, by ``Driver.kind``: the simulator (no memory), Linux host memory,
+#: a CUDA GPU; from the one that runs anywhere to the one that needs the card. This is the
+#: one list: ``open_driver`` takes these and ``"auto"``, the lab's panels and the CLI offer
+#: them, ``OwnerSnapshot.driver`` is one of them.
+DRIVER_KINDS = ("sim", "host", "cuda")
 
 
 #: What a driver's handles can be shared between processes as (``Driver.handle_type``):
@@ -287,7 +294,7 @@ class Driver(Protocol):
     """A CUDA-VMM-shaped driver over plain ints. Failures raise :class:`DriverError`.
 
     Attributes:
-        kind: ``"sim"``, ``"host"`` or ``"cuda"``.
+        kind: one of :data:`DRIVER_KINDS`: ``"sim"``, ``"host"`` or ``"cuda"``.
         device: device ordinal this driver works on.
         name: device or profile name (``"NVIDIA H200"``).
         memory: what tensors over its VA are (:class:`MemoryKind`).
@@ -430,7 +437,7 @@ def check_driver(driver: object, name: str = "driver") -> None:
         _give_defaults(driver)
         return
     hint = (f"; open it first: kvvmm.open_driver({driver!r})"
-            if driver in ("auto", "sim", "host", "cuda") else "")
+            if driver in ("auto", *DRIVER_KINDS) else "")
     raise ArgumentError(name, driver, f"a driver object (SimDriver, HostDriver, CudaDriver, "
                                       f"or a wrapper of one){hint}")
 

@@ -11,18 +11,17 @@ from typing import Any
 import ipywidgets as widgets
 import plotly.graph_objects as go
 
-from kvvmm.driver import PROFILES, Driver
-from kvvmm.growth import GrowthCost, open_sim_or
+from kvvmm.driver import PROFILES, Driver, driver_for
+from kvvmm.growth import GrowthCost
 from kvvmm.policy import Chunked, Exact, Geometric, GrowthPolicy, default_policy
 from kvvmm.snapshot import ArenaSnapshot
 from kvvmm.units import MiB, fmt_bytes
 
-DRIVERS = ("sim", "host", "cuda")
 DTYPES = ("bfloat16", "float16", "float8_e4m3fn", "float32")
 
 
 def _open(kind: str, profile: str) -> Driver:
-    return open_sim_or(kind, profile)
+    return driver_for(kind, profile=profile)
 
 
 def _figure_view(fig: go.Figure) -> tuple[Any, Any]:

@@ -5,10 +5,9 @@ from __future__ import annotations
 import ipywidgets as widgets
 
 from kvvmm.arena import Arena
-from kvvmm.driver import PROFILES, Driver
+from kvvmm.driver import DRIVER_KINDS, PROFILES, Driver
 from kvvmm.growth import growth_cost
 from kvvmm.lab._panel import (
-    DRIVERS,
     _controls,
     _cost_line,
     _empty_snapshot,
@@ -54,8 +53,8 @@ class ArenaLab(_Panel):
                  page_size: int = 16) -> None:
         self._given: Driver | None = None if isinstance(driver, str) else driver
         kind = driver if isinstance(driver, str) else driver.kind
-        if kind not in DRIVERS:
-            raise ValueError(f"Unsupported driver: {kind!r} (one of {list(DRIVERS)})")
+        if kind not in DRIVER_KINDS:
+            raise ValueError(f"Unsupported driver: {kind!r} (one of {list(DRIVER_KINDS)})")
         if profile not in PROFILES:
             raise ValueError(f"Unsupported profile: {profile!r} (one of {sorted(PROFILES)})")
         self.arena: Arena | None = None
@@ -63,7 +62,7 @@ class ArenaLab(_Panel):
         self.trace = Trace()
         self._driver: Driver | None = None
         self._last: ArenaSnapshot | OwnerSnapshot | None = None
-        self.driver = widgets.Dropdown(options=list(DRIVERS), value=kind, description="driver",
+        self.driver = widgets.Dropdown(options=list(DRIVER_KINDS), value=kind, description="driver",
                                        disabled=self._given is not None, **_field())
         self.profile = widgets.Dropdown(options=sorted(PROFILES), value=profile,
                                         description="profile", **_field())

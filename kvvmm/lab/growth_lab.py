@@ -7,12 +7,11 @@ from collections.abc import Callable
 
 import ipywidgets as widgets
 
-from kvvmm.driver import PROFILES, get_profile
+from kvvmm.driver import DRIVER_KINDS, PROFILES, get_profile
 from kvvmm.dtypes import dtype_itemsize
 from kvvmm.growth import GrowthResult, decode_growth, growth_cost
 from kvvmm.hardware import profile_label
 from kvvmm.lab._panel import (
-    DRIVERS,
     DTYPES,
     _controls,
     _cost_line,
@@ -68,7 +67,7 @@ class GrowthLab(_Panel):
     def __init__(self, driver: str = "sim", profile: str = "h200", *,
                  model: str = "llama-3.1-8b", layers: int = 4, tokens: int = 32768,
                  step_tokens: int = 256) -> None:
-        self.driver = widgets.Dropdown(options=list(DRIVERS), value=driver,
+        self.driver = widgets.Dropdown(options=list(DRIVER_KINDS), value=driver,
                                        description="driver", **_field())
         choices = [(k, k) for k in sorted(PROFILES)]
         if profile not in PROFILES:  # a calibrated profile's path: shown by its file name

@@ -6,10 +6,9 @@ from typing import Any
 
 import ipywidgets as widgets
 
-from kvvmm.driver import PROFILES
+from kvvmm.driver import DRIVER_KINDS, PROFILES
 from kvvmm.dtypes import dtype_itemsize
 from kvvmm.lab._panel import (
-    DRIVERS,
     DTYPES,
     _controls,
     _empty_snapshot,
@@ -68,7 +67,7 @@ class LayoutExplorer(_Panel):
         self.reserved_tokens = widgets.IntText(value=0,
                                                description="reserved tokens (0: planned)",
                                                **_field("270px"))
-        self.driver = widgets.Dropdown(options=list(DRIVERS), value=driver,
+        self.driver = widgets.Dropdown(options=list(DRIVER_KINDS), value=driver,
                                        description="driver", **_field())
         self.report = widgets.HTML(value="")
         self.plan: Any = None

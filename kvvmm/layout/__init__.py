@@ -42,6 +42,7 @@ from kvvmm.layout.planner import (
     DEFAULT_PAGE_SIZE,
     LARGE_TOKENS,
     LARGE_VA_BYTES,
+    TP_SIZES,
     HandleCount,
     Plan,
     PlanRequest,
@@ -49,6 +50,7 @@ from kvvmm.layout.planner import (
     default_policies,
     plan,
     plan_request,
+    plan_smallest_tp,
 )
 from kvvmm.layout.presets import (
     CROSS_LAYER,
@@ -72,6 +74,7 @@ __all__ = [
     "LARGE_VA_BYTES",
     "LAYOUTS",
     "SLIDING_ATTENTION",
+    "TP_SIZES",
     "HandleCount",
     "KvBufferDesc",
     "ModelConfig",
@@ -102,6 +105,7 @@ __all__ = [
     "page_major",
     "plan",
     "plan_request",
+    "plan_smallest_tp",
     "swa_kv_bytes_per_token",
     "swa_reserved_tokens_default",
     "weights_bytes_per_rank",

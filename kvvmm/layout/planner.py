@@ -46,6 +46,12 @@ The sliding-window pool is sized first (``swa_reserved_tokens``, default one seq
 window rounded to pages plus one page, :func:`kvvmm.layout.swa_reserved_tokens_default`); its
 cost leaves the full-attention pool's budget, on which the invariant above holds. Both pools
 are reported. The top-level ``bytes_per_token`` and ``tokens`` are the full pool's.
+
+The smallest TP
+---------------
+:func:`plan` plans one TP and refuses one at which the model does not fit.
+:func:`plan_smallest_tp` plans at the smallest of several (default :data:`TP_SIZES`) at which
+it does: its weights per rank fit the device and leave room for a page of KV.
 """
 
 from __future__ import annotations
@@ -86,6 +92,7 @@ __all__ = [
     "DEFAULT_PAGE_SIZE",
     "LARGE_TOKENS",
     "LARGE_VA_BYTES",
+    "TP_SIZES",
     "HandleCount",
     "Plan",
     "PlanRequest",
@@ -93,6 +100,7 @@ __all__ = [
     "default_policies",
     "plan",
     "plan_request",
+    "plan_smallest_tp",
 ]
 
 #: Tokens per page when none is given (vLLM's default block size; SGLang serves 1 to 64).
@@ -115,6 +123,11 @@ LARGE_VA_BYTES = 1024 * TiB
 #: More token slots than this draw a warning: engines index KV slots with int32 (SGLang's
 #: ``req_to_token`` table), so 2**31 slots cannot be addressed.
 LARGE_TOKENS = 2**31
+
+#: The tensor-parallel sizes :func:`plan_smallest_tp` tries by default: the powers of two
+#: serving engines run, up to two 8-GPU nodes.
+TP_SIZES = (1, 2, 4, 8, 16)
+
 
 
 @dataclass(frozen=True, slots=True)
@@ -656,3 +669,60 @@ def plan(
             max_total_tokens=max_total_tokens,
         )
     )
+
+
+def plan_smallest_tp(
+    *, gpu: str | DeviceProfile, model: ModelLike, tps: Sequence[int] = TP_SIZES,
+    **options: Any,
+) -> Plan:
+    """The :func:`plan` at the smallest tensor-parallel size in ``tps`` at which the model fits.
+
+    A model fits a TP when :func:`plan` finds room there for its weights per rank and at
+    least one page of KV after them. A TP where it does not (an :class:`OutOfRangeError`
+    naming ``tp`` or ``budget_bytes``) is skipped for the next larger one; any other error
+    is the request's, and is raised at once.
+
+    Args:
+        gpu: device profile key or profile, as :func:`plan` takes it.
+        model: model config, key, path or dict, as :func:`plan` takes it.
+        tps: TP sizes to try, each an int >= 1 (tried from the smallest; default
+            :data:`TP_SIZES`).
+        options: :func:`plan`'s other keyword arguments (not ``tp``).
+    Returns:
+        The :class:`Plan` at the smallest TP that fits.
+    Raises:
+        ArgumentError: ``tps`` empty or not ints >= 1, ``tp`` among ``options``, or a bad
+            option (as :func:`plan`).
+        OutOfRangeError: naming ``tp``: the model fits at none of ``tps`` (the largest one's
+            refusal is the cause).
+    """
+    if "tp" in options:
+        raise ArgumentError("tp", options["tp"], "not given", "plan_smallest_tp picks it "
+                            "from tps; call plan(tp=...) for one TP")
+    sizes = sorted({int_arg("tps", t, lo=1, unit="tensor-parallel ranks") for t in tps})
+    if not sizes:
+        raise ArgumentError("tps", list(tps), "a non-empty sequence of TP sizes")
+    refusal: OutOfRangeError | None = None
+    for tp in sizes:
+        try:
+            return plan(gpu=gpu, model=model, tp=tp, **options)
+        except OutOfRangeError as e:
+            if not _misfit(e):
+                raise
+            refusal = e
+    assert refusal is not None  # sizes is not empty, and every one was refused
+    name, key = load_model(model).name, get_profile(gpu).key
+    raise OutOfRangeError(
+        "tp", sizes[-1], f"a TP in {sizes} at which {name} fits {key}",
+        f"not even at TP {sizes[-1]}: {refusal}",
+    ) from refusal
+
+
+def _misfit(e: OutOfRangeError) -> bool:
+    """Whether :func:`plan` refused a TP for the model not fitting there (a larger may fit).
+
+    Its weights per rank exceed the device (named ``tp``), or leave less than a page of KV
+    (``budget_bytes`` below its one-page lower bound, ``">= ..."``); a budget above the
+    device (``"<= ..."``) is the request's at every TP.
+    """
+    return e.name == "tp" or (e.name == "budget_bytes" and e.limit.startswith(">="))

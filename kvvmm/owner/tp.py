@@ -390,9 +390,9 @@ def run_per_device(
 def _tp_rank(rank: int, device: int, kind: str, options: Mapping[str, Any],
              spec: Mapping[str, Any]) -> OwnerSnapshot:
     """One rank in its own process: open the driver, build the owner, finalize, snapshot."""
-    from kvvmm.driver import open_driver
+    from kvvmm.driver import driver_for
 
-    drv = open_driver(kind, device=device, **options)
+    drv = driver_for(kind, device=device, **options)
     try:
         owner = KvBufferOwner(driver=drv, dtype=spec["dtype"], page_size=spec["page_size"],
                               reserved_tokens=spec["reserved_tokens"], descs=spec["descs"],
@@ -425,7 +425,7 @@ def spawn_tp_snapshots(
 ) -> TpSnapshot:
     """Build one rank's owner per device, each in its own spawned process; return snapshots.
 
-    Each process opens ``open_driver(kind, device=<its device>, **driver_options)``, builds
+    Each process opens ``driver_for(kind, device=<its device>, **driver_options)``, builds
     its rank's :class:`KvBufferOwner`, finalizes it to ``finalize_tokens`` (when given)
     collectively (:class:`~kvvmm.owner.distributed.DistributedOwner`: every rank or none),
     snapshots and closes it. On ``"cuda"`` that is one process per GPU, as serving engines
@@ -437,7 +437,8 @@ def spawn_tp_snapshots(
         model, tp, dtype, page_size, reserved_tokens, layout, policy: the layout.
         finalize_tokens: tokens to finalize each rank to, or None (slot 0 only).
         devices: device of each rank (default ``0 .. tp-1``).
-        driver_options: more options for ``open_driver``.
+        driver_options: more options for :func:`~kvvmm.driver.driver_for` (``profile=``:
+            the sim's device, default ``"h200"``; the rest go to the driver).
         name: arena name prefix.
         timeout_s: limit for all ranks together.
     Returns:

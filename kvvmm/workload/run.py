@@ -18,7 +18,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from kvvmm.driver import Driver, open_driver
+from kvvmm.driver import Driver, driver_for
 from kvvmm.errors import ArgumentError
 from kvvmm.hardware import H200_BANDWIDTH, get_profile, predicted_bandwidth_tb_s
 from kvvmm.layout import KvBufferDesc, full_pool_descs, plan
@@ -444,8 +444,7 @@ def run_workload(
     for spec in strategies:
         strat = (make_strategy(spec) if isinstance(spec, str)
                  else spec if isinstance(spec, Strategy) else spec())
-        inner = driver() if callable(driver) else open_driver(
-            driver, **({"profile": prof} if driver == "sim" else {}))
+        inner = driver() if callable(driver) else driver_for(driver, profile=prof)
         tracer = TracingDriver(inner, Trace())
         # On the tracer, so the pool's creates and releases are in the trace (and replay).
         hpool = strat.make_pool(tracer)

@@ -39,7 +39,6 @@
 
 # %%
 import json
-import os
 from collections import Counter
 from pathlib import Path
 
@@ -50,15 +49,9 @@ from kvvmm.viz import describe, describe_stats, va_map
 
 # `kvvmm lab` sets KVVMM_DRIVER (cuda on a GPU machine). Without it, and under nbval,
 # the notebooks run on the simulator, whose addresses and costs are deterministic.
-DRIVER = os.environ.get("KVVMM_DRIVER", "sim")
+DRIVER = kvvmm.notebook_driver_kind()
 
-
-def open_driver() -> kvvmm.Driver:
-    """A fresh driver of the chosen kind (the sim one simulates an H200)."""
-    return kvvmm.open_driver(DRIVER, **({"profile": "h200"} if DRIVER == "sim" else {}))
-
-
-drv = kvvmm.TracingDriver(open_driver())  # records every driver call
+drv = kvvmm.TracingDriver(kvvmm.driver_for(DRIVER, profile="h200"))  # records every call
 free_bytes, total_bytes = drv.mem_info()
 print(f"{drv.kind} driver on {drv.name}: granularity {fmt_bytes(drv.granularity())}, "
       f"{fmt_bytes(free_bytes)} free of {fmt_bytes(total_bytes)}")

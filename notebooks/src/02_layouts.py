@@ -7,16 +7,15 @@
 # granularity wastes. Everything here is arithmetic: no driver is needed.
 
 # %%
-from kvvmm.errors import OutOfRangeError
 from kvvmm.hardware import predicted_ratio
 from kvvmm.layout import (
-    Plan,
     kv_bytes_per_token,
     list_models,
     load_model,
     mha_token_major,
     page_major,
     plan,
+    plan_smallest_tp,
 )
 from kvvmm.units import GiB, MiB, fmt_bytes
 from kvvmm.viz import format_plan, handles_by_policy, tokens_by_tp, waste_by_model
@@ -89,21 +88,12 @@ tokens_by_tp(by_tp)
 # The granularity (the GPU's allocation unit) rounds each buffer's backing up: a model
 # with many small buffers wastes up to one granule per buffer. The padded page costs one
 # page per buffer. Each
-# model runs at the smallest TP its weights fit at (the planner refuses a TP at which
-# they do not).
+# model runs at the smallest TP (1, 2, 4, 8 or 16) its weights fit at, leaving room for KV
+# (`plan_smallest_tp`: the planner refuses a TP at which they do not fit).
 
 # %%
-def fitting_plan(gpu: str, model: str) -> Plan:
-    """The plan at the smallest TP (1, 2, 4, 8 or 16) at which the model's weights fit."""
-    for tp in (1, 2, 4, 8, 16):
-        try:
-            return plan(gpu=gpu, model=model, dtype="bfloat16", tp=tp)
-        except OutOfRangeError:
-            continue
-    raise ValueError(f"{model}'s weights do not fit {gpu} at TP 16")
-
-
-every = [fitting_plan(gpu, key) for gpu in ("h200", "b200") for key in list_models()]
+every = [plan_smallest_tp(gpu=gpu, model=key, dtype="bfloat16")
+         for gpu in ("h200", "b200") for key in list_models()]
 for q in every:
     print(f"{q.gpu} {q.model:<14} tp {q.tp} {q.tokens:>10,} tokens in {q.num_buffers:>3} "
           f"buffers, waste {fmt_bytes(q.granularity_waste_bytes):>9}, "

@@ -15,8 +15,6 @@
 # bandwidth with the least over-commit?**
 
 # %%
-import os
-
 import kvvmm
 from kvvmm.growth import decode_growth, least_over_commit
 from kvvmm.hardware import BANDWIDTH_TARGET, H200_BANDWIDTH, growth_fit, predicted_ratio
@@ -26,7 +24,7 @@ from kvvmm.viz import format_bandwidth_fit, format_growth
 
 # `kvvmm lab` sets KVVMM_DRIVER (cuda on a GPU machine). Without it, and under nbval,
 # the notebooks run on the simulator, whose addresses and costs are deterministic.
-DRIVER = os.environ.get("KVVMM_DRIVER", "sim")
+DRIVER = kvvmm.notebook_driver_kind()
 
 # %% [markdown]
 # ## The measurements

@@ -8,8 +8,6 @@
 # with chosen CUDA errors, and shows how to recover.
 
 # %%
-import os
-
 import kvvmm
 from kvvmm.driver import Fault, FaultyDriver
 from kvvmm.units import MiB, fmt_bytes
@@ -17,13 +15,7 @@ from kvvmm.viz import describe, describe_stats
 
 # `kvvmm lab` sets KVVMM_DRIVER (cuda on a GPU machine). Without it, and under nbval,
 # the notebooks run on the simulator, whose addresses and costs are deterministic.
-DRIVER = os.environ.get("KVVMM_DRIVER", "sim")
-
-
-def open_driver() -> kvvmm.Driver:
-    """A fresh driver of the chosen kind (the sim one simulates an H200)."""
-    return kvvmm.open_driver(DRIVER, **({"profile": "h200"} if DRIVER == "sim" else {}))
-
+DRIVER = kvvmm.notebook_driver_kind()
 
 descs = kvvmm.mha_token_major(layers=2, kv_heads=8, head_dim=128, reserved_tokens=16_384,
                               page_size=16, dtype="bfloat16")
@@ -50,7 +42,7 @@ def show(e: Exception) -> None:
 # tensors and the reservation are all given back.
 
 # %%
-faulty = FaultyDriver(open_driver(), fail={"create": 3})
+faulty = FaultyDriver(kvvmm.driver_for(DRIVER, profile="h200"), fail={"create": 3})
 try:
     make_owner(faulty)
 except kvvmm.DriverError as e:

@@ -10,15 +10,12 @@
 # so that nbval does not compare them; the others print what holds on any driver.
 
 # %% tags=["nbval-ignore-output"]
-import os
-
 import kvvmm
 from kvvmm.units import MiB, fmt_bytes
 from kvvmm.viz import describe, describe_stats, va_map
 
 # This notebook wants real memory: "sim" (the tests' default) becomes "auto" here.
-kind = os.environ.get("KVVMM_DRIVER", "auto")
-drv = kvvmm.open_driver("auto" if kind == "sim" else kind)
+drv = kvvmm.driver_for(kvvmm.notebook_driver_kind(real_memory=True))
 print(drv.kind, "driver on", drv.name, "granularity", fmt_bytes(drv.granularity()))
 free_bytes, total_bytes = drv.mem_info()
 print(f"{fmt_bytes(free_bytes)} free of {fmt_bytes(total_bytes)}")

@@ -20,7 +20,6 @@
 
 # %%
 import json
-import os
 from pathlib import Path
 
 import kvvmm
@@ -66,12 +65,7 @@ print("SGLang's import gives kvvmm's class:", KvVmmBufferOwner is k.KvVmmBufferO
 
 # `kvvmm lab` sets KVVMM_DRIVER (cuda on a GPU machine). Without it, and under nbval, this
 # notebook runs on the simulator, whose addresses are deterministic.
-DRIVER = os.environ.get("KVVMM_DRIVER", "sim")
-
-
-def open_driver() -> kvvmm.Driver:
-    """A fresh driver of the chosen kind (the sim one simulates an H200)."""
-    return kvvmm.open_driver(DRIVER, **({"profile": "h200"} if DRIVER == "sim" else {}))
+DRIVER = kvvmm.notebook_driver_kind()
 
 # %% [markdown]
 # ## 1. SGLang's descriptors, SGLang's constructor
@@ -100,7 +94,7 @@ ROW = KV_HEADS * HEAD_DIM * 2  # bfloat16: bytes of one token of one buffer
 descs = [SglDesc(f"{kv}{i}", (SIZE + PAGE, KV_HEADS, HEAD_DIM), ROW, 1)
          for kv in "kv" for i in range(LAYERS)]
 
-drv = open_driver()
+drv = kvvmm.driver_for(DRIVER, profile="h200")  # the sim simulates an H200
 pool = KvVmmBufferOwner(device="cuda", device_id=0, store_dtype="bfloat16", page_size=PAGE,
                         reserved_num_tokens=SIZE, buffer_descs=descs, driver=drv)
 ptrs = [t.data_ptr() for t in pool.tensors]
@@ -147,7 +141,7 @@ after_release = pool.snapshot()
 print(f"release_beyond({PAGE}): gave back {fmt_bytes(given)}; "
       f"{fmt_bytes(pool.backed_bytes)} stay (slot 0's handles)")
 
-faulty = kvvmm.FaultyDriver(open_driver())
+faulty = kvvmm.FaultyDriver(kvvmm.driver_for(DRIVER, profile="h200"))
 small = KvVmmBufferOwner(device="cuda", device_id=0, store_dtype="bfloat16", page_size=PAGE,
                          reserved_num_tokens=SIZE, buffer_descs=descs, driver=faulty,
                          name="faulty")

@@ -21,66 +21,17 @@
 # notices at once; a hung one runs into the timeout): the others roll back too.
 #
 # Here two ranks run on the simulator, on gloo over 127.0.0.1, started by
-# `kvvmm.owner.distributed.spawn` (an engine uses torchrun instead). The worker below is what a
-# torchrun script would hold; spawned processes import it by name, so it is written to a
-# module first.
+# `kvvmm.owner.distributed.spawn` (an engine uses torchrun instead). Each rank runs
+# `kvvmm.owner.drill.collective_drill(rank, world, fail_rank)`, what a torchrun script would
+# call: its own simulated H200, driver and owner for its share of llama-3.1-8b's heads, the
+# failing finalize of section 1, then the budget of section 2 and the gathered snapshots of
+# section 3.
 
 # %%
-import importlib
-import sys
-import tempfile
-from pathlib import Path
-
 from kvvmm.owner.distributed import spawn
+from kvvmm.owner.drill import collective_drill
 from kvvmm.units import fmt_bytes
 from kvvmm.viz import describe, va_map
-
-WORKER = '''
-import torch.distributed as dist
-
-from kvvmm.owner.distributed import DistributedOwner
-from kvvmm.driver import FaultyDriver, open_driver
-from kvvmm.errors import CollectiveError
-from kvvmm.owner import KvBufferOwner
-from kvvmm.owner.tp import tp_descs
-from kvvmm.units import GiB
-
-MODEL = "llama-3.1-8b"
-
-
-def rank_main(rank, world, fail_rank):
-    """One TP rank: its own driver and owner, resized together with every other rank."""
-    drv = FaultyDriver(open_driver("sim", profile="h200", device=rank))
-    descs = tp_descs(MODEL, tp=world, reserved_tokens=262144, page_size=16, dtype="bfloat16")
-    owner = KvBufferOwner(driver=drv, dtype="bfloat16", page_size=16,
-                          reserved_tokens=262144, descs=descs)
-    kv = DistributedOwner(owner, model=MODEL, timeout_s=30)
-    out = {"rank": kv.rank, "world": world, "backend": str(dist.get_backend())}
-    before = owner.snapshot()
-    if rank == fail_rank:
-        drv.arm({"map": 3})  # this rank's third map fails, after the others agreed
-    try:
-        kv.finalize(131072)
-    except CollectiveError as e:
-        out["error"] = str(e)
-        out["cause"] = repr(e.__cause__)
-    out["unchanged"] = owner.snapshot() == before
-    # After capture: what every rank can back (the smallest rank decides), then finalize.
-    free, _ = drv.mem_info()  # this rank's own free - headroom + backed, for the checks
-    out["own_budget_bytes"] = max(0, free - 132 * GiB) + owner.backed_bytes
-    out["budget_bytes"] = kv.budget_bytes(headroom_bytes=132 * GiB)
-    out["tokens"] = kv.finalize_to_budget(headroom_bytes=132 * GiB)
-    # what finalize backs for those tokens and for one more: the checks' "most that fit"
-    out["fit_bytes"] = [kv.finalize_bytes(out["tokens"] + i) for i in (0, 1)]
-    out["backed_bytes"] = owner.backed_bytes
-    out["gathered"] = kv.gather_snapshot(dst=0)
-    owner.close()
-    return out
-'''
-where = Path(tempfile.mkdtemp(prefix="kvvmm-08-"))
-(where / "kv_tp_worker.py").write_text(WORKER)
-sys.path.insert(0, str(where))  # spawned ranks get the parent's sys.path
-kv_tp_worker = importlib.import_module("kv_tp_worker")
 
 # %% [markdown]
 # ## 1. A world of two ranks; rank 1's third map fails
@@ -90,10 +41,10 @@ kv_tp_worker = importlib.import_module("kv_tp_worker")
 # what they were before the call.
 
 # %%
-ranks = spawn(kv_tp_worker.rank_main, 2, 1, timeout_s=120, group_timeout_s=30)
+ranks = spawn(collective_drill, 2, 1, timeout_s=120, group_timeout_s=30)
 for r in ranks:
-    print(f"rank {r['rank']}: {r['error']}")
-    print(f"         cause: {r['cause']}; snapshot unchanged: {r['unchanged']}")
+    print(f"rank {r.rank}: {r.error}")
+    print(f"         cause: {r.cause}; snapshot unchanged: {r.unchanged}")
 
 # %% [markdown]
 # ## 2. The collective budget, then a finalize every rank completes
@@ -104,8 +55,8 @@ for r in ranks:
 
 # %%
 for r in ranks:
-    print(f"rank {r['rank']}: budget {fmt_bytes(r['budget_bytes'])} -> {r['tokens']} tokens, "
-          f"{fmt_bytes(r['backed_bytes'])} backed")
+    print(f"rank {r.rank}: budget {fmt_bytes(r.budget_bytes)} -> {r.tokens} tokens, "
+          f"{fmt_bytes(r.backed_bytes)} backed")
 
 # %% [markdown]
 # ## 3. All ranks, gathered on rank 0
@@ -114,7 +65,7 @@ for r in ranks:
 # (`gather_object`): what the lab draws for a TP=8 cache, here for TP=2.
 
 # %%
-tp = ranks[0]["gathered"]
+tp = ranks[0].gathered
 print(f"{tp.model}, TP={tp.tp}: {fmt_bytes(tp.backed_bytes)} backed of "
       f"{fmt_bytes(tp.reserved_bytes)} reserved on all ranks")
 print(describe(tp.owners[1]).splitlines()[0])
@@ -132,6 +83,7 @@ for rank, snap in enumerate(tp.owners):
 
 # %%
 import json
+from pathlib import Path
 
 
 def repo_file(rel: str) -> Path | None:
@@ -155,19 +107,19 @@ else:
 
 # %%
 # The notebook's claims, checked.
-assert all("aborted on every rank in map" in r["error"] for r in ranks)
-assert all(r["unchanged"] for r in ranks)
-assert "DriverOutOfMemoryError" in ranks[1]["cause"] and ranks[0]["cause"] == "None"
-assert len({r["budget_bytes"] for r in ranks}) == 1 and len({r["tokens"] for r in ranks}) == 1
-assert [o.final_tokens for o in tp.owners] == [ranks[0]["tokens"]] * 2
-assert tp.owners[0].backed_bytes == tp.owners[1].backed_bytes == ranks[0]["backed_bytes"]
-assert ranks[1]["gathered"] is None
+assert all("aborted on every rank in map" in r.error for r in ranks)
+assert all(r.unchanged for r in ranks)
+assert "DriverOutOfMemoryError" in ranks[1].cause and ranks[0].cause is None
+assert len({r.budget_bytes for r in ranks}) == 1 and len({r.tokens for r in ranks}) == 1
+assert [o.final_tokens for o in tp.owners] == [ranks[0].tokens] * 2
+assert tp.owners[0].backed_bytes == tp.owners[1].backed_bytes == ranks[0].backed_bytes
+assert ranks[1].gathered is None
 # The prose's claims, each against what ran.
-assert [r["rank"] for r in ranks] == [0, 1] and all(r["world"] == 2 for r in ranks)
-assert all(r["backend"] == "gloo" for r in ranks) and tp.tp == 2
+assert [r.rank for r in ranks] == [0, 1] and all(r.world == 2 for r in ranks)
+assert all(r.backend == "gloo" for r in ranks) and tp.tp == 2
 # the budget: the least over ranks of free - headroom + backed
-assert ranks[0]["budget_bytes"] == min(r["own_budget_bytes"] for r in ranks)
+assert ranks[0].budget_bytes == min(r.own_budget_bytes for r in ranks)
 for r in ranks:  # the most tokens that fit it: one more would not
-    assert r["fit_bytes"][0] <= r["budget_bytes"] < r["fit_bytes"][1]
+    assert r.fit_bytes[0] <= r.budget_bytes < r.fit_bytes[1]
 if GPU_RUN is not None:  # on the GPU too, a failed collective changed nothing
     assert gpu["fault"]["rolled_back"] and gpu["fault_unchanged"]
