@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+from kvvmm.checks import int_arg, is_int, number_arg
 from kvvmm.errors import ArgumentError
 from kvvmm.units import MiB, align_up, fmt_bytes
 
@@ -41,9 +42,7 @@ class GrowthPolicy(Protocol):
 
 
 def _check_positive_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ArgumentError(name, value, "an int > 0 (bytes)")
-    return value
+    return int_arg(name, value, lo=1, unit="bytes")
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,11 +95,10 @@ class Geometric:
 
     def __post_init__(self) -> None:
         f = self.factor
-        if isinstance(f, bool) or not isinstance(f, (int, float)) or not f > 1.0 or f > 1e6:
-            raise ArgumentError("factor", f, "a number in (1, 1e6]")
+        number_arg("factor", f, lo=1.0, hi=1e6, lo_open=True, limit="a number in (1, 1e6]")
         _check_positive_int("max_bytes", self.max_bytes)
         m = self.min_bytes
-        if isinstance(m, bool) or not isinstance(m, int) or not 0 <= m <= self.max_bytes:
+        if not is_int(m) or not 0 <= m <= self.max_bytes:
             raise ArgumentError("min_bytes", m, f"an int in [0, max_bytes={self.max_bytes}] "
                                                 f"(bytes)")
 
