@@ -148,18 +148,30 @@ def parse_policy(spec: str) -> GrowthPolicy:
     them: ``"default"``, ``"exact"``, ``"chunked:MiB"``, ``"geometric:factor:max MiB"``.
 
     Raises:
-        ValueError: not one of those spellings (or a number that does not parse).
+        ArgumentError: not one of those spellings, a number that does not parse, or a policy
+            argument out of its bounds (a ``ValueError``).
     """
+    if not isinstance(spec, str):
+        raise ArgumentError("spec", spec, f"a policy spec string: {_SPELLINGS}")
     parts = spec.split(":")
-    if parts[0] == "default":
-        return default_policy()
-    if parts[0] == "exact":
-        return Exact()
-    if parts[0] == "chunked" and len(parts) == 2:
-        return Chunked(int(parts[1]) * MiB)
-    if parts[0] == "geometric" and len(parts) == 3:
-        return Geometric(float(parts[1]), int(parts[2]) * MiB)
-    raise ValueError(f"Unsupported policy spec: {spec!r}")
+    try:
+        if parts[0] == "default":
+            return default_policy()
+        if parts[0] == "exact":
+            return Exact()
+        if parts[0] == "chunked" and len(parts) == 2:
+            return Chunked(int(parts[1]) * MiB)
+        if parts[0] == "geometric" and len(parts) == 3:
+            return Geometric(float(parts[1]), int(parts[2]) * MiB)
+    except ArgumentError as e:  # Chunked's / Geometric's own bound: say which spec gave it
+        e.add_note(f"from the policy spec {spec!r}")
+        raise
+    except ValueError:  # int() or float() of a part that is not a number
+        raise ArgumentError("spec", spec, _SPELLINGS, "a number does not parse") from None
+    raise ArgumentError("spec", spec, _SPELLINGS)
+
+
+_SPELLINGS = "'default', 'exact', 'chunked:MiB' or 'geometric:factor:max MiB'"
 
 
 def simulate_growth(

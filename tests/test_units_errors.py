@@ -56,15 +56,17 @@ def test_align_up_and_down_round_to_the_nearest_multiple(
 
 @pytest.mark.parametrize("alignment", [0, -2 * MiB])
 def test_align_refuses_an_alignment_that_is_not_positive(alignment: int) -> None:
-    with pytest.raises(ValueError, match=f"alignment={alignment}"):
+    with pytest.raises(ArgumentError, match=f"^alignment={alignment} is invalid: must be > 0$"):
         align_up(4096, alignment)
-    with pytest.raises(ValueError, match=f"alignment={alignment}"):
+    with pytest.raises(ArgumentError, match=f"^alignment={alignment} is invalid: must be > 0$"):
         align_down(4096, alignment)
 
 
 def test_align_up_refuses_a_negative_value() -> None:
-    with pytest.raises(ValueError, match="value=-1"):
+    with pytest.raises(ArgumentError, match=r"^value=-1 is invalid: must be >= 0$"):
         align_up(-1, 4096)
+    with pytest.raises(ArgumentError, match=r"^value=-1 is invalid: must be >= 0$"):
+        align_down(-1, 4096)
 
 
 @pytest.mark.parametrize(

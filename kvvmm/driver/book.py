@@ -16,7 +16,7 @@ from kvvmm.driver.base import (
     DriverStats,
     driver_error,
 )
-from kvvmm.errors import DriverError
+from kvvmm.errors import ArgumentError, DriverError
 
 __all__ = ["VmmBook"]
 
@@ -46,7 +46,7 @@ class VmmBook:
 
     def __init__(self, granularity: int, capacity_bytes: int) -> None:
         if granularity <= 0:
-            raise ValueError(f"granularity={granularity!r} is invalid: must be > 0")
+            raise ArgumentError("granularity", granularity, "> 0")
         self.gran = granularity
         self.capacity_bytes = capacity_bytes
         self.res: dict[int, int] = {}  # reservation start -> size

@@ -238,7 +238,8 @@ def load_jsonl(path: str | os.PathLike[str]) -> Workload:
 
 
 def _no_constant(name: str) -> object:
-    raise ValueError(f"{name} is not a JSON number")
+    # json.loads calls this for NaN / Infinity; load_jsonl adds the row (except ValueError).
+    raise WorkloadFormatError(f"{name} is not a JSON number")
 
 
 def save_jsonl(requests: Iterable[Request], path: str | os.PathLike[str]) -> None:
