@@ -22,6 +22,7 @@ from kvvmm.errors import (
     KvvmmError,
     OutOfRangeError,
     ReservationExhaustedError,
+    StateError,
     TraceFormatError,
     UnknownDtypeError,
 )
@@ -119,6 +120,7 @@ def test_input_errors_are_also_the_builtin_errors_callers_already_catch() -> Non
     assert issubclass(DriverOutOfMemoryError, DriverError)
     for cls in (ClosedError, ReservationExhaustedError, DriverUnavailableError, DriverError):
         assert not issubclass(cls, ValueError)
+    assert issubclass(StateError, RuntimeError) and not issubclass(StateError, ValueError)
 
 
 def test_an_argument_error_names_the_value_and_the_limit() -> None:
@@ -165,7 +167,8 @@ def test_a_driver_error_keeps_its_notes_through_pickling() -> None:
 @pytest.mark.parametrize(
     "err",
     [ClosedError("arena 'kv': commit after close()"), ReservationExhaustedError("no room"),
-     DriverUnavailableError("no GPU"), TraceFormatError("bad"), KvvmmError("x")],
+     DriverUnavailableError("no GPU"), TraceFormatError("bad"), KvvmmError("x"),
+     StateError("no open arena: press Reserve first")],
     ids=lambda e: type(e).__name__,
 )
 def test_message_only_errors_survive_pickling(err: KvvmmError) -> None:
