@@ -181,8 +181,7 @@ def generate(
     """
     f = azure_conv_fit() if fit is None else fit
     int_arg("seed", seed, limit="an int")
-    if not (isinstance(rate_scale, (int, float)) and 0 < rate_scale <= 1e6):
-        raise ArgumentError("rate_scale", rate_scale, "a number in (0, 1e6]")
+    number_arg("rate_scale", rate_scale, lo=0, hi=1e6, lo_open=True, limit="a number in (0, 1e6]")
     if requests is not None and (not is_int(requests) or not 1 <= requests <= MAX_REQUESTS):
         raise ArgumentError("requests", requests, f"an int in [1, {MAX_REQUESTS:,}] or None")
     if duration_s is None and requests is None:

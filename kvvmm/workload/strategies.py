@@ -194,15 +194,15 @@ class PrefixGrowth(Strategy):
     def __init__(self, policy: GrowthPolicy | None = None, *, shrink: bool = False,
                  hysteresis: float = 1.0, min_slack_pages: int | None = None,
                  hold_s: float = 5.0) -> None:
-        if not (isinstance(hysteresis, (int, float)) and hysteresis > 0):
-            raise ArgumentError("hysteresis", hysteresis, "a number > 0")
+        hyst = number_arg("hysteresis", hysteresis, lo=0, lo_open=True, finite=False,
+                          limit="a number > 0")
         if min_slack_pages is not None:
             int_arg("min_slack_pages", min_slack_pages, lo=0, unit="pages")
         hold = number_arg("hold_s", hold_s, lo=0, finite=False,  # inf: the pool never shrinks
                           limit="a number >= 0 (seconds of serving time)")
         self.policy = default_policy() if policy is None else policy
         self.shrink = shrink
-        self.hysteresis = float(hysteresis)
+        self.hysteresis = hyst
         self.hold_s = hold
         self._min_slack = min_slack_pages
         self.min_slack_pages = 0 if min_slack_pages is None else min_slack_pages
