@@ -1,22 +1,44 @@
-"""The one argument checker: every public entry point checks its ints through here.
+"""The one argument checker: every public entry point checks its ints and numbers here.
 
-A Python ``bool`` is an ``int``; no kvvmm size, offset, count or id is ever a bool, so both
-functions refuse it. Messages come from :class:`~kvvmm.errors.ArgumentError`: they name the
-argument, the value and the limit it broke.
+A Python ``bool`` is an ``int``; no kvvmm size, offset, count, id, fraction or duration is
+ever a bool, so every function here refuses it. Messages come from
+:class:`~kvvmm.errors.ArgumentError`: they name the argument, the value and the limit it broke.
+The predicates (``is_int``, ``is_number``) serve the sites that raise another kvvmm error
+(a driver's, a trace file's) and only need the test.
 """
 
 from __future__ import annotations
 
 import math
+from typing import TypeGuard
 
 from kvvmm.errors import ArgumentError, OutOfRangeError
 
-__all__ = ["int_arg", "is_int", "seconds_arg"]
+__all__ = ["int_arg", "is_int", "is_number", "number_arg", "seconds_arg"]
 
 
-def is_int(value: object) -> bool:
+def is_int(value: object) -> TypeGuard[int]:
     """True for a plain int (``bool`` is not one here)."""
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_number(value: object, *, finite: bool = True) -> bool:
+    """True for an int or a float that is not a bool, NaN, or (with ``finite``) infinite.
+
+    An int past float's range counts as infinite: kvvmm computes with these numbers as floats.
+    NaN is never a number here: it compares false with every bound, so a check written as
+    ``x < lo`` lets it through and whatever uses it next misbehaves.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    if isinstance(value, int):
+        if finite:
+            try:
+                float(value)
+            except OverflowError:
+                return False
+        return True
+    return not math.isnan(value) and (not finite or not math.isinf(value))
 
 
 def int_arg(name: str, value: object, *, lo: int | None = None, hi: int | None = None,
@@ -38,7 +60,6 @@ def int_arg(name: str, value: object, *, lo: int | None = None, hi: int | None =
     """
     if not is_int(value):
         raise ArgumentError(name, value, limit or _default(lo, hi, unit))
-    assert isinstance(value, int)
     if lo is not None and value < lo:
         raise ArgumentError(name, value, limit or _default(lo, hi, unit))
     if hi is not None and value > hi:
@@ -58,6 +79,56 @@ def _default(lo: int | None, hi: int | None, unit: str) -> str:
     return f"{text} ({unit})" if unit else text
 
 
+def number_arg(name: str, value: object, *, lo: float | None = None, hi: float | None = None,
+               lo_open: bool = False, hi_open: bool = False, finite: bool = True,
+               limit: str = "", unit: str = "") -> float:
+    """Return ``value`` as a float if it is a number in the bounds; raise naming the limit.
+
+    Args:
+        name: the argument's name as the caller wrote it (``"factor"``, ``"q"``).
+        value: what was passed; an int or a float, never a bool or NaN.
+        lo: smallest allowed value (None: no lower bound); excluded itself with ``lo_open``.
+        hi: largest allowed value (None: no upper bound); excluded itself with ``hi_open``.
+        finite: refuse +-inf (and ints past float's range); with False, infinity passes
+            whatever bound it does not break.
+        limit: the limit as the message should state it; default from the bounds and ``unit``.
+        unit: shown after the default limit (``"seconds"``).
+    Returns:
+        ``value`` as a float.
+    Raises:
+        ArgumentError: a bool, not a number, NaN, infinite (with ``finite``) or outside the
+            bounds. Always this class (not :class:`~kvvmm.errors.OutOfRangeError` above
+            ``hi``): a number's bounds are a setting's range, not a reservation's.
+    """
+    if not is_number(value, finite=finite):
+        raise ArgumentError(name, value, limit or _default_number(lo, hi, lo_open, hi_open,
+                                                                  finite, unit))
+    assert isinstance(value, (int, float))
+    below = lo is not None and (value <= lo if lo_open else value < lo)
+    above = hi is not None and (value >= hi if hi_open else value > hi)
+    if below or above:
+        raise ArgumentError(name, value, limit or _default_number(lo, hi, lo_open, hi_open,
+                                                                  finite, unit))
+    try:
+        return float(value)
+    except OverflowError:  # only with finite=False: an int past float's range is infinite
+        return math.inf if value > 0 else -math.inf
+
+
+def _default_number(lo: float | None, hi: float | None, lo_open: bool, hi_open: bool,
+                    finite: bool, unit: str) -> str:
+    kind = "a finite number" if finite else "a number"
+    if lo is None and hi is None:
+        text = kind
+    elif hi is None:
+        text = f"{kind} {'>' if lo_open else '>='} {lo}"
+    elif lo is None:
+        text = f"{kind} {'<' if hi_open else '<='} {hi}"
+    else:
+        text = f"a number in {'(' if lo_open else '['}{lo}, {hi}{')' if hi_open else ']'}"
+    return f"{text} ({unit})" if unit else text
+
+
 def seconds_arg(name: str, value: object, *, none: bool = False, zero: bool = True) -> float:
     """Return ``value`` as float seconds if it is a finite number >= 0 (> 0 with
     ``zero=False``); ``None`` passes through as ``inf`` when ``none`` (no limit).
@@ -72,12 +143,4 @@ def seconds_arg(name: str, value: object, *, none: bool = False, zero: bool = Tr
         return math.inf
     want = (f"a finite number of seconds {'>=' if zero else '>'} 0"
             + (", or None (no limit)" if none else ""))
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ArgumentError(name, value, want)
-    try:
-        v = float(value)
-    except OverflowError:  # an int past float's range: not a finite number of seconds
-        raise ArgumentError(name, value, want) from None
-    if not math.isfinite(v) or v < 0 or (v == 0 and not zero):
-        raise ArgumentError(name, value, want)
-    return v
+    return number_arg(name, value, lo=0, lo_open=not zero, limit=want)

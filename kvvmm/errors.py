@@ -28,6 +28,7 @@ __all__ = [
     "ProfileError",
     "ReservationExhaustedError",
     "SleepRefusedError",
+    "StateError",
     "TraceFormatError",
     "UnknownDtypeError",
     "WorkloadFormatError",
@@ -144,6 +145,15 @@ class BackupError(KvvmmError):
     The arena is as it was before the call: awake with its contents when ``sleep()`` failed,
     asleep with its backup intact when ``wake()`` failed. ``__cause__`` is the underlying
     error; free host memory or disk (or pick the other ``backup``) and retry.
+    """
+
+
+class StateError(KvvmmError, RuntimeError):
+    """An action was asked of an object in a state that cannot take it; nothing changed.
+
+    A lab panel's button before the step it needs (no arena open: Reserve first) or while
+    another reservation is open (Close first). The message names the missing step: do it,
+    then retry. A ``RuntimeError`` too, so code that caught those keeps working.
     """
 
 

@@ -15,6 +15,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
+from kvvmm.checks import int_arg
 from kvvmm.driver import Driver, driver_for
 from kvvmm.hardware import predicted_bandwidth_tb_s
 from kvvmm.hardware.bandwidth import BANDWIDTH_TARGET, RatioBand, predicted_ratio
@@ -72,8 +73,7 @@ class GrowthResult:
 def _first_layers(descs: list[KvBufferDesc], layers: int | None) -> list[KvBufferDesc]:
     if layers is None:
         return descs
-    if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
-        raise ValueError(f"layers={layers!r} is invalid: must be an int >= 1 or None")
+    int_arg("layers", layers, lo=1, limit="an int >= 1 or None")
     keep = [d for d in descs if int(re.sub(r"^\D+", "", d.name) or 0) < layers]
     return keep or descs
 
@@ -130,10 +130,10 @@ def decode_growth(
     Returns:
         One :class:`GrowthResult` per policy, in order.
     Raises:
-        ArgumentError and friends: bad layout arguments; DriverError: a failed driver call.
+        ArgumentError and friends: ``step_tokens`` or ``layers`` below 1, bad layout
+            arguments; DriverError: a failed driver call.
     """
-    if isinstance(step_tokens, bool) or not isinstance(step_tokens, int) or step_tokens < 1:
-        raise ValueError(f"step_tokens={step_tokens!r} is invalid: must be an int >= 1")
+    int_arg("step_tokens", step_tokens, lo=1, limit="an int >= 1")
     reserved = tokens if reserved_tokens is None else reserved_tokens
     descs = _first_layers(full_pool_descs(model, layout="token_major", reserved_tokens=reserved,
                                           page_size=page_size, dtype=dtype, tp=tp), layers)
@@ -228,11 +228,10 @@ def growth_cost(policy: GrowthPolicy, descs: Sequence[KvBufferDesc], *, page_siz
     Returns:
         A :class:`GrowthCost`.
     Raises:
-        ValueError: ``tokens`` or ``step_tokens`` below 1.
+        ArgumentError: ``tokens`` or ``step_tokens`` below 1 (or not an int).
     """
     for name, v in (("tokens", tokens), ("step_tokens", step_tokens)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name}={v!r} is invalid: must be an int >= 1")
+        int_arg(name, v, lo=1, limit="an int >= 1")
     g = granularity_bytes
     steps = [*range(step_tokens, tokens, step_tokens), tokens]
     kinds = Counter(replace(d, name="_") for d in descs)

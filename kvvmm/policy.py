@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+from kvvmm.checks import int_arg, is_int, number_arg
 from kvvmm.errors import ArgumentError
 from kvvmm.units import MiB, align_up, fmt_bytes
 
@@ -41,9 +42,7 @@ class GrowthPolicy(Protocol):
 
 
 def _check_positive_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ArgumentError(name, value, "an int > 0 (bytes)")
-    return value
+    return int_arg(name, value, lo=1, unit="bytes")
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,11 +95,10 @@ class Geometric:
 
     def __post_init__(self) -> None:
         f = self.factor
-        if isinstance(f, bool) or not isinstance(f, (int, float)) or not f > 1.0 or f > 1e6:
-            raise ArgumentError("factor", f, "a number in (1, 1e6]")
+        number_arg("factor", f, lo=1.0, hi=1e6, lo_open=True, limit="a number in (1, 1e6]")
         _check_positive_int("max_bytes", self.max_bytes)
         m = self.min_bytes
-        if isinstance(m, bool) or not isinstance(m, int) or not 0 <= m <= self.max_bytes:
+        if not is_int(m) or not 0 <= m <= self.max_bytes:
             raise ArgumentError("min_bytes", m, f"an int in [0, max_bytes={self.max_bytes}] "
                                                 f"(bytes)")
 
@@ -150,18 +148,30 @@ def parse_policy(spec: str) -> GrowthPolicy:
     them: ``"default"``, ``"exact"``, ``"chunked:MiB"``, ``"geometric:factor:max MiB"``.
 
     Raises:
-        ValueError: not one of those spellings (or a number that does not parse).
+        ArgumentError: not one of those spellings, a number that does not parse, or a policy
+            argument out of its bounds (a ``ValueError``).
     """
+    if not isinstance(spec, str):
+        raise ArgumentError("spec", spec, f"a policy spec string: {_SPELLINGS}")
     parts = spec.split(":")
-    if parts[0] == "default":
-        return default_policy()
-    if parts[0] == "exact":
-        return Exact()
-    if parts[0] == "chunked" and len(parts) == 2:
-        return Chunked(int(parts[1]) * MiB)
-    if parts[0] == "geometric" and len(parts) == 3:
-        return Geometric(float(parts[1]), int(parts[2]) * MiB)
-    raise ValueError(f"Unsupported policy spec: {spec!r}")
+    try:
+        if parts[0] == "default":
+            return default_policy()
+        if parts[0] == "exact":
+            return Exact()
+        if parts[0] == "chunked" and len(parts) == 2:
+            return Chunked(int(parts[1]) * MiB)
+        if parts[0] == "geometric" and len(parts) == 3:
+            return Geometric(float(parts[1]), int(parts[2]) * MiB)
+    except ArgumentError as e:  # Chunked's / Geometric's own bound: say which spec gave it
+        e.add_note(f"from the policy spec {spec!r}")
+        raise
+    except ValueError:  # int() or float() of a part that is not a number
+        raise ArgumentError("spec", spec, _SPELLINGS, "a number does not parse") from None
+    raise ArgumentError("spec", spec, _SPELLINGS)
+
+
+_SPELLINGS = "'default', 'exact', 'chunked:MiB' or 'geometric:factor:max MiB'"
 
 
 def simulate_growth(

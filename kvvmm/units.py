@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from kvvmm.errors import ArgumentError
+
 __all__ = ["GiB", "KiB", "MiB", "TiB", "align_down", "align_up", "fmt_bytes", "fmt_range"]
 
 KiB = 1 << 10
@@ -19,21 +21,25 @@ def align_up(value: int, alignment: int) -> int:
     Returns:
         The smallest multiple of ``alignment`` that is >= ``value``.
     Raises:
-        ValueError: if ``alignment`` <= 0 or ``value`` < 0.
+        ArgumentError: if ``alignment`` <= 0 or ``value`` < 0 (a ``ValueError``).
     """
     if alignment <= 0:
-        raise ValueError(f"alignment={alignment!r} is invalid: must be > 0")
+        raise ArgumentError("alignment", alignment, "> 0")
     if value < 0:
-        raise ValueError(f"value={value!r} is invalid: must be >= 0")
+        raise ArgumentError("value", value, ">= 0")
     return -(-value // alignment) * alignment
 
 
 def align_down(value: int, alignment: int) -> int:
-    """Round ``value`` down to a multiple of ``alignment`` (bytes; value >= 0, alignment > 0)."""
+    """Round ``value`` down to a multiple of ``alignment`` (bytes; value >= 0, alignment > 0).
+
+    Raises:
+        ArgumentError: as :func:`align_up` does.
+    """
     if alignment <= 0:
-        raise ValueError(f"alignment={alignment!r} is invalid: must be > 0")
+        raise ArgumentError("alignment", alignment, "> 0")
     if value < 0:
-        raise ValueError(f"value={value!r} is invalid: must be >= 0")
+        raise ArgumentError("value", value, ">= 0")
     return value // alignment * alignment
 
 

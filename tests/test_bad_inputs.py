@@ -9,14 +9,17 @@ driver's own accounting and every snapshot are the same before and after.
 from __future__ import annotations
 
 import math
+import re
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
+import kvvmm
 from kvvmm import (
     AlignmentError,
     Arena,
@@ -40,8 +43,10 @@ from kvvmm import (
 )
 from kvvmm.driver import Driver
 from kvvmm.dtypes import dtype_itemsize
+from kvvmm.growth import decode_growth
 from kvvmm.layout import hybrid_swa_descs, load_model, model_descs
-from kvvmm.units import GiB, MiB
+from kvvmm.policy import parse_policy
+from kvvmm.units import GiB, MiB, align_down, align_up
 
 MakeDriver = Callable[..., Driver]
 G = 2 * MiB  # the granularity of both test drivers
@@ -374,6 +379,19 @@ PLAIN_CASES = [
          "no-such-model", "llama-3.1-8b"),
     Case("itemsize-of-none", lambda c: dtype_itemsize(None), UnknownDtypeError, None,
          "bfloat16"),
+    # Issue 23 part 5: these raised bare ValueErrors (or let a bool or infinity through).
+    Case("align-up-alignment-zero", lambda c: align_up(4096, 0), ArgumentError, 0, "> 0"),
+    Case("align-down-value-negative", lambda c: align_down(-1, 4096), ArgumentError, -1, ">= 0"),
+    Case("policy-spec-unknown", lambda c: parse_policy("fixed:3"), ArgumentError, "fixed:3",
+         "'chunked:MiB'"),
+    Case("policy-spec-number-not-parsing", lambda c: parse_policy("chunked:two"), ArgumentError,
+         "chunked:two", "'chunked:MiB'"),
+    Case("geometric-factor-inf", lambda c: Geometric(math.inf), ArgumentError, math.inf,
+         "(1, 1e6]"),
+    Case("geometric-factor-bool", lambda c: Geometric(True), ArgumentError, True, "(1, 1e6]"),
+    Case("decode-growth-step-zero",
+         lambda c: decode_growth([Exact()], tokens=1024, step_tokens=0), ArgumentError, 0,
+         ">= 1"),
 ]
 
 #: Rows once pinned as library bugs (fixed): capacity arguments are type-checked.
@@ -429,6 +447,34 @@ def test_a_bad_input_to_a_policy_driver_or_layout_is_a_typed_error_naming_value_
     if case.id.startswith("host-") and not sys.platform.startswith("linux"):
         pytest.skip("the host driver needs Linux")
     _check(case, Ctx(make_driver("sim")))
+
+
+#: A bool-then-int test written out by hand, in either order, across line breaks too.
+_HAND_CHECK = re.compile(
+    r"isinstance\([^()]*,\s*bool\)\s+or\s+not\s+isinstance"
+    r"|isinstance\([^()]*,\s*int\)\s+and\s+not\s+isinstance\([^()]*,\s*bool\)"
+    r"|not\s+isinstance\([^()]*,\s*bool\)\s+and\s+isinstance\([^()]*,\s*int\)"
+    r"|not\s+isinstance\([^()]*,\s*int\)\s+or\s+isinstance\([^()]*,\s*bool\)")
+
+
+def test_no_hand_written_bool_then_int_check_is_left_in_kvvmm() -> None:
+    # Issue 23 part 5: 55 such checks, each a little different, went through kvvmm.checks
+    # (is_int, int_arg, is_number, number_arg). checks.py is where the test lives;
+    # errors.py sits below checks (checks imports it), so its one message helper keeps its own.
+    assert _HAND_CHECK.search("if isinstance(n, bool) or not\n        isinstance(n, int):")
+    assert _HAND_CHECK.search("n if isinstance(n, int) and not isinstance(n, bool) else -1")
+    root = Path(kvvmm.__file__).parent
+    files = sorted(root.rglob("*.py"))
+    assert len(files) > 100
+    found = []
+    for path in files:
+        rel = path.relative_to(root.parent).as_posix()
+        if rel in ("kvvmm/checks.py", "kvvmm/errors.py"):
+            continue
+        text = path.read_text(encoding="utf-8")
+        found += [f"{rel}:{text.count(chr(10), 0, m.start()) + 1}: {m.group(0)}"
+                  for m in _HAND_CHECK.finditer(text)]
+    assert found == [], "check these through kvvmm.checks:\n" + "\n".join(found)
 
 
 def test_there_are_at_least_forty_distinct_bad_inputs() -> None:

@@ -600,8 +600,29 @@ def test_a_policy_is_read_from_its_short_spelling(spec: str, expected: str) -> N
 def test_an_unknown_policy_spelling_is_refused_by_name(spec: str) -> None:
     from kvvmm.policy import parse_policy
 
-    with pytest.raises(ValueError, match="Unsupported policy spec"):
+    with pytest.raises(ArgumentError) as e:  # a ValueError, as it always was
         parse_policy(spec)
+    assert str(e.value) == (f"spec={spec!r} is invalid: must be 'default', 'exact', "
+                            f"'chunked:MiB' or 'geometric:factor:max MiB'")
+
+
+@pytest.mark.parametrize("spec", ["chunked:two", "geometric:x:256", "geometric:2:1.5"])
+def test_a_policy_spelling_whose_number_does_not_parse_is_refused_naming_the_spec(
+    spec: str,
+) -> None:
+    from kvvmm.policy import parse_policy
+
+    with pytest.raises(ArgumentError, match=rf"^spec={spec!r} is invalid: .* \(a number does "
+                                            r"not parse\)$"):
+        parse_policy(spec)
+
+
+def test_a_policy_spelling_out_of_the_policys_bounds_names_the_bound_and_the_spec() -> None:
+    from kvvmm.policy import parse_policy
+
+    with pytest.raises(ArgumentError, match=r"factor=0.5 is invalid: must be a number in") as e:
+        parse_policy("geometric:0.5:256")
+    assert e.value.__notes__ == ["from the policy spec 'geometric:0.5:256'"]
 
 
 def test_the_full_calibration_grows_what_kvvmm_bench_grows() -> None:

@@ -109,6 +109,27 @@ def test_reserving_twice_asks_to_close_first() -> None:
     arena = lab.arena
     lab.reserve_button.click()
     assert "Close" in lab.error_text and lab.arena is arena
+    assert isinstance(lab.last_error, kvvmm.StateError)  # a kvvmm error, still a RuntimeError
+    assert lab.error_text == "StateError: an arena is open: press Close before reserving another"
+
+
+def test_a_driver_or_profile_the_lab_does_not_offer_is_an_argument_error_naming_the_choices(
+) -> None:
+    with pytest.raises(kvvmm.ArgumentError, match=r"^driver='cpu' is invalid: must be one of "
+                                                  r"\["):
+        ArenaLab("cpu")
+    with pytest.raises(kvvmm.ArgumentError, match=r"^profile='h900' is invalid: must be one of "
+                                                  r"\['b200', "):
+        ArenaLab(profile="h900")
+
+
+def test_decode_growth_refuses_a_step_below_one_token_with_an_argument_error() -> None:
+    with pytest.raises(kvvmm.ArgumentError,
+                       match=r"^step_tokens=0 is invalid: must be an int >= 1$"):
+        decode_growth([default_policy()], layers=1, tokens=1024, step_tokens=0)
+    with pytest.raises(kvvmm.ArgumentError,
+                       match=r"^layers=True is invalid: must be an int >= 1 or None$"):
+        decode_growth([default_policy()], layers=True, tokens=1024, step_tokens=256)
 
 
 def test_reserve_kv_then_finalize_backs_each_buffers_final_span() -> None:
@@ -156,7 +177,7 @@ def test_owner_buttons_without_kv_buffers_say_what_to_press() -> None:
     lab = ArenaLab()
     _reserve(lab)
     lab.finalize_button.click()
-    assert "Reserve KV" in lab.error_text
+    assert "Reserve KV" in lab.error_text and isinstance(lab.last_error, kvvmm.StateError)
 
 
 def test_close_gives_everything_back_and_keeps_the_last_map() -> None:
@@ -321,6 +342,7 @@ def test_the_layout_explorer_takes_an_explicit_budget() -> None:
     assert ex.error_text == "" and ex.plan.budget_bytes == 10 * 1024 * MiB
     ex.budget_gib.value = -1.0
     assert "budget" in ex.error_text and ex.plan.budget_bytes == 10 * 1024 * MiB
+    assert ex.error_text == "ArgumentError: budget GiB=-1.0 is invalid: must be >= 0 (0: automatic)"
 
 
 def test_the_layout_explorer_previews_a_hybrid_models_full_pool() -> None:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import inspect
+import math
 import pickle
+from typing import Any
 
 import pytest
 
 import kvvmm
-from kvvmm import errors
+from kvvmm import checks, errors
 from kvvmm.driver.base import driver_error
 from kvvmm.errors import (
     AlignmentError,
@@ -20,6 +22,7 @@ from kvvmm.errors import (
     KvvmmError,
     OutOfRangeError,
     ReservationExhaustedError,
+    StateError,
     TraceFormatError,
     UnknownDtypeError,
 )
@@ -54,15 +57,17 @@ def test_align_up_and_down_round_to_the_nearest_multiple(
 
 @pytest.mark.parametrize("alignment", [0, -2 * MiB])
 def test_align_refuses_an_alignment_that_is_not_positive(alignment: int) -> None:
-    with pytest.raises(ValueError, match=f"alignment={alignment}"):
+    with pytest.raises(ArgumentError, match=f"^alignment={alignment} is invalid: must be > 0$"):
         align_up(4096, alignment)
-    with pytest.raises(ValueError, match=f"alignment={alignment}"):
+    with pytest.raises(ArgumentError, match=f"^alignment={alignment} is invalid: must be > 0$"):
         align_down(4096, alignment)
 
 
 def test_align_up_refuses_a_negative_value() -> None:
-    with pytest.raises(ValueError, match="value=-1"):
+    with pytest.raises(ArgumentError, match=r"^value=-1 is invalid: must be >= 0$"):
         align_up(-1, 4096)
+    with pytest.raises(ArgumentError, match=r"^value=-1 is invalid: must be >= 0$"):
+        align_down(-1, 4096)
 
 
 @pytest.mark.parametrize(
@@ -115,6 +120,7 @@ def test_input_errors_are_also_the_builtin_errors_callers_already_catch() -> Non
     assert issubclass(DriverOutOfMemoryError, DriverError)
     for cls in (ClosedError, ReservationExhaustedError, DriverUnavailableError, DriverError):
         assert not issubclass(cls, ValueError)
+    assert issubclass(StateError, RuntimeError) and not issubclass(StateError, ValueError)
 
 
 def test_an_argument_error_names_the_value_and_the_limit() -> None:
@@ -161,7 +167,8 @@ def test_a_driver_error_keeps_its_notes_through_pickling() -> None:
 @pytest.mark.parametrize(
     "err",
     [ClosedError("arena 'kv': commit after close()"), ReservationExhaustedError("no room"),
-     DriverUnavailableError("no GPU"), TraceFormatError("bad"), KvvmmError("x")],
+     DriverUnavailableError("no GPU"), TraceFormatError("bad"), KvvmmError("x"),
+     StateError("no open arena: press Reserve first")],
     ids=lambda e: type(e).__name__,
 )
 def test_message_only_errors_survive_pickling(err: KvvmmError) -> None:
@@ -179,3 +186,72 @@ def test_argument_errors_survive_pickling(err: ArgumentError) -> None:
     back = pickle.loads(pickle.dumps(err))
     assert type(back) is type(err) and str(back) == str(err)
     assert (back.name, back.value, back.limit) == (err.name, err.value, err.limit)
+
+
+# -- the argument checkers (kvvmm.checks) -----------------------------------------------------
+
+
+@pytest.mark.parametrize("bad", [True, False, "1", None, 1j, [1]], ids=repr)
+def test_is_number_and_is_int_refuse_bools_and_what_is_not_a_number(bad: object) -> None:
+    assert not checks.is_number(bad) and not checks.is_number(bad, finite=False)
+    assert not checks.is_int(bad)
+
+
+def test_is_number_refuses_nan_always_and_infinity_unless_told() -> None:
+    for nan in (math.nan, -math.nan):
+        assert not checks.is_number(nan) and not checks.is_number(nan, finite=False)
+    for inf in (math.inf, -math.inf, 10**400):
+        assert not checks.is_number(inf) and checks.is_number(inf, finite=False)
+    assert checks.is_number(0) and checks.is_number(-2.5) and checks.is_number(10**300)
+
+
+@pytest.mark.parametrize("bad", [True, "0.5", None, math.nan, math.inf, -math.inf, 10**400],
+                         ids=repr)
+def test_number_arg_refuses_a_bool_a_non_number_nan_and_infinity(bad: object) -> None:
+    with pytest.raises(ArgumentError) as e:
+        checks.number_arg("q", bad, lo=0, hi=1)
+    assert type(e.value) is ArgumentError
+    assert (e.value.name, e.value.value, e.value.limit) == ("q", bad, "a number in [0, 1]")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "bad", "good", "limit"),
+    [
+        ({"lo": 0, "lo_open": True}, 0, 1e-300, "a finite number > 0"),
+        ({"lo": 0}, -1e-300, 0, "a finite number >= 0"),
+        ({"hi": 1, "hi_open": True}, 1, 0.999, "a finite number < 1"),
+        ({"hi": 1}, 1.0000001, 1, "a finite number <= 1"),
+        ({"lo": 1.0, "hi": 1e6, "lo_open": True}, 1.0, 1e6, "a number in (1.0, 1000000.0]"),
+        ({"lo": 0, "hi": 1, "hi_open": True, "unit": "of the GPU"}, 1, 0,
+         "a number in [0, 1) (of the GPU)"),
+    ],
+)
+def test_number_arg_keeps_its_bounds_and_its_message_names_the_value_and_the_limit(
+    kwargs: dict[str, Any], bad: float, good: float, limit: str
+) -> None:
+    assert checks.number_arg("x", good, **kwargs) == good
+    assert type(checks.number_arg("x", good, **kwargs)) is float
+    with pytest.raises(ArgumentError) as e:
+        checks.number_arg("x", bad, **kwargs)
+    assert str(e.value) == f"x={bad!r} is invalid: must be {limit}"
+    assert type(e.value) is ArgumentError  # not OutOfRangeError, above hi included
+
+
+def test_number_arg_states_the_callers_limit_and_lets_infinity_through_when_told() -> None:
+    with pytest.raises(ArgumentError, match=r"^factor=0.5 is invalid: must be a number in "
+                                            r"\(1, 1e6\]$"):
+        checks.number_arg("factor", 0.5, lo=1, lo_open=True, limit="a number in (1, 1e6]")
+    assert checks.number_arg("hold_s", math.inf, lo=0, finite=False) == math.inf
+    assert checks.number_arg("hold_s", 10**400, lo=0, finite=False) == math.inf
+    with pytest.raises(ArgumentError, match="hold_s=-inf is invalid: must be a number >= 0"):
+        checks.number_arg("hold_s", -math.inf, lo=0, finite=False)
+    with pytest.raises(ArgumentError, match="hold_s=nan"):
+        checks.number_arg("hold_s", math.nan, lo=0, finite=False)
+
+
+def test_int_arg_refuses_a_bool_and_names_the_limit() -> None:
+    with pytest.raises(ArgumentError, match=r"^n=True is invalid: must be an int > 0$"):
+        checks.int_arg("n", True, lo=1)
+    with pytest.raises(OutOfRangeError, match=r"^n=9 is invalid: must be an int in \[1, 8\]$"):
+        checks.int_arg("n", 9, lo=1, hi=8)
+    assert checks.int_arg("n", 8, lo=1, hi=8) == 8

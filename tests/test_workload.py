@@ -183,6 +183,16 @@ def test_generator_arguments_are_checked() -> None:
         generate(requests=0)
 
 
+def test_a_bool_is_not_a_rate_scale_or_a_hysteresis() -> None:
+    # Issue 23 part 5: both took True as 1 (the only number checks that did not refuse bool).
+    with pytest.raises(ArgumentError, match=r"^rate_scale=True is invalid: must be a number in "
+                                            r"\(0, 1e6\]$"):
+        generate(rate_scale=True)
+    with pytest.raises(ArgumentError, match=r"^hysteresis=True is invalid: must be a number > 0$"):
+        PrefixGrowth(hysteresis=True)
+    assert PrefixGrowth(hysteresis=2).hysteresis == 2.0
+
+
 def test_requests_stops_after_that_many_and_prefixes_are_named() -> None:
     wl = generate(seed=0, requests=50, prefixes=3, prefix_tokens=100)
     assert len(wl) == 50

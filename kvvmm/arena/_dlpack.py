@@ -26,6 +26,7 @@ import ctypes
 import math
 from typing import TYPE_CHECKING, Any
 
+from kvvmm.checks import is_int
 from kvvmm.errors import (
     ArgumentError,
     DriverUnavailableError,
@@ -159,7 +160,7 @@ def _tensor(
     if not isinstance(dtype, torch.dtype):
         raise UnknownDtypeError("dtype", dtype, "a torch.dtype")
     dims = tuple(shape)
-    if any(not isinstance(d, int) or isinstance(d, bool) or d < 0 for d in dims):
+    if any(not is_int(d) or d < 0 for d in dims):
         raise ArgumentError("shape", shape, "a tuple of ints >= 0")
     need = math.prod(dims) * dtype.itemsize
     if need > nbytes:

@@ -41,7 +41,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from kvvmm.checks import seconds_arg
+from kvvmm.checks import int_arg, is_int, seconds_arg
 from kvvmm.driver.base import Driver, check_driver
 from kvvmm.errors import ArgumentError, ClosedError, DriverError
 from kvvmm.units import GiB
@@ -94,14 +94,11 @@ class HandlePool:
         gran = driver.granularity()
         want = dict(ready or {})
         for size, count in want.items():
-            if isinstance(size, bool) or not isinstance(size, int) or size <= 0 or size % gran:
+            if not is_int(size) or size <= 0 or size % gran:
                 raise ArgumentError("ready", size, f"size classes that are positive multiples "
                                                    f"of the granularity {gran}")
-            if isinstance(count, bool) or not isinstance(count, int) or count < 0:
-                raise ArgumentError(f"ready[{size}]", count, "an int >= 0 (handles)")
-        if isinstance(retain_bytes, bool) or not isinstance(retain_bytes, int) \
-                or retain_bytes < 0:
-            raise ArgumentError("retain_bytes", retain_bytes, "an int >= 0 (bytes)")
+            int_arg(f"ready[{size}]", count, lo=0, unit="handles")
+        int_arg("retain_bytes", retain_bytes, lo=0, unit="bytes")
         if not isinstance(share_across_owners, bool):
             raise ArgumentError("share_across_owners", share_across_owners, "True or False")
         self.retain_bytes = retain_bytes

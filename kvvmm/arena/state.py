@@ -30,7 +30,7 @@ from kvvmm.arena.records import (
     _Sleep,
 )
 from kvvmm.arena.transaction import Transaction
-from kvvmm.checks import int_arg
+from kvvmm.checks import int_arg, is_int
 from kvvmm.driver.base import Driver
 from kvvmm.errors import (
     AlignmentError,
@@ -132,7 +132,7 @@ class _ArenaState:
                               f"given back by sleep()); call wake() first")
 
     def _alloc_at(self, offset: object) -> _Alloc:
-        if isinstance(offset, bool) or not isinstance(offset, int):
+        if not is_int(offset):
             raise ArgumentError("offset", offset, "an int (bytes from the arena base)")
         a = self._by_offset.get(offset)
         if a is None:

@@ -24,6 +24,7 @@ import threading
 from collections.abc import Callable
 
 from kvvmm.budget.tenant import Tenant
+from kvvmm.checks import is_int
 from kvvmm.driver.base import Driver, DriverStats, MemoryKind, check_driver
 from kvvmm.errors import ArgumentError
 
@@ -71,7 +72,7 @@ class BudgetedDriver(Driver):
         return f"BudgetedDriver({self.inner!r}, tenant {self.tenant.name!r})"
 
     def create(self, size: int) -> int:
-        if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
+        if not is_int(size) or size <= 0:
             return self._create(size)  # the driver's own refusal (DriverArgumentError, ...)
         self.tenant.charge(size)
         try:

@@ -15,6 +15,7 @@ import os
 from collections.abc import Mapping
 
 from kvvmm.budget.ledger import Ledger
+from kvvmm.checks import int_arg
 from kvvmm.errors import ArgumentError
 
 __all__ = ["POINTS", "FaultyLedger"]
@@ -51,8 +52,7 @@ class FaultyLedger(Ledger):
             for point, n in (faults or {}).items():
                 if point not in POINTS:
                     raise ArgumentError(f"{kind}[{point!r}]", point, f"one of {list(POINTS)}")
-                if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-                    raise ArgumentError(f"{kind}[{point!r}]", n, "an int >= 1")
+                int_arg(f"{kind}[{point!r}]", n, lo=1, limit="an int >= 1")
         self._fail = dict(fail or {})
         self._die = dict(die or {})
         self._seen = {}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from bisect import bisect_right, insort
 
+from kvvmm.checks import is_int
 from kvvmm.driver.base import (
     CUDA_ERROR_INVALID_VALUE,
     CUDA_ERROR_NOT_SUPPORTED,
@@ -15,7 +16,7 @@ from kvvmm.driver.base import (
     DriverStats,
     driver_error,
 )
-from kvvmm.errors import DriverError
+from kvvmm.errors import ArgumentError, DriverError
 
 __all__ = ["VmmBook"]
 
@@ -45,7 +46,7 @@ class VmmBook:
 
     def __init__(self, granularity: int, capacity_bytes: int) -> None:
         if granularity <= 0:
-            raise ValueError(f"granularity={granularity!r} is invalid: must be > 0")
+            raise ArgumentError("granularity", granularity, "> 0")
         self.gran = granularity
         self.capacity_bytes = capacity_bytes
         self.res: dict[int, int] = {}  # reservation start -> size
@@ -137,7 +138,7 @@ class VmmBook:
 
     def check_import(self, fd: int, size: int) -> None:
         args = {"fd": fd, "size": size}
-        if isinstance(fd, bool) or not isinstance(fd, int) or fd < 0:
+        if not is_int(fd) or fd < 0:
             raise self._bad("import_handle", args, f"fd={fd!r} is not a file descriptor")
         self._aligned("import_handle", args, size=size)
 

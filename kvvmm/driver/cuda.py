@@ -25,6 +25,7 @@ from bisect import bisect_right, insort
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from kvvmm.checks import int_arg, is_int
 from kvvmm.driver.base import (
     CUDA_ERROR_INVALID_VALUE,
     CUDA_ERROR_NOT_SUPPORTED,
@@ -280,8 +281,7 @@ class CudaDriver(ZeroPageMixin, PeerAccessMixin, SynchronizeMixin, FastPathMixin
                 f"cuda-python is not installed ({_IMPORT_ERROR}); install it with "
                 "`pip install cuda-python`"
             )
-        if isinstance(device, bool) or not isinstance(device, int) or device < 0:
-            raise ArgumentError("device", device, "an int >= 0")
+        int_arg("device", device, lo=0, limit="an int >= 0")
         err = drv.cuInit(0)[0]
         if err != drv.CUresult.CUDA_SUCCESS:
             return f"cuInit failed with {_name(err)} (no usable GPU or driver)"
@@ -384,12 +384,7 @@ class CudaDriver(ZeroPageMixin, PeerAccessMixin, SynchronizeMixin, FastPathMixin
             gran = gmin
         elif granularity == "recommended":
             gran = self.granularity_recommended
-        elif (
-            isinstance(granularity, int)
-            and not isinstance(granularity, bool)
-            and granularity > 0
-            and granularity % gmin == 0
-        ):
+        elif is_int(granularity) and granularity > 0 and granularity % gmin == 0:
             gran = granularity
         else:
             self.close()

@@ -47,6 +47,7 @@ import sys
 import threading
 from collections.abc import Sequence
 
+from kvvmm.checks import is_int
 from kvvmm.driver.base import (
     CUDA_ERROR_INVALID_VALUE,
     CUDA_ERROR_OUT_OF_MEMORY,
@@ -127,14 +128,9 @@ class HostDriver(Driver):
         self, *, granularity: int = 2 * MiB, capacity_bytes: int | None = None, device: int = 0
     ) -> None:
         page = _mmap.PAGESIZE
-        if isinstance(granularity, bool) or not isinstance(granularity, int) or (
-            granularity <= 0 or granularity % page
-        ):
+        if not is_int(granularity) or granularity <= 0 or granularity % page:
             raise ArgumentError("granularity", granularity, f"a positive multiple of {page}")
-        if capacity_bytes is not None and (
-            isinstance(capacity_bytes, bool) or not isinstance(capacity_bytes, int)
-            or capacity_bytes <= 0
-        ):
+        if capacity_bytes is not None and (not is_int(capacity_bytes) or capacity_bytes <= 0):
             raise ArgumentError("capacity_bytes", capacity_bytes, "an int > 0 or None")
         self._libc = _libc()
         self.device = device

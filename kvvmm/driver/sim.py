@@ -25,7 +25,7 @@ import stat
 import threading
 from collections.abc import Iterable, Sequence
 
-from kvvmm.checks import seconds_arg
+from kvvmm.checks import int_arg, is_int, seconds_arg
 from kvvmm.driver.base import (
     CUDA_ERROR_INVALID_DEVICE,
     CUDA_ERROR_INVALID_VALUE,
@@ -107,8 +107,7 @@ class SimNode:
         base_va: int = 0x7F00_0000_0000,
         no_peer: Iterable[tuple[int, int]] = (),
     ) -> None:
-        if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
-            raise ArgumentError("devices", devices, "an int >= 1 (devices in the node)")
+        int_arg("devices", devices, lo=1, limit="an int >= 1 (devices in the node)")
         self.profile = get_profile(profile)
         self.devices = devices
         self._capacity_bytes = capacity_bytes
@@ -164,7 +163,7 @@ class SimNode:
 
 
 def _is_device(d: object, count: int) -> bool:
-    return not isinstance(d, bool) and isinstance(d, int) and 0 <= d < count
+    return is_int(d) and 0 <= d < count
 
 
 class SimDriver(Driver):
@@ -201,9 +200,9 @@ class SimDriver(Driver):
     ) -> None:
         self.profile = get_profile(profile)
         cap = self.profile.capacity_bytes if capacity_bytes is None else capacity_bytes
-        if isinstance(cap, bool) or not isinstance(cap, int) or cap <= 0:
+        if not is_int(cap) or cap <= 0:
             raise ArgumentError("capacity_bytes", capacity_bytes, "an int > 0 (bytes) or None")
-        if isinstance(used_bytes, bool) or not isinstance(used_bytes, int):
+        if not is_int(used_bytes):
             raise ArgumentError("used_bytes", used_bytes, f"an int in [0, {cap}] (bytes)")
         if not 0 <= used_bytes <= cap:
             raise ArgumentError("used_bytes", used_bytes, f"in [0, {cap}] (the capacity)")

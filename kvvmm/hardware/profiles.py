@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
+from kvvmm.checks import number_arg
 from kvvmm.errors import ArgumentError, ProfileError
 from kvvmm.hardware.schema import FORMAT, MAX_DEPTH, VERSIONS, parse, validate
 from kvvmm.hardware.spread import at_quantile
@@ -96,8 +97,7 @@ class DeviceProfile:
         Raises:
             ArgumentError: ``q`` not a finite number in [0, 1].
         """
-        if isinstance(q, bool) or not isinstance(q, (int, float)) or not 0.0 <= q <= 1.0:
-            raise ArgumentError("q", q, "a quantile in [0, 1] (0.1: each figure's p10)")
+        number_arg("q", q, lo=0.0, hi=1.0, limit="a quantile in [0, 1] (0.1: each figure's p10)")
         data = profile_data(self)
         spread = data.get("spread")
         if not isinstance(spread, Mapping) or not spread.get("figures"):

@@ -93,7 +93,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from kvvmm.checks import seconds_arg
+from kvvmm.checks import int_arg, is_int, seconds_arg
 from kvvmm.driver import open_driver
 from kvvmm.driver.base import HANDLE_TYPES, Driver, check_driver
 from kvvmm.errors import ArgumentError, BusyError, KvvmmError, OutOfRangeError
@@ -205,8 +205,7 @@ class KvBufferDesc(_KvvmmDesc):
         Raises:
             ArgumentError: ``page_size`` is not such an int.
         """
-        if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size <= 0:
-            raise ArgumentError("page_size", page_size, "an int > 0 (tokens)")
+        int_arg("page_size", page_size, lo=1, unit="tokens")
         if page_size % self.tokens_per_row:
             raise ArgumentError(
                 "page_size", page_size,
@@ -293,8 +292,7 @@ class KvVmmBufferOwner:
         handle_type: str = "auto",
     ) -> None:
         self.device = device
-        if isinstance(device_id, bool) or not isinstance(device_id, int) or device_id < 0:
-            raise ArgumentError("device_id", device_id, "an int >= 0 (a device ordinal)")
+        int_arg("device_id", device_id, lo=0, limit="an int >= 0 (a device ordinal)")
         if not isinstance(handle_type, str) or handle_type not in _HANDLE_TYPES:
             raise ArgumentError("handle_type", handle_type,
                                 f"one of {list(_HANDLE_TYPES)} ('auto': as SGLang 0.5.23 picks)")
@@ -373,7 +371,7 @@ class KvVmmBufferOwner:
         """
         with _sglang_errors():
             n = final_num_tokens
-            if isinstance(n, int) and not isinstance(n, bool):
+            if is_int(n):
                 if n > self._reserved_num_tokens:
                     raise OutOfRangeError("final_num_tokens", n,
                                           f"<= reserved_num_tokens ({self._reserved_num_tokens})")
@@ -669,8 +667,7 @@ def _core_reserved(descs: Sequence[KvBufferDesc], page_size: object,
     page_size``; the rest of SGLang's bound is kept by the adapter (``finalize``).
     """
     r = reserved_num_tokens
-    if isinstance(r, bool) or not isinstance(r, int) or not descs \
-            or isinstance(page_size, bool) or not isinstance(page_size, int) or page_size <= 0:
+    if not is_int(r) or not descs or not is_int(page_size) or page_size <= 0:
         return r  # type: ignore[return-value]  # the core owner names what is wrong
     holds = min(d.shape[0] * d.tokens_per_row for d in descs)
     if r > holds:

@@ -6,6 +6,7 @@ import ipywidgets as widgets
 
 from kvvmm.arena import Arena
 from kvvmm.driver import DRIVER_KINDS, PROFILES, Driver
+from kvvmm.errors import ArgumentError, StateError
 from kvvmm.growth import growth_cost
 from kvvmm.lab._panel import (
     _controls,
@@ -46,6 +47,12 @@ class ArenaLab(_Panel):
             (a :class:`~kvvmm.driver.FaultyDriver`, say); the dropdown is then disabled.
         profile: the sim driver's device profile.
         reserve_mib, layers, reserved_tokens, page_size: initial control values.
+
+    Raises:
+        ArgumentError: a driver kind or a profile key the lab does not offer.
+
+    A button pressed before the step it needs (Commit with no arena, Reserve with one open)
+    shows a :class:`~kvvmm.errors.StateError` naming that step in the panel.
     """
 
     def __init__(self, driver: str | Driver = "sim", profile: str = "h200", *,
@@ -54,9 +61,10 @@ class ArenaLab(_Panel):
         self._given: Driver | None = None if isinstance(driver, str) else driver
         kind = driver if isinstance(driver, str) else driver.kind
         if kind not in DRIVER_KINDS:
-            raise ValueError(f"Unsupported driver: {kind!r} (one of {list(DRIVER_KINDS)})")
+            raise ArgumentError("driver" if self._given is None else "driver.kind", kind,
+                                f"one of {list(DRIVER_KINDS)}")
         if profile not in PROFILES:
-            raise ValueError(f"Unsupported profile: {profile!r} (one of {sorted(PROFILES)})")
+            raise ArgumentError("profile", profile, f"one of {sorted(PROFILES)}")
         self.arena: Arena | None = None
         self.owner: KvBufferOwner | None = None
         self.trace = Trace()
@@ -226,7 +234,7 @@ class ArenaLab(_Panel):
         a = self.owner.arena if self.owner is not None else self.arena
         if a is None or a.closed:
             if required:
-                raise RuntimeError("no open arena: press Reserve or Reserve KV first")
+                raise StateError("no open arena: press Reserve or Reserve KV first")
             return None
         return a
 
@@ -234,12 +242,12 @@ class ArenaLab(_Panel):
         a = self._open_arena()
         assert a is not None
         if self.target.value is None:
-            raise RuntimeError("no allocation chosen: allocate one first")
+            raise StateError("no allocation chosen: allocate one first")
         return a.snapshot().allocation(self.target.value).offset
 
     def _new_driver(self) -> TracingDriver:
         if self._open_arena(required=False) is not None:
-            raise RuntimeError("an arena is open: press Close before reserving another")
+            raise StateError("an arena is open: press Close before reserving another")
         inner = self._given if self._given is not None else _open(self.driver.value,
                                                                    self.profile.value)
         return TracingDriver(inner, Trace())
@@ -285,7 +293,7 @@ class ArenaLab(_Panel):
 
     def _kv(self) -> KvBufferOwner:
         if self.owner is None or self.owner.closed:
-            raise RuntimeError("this needs KV buffers: press Reserve KV first")
+            raise StateError("this needs KV buffers: press Reserve KV first")
         return self.owner
 
     def _ensure_prefix(self) -> None:

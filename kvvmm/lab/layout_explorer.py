@@ -6,6 +6,7 @@ from typing import Any
 
 import ipywidgets as widgets
 
+from kvvmm.checks import number_arg
 from kvvmm.driver import DRIVER_KINDS, PROFILES
 from kvvmm.dtypes import dtype_itemsize
 from kvvmm.lab._panel import (
@@ -93,9 +94,8 @@ class LayoutExplorer(_Panel):
         from kvvmm.layout import plan
         from kvvmm.viz import format_plan
 
-        budget = self.budget_gib.value
-        if budget < 0:
-            raise ValueError(f"budget GiB={budget!r} is invalid: must be >= 0 (0: automatic)")
+        budget = number_arg("budget GiB", self.budget_gib.value, lo=0,
+                            limit=">= 0 (0: automatic)")
         rt = self.reserved_tokens.value
         p = plan(gpu=self.gpu.value, model=self.model.value, dtype=self.dtype.value,
                  page_size=self.page_size.value, tp=self.tp.value, layout=self.layout.value,

@@ -61,7 +61,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from kvvmm.checks import int_arg
+from kvvmm.checks import int_arg, number_arg
 from kvvmm.dtypes import dtype_itemsize, dtype_name
 from kvvmm.errors import ArgumentError, OutOfRangeError
 from kvvmm.hardware import DeviceProfile, get_profile
@@ -226,10 +226,9 @@ class PlanRequest:
         if not isinstance(o["count_overhead"], bool):
             raise ArgumentError("count_overhead", o["count_overhead"], "a bool")
         mfs = o["mem_fraction_static"]
-        if mfs is not None and (
-            isinstance(mfs, bool) or not isinstance(mfs, (int, float)) or not 0 < mfs <= 1
-        ):
-            raise ArgumentError("mem_fraction_static", mfs, "a float in (0, 1]")
+        if mfs is not None:
+            number_arg("mem_fraction_static", mfs, lo=0, hi=1, lo_open=True,
+                       limit="a float in (0, 1]")
         model = load_model(o["model"])
         return cls(
             profile=get_profile(o["gpu"]),

@@ -124,8 +124,7 @@ class SlotRanges:
             ArgumentError: ``n`` not an int >= 1.
             RangesFullError: no free extent holds ``n`` units (nothing changed).
         """
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ArgumentError("n", n, "an int >= 1 (units)")
+        int_arg("n", n, lo=1, limit="an int >= 1 (units)")
         by_len = self._by_len
         i = bisect_left(by_len, (n, -1))
         if i == len(by_len):
@@ -148,8 +147,7 @@ class SlotRanges:
             RangesFullError: fewer than ``n`` units free (or more than ``max_pieces`` needed);
                 nothing changed.
         """
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ArgumentError("n", n, "an int >= 1 (units)")
+        int_arg("n", n, lo=1, limit="an int >= 1 (units)")
         if n > self.free_units:
             raise RangesFullError("n", n, f"<= the free units ({self.free_units})")
         if self.largest_free >= n:

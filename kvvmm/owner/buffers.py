@@ -33,6 +33,7 @@ from kvvmm.arena import Arena, DecommitResult
 from kvvmm.arena.arena import MAX_RESERVE_BYTES, RangeResult, SleepResult, check_driver
 from kvvmm.arena.backup import Backup
 from kvvmm.arena.pool import HandlePool
+from kvvmm.checks import int_arg, is_int
 from kvvmm.driver.base import Driver, work_hook
 from kvvmm.dtypes import dtype_itemsize, dtype_name
 from kvvmm.errors import ArgumentError, AsleepError, ClosedError, DriverError, OutOfRangeError
@@ -155,9 +156,7 @@ class KvBufferOwner:
         check_driver(driver)
         if pool is not None and not isinstance(pool, HandlePool):
             raise ArgumentError("pool", pool, "a kvvmm.arena.pool.HandlePool or None")
-        if isinstance(lookahead_bytes, bool) or not isinstance(lookahead_bytes, int) \
-                or lookahead_bytes < 0:
-            raise ArgumentError("lookahead_bytes", lookahead_bytes, "an int >= 0 (bytes)")
+        int_arg("lookahead_bytes", lookahead_bytes, lo=0, unit="bytes")
         if lookahead_bytes and pool is None:
             raise ArgumentError("lookahead_bytes", lookahead_bytes,
                                 "0 without a pool (the look-ahead runs on the pool's thread)")
@@ -1025,7 +1024,7 @@ PREFIX_BOUND = "max_prefix_tokens (reserved_tokens + page_size)"
 
 def _tokens(name: str, value: object, *, lo: int, hi: int | None, what: str = "",
             hi_name: str = "reserved_tokens") -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
+    if not is_int(value):
         raise ArgumentError(name, value, "an int (tokens)")
     if value < lo:
         named = what and what != str(lo)

@@ -62,7 +62,7 @@ from typing import Any
 
 from kvvmm.arena.backup import Backup, DiskBackup, HostBackup, make_backup
 from kvvmm.arena.sleep import SleepResult
-from kvvmm.checks import seconds_arg
+from kvvmm.checks import int_arg, is_int, seconds_arg
 from kvvmm.errors import (
     ArgumentError,
     ClosedError,
@@ -306,7 +306,7 @@ class DistributedOwner:
         def adopt(p: _Prepared) -> None:
             self.owner.arena.adopt(p.offset, p.handle, p.size_bytes, own=True)
 
-        n_ok = n if isinstance(n, int) and not isinstance(n, bool) else -1
+        n_ok = n if is_int(n) else -1
         return self._back_all(op, f"{op}({n!r})", n_ok, 0, plan, adopt)
 
     def _back_all(self, op: str, what: str, n_ok: int, key: int,
@@ -488,7 +488,7 @@ class DistributedOwner:
         what = f"shrink({n!r})"
         o = self.owner
         code = _OPS["shrink"]
-        n_ok = n if isinstance(n, int) and not isinstance(n, bool) else -1
+        n_ok = n if is_int(n) else -1
         local: BaseException | None = None
         try:
             if o.closed:
@@ -817,9 +817,7 @@ class DistributedOwner:
         local: BaseException | None = None
         mine = 0
         try:
-            if isinstance(headroom_bytes, bool) or not isinstance(headroom_bytes, int) \
-                    or headroom_bytes < 0:
-                raise ArgumentError("headroom_bytes", headroom_bytes, "an int >= 0 (bytes)")
+            int_arg("headroom_bytes", headroom_bytes, lo=0, unit="bytes")
             free, _ = self.owner.arena.driver.mem_info()
             mine = max(0, free - headroom_bytes) + self.owner.backed_bytes
         except Exception as e:

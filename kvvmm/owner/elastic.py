@@ -37,7 +37,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kvvmm.checks import seconds_arg
+from kvvmm.checks import int_arg, seconds_arg
 from kvvmm.errors import ArgumentError, ClosedError, KvvmmError
 from kvvmm.layout.ranges import RangesFullError, SlotRanges
 from kvvmm.owner.buffers import KvBufferOwner
@@ -130,8 +130,8 @@ class RangeBacking:
         if owner.closed:
             raise ClosedError("RangeBacking: the owner is closed")
         for name, v in (("reserve_bytes", reserve_bytes), ("high_bytes", high_bytes)):
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
-                raise ArgumentError(name, v, "an int >= 0 (bytes)")
+            if v is not None:
+                int_arg(name, v, lo=0, unit="bytes")
         if high_bytes is not None and high_bytes < reserve_bytes:
             raise ArgumentError("high_bytes", high_bytes,
                                 f">= reserve_bytes ({reserve_bytes})")
@@ -227,12 +227,11 @@ class RangeBacking:
     # -- leases ----------------------------------------------------------------------------
 
     def _check_tokens(self, tokens: object) -> int:
-        if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
-            raise ArgumentError("tokens", tokens, "an int >= 1 (token slots)")
+        n = int_arg("tokens", tokens, lo=1, limit="an int >= 1 (token slots)")
         cap = (self.blocks - self.first) * self.block_tokens
-        if tokens > cap:
-            raise RangesFullError("tokens", tokens, f"<= {cap}, the slots one lease can hold")
-        return tokens
+        if n > cap:
+            raise RangesFullError("tokens", n, f"<= {cap}, the slots one lease can hold")
+        return n
 
     def admit(self, tokens: int) -> Lease:
         """Lease slots for ``tokens`` tokens: cached blocks first (no driver call), then
@@ -408,8 +407,7 @@ class RangeBacking:
     def reclaim(self, keep_bytes: int = 0) -> int:
         """Give back cached blocks (whole units) until at most ``keep_bytes`` stay cached,
         now, on the calling thread: the pressure call. Returns bytes given back."""
-        if isinstance(keep_bytes, bool) or not isinstance(keep_bytes, int) or keep_bytes < 0:
-            raise ArgumentError("keep_bytes", keep_bytes, "an int >= 0 (bytes)")
+        int_arg("keep_bytes", keep_bytes, lo=0, unit="bytes")
         return self._reclaim(keep_bytes // self.block_bytes)
 
     def _reclaim(self, keep_blocks: int) -> int:

@@ -18,8 +18,8 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any, TypeVar
 
-from kvvmm.checks import seconds_arg
-from kvvmm.errors import ArgumentError, KvvmmError
+from kvvmm.checks import int_arg, seconds_arg
+from kvvmm.errors import KvvmmError
 
 __all__ = ["TpWorkerError", "spawn"]
 
@@ -165,8 +165,7 @@ def spawn(
         TpWorkerError: a rank raised, died without a result, or ran out of time (every
             failed rank is named, with its traceback; ``results`` has the others').
     """
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-        raise ArgumentError("world_size", world_size, "an int >= 1 (processes)")
+    int_arg("world_size", world_size, lo=1, limit="an int >= 1 (processes)")
     for name, value in (("timeout_s", timeout_s), ("group_timeout_s", group_timeout_s)):
         seconds_arg(name, value, zero=False)
     return _spawn(fn, world_size, tuple(args), backend=backend, timeout_s=float(timeout_s),

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from kvvmm.arena.backup import make_backup
 from kvvmm.arena.sleep import SleepResult
-from kvvmm.checks import seconds_arg
+from kvvmm.checks import int_arg, is_int, seconds_arg
 from kvvmm.driver.base import Driver
 from kvvmm.dtypes import dtype_name
 from kvvmm.errors import ArgumentError, ClosedError, SleepRefusedError
@@ -154,7 +154,7 @@ class TpOwners:
         elif node_options:
             raise ArgumentError("node_options", sorted(node_options),
                                 "none when a node is given (it is already made)")
-        if isinstance(tp, bool) or not isinstance(tp, int) or not 1 <= tp <= node.devices:
+        if not is_int(tp) or not 1 <= tp <= node.devices:
             raise ArgumentError("tp", tp, f"an int in [1, {node.devices}] (the node's devices)")
         return cls([node.driver(i) for i in range(tp)], model=model, dtype=dtype,
                    page_size=page_size, reserved_tokens=reserved_tokens, layout=layout,
@@ -449,8 +449,7 @@ def spawn_tp_snapshots(
     """
     seconds_arg("timeout_s", timeout_s, zero=False)
     m = load_model(model)
-    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
-        raise ArgumentError("tp", tp, "an int >= 1 (tensor-parallel ranks)")
+    int_arg("tp", tp, lo=1, limit="an int >= 1 (tensor-parallel ranks)")
     devs = tuple(range(tp)) if devices is None else tuple(devices)
     if len(devs) != tp or len(set(devs)) != tp:
         raise ArgumentError("devices", list(devs), f"{tp} distinct device ordinals")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from kvvmm.checks import is_int
 from kvvmm.errors import ArgumentError
 
 if TYPE_CHECKING:
@@ -81,7 +82,7 @@ def paged_layer_views(owner_or_tensor: Any, page_size: int) -> list[tuple[torch.
                                 f"the block-interleaved buffer's page size ({t.shape[3]})")
         return [tuple(t[:, layer, j] for j in range(t.shape[2]))
                 for layer in range(t.shape[1])]
-    if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1 \
+    if not is_int(page_size) or page_size < 1 \
             or t.shape[0] % page_size:
         raise ArgumentError("page_size", page_size,
                             f"an int > 0 dividing the slot count ({t.shape[0]})")

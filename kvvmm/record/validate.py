@@ -96,10 +96,9 @@ def _fail(where: str, what: str) -> TraceFormatError:
 
 
 def _int(where: str, name: str, v: object, lo: int = 0, hi: int = _U64) -> int:
-    if not is_int(v) or not lo <= v < hi:  # type: ignore[operator]
+    if not is_int(v) or not lo <= v < hi:
         raise _fail(where, f"{name} must be an int in [{_bound(lo)}, {_bound(hi)}), "
                            f"got {show(v)}")
-    assert isinstance(v, int)  # is_int said so; for the type checker
     return v
 
 
@@ -126,7 +125,7 @@ def _unicode(where: str, name: str, v: str) -> None:
 
 
 def _duration(where: str, name: str, v: object) -> None:
-    ok = (is_int(v) and 0 <= v < _U64) or (  # type: ignore[operator]
+    ok = (is_int(v) and 0 <= v < _U64) or (
         isinstance(v, float) and math.isfinite(v) and v >= 0)
     if not ok:
         raise _fail(where, f"{name} must be a finite number of microseconds >= 0, "

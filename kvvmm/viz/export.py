@@ -13,6 +13,7 @@ from pathlib import Path
 
 import plotly.graph_objects as go
 
+from kvvmm.checks import int_arg
 from kvvmm.errors import ArgumentError, KvvmmError
 
 __all__ = ["ExportError", "save_figure"]
@@ -64,9 +65,8 @@ def save_figure(fig: go.Figure, path: str | os.PathLike[str], *, width: int | No
     if not isinstance(fig, go.Figure):
         raise ArgumentError("fig", type(fig).__name__, "a plotly.graph_objects.Figure")
     for name, value in (("width", width), ("height", height)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                                  or value < 1):
-            raise ArgumentError(name, value, "an int >= 1 (pixels) or None")
+        if value is not None:
+            int_arg(name, value, lo=1, limit="an int >= 1 (pixels) or None")
     out = Path(path)
     suffix = out.suffix.lower()
     if not suffix:

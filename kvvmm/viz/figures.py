@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import plotly.graph_objects as go
 
+from kvvmm.checks import int_arg
 from kvvmm.driver.base import CALLS
 from kvvmm.errors import ArgumentError
 from kvvmm.hardware import H200_BANDWIDTH, BandwidthTable, DeviceProfile, profile_label
@@ -140,8 +141,7 @@ def _sizes_of(source: object) -> list[int]:
     if isinstance(source, Iterable) and not isinstance(source, (str, bytes, Mapping)):
         sizes = list(source)
         for s in sizes:
-            if isinstance(s, bool) or not isinstance(s, int) or s <= 0:
-                raise ArgumentError("handle size", s, "an int > 0 (bytes)")
+            int_arg("handle size", s, lo=1, unit="bytes")
         return sizes
     raise ArgumentError("source", type(source).__name__,
                         "a snapshot or a list of handle sizes in bytes")

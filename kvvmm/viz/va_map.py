@@ -30,6 +30,7 @@ from typing import Any
 
 import plotly.graph_objects as go
 
+from kvvmm.checks import int_arg
 from kvvmm.errors import ArgumentError
 from kvvmm.snapshot import ArenaSnapshot, MappingInfo, OwnerSnapshot
 from kvvmm.units import fmt_bytes, fmt_range
@@ -232,8 +233,7 @@ def va_map(
     if view not in _VIEWS:
         raise ArgumentError("view", view, f"one of {list(_VIEWS)}")
     for name, value in (("max_rows", max_rows), ("bins", bins)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ArgumentError(name, value, "an int >= 1")
+        int_arg(name, value, lo=1, limit="an int >= 1")
     if align not in ("auto", "arena", "start"):
         raise ArgumentError("align", align, "one of ['auto', 'arena', 'start']")
     if heatmap is not None and view == "auto":

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
+from kvvmm.checks import int_arg, is_int, number_arg
 from kvvmm.errors import ArgumentError, OutOfRangeError
 from kvvmm.workload.requests import Request, Workload
 
@@ -179,19 +180,15 @@ def generate(
         ArgumentError: a bad argument.
     """
     f = azure_conv_fit() if fit is None else fit
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise ArgumentError("seed", seed, "an int")
-    if not (isinstance(rate_scale, (int, float)) and 0 < rate_scale <= 1e6):
-        raise ArgumentError("rate_scale", rate_scale, "a number in (0, 1e6]")
-    if requests is not None and (isinstance(requests, bool) or not isinstance(requests, int)
-                                 or not 1 <= requests <= MAX_REQUESTS):
+    int_arg("seed", seed, limit="an int")
+    number_arg("rate_scale", rate_scale, lo=0, hi=1e6, lo_open=True, limit="a number in (0, 1e6]")
+    if requests is not None and (not is_int(requests) or not 1 <= requests <= MAX_REQUESTS):
         raise ArgumentError("requests", requests, f"an int in [1, {MAX_REQUESTS:,}] or None")
     if duration_s is None and requests is None:
         duration_s = f.duration_s
-    if duration_s is not None and (isinstance(duration_s, bool)
-                                   or not isinstance(duration_s, (int, float))
-                                   or not math.isfinite(duration_s) or duration_s <= 0):
-        raise ArgumentError("duration_s", duration_s, "a finite number > 0 (seconds) or None")
+    if duration_s is not None:
+        number_arg("duration_s", duration_s, lo=0, lo_open=True,
+                   limit="a finite number > 0 (seconds) or None")
     if duration_s is not None:  # what it would draw, before drawing it
         expected = f.rate_per_s * rate_scale * duration_s
         if expected > MAX_REQUESTS:
@@ -200,8 +197,7 @@ def generate(
                                   f"{f.rate_per_s * rate_scale:g} per second (it would draw "
                                   f"about {expected:,.0f}); shorten it or lower rate_scale")
     for name, v in (("prefixes", prefixes), ("prefix_tokens", prefix_tokens)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-            raise ArgumentError(name, v, "an int >= 0")
+        int_arg(name, v, lo=0, limit="an int >= 0")
     rng = random.Random(seed)
     edges = [0.0]
     for r in f.rate_profile:  # cumulative expected arrivals at each bin's end (one cycle)

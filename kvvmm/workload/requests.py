@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import csv
 import json
-import math
 import os
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from kvvmm.checks import is_int, is_number
 from kvvmm.errors import WorkloadFormatError
 
 __all__ = ["AZURE_COLUMNS", "AZURE_CONV_TRACE", "Request", "Workload", "find_trace",
@@ -67,8 +67,7 @@ class Workload:
 
     def first(self, seconds: float) -> Workload:
         """The requests arriving in the first ``seconds`` of the trace."""
-        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) \
-                or not math.isfinite(seconds) or seconds <= 0:
+        if not is_number(seconds) or seconds <= 0:
             raise WorkloadFormatError(
                 f"seconds={_r(seconds)} is invalid: must be a finite number > 0")
         return Workload(tuple(r for r in self.requests if r.arrival_s < seconds),
@@ -216,8 +215,7 @@ def load_jsonl(path: str | os.PathLike[str]) -> Workload:
                 if field not in obj:
                     raise WorkloadFormatError(f"row {row}: {field} is missing")
             a = obj["arrival_s"]
-            if isinstance(a, bool) or not isinstance(a, (int, float)) or not math.isfinite(a) \
-                    or a < 0:
+            if not is_number(a) or a < 0:
                 raise WorkloadFormatError(
                     f"row {row}: arrival_s={_r(a)} is invalid: must be a number >= 0 (seconds)")
             if a < last:
@@ -227,7 +225,7 @@ def load_jsonl(path: str | os.PathLike[str]) -> Workload:
             toks = []
             for field in ("prompt_tokens", "output_tokens"):
                 v = obj[field]
-                if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                if not is_int(v) or v < 1:
                     raise WorkloadFormatError(
                         f"row {row}: {field}={_r(v)} is invalid: must be an int >= 1 (tokens)")
                 toks.append(v)
@@ -240,7 +238,8 @@ def load_jsonl(path: str | os.PathLike[str]) -> Workload:
 
 
 def _no_constant(name: str) -> object:
-    raise ValueError(f"{name} is not a JSON number")
+    # json.loads calls this for NaN / Infinity; load_jsonl adds the row (except ValueError).
+    raise WorkloadFormatError(f"{name} is not a JSON number")
 
 
 def save_jsonl(requests: Iterable[Request], path: str | os.PathLike[str]) -> None:

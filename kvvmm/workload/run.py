@@ -18,6 +18,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from kvvmm.checks import int_arg
 from kvvmm.driver import Driver, driver_for
 from kvvmm.errors import ArgumentError
 from kvvmm.hardware import H200_BANDWIDTH, get_profile, predicted_bandwidth_tb_s
@@ -423,8 +424,7 @@ def run_workload(
     ps = cfg.page_size
     if pool_tokens is None:
         pool_tokens = plan(gpu=prof, model=model, dtype=dtype, page_size=ps, tp=tp).tokens
-    if isinstance(pool_tokens, bool) or not isinstance(pool_tokens, int) or pool_tokens < 2 * ps:
-        raise ArgumentError("pool_tokens", pool_tokens, f"an int >= 2 pages ({2 * ps} tokens)")
+    int_arg("pool_tokens", pool_tokens, lo=2 * ps, limit=f"an int >= 2 pages ({2 * ps} tokens)")
     pool_pages = pool_tokens // ps
     tokens = pool_pages * ps
     descs_of: dict[str, list[KvBufferDesc]] = {}

@@ -40,6 +40,7 @@ from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from kvvmm.checks import int_arg, number_arg
 from kvvmm.errors import ArgumentError
 from kvvmm.hardware import get_profile
 from kvvmm.layout import kv_bytes_per_token, weights_bytes_per_rank
@@ -113,12 +114,10 @@ class ServingConfig:
     def __post_init__(self) -> None:
         for name in ("max_running", "max_batched_tokens", "page_size"):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ArgumentError(name, v, "an int >= 1")
+            int_arg(name, v, lo=1, limit="an int >= 1")
         w = self.max_wait_s
-        if w is not None and (isinstance(w, bool) or not isinstance(w, (int, float))
-                              or not 0 < w < math.inf):
-            raise ArgumentError("max_wait_s", w, "None or a number of seconds > 0")
+        if w is not None:
+            number_arg("max_wait_s", w, lo=0, lo_open=True, limit="None or a number of seconds > 0")
         if self.slot_order not in SLOT_ORDERS:
             raise ArgumentError("slot_order", self.slot_order, f"one of {SLOT_ORDERS}")
 
@@ -132,8 +131,7 @@ class SlotAllocator:
     """
 
     def __init__(self, pages: int, order: str = "lowest") -> None:
-        if isinstance(pages, bool) or not isinstance(pages, int) or pages < 2:
-            raise ArgumentError("pages", pages, "an int >= 2 (page 0 and one to serve)")
+        int_arg("pages", pages, lo=2, limit="an int >= 2 (page 0 and one to serve)")
         if order not in SLOT_ORDERS:
             raise ArgumentError("order", order, f"one of {SLOT_ORDERS}")
         self.pages = pages

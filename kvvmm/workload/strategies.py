@@ -41,6 +41,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Sequence
 
 from kvvmm.arena.pool import HandlePool
+from kvvmm.checks import int_arg, number_arg
 from kvvmm.driver.base import Driver
 from kvvmm.errors import ArgumentError
 from kvvmm.owner import KvBufferOwner, Lease, RangeBacking
@@ -193,18 +194,16 @@ class PrefixGrowth(Strategy):
     def __init__(self, policy: GrowthPolicy | None = None, *, shrink: bool = False,
                  hysteresis: float = 1.0, min_slack_pages: int | None = None,
                  hold_s: float = 5.0) -> None:
-        if not (isinstance(hysteresis, (int, float)) and hysteresis > 0):
-            raise ArgumentError("hysteresis", hysteresis, "a number > 0")
-        bad = isinstance(min_slack_pages, bool) or not isinstance(min_slack_pages, int) \
-            or min_slack_pages < 0
-        if min_slack_pages is not None and bad:
-            raise ArgumentError("min_slack_pages", min_slack_pages, "an int >= 0 (pages)")
-        if isinstance(hold_s, bool) or not isinstance(hold_s, (int, float)) or not hold_s >= 0:
-            raise ArgumentError("hold_s", hold_s, "a number >= 0 (seconds of serving time)")
+        hyst = number_arg("hysteresis", hysteresis, lo=0, lo_open=True, finite=False,
+                          limit="a number > 0")
+        if min_slack_pages is not None:
+            int_arg("min_slack_pages", min_slack_pages, lo=0, unit="pages")
+        hold = number_arg("hold_s", hold_s, lo=0, finite=False,  # inf: the pool never shrinks
+                          limit="a number >= 0 (seconds of serving time)")
         self.policy = default_policy() if policy is None else policy
         self.shrink = shrink
-        self.hysteresis = float(hysteresis)
-        self.hold_s = float(hold_s)
+        self.hysteresis = hyst
+        self.hold_s = hold
         self._min_slack = min_slack_pages
         self.min_slack_pages = 0 if min_slack_pages is None else min_slack_pages
         self.name = "prefix+shrink" if shrink else "prefix"
@@ -289,10 +288,8 @@ class PageElastic(Strategy):
             raise ArgumentError("layout", layout, "'token_major', 'page_major' or "
                                                   "'interleaved'")
         self.layout = layout
-        bad = isinstance(retain_bytes, bool) or not isinstance(retain_bytes, int) \
-            or retain_bytes < 0
-        if retain_bytes is not None and bad:
-            raise ArgumentError("retain_bytes", retain_bytes, "an int >= 0 (bytes)")
+        if retain_bytes is not None:
+            int_arg("retain_bytes", retain_bytes, lo=0, unit="bytes")
         if retain_bytes is not None and not pool:
             raise ArgumentError("retain_bytes", retain_bytes, "None without a pool")
         self.pool = bool(pool)
@@ -501,8 +498,8 @@ class RequestRanges(Strategy):
     def __init__(self, *, deferred: bool = False, reserve_bytes: int | None = None,
                  high_bytes: int | None = None) -> None:
         for nm, v in (("reserve_bytes", reserve_bytes), ("high_bytes", high_bytes)):
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
-                raise ArgumentError(nm, v, "an int >= 0 (bytes)")
+            if v is not None:
+                int_arg(nm, v, lo=0, unit="bytes")
             if v is not None and not deferred:
                 raise ArgumentError(nm, v, "None without deferred=True")
         self.deferred = bool(deferred)
