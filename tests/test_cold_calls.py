@@ -140,6 +140,13 @@ def test_the_schema_refuses_a_bad_cold_figure_by_its_path(field: str, value: obj
         profile_from_data(data)
 
 
+def test_a_premium_for_a_call_the_sim_does_not_make_is_refused_by_name() -> None:
+    data = _h200()
+    data["cold_calls"]["premium_us"]["crate"] = 10.0
+    with pytest.raises(ProfileError, match=r"cold_calls\.premium_us\.crate.*one of reserve"):
+        profile_from_data(data)
+
+
 def test_a_modelled_section_without_premiums_is_refused() -> None:
     data = _h200()
     del data["cold_calls"]["premium_us"]

@@ -563,8 +563,18 @@ def validate(data: object, where: str) -> None:
     spread = data.get("spread")
     if isinstance(spread, Mapping):
         _check_spread(walk, spread)
+    cold = data.get("cold_calls")
+    premium = cold.get("premium_us") if isinstance(cold, Mapping) else None
+    if isinstance(premium, Mapping):
+        for call in premium:
+            if call not in COLD_CALLS:
+                raise walk.fail(("cold_calls", "premium_us", str(call)), call,
+                                "one of " + ", ".join(COLD_CALLS),
+                                "not a driver call the simulator charges")
 
 
+#: The driver calls a cold premium may name.
+COLD_CALLS = ("reserve", "create", "map", "set_access", "unmap", "release", "free")
 #: The figure groups a spread may name (kvvmm.hardware.spread.GROUPS; spelled here so the
 #: schema imports nothing of the models it checks).
 SPREAD_GROUPS = ("call_costs.create", "call_costs.map", "call_costs.set_access",

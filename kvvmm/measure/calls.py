@@ -13,6 +13,7 @@ import statistics
 import time
 from typing import Any
 
+from kvvmm.hardware.schema import COLD_CALLS as SCHEMA_COLD_CALLS
 from kvvmm.measure.plan import Ctx
 from kvvmm.measure.timer import _median_us, _tmean, _us
 from kvvmm.units import GiB, MiB
@@ -158,8 +159,9 @@ def access_multi(ctx: Ctx) -> dict[str, Any]:
     return out
 
 
-#: The calls of one round of :func:`cold_calls`, in the order they are made.
-COLD_CALLS = ("reserve", "create", "map", "set_access", "unmap", "release", "free")
+#: The calls of one round of :func:`cold_calls`, in the order they are made (the calls a
+#: profile's cold premium may name).
+COLD_CALLS = SCHEMA_COLD_CALLS
 
 
 def _calls_round(d: Any, n: int) -> dict[str, list[float]]:
