@@ -25,7 +25,7 @@ to ``--gib`` GiB on one GPU (``CudaDriver``), every byte filled with seeded rand
   contents checked the same way, and the same graph.
 
 ``--driver host --gib 1`` runs the same logic on host memory (no PCIe, no graph, no
-torch_memory_saver); ``tests/test_bench_sleep.py`` runs it on 32 MiB with 64 KiB
+torch_memory_saver); ``tests/measure/test_bench_sleep.py`` runs it on 32 MiB with 64 KiB
 granules. One JSON to ``--out`` with per-op times, bytes, checks, the targets, the card,
 versions and date.
 """

@@ -34,8 +34,9 @@ HOST_GRANULARITY = 2 * MiB
 
 MakeDriver = Callable[..., Driver]
 
-# tests/conformance runs in a process of its own (tests/test_sglang_conformance_cpu.py starts
-# it): its stand-ins for SGLang's GPU stack must not reach this one.
+# tests/conformance runs in a process of its own
+# (tests/integrations/test_sglang_conformance_cpu.py starts it): its stand-ins for SGLang's
+# GPU stack must not reach this one.
 collect_ignore = [] if os.environ.get("KVVMM_SGLANG_CONFORMANCE") == "1" else ["conformance"]
 
 

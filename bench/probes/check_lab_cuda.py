@@ -2,7 +2,7 @@
 
 The device machine has no plotly or ipywidgets, so this runs with their wheels carried
 along; tests/gpu stays free of them. Drives ArenaLab through its widgets exactly as
-tests/test_lab.py does on the sim and host drivers, and GrowthLab on the sim.
+tests/lab/test_lab.py does on the sim and host drivers, and GrowthLab on the sim.
 
     PYTHONPATH=$PWD python3 bench/probes/check_lab_cuda.py
 

@@ -5,7 +5,7 @@ belongs to: ``"register"``, ``"charge"``, ``"credit"``, ``"shed"``, ``"limit"``,
 ``"budget"``, ``"unregister"``. This subclass fails the nth write of a change with an
 ``OSError`` (what a failing store or lock raises), or ends the process right there with
 ``os._exit`` while it holds the ledger's lock: the two faults the broker must survive
-without booking a byte twice or losing one (tests/test_budget_processes.py).
+without booking a byte twice or losing one (tests/budget/test_budget_processes.py).
 """
 
 from __future__ import annotations

@@ -56,7 +56,7 @@ class _PyBook:
 
 # The hot calls in C (kvvmm/driver/_cudafast.c), built with the package when a C compiler
 # and Python's headers are there; without it every call runs the Python below, which gives
-# the same answers (tests/test_cudafast.py, tests/gpu/test_gpu_parity.py run both).
+# the same answers (tests/driver/test_cudafast.py, tests/gpu/test_gpu_parity.py run both).
 try:
     from kvvmm.driver import _cudafast as _cudafast
 except ImportError:  # pragma: no cover - depends on the build

@@ -18,7 +18,7 @@ is up to ``Z/g - 1`` new mappings (a 2 MiB commit into a 64 MiB block: 31 mappin
 1.2 ms of access calls); with the halving sizes at most ``log2(Z/g)`` on each side (5), for
 ``Z - g`` more bytes of zero memory, once per driver.
 
-Invariants (``tests/test_zerocover.py`` checks them over random map/unmap sequences):
+Invariants (``tests/driver/test_zerocover.py`` checks them over random map/unmap sequences):
 
 - pieces are disjoint, lie inside a registered reservation, and each has a size in
   :attr:`ZeroCover.sizes` and starts at a multiple of its size from the reservation's start;

@@ -198,7 +198,7 @@ class _Panel:
         self._has_result = self._has_result or result
 
     def _add_dom_classes(self, panel: str) -> None:
-        """CSS classes as stable hooks for the browser test (tests/test_browser.py).
+        """CSS classes as stable hooks for the browser test (tests/repo/test_browser.py).
 
         The panel's box gets ``kvvmm-<panel>``, each control, the error area and the plot
         ``kvvmm-<attribute>`` (``reserve_kv_button`` -> ``kvvmm-reserve-kv-button``), so a

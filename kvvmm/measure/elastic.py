@@ -1,7 +1,7 @@
 """Issue 19: elastic backing (holes, the handle pool, the look-ahead), timed.
 
 Every function here takes any driver (sim, host, CUDA) and a Workload, so tests run them
-on the sim and host drivers with small sizes (tests/test_bench_elastic.py); only
+on the sim and host drivers with small sizes (tests/measure/test_bench_elastic.py); only
 :func:`kvvmm.measure.bench.run` passes the CudaDriver and the bench's workload.
 """
 

@@ -167,7 +167,7 @@ print(profile_age_line(PROFILE))
 # or above, the one whose largest over-commit during the growth is smallest
 # (`least_over_commit`). The runs give their own answer from their medians, with no model
 # between; the cell prints both, and `docs/MEASUREMENTS.md` §4 states the same answer
-# (`tests/test_bandwidth_fit.py` fails if it stops being this one).
+# (`tests/hardware/test_bandwidth_fit.py` fails if it stops being this one).
 
 # %%
 runs = {p.label: p for p in H200_BANDWIDTH.growth}

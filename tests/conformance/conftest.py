@@ -1,6 +1,6 @@
 """SGLang's own pools on kvvmm: the conformance suite's process (issue 24).
 
-Run by ``tests/test_sglang_conformance_cpu.py`` (host driver, in CI) and by
+Run by ``tests/integrations/test_sglang_conformance_cpu.py`` (host driver, in CI) and by
 ``bench/h200_session.sh sglang`` (CUDA, with the seed beside kvvmm) as its own pytest process:
 the stand-ins it installs for SGLang's GPU stack (``standins.py``) must not reach the rest of
 the suite. ``KVVMM_SGLANG_DIR`` names the unpacked sglang wheel (``make sglang`` makes

@@ -1,7 +1,7 @@
 """What only a real GPU can show about CudaDriver: its device, context, close and capture.
 
 The driver rules themselves (what every driver refuses, with which CUDA error name, and the
-accounting that goes with them) are one table in ``tests/test_driver_contract.py``, run on
+accounting that goes with them) are one table in ``tests/driver/test_driver_contract.py``, run on
 this driver too, with its hot calls in C and in Python. What stays here needs a GPU and is no
 row of it: the device and granularities CudaDriver reports, calls from a thread with no
 current context, ``close()`` giving the device's memory back, an unmap refused during a CUDA

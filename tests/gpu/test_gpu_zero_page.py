@@ -1,7 +1,7 @@
 """``CudaDriver(zero_page=...)`` on a GPU: unbacked VA reads as zeros, and stays so.
 
 Reserved VA that is not mapped is mapped read-only to zeroed memory (``kvvmm/driver/
-zerocover.py`` plans the cover; ``tests/test_zerocover.py`` runs the same driver code over a
+zerocover.py`` plans the cover; ``tests/driver/test_zerocover.py`` runs the same driver code over a
 fake libcuda on a CPU). Here, on the real driver, both paths (C fast path and Python):
 tensors over unbacked VA print and sum to zero; commit, write, read, decommit, zero again;
 granule-only and block covers, reservations that are not a multiple of the block, maps at

@@ -2,7 +2,7 @@
 faults that leave nothing over-booked or leaked, live limits, shedding, bad input (issue 29).
 
 Tenants of one process here use one Ledger object each (each its own open file, so the
-file lock excludes them as it excludes processes); tests/test_budget_processes.py runs real
+file lock excludes them as it excludes processes); tests/budget/test_budget_processes.py runs real
 processes.
 """
 

@@ -28,7 +28,7 @@ from kvvmm.hardware.cost import default_cost_model
 from kvvmm.measure.calibrate import FULL, QUICK, build_profile, measure, slowdown_verdict
 from kvvmm.units import GiB, MiB
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 #: A calibration small enough for a test: seconds on the host driver.
 TINY = replace(FULL, call_sizes_mib=(2, 4), call_reps=(3, 3), reserve_gib=(1, 2), reserve_reps=2,

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "kvvmm"
 
 # Lowest first.
@@ -205,7 +205,7 @@ def layer_violations(module: str, imports: list[Import]) -> list[str]:
         if theirs is None:
             out.append(
                 f"{module}:{imp.line} imports {imp.target}, which has no row in LAYER_OF "
-                "(tests/test_layering.py): add it there"
+                "(tests/repo/test_layering.py): add it there"
             )
             continue
         if RANK[theirs] > RANK[own]:
@@ -250,7 +250,8 @@ def test_every_module_of_the_package_has_a_layer() -> None:
     missing = sorted(m for m in package_modules() if layer_of(m) is None)
     if missing:
         pytest.fail(
-            f"modules with no layer: {missing}. Add each to LAYER_OF in tests/test_layering.py "
+            f"modules with no layer: {missing}. Add each to LAYER_OF in "
+            "tests/repo/test_layering.py "
             f"(layers, lowest first: {_layer_order()})",
             pytrace=False,
         )

@@ -14,7 +14,7 @@ import kvvmm
 from kvvmm import cli
 from kvvmm.units import GiB, MiB
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _trace(path: Path, arena_name: str = "scratch") -> Path:
@@ -390,7 +390,7 @@ def test_gpu_help_says_a_profile_file_is_taken_and_the_output_names_the_file_use
     helptext = " ".join(capsys.readouterr().out.split())
     assert ".json" in helptext and "kvvmm calibrate" in helptext
     prof = tmp_path / "my-card.json"
-    src = Path(__file__).resolve().parents[1] / "kvvmm" / "hardware" / "data" / "h200.json"
+    src = Path(__file__).resolve().parents[2] / "kvvmm" / "hardware" / "data" / "h200.json"
     shutil.copy(src, prof)
     args = [command, "--gpu", str(prof)]
     if command == "replay":

@@ -15,7 +15,7 @@ from kvvmm.units import GiB
 
 
 def _module() -> Any:
-    path = Path(__file__).resolve().parents[1] / "bench" / "bench_elastic.py"
+    path = Path(__file__).resolve().parents[2] / "bench" / "bench_elastic.py"
     spec = importlib.util.spec_from_file_location("bench_elastic_under_test", path)
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)

@@ -30,7 +30,7 @@ from kvvmm.hardware.profiles import MAX_PROFILE_BYTES, shipped_data
 from kvvmm.hardware.schema import MAX_DEPTH
 from kvvmm.units import GiB, MiB
 
-DATA = Path(__file__).resolve().parents[1] / "kvvmm" / "hardware" / "data"
+DATA = Path(__file__).resolve().parents[2] / "kvvmm" / "hardware" / "data"
 #: Longest message a refusal may print (file, field and value are each clipped to ~200).
 MAX_MESSAGE = 1200
 DELETE = object()

@@ -122,7 +122,7 @@ OPS: dict[str, Callable[[KvBufferOwner], object]] = {
     "commit_slots": lambda o: o.commit_slots([(24_000, 25_024), (28_800, 29_824)]),
     "decommit_slots": lambda o: o.decommit_slots(HOLE_SLOTS),
     # issue 28: a failed sleep leaves the owner awake with its bytes; a failed wake leaves it
-    # asleep, its backup intact (tests/test_sleep.py checks the backup's bytes after it)
+    # asleep, its backup intact (tests/arena/test_sleep.py checks the backup's bytes after it)
     "sleep": lambda o: o.sleep(),
     "sleep_host": lambda o: o.sleep("host"),
     "wake": lambda o: o.wake(),

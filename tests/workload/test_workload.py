@@ -32,7 +32,7 @@ from kvvmm.workload import (
     save_jsonl,
 )
 
-TRACE = (Path(__file__).resolve().parents[2] / "shared" / "data" / "azure-llm-inference-2023"
+TRACE = (Path(__file__).resolve().parents[3] / "shared" / "data" / "azure-llm-inference-2023"
          / "AzureLLMInferenceTrace_conv.csv")
 needs_trace = pytest.mark.skipif(not TRACE.exists(), reason=f"{TRACE} not here")
 
@@ -395,7 +395,7 @@ def test_the_gpu_bench_compares_page_elastic_with_its_pool_measured_next_to_pred
         capsys: pytest.CaptureFixture[str]) -> None:
     import importlib.util
 
-    path = Path(__file__).resolve().parents[1] / "bench" / "bench_workload_gpu.py"
+    path = Path(__file__).resolve().parents[2] / "bench" / "bench_workload_gpu.py"
     spec = importlib.util.spec_from_file_location("bench_workload_gpu", path)
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)

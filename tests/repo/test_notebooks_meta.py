@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
 #: The notebooks every checkout has (DESIGN.md's five); later ones (06_workloads, ...) join
 #: by having a source in notebooks/src/.

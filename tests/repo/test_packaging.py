@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml  # PyYAML comes with jupyterlab (jupyter-events needs it)
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _pyproject() -> dict[str, Any]:

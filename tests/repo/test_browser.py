@@ -47,7 +47,7 @@ from kvvmm.workload import find_trace
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
-NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
+NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 #: Azure's trace next to this checkout, if there: the server's copy of the notebooks lies in a
 #: temporary folder, so notebook 06 is told where it is (issue 26, item 2).
 TRACE = find_trace(start=NOTEBOOKS)

@@ -35,7 +35,7 @@ from kvvmm.driver.base import CUDA_ERROR_INVALID_VALUE, check_call_ints
 linux = pytest.mark.skipif(not sys.platform.startswith("linux"),
                            reason="the host driver needs Linux")
 G = 2 << 20
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 KINDS = ("sim", "host") if sys.platform.startswith("linux") else ("sim",)
 
 

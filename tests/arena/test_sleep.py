@@ -5,7 +5,7 @@ snapshot and the owner's bookkeeping exactly, the bytes of each backup (host dri
 bytes), refusals while asleep, close while asleep, the trace, random sequences of
 sleep/wake/grow, and failures of the backup itself at each step (a full disk, out of host
 memory) and of the driver at each call of a wake, bytes checked after. The fault matrix
-(``tests/test_fault_matrix.py``) runs every driver call of sleep and wake failing too.
+(``tests/driver/test_fault_matrix.py``) runs every driver call of sleep and wake failing too.
 """
 
 from __future__ import annotations

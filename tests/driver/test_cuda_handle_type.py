@@ -26,7 +26,7 @@ from kvvmm.errors import (
     DriverUnavailableError,
 )
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SGLANG_DIR = Path(os.environ.get("KVVMM_SGLANG_DIR", REPO / ".venv" / "sglang-0.5.23"))
 
 #: What CUDA answers a FABRIC create on a GPU outside an NVLink fabric (an H200 here).

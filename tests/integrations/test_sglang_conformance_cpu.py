@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SGLANG_DIR = Path(os.environ.get("KVVMM_SGLANG_DIR", REPO / ".venv" / "sglang-0.5.23"))
 
 

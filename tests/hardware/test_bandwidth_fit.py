@@ -20,7 +20,7 @@ from kvvmm.hardware.bandwidth import (
 )
 from kvvmm.units import GiB, MiB
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _collect_script():  # type: ignore[no-untyped-def]

@@ -1,4 +1,4 @@
-"""docs/DESIGN.md names the layers as built: one row per layer of tests/test_layering.py, in
+"""docs/DESIGN.md names the layers as built: one row per layer of tests/repo/test_layering.py, in
 its order, and in each row every module the layering test puts in that layer (so a new wing
 or a moved module cannot land without the page saying where it sits)."""
 
@@ -9,12 +9,13 @@ import re
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DOC = (ROOT / "docs" / "DESIGN.md").read_text()
 
 
 def _layering():  # type: ignore[no-untyped-def]
-    spec = importlib.util.spec_from_file_location("_layering", ROOT / "tests" / "test_layering.py")
+    spec = importlib.util.spec_from_file_location(
+        "_layering", ROOT / "tests" / "repo" / "test_layering.py")
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod  # its dataclasses look their module up there

@@ -13,7 +13,7 @@ import pytest
 
 from kvvmm.cli.workspace import WORK_DIR_NAME, prepare_workspace
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _notebooks(tmp_path: Path) -> Path:
