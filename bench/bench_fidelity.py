@@ -178,12 +178,27 @@ def _elastic(d: Driver, clock: Clock, wl: Workload, add: Callable[[str, float], 
     add("elastic:decommit_pages", t2 - t1)
 
 
-def predict(profile: Any, wl: Workload) -> dict[str, list[float]]:
-    """The sim side: every scenario once (the sim is deterministic), µs of simulated time."""
+#: The GPU side's pause before each owner (``--settle-s``), which the sim side models.
+SETTLE_S = 1.5
+
+
+def settled(d: Driver, settle_s: float) -> Callable[[], Driver]:
+    """The sim side's ``make_driver``: one device throughout, as on the GPU, paused for
+    ``settle_s`` each time the GPU side sleeps (cold calls, idle releases)."""
+    def make() -> Driver:
+        d.pause(settle_s)  # type: ignore[attr-defined]
+        return d
+    return make
+
+
+def predict(profile: Any, wl: Workload, settle_s: float = SETTLE_S) -> dict[str, list[float]]:
+    """The sim side: every scenario once (the sim is deterministic), µs of simulated time,
+    on one simulated device paused ``settle_s`` where the GPU side sleeps."""
     from kvvmm.driver.sim import SimDriver
 
     prof = get_profile(profile)
-    out = run_scenarios(lambda: SimDriver(prof), lambda d: float(d.clock_us),  # type: ignore[attr-defined]
+    out = run_scenarios(settled(SimDriver(prof), settle_s),
+                        lambda d: float(d.clock_us),  # type: ignore[attr-defined]
                         wl, rounds=1, settle_s=0.0)
     if wl.workload_s and not _skipped().get("workload"):
         # The workload module counts driver calls only (on CUDA, each call's wall time), so
@@ -191,21 +206,21 @@ def predict(profile: Any, wl: Workload) -> dict[str, list[float]]:
         # The pool is planned for an H200 (as on the GPU side): the sim gets its capacity,
         # whatever card the profile describes; its costs are the profile's.
         bare, cap = _without_overhead(profile), get_profile("h200").capacity_bytes
-        out |= workload_scenarios(lambda: SimDriver(bare, capacity_bytes=cap), wl.workload_s,
-                                  "sim")
+        out |= workload_scenarios(settled(SimDriver(bare, capacity_bytes=cap), settle_s),
+                                  wl.workload_s, "sim")
     return out
 
 
-def predict_bands(profile: Any, wl: Workload,
-                  mid: dict[str, list[float]] | None = None) -> dict[str, list[float]]:
+def predict_bands(profile: Any, wl: Workload, mid: dict[str, list[float]] | None = None,
+                  settle_s: float = SETTLE_S) -> dict[str, list[float]]:
     """Every timed scenario's band: the sim at the profile's p10, as it is, and at its p90
     (:mod:`kvvmm.workload.bands`), ``[low, mid, high]`` µs. Counts have no band."""
     from kvvmm.workload.bands import band_profiles
 
     lo_p, mid_p, hi_p = band_profiles(profile)
-    m = predict(mid_p, wl) if mid is None else mid
-    lo = predict(lo_p, wl) if lo_p is not mid_p else m
-    hi = predict(hi_p, wl) if hi_p is not mid_p else m
+    m = predict(mid_p, wl, settle_s) if mid is None else mid
+    lo = predict(lo_p, wl, settle_s) if lo_p is not mid_p else m
+    hi = predict(hi_p, wl, settle_s) if hi_p is not mid_p else m
     out = {}
     for name, v in m.items():
         if name.endswith(":calls"):
@@ -500,7 +515,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sim-only", action="store_true", help="the sim side only (no GPU)")
     ap.add_argument("--small", action="store_true", help="a small workload (smoke test)")
     ap.add_argument("--rounds", type=int, default=3, help="GPU rounds per scenario")
-    ap.add_argument("--settle-s", type=float, default=1.5,
+    ap.add_argument("--settle-s", type=float, default=SETTLE_S,
                     help="pause before each measured owner (s)")
     ap.add_argument("--no-parity", action="store_true", help="skip the sim/CUDA parity run")
     ap.add_argument("--rescore", metavar="RESULT",
@@ -553,8 +568,8 @@ def main(argv: list[str] | None = None) -> int:
         "workload": asdict(wl), "target": [LOW, HIGH],
         "skipped": _skipped(),
     }
-    predicted = predict(args.profile, wl)
-    bands = predict_bands(prof, wl, predicted)
+    predicted = predict(args.profile, wl, args.settle_s)
+    bands = predict_bands(prof, wl, predicted, args.settle_s)
     res["band"] = "band_us: the sim at every cost figure's p10, as it is, and at its p90"
     measured: dict[str, list[float]] | None = None
     card = prof.name
@@ -612,6 +627,7 @@ def main(argv: list[str] | None = None) -> int:
     res["card"] = card
     res["mode"] = "sim-only" if args.sim_only else "sim vs cuda"
     res["rounds"] = 1 if args.sim_only else args.rounds
+    res["settle_s"] = args.settle_s
     res["scenarios"] = compare(predicted, measured, bands)
     if measured is not None:
         summarize(res)

@@ -38,6 +38,13 @@ sections that ``kvvmm calibrate`` measures on a GPU:
   call; charged on a simulated device's first call of each kind and, after
   :meth:`~kvvmm.driver.sim.SimDriver.pause` of at least ``gap_ms``, again
   (``modelled: true``).
+- ``idle_release``: the first create after an idle pause (at least ``pause_s``) costs
+  ``create_us_per_gib`` more per GiB released since the create before it (on an H200, after
+  an owner grown to 61 GiB closed and 1.5-2 s passed: 11-23 ms more on that one create; with
+  1.6 GiB released or less, nothing, in 16 of 16 workload startups: ``min_released_gib``).
+  Charged after
+  :meth:`~kvvmm.driver.sim.SimDriver.pause`; a fresh device has released nothing
+  (``modelled: true``).
 - ``post_release_slowdown``: creates right after a large release run slower while the driver
   reclaims the memory (docs/MEASUREMENTS.md §3); charged only when calibrate found it real
   and stable across repeats (``modelled: true``).
@@ -58,7 +65,7 @@ from kvvmm.hardware.interp import Log2Curve
 from kvvmm.hardware.profiles import DeviceProfile, profile_data
 from kvvmm.units import MiB
 
-__all__ = ["CallClock", "ColdCalls", "PostReleaseSlowdown", "SimCosts", "sim_costs"]
+__all__ = ["CallClock", "ColdCalls", "IdleRelease", "PostReleaseSlowdown", "SimCosts", "sim_costs"]
 
 #: The calls whose cost depends on the handle or range size.
 SIZED_CALLS = ("create", "map", "set_access", "unmap", "release", "reserve", "free")
@@ -84,6 +91,16 @@ class ColdCalls:
 
 
 @dataclass(frozen=True, slots=True)
+class IdleRelease:
+    """The first create after a pause of ``pause_us`` costs more by the GiB released before."""
+
+    create_us_per_gib: float  #: µs more per GiB released since the create before the pause
+    pause_us: float  #: a pause at least this long (µs) sets it off
+    min_released_bytes: int  #: released since that create, at least, to set it off
+    source: str
+
+
+@dataclass(frozen=True, slots=True)
 class SimCosts:
     """A profile's per-call costs as the simulator charges them (see the module docstring)."""
 
@@ -105,6 +122,7 @@ class SimCosts:
     #: since the reservation; None: not modelled
     first_touch: tuple[int, float, float, bool] | None = None
     cold: ColdCalls | None = None  #: None: not modelled on this profile
+    idle: IdleRelease | None = None  #: None: not modelled on this profile
 
     def work_us(self, op: str, units: int = 1) -> float:
         """µs of the library's own work for one ``op`` over ``units`` units (0 if unknown)."""
@@ -228,6 +246,12 @@ def sim_costs(profile: DeviceProfile) -> SimCosts:
                          float(cd.get("gap_ms", 50.0)) * 1e3, str(cd.get("source", "")))
     elif cd is None:
         notes.append("cold calls: not measured on this profile; every call costs as warm")
+    idd = _section(data, "idle_release")
+    idle = None
+    if idd is not None and idd.get("modelled") is True:
+        idle = IdleRelease(float(idd["create_us_per_gib"]), float(idd.get("pause_s", 1.0)) * 1e6,
+                           int(float(idd.get("min_released_gib", 0.0)) * (1 << 30)),
+                           str(idd.get("source", "")))
     prs = _section(data, "post_release_slowdown")
     slow = None
     if prs is not None and prs.get("modelled") is True:
@@ -237,7 +261,7 @@ def sim_costs(profile: DeviceProfile) -> SimCosts:
         notes.append("post-release slowdown: measured, not modelled ("
                      + str(prs.get("why_not_modelled", "not stable across repeats")) + ")")
     return SimCosts(profile.key, calls, per_call, over_curves, access, slow, tuple(notes),
-                    lo_source, work, unmap_pm, first, cold)
+                    lo_source, work, unmap_pm, first, cold, idle)
 
 
 class CallClock:
@@ -247,10 +271,12 @@ class CallClock:
     ``clock(op, size)`` returns the µs to add to the device's clock; the driver calls it once
     per call, under its own lock. Where the profile models cold calls, the first call of each
     kind (since the clock was made, or since a :meth:`pause` of at least the profile's gap)
-    costs its premium more.
+    costs its premium more; where it models idle releases, the first create after a pause of
+    at least ``idle_release.pause_s`` costs more by the GiB released since the create before.
     """
 
-    __slots__ = ("_released", "_slow_left", "_warm", "calls", "costs", "mem_info_us")
+    __slots__ = ("_freed", "_idle_us", "_released", "_slow_left", "_warm", "calls", "costs",
+                 "mem_info_us")
 
     def __init__(self, costs: SimCosts) -> None:
         self.costs = costs
@@ -259,6 +285,8 @@ class CallClock:
         self._released = 0
         self._slow_left = 0
         self._warm: set[str] = set()  # call kinds made since the last pause
+        self._freed = 0  # bytes released since the last create
+        self._idle_us = 0.0  # µs the next create pays for an idle pause after releases
 
     def _cold(self, op: str) -> float:
         cold = self.costs.cold
@@ -273,12 +301,26 @@ class CallClock:
         cold = self.costs.cold
         if cold is not None and us >= cold.gap_us:
             self._warm.clear()
+        idle = self.costs.idle
+        if (idle is not None and us >= idle.pause_us and self._freed
+                and self._freed >= idle.min_released_bytes):
+            self._idle_us = idle.create_us_per_gib * self._freed / (1 << 30)
+
+    @property
+    def idle_premium_us(self) -> float:
+        """µs the next create pays for the releases before an idle pause (0: none armed)."""
+        return self._idle_us
 
     def __call__(self, op: str, size: int) -> float:
         c = self.costs
         us = c.calls(op, size) + self._cold(op)
         if c.per_call_overhead_us or c.overhead_curves:
             us = max(0.0, us + c.overhead_us(op, size))
+        if op == "release":
+            self._freed += size
+        elif op == "create":
+            us += self._idle_us
+            self._idle_us, self._freed = 0.0, 0
         slow = c.slowdown
         if slow is not None:
             if op == "release":

@@ -384,6 +384,14 @@ SCHEMA: dict[str, Rule] = {
     "cold_calls.unit": _TEXT,
     "cold_calls.source": _TEXT,
     "cold_calls.measured": Record(),
+    "idle_release": Section(needs=("modelled", ("create_us_per_gib",))),
+    "idle_release.create_us_per_gib": _COST,
+    "idle_release.pause_s": Num(0, 1e6, "s of pause that sets it off"),
+    "idle_release.min_released_gib": Num(0, 1 << 30, "GiB released that sets it off"),
+    "idle_release.modelled": Bool(),
+    "idle_release.unit": _TEXT,
+    "idle_release.source": _TEXT,
+    "idle_release.measured": Record(),
     "post_release_slowdown": Section(needs=("modelled",
                                             ("factor", "creates", "min_released_bytes"))),
     "post_release_slowdown.factor": Num(1, 1e6, "times a settled create's cost: a slowdown"),
@@ -580,7 +588,8 @@ COLD_CALLS = ("reserve", "create", "map", "set_access", "unmap", "release", "fre
 SPREAD_GROUPS = ("call_costs.create", "call_costs.map", "call_costs.set_access",
                  "call_costs.unmap", "call_costs.release", "call_costs.reserve",
                  "call_costs.free", "set_access_per_mapping", "unmap_per_mapping",
-                 "first_touch", "cold_calls", "library_work_us", "library_overhead_us")
+                 "first_touch", "cold_calls", "idle_release", "library_work_us",
+                 "library_overhead_us")
 
 
 def _check_spread(walk: _Walk, spread: Mapping[str, Any]) -> None:
@@ -613,8 +622,8 @@ def _check_spread(walk: _Walk, spread: Mapping[str, Any]) -> None:
                 raise walk.fail((*path, "figures", str(group)), vals,
                                 "an object {label: number}", f"it is {_kind(vals)}")
             for label, x in vals.items():
-                if group not in ("first_touch", "cold_calls", "library_work_us",
-                                 "library_overhead_us"):
+                if group not in ("first_touch", "cold_calls", "idle_release",
+                                 "library_work_us", "library_overhead_us"):
                     try:  # a curve's labels are handle sizes in MiB
                         mib: object = float(label)
                     except ValueError:

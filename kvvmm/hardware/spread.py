@@ -44,7 +44,7 @@ __all__ = ["CALLS", "GROUPS", "QUANTILES", "at_quantile", "factor_at", "figures_
 CALLS = ("create", "map", "set_access", "unmap", "release", "reserve", "free")
 #: Every figure group a spread may name, in a fixed order.
 GROUPS = (*(f"call_costs.{c}" for c in CALLS), "set_access_per_mapping", "unmap_per_mapping",
-          "first_touch", "cold_calls", "library_work_us", "library_overhead_us")
+          "first_touch", "cold_calls", "idle_release", "library_work_us", "library_overhead_us")
 #: The quantiles a spread stores, by name.
 QUANTILES = (("p10", 0.1), ("p50", 0.5), ("p90", 0.9))
 #: Groups whose figures are curves by handle size (labels are MiB; ratios interpolate).
@@ -88,6 +88,9 @@ def figures_of(data: Mapping[str, Any]) -> dict[str, dict[str, float]]:
         vals = {str(k): float(v) for k, v in cold["premium_us"].items()}
         if vals:
             out["cold_calls"] = vals
+    idle = data.get("idle_release")
+    if isinstance(idle, Mapping) and "create_us_per_gib" in idle:
+        out["idle_release"] = {"create_us_per_gib": float(idle["create_us_per_gib"])}
     lw = data.get("library_work_us")
     if isinstance(lw, Mapping):
         vals = {}
@@ -247,6 +250,10 @@ def scaled(data: Mapping[str, Any], factors: Mapping[str, float]) -> dict[str, A
             if isinstance(sec, dict) and isinstance(sec.get("premium_us"), dict):
                 sec["premium_us"] = {k: round(float(v) * f, 4)
                                      for k, v in sec["premium_us"].items()}
+        elif group == "idle_release":
+            sec = out.get(group)
+            if isinstance(sec, dict) and "create_us_per_gib" in sec:
+                sec["create_us_per_gib"] = round(float(sec["create_us_per_gib"]) * f, 4)
         elif group == "library_work_us":
             sec = out.get(group)
             if isinstance(sec, dict):
