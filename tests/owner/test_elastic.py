@@ -1,5 +1,7 @@
 """Elastic backing (issue 19): holes anywhere, page-granular owner calls, the handle pool and
-the look-ahead, on the sim and host drivers (real bytes on the host)."""
+the look-ahead, on the sim and host drivers (real bytes on the host), and the arena and page
+calls on the CUDA driver too (the ``driver`` fixture's ``cuda-c`` kind: real bytes through
+torch on the GPU; skipped without one)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import time
 
 import pytest
 import torch
+from drivers import driver_params, open_driver_kind
 
 from kvvmm import Arena, KvBufferOwner, SimDriver, mha_token_major
 from kvvmm.arena.pool import HandlePool
@@ -19,21 +22,27 @@ from kvvmm.errors import AlignmentError, ArgumentError, DriverError, OutOfRangeE
 from kvvmm.record.trace import Trace
 from kvvmm.replay import replay_arenas
 from kvvmm.units import GiB, MiB
-from kvvmm.viz.va_map import va_map
 
 G = 2 * MiB
 
 
-@pytest.fixture(params=["sim", "host"])
-def driver(request: pytest.FixtureRequest) -> Driver:
-    d: Driver = SimDriver("h200") if request.param == "sim" else HostDriver(capacity_bytes=GiB)
+@pytest.fixture(params=driver_params(("sim", "host", "cuda-c")))
+def driver(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Driver:
+    kind = request.param
+    if kind.startswith("cuda") and not torch.cuda.is_available():
+        pytest.skip("torch has no CUDA here: the bytes are read through torch")
+    d: Driver = (SimDriver("h200") if kind == "sim" else HostDriver(capacity_bytes=GiB)
+                 if kind == "host" else open_driver_kind(kind, monkeypatch))
     yield d  # type: ignore[misc]
     d.close()
 
 
 def _bytes(arena: Arena, start: int, n: int) -> torch.Tensor:
-    return torch.frombuffer((ctypes.c_uint8 * n).from_address(arena.base + start),
-                            dtype=torch.uint8)
+    """``n`` bytes of the reservation at ``start``, no copy (host memory or the GPU's)."""
+    if arena.driver.kind == "host":
+        return torch.frombuffer((ctypes.c_uint8 * n).from_address(arena.base + start),
+                                dtype=torch.uint8)
+    return arena.tensor(start, (n,), "uint8")
 
 
 def _maps(arena: Arena) -> list[tuple[int, int]]:
@@ -50,7 +59,7 @@ def test_a_range_in_the_middle_is_backed_while_what_is_around_it_stays_unbacked(
     snap.check()
     a = snap.allocation("x")
     assert (a.backed_bytes, a.prefix_bytes, a.hole_bytes) == (2 * G, 0, 2 * G)
-    if driver.kind == "host":
+    if driver.kind != "sim":
         _bytes(arena, 4 * G, 2 * G).fill_(7)
         assert int(_bytes(arena, 4 * G, 2 * G).sum()) == 7 * 2 * G
     assert arena.commit(o, 6 * G) == 4 * G  # the prefix fills the hole before it
@@ -68,14 +77,14 @@ def test_a_decommit_range_gives_back_only_whole_mappings_and_names_the_ones_it_c
     arena.commit(o, 4 * G)
     arena.commit_range(o, 4 * G, 2 * G)
     arena.commit_range(o, 8 * G, 2 * G)
-    if driver.kind == "host":
+    if driver.kind != "sim":
         _bytes(arena, 0, 4 * G).fill_(1)
         _bytes(arena, 8 * G, 2 * G).fill_(3)
     r = arena.decommit_range_report(o, 2 * G, 4 * G)
     assert r.given_bytes == 2 * G and r.kept_mappings == ((0, 4 * G),)
     assert r.held_bytes == 2 * G and "cuts" in str(r)
     assert _maps(arena) == [(0, 4), (8, 2)]
-    if driver.kind == "host":  # what stayed kept its bytes
+    if driver.kind != "sim":  # what stayed kept its bytes
         assert bool((_bytes(arena, 0, 4 * G) == 1).all())
         assert bool((_bytes(arena, 8 * G, 2 * G) == 3).all())
     arena.snapshot().check()
@@ -121,7 +130,7 @@ def test_adopt_range_maps_a_callers_handle_in_the_middle_and_records_a_commit_ra
     h = driver.create(2 * G)
     assert arena.adopt_range(o, 6 * G, h, 2 * G) == 2 * G
     assert _maps(arena) == [(6, 2)]
-    if driver.kind == "host":
+    if driver.kind != "sim":
         _bytes(arena, 6 * G, 2 * G).fill_(3)
         assert int(_bytes(arena, 6 * G, 2 * G).sum()) == 3 * 2 * G
     assert trace.ops[-1].op == "commit_range"
@@ -175,6 +184,9 @@ def test_a_failed_map_in_adopt_range_changes_nothing_and_leaves_the_handle_the_c
 
 
 def test_the_va_map_draws_each_hole_as_unbacked() -> None:
+    pytest.importorskip("plotly")  # the GPU machine runs this file without it
+    from kvvmm.viz.va_map import va_map
+
     arena = Arena(SimDriver("h200"), reserve_bytes=32 * G)
     o = arena.allocate(16 * G, "x")
     arena.commit_range(o, 4 * G, 2 * G)
@@ -207,7 +219,7 @@ def test_commit_pages_backs_each_page_of_every_buffer_in_one_transaction(
     assert [(m.allocation, (m.offset - snap.arena.allocation(m.allocation).offset) // G)
             for m in snap.arena.mappings] == [("k0", 0), ("k0", 3), ("k0", 7), ("v0", 0),
                                               ("v0", 3), ("v0", 7)]
-    if driver.kind == "host":
+    if driver.kind != "sim":
         page = owner.tensors[0][1000 * 16:1001 * 16]
         page.fill_(2.0)
         assert float(page.float().sum()) == 2.0 * page.numel()
