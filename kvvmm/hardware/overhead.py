@@ -38,10 +38,10 @@ sections that ``kvvmm calibrate`` measures on a GPU:
   call; charged on a simulated device's first call of each kind and, after
   :meth:`~kvvmm.driver.sim.SimDriver.pause` of at least ``gap_ms``, again
   (``modelled: true``).
-- ``idle_release``: the first create after an idle pause (at least ``pause_s``) costs
-  ``create_us_per_gib`` more per GiB released since the create before it (on an H200, after
-  an owner grown to 61 GiB closed and 1.5-2 s passed: 11-23 ms more on that one create; with
-  1.6 GiB released or less, nothing, in 16 of 16 workload startups: ``min_released_gib``).
+- ``idle_release``: the first create after a pause (at least ``pause_s``) costs
+  ``create_us_per_gib`` more per GiB released since the create before it (on an H200, 190-480
+  µs per GiB after 0.25-2 s: 12-31 ms after 64 GiB; with no pause, nothing; after 1.6 GiB of
+  page handles, nothing measurable in 16 of 16 workload startups: ``min_released_gib``).
   Charged after
   :meth:`~kvvmm.driver.sim.SimDriver.pause`; a fresh device has released nothing
   (``modelled: true``).
@@ -249,7 +249,7 @@ def sim_costs(profile: DeviceProfile) -> SimCosts:
     idd = _section(data, "idle_release")
     idle = None
     if idd is not None and idd.get("modelled") is True:
-        idle = IdleRelease(float(idd["create_us_per_gib"]), float(idd.get("pause_s", 1.0)) * 1e6,
+        idle = IdleRelease(float(idd["create_us_per_gib"]), float(idd.get("pause_s", 0.25)) * 1e6,
                            int(float(idd.get("min_released_gib", 0.0)) * (1 << 30)),
                            str(idd.get("source", "")))
     prs = _section(data, "post_release_slowdown")
