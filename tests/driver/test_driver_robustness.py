@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from drivers import cuda_problem, open_driver_kind
 
 from kvvmm import Arena, ArgumentError, BusyError, DriverError, KvvmmError, SimDriver
 from kvvmm.driver import Driver
@@ -94,8 +95,27 @@ def _setup(d: Driver) -> dict[str, int]:
     return {"va": va, "h0": h0, "h": d.create(G)}
 
 
+def _kinds() -> tuple[str, ...]:
+    """The kinds every argument row is compared on: sim and host, and where a GPU is usable
+    the CUDA driver on both paths (its C fast path only where it is built)."""
+    if cuda_problem():
+        return KINDS
+    from kvvmm.driver import cuda as cuda_mod
+
+    return (*KINDS, *(("cuda-c",) if cuda_mod._cudafast is not None else ()), "cuda-python")
+
+
+def _open(kind: str) -> Any:
+    if kind == "sim":
+        return SimDriver("h200")
+    if kind == "host":
+        return _host()
+    with pytest.MonkeyPatch.context() as mp:  # read once, when the driver is made
+        return open_driver_kind(kind, mp)
+
+
 def _outcome(call: str, kind: str, x: Any) -> tuple[str, str]:
-    d: Any = SimDriver("h200") if kind == "sim" else _host()
+    d: Any = _open(kind)
     try:
         s = _setup(d)
         before, fds = d.stats(), _fds()
@@ -121,7 +141,7 @@ def _outcome(call: str, kind: str, x: Any) -> tuple[str, str]:
 def test_a_value_that_is_not_an_int_is_an_argument_error_on_every_driver_and_changes_nothing(
     call: str, x: Any
 ) -> None:
-    got = {kind: _outcome(call, kind, x) for kind in KINDS}
+    got = {kind: _outcome(call, kind, x) for kind in _kinds()}
     assert all(g == ("ArgumentError", "") for g in got.values()), got
 
 
@@ -130,7 +150,7 @@ def test_a_value_that_is_not_an_int_is_an_argument_error_on_every_driver_and_cha
 def test_an_int_no_driver_can_take_is_invalid_value_on_every_driver_and_changes_nothing(
     call: str, x: int
 ) -> None:
-    got = {kind: _outcome(call, kind, x) for kind in KINDS}
+    got = {kind: _outcome(call, kind, x) for kind in _kinds()}
     assert set(got.values()) == {("DriverError", CUDA_ERROR_INVALID_VALUE)}, got
 
 

@@ -1,6 +1,7 @@
-"""Issue 18 on a GPU: the CUDA driver, both paths (C fast path and Python), refuses every
-argument it cannot take before CUDA sees it (the same answers as sim and host), keeps its book
-consistent under threads, and refuses close() while a reservation is pinned.
+"""Issue 18 on a GPU: the CUDA driver, both paths (C fast path and Python), keeps its book
+consistent under threads and refuses close() while a reservation is pinned. Its answers to
+every argument it cannot take are compared with sim's and host's in
+tests/driver/test_driver_robustness.py (the CUDA kinds join there where a GPU is usable).
 
 Safe reads of unbacked device VA (``CudaDriver(zero_page=...)``, a read-only zero cover) are
 tested in ``test_gpu_zero_page.py``; without it, unbacked device VA faults on read.
@@ -14,30 +15,9 @@ from typing import Any
 
 import pytest
 
-from kvvmm import ArgumentError, BusyError, DriverError
-from kvvmm.driver.base import CUDA_ERROR_INVALID_VALUE
+from kvvmm import BusyError, DriverError
 
 G = 2 << 20
-NOT_INTS: list[Any] = [True, False, 1.5, float(4 * G), "2097152", None, [G], object()]
-BAD_INTS: list[int] = [-1, -G, 1 << 64, (1 << 64) + 4 * G]
-CALLS = {
-    "reserve.size": lambda d, s, x: d.reserve(x),
-    "reserve.align": lambda d, s, x: d.reserve(G, x),
-    "free.va": lambda d, s, x: d.free(x, 8 * G),
-    "create.size": lambda d, s, x: d.create(x),
-    "release.handle": lambda d, s, x: d.release(x),
-    "map.va": lambda d, s, x: d.map(x, G, s["h"]),
-    "map.size": lambda d, s, x: d.map(s["va"] + G, x, s["h"]),
-    "map.handle": lambda d, s, x: d.map(s["va"] + G, G, x),
-    "unmap.va": lambda d, s, x: d.unmap(x, G),
-    "unmap.size": lambda d, s, x: d.unmap(s["va"], x),
-    "set_access.va": lambda d, s, x: d.set_access(x, G),
-    "set_access.size": lambda d, s, x: d.set_access(s["va"], x),
-    "set_access.device": lambda d, s, x: d.set_access(s["va"], G, [x]),
-    "import_handle.fd": lambda d, s, x: d.import_handle(x, G),
-}
-
-
 @pytest.fixture(params=["cuda-c", "cuda-python"])
 def cuda(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Any:
     from kvvmm.driver import cuda as cuda_mod
@@ -50,25 +30,6 @@ def cuda(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Any
     assert d.fast_path == fast
     yield d
     d.close()
-
-
-@pytest.mark.parametrize("x", NOT_INTS + BAD_INTS, ids=lambda x: repr(x)[:20])
-@pytest.mark.parametrize("call", list(CALLS))
-def test_the_cuda_driver_refuses_what_no_driver_can_take_before_cuda_sees_it(
-    cuda: Any, call: str, x: Any
-) -> None:
-    va = cuda.reserve(8 * G)
-    h0 = cuda.create(G)
-    cuda.map(va, G, h0)
-    cuda.set_access(va, G)
-    s = {"va": va, "h": cuda.create(G)}
-    before = cuda.stats()
-    with pytest.raises(DriverError) as e:
-        CALLS[call](cuda, s, x)
-    assert e.value.cuda_error == CUDA_ERROR_INVALID_VALUE
-    is_int = type(x) is int
-    assert isinstance(e.value, ArgumentError) == (not is_int), e.value
-    assert cuda.stats() == before
 
 
 def test_threads_on_one_cuda_driver_leave_it_clean(cuda: Any) -> None:
