@@ -148,6 +148,10 @@ class _ArenaState:
                      nbytes: object) -> tuple[_Alloc, int, int]:
         """A granule-aligned ``[start, start + nbytes)`` inside the allocation at ``offset``."""
         a = self._alloc_at(offset)
+        g = self.granularity
+        if (type(start) is int and type(nbytes) is int and 0 <= start <= a.size
+                and 0 <= nbytes <= a.size - start and not start % g and not nbytes % g):
+            return a, start, start + nbytes  # the usual case, checked without messages
         int_arg("start", start, lo=0, hi=a.size,
                 limit=f"in [0, {a.size}] (allocation {a.name!r} is {a.size} bytes)")
         assert isinstance(start, int)
@@ -156,7 +160,6 @@ class _ArenaState:
                 limit=f"in [0, {room}] (allocation {a.name!r} has {room} bytes from start "
                       f"{start})")
         assert isinstance(nbytes, int)
-        g = self.granularity
         for name, v in (("start", start), ("nbytes", nbytes)):
             if v % g:
                 raise AlignmentError(name, v, f"a multiple of the granularity {g} ({what} "

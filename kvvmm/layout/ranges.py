@@ -81,6 +81,9 @@ class SlotRanges:
         return n
 
     def _check(self, start: object, n: object) -> tuple[int, int]:
+        if (type(start) is int and type(n) is int and start >= self.first and n >= 1
+                and start + n <= self.units):
+            return start, n  # the usual case, checked without messages
         int_arg("start", start, lo=self.first)
         int_arg("n", n, lo=1, unit="units")
         assert isinstance(start, int) and isinstance(n, int)

@@ -22,6 +22,7 @@ decides handle sizes (see :mod:`kvvmm.policy`).
 
 from __future__ import annotations
 
+import itertools
 import math
 import threading
 from bisect import bisect_left
@@ -707,13 +708,20 @@ class KvBufferOwner:
         return block
 
     def _check_slots(self, ranges: Iterable[tuple[int, int]]) -> tuple[list[tuple[int, int]],
-                                                                        list[int]]:
-        """Merged ``[start, stop)`` slot ranges (page-aligned) and their page ids."""
+                                                                        list[range]]:
+        """Merged ``[start, stop)`` slot ranges (page-aligned) and their page ids, as one
+        ``range`` per slot range (a set takes a range in C: no per-page Python)."""
         if isinstance(ranges, (str, bytes)):
             raise ArgumentError("ranges", ranges, "an iterable of (start, stop) slot ranges")
         ps, top = self.page_size, self.pages * self.page_size
         out: list[tuple[int, int]] = []
         for i, r in enumerate(ranges):
+            if type(r) is tuple and len(r) == 2:  # the usual case, checked without messages
+                a, b = r
+                if (type(a) is int and type(b) is int and 0 <= a < b <= top
+                        and not a % ps and not b % ps):
+                    out.append((a, b))
+                    continue
             if not (isinstance(r, tuple) and len(r) == 2):
                 raise ArgumentError(f"ranges[{i}]", r, "a (start, stop) tuple of token slots")
             a = _tokens(f"ranges[{i}][0]", r[0], lo=0, hi=None)
@@ -726,8 +734,7 @@ class KvBufferOwner:
                                                             f"of {ps} slots fit every buffer)")
             out.append((a, b))
         merged = _merged(out, touching=True)
-        ids = [p for a, b in merged for p in range(a // ps, b // ps)]
-        return merged, ids
+        return merged, [range(a // ps, b // ps) for a, b in merged]
 
     def _slot_bytes(self, i: int, a: int, b: int) -> tuple[int, int]:
         """Buffer ``i``'s bytes of slots ``[a, b)``, rounded out to granules."""
@@ -779,7 +786,7 @@ class KvBufferOwner:
                 added = self.arena.commit_ranges(reqs)
             finally:
                 self._sync_backed()
-            self._pages.update(ids)
+            self._pages.update(*ids)
         return added
 
     def decommit_slots(self, ranges: Iterable[tuple[int, int]]) -> int:
@@ -809,7 +816,7 @@ class KvBufferOwner:
         with self._slots_lock:
             pages = self._pages
             reqs: list[tuple[int, int, int]] = []
-            wanted = self._wanted_test(pages, ids)
+            wanted = self._wanted_test(pages, itertools.chain.from_iterable(ids))
             for i, off in enumerate(self._offsets):
                 pb = self._page_bytes[i]
                 spans = []
@@ -833,7 +840,7 @@ class KvBufferOwner:
                 self._reconcile_pages()  # as decommit_pages: only what is still mapped
                 raise
             self._sync_backed()
-            pages.difference_update(ids)
+            pages.difference_update(*ids)
         return sum(r.given_bytes for r in results)
 
     def _wanted_test(self, kept: set[int] | frozenset[int],
