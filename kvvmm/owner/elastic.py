@@ -32,6 +32,7 @@ state lock is never held across a driver call.
 
 from __future__ import annotations
 
+import bisect
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -56,8 +57,8 @@ class Lease:
     the decode step reads it, and :meth:`RangeBacking.wait` blocks on it.
     """
 
-    __slots__ = ("_done", "_failed", "_pend", "block_tokens", "error", "pending", "pieces",
-                 "ready", "released", "tokens")
+    __slots__ = ("_done", "_failed", "_pend", "_queued", "block_tokens", "error", "pending",
+                 "pieces", "ready", "released", "tokens")
 
     def __init__(self, block_tokens: int) -> None:
         self.block_tokens = block_tokens
@@ -69,8 +70,10 @@ class Lease:
         self.error: BaseException | None = None  #: a failed commit's error
         self._pend: set[tuple[int, int]] = set()  # pieces whose commit runs
         self._failed: set[tuple[int, int]] = set()  # pieces whose commit failed (unbacked)
-        self._done = threading.Event()
-        self._done.set()
+        # made when a commit is first queued for the lease (most admissions find cached
+        # blocks and never wait); None means nothing was ever pending
+        self._done: threading.Event | None = None
+        self._queued: list[Callable[[], None]] = []  # its commits given to the backing thread
 
     def __repr__(self) -> str:
         return (f"Lease({self.tokens} tokens in {len(self.pieces)} ranges, "
@@ -159,7 +162,8 @@ class RangeBacking:
         self._cached = SlotRanges(self.blocks, first=self.first, free=False)
         self._fresh = SlotRanges(self.blocks, first=self.first)
         self._units: dict[int, int] = {}  # mapped unit's first block -> blocks
-        self._unit_at: dict[int, int] = {}  # block -> first block of its unit (mapped ones)
+        self._starts: list[int] = []  # the mapped units' first blocks, sorted (a bisect finds
+        # the unit holding a block: no per-block index to keep, so a commit costs its pieces)
         self._pending = 0  # blocks in queued or running commits
         self._refill = 0  # blocks of the reserve refill queued or running (one at a time)
         self._reclaiming = False
@@ -171,6 +175,7 @@ class RangeBacking:
         self._jobs: deque[Callable[[], None]] = deque()
         self._wake = threading.Condition(self._lock)
         self._busy = False
+        self._stolen = 0  # queued jobs a waiting caller took to run itself, still running
         if executor is None:
             self._executor: Executor = self._submit
             self._thread = threading.Thread(target=self._loop, name="kvvmm-range-backing",
@@ -222,7 +227,8 @@ class RangeBacking:
         if self._thread is None:
             return True
         with self._lock:
-            return self._wake.wait_for(lambda: not self._jobs and not self._busy, timeout_s)
+            return self._wake.wait_for(
+                lambda: not self._jobs and not self._busy and not self._stolen, timeout_s)
 
     # -- leases ----------------------------------------------------------------------------
 
@@ -297,9 +303,15 @@ class RangeBacking:
                 lease._pend.update(new)
                 lease.pending += 1
                 lease.ready = False
-                lease._done.clear()
+                if lease._done is None:
+                    lease._done = threading.Event()
+                else:
+                    lease._done.clear()
         if new:
-            self._executor(lambda: self._commit(lease, new), True)
+            job = lambda: self._commit(lease, new)  # noqa: E731
+            if self._thread is not None:
+                lease._queued.append(job)  # wait() runs it itself if the thread has not begun
+            self._executor(job, True)
         self._upkeep()  # refill what the lease took from the reserve
 
     def _commit(self, lease: Lease | None, pieces: list[tuple[int, int]]) -> None:
@@ -316,8 +328,7 @@ class RangeBacking:
             if err is None:
                 for s, n in pieces:
                     self._units[s] = n
-                    for b in range(s, s + n):
-                        self._unit_at[b] = s
+                    bisect.insort(self._starts, s)
             if lease is None:  # a reserve refill
                 self._refill = 0
                 for s, n in pieces:
@@ -333,6 +344,8 @@ class RangeBacking:
                     (self._cached if err is None else self._fresh).free(s, n)
             if lease.pending == 0:
                 lease.ready = lease.error is None
+                lease._queued.clear()
+                assert lease._done is not None  # made when the commit was queued
                 lease._done.set()
         if lease.released:
             self._upkeep()
@@ -350,11 +363,40 @@ class RangeBacking:
             ArgumentError: ``timeout_s`` is not a finite number >= 0.
         """
         timeout_s = seconds_arg("timeout_s", timeout_s)
-        if not lease._done.wait(timeout_s):
+        if not lease.ready and lease._queued:
+            self._run_queued(lease)
+        done = lease._done
+        if done is not None and not done.wait(timeout_s):
             raise KvvmmError(f"RangeBacking: lease not mapped within {timeout_s} s")
         if lease.error is not None:
             raise lease.error
         return lease
+
+    def _run_queued(self, lease: Lease) -> None:
+        """Run ``lease``'s commits the backing thread has not begun, here: a caller that
+        waits does its own mapping instead of waiting for the thread to wake and take it
+        (a thread hand-off costs tens of us; the commit is the same one, in the same order
+        against other commits: the owner's lock orders them)."""
+        with self._lock:
+            mine = [j for j in lease._queued if j in self._jobs]
+            for j in mine:
+                self._jobs.remove(j)
+            lease._queued.clear()
+            self._stolen += len(mine)
+        for i, j in enumerate(mine):
+            try:
+                j()  # a commit records its own failure on the lease
+            except BaseException:  # not the commit's (a Ctrl-C): the rest go back to the thread
+                with self._lock:
+                    rest = mine[i + 1:]
+                    self._jobs.extendleft(reversed(rest))
+                    lease._queued += rest
+                    self._stolen -= len(mine) - i
+                    self._wake.notify_all()
+                raise
+            with self._lock:
+                self._stolen -= 1
+                self._wake.notify_all()
 
     def release(self, lease: Lease) -> None:
         """Give ``lease``'s blocks back: mapped ones stay mapped (cached) for the next
@@ -418,25 +460,24 @@ class RangeBacking:
             if excess <= 0:
                 return 0
             picked: list[tuple[int, int]] = []
+            starts, units = self._starts, self._units
             for start, length in reversed(self._cached.extents):
-                b, end = start, start + length
-                while b < end and excess > 0:
-                    u = self._unit_at.get(b)
-                    if u is None:  # cannot happen: cached blocks are mapped
-                        b += 1
-                        continue
-                    n = self._units[u]
+                end = start + length
+                # the unit holding ``start`` (cached blocks are mapped), then those after it
+                i = max(bisect.bisect_right(starts, start) - 1, 0)
+                while i < len(starts) and starts[i] < end and excess > 0:
+                    u = starts[i]
+                    n = units[u]
                     if u >= start and u + n <= end:
                         picked.append((u, n))
                         excess -= n
-                    b = u + n
+                    i += 1
                 if excess <= 0:
                     break
             for s, n in picked:
                 self._cached.take(s, n)
-                del self._units[s]
-                for b in range(s, s + n):
-                    del self._unit_at[b]
+                del units[s]
+                del starts[bisect.bisect_left(starts, s)]
         if not picked:
             return 0
         bt = self.block_tokens
@@ -446,8 +487,7 @@ class RangeBacking:
             with self._lock:
                 for s, n in picked:  # still mapped (the decommit is a transaction)
                     self._units[s] = n
-                    for b in range(s, s + n):
-                        self._unit_at[b] = s
+                    bisect.insort(self._starts, s)
                     self._cached.free(s, n)
             raise
         with self._lock:

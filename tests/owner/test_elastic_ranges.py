@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import contextlib
 import random
+import threading
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
 from kvvmm import open_driver
 from kvvmm.driver.faults import Fault, FaultyDriver
+from kvvmm.driver.wrapper import DriverWrapper
 from kvvmm.errors import ArgumentError, DriverError, KvvmmError, OutOfRangeError
 from kvvmm.layout import (
     RangesFullError,
@@ -450,3 +454,63 @@ def test_the_range_strategies_report_how_their_allocator_fared() -> None:
         assert row["ranges_units_max"] >= 1
         assert 0 <= row["ranges_grows_moved"] <= row["ranges_grows"]
     assert not any(k.startswith("ranges_") for k in by["prefix"])
+
+
+class _GatedDriver(DriverWrapper):
+    """Creates on the backing thread wait for ``gate``; records which thread created."""
+
+    def __init__(self, inner: object, gate: threading.Event) -> None:
+        super().__init__(inner)  # type: ignore[arg-type]
+        self.gate = gate
+        self.creators: list[str] = []
+
+    def _call(self, call: str, fn: Callable[..., Any], *args: Any) -> Any:
+        if call == "create":
+            me = threading.current_thread().name
+            self.creators.append(me)
+            if me == "kvvmm-range-backing":
+                assert self.gate.wait(30)
+        return fn(*args)
+
+
+def test_a_waiting_caller_maps_its_lease_itself_while_the_backing_thread_is_busy() -> None:
+    gate = threading.Event()
+    drv = _GatedDriver(open_driver("sim", profile="h200"), gate)
+    owner = _xl_owner(drv, tokens=16 * 600)
+    backing = RangeBacking(owner, reserve_bytes=8 * G)  # the refill blocks on the thread
+    try:
+        lease = backing.admit(16 * 40)  # more than the (pending) reserve: a queued commit
+        assert not lease.ready
+        assert backing.wait(lease, timeout_s=10) is lease and lease.ready
+        assert drv.creators[-1] == threading.main_thread().name  # mapped by the waiter
+        assert not backing.drain(timeout_s=0.05)  # the refill still holds the thread
+        gate.set()
+        assert backing.drain()
+        s = backing.stats()
+        assert s.commits == 2 and s.pending_bytes == 0
+        _check(backing, owner, [lease])
+        backing.release(lease)
+        backing.drain()
+        backing.reclaim(0)
+        assert owner.backed_bytes == G and backing.stats().units == 0
+    finally:
+        gate.set()
+        backing.close()
+        owner.close()
+
+
+def test_a_wait_after_the_thread_began_the_commit_does_not_run_it_twice() -> None:
+    owner = _xl_owner(open_driver("sim", profile="h200"), tokens=16 * 600)
+    backing = RangeBacking(owner)
+    try:
+        leases = [backing.admit(16 * k) for k in (10, 20, 30)]
+        backing.drain()  # the thread ran every commit
+        for lease in leases:
+            assert backing.wait(lease).ready
+        assert backing.stats().commits == 3
+        assert owner.backed_bytes == G + 60 * G
+        for lease in leases:
+            backing.release(lease)
+    finally:
+        backing.close()
+        owner.close()
