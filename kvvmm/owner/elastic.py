@@ -311,8 +311,9 @@ class RangeBacking:
             job = lambda: self._commit(lease, new)  # noqa: E731
             if self._thread is not None:
                 lease._queued.append(job)  # wait() runs it itself if the thread has not begun
-            self._executor(job, True)
-        self._upkeep()  # refill what the lease took from the reserve
+            self._executor(job, True)  # its end refills the reserve: not ahead of it
+        else:
+            self._upkeep()  # refill what the lease took from the reserve
 
     def _commit(self, lease: Lease | None, pieces: list[tuple[int, int]]) -> None:
         """Back fresh ``pieces`` (a job): one commit, one unit per piece."""
@@ -347,8 +348,10 @@ class RangeBacking:
                 lease._queued.clear()
                 assert lease._done is not None  # made when the commit was queued
                 lease._done.set()
-        if lease.released:
-            self._upkeep()
+        # the reserve's refill (what the lease took from it) and any reclamation its release
+        # made due: queued once the lease is mapped, so it never runs ahead of the lease's own
+        # commit (on the thread it would hold the owner while a waiter's commit waits)
+        self._upkeep()
 
     def ready(self, lease: Lease) -> bool:
         """The decode step's check: every block of ``lease`` mapped (an attribute read)."""
