@@ -16,6 +16,8 @@ calling thread (``perf_counter_ns``), as an engine's decode thread would pay it:
   the calling thread, nothing deferred: the cost of one request's mappings) and the page
   path the lab replaced (``commit_pages`` of each request's pages on the per-layer
   layout, for the first 50 requests).
+- the card's **limit** beside each round: one handle per request from the driver's own
+  calls, nothing above them (``inline_over_limit``: what kvvmm's Python adds per request).
 - kvcached 0.1.6 (``bench/peer_kvcached.py``, built into ``.peers-build``) in a child
   process, on the same requests, after kvvmm's runs.
 - **layout bandwidth**: per-layer copy of K and V and a decode SDPA (torch's
@@ -141,6 +143,68 @@ def run_kvvmm(driver: Any, reqs: list[int], pool_tokens: int, mode: str) -> dict
     finally:
         backing.close()
         owner.close()
+
+
+def run_limit(driver: Any, reqs: list[int], pool_tokens: int) -> dict[str, Any]:
+    """The card's limit for the same requests: ONE handle per request, made by the driver's
+    own calls with no arena or owner above them (create + map + set_access to admit, unmap +
+    release to free), each request at a fixed place in one reservation, timed as
+    :func:`run_kvvmm` times its calls. ``kvvmm inline / limit`` is what kvvmm's Python adds."""
+    import torch
+
+    gran = driver.granularity()
+    per_token = 32 * 2 * 8 * 128 * 2  # the interleaved layout's bytes per token slot
+    sizes = [-(-t * per_token // gran) * gran for t in reqs]
+    total = -(-pool_tokens * per_token // gran) * gran
+    places, at = [], 0
+    for n in sizes:
+        places.append(at)
+        at += n
+    if at > total:
+        raise SystemExit(f"bench_elastic: the requests need {at} bytes, the pool {total}")
+    base = driver.reserve(total, gran)
+    handles: list[int | None] = [None] * len(reqs)
+    admit, free, churn = [], [], []
+
+    def back(i: int) -> None:
+        h = driver.create(sizes[i])
+        driver.map(base + places[i], sizes[i], h)
+        driver.set_access(base + places[i], sizes[i])
+        handles[i] = h
+
+    def give(i: int) -> None:
+        driver.unmap(base + places[i], sizes[i])
+        h = handles[i]
+        assert h is not None
+        driver.release(h)
+        handles[i] = None
+
+    try:
+        for i in range(len(reqs)):
+            t0 = _ns()
+            back(i)
+            admit.append((_ns() - t0) / 1e3)
+        torch.cuda.synchronize()
+        mapped = sum(sizes)
+        for i in range(len(reqs)):
+            t0 = _ns()
+            give(i)
+            free.append((_ns() - t0) / 1e3)
+        for i in range(len(reqs)):
+            back(i)
+        for i in range(len(reqs)):
+            t0 = _ns()
+            give(i)
+            back(i)
+            churn.append((_ns() - t0) / 1e3)
+        torch.cuda.synchronize()
+    finally:
+        for i, h in enumerate(handles):
+            if h is not None:
+                give(i)
+        driver.free(base, total)
+    return {"mode": "limit (one handle per request, the driver's calls alone)",
+            "admit": _q(admit), "free": _q(free), "churn": _q(churn), "mapped_bytes": mapped}
 
 
 def run_pages(driver: Any, reqs: list[int], pool_tokens: int, n: int = 50) -> dict[str, Any]:
@@ -364,9 +428,18 @@ def main(argv: list[str] | None = None) -> int:
         "tokens_total": sum(reqs), "pool_tokens": pool_tokens,
         "model": "llama-3.1-8b-like: 32 layers, 8 KV heads x 128, bf16, 16-token pages",
         "kvvmm_rounds": []}
+    res["limit_rounds"] = []
     for _ in range(args.rounds):
         res["kvvmm_rounds"].append({m: run_kvvmm(drv, reqs, pool_tokens, m)
                                     for m in ("thread", "inline")})
+        res["limit_rounds"].append(run_limit(drv, reqs, pool_tokens))
+    res["inline_over_limit"] = {  # per round, side by side: what kvvmm's Python adds
+        op: [round(r["inline"][op]["p50_us"] / lim[op]["p50_us"], 3)
+             for r, lim in zip(res["kvvmm_rounds"], res["limit_rounds"], strict=True)]
+        for op in ("admit", "free", "churn")}
+    res["until_ready_over_limit_admit"] = [
+        round(r["thread"]["admit_until_ready"]["p50_us"] / lim["admit"]["p50_us"], 3)
+        for r, lim in zip(res["kvvmm_rounds"], res["limit_rounds"], strict=True)]
     res["kvvmm_pages"] = run_pages(drv, reqs, pool_tokens)
     res["bandwidth"] = run_bandwidth(drv, args.bw_tokens)
     if not args.skip_peer:
@@ -381,7 +454,9 @@ def main(argv: list[str] | None = None) -> int:
     if not out.is_absolute() and os.environ.get("OUT"):
         out = Path(os.environ["OUT"]) / out
     out.write_text(json.dumps(res, indent=1) + "\n")
-    print(json.dumps({k: res[k] for k in res if k in ("kvvmm_over_kvcached",)}, indent=1))
+    print(json.dumps({k: res[k] for k in res if k in ("kvvmm_over_kvcached", "inline_over_limit",
+                                                      "until_ready_over_limit_admit")},
+                     indent=1))
     print(f"wrote {out}")
     return 0
 
