@@ -32,7 +32,7 @@ case $part in
   tests)
     nvidia-smi > "$R/nvidia-smi.txt" 2>&1
     step 230 gpu-tests env OUT="$R" python3 -m pytest -q -p no:cacheprovider -rs \
-      tests/gpu tests/driver/test_driver_contract.py tests/driver/test_cudafast.py tests/driver/test_driver_robustness.py tests/owner/test_elastic.py
+      tests/gpu tests/driver/test_driver_contract.py tests/driver/test_cudafast.py tests/driver/test_driver_robustness.py tests/driver/test_fault_matrix.py tests/owner/test_elastic.py
     step 330 kvvmm-bench python3 -m kvvmm bench --seed-file .seed/kv_vmm_backing_seed.py \
       --seed-script bench/seed_side_by_side.py --out "$R" ;;
   rest)
@@ -52,7 +52,7 @@ case $part in
     # later (undiagnosed; alone it passes): isolated, its result still counts and the rest runs.
     step 60 gpu-capture-test env OUT="$R" python3 -m pytest -q -p no:cacheprovider -rs "$CAPTURE"
     step 180 gpu-tests env OUT="$R" python3 -m pytest -q -p no:cacheprovider -rs \
-      --deselect "$CAPTURE" tests/gpu tests/driver/test_driver_contract.py tests/driver/test_cudafast.py tests/driver/test_driver_robustness.py tests/owner/test_elastic.py
+      --deselect "$CAPTURE" tests/gpu tests/driver/test_driver_contract.py tests/driver/test_cudafast.py tests/driver/test_driver_robustness.py tests/driver/test_fault_matrix.py tests/owner/test_elastic.py
     step 200 bench-elastic python3 bench/bench_elastic.py --out "$R/h200-elastic.json"
     step 170 growth-steps python3 bench/bench_growth_steps.py --rounds 3 \
       --out "$R/h200-growth-steps.json" ;;
@@ -70,7 +70,7 @@ case $part in
       -p no:cacheprovider -rs "$CAPTURE"
     [ -n "${NO_GPU_TESTS:-}" ] || step 200 gpu-tests env OUT="$R" KVVMM_SEED_FILE="$PWD/.seed/kv_vmm_backing_seed.py" \
       python3 -m pytest -q -p no:cacheprovider -rs --deselect "$CAPTURE" tests/gpu \
-      tests/driver/test_driver_contract.py tests/driver/test_cudafast.py tests/driver/test_driver_robustness.py tests/owner/test_elastic.py ;;
+      tests/driver/test_driver_contract.py tests/driver/test_cudafast.py tests/driver/test_driver_robustness.py tests/driver/test_fault_matrix.py tests/owner/test_elastic.py ;;
   beforeafter)  # kvvmm bench (no seed) at .before (a git archive of an earlier commit), then
                 # at this tree, on one machine minutes apart: did a change move the figures?
     nvidia-smi > "$R/nvidia-smi.txt" 2>&1
