@@ -1,7 +1,7 @@
 """Arena and owner on the real driver: tensors in device memory, the capture flow, the pool.
 
-The fault matrix runs on the CUDA driver (both paths) in tests/driver/test_fault_matrix.py,
-beside the sim and host drivers."""
+The fault matrix runs on the CUDA driver (both paths) in tests/driver/test_fault_matrix.py and
+the owner's bytes after a finalize in tests/owner/test_owner.py, beside the sim and host drivers."""
 
 from __future__ import annotations
 
@@ -51,22 +51,6 @@ def test_arena_tensors_alias_device_memory_and_keep_the_arena_alive(cd: CudaDriv
 
     gc.collect()
     assert arena.released
-
-
-def test_owner_bytes_written_after_finalize_read_back_intact(cd: CudaDriver) -> None:
-    owner = KvBufferOwner(driver=cd, dtype="bfloat16", page_size=16, reserved_tokens=200_000,
-                          descs=descs())
-    owner.finalize(150_000)
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    data = [torch.randn(150_016, 8, 128, device="cuda", generator=gen).bfloat16()
-            for _ in owner.tensors]
-    for t, x in zip(owner.tensors, data, strict=True):
-        t[:150_016].copy_(x)
-    for t, x in zip(owner.tensors, data, strict=True):
-        assert torch.equal(t[:150_016], x)
-    del data
-    assert cd.stats().physical_bytes == owner.backed_bytes
-    owner.close()
 
 
 def test_a_graph_captured_before_finalize_writes_a_late_slot_after_it(cd: CudaDriver) -> None:
