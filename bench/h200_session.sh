@@ -25,6 +25,11 @@ case $part in elastic|ranges|sglang|beforeafter) ;; *)  # tqdm, for the seed fil
     --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD || exit 1 ;;
 esac
 [ -f kvvmm/driver/_cudafast.abi3.so ] || make ext PYTHON=python3 > "$R/ext.log" 2>&1
+# Every GPU test: tests/gpu, and the files of the CPU suite whose driver kinds take in the CUDA
+# driver where a GPU is usable (their sim and host rows run too).
+GPU_TESTS="tests/gpu tests/driver/test_driver_contract.py tests/driver/test_cudafast.py
+  tests/driver/test_driver_robustness.py tests/driver/test_fault_matrix.py
+  tests/driver/test_driver_threads.py tests/owner/test_elastic.py tests/owner/test_owner.py"
 CAPTURE=tests/gpu/test_cuda_driver.py::test_unmap_during_cuda_graph_capture_is_refused_and_the_capture_survives
 step() { local t=$1 name=$2; shift 2; echo "== $name (limit ${t}s)"; local t0=$SECONDS
   timeout "$t" "$@" > "$R/$name.log" 2>&1; echo "   rc=$? in $((SECONDS - t0)) s"; tail -n 4 "$R/$name.log"; }
@@ -32,7 +37,7 @@ case $part in
   tests)
     nvidia-smi > "$R/nvidia-smi.txt" 2>&1
     step 230 gpu-tests env OUT="$R" python3 -m pytest -q -p no:cacheprovider -rs \
-      tests/gpu tests/driver/test_driver_contract.py tests/driver/test_cudafast.py tests/driver/test_driver_robustness.py tests/owner/test_elastic.py
+      $GPU_TESTS
     step 330 kvvmm-bench python3 -m kvvmm bench --seed-file .seed/kv_vmm_backing_seed.py \
       --seed-script bench/seed_side_by_side.py --out "$R" ;;
   rest)
@@ -52,7 +57,7 @@ case $part in
     # later (undiagnosed; alone it passes): isolated, its result still counts and the rest runs.
     step 60 gpu-capture-test env OUT="$R" python3 -m pytest -q -p no:cacheprovider -rs "$CAPTURE"
     step 180 gpu-tests env OUT="$R" python3 -m pytest -q -p no:cacheprovider -rs \
-      --deselect "$CAPTURE" tests/gpu tests/driver/test_driver_contract.py tests/driver/test_cudafast.py tests/driver/test_driver_robustness.py tests/owner/test_elastic.py
+      --deselect "$CAPTURE" $GPU_TESTS
     step 200 bench-elastic python3 bench/bench_elastic.py --out "$R/h200-elastic.json"
     step 170 growth-steps python3 bench/bench_growth_steps.py --rounds 3 \
       --out "$R/h200-growth-steps.json" ;;
@@ -69,8 +74,7 @@ case $part in
     [ -n "${NO_GPU_TESTS:-}" ] || step 60 gpu-capture-test env OUT="$R" python3 -m pytest -q \
       -p no:cacheprovider -rs "$CAPTURE"
     [ -n "${NO_GPU_TESTS:-}" ] || step 200 gpu-tests env OUT="$R" KVVMM_SEED_FILE="$PWD/.seed/kv_vmm_backing_seed.py" \
-      python3 -m pytest -q -p no:cacheprovider -rs --deselect "$CAPTURE" tests/gpu \
-      tests/driver/test_driver_contract.py tests/driver/test_cudafast.py tests/driver/test_driver_robustness.py tests/owner/test_elastic.py ;;
+      python3 -m pytest -q -p no:cacheprovider -rs --deselect "$CAPTURE" $GPU_TESTS ;;
   beforeafter)  # kvvmm bench (no seed) at .before (a git archive of an earlier commit), then
                 # at this tree, on one machine minutes apart: did a change move the figures?
     nvidia-smi > "$R/nvidia-smi.txt" 2>&1

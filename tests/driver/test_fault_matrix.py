@@ -2,12 +2,18 @@
 close, (issue 19, holes) commit_range, decommit_range, commit_pages, decommit_pages and
 release_beyond, and (issue 28) sleep and wake, failing.
 
+It runs on the simulator and the host driver, and where a GPU is usable on the CUDA driver
+with its hot calls in C (``cuda-c``) and in Python (``cuda-python``): the kinds of
+``tests/drivers.py``, skipped where they cannot open.
+
 For each operation we first count the driver calls it makes, then run it again once per
 call position and error kind with that call failing. Each time: the error names the call,
 the owner's snapshot is as it was, the driver holds exactly what it held (by its own
 accounting, handle count included), every byte backed before the call still reads what was
-written there (host driver: a pattern over every backed byte), and after the fault is gone
-the same operation goes through and a close leaves the driver clean.
+written there (a pattern over every backed byte: through ctypes on the host driver, through
+torch on the GPU), and after the fault is gone the same operation goes through and a close
+leaves the driver clean. On the GPU the device's free memory is, after the whole row, what it
+was before it (within one granule of noise from other allocations).
 
 A release that fails after every unmap of a decommit succeeded is past the point of no
 return (the VA no longer reaches the handle): the decommit stands, the arena keeps the handle
@@ -21,6 +27,7 @@ from collections.abc import Callable
 
 import pytest
 import torch
+from drivers import driver_params, open_driver_kind
 
 from kvvmm import (
     ArgumentError,
@@ -46,9 +53,28 @@ G = 2 << 20  # both drivers' granularity
 
 
 def inner_driver(kind: str) -> Driver:
+    """A fresh driver of ``kind`` (``sim``, ``host``, ``cuda-c``, ``cuda-python``); a CUDA
+    kind skips the test where it cannot open, or where torch cannot read the GPU's bytes."""
     if kind == "sim":
         return SimDriver("h200")
-    return HostDriver(capacity_bytes=2 * GiB)
+    if kind == "host":
+        return HostDriver(capacity_bytes=2 * GiB)
+    with pytest.MonkeyPatch.context() as mp:  # the path is read once, when the driver is made
+        d = open_driver_kind(kind, mp)
+    if not torch.cuda.is_available():
+        d.close()
+        pytest.skip("torch has no CUDA here: the bytes are read through torch")
+    return d
+
+
+def device_free_bytes(kind: str) -> int | None:
+    """The GPU's free memory with torch's cache emptied (None off the GPU: there the
+    driver's own accounting, ``stats().clean``, is all the memory there is)."""
+    if not kind.startswith("cuda"):
+        return None
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    return int(torch.cuda.mem_get_info()[0])
 
 
 #: Pages far past the ensured prefix (granules 6, 7 and 8 of each buffer): holes.
@@ -133,7 +159,7 @@ GIVING_BACK = {"decommit", "shrink", "close", "decommit_range", "decommit_pages"
                "release_beyond", "decommit_slots", "sleep", "sleep_host"}
 
 
-# -- bytes: a pattern over every backed byte (host driver) ---------------------------------
+# -- bytes: a pattern over every backed byte (host driver and GPU) -------------------------
 
 
 def _backed_ranges(owner: KvBufferOwner) -> list[tuple[int, int]]:
@@ -142,32 +168,43 @@ def _backed_ranges(owner: KvBufferOwner) -> list[tuple[int, int]]:
     return [(snap.base + m.offset, m.size_bytes) for m in snap.mappings]
 
 
-def _view(va: int, size: int) -> torch.Tensor:
-    return torch.frombuffer((ctypes.c_uint8 * size).from_address(va), dtype=torch.uint8)
+def _view(owner: KvBufferOwner, va: int, size: int) -> torch.Tensor:
+    """``size`` bytes at ``va``, no copy: host memory through ctypes, device memory through
+    the arena's own tensor (DLPack)."""
+    if owner.arena.driver.kind == "host":
+        return torch.frombuffer((ctypes.c_uint8 * size).from_address(va), dtype=torch.uint8)
+    return owner.arena.tensor(va - owner.arena.base, (size,), "uint8")
 
 
-def _pattern(i: int, size: int) -> torch.Tensor:
+def _pattern(i: int, size: int, device: torch.device) -> torch.Tensor:
     # One byte value per allocation, and each granule stamped with (allocation, granule) in
     # its first 8 bytes: a handle mapped back at the wrong place, or fresh zeros, differ.
     p = torch.full((size,), (i * 37 + 11) % 251, dtype=torch.uint8)
     stamps = torch.arange(size // G, dtype=torch.int64) + (i << 32)
     p.view(torch.int64)[:: G // 8] = stamps
-    return p
+    return p.to(device)
 
 
 def write_pattern(owner: KvBufferOwner) -> list[tuple[int, int]]:
+    """Write the pattern over every backed byte (nothing on the simulator: no memory)."""
+    if owner.arena.driver.kind == "sim":
+        return []
     ranges = _backed_ranges(owner)
     for i, (va, size) in enumerate(ranges):
-        _view(va, size).copy_(_pattern(i, size))
+        view = _view(owner, va, size)
+        view.copy_(_pattern(i, size, view.device))
     return ranges
 
 
-def pattern_intact(ranges: list[tuple[int, int]], keep: dict[int, int] | None = None) -> bool:
+def pattern_intact(owner: KvBufferOwner, ranges: list[tuple[int, int]],
+                   keep: dict[int, int] | None = None) -> bool:
     """Every byte written is still there (only the first ``keep[va]`` bytes, if given)."""
     for i, (va, size) in enumerate(ranges):
         n = size if keep is None else min(size, keep.get(va, 0))
-        if n and not torch.equal(_view(va, n), _pattern(i, size)[:n]):
-            return False
+        if n:
+            view = _view(owner, va, n)
+            if not torch.equal(view, _pattern(i, size, view.device)[:n]):
+                return False
     return True
 
 
@@ -189,23 +226,36 @@ def same_as_done(snap: object, done: object) -> bool:
 def count_calls(kind: str, op: str, policy: object) -> tuple[list[str], object]:
     """The driver calls ``op`` makes, and the owner's snapshot after it succeeded."""
     owner, drv = make_owner(kind, policy, op)
+    # The bytes' own work once, before the matrix reads the GPU's free memory: torch loads
+    # the kernels that write and compare the pattern lazily, ~100 MiB of device memory at the
+    # first use in a process, which is no leak of kvvmm's.
+    assert pattern_intact(owner, write_pattern(owner))
     before = len(drv.calls)
     OPS[op](owner)
     calls, after = drv.calls[before:], owner.snapshot()
     owner.close()
     assert drv.stats().clean
-    if kind == "host":
-        drv.inner.close()  # type: ignore[attr-defined]
+    drv.inner.close()  # type: ignore[attr-defined]
     return calls, after
 
 
+def _case(kind: str, policy: object, name: str) -> object:
+    (param,) = driver_params((kind,))  # its marks: cuda for the CUDA kinds, Linux for host
+    return pytest.param(kind, policy, marks=param.marks, id=f"{kind}-{name}")
+
+
 # Every policy on the sim; on the host driver (real bytes, slower) the two that shape the
-# mappings most differently: one handle per extension, and the default's doubling handles.
-CASES = [pytest.param("sim", Exact(), id="sim-exact"),
-         pytest.param("sim", Chunked(8 << 20), id="sim-chunked"),
-         pytest.param("sim", default_policy(), id="sim-default"),
-         pytest.param("host", Exact(), id="host-exact"),
-         pytest.param("host", default_policy(), id="host-default")]
+# mappings most differently: one handle per extension, and the default's doubling handles;
+# on the GPU, the C path with one handle per extension and with 8 MiB chunks (what the GPU
+# twin of this matrix ran), the Python path with the first.
+CASES = [_case("sim", Exact(), "exact"),
+         _case("sim", Chunked(8 << 20), "chunked"),
+         _case("sim", default_policy(), "default"),
+         _case("host", Exact(), "exact"),
+         _case("host", default_policy(), "default"),
+         _case("cuda-c", Exact(), "exact"),
+         _case("cuda-c", Chunked(8 << 20), "chunked"),
+         _case("cuda-python", Exact(), "exact")]
 
 
 @pytest.mark.parametrize(("kind", "policy"), CASES)
@@ -214,6 +264,7 @@ def test_a_failure_at_any_call_leaves_nothing_leaked_every_byte_and_the_snapshot
     kind: str, op: str, policy: object
 ) -> None:
     calls, done = count_calls(kind, op, policy)
+    free0 = device_free_bytes(kind)
     assert len(calls) >= 2, f"{op} made too few calls to test: {calls}"
     if op in GIVING_BACK:  # unmap everything first, release after (issue 18 item 5)
         assert calls.index("release") > max(i for i, c in enumerate(calls) if c == "unmap")
@@ -221,7 +272,7 @@ def test_a_failure_at_any_call_leaves_nothing_leaked_every_byte_and_the_snapshot
         for error in ERRORS:
             owner, drv = make_owner(kind, policy, op)
             snap, held = owner.snapshot(), drv.stats()
-            ranges = write_pattern(owner) if kind == "host" else []
+            ranges = write_pattern(owner)
             drv.arm(Fault("*", nth=pos, error=error))
             with pytest.raises(DriverError) as info:
                 OPS[op](owner)
@@ -244,19 +295,22 @@ def test_a_failure_at_any_call_leaves_nothing_leaked_every_byte_and_the_snapshot
                     assert any("close again" in n for n in err.__notes__), where
                     after = owner.snapshot().arena
                     kept = {after.base + m.offset: m.size_bytes for m in after.mappings}
-                    assert pattern_intact(ranges, kept), where
+                    assert pattern_intact(owner, ranges, kept), where
             else:
                 assert owner.snapshot() == snap, where
                 assert drv.stats() == held, where
                 assert not getattr(err, "__notes__", []), f"{where}: the undo failed too"
                 assert not owner.closed, where
-                assert pattern_intact(ranges), f"{where}: bytes changed under a failed call"
+                assert pattern_intact(owner, ranges), \
+                    f"{where}: bytes changed under a failed call"
                 OPS[op](owner)  # the same operation now succeeds
                 assert same_as_done(owner.snapshot(), done), where
             owner.close()
             assert drv.stats().clean, where
-            if kind == "host":
-                drv.inner.close()  # type: ignore[attr-defined]
+            drv.inner.close()  # type: ignore[attr-defined]
+    if free0 is not None:  # the GPU got its memory back
+        free = device_free_bytes(kind)
+        assert free is not None and abs(free - free0) <= G, (free0, free)
 
 
 def test_a_failed_finalize_keeps_the_bytes_already_written_on_the_host_driver() -> None:

@@ -1,4 +1,7 @@
-"""Arena and owner on the real driver: tensors in device memory, fault matrix, capture flow."""
+"""Arena and owner on the real driver: tensors in device memory, the capture flow, the pool.
+
+The fault matrix runs on the CUDA driver (both paths) in tests/driver/test_fault_matrix.py and
+the owner's bytes after a finalize in tests/owner/test_owner.py, beside the sim and host drivers."""
 
 from __future__ import annotations
 
@@ -7,17 +10,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from kvvmm import (
-    Arena,
-    Chunked,
-    DriverError,
-    Exact,
-    Fault,
-    FaultyDriver,
-    KvBufferOwner,
-    mha_token_major,
-)
-from kvvmm.driver.base import CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_OUT_OF_MEMORY
+from kvvmm import Arena, KvBufferOwner, mha_token_major
 from kvvmm.driver.cuda import CudaDriver
 from kvvmm.units import GiB, MiB
 
@@ -58,74 +51,6 @@ def test_arena_tensors_alias_device_memory_and_keep_the_arena_alive(cd: CudaDriv
 
     gc.collect()
     assert arena.released
-
-
-def test_owner_bytes_written_after_finalize_read_back_intact(cd: CudaDriver) -> None:
-    owner = KvBufferOwner(driver=cd, dtype="bfloat16", page_size=16, reserved_tokens=200_000,
-                          descs=descs())
-    owner.finalize(150_000)
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    data = [torch.randn(150_016, 8, 128, device="cuda", generator=gen).bfloat16()
-            for _ in owner.tensors]
-    for t, x in zip(owner.tensors, data, strict=True):
-        t[:150_016].copy_(x)
-    for t, x in zip(owner.tensors, data, strict=True):
-        assert torch.equal(t[:150_016], x)
-    del data
-    assert cd.stats().physical_bytes == owner.backed_bytes
-    owner.close()
-
-
-@pytest.mark.parametrize("op", ["commit", "finalize", "shrink", "close"])
-@pytest.mark.parametrize("policy", [Exact(), Chunked(8 * MiB)], ids=["exact", "chunked"])
-def test_a_failure_at_any_call_leaves_nothing_leaked_on_the_real_driver(
-    cd: CudaDriver, op: str, policy: object
-) -> None:
-    ops = {"commit": lambda o: o.ensure_prefix(45_000), "finalize": lambda o: o.finalize(55_000),
-           "shrink": lambda o: o.shrink(2_000), "close": lambda o: o.close()}
-
-    def make() -> tuple[KvBufferOwner, FaultyDriver]:
-        drv = FaultyDriver(cd)
-        o = KvBufferOwner(driver=drv, dtype="bfloat16", page_size=16, reserved_tokens=60_000,
-                          descs=mha_token_major(layers=2, kv_heads=4, head_dim=64,
-                                                reserved_tokens=60_000, page_size=16,
-                                                dtype="bfloat16"),
-                          policy=policy)  # type: ignore[arg-type]
-        for n in (3000, 9000, 17000):
-            o.ensure_prefix(n)
-        return o, drv
-
-    o, drv = make()
-    n0 = len(drv.calls)
-    ops[op](o)
-    calls = drv.calls[n0:]
-    done_backed = o.backed_bytes
-    o.close()
-    free0 = cd.mem_info()[0]
-    for pos, call in enumerate(calls, start=1):
-        for error in (CUDA_ERROR_OUT_OF_MEMORY, CUDA_ERROR_INVALID_VALUE):
-            o, drv = make()
-            snap, st = o.snapshot(), cd.stats()
-            drv.arm(Fault("*", nth=pos, error=error))
-            with pytest.raises(DriverError) as info:
-                ops[op](o)
-            assert info.value.call == call and info.value.cuda_error == error
-            drv.disarm()
-            if call == "release" and op in ("shrink", "close"):
-                # Past the point of no return (issue 18 item 5): every unmap succeeded, so
-                # the VA no longer reaches the handle; the operation stands and the arena
-                # keeps the handle it could not release, for close() to retry.
-                assert o.arena.released if op == "close" else (
-                    o.backed_bytes == done_backed and o.arena.unreleased_bytes > 0)
-            elif not (op == "close" and o.arena.released):
-                assert o.snapshot() == snap
-                now = cd.stats()
-                assert (now.mappings, now.mapped_bytes, now.physical_bytes) == (
-                    st.mappings, st.mapped_bytes, st.physical_bytes)
-            o.close()
-            assert cd.stats().clean
-    # The device got its memory back (within one granule of noise from other allocations).
-    assert abs(cd.mem_info()[0] - free0) <= 2 * MiB
 
 
 def test_a_graph_captured_before_finalize_writes_a_late_slot_after_it(cd: CudaDriver) -> None:

@@ -1,4 +1,6 @@
-"""KvBufferOwner on sim and host: spans, backed bytes and handle counts computed by hand."""
+"""KvBufferOwner on sim and host: spans, backed bytes and handle counts computed by hand; the
+bytes written after a finalize read back on the host driver and, where a GPU is usable, on the
+CUDA driver (both paths)."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ import sys
 import textwrap
 
 import pytest
+from drivers import driver_params, open_driver_kind
 
 from kvvmm import (
     Chunked,
@@ -125,27 +128,37 @@ def test_geometric_growth_doubles_until_its_cap(drv: Driver) -> None:
     owner.close()
 
 
-def test_bytes_written_after_finalize_read_back_intact_on_the_host_driver() -> None:
-    drv = HostDriver(capacity_bytes=4 * GiB)
+@pytest.mark.parametrize("kind", driver_params(("host", "cuda-c", "cuda-python")))
+def test_bytes_written_after_finalize_read_back_intact(
+    kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Real bytes: host memory, and device memory where a GPU is usable (both CUDA paths).
+    import torch
+
+    drv: Driver = (HostDriver(capacity_bytes=4 * GiB) if kind == "host"
+                   else open_driver_kind(kind, monkeypatch))
+    if kind != "host" and not torch.cuda.is_available():
+        drv.close()
+        pytest.skip("torch has no CUDA here: the bytes are written through torch")
     descs = mha_token_major(layers=2, kv_heads=4, head_dim=64, reserved_tokens=50_000,
                             page_size=16, dtype="bfloat16")
     owner = KvBufferOwner(driver=drv, dtype="bfloat16", page_size=16, reserved_tokens=50_000,
                           descs=descs)
     owner.finalize(30_000)
-    import torch
-
-    gen = torch.Generator().manual_seed(0)
-    data = [torch.randn(30_016, 4, 64, generator=gen).bfloat16() for _ in owner.tensors]
+    device = owner.tensors[0].device
+    gen = torch.Generator(device=device).manual_seed(0)
+    data = [torch.randn(30_016, 4, 64, generator=gen, device=device).bfloat16()
+            for _ in owner.tensors]
     for t, x in zip(owner.tensors, data, strict=True):
         t[:30_016].copy_(x)
     for t, x in zip(owner.tensors, data, strict=True):
         assert torch.equal(t[:30_016], x)
     # Memory beyond the backed spans exists nowhere: the driver holds exactly what is backed.
     assert drv.stats().physical_bytes == owner.backed_bytes
-    del t  # the loop's last tensor: a live view pins the VA, and drv.close() would refuse
+    del t, data  # the loop's last tensor: a live view pins the VA, and close() would wait
     owner.close()
-    drv.close()
     assert drv.stats().clean
+    drv.close()
 
 
 def test_writing_beyond_the_backed_span_faults_instead_of_touching_memory() -> None:
