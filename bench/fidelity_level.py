@@ -208,6 +208,7 @@ def _loso_variant(ratios: Mapping[str, Mapping[str, float]], session_of: Mapping
                   ) -> dict[str, Any]:
     flags = []
     widths = []
+    by_run: dict[str, list[bool]] = {}
     for held in sorted(set(session_of.values())):
         lv: dict[str, list[float]] = {}
         per: dict[tuple[str, str], list[float]] = {}
@@ -227,8 +228,10 @@ def _loso_variant(ratios: Mapping[str, Mapping[str, float]], session_of: Mapping
                 g = group(n)
                 lo, hi = compose(b, bounds(lv[g])) if g in lv else (b[0], b[2])
                 flags.append(lo <= r * b[1] <= hi)
+                by_run.setdefault(run, []).append(flags[-1])
                 widths.append((hi - lo) / b[1])
-    return _count(flags) | {"median_width": round(statistics.median(widths), 4)}
+    return _count(flags) | {"median_width": round(statistics.median(widths), 4),
+                            "per_run": {k: _count(v)["in_band"] for k, v in by_run.items()}}
 
 
 def _correlation(xs: Sequence[float], ys: Sequence[float]) -> float | None:
@@ -317,6 +320,7 @@ def score(profile: str = "h200", paths: Sequence[str] = COMMITTED,
     others = {r.name for r in runs if session_of[r.name] != calib}
     sens_args = (ratios, session_of, bands)
     variants: dict[str, tuple[Callable[[str], str | None], Bounds, Compose]] = {
+        "per_call_band_only": (level_group, _p10_p90, lambda b, _: (b[0], b[2])),
         "as_chosen": (level_group, _p10_p90, _widen),
         "one_level_for_every_group": (lambda n: "all" if level_group(n) else None, _p10_p90,
                                       _widen),
@@ -381,12 +385,13 @@ def score(profile: str = "h200", paths: Sequence[str] = COMMITTED,
             "after": f"{sum(w['within_target_after'] for w in widths.values())} of "
                      f"{len(widths)}"},
         "sensitivity": sensitivity | {
-            "what": "the same leave-one-session-out score with one choice changed: one level "
-                    "for every group; the sessions' min and max for p10 and p90; the level "
-                    "multiplied into both ends even where that narrows the band (p10 > 1 or "
-                    "p90 < 1); the level alone around the sim's point (no per-call band); the "
-                    "two spreads added in quadrature in log space (independent) instead of "
-                    "end to end; median_width: of the bands scored"},
+            "what": "the same leave-one-session-out score with one choice changed (and the "
+                    "per-call band alone, for its width): one level for every group; the "
+                    "sessions' min and max for p10 and p90; the level multiplied into both "
+                    "ends even where that narrows the band (p10 > 1 or p90 < 1); the level "
+                    "alone around the sim's point (no per-call band); the two spreads added "
+                    "in quadrature in log space (independent) instead of end to end; "
+                    "median_width: of the bands scored"},
     }
 
 
