@@ -34,7 +34,8 @@ Run on a GPU, after calibrating, in one command::
 card, versions, date, the profile used, and per scenario predicted and measured µs, the
 ratio predicted/measured, whether it is within 0.9-1.1, the predicted band (``band_us``:
 the sim at the profile's p10, as it is, and at its p90) and whether the measured median is
-in it (``in_band``).
+in it (``in_band``); for a profile with a session level (``spread.level``), the band
+composed with it too (``band_level_us``, ``in_band_level``).
 
 ``--score RESULT...`` scores ``--profile``'s bands against committed runs from other
 sessions and days (no GPU): per scenario whether each run's measured median is in the band,
@@ -230,6 +231,20 @@ def predict_bands(profile: Any, wl: Workload, mid: dict[str, list[float]] | None
     return out
 
 
+def with_level(bands: dict[str, list[float]], rows: dict[str, dict[str, float]],
+               ) -> dict[str, list[float]]:
+    """Each scenario's band composed with its group's session level row (``rows``: ``{group:
+    {"p10", "p50", "p90"}}``, :func:`kvvmm.hardware.spread.level_of`); a scenario whose
+    group has no row keeps its band."""
+    from kvvmm.hardware.spread import compose_level, level_group
+
+    out = {}
+    for name, (lo, mid, hi) in bands.items():
+        g = level_group(name)
+        out[name] = list(compose_level(lo, mid, hi, rows.get(g) if g else None))
+    return out
+
+
 def _skipped() -> dict[str, str]:
     """Scenarios of other issues that this checkout cannot run, and why."""
     from kvvmm.owner import KvBufferOwner
@@ -320,10 +335,12 @@ def _versions() -> dict[str, Any]:
 
 def compare(predicted: dict[str, list[float]],
             measured: dict[str, list[float]] | None,
-            bands: dict[str, list[float]] | None = None) -> dict[str, Any]:
+            bands: dict[str, list[float]] | None = None,
+            level_bands: dict[str, list[float]] | None = None) -> dict[str, Any]:
     """Per scenario: predicted and measured µs (median of rounds), ratio, within 0.9-1.1;
     with ``bands`` (:func:`predict_bands`), the band and whether the measured median is in
-    it (``in_band``)."""
+    it (``in_band``); with ``level_bands`` (:func:`with_level`), the same composed with the
+    session level (``band_level_us``, ``in_band_level``)."""
     out: dict[str, Any] = {}
     for name, pred in predicted.items():
         row: dict[str, Any]
@@ -353,6 +370,11 @@ def compare(predicted: dict[str, list[float]],
             row["band_us"] = [round(x, 1) for x in bands[name]]
             if "measured_us" in row:
                 row["in_band"] = bool(lo <= row["measured_us"] <= hi)
+        if level_bands is not None and name in level_bands:
+            lo, _, hi = level_bands[name]
+            row["band_level_us"] = [round(x, 1) for x in level_bands[name]]
+            if "measured_us" in row:
+                row["in_band_level"] = bool(lo <= row["measured_us"] <= hi)
         out[name] = row
     return out
 
@@ -374,6 +396,11 @@ def summarize(res: dict[str, Any]) -> None:
         res["in_band_share"] = round(n / len(banded), 4)
         res["outside_band"] = sorted(k for k, v in sc.items()
                                      if v.get("ratio") is not None and not v.get("in_band"))
+    leveled = [v for v in timed if "in_band_level" in v]
+    if leveled:
+        n = sum(1 for v in leveled if v["in_band_level"])
+        res["in_band_level_count"] = f"{n} of {len(leveled)} timed"
+        res["in_band_level_share"] = round(n / len(leveled), 4)
 
 
 def measured_of(scenarios: dict[str, Any]) -> dict[str, list[float]]:
@@ -415,24 +442,31 @@ def score(profile: str, results: Sequence[str], wl: Workload | None = None,
     band (``in_band``); the share in band per file and over all; and per scenario the
     band's width (``(high - low) / mid``) beside the card's own spread over every scored
     run's rounds (``(p90 - p10) / p50`` of them all), against the target: no wider than the
-    card's spread + 0.10.
+    card's spread + 0.10. A profile with a session level (``spread.level``) is scored with
+    its bands composed with it as well (``in_band_level``; in sample when its level was
+    fitted to these runs: ``bench/fidelity_level.py`` scores it leaving each session out).
     """
-    from kvvmm.hardware.spread import quantiles
+    from kvvmm.hardware import profile_data
+    from kvvmm.hardware.spread import level_of, quantiles
 
     wl = wl or Workload()
     prof = get_profile(profile)
     mid = predict(prof, wl)
     bands = predict_bands(prof, wl, mid)
+    rows_level = level_of(profile_data(prof))
+    lbands = with_level(bands, rows_level) if rows_level else None
     runs: dict[str, Any] = {}
     rounds: dict[str, list[float]] = {}
     all_in: list[bool] = []
+    all_level: list[bool] = []
     for path in results:
         with open(path, encoding="utf-8") as f:
             got = json.load(f)
         meas = measured_of(got["scenarios"])
-        c = compare(mid, meas, bands)
+        c = compare(mid, meas, bands, lbands)
         rows = {n: {"band_us": v["band_us"], "measured_us": v["measured_us"],
                     "in_band": v["in_band"], "ratio": v["ratio"]}
+                   | {k: v[k] for k in ("band_level_us", "in_band_level") if k in v}
                 for n, v in c.items() if v.get("ratio") is not None and "in_band" in v}
         for n in rows:
             rounds.setdefault(n, []).extend(x for x in meas[n] if x > 0)
@@ -443,6 +477,12 @@ def score(profile: str, results: Sequence[str], wl: Workload | None = None,
             "in_band_share": _share(flags),
             "outside_band": sorted(n for n, r in rows.items() if not r["in_band"]),
             "scenarios": rows}
+        if lbands is not None:
+            lf = [r["in_band_level"] for r in rows.values()]
+            all_level += lf
+            runs[os.path.basename(path)] |= {
+                "in_band_level_count": f"{sum(lf)} of {len(lf)} timed",
+                "in_band_level_share": _share(lf)}
     widths: dict[str, Any] = {}
     for n, band in bands.items():
         if n not in rounds or band[1] <= 0:
@@ -452,6 +492,15 @@ def score(profile: str, results: Sequence[str], wl: Workload | None = None,
         width = (band[2] - band[0]) / band[1]
         widths[n] = {"band_width": round(width, 4), "card_spread": round(card, 4),
                      "rounds": len(rounds[n]), "within_target": width <= card + 0.10}
+        if lbands is not None:
+            lw = (lbands[n][2] - lbands[n][0]) / lbands[n][1]
+            widths[n] |= {"band_level_width": round(lw, 4),
+                          "level_within_target": lw <= card + 0.10}
+    level = ({"in_band_level_count": f"{sum(all_level)} of {len(all_level)} timed",
+              "in_band_level_share": _share(all_level),
+              "band_level": "the band composed with the profile's session level "
+                            "(spread.level: low times its group's p10, high times its p90)"}
+             if lbands is not None else {})
     return {"benchmark": "bench_fidelity --score",
             "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "versions": _versions(),
@@ -464,7 +513,7 @@ def score(profile: str, results: Sequence[str], wl: Workload | None = None,
             "in_band_share": _share(all_in), "target_share": 0.9,
             "widths_within_target": f"{sum(1 for w in widths.values() if w['within_target'])}"
                                     f" of {len(widths)}",
-            "widths": widths, "runs": runs}
+            "widths": widths, "runs": runs} | level
 
 
 def crossval(profiles: Sequence[str], results: Sequence[str],
@@ -571,6 +620,14 @@ def main(argv: list[str] | None = None) -> int:
     predicted = predict(args.profile, wl, args.settle_s)
     bands = predict_bands(prof, wl, predicted, args.settle_s)
     res["band"] = "band_us: the sim at every cost figure's p10, as it is, and at its p90"
+    from kvvmm.hardware import profile_data
+    from kvvmm.hardware.spread import level_of
+
+    rows_level = level_of(profile_data(prof))
+    lbands = with_level(bands, rows_level) if rows_level else None
+    if lbands is not None:
+        res["band_level"] = ("band_level_us: band_us composed with the profile's session "
+                             "level (low times its group's p10, high times its p90)")
     measured: dict[str, list[float]] | None = None
     card = prof.name
     if not args.sim_only:
@@ -628,7 +685,7 @@ def main(argv: list[str] | None = None) -> int:
     res["mode"] = "sim-only" if args.sim_only else "sim vs cuda"
     res["rounds"] = 1 if args.sim_only else args.rounds
     res["settle_s"] = args.settle_s
-    res["scenarios"] = compare(predicted, measured, bands)
+    res["scenarios"] = compare(predicted, measured, bands, lbands)
     if measured is not None:
         summarize(res)
     res["wall_s"] = round(time.perf_counter() - started, 1)
@@ -639,7 +696,8 @@ def main(argv: list[str] | None = None) -> int:
         json.dump(res, f, indent=1)
     summary = {k: res.get(k) for k in ("card", "mode", "profile", "ratios", "outside",
                                        "outside_but_in_rounds", "within_count", "all_within",
-                                       "in_band_count", "outside_band", "wall_s")}
+                                       "in_band_count", "in_band_level_count",
+                                       "outside_band", "wall_s")}
     summary["parity"] = {k: v for k, v in res.get("parity", {}).items() if k != "examples"}
     print(json.dumps(summary, indent=1))
     print("wrote", out)

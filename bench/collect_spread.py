@@ -16,9 +16,16 @@ Each figure group's p10 / p50 / p90 are the quantiles of the ratios (calibration
 figure at the shipped sizes, and round / median), pooled
 (:func:`kvvmm.hardware.spread.spread_section`).
 
+``--level`` takes the **session level** instead (``spread.level``, and only it): per scenario
+group, the quantiles over sessions of each session's *measured / the sim's point on the
+shipped profile*, from every committed fidelity run (``bench/fidelity_level.py``, which also
+scores it leaving each session out). The sim side runs the whole fidelity workload (about
+10 s of CPU).
+
     python bench/collect_spread.py            # print the section
     python bench/collect_spread.py --write    # write it into kvvmm/hardware/data/h200.json
     python bench/collect_spread.py --check    # exit 1 if the shipped section differs
+    python bench/collect_spread.py --level [--write | --check]   # spread.level only
 """
 
 from __future__ import annotations
@@ -33,8 +40,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+for _p in (str(ROOT), str(ROOT / "bench")):
+    if _p not in sys.path:
+        sys.path.insert(0, _p)
 
 from kvvmm.hardware.spread import figures_of, spread_section  # noqa: E402
 
@@ -96,21 +104,60 @@ def compute(shipped: dict[str, Any]) -> dict[str, Any]:
                 f"h200-growth-variance.json, 2026-11-29; create, map, set_access), pooled"))
 
 
+def compute_level() -> dict[str, Any]:
+    """The ``spread.level`` section for the shipped h200 from every committed fidelity run."""
+    import fidelity_level as fl
+
+    runs = fl.load_runs(fl.COMMITTED)
+    session_of = fl.sessions_of(runs)
+    import bench_fidelity as bf
+
+    mid = bf.predict("h200", bf.Workload())
+    ratios = {r.name: fl.run_ratios(mid, r.measured) for r in runs}
+    files = ", ".join(r.path.removeprefix("bench/results/") for r in runs)
+    return fl.fitted_level(
+        ratios, session_of,
+        source=f"bench/collect_spread.py --level: {len(runs)} committed H200 fidelity runs in "
+               f"{len(set(session_of.values()))} sessions (runs under "
+               f"{fl.SESSION_GAP_S:g} s apart share one): bench/results/{{{files}}}; each "
+               "session's level per group is the median of its runs' measured median / the "
+               "sim's point on this profile over the group's scenarios; p10/p50/p90 over "
+               "sessions (few sessions: docs/FIDELITY.md)")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--write", action="store_true", help=f"write the section into {SHIPPED}")
     ap.add_argument("--check", action="store_true",
                     help="exit 1 if the shipped profile's section differs from the files")
+    ap.add_argument("--level", action="store_true",
+                    help="the session level (spread.level) only, from the fidelity runs")
     args = ap.parse_args(argv)
     shipped = _load(SHIPPED)
+    if args.level:
+        lv = compute_level()
+        if args.check:
+            same = shipped.get("spread", {}).get("level") == lv
+            print("spread.level: up to date" if same else
+                  "spread.level: differs from the committed runs")
+            return 0 if same else 1
+        if args.write:
+            shipped.setdefault("spread", {})["level"] = lv
+            with open(SHIPPED, "w", encoding="utf-8") as f:
+                json.dump(shipped, f, indent=1)
+                f.write("\n")
+            print(f"wrote spread.level of {len(lv['groups'])} groups into {SHIPPED}")
+        print(json.dumps(lv["groups"], indent=1))
+        return 0
     sec = compute(shipped)
     if args.check:
-        same = shipped.get("spread") == sec
+        same = {k: v for k, v in shipped.get("spread", {}).items() if k != "level"} == sec
         print("spread: up to date" if same else "spread: differs from the committed files")
         return 0 if same else 1
     if args.write:
-        shipped["spread"] = sec
+        level = shipped.get("spread", {}).get("level")
+        shipped["spread"] = sec | ({"level": level} if level is not None else {})
         with open(SHIPPED, "w", encoding="utf-8") as f:
             json.dump(shipped, f, indent=1)
             f.write("\n")

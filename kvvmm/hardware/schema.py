@@ -413,6 +413,17 @@ SCHEMA: dict[str, Rule] = {
     "spread.figures.*.p90": _FACTOR,
     "spread.figures.*.samples": Num(1, 1 << 32, "samples", integer=True),
     "spread.history": Record(),  # its shape is checked by _check_spread
+    # the session level: per scenario group, quantiles over sessions (spread.py)
+    "spread.level": Section(),
+    "spread.level.unit": _TEXT,
+    "spread.level.source": _TEXT,
+    "spread.level.groups": Section(),
+    "spread.level.groups.*": Section(),
+    "spread.level.groups.*.p10": _FACTOR,
+    "spread.level.groups.*.p50": _FACTOR,
+    "spread.level.groups.*.p90": _FACTOR,
+    "spread.level.groups.*.sessions": Num(1, 1 << 32, "sessions", integer=True),
+    "spread.level.sessions": Record(),  # its shape is checked by _check_level
     "refreshed": Record(),  # what kvvmm calibrate --quick --profile did
 }
 
@@ -604,6 +615,9 @@ def _check_spread(walk: _Walk, spread: Mapping[str, Any]) -> None:
             raise walk.fail((*path, "p10"), row["p10"],
                             f"p10 <= p50 ({row['p50']}) <= p90 ({row['p90']})",
                             "the quantiles are out of order")
+    level = spread.get("level")
+    if isinstance(level, Mapping):
+        _check_level(walk, level)
     history = spread.get("history", [])
     if not isinstance(history, list):
         raise walk.fail(("spread", "history"), history, "a JSON array of calibrations' figures",
@@ -636,6 +650,41 @@ def _check_spread(walk: _Walk, spread: Mapping[str, Any]) -> None:
                 if why is not None:
                     raise walk.fail((*path, "figures", str(group), str(label)), x,
                                     _HISTORY_VALUE.expects(), why)
+
+
+#: The scenario groups a session level may name (kvvmm.hardware.spread.LEVEL_GROUPS).
+LEVEL_GROUPS = ("construct", "growth", "finalize", "close", "elastic", "startup", "decode")
+
+
+def _check_level(walk: _Walk, level: Mapping[str, Any]) -> None:
+    """What the table cannot say of a session level: known groups, p10 <= p50 <= p90, and
+    sessions ``[{"session", "runs", "factors": {group: factor}}]``."""
+    for group, row in (level.get("groups") or {}).items():
+        path: Path = ("spread", "level", "groups", str(group))
+        if group not in LEVEL_GROUPS:
+            raise walk.fail(path, group, "one of " + ", ".join(LEVEL_GROUPS),
+                            "not a scenario group a level is fitted for")
+        if not row["p10"] <= row["p50"] <= row["p90"]:
+            raise walk.fail((*path, "p10"), row["p10"],
+                            f"p10 <= p50 ({row['p50']}) <= p90 ({row['p90']})",
+                            "the quantiles are out of order")
+    sessions = level.get("sessions", [])
+    if not isinstance(sessions, list):
+        raise walk.fail(("spread", "level", "sessions"), sessions,
+                        "a JSON array of sessions' factors", f"it is {_kind(sessions)}")
+    for i, entry in enumerate(sessions):
+        path = ("spread", "level", "sessions", i)
+        factors = entry.get("factors") if isinstance(entry, Mapping) else None
+        if not isinstance(factors, Mapping):
+            raise walk.fail((*path, "factors"), ProfileError.MISSING if isinstance(
+                entry, Mapping) else entry, "an object {group: factor}")
+        for group, f in factors.items():
+            if group not in LEVEL_GROUPS:
+                raise walk.fail((*path, "factors", str(group)), group,
+                                "one of " + ", ".join(LEVEL_GROUPS))
+            why = _FACTOR.refuse(f)
+            if why is not None:
+                raise walk.fail((*path, "factors", str(group)), f, _FACTOR.expects(), why)
 
 
 #: A figure of a calibration kept (a fitted residual may be negative).

@@ -22,6 +22,15 @@ quantile, stated by :func:`spread_notes`.
 what :meth:`~kvvmm.hardware.profiles.DeviceProfile.at` makes of it: every figure at its own
 quantile ``q``, all at once (comonotone: the band that gives is not a joint distribution of
 independent costs; docs/FIDELITY.md says why).
+
+The card also moves as a whole between sessions (another machine, another day), further than
+the calibrations kept show: the **session level**. ``spread.level`` holds, per scenario group
+(:data:`LEVEL_GROUPS`: construction, growth, finalize, close, page commits, the workload's
+startup and decode), the quantiles over sessions of each session's factor *measured / the
+sim's point* (:func:`session_levels`, :func:`level_section`), and the sessions' factors
+themselves. It is not a cost figure: the sim never charges it; a band is composed with it
+afterwards (:func:`compose_level`). A profile without the section has no level: its bands
+are the per-call ones, exactly as before.
 """
 
 from __future__ import annotations
@@ -30,6 +39,7 @@ import copy
 import itertools
 import math
 import statistics
+import textwrap
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -37,8 +47,9 @@ from kvvmm.errors import ArgumentError
 from kvvmm.hardware.interp import Log2Curve
 from kvvmm.units import MiB
 
-__all__ = ["CALLS", "GROUPS", "QUANTILES", "at_quantile", "factor_at", "figures_of",
-           "quantiles", "ratios", "scaled", "spread_notes", "spread_section"]
+__all__ = ["CALLS", "GROUPS", "LEVEL_GROUPS", "QUANTILES", "at_quantile", "compose_level",
+           "factor_at", "figures_of", "level_group", "level_notes", "level_of", "level_section",
+           "quantiles", "ratios", "scaled", "session_levels", "spread_notes", "spread_section"]
 
 #: The driver calls whose curves a profile carries (``call_costs.points.<call>``).
 CALLS = ("create", "map", "set_access", "unmap", "release", "reserve", "free")
@@ -300,3 +311,121 @@ def spread_notes(data: Mapping[str, Any]) -> list[str]:
 def median_factor(factors: Mapping[str, float]) -> float:
     """The median of the groups' factors (1 when there are none)."""
     return statistics.median(factors.values()) if factors else 1.0
+
+
+# -- the session level ---------------------------------------------------------------------
+
+#: The scenario groups a session level is fitted for, in a fixed order (docs/FIDELITY.md says
+#: why these: on the H200 all of them moved with the session, each by its own amount).
+LEVEL_GROUPS = ("construct", "growth", "finalize", "close", "elastic", "startup", "decode")
+#: The workload replay's figures (``summary()`` keys) that have a level group; the others
+#: (background time, stalls) were never measured across sessions and have none.
+WORKLOAD_LEVEL = {"startup_driver_ms": "startup", "decode_driver_ms": "decode"}
+
+
+def level_group(scenario: str) -> str | None:
+    """The level group of a fidelity scenario (``bench/bench_fidelity.py``'s names:
+    ``construct``, ``growth:<policy>``, ``finalize``, ``close_grown:<policy>``,
+    ``close_fresh``, ``elastic:*``, ``workload:<strategy>:startup|decode``), or None
+    (a count, or a name no group covers)."""
+    head, _, rest = scenario.partition(":")
+    if scenario in ("construct", "finalize"):
+        return scenario
+    if head == "growth" and rest:
+        return "growth"
+    if head in ("close_grown", "close_fresh"):
+        return "close"
+    if head == "elastic" and rest:
+        return "elastic"
+    if head == "workload":
+        tail = rest.rpartition(":")[2]
+        return tail if tail in ("startup", "decode") and ":" in rest else None
+    return None
+
+
+def session_levels(ratios_by_run: Mapping[str, Mapping[str, float]],
+                   session_of: Mapping[str, str]) -> dict[str, dict[str, float]]:
+    """Each session's level factor per group: the median, over the session's runs and the
+    group's scenarios, of *measured / predicted*.
+
+    Args:
+        ratios_by_run: per run, per scenario, measured median / the sim's point.
+        session_of: each run's session (runs of one session pool their ratios).
+    Returns:
+        ``{session: {group: factor}}``, groups with at least one finite ratio > 0.
+    """
+    pooled: dict[str, dict[str, list[float]]] = {}
+    for run, rows in ratios_by_run.items():
+        by = pooled.setdefault(session_of[run], {})
+        for scenario, r in rows.items():
+            g = level_group(scenario)
+            if g is not None and isinstance(r, (int, float)) and math.isfinite(r) and r > 0:
+                by.setdefault(g, []).append(float(r))
+    return {s: {g: round(statistics.median(rs), 4) for g, rs in by.items()}
+            for s, by in pooled.items()}
+
+
+def level_section(sessions: Mapping[str, Mapping[str, float]], *, source: str,
+                  runs: Mapping[str, Sequence[str]] | None = None) -> dict[str, Any]:
+    """A ``spread.level`` section: per group, the quantiles of the sessions' factors.
+
+    Args:
+        sessions: ``{session: {group: factor}}`` (:func:`session_levels`).
+        source: how the factors were taken, for the section's ``source``.
+        runs: per session, the runs it pooled (kept beside its factors).
+    Raises:
+        ArgumentError: a group that is not one of :data:`LEVEL_GROUPS`, or a factor that is
+            not a finite number > 0.
+    """
+    by: dict[str, list[float]] = {}
+    for factors in sessions.values():
+        for g, f in factors.items():
+            if g not in LEVEL_GROUPS:
+                raise ArgumentError("group", g, "one of " + ", ".join(LEVEL_GROUPS))
+            by.setdefault(g, []).append(f)
+    groups = {g: quantiles(by[g]) | {"sessions": len(by[g])} for g in LEVEL_GROUPS if g in by}
+    return {
+        "unit": "per scenario group, the quantiles (p10, p50, p90) over sessions of each "
+                "session's factor measured / the sim's point on this profile; a band is "
+                "widened by them (low times min(p10, 1), high times max(p90, 1)); a group "
+                "not listed has no level",
+        "source": source,
+        "groups": groups,
+        "sessions": [{"session": s, "runs": list((runs or {}).get(s, ())),
+                      "factors": {g: sessions[s][g] for g in LEVEL_GROUPS
+                                  if g in sessions[s]}}
+                     for s in sessions],
+    }
+
+
+def level_of(data: Mapping[str, Any]) -> dict[str, dict[str, float]]:
+    """A profile's level rows by group (``{}``: no ``spread.level``, no level)."""
+    sp = data.get("spread")
+    lv = sp.get("level") if isinstance(sp, Mapping) else None
+    groups = lv.get("groups") if isinstance(lv, Mapping) else None
+    return {g: dict(row) for g, row in groups.items()} if isinstance(groups, Mapping) else {}
+
+
+def compose_level(low: float, mid: float, high: float, row: Mapping[str, float] | None,
+                  ) -> tuple[float, float, float]:
+    """A per-call band ``(low, mid, high)`` widened by a group's level row: ``low`` times its
+    p10 and ``high`` times its p90, where they reach past 1 (a level never narrows the
+    per-call band: sessions that all ran faster than the sim say nothing against the
+    per-call spread measured above it). No row: the band as it is.
+
+    ``low <= mid <= high`` stays as it was.
+    """
+    if not row:
+        return low, mid, high
+    return (low * min(float(row["p10"]), 1.0), mid, high * max(float(row["p90"]), 1.0))
+
+
+def level_notes(data: Mapping[str, Any]) -> list[str]:
+    """What the session level adds to a band made from ``data`` (one line)."""
+    rows = level_of(data)
+    if not rows:
+        return ["no session level measured: the band is the per-call spread only"]
+    n = max(int(r.get("sessions", 0)) for r in rows.values())
+    parts = ", ".join(f"{g} {r['p10']:.2f}-{r['p90']:.2f}" for g, r in rows.items())
+    return textwrap.wrap(f"widened by the session level over {n} sessions (p10-p90 of "
+                         f"measured / sim, where past 1): {parts}", 96)

@@ -16,6 +16,13 @@ distribution: a run may land outside it when figures move apart. ``low <= mid <=
 always (a figure the sim does not charge monotonically, a negative fitted residual, is
 bounded by ``mid``). A profile without a spread gives a band of no width, said by
 :func:`band_notes`.
+
+A profile whose spread has a **session level** (``spread.level``, per scenario group: how far
+the card's whole level moved between sessions, :mod:`kvvmm.hardware.spread`) widens the
+bands of the figures it covers (growth: ``growth``; the workload's startup and decode
+driver time: ``startup``, ``decode``): low times the group's p10, high times its p90
+(:meth:`Band.with_level`). ``level=False`` gives the per-call band alone; a profile without
+a level gives exactly that.
 """
 
 from __future__ import annotations
@@ -27,7 +34,13 @@ from typing import Any
 from kvvmm.driver.sim import SimDriver
 from kvvmm.errors import ArgumentError
 from kvvmm.hardware import DeviceProfile, get_profile, profile_data
-from kvvmm.hardware.spread import spread_notes
+from kvvmm.hardware.spread import (
+    WORKLOAD_LEVEL,
+    compose_level,
+    level_notes,
+    level_of,
+    spread_notes,
+)
 
 __all__ = ["BAND_QUANTILES", "WORKLOAD_TIMES", "Band", "band_notes", "band_profiles", "banded",
            "growth_bands", "workload_bands"]
@@ -61,6 +74,11 @@ class Band:
         """Whether ``x`` lies in ``[low, high]``."""
         return self.low <= x <= self.high
 
+    def with_level(self, row: Mapping[str, float] | None) -> Band:
+        """This band composed with a session level row (``{"p10", "p50", "p90"}``): low
+        times p10, high times p90, ``mid`` kept inside; None: this band."""
+        return self if not row else Band(*compose_level(self.low, self.mid, self.high, row))
+
     def as_list(self, digits: int = 3) -> list[float]:
         """``[low, mid, high]`` rounded, for JSON."""
         return [round(self.low, digits), round(self.mid, digits), round(self.high, digits)]
@@ -74,33 +92,46 @@ def band_profiles(profile: str | DeviceProfile) -> tuple[DeviceProfile, DevicePr
     return prof.at(lo), prof, prof.at(hi)
 
 
-def band_notes(profile: str | DeviceProfile) -> list[str]:
-    """What the bands made from ``profile`` cover (a profile without a spread: no width)."""
+def band_notes(profile: str | DeviceProfile, *, level: bool = True) -> list[str]:
+    """What the bands made from ``profile`` cover (a profile without a spread: no width;
+    with ``level`` and a profile that has one, what the session level adds)."""
     prof = get_profile(profile)
     lo, hi = BAND_QUANTILES
+    data = profile_data(prof)
     return [f"band: every cost figure at its p{lo * 100:.0f} and p{hi * 100:.0f} at once "
-            f"(not a joint distribution)", *spread_notes(profile_data(prof))]
+            f"(not a joint distribution)", *spread_notes(data),
+            *(level_notes(data) if level and level_of(data) else ())]
 
 
 def banded(run: Callable[[DeviceProfile], Mapping[str, float]],
            profile: str | DeviceProfile, *,
-           mid: Mapping[str, float] | None = None) -> dict[str, Band]:
+           mid: Mapping[str, float] | None = None,
+           groups: Callable[[str], str | None] | None = None) -> dict[str, Band]:
     """Run ``run(profile)`` at the band's three profiles; a band per figure it returns.
 
     Args:
         run: a profile -> {figure: value} function (one of the runners, wrapped).
         profile: the profile the band is around.
         mid: ``run(profile)`` when the caller has it already (not run again).
+        groups: each figure's session level group (None: no level); with it, every
+            figure whose group the profile's ``spread.level`` holds is composed with it.
+            Without it (or a profile without a level), the per-call bands as they are.
     """
     lo_p, mid_p, hi_p = band_profiles(profile)
     m = dict(run(mid_p) if mid is None else mid)
     lo = run(lo_p) if lo_p is not mid_p else m
     hi = run(hi_p) if hi_p is not mid_p else m
-    return {k: Band.of(float(lo[k]), float(v), float(hi[k])) for k, v in m.items()}
+    out = {k: Band.of(float(lo[k]), float(v), float(hi[k])) for k, v in m.items()}
+    rows = level_of(profile_data(mid_p)) if groups is not None else {}
+    if rows and groups is not None:
+        out = {k: b.with_level(rows.get(g) if (g := groups(k)) else None)
+               for k, b in out.items()}
+    return out
 
 
 def growth_bands(policies: Sequence[Any], *, profile: str | DeviceProfile = "h200",
-                 mid: Sequence[Any] | None = None, **growth: Any) -> list[Band]:
+                 mid: Sequence[Any] | None = None, level: bool = True,
+                 **growth: Any) -> list[Band]:
     """The band of each policy's simulated growth time (µs), :func:`kvvmm.growth.decode_growth`.
 
     Args:
@@ -108,6 +139,8 @@ def growth_bands(policies: Sequence[Any], *, profile: str | DeviceProfile = "h20
         profile: the sim's profile.
         mid: the results of the run at ``profile`` itself, if the caller has them (a lab
             that just ran), so only the low and high runs are made.
+        level: compose with the profile's session level of ``growth`` (if it has one);
+            False: the per-call band alone.
         growth: the rest of ``decode_growth``'s arguments (model, layers, tokens, ...).
     """
     from kvvmm.growth import decode_growth
@@ -120,12 +153,13 @@ def growth_bands(policies: Sequence[Any], *, profile: str | DeviceProfile = "h20
         return {str(i): r.sim_us for i, r in enumerate(res)}
 
     have = None if mid is None else {str(i): r.sim_us for i, r in enumerate(mid)}
-    got = banded(run, profile, mid=have)
+    got = banded(run, profile, mid=have, groups=(lambda _: "growth") if level else None)
     return [got[str(i)] for i in range(len(policies))]
 
 
 def workload_bands(workload: Any, strategies: Sequence[str], *, gpu: str = "h200",
-                   mid: Any | None = None, **kw: Any) -> dict[str, dict[str, Band]]:
+                   mid: Any | None = None, level: bool = True,
+                   **kw: Any) -> dict[str, dict[str, Band]]:
     """Per strategy, a band of each timed figure (:data:`WORKLOAD_TIMES`) of
     :func:`kvvmm.workload.run_workload` on the sim.
 
@@ -135,6 +169,8 @@ def workload_bands(workload: Any, strategies: Sequence[str], *, gpu: str = "h200
         gpu: the sim's profile (a key or a path).
         mid: the :class:`~kvvmm.workload.run.WorkloadComparison` of the run at ``gpu`` itself,
             when the caller has it (only the low and high runs are made).
+        level: compose the startup and decode driver times with the profile's session
+            level (``startup``, ``decode``; other figures have none); False: per-call only.
         kw: the rest of ``run_workload``'s arguments (model, tp, config, ...; not ``driver``:
             a band is a prediction, always on the sim).
     Raises:
@@ -158,7 +194,11 @@ def workload_bands(workload: Any, strategies: Sequence[str], *, gpu: str = "h200
         return flat(run_workload(workload, list(strategies), gpu=gpu,
                                  driver=lambda: SimDriver(p, capacity_bytes=cap), **kw))
 
-    got = banded(run, prof, mid=None if mid is None else flat(mid))
+    def group(key: str) -> str | None:
+        return WORKLOAD_LEVEL.get(key.split("|", 1)[1])
+
+    got = banded(run, prof, mid=None if mid is None else flat(mid),
+                 groups=group if level else None)
     out: dict[str, dict[str, Band]] = {}
     for key, band in got.items():
         strategy, fig = key.split("|", 1)

@@ -86,6 +86,9 @@ def test_a_refresh_keeps_the_old_figures_as_history_and_its_spread_covers_them()
     assert create["p90"] >= 1.25
     prof = profile_from_data(new, where="refreshed")
     assert prof.at(0.9) != prof
+    # The session level was fitted against the old figures, from other sessions than this
+    # one: a refresh measures this session's level, so the refreshed profile carries none.
+    assert "level" in old["spread"] and "level" not in new["spread"]
 
 
 def test_a_profile_without_call_costs_is_refused_for_a_refresh() -> None:

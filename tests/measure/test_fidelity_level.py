@@ -1,0 +1,109 @@
+"""``bench/fidelity_level.py``: the session level fitted from fidelity runs, scored leaving
+each session out (issue 27).
+
+Fixture runs planted at known multiples of the sim's point, in sessions by their dates: runs
+minutes apart pool into one session; each session is scored with a level fitted from the
+others only, so a session beyond all the others stays outside its band (as the H200's
+2026-12-04 did), and one inside their range comes in.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _load(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def fl() -> ModuleType:
+    _load("bench_fidelity")
+    return _load("fidelity_level")
+
+
+@pytest.fixture(scope="module")
+def small(fl: ModuleType) -> Any:
+    from dataclasses import replace
+
+    return replace(sys.modules["bench_fidelity"].SMALL, workload_s=0.0, policies=("default",))
+
+
+def _run(path: Path, date: str, predicted: dict[str, list[float]], scale: float) -> str:
+    sc = {name: ({"predicted": v[0], "measured": v[0]} if name.endswith(":calls") else
+                 {"predicted_us": v[0], "measured_us": v[0] * scale,
+                  "measured_rounds_us": [v[0] * scale] * 3})
+          for name, v in predicted.items()}
+    path.write_text(json.dumps({"date": date, "scenarios": sc}), encoding="utf-8")
+    return str(path)
+
+
+def test_sessions_pool_runs_minutes_apart_and_each_is_scored_on_the_others_level(
+        fl: ModuleType, small: Any, tmp_path: Path) -> None:
+    pred = sys.modules["bench_fidelity"].predict("h200", small)
+    plan = [("a1", "2026-12-01T12:22:00+00:00", 1.0), ("a2", "2026-12-01T12:40:00+00:00", 1.0),
+            ("b", "2026-12-02T09:00:00+00:00", 2.5), ("c", "2026-12-03T09:00:00+00:00", 0.4),
+            ("d", "2026-12-04T09:00:00+00:00", 2.5)]
+    paths = [_run(tmp_path / f"{n}.json", d, pred, x) for n, d, x in plan]
+    # the same bytes twice count once
+    (tmp_path / "copy.json").write_bytes(Path(paths[0]).read_bytes())
+    got = fl.score("h200", [*paths, str(tmp_path / "copy.json")], small,
+                   calibrated_at="2026-12-01T12:20:00+00:00")
+    assert [r["file"] for r in got["runs"]] == paths
+    assert got["sessions"]["2026-12-01T12:22"]["runs"] == ["a1.json", "a2.json"]
+    assert got["calibration_session"] == "2026-12-01T12:22"
+    runs = got["leave_one_session_out"]["runs"]
+    share = {n: (r["before"]["share"], r["after"]["share"]) for n, r in runs.items()}
+    assert share["a1.json"] == (1.0, 1.0)  # the point itself: in every band
+    # 2.5x the point is past every per-call band; left out, b sees d's 2.5 (and d b's)
+    assert share["b.json"] == (0.0, 1.0) and share["d.json"] == (0.0, 1.0)
+    # 0.4x is below every session the others saw: left out, it stays outside
+    assert share["c.json"] == (0.0, 0.0)
+    levels = got["leave_one_session_out"]["levels"]
+    for g, row in levels["2026-12-02T09:00"].items():  # fitted without b's 2.5
+        assert row["p90"] < 2.5, g
+    # b and d in, c out: two of the three sessions other than the calibration's
+    assert got["other_sessions_than_calibration"]["after"]["share"] == pytest.approx(2 / 3,
+                                                                                   abs=1e-4)
+    # the level fitted on every session is the one collect_spread writes, and it loads
+    lv = got["level_every_session"]
+    assert {s["session"] for s in lv["sessions"]} == set(got["sessions"])
+    from kvvmm.hardware import profile_from_data
+    from kvvmm.hardware.profiles import shipped_data
+
+    data = json.loads(json.dumps(shipped_data()["h200"]))
+    data["spread"]["level"] = lv
+    profile_from_data(data, where="fitted level")
+    for w in got["widths"].values():
+        assert w["band_level_width"] >= w["band_width"]
+        assert w["within_target_after"] == (w["band_level_width"] <= w["card_spread"] + 0.10)
+    chosen = got["sensitivity"]["all_runs"]["as_chosen"]
+    assert {k: chosen[k] for k in ("in_band", "share")} == got["overall"]["after"]
+    json.dumps(got, allow_nan=False)  # strict JSON
+
+
+def test_with_level_composes_each_scenario_with_its_group_and_no_rows_change_nothing(
+        fl: ModuleType) -> None:
+    bf = sys.modules["bench_fidelity"]
+    bands = {"growth:exact": [8.0, 10.0, 12.0], "construct": [8.0, 10.0, 12.0],
+             "workload:prefix:decode": [1.0, 2.0, 3.0]}
+    assert bf.with_level(bands, {}) == bands
+    rows = {"growth": {"p10": 0.5, "p50": 1.0, "p90": 1.5}}
+    got = bf.with_level(bands, rows)
+    assert got["growth:exact"] == [4.0, 10.0, 18.0]
+    assert got["construct"] == bands["construct"]
+    assert got["workload:prefix:decode"] == bands["workload:prefix:decode"]
