@@ -239,6 +239,8 @@ class _Hooks:
         self.background_s = 0.0  # driver time of off-path work
         self.worker_until = 0.0  # when the modelled backing thread is free again
         self.waited_s = 0.0  # decode-path waits for off-path work since the last update
+        self._in_job = False  # a job runs: one it queues waits its turn (a thread's queue)
+        self._later: list[Callable[[], None]] = []
         self.allocator: object = None  # the strategy's allocator, for its clock
         # Page-elastic at best: per buffer geometry, granules any used page touches.
         ps = owner.page_size
@@ -299,9 +301,23 @@ class _Hooks:
     def executor(self, job: Callable[[], None], waited: bool) -> None:
         """Run ``job`` as a backing thread would: its driver time goes on that thread's
         clock, not the decode path's; a ``waited`` job (a lease the next step needs) makes
-        the decode thread wait until that thread has finished it."""
+        the decode thread wait until that thread has finished it. A job queued by the job
+        running (a refill when an admission's commit ends) runs after it, on the thread's
+        clock, as the backing thread's queue would run it: it is nobody's wait."""
+        if self._in_job:
+            self._later.append(job)
+            return
         self.waited_s += self.account()  # what came before ran on the decode thread
-        job()
+        self._run_job(job, waited)
+        while self._later:
+            self._run_job(self._later.pop(0), False)
+
+    def _run_job(self, job: Callable[[], None], waited: bool) -> None:
+        self._in_job = True
+        try:
+            job()
+        finally:
+            self._in_job = False
         cost = self.account()
         now = getattr(self.allocator, "now_s", 0.0)
         # An admission's commit can start when its request joined the queue (an engine calls
