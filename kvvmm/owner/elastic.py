@@ -16,8 +16,9 @@ both:
   (:meth:`RangeBacking.reclaim`, the pressure call), on the backing thread.
 - **A reserve mapped ahead** (kvcached's pre-allocation): the backing thread keeps at least
   ``reserve_bytes`` of free blocks mapped, so admissions find their memory ready; a lease
-  that still needs fresh blocks gets them mapped on the backing thread, and the decode step
-  only checks :attr:`Lease.ready` (an attribute read).
+  that outruns it takes blocks of the refill in flight (it waits for that one commit, not
+  for a commit of its own queued behind it), then fresh blocks mapped on the backing
+  thread, and the decode step only checks :attr:`Lease.ready` (an attribute read).
 
 Blocks are in exactly one of three states: leased (to a live lease), cached (free and
 mapped) or fresh (free and unmapped). The mapped ones are grouped in *units*, one per
@@ -165,7 +166,13 @@ class RangeBacking:
         self._starts: list[int] = []  # the mapped units' first blocks, sorted (a bisect finds
         # the unit holding a block: no per-block index to keep, so a commit costs its pieces)
         self._pending = 0  # blocks in queued or running commits
-        self._refill = 0  # blocks of the reserve refill queued or running (one at a time)
+        self._refill = 0  # blocks of the reserve refill queued or running not yet leased
+        self._refill_job: Callable[[], None] | None = None  # that refill (one at a time)
+        # its blocks no admission has claimed (sorted pieces), and the claims: an admission
+        # that outruns the reserve on the backing thread takes blocks of the refill in flight
+        # (ready when it ends) before fresh ones (a commit of its own, queued after it)
+        self._inflight: list[tuple[int, int]] = []
+        self._claims: list[tuple[Lease, tuple[int, int]]] = []
         self._reclaiming = False
         self._lock = threading.Lock()
         self._closed = False
@@ -294,10 +301,14 @@ class RangeBacking:
                 k = min(n, cached.free_units)
                 got = cached.alloc_pieces(k)
                 n -= k
+            claimed: list[tuple[int, int]] = []
+            if n and self._inflight and self._thread is not None:  # (an executor of the
+                claimed, n = self._claim(lease, n)  # caller's may hold the refill back)
             if n:
                 new = fresh.alloc_pieces(n)
-            lease.pieces += got + new
-            self._leased += sum(k for _, k in got) + sum(k for _, k in new)
+            lease.pieces += got + claimed + new
+            self._leased += sum(k for _, k in got) + sum(k for _, k in claimed) + \
+                sum(k for _, k in new)
             if new:
                 self._pending += sum(k for _, k in new)
                 lease._pend.update(new)
@@ -315,6 +326,70 @@ class RangeBacking:
         else:
             self._upkeep()  # refill what the lease took from the reserve
 
+    def _claim(self, lease: Lease, n: int) -> tuple[list[tuple[int, int]], int]:
+        """Lease up to ``n`` blocks of the refill in flight to ``lease`` (the lock held):
+        the pieces taken and the blocks still wanted. The lease waits for that refill (one
+        commit already queued or running) instead of queueing a commit of its own behind it:
+        in a burst of admissions, each waits for at most one commit, and the handles stay
+        the reserve's size. The refill job moves to the front of the queue (a lease waits)."""
+        job = self._refill_job
+        assert job is not None
+        taken: list[tuple[int, int]] = []
+        left = self._inflight
+        while n and left:
+            s, k = left[0]
+            m = min(k, n)
+            taken.append((s, m))
+            if m == k:
+                left.pop(0)
+            else:
+                left[0] = (s + m, k - m)
+            n -= m
+        self._refill -= sum(k for _, k in taken)
+        if not any(c is lease for c, _ in self._claims):
+            lease.pending += 1  # the refill's end is one more commit the lease waits for
+            lease._queued.append(job)  # wait() may run it itself if it has not begun
+            if job in self._jobs:
+                self._jobs.remove(job)
+                self._jobs.appendleft(job)
+        self._claims += [(lease, p) for p in taken]
+        lease._pend.update(taken)
+        lease.ready = False
+        if lease._done is None:
+            lease._done = threading.Event()
+        else:
+            lease._done.clear()
+        return taken, n
+
+    def _refill_done(self, err: BaseException | None) -> None:
+        """The refill in flight ended (the lock held): its unclaimed blocks join the cache
+        (or go back to fresh on a failure), and each claiming lease gets its blocks."""
+        ok = err is None
+        for s, n in self._inflight:
+            (self._cached if ok else self._fresh).free(s, n)
+        claims, self._claims, self._inflight = self._claims, [], []
+        self._refill, self._refill_job = 0, None
+        leases: dict[int, Lease] = {}
+        for lease, p in claims:
+            lease._pend.discard(p)
+            if not ok:
+                lease.error = err
+                lease._failed.add(p)
+            if lease.released:  # released while the refill ran: the blocks come back now
+                (self._cached if ok else self._fresh).free(*p)
+            leases[id(lease)] = lease
+        for lease in leases.values():
+            lease.pending -= 1
+            if lease.pending == 0:
+                self._lease_done(lease)
+
+    @staticmethod
+    def _lease_done(lease: Lease) -> None:
+        lease.ready = lease.error is None
+        lease._queued.clear()
+        assert lease._done is not None  # made when the commit was queued
+        lease._done.set()
+
     def _commit(self, lease: Lease | None, pieces: list[tuple[int, int]]) -> None:
         """Back fresh ``pieces`` (a job): one commit, one unit per piece."""
         bt = self.block_tokens
@@ -330,28 +405,26 @@ class RangeBacking:
                 for s, n in pieces:
                     self._units[s] = n
                     bisect.insort(self._starts, s)
-            if lease is None:  # a reserve refill
-                self._refill = 0
-                for s, n in pieces:
-                    (self._cached if err is None else self._fresh).free(s, n)
-                return
-            lease._pend.difference_update(pieces)
-            if err is not None:
-                lease.error = err
-                lease._failed.update(pieces)
-            lease.pending -= 1
-            if lease.released:  # released while this ran: its pieces come back now
-                for s, n in pieces:
-                    (self._cached if err is None else self._fresh).free(s, n)
-            if lease.pending == 0:
-                lease.ready = lease.error is None
-                lease._queued.clear()
-                assert lease._done is not None  # made when the commit was queued
-                lease._done.set()
+            pending = self._pending
+            if lease is None:  # a reserve refill (the one in flight)
+                self._refill_done(err)
+            else:
+                lease._pend.difference_update(pieces)
+                if err is not None:
+                    lease.error = err
+                    lease._failed.update(pieces)
+                lease.pending -= 1
+                if lease.released:  # released while this ran: its pieces come back now
+                    for s, n in pieces:
+                        (self._cached if err is None else self._fresh).free(s, n)
+                if lease.pending == 0:
+                    self._lease_done(lease)
         # the reserve's refill (what the lease took from it) and any reclamation its release
         # made due: queued once the lease is mapped, so it never runs ahead of the lease's own
-        # commit (on the thread it would hold the owner while a waiter's commit waits)
-        self._upkeep()
+        # commit (on the thread it would hold the owner while a waiter's commit waits); a
+        # refill's end leaves the next refill to the end of any commit still pending
+        if lease is not None or not pending:
+            self._upkeep()
 
     def ready(self, lease: Lease) -> bool:
         """The decode step's check: every block of ``lease`` mapped (an attribute read)."""
@@ -428,7 +501,7 @@ class RangeBacking:
             if cached > self.high_blocks and not self._reclaiming:
                 self._reclaiming = True
                 job = self._reclaim_job
-            elif cached < self.reserve_blocks and not self._refill \
+            elif cached < self.reserve_blocks and self._refill_job is None \
                     and self._fresh.free_units:
                 want = min(self.reserve_blocks - cached, self._fresh.free_units)
                 try:
@@ -438,7 +511,9 @@ class RangeBacking:
                 if pieces:
                     self._refill = want
                     self._pending += want
+                    self._inflight = list(pieces)
                     job = lambda: self._commit(None, pieces)  # noqa: E731
+                    self._refill_job = job
         if job is not None:
             self._executor(job, False)
 
