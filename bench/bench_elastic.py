@@ -10,10 +10,12 @@ calling thread (``perf_counter_ns``), as an engine's decode thread would pay it:
 - **admit**: every request in order, all held at once; **free**: each in order; **churn**:
   with all admitted, free request i and admit it again (the pair timed).
 - kvvmm runs :class:`kvvmm.owner.RangeBacking` over the interleaved layout
-  (:func:`kvvmm.layout.layer_interleaved`: one handle per fresh range) three ways:
+  (:func:`kvvmm.layout.layer_interleaved`: one handle per fresh range) four ways:
   ``thread`` (mapping on the backing thread, a 256 MiB reserve, deferred reclamation: the
-  admit call and, separately, admit-until-ready), ``inline`` (every map and give-back on
-  the calling thread, nothing deferred: the cost of one request's mappings) and the page
+  admit call and, separately, admit-until-ready), ``thread_peer_reserve`` (the same
+  with kvcached's reserve for this pool, 640 MiB, high mark 1,280 MiB), ``inline`` (every
+  map and give-back on the calling thread, nothing deferred: the cost of one request's
+  mappings) and the page
   path the lab replaced (``commit_pages`` of each request's pages on the per-layer
   layout, for the first 50 requests).
 - the card's **limit** beside each round: one handle per request from the driver's own
@@ -85,15 +87,23 @@ def _ns() -> int:
     return time.perf_counter_ns()
 
 
+#: kvvmm's reserve (high mark: twice it) in the ``thread`` mode, and kvcached 0.1.6's for this
+#: pool in ``thread_peer_reserve``: its MIN / MAX_RESERVED_PAGES (5 / 10) page bundles of 128
+#: MiB (2 MiB in each of the 64 K and V buffers), so admissions until mapped compare with the
+#: peer's at the same bytes kept mapped ahead
+RESERVES = {"thread": (256 * MiB, 512 * MiB), "thread_peer_reserve": (640 * MiB, 1280 * MiB),
+            "inline": (0, 0)}
+
+
 def run_kvvmm(driver: Any, reqs: list[int], pool_tokens: int, mode: str) -> dict[str, Any]:
     import torch
 
     from kvvmm.owner import RangeBacking
 
     owner = _owner(driver, "interleaved", pool_tokens)
-    threaded = mode == "thread"
-    backing = RangeBacking(owner, reserve_bytes=256 * MiB if threaded else 0,
-                           high_bytes=None if threaded else 0,
+    threaded = mode != "inline"
+    reserve, high = RESERVES[mode]
+    backing = RangeBacking(owner, reserve_bytes=reserve, high_bytes=high,
                            executor=None if threaded else "inline")
     try:
         backing.drain()
@@ -135,7 +145,8 @@ def run_kvvmm(driver: Any, reqs: list[int], pool_tokens: int, mode: str) -> dict
         backing.drain()
         given = backing.reclaim(0)
         reclaim_ms = (_ns() - t0) / 1e6
-        return {"mode": mode, "admit": _q(admit), "admit_until_ready": _q(ready),
+        return {"mode": mode, "reserve_bytes": reserve, "high_bytes": high,
+                "admit": _q(admit), "admit_until_ready": _q(ready),
                 "free": _q(free), "churn": _q(churn), "churn_until_ready": _q(churn_ready),
                 "mapped_bytes": mapped, "reclaim_all_ms": round(reclaim_ms, 2),
                 "reclaimed_bytes": given, "stats_when_admitted": str(stats_admitted),
@@ -431,7 +442,7 @@ def main(argv: list[str] | None = None) -> int:
     res["limit_rounds"] = []
     for _ in range(args.rounds):
         res["kvvmm_rounds"].append({m: run_kvvmm(drv, reqs, pool_tokens, m)
-                                    for m in ("thread", "inline")})
+                                    for m in RESERVES})
         res["limit_rounds"].append(run_limit(drv, reqs, pool_tokens))
     res["inline_over_limit"] = {  # per round, side by side: what kvvmm's Python adds
         op: [round(r["inline"][op]["p50_us"] / lim[op]["p50_us"], 3)
@@ -450,12 +461,19 @@ def main(argv: list[str] | None = None) -> int:
             op: {q: round(best[op][q] / res["kvcached"][op][q], 3)
                  for q in ("p50_us", "p99_us", "max_us") if res["kvcached"][op].get(q)}
             for op in ("admit", "free", "churn")}
+        # until mapped: kvcached's alloc returns mapped, so its admit is the one to compare
+        peer = res["kvcached"]["admit"]
+        res["kvvmm_until_ready_over_kvcached_admit"] = {
+            m: {q: [round(r[m]["admit_until_ready"][q] / peer[q], 3)
+                    for r in res["kvvmm_rounds"]] for q in ("p50_us", "p99_us") if peer.get(q)}
+            for m in ("thread", "thread_peer_reserve")}
     out = Path(args.out)
     if not out.is_absolute() and os.environ.get("OUT"):
         out = Path(os.environ["OUT"]) / out
     out.write_text(json.dumps(res, indent=1) + "\n")
     print(json.dumps({k: res[k] for k in res if k in ("kvvmm_over_kvcached", "inline_over_limit",
-                                                      "until_ready_over_limit_admit")},
+                                                      "until_ready_over_limit_admit",
+                                                      "kvvmm_until_ready_over_kvcached_admit")},
                      indent=1))
     print(f"wrote {out}")
     return 0
