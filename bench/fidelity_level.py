@@ -76,6 +76,7 @@ COMMITTED = (
     "bench/results/h200-fidelity-refreshed.json",
     "bench/results/h200-fidelity-refreshed-cold.json",
     "bench/results/h200-fidelity-refreshed-idle.json",
+    "bench/results/h200-fidelity-refreshed-1204pm.json",
 )
 #: Runs closer than this share a session: the device machine is held 30 minutes at most.
 SESSION_GAP_S = 1800.0
