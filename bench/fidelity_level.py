@@ -27,7 +27,12 @@ of one hour; across sessions the H200 moved further, most scenarios together (20
 6. says how much of this rests on the choices made: one level for every group, the sessions'
    min-max instead of p10-p90, the level multiplied in even where it narrows the band, the
    level alone around the point, and the two spreads composed in quadrature (log) instead
-   of end to end.
+   of end to end;
+7. scores compositions that do not count the within-session spread twice (``composition``:
+   the wider of the per-call band and the level per side; the level fitted on each ratio's
+   excess beyond its per-call band), coverage left out in turn and width against the card's
+   spread + 0.10 side by side; one would replace the end-to-end composition only if it
+   held as many medians in band (on the committed runs none does: ``replaced``).
 
 The level fitted on every session is what ``bench/collect_spread.py --level --write`` puts in
 the shipped profile (:func:`fitted_level`).
@@ -76,6 +81,7 @@ COMMITTED = (
     "bench/results/h200-fidelity-refreshed.json",
     "bench/results/h200-fidelity-refreshed-cold.json",
     "bench/results/h200-fidelity-refreshed-idle.json",
+    "bench/results/h200-fidelity-refreshed-1204pm.json",
 )
 #: Runs closer than this share a session: the device machine is held 30 minutes at most.
 SESSION_GAP_S = 1800.0
@@ -202,24 +208,48 @@ def _quadrature(b: Sequence[float], lv: tuple[float, float]) -> tuple[float, flo
     return b[1] * math.exp(-lo), b[1] * math.exp(hi)
 
 
+def _wider_per_side(b: Sequence[float], lv: tuple[float, float]) -> tuple[float, float]:
+    """The wider of the per-call band and the level around the point, each side on its own:
+    the level's sessions already carry the within-session spread, so the two are not stacked."""
+    return min(b[0], b[1] * min(lv[0], 1.0)), max(b[2], b[1] * max(lv[1], 1.0))
+
+
+def _excess(r: float, b: Sequence[float]) -> float:
+    """How far a ratio lies beyond the per-call band, as a factor on the end it passed (1:
+    inside it)."""
+    lo, hi = b[0] / b[1], b[2] / b[1]
+    return r / hi if r > hi else r / lo if r < lo else 1.0
+
+
+def _group_levels(ratios: Mapping[str, Mapping[str, float]], session_of: Mapping[str, str],
+                  bands: Mapping[str, Sequence[float]], group: Callable[[str], str | None],
+                  held: str | None, residual: bool) -> dict[str, list[float]]:
+    """Per group, each session's level (the median of its runs' ratios in the group; with
+    ``residual``, of their excess beyond the per-call band), the session ``held`` left out."""
+    per: dict[tuple[str, str], list[float]] = {}
+    for run, rows in ratios.items():
+        if session_of[run] == held:
+            continue
+        for n, r in rows.items():
+            if (g := group(n)) is not None:
+                per.setdefault((session_of[run], g), []).append(
+                    _excess(r, bands[n]) if residual else r)
+    lv: dict[str, list[float]] = {}
+    for (_, g), rs in sorted(per.items()):
+        lv.setdefault(g, []).append(statistics.median(rs))
+    return lv
+
+
 def _loso_variant(ratios: Mapping[str, Mapping[str, float]], session_of: Mapping[str, str],
                   bands: Mapping[str, Sequence[float]], group: Callable[[str], str | None],
                   bounds: Bounds, compose: Compose, only: set[str] | None = None,
+                  residual: bool = False, card: Mapping[str, float] | None = None,
                   ) -> dict[str, Any]:
     flags = []
     widths = []
     by_run: dict[str, list[bool]] = {}
     for held in sorted(set(session_of.values())):
-        lv: dict[str, list[float]] = {}
-        per: dict[tuple[str, str], list[float]] = {}
-        for run, rows in ratios.items():
-            if session_of[run] == held:
-                continue
-            for n, r in rows.items():
-                if (g := group(n)) is not None:
-                    per.setdefault((session_of[run], g), []).append(r)
-        for (_, g), rs in per.items():
-            lv.setdefault(g, []).append(statistics.median(rs))
+        lv = _group_levels(ratios, session_of, bands, group, held, residual)
         for run, rows in ratios.items():
             if session_of[run] != held or (only is not None and run not in only):
                 continue
@@ -230,8 +260,17 @@ def _loso_variant(ratios: Mapping[str, Mapping[str, float]], session_of: Mapping
                 flags.append(lo <= r * b[1] <= hi)
                 by_run.setdefault(run, []).append(flags[-1])
                 widths.append((hi - lo) / b[1])
-    return _count(flags) | {"median_width": round(statistics.median(widths), 4),
-                            "per_run": {k: _count(v)["in_band"] for k, v in by_run.items()}}
+    out = _count(flags) | {"median_width": round(statistics.median(widths), 4),
+                           "per_run": {k: _count(v)["in_band"] for k, v in by_run.items()}}
+    if card is not None:  # widths of the bands with the level fitted on every session
+        lv = _group_levels(ratios, session_of, bands, group, None, residual)
+        within = []
+        for n, c in card.items():
+            b, g = bands[n], group(n)
+            lo, hi = compose(b, bounds(lv[g])) if g in lv else (b[0], b[2])
+            within.append((hi - lo) / b[1] <= c + WIDTH_SLACK)
+        out["widths_within_target_every_session"] = f"{sum(within)} of {len(within)}"
+    return out
 
 
 def _correlation(xs: Sequence[float], ys: Sequence[float]) -> float | None:
@@ -328,10 +367,39 @@ def score(profile: str = "h200", paths: Sequence[str] = COMMITTED,
         "product_may_narrow": (level_group, _p10_p90, _product),
         "level_alone_around_the_point": (level_group, _p10_p90, _level_alone),
         "log_quadrature": (level_group, _p10_p90, _quadrature),
+        "wider_per_side": (level_group, _p10_p90, _wider_per_side),
+        "per_scenario_level": (lambda n: n if level_group(n) else None, _p10_p90, _widen),
+        "per_scenario_level_wider_per_side": (lambda n: n if level_group(n) else None,
+                                              _p10_p90, _wider_per_side),
     }
-    sensitivity = {"all_runs": {k: _loso_variant(*sens_args, *v) for k, v in variants.items()},
+    card = {n: w["card_spread"] for n, w in widths.items()}
+    sensitivity = {"all_runs": {k: _loso_variant(*sens_args, *v, card=card)
+                                for k, v in variants.items()}
+                   | {"level_on_excess": _loso_variant(*sens_args, level_group, _p10_p90,
+                                                       _widen, residual=True, card=card)},
                    "other_sessions": {k: _loso_variant(*sens_args, *v, only=others)
-                                      for k, v in variants.items()}}
+                                      for k, v in variants.items()}
+                   | {"level_on_excess": _loso_variant(*sens_args, level_group, _p10_p90,
+                                                       _widen, only=others, residual=True)}}
+
+    kept = "as_chosen"
+    composition = {
+        "kept": "end to end (compose_level): low times min(p10, 1), high times max(p90, 1)",
+        "candidates": {k: {"in_band_all": sensitivity["all_runs"][k]["in_band"],
+                           "in_band_other_sessions": sensitivity["other_sessions"][k]["in_band"],
+                           "median_width": sensitivity["all_runs"][k]["median_width"],
+                           "widths_within_target": sensitivity["all_runs"][k][
+                               "widths_within_target_every_session"]}
+                       for k in (kept, "wider_per_side", "level_on_excess", "log_quadrature",
+                                 "per_call_band_only")},
+        "rule": "a composition that does not count the within-session spread twice replaces "
+                "the kept one only if it holds as many medians in band (left out in turn)",
+    }
+    composition["replaced"] = any(
+        int(c["in_band_all"].split()[0]) >= int(composition["candidates"][kept]
+                                                ["in_band_all"].split()[0])
+        for k, c in composition["candidates"].items()
+        if k in ("wider_per_side", "level_on_excess"))
 
     logs = {g: [math.log(levels[s][g]) for s in sessions] for g in LEVEL_GROUPS
             if all(g in levels[s] for s in sessions)}
@@ -390,8 +458,17 @@ def score(profile: str = "h200", paths: Sequence[str] = COMMITTED,
                     "sessions' min and max for p10 and p90; the level multiplied into both "
                     "ends even where that narrows the band (p10 > 1 or p90 < 1); the level "
                     "alone around the sim's point (no per-call band); the two spreads added "
-                    "in quadrature in log space (independent) instead of end to end; "
-                    "median_width: of the bands scored"},
+                    "in quadrature in log space (independent) instead of end to end; the wider "
+                    "of the per-call band and the level around the point, per side (no "
+                    "stacking); the level fitted on each ratio's excess beyond its per-call "
+                    "band (level_on_excess: what the band misses, so nothing is counted "
+                    "twice), stacked; a level per scenario instead of per group (not a "
+                    "profile's section: the schema has the seven groups), stacked and wider "
+                    "per side; median_width: of the bands scored; "
+                    "widths_within_target_every_session: of the 31 bands with that "
+                    "variant's level fitted on every session, how many are no wider than "
+                    "the card's spread across runs + 0.10"},
+        "composition": composition,
     }
 
 

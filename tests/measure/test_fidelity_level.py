@@ -93,6 +93,15 @@ def test_sessions_pool_runs_minutes_apart_and_each_is_scored_on_the_others_level
         assert w["within_target_after"] == (w["band_level_width"] <= w["card_spread"] + 0.10)
     chosen = got["sensitivity"]["all_runs"]["as_chosen"]
     assert {k: chosen[k] for k in ("in_band", "share")} == got["overall"]["after"]
+    # the composition's width count with the level fitted on every session is the widths'
+    assert (chosen["widths_within_target_every_session"]
+            == got["widths_within_target"]["after"])
+    per_call = got["sensitivity"]["all_runs"]["per_call_band_only"]
+    assert per_call["widths_within_target_every_session"] == got["widths_within_target"]["before"]
+    comp = got["composition"]
+    assert comp["candidates"]["as_chosen"]["in_band_all"] == got["overall"]["after"]["in_band"]
+    assert set(comp["candidates"]) >= {"wider_per_side", "level_on_excess"}
+    assert isinstance(comp["replaced"], bool)
     json.dumps(got, allow_nan=False)  # strict JSON
 
 
@@ -107,3 +116,31 @@ def test_with_level_composes_each_scenario_with_its_group_and_no_rows_change_not
     assert got["growth:exact"] == [4.0, 10.0, 18.0]
     assert got["construct"] == bands["construct"]
     assert got["workload:prefix:decode"] == bands["workload:prefix:decode"]
+
+
+def test_the_unstacked_compositions_take_the_wider_side_or_only_what_the_band_misses(
+        fl: ModuleType) -> None:
+    b = (8.0, 10.0, 12.0)
+    # a level inside the per-call band adds nothing; beyond it, the level's end replaces it
+    assert fl._wider_per_side(b, (0.9, 1.1)) == (8.0, 12.0)
+    assert fl._wider_per_side(b, (0.5, 1.5)) == (5.0, 15.0)
+    assert fl._wider_per_side(b, (1.1, 0.9)) == (8.0, 12.0)  # never narrower than the band
+    assert fl._widen(b, (0.5, 1.5)) == (4.0, 18.0)  # stacked, for comparison
+    # the excess of a ratio beyond its band, as a factor on the end it passed
+    assert fl._excess(1.0, b) == 1.0 and fl._excess(1.2, b) == 1.0
+    assert fl._excess(1.8, b) == pytest.approx(1.5)
+    assert fl._excess(0.4, b) == pytest.approx(0.5)
+
+
+def test_a_level_fitted_on_excess_leaves_sessions_inside_the_band_at_one(
+        fl: ModuleType) -> None:
+    bands = {"growth:exact": [8.0, 10.0, 12.0], "growth:default": [8.0, 10.0, 12.0]}
+    ratios = {"a": {"growth:exact": 1.1, "growth:default": 1.0},
+              "b": {"growth:exact": 1.8, "growth:default": 1.8}}
+    session_of = {"a": "s1", "b": "s2"}
+    on_ratio = fl._group_levels(ratios, session_of, bands, fl.level_group, None, False)
+    on_excess = fl._group_levels(ratios, session_of, bands, fl.level_group, None, True)
+    assert on_ratio == {"growth": [pytest.approx(1.05), pytest.approx(1.8)]}
+    assert on_excess == {"growth": [1.0, pytest.approx(1.5)]}
+    assert fl._group_levels(ratios, session_of, bands, fl.level_group, "s2", True) == {
+        "growth": [1.0]}
