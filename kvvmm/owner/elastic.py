@@ -166,9 +166,9 @@ class RangeBacking:
         self._starts: list[int] = []  # the mapped units' first blocks, sorted (a bisect finds
         # the unit holding a block: no per-block index to keep, so a commit costs its pieces)
         self._pending = 0  # blocks in queued or running commits
-        self._refill = 0  # blocks of the reserve refill queued or running not yet leased
-        self._refill_job: Callable[[], None] | None = None  # that refill (one at a time)
-        # its blocks no admission has claimed (sorted pieces), and the claims: an admission
+        self._refill_job: Callable[[], None] | None = None  # the reserve refill queued or
+        # running (one at a time); its blocks no admission has claimed (sorted pieces), and
+        # the claims: an admission
         # that outruns the reserve on the backing thread takes blocks of the refill in flight
         # (ready when it ends) before fresh ones (a commit of its own, queued after it)
         self._inflight: list[tuple[int, int]] = []
@@ -311,13 +311,7 @@ class RangeBacking:
                 sum(k for _, k in new)
             if new:
                 self._pending += sum(k for _, k in new)
-                lease._pend.update(new)
-                lease.pending += 1
-                lease.ready = False
-                if lease._done is None:
-                    lease._done = threading.Event()
-                else:
-                    lease._done.clear()
+                _await(lease, new, commit=True)
         if new:
             job = lambda: self._commit(lease, new)  # noqa: E731
             if self._thread is not None:
@@ -345,20 +339,14 @@ class RangeBacking:
             else:
                 left[0] = (s + m, k - m)
             n -= m
-        self._refill -= sum(k for _, k in taken)
-        if not any(c is lease for c, _ in self._claims):
-            lease.pending += 1  # the refill's end is one more commit the lease waits for
+        first = not any(c is lease for c, _ in self._claims)
+        if first:  # the refill's end is one more commit the lease waits for
             lease._queued.append(job)  # wait() may run it itself if it has not begun
             if job in self._jobs:
                 self._jobs.remove(job)
                 self._jobs.appendleft(job)
         self._claims += [(lease, p) for p in taken]
-        lease._pend.update(taken)
-        lease.ready = False
-        if lease._done is None:
-            lease._done = threading.Event()
-        else:
-            lease._done.clear()
+        _await(lease, taken, commit=first)
         return taken, n
 
     def _refill_done(self, err: BaseException | None) -> None:
@@ -368,27 +356,31 @@ class RangeBacking:
         for s, n in self._inflight:
             (self._cached if ok else self._fresh).free(s, n)
         claims, self._claims, self._inflight = self._claims, [], []
-        self._refill, self._refill_job = 0, None
-        leases: dict[int, Lease] = {}
+        self._refill_job = None
+        by_lease: dict[int, tuple[Lease, list[tuple[int, int]]]] = {}
         for lease, p in claims:
-            lease._pend.discard(p)
-            if not ok:
-                lease.error = err
-                lease._failed.add(p)
-            if lease.released:  # released while the refill ran: the blocks come back now
-                (self._cached if ok else self._fresh).free(*p)
-            leases[id(lease)] = lease
-        for lease in leases.values():
-            lease.pending -= 1
-            if lease.pending == 0:
-                self._lease_done(lease)
+            by_lease.setdefault(id(lease), (lease, []))[1].append(p)
+        for lease, pieces in by_lease.values():
+            self._pieces_done(lease, pieces, err)
 
-    @staticmethod
-    def _lease_done(lease: Lease) -> None:
-        lease.ready = lease.error is None
-        lease._queued.clear()
-        assert lease._done is not None  # made when the commit was queued
-        lease._done.set()
+    def _pieces_done(self, lease: Lease, pieces: list[tuple[int, int]],
+                     err: BaseException | None) -> None:
+        """One commit ``lease`` waited for ended (the lock held): its ``pieces`` are mapped
+        or failed; a lease released meanwhile gives them back now; the last one makes the
+        lease ready (or failed) and wakes its waiter."""
+        lease._pend.difference_update(pieces)
+        if err is not None:
+            lease.error = err
+            lease._failed.update(pieces)
+        if lease.released:  # released while the commit ran: its pieces come back now
+            for s, n in pieces:
+                (self._cached if err is None else self._fresh).free(s, n)
+        lease.pending -= 1
+        if lease.pending == 0:
+            lease.ready = lease.error is None
+            lease._queued.clear()
+            assert lease._done is not None  # made when the commit was queued
+            lease._done.set()
 
     def _commit(self, lease: Lease | None, pieces: list[tuple[int, int]]) -> None:
         """Back fresh ``pieces`` (a job): one commit, one unit per piece."""
@@ -409,16 +401,7 @@ class RangeBacking:
             if lease is None:  # a reserve refill (the one in flight)
                 self._refill_done(err)
             else:
-                lease._pend.difference_update(pieces)
-                if err is not None:
-                    lease.error = err
-                    lease._failed.update(pieces)
-                lease.pending -= 1
-                if lease.released:  # released while this ran: its pieces come back now
-                    for s, n in pieces:
-                        (self._cached if err is None else self._fresh).free(s, n)
-                if lease.pending == 0:
-                    self._lease_done(lease)
+                self._pieces_done(lease, pieces, err)
         # the reserve's refill (what the lease took from it) and any reclamation its release
         # made due: queued once the lease is mapped, so it never runs ahead of the lease's own
         # commit (on the thread it would hold the owner while a waiter's commit waits); a
@@ -497,7 +480,8 @@ class RangeBacking:
         with self._lock:
             if self._closed:
                 return
-            cached = self._cached.free_units + self._refill
+            # cached, and to be cached: the refill's blocks no admission claimed
+            cached = self._cached.free_units + sum(k for _, k in self._inflight)
             if cached > self.high_blocks and not self._reclaiming:
                 self._reclaiming = True
                 job = self._reclaim_job
@@ -509,7 +493,6 @@ class RangeBacking:
                 except RangesFullError:
                     pieces = []
                 if pieces:
-                    self._refill = want
                     self._pending += want
                     self._inflight = list(pieces)
                     job = lambda: self._commit(None, pieces)  # noqa: E731
@@ -617,4 +600,17 @@ class RangeBacking:
 
 def _inline(job: Callable[[], None], waited: bool) -> None:
     job()
+
+
+def _await(lease: Lease, pieces: list[tuple[int, int]], *, commit: bool) -> None:
+    """``lease`` waits for ``pieces`` to be mapped (the lock held): by one more commit
+    (``commit``), or by one it already waits for; its Event is made or cleared for it."""
+    lease._pend.update(pieces)
+    if commit:
+        lease.pending += 1
+    lease.ready = False
+    if lease._done is None:
+        lease._done = threading.Event()
+    else:
+        lease._done.clear()
 
