@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import random
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -519,21 +519,39 @@ class _GatedDriver(DriverWrapper):
         return fn(*args)
 
 
-def _busy_backing(drv: _GatedDriver, reserve_blocks: int = 8, tokens: int = 16 * 600,
-                  arm: Callable[[], None] | None = None) -> tuple[KvBufferOwner, RangeBacking]:
-    """An owner and a RangeBacking whose first reserve refill has begun on the backing
-    thread and waits there for ``drv.gate`` (a refill in flight, none of it leased)."""
-    owner = _xl_owner(drv, tokens=tokens)
+@contextlib.contextmanager
+def _busy_backing(reserve_blocks: int = 8, inner: object = None,
+                  arm: Callable[[], None] | None = None,
+                  ) -> Iterator[tuple[_GatedDriver, KvBufferOwner, RangeBacking]]:
+    """A gated driver, an owner and a RangeBacking whose first reserve refill has begun on
+    the backing thread and waits there for ``drv.gate`` (a refill in flight, none of it
+    leased); ``arm`` runs once the owner is made (faults from the refill on)."""
+    drv = _GatedDriver(inner or open_driver("sim", profile="h200"), threading.Event())
+    owner = _xl_owner(drv, tokens=16 * 600)
     drv.creators.clear()  # slot 0's handle, made here
     if arm is not None:
-        arm()  # faults from the refill on
+        arm()
     backing = RangeBacking(owner, reserve_bytes=reserve_blocks * G)
-    for _ in range(2000):
-        if "kvvmm-range-backing" in drv.creators:
-            break
-        threading.Event().wait(0.005)
-    assert drv.creators == ["kvvmm-range-backing"]
-    return owner, backing
+    try:
+        for _ in range(2000):
+            if "kvvmm-range-backing" in drv.creators:
+                break
+            threading.Event().wait(0.005)
+        assert drv.creators == ["kvvmm-range-backing"]
+        yield drv, owner, backing
+    finally:
+        drv.gate.set()
+        backing.close()
+        owner.close()
+
+
+def _all_given_back(backing: RangeBacking, owner: KvBufferOwner, leases: list) -> None:
+    """Release ``leases``, reclaim every cached block: slot 0's granule alone stays backed."""
+    for lease in leases:
+        backing.release(lease)
+    backing.drain()
+    backing.reclaim(0)
+    assert owner.backed_bytes == G and backing.stats().units == 0
 
 
 def _units(backing: RangeBacking) -> dict[int, int]:
@@ -542,15 +560,12 @@ def _units(backing: RangeBacking) -> dict[int, int]:
 
 
 def test_a_waiting_caller_maps_its_lease_itself_while_the_backing_thread_is_busy() -> None:
-    gate = threading.Event()
-    drv = _GatedDriver(open_driver("sim", profile="h200"), gate)
-    owner, backing = _busy_backing(drv)  # 8 blocks of the reserve in flight, held
-    try:
+    with _busy_backing() as (drv, owner, backing):  # 8 blocks of the reserve in flight, held
         lease = backing.admit(16 * 40)  # the 8 in flight, 32 fresh: a queued commit
         assert not lease.ready and lease.pieces == [(1, 8), (9, 32)]
         # the waiter takes its own commit off the queue and runs it as soon as the owner
         # is free (the refill holds it until the gate opens): the thread never maps it
-        threading.Timer(0.2, gate.set).start()
+        threading.Timer(0.2, drv.gate.set).start()
         assert backing.wait(lease, timeout_s=10) is lease and lease.ready
         assert drv.creators[:2] == ["kvvmm-range-backing", threading.main_thread().name]
         # (the next refill is queued when the lease's own commit ends, not ahead of it)
@@ -558,21 +573,11 @@ def test_a_waiting_caller_maps_its_lease_itself_while_the_backing_thread_is_busy
         s = backing.stats()
         assert s.commits == 3 and s.pending_bytes == 0  # refill, own, the next refill
         _check(backing, owner, [lease])
-        backing.release(lease)
-        backing.drain()
-        backing.reclaim(0)
-        assert owner.backed_bytes == G and backing.stats().units == 0
-    finally:
-        gate.set()
-        backing.close()
-        owner.close()
+        _all_given_back(backing, owner, [lease])
 
 
 def test_an_admission_the_refill_in_flight_covers_waits_for_it_and_maps_nothing() -> None:
-    gate = threading.Event()
-    drv = _GatedDriver(open_driver("sim", profile="h200"), gate)
-    owner, backing = _busy_backing(drv, reserve_blocks=16)
-    try:
+    with _busy_backing(reserve_blocks=16) as (drv, owner, backing):
         a = backing.admit(16 * 5)  # 5 + 7 of the refill's 16 blocks: no commit of their own
         b = backing.admit(16 * 7)
         assert not a.ready and not b.ready
@@ -581,7 +586,7 @@ def test_an_admission_the_refill_in_flight_covers_waits_for_it_and_maps_nothing(
         with pytest.raises(KvvmmError, match="not mapped within"):
             backing.wait(a, timeout_s=0.1)
         assert drv.creators == ["kvvmm-range-backing"]  # nothing mapped by the callers
-        gate.set()
+        drv.gate.set()
         assert backing.wait(a).ready and backing.wait(b).ready
         assert backing.drain()
         # one unit of 16 (the refill, leased in part), then the refill of what they took
@@ -591,48 +596,30 @@ def test_an_admission_the_refill_in_flight_covers_waits_for_it_and_maps_nothing(
         _check(backing, owner, [a, b])
         grown = backing.grow(b, 16 * 9)  # in place: the refill's cached 4 blocks after it
         assert grown and b.ready and b.pieces == [(6, 9)]
-        for lease in (a, b):
-            backing.release(lease)
-        backing.drain()
-        backing.reclaim(0)
-        assert owner.backed_bytes == G and backing.stats().units == 0
-    finally:
-        gate.set()
-        backing.close()
-        owner.close()
+        _all_given_back(backing, owner, [a, b])
 
 
 def test_a_lease_released_while_the_refill_it_claimed_runs_gives_its_blocks_back() -> None:
-    gate = threading.Event()
-    drv = _GatedDriver(open_driver("sim", profile="h200"), gate)
-    owner, backing = _busy_backing(drv, reserve_blocks=16)
-    try:
+    with _busy_backing(reserve_blocks=16) as (drv, owner, backing):
         lease = backing.admit(16 * 10)
         backing.release(lease)  # its 10 blocks come back when the refill ends
         assert backing.stats().leased_bytes == 0
-        gate.set()
+        drv.gate.set()
         assert backing.drain()
         s = backing.stats()
         assert s.pending_bytes == 0 and s.cached_bytes == 16 * G and s.leased_bytes == 0
         _check(backing, owner, [])
-        backing.reclaim(0)
-        assert owner.backed_bytes == G and backing.stats().units == 0
-    finally:
-        gate.set()
-        backing.close()
-        owner.close()
+        _all_given_back(backing, owner, [])
 
 
 def test_a_refill_that_fails_fails_the_leases_that_claimed_it_and_leaks_nothing() -> None:
-    gate = threading.Event()
     faulty = FaultyDriver(open_driver("sim", profile="h200"))
-    drv = _GatedDriver(faulty, gate)
-    owner, backing = _busy_backing(  # the refill's map fails, after its (held) create
-        drv, reserve_blocks=16, arm=lambda: faulty.arm([Fault("map", nth=1)]))
-    try:
+    with _busy_backing(  # the refill's map fails, after its (held) create
+            reserve_blocks=16, inner=faulty,
+            arm=lambda: faulty.arm([Fault("map", nth=1)])) as (drv, owner, backing):
         a = backing.admit(16 * 4)
         b = backing.admit(16 * 20)  # 12 of the refill, 8 fresh (mapped by its waiter)
-        gate.set()
+        drv.gate.set()
         for lease in (a, b):
             with pytest.raises(DriverError):
                 backing.wait(lease)
@@ -646,15 +633,8 @@ def test_a_refill_that_fails_fails_the_leases_that_claimed_it_and_leaks_nothing(
         assert s.leased_bytes == 0 and s.pending_bytes == 0
         ok = backing.admit(16 * 20)  # the failed blocks are fresh again: admissions go on
         assert backing.wait(ok).ready
-        backing.release(ok)
-        backing.drain()
-        backing.reclaim(0)
-        assert owner.backed_bytes == G and backing.stats().units == 0
+        _all_given_back(backing, owner, [ok])
         assert drv.stats().handles == 1 and drv.stats().mappings == 1  # slot 0's alone
-    finally:
-        gate.set()
-        backing.close()
-        owner.close()
 
 
 def test_a_wait_after_the_thread_began_the_commit_does_not_run_it_twice() -> None:
