@@ -125,6 +125,13 @@ def compute_level() -> dict[str, Any]:
                "sessions (few sessions: docs/FIDELITY.md)")
 
 
+def _save(profile: dict[str, Any]) -> None:
+    """Write ``profile`` over the shipped profile, as the repo keeps it (indent 1, newline)."""
+    with open(SHIPPED, "w", encoding="utf-8") as f:
+        json.dump(profile, f, indent=1)
+        f.write("\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -144,9 +151,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0 if same else 1
         if args.write:
             shipped.setdefault("spread", {})["level"] = lv
-            with open(SHIPPED, "w", encoding="utf-8") as f:
-                json.dump(shipped, f, indent=1)
-                f.write("\n")
+            _save(shipped)
             print(f"wrote spread.level of {len(lv['groups'])} groups into {SHIPPED}")
         print(json.dumps(lv["groups"], indent=1))
         return 0
@@ -158,9 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.write:
         level = shipped.get("spread", {}).get("level")
         shipped["spread"] = sec | ({"level": level} if level is not None else {})
-        with open(SHIPPED, "w", encoding="utf-8") as f:
-            json.dump(shipped, f, indent=1)
-            f.write("\n")
+        _save(shipped)
         print(f"wrote spread of {len(sec['figures'])} groups into {SHIPPED}")
     print(json.dumps(sec["figures"], indent=1))
     return 0
