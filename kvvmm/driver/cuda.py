@@ -197,6 +197,8 @@ class CudaDriver(ZeroPageMixin, PeerAccessMixin, SynchronizeMixin, FastPathMixin
     kind = "cuda"
     memory = MemoryKind.DEVICE
     handle_type = "none"  #: a plain attribute here (the protocol's default is a property)
+    granularity_min = 0  #: set by the constructor (a plain attribute, as handle_type)
+    fast_path = False  #: set by the constructor (a plain attribute, as handle_type)
 
     def __init__(
         self, *, device: int = 0, granularity: str | int = "minimum",
