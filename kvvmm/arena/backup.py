@@ -49,6 +49,7 @@ import os
 import threading
 from typing import TYPE_CHECKING, Any
 
+from kvvmm.checks import bool_arg
 from kvvmm.errors import ArgumentError
 
 if TYPE_CHECKING:
@@ -126,8 +127,7 @@ class HostBackup(Backup):
     def __init__(self, memory: str = "mmap", *, free_on_thread: bool = True) -> None:
         if memory not in HOST_MEMORY:
             raise ArgumentError("memory", memory, f"one of {list(HOST_MEMORY)}")
-        if not isinstance(free_on_thread, bool):
-            raise ArgumentError("free_on_thread", free_on_thread, "True or False")
+        bool_arg("free_on_thread", free_on_thread)
         self.memory = memory
         self.free_on_thread = free_on_thread
         self._pieces: list[tuple[int, Any]] = []  # (start, tensor), in order

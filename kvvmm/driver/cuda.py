@@ -25,7 +25,7 @@ from bisect import bisect_right, insort
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from kvvmm.checks import int_arg, is_int
+from kvvmm.checks import bool_arg, int_arg, is_int
 from kvvmm.driver.base import (
     CUDA_ERROR_INVALID_VALUE,
     CUDA_ERROR_NOT_SUPPORTED,
@@ -94,8 +94,7 @@ def _handle_type_arg(handle_type: object, exportable: object) -> str:
                             "then POSIX fd, then none)")
     if exportable is None:
         return handle_type
-    if not isinstance(exportable, bool):
-        raise ArgumentError("exportable", exportable, "True or False")
+    bool_arg("exportable", exportable)
     implied = "posix_fd" if exportable else "none"
     warnings.warn(f"CudaDriver(exportable={exportable}) is deprecated (0.3, goes in 0.4): pass "
                   f"handle_type={implied!r}", DeprecationWarning, stacklevel=3)
