@@ -205,9 +205,9 @@ class CudaDriver(ZeroPageMixin, PeerAccessMixin, SynchronizeMixin, FastPathMixin
         handle_type: str = "none",
     ) -> None:
         want = _handle_type_arg(handle_type, exportable)
-        if not isinstance(zero_page, int) or (type(zero_page) is not bool and zero_page <= 0):
-            raise ArgumentError("zero_page", zero_page,
-                                "True, False, or a block size in bytes (> 0)")
+        if not isinstance(zero_page, bool):  # a flag, or else a block size
+            int_arg("zero_page", zero_page, lo=1,
+                    limit="True, False, or a block size in bytes (> 0)")
         self._zero: ZeroCover | None = None
         self.zero_page = 0
         problem = ""
