@@ -51,6 +51,18 @@ def _rank(rank: int, world: int, opts: dict[str, Any]) -> dict[str, Any]:
                           reserved_tokens=opts["reserved"], descs=descs)
     coll = DistributedOwner(owner, model=opts["model"])
     n = opts["tokens"]
+    # The agreement's all-reduce as DistributedOwner makes it (an int64 vector: the op's code,
+    # the token count and one flag per rank, each with its negation; MIN over the ranks; on
+    # the GPU for NCCL, on the CPU otherwise), through torch.distributed's public calls.
+    agree_on = (torch.device("cuda", torch.cuda.current_device())
+                if "nccl" in str(dist.get_backend()) else torch.device("cpu"))
+
+    def all_reduce_min(values: list[int]) -> list[int]:
+        t = torch.tensor(values, dtype=torch.int64, device=agree_on)
+        work = dist.all_reduce(t, op=dist.ReduceOp.MIN, async_op=True)
+        assert work is not None
+        work.wait()
+        return [int(x) for x in t.cpu().tolist()]
 
     def timed(fn: Any) -> float:
         dist.barrier()
@@ -68,7 +80,7 @@ def _rank(rank: int, world: int, opts: dict[str, Any]) -> dict[str, Any]:
         owner.shrink(PS)
         c = timed(lambda: coll.finalize(n))
         owner.shrink(PS)
-        a = timed(lambda: coll._all_reduce_min([2, -2, n, -n, *([1] * world)]))
+        a = timed(lambda: all_reduce_min([2, -2, n, -n, *([1] * world)]))
         if i:
             plain.append(p)
             collective.append(c)

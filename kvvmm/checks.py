@@ -1,10 +1,11 @@
-"""The one argument checker: every public entry point checks its ints and numbers here.
+"""The one argument checker: every public entry point checks its ints, numbers and flags here.
 
 A Python ``bool`` is an ``int``; no kvvmm size, offset, count, id, fraction or duration is
-ever a bool, so every function here refuses it. Messages come from
-:class:`~kvvmm.errors.ArgumentError`: they name the argument, the value and the limit it broke.
-The predicates (``is_int``, ``is_number``) serve the sites that raise another kvvmm error
-(a driver's, a trace file's) and only need the test.
+ever a bool, so every int and number checker here refuses it. A flag is the other way round:
+``bool_arg`` takes ``True`` or ``False`` only, never ``0``, ``1`` or another truthy object.
+Messages come from :class:`~kvvmm.errors.ArgumentError`: they name the argument, the value
+and the limit it broke. The predicates (``is_int``, ``is_number``) serve the sites that raise
+another kvvmm error (a driver's, a trace file's) and only need the test.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import TypeGuard
 
 from kvvmm.errors import ArgumentError, OutOfRangeError
 
-__all__ = ["int_arg", "is_int", "is_number", "number_arg", "seconds_arg"]
+__all__ = ["bool_arg", "int_arg", "is_int", "is_number", "number_arg", "seconds_arg"]
 
 
 def is_int(value: object) -> TypeGuard[int]:
@@ -39,6 +40,26 @@ def is_number(value: object, *, finite: bool = True) -> bool:
                 return False
         return True
     return not math.isnan(value) and (not finite or not math.isinf(value))
+
+
+def bool_arg(name: str, value: object, *, limit: str = "True or False") -> bool:
+    """Return ``value`` if it is ``True`` or ``False``; raise naming the value otherwise.
+
+    A flag takes a bool only: ``0``, ``1``, ``None`` or a string would be read by its
+    truthiness, which is never what a caller who passed one meant.
+
+    Args:
+        name: the argument's name as the caller wrote it (``"keep_pool"``).
+        value: what was passed.
+        limit: the limit as the message should state it (what the flag means, if useful).
+    Returns:
+        ``value``, typed as a bool.
+    Raises:
+        ArgumentError: anything but ``True`` or ``False``.
+    """
+    if not isinstance(value, bool):
+        raise ArgumentError(name, value, limit)
+    return value
 
 
 def int_arg(name: str, value: object, *, lo: int | None = None, hi: int | None = None,

@@ -44,6 +44,7 @@ from kvvmm import (
 from kvvmm.driver import Driver
 from kvvmm.dtypes import dtype_itemsize
 from kvvmm.growth import decode_growth
+from kvvmm.hardware.spread import quantiles
 from kvvmm.layout import hybrid_swa_descs, load_model, model_descs
 from kvvmm.policy import parse_policy
 from kvvmm.units import GiB, MiB, align_down, align_up
@@ -392,6 +393,10 @@ PLAIN_CASES = [
     Case("decode-growth-step-zero",
          lambda c: decode_growth([Exact()], tokens=1024, step_tokens=0), ArgumentError, 0,
          ">= 1"),
+    # ... and these let a bool through as an int or a number (True >= 1, True > 0).
+    Case("fault-nth-bool", lambda c: Fault(nth=True), ArgumentError, True, "an int >= 1"),
+    Case("quantiles-of-a-bool", lambda c: quantiles([1.0, True]), ArgumentError, [1.0, True],
+         "finite ratios > 0"),
 ]
 
 #: Rows once pinned as library bugs (fixed): capacity arguments are type-checked.

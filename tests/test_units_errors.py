@@ -255,3 +255,16 @@ def test_int_arg_refuses_a_bool_and_names_the_limit() -> None:
     with pytest.raises(OutOfRangeError, match=r"^n=9 is invalid: must be an int in \[1, 8\]$"):
         checks.int_arg("n", 9, lo=1, hi=8)
     assert checks.int_arg("n", 8, lo=1, hi=8) == 8
+
+
+@pytest.mark.parametrize("bad", [0, 1, None, "True", 1.0, [True]], ids=repr)
+def test_bool_arg_takes_true_or_false_only_and_names_the_value(bad: object) -> None:
+    assert checks.bool_arg("keep_pool", True) is True
+    assert checks.bool_arg("keep_pool", False) is False
+    with pytest.raises(ArgumentError) as e:
+        checks.bool_arg("keep_pool", bad)
+    assert type(e.value) is ArgumentError
+    assert (e.value.name, e.value.value, e.value.limit) == ("keep_pool", bad, "True or False")
+    with pytest.raises(ArgumentError,
+                       match=r"^own=1 is invalid: must be True or False \(mine\?\)$"):
+        checks.bool_arg("own", 1, limit="True or False (mine?)")

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from cuda.bindings import driver as d
 
-from kvvmm.arena._dlpack import device_tensor
+from kvvmm.arena import device_tensor
 from kvvmm.driver.cuda import CudaDriver
 from kvvmm.measure import copy_tb_s
 

@@ -595,7 +595,7 @@ def overhead() -> dict[str, Any]:
 def tensor_cost() -> dict[str, Any]:
     import torch
 
-    from kvvmm.arena._dlpack import device_tensor
+    from kvvmm.arena import device_tensor
     from kvvmm.driver.cuda import CudaDriver
 
     torch.cuda.init()

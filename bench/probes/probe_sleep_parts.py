@@ -43,7 +43,7 @@ def pinned_cost(gib: float) -> dict[str, Any]:
     f0 = free_bytes()
     t0 = time.perf_counter()
     pieces = [torch.empty(s, dtype=torch.uint8, pin_memory=True)
-              for s in backup_mod._pow2_pieces(n)]
+              for s in backup_mod.pow2_pieces(n)]
     pin_s = time.perf_counter() - t0
     f1 = free_bytes()
     t0 = time.perf_counter()
@@ -167,7 +167,7 @@ def unpin_beside_copies(gib: int) -> dict[str, Any]:
     host = torch.empty(n, dtype=torch.uint8, pin_memory=True)
     dev = torch.empty(n, dtype=torch.uint8, device="cuda")
     big = [torch.empty(s, dtype=torch.uint8, pin_memory=True)
-           for s in backup_mod._pow2_pieces(gib * GiB)]
+           for s in backup_mod.pow2_pieces(gib * GiB)]
     done = threading.Event()
     t_unpin: list[float] = []
 

@@ -9,13 +9,15 @@
 - :mod:`~kvvmm.arena.transaction`: the undo stack every multi-step change runs in;
 - :mod:`~kvvmm.arena.views`: :class:`ViewLease` and the tensors over the VA;
 - :mod:`~kvvmm.arena.mempool`: ``Arena.pool``, a ``torch.cuda.MemPool`` over the reservation;
-- ``_dlpack``: device tensors through DLPack, with no compilation.
+- ``_dlpack``: device tensors through DLPack, with no compilation; its :func:`device_tensor`
+  (a CUDA tensor over raw device VA, what the arena's tensors are made with) is exported here.
 """
 
 from __future__ import annotations
 
+from kvvmm.arena._dlpack import device_tensor
 from kvvmm.arena.arena import Arena, DecommitResult
 from kvvmm.arena.transaction import Transaction
 from kvvmm.arena.views import ViewLease
 
-__all__ = ["Arena", "DecommitResult", "Transaction", "ViewLease"]
+__all__ = ["Arena", "DecommitResult", "Transaction", "ViewLease", "device_tensor"]

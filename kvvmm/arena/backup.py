@@ -49,12 +49,14 @@ import os
 import threading
 from typing import TYPE_CHECKING, Any
 
+from kvvmm.checks import bool_arg
 from kvvmm.errors import ArgumentError
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["BACKUPS", "HOST_MEMORY", "Backup", "DiskBackup", "HostBackup", "make_backup"]
+__all__ = ["BACKUPS", "HOST_MEMORY", "Backup", "DiskBackup", "HostBackup", "make_backup",
+           "pow2_pieces"]
 
 #: The ``backup=`` names :meth:`Arena.sleep <kvvmm.arena.Arena.sleep>` takes (None: no backup).
 BACKUPS = ("host", "disk")
@@ -125,8 +127,7 @@ class HostBackup(Backup):
     def __init__(self, memory: str = "mmap", *, free_on_thread: bool = True) -> None:
         if memory not in HOST_MEMORY:
             raise ArgumentError("memory", memory, f"one of {list(HOST_MEMORY)}")
-        if not isinstance(free_on_thread, bool):
-            raise ArgumentError("free_on_thread", free_on_thread, "True or False")
+        bool_arg("free_on_thread", free_on_thread)
         self.memory = memory
         self.free_on_thread = free_on_thread
         self._pieces: list[tuple[int, Any]] = []  # (start, tensor), in order
@@ -146,7 +147,7 @@ class HostBackup(Backup):
             pieces.append((0, self._open_mmap(nbytes)))
         else:
             pos = 0
-            for size in _pow2_pieces(nbytes):
+            for size in pow2_pieces(nbytes):
                 pieces.append((pos, torch.empty(size, dtype=torch.uint8, pin_memory=True)))
                 pos += size
         self._pieces = pieces
@@ -335,8 +336,16 @@ def make_backup(backup: object, path: object) -> Backup | None:
     raise ArgumentError("backup", backup, f"None, one of {list(BACKUPS)} or a Backup")
 
 
-def _pow2_pieces(nbytes: int) -> list[int]:
-    """``nbytes`` as power-of-two sizes, largest first, none above :data:`_MAX_PIECE`."""
+def pow2_pieces(nbytes: int) -> list[int]:
+    """``nbytes`` as power-of-two sizes, largest first, none above 1 GiB: the pinned blocks a
+    ``HostBackup(memory="torch")`` asks torch for (its pinned allocator rounds every block up
+    to a power of two, so these sum to ``nbytes`` with nothing wasted).
+
+    Args:
+        nbytes: the bytes to cut, an int >= 0.
+    Returns:
+        The piece sizes, largest first; ``[]`` for 0.
+    """
     big, rest = divmod(nbytes, _MAX_PIECE)
     return [_MAX_PIECE] * big + [1 << b for b in range(rest.bit_length() - 1, -1, -1)
                                  if rest >> b & 1]

@@ -41,7 +41,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from kvvmm.checks import int_arg, is_int, seconds_arg
+from kvvmm.checks import bool_arg, int_arg, is_int, seconds_arg
 from kvvmm.driver.base import Driver, check_driver
 from kvvmm.errors import ArgumentError, ClosedError, DriverError
 from kvvmm.units import GiB
@@ -99,8 +99,7 @@ class HandlePool:
                                                    f"of the granularity {gran}")
             int_arg(f"ready[{size}]", count, lo=0, unit="handles")
         int_arg("retain_bytes", retain_bytes, lo=0, unit="bytes")
-        if not isinstance(share_across_owners, bool):
-            raise ArgumentError("share_across_owners", share_across_owners, "True or False")
+        bool_arg("share_across_owners", share_across_owners)
         self.retain_bytes = retain_bytes
         self.share_across_owners = share_across_owners
         # handle -> the owner (an arena's pool_tag) whose bytes it holds; absent: fresh

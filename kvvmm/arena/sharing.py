@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from kvvmm.arena.records import _Alloc, _insert, _Map, _prefix, _runs
 from kvvmm.arena.state import _ArenaState, _locked
 from kvvmm.arena.transaction import Transaction
-from kvvmm.checks import int_arg
+from kvvmm.checks import bool_arg, int_arg
 from kvvmm.errors import AlignmentError, ArgumentError, DriverError
 
 
@@ -134,8 +134,7 @@ class SharingMixin(_ArenaState):
         """Map a caller-made ``handle`` at ``start`` of ``a`` and grant access (adopt and
         adopt_range): the map is undone if the access fails, and the handle stays the
         caller's until both succeeded."""
-        if not isinstance(own, bool):
-            raise ArgumentError("own", own, "True or False (is the handle this process's own?)")
+        bool_arg("own", own, limit="True or False (is the handle this process's own?)")
         d = self.driver
         va = self.base + a.offset + start
         d.map(va, nbytes, handle)

@@ -32,6 +32,7 @@ from kvvmm.arena.backup import Backup, make_backup
 from kvvmm.arena.records import _Alloc, _Map, _runs, _Sleep
 from kvvmm.arena.state import _ArenaState, _locked
 from kvvmm.arena.transaction import Transaction
+from kvvmm.checks import bool_arg
 from kvvmm.driver.base import MemoryKind
 from kvvmm.errors import ArgumentError, BackupError, KvvmmError, SleepRefusedError
 from kvvmm.snapshot import MappingInfo
@@ -113,8 +114,7 @@ class SleepMixin(_ArenaState):
             ClosedError: after ``close()``.
         """
         self._check_open("sleep")
-        if not isinstance(keep_pool, bool):
-            raise ArgumentError("keep_pool", keep_pool, "True or False")
+        bool_arg("keep_pool", keep_pool)
         store = make_backup(backup, path)
         why = self.sleep_refusal("sleep")
         if why is not None:

@@ -117,6 +117,14 @@ class BudgetedDriver(Driver):
         """The inner driver's: the budget does not change what its handles are."""
         return self.inner.handle_type
 
+    @property
+    def granularity_min(self) -> int:
+        return self.inner.granularity_min
+
+    @property
+    def fast_path(self) -> bool | None:
+        return self.inner.fast_path
+
     @property  # the inner driver's bound method itself, so work_hook sees through
     def library_work(self) -> Callable[[str, int], None]:  # type: ignore[override]
         return self.inner.library_work

@@ -5,8 +5,8 @@ point (``cuMemAddressReserve``, ``cuMemCreate``, ``cuMemMap``, ...). Three imple
 exist (``SimDriver``, ``HostDriver``, ``CudaDriver``) plus wrappers on
 :class:`~kvvmm.driver.wrapper.DriverWrapper` (``FaultyDriver``, ``TracingDriver``,
 ``TimedDriver``); everything above this layer is written against :class:`Driver` only. Its
-optional calls (``clock_us``, ``handle_type``, ``library_work``, ``pin``, ``unpin``,
-``close``) have defaults that every driver inherits.
+optional calls (``clock_us``, ``handle_type``, ``granularity_min``, ``fast_path``,
+``library_work``, ``pin``, ``unpin``, ``close``) have defaults that every driver inherits.
 
 The rules (cuda.core's VMM design lists the driver behaviour they come from):
 
@@ -381,6 +381,19 @@ class Driver(Protocol):
         """
         return "posix_fd"
 
+    @property
+    def granularity_min(self) -> int:
+        """The device's minimum allocation granularity in bytes: :meth:`granularity` by
+        default; CudaDriver says what CUDA reports (its ``granularity`` may be the larger
+        recommended one), and a wrapper says what the driver it wraps does."""
+        return self.granularity()
+
+    @property
+    def fast_path(self) -> bool | None:
+        """Whether the hot calls run in C (CudaDriver's ``_cudafast``): True or False on
+        CudaDriver, None (no C path at all) elsewhere; a wrapper says its inner driver's."""
+        return None
+
     def library_work(self, op: str, units: int = 1) -> None:
         """Charge kvvmm's own work for one arena or owner operation (``op``, ``units``
         handles, mappings or buffers) to a simulated clock. A no-op except on the simulator;
@@ -404,7 +417,8 @@ class Driver(Protocol):
 
 
 #: The optional calls of :class:`Driver` (with their defaults there).
-OPTIONAL_CALLS = ("clock_us", "handle_type", "library_work", "pin", "unpin", "close")
+OPTIONAL_CALLS = ("clock_us", "handle_type", "granularity_min", "fast_path", "library_work",
+                  "pin", "unpin", "close")
 
 
 def work_hook(driver: Driver) -> Callable[[str, int], None] | None:
@@ -473,5 +487,9 @@ def _give_defaults(driver: object) -> None:
             setattr(driver, m, 0.0)
         elif m == "handle_type":  # what its export_handle promised when it was written
             setattr(driver, m, "posix_fd")
+        elif m == "granularity_min":
+            setattr(driver, m, driver.granularity())  # type: ignore[attr-defined]
+        elif m == "fast_path":
+            setattr(driver, m, None)
         else:
             setattr(driver, m, types.MethodType(getattr(Driver, m), driver))

@@ -25,7 +25,7 @@ from bisect import bisect_right, insort
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from kvvmm.checks import int_arg, is_int
+from kvvmm.checks import bool_arg, int_arg, is_int
 from kvvmm.driver.base import (
     CUDA_ERROR_INVALID_VALUE,
     CUDA_ERROR_NOT_SUPPORTED,
@@ -94,8 +94,7 @@ def _handle_type_arg(handle_type: object, exportable: object) -> str:
                             "then POSIX fd, then none)")
     if exportable is None:
         return handle_type
-    if not isinstance(exportable, bool):
-        raise ArgumentError("exportable", exportable, "True or False")
+    bool_arg("exportable", exportable)
     implied = "posix_fd" if exportable else "none"
     warnings.warn(f"CudaDriver(exportable={exportable}) is deprecated (0.3, goes in 0.4): pass "
                   f"handle_type={implied!r}", DeprecationWarning, stacklevel=3)
@@ -197,6 +196,8 @@ class CudaDriver(ZeroPageMixin, PeerAccessMixin, SynchronizeMixin, FastPathMixin
     kind = "cuda"
     memory = MemoryKind.DEVICE
     handle_type = "none"  #: a plain attribute here (the protocol's default is a property)
+    granularity_min = 0  #: set by the constructor (a plain attribute, as handle_type)
+    fast_path = False  #: set by the constructor (a plain attribute, as handle_type)
 
     def __init__(
         self, *, device: int = 0, granularity: str | int = "minimum",
@@ -204,9 +205,9 @@ class CudaDriver(ZeroPageMixin, PeerAccessMixin, SynchronizeMixin, FastPathMixin
         handle_type: str = "none",
     ) -> None:
         want = _handle_type_arg(handle_type, exportable)
-        if not isinstance(zero_page, int) or (type(zero_page) is not bool and zero_page <= 0):
-            raise ArgumentError("zero_page", zero_page,
-                                "True, False, or a block size in bytes (> 0)")
+        if not isinstance(zero_page, bool):  # a flag, or else a block size
+            int_arg("zero_page", zero_page, lo=1,
+                    limit="True, False, or a block size in bytes (> 0)")
         self._zero: ZeroCover | None = None
         self.zero_page = 0
         problem = ""

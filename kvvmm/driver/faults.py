@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from kvvmm.checks import int_arg
 from kvvmm.driver.base import (
     CALLS,
     CUDA_ERROR_INVALID_VALUE,
@@ -47,8 +48,8 @@ class Fault:
     def __post_init__(self) -> None:
         if self.call != "*" and self.call not in CALLS:
             raise ArgumentError("call", self.call, f"'*' or one of {list(CALLS)}")
-        if self.nth is not None and (not isinstance(self.nth, int) or self.nth < 1):
-            raise ArgumentError("nth", self.nth, "an int >= 1 or None")
+        if self.nth is not None:  # True is an int >= 1 to isinstance, not to int_arg
+            int_arg("nth", self.nth, lo=1, limit="an int >= 1 or None")
         if self.error not in _ERRORS:
             raise ArgumentError("error", self.error, f"one of {list(_ERRORS)}")
 

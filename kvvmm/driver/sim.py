@@ -381,8 +381,7 @@ class SimDriver(Driver):
         count = node.devices if node is not None else 0
         devices = [check_call_ints("set_access", device=d)["device"] for d in devices]
         for d in devices:
-            known = (_is_device(d, count) if node is not None
-                     else not isinstance(d, bool) and d == self.device)
+            known = _is_device(d, count) if node is not None else d == self.device
             if not known:  # an H200 answers INVALID_VALUE for an ordinal it does not have
                 raise driver_error(
                     "set_access", args, CUDA_ERROR_INVALID_VALUE,

@@ -42,9 +42,9 @@ NAMED: dict[str, Callable[..., dict[str, Any]]] = {
 class DriverWrapper(Driver):
     """Wraps ``inner``: every call goes to it through :meth:`_call`, unchanged by default.
 
-    ``granularity``, ``stats``, ``clock_us``, ``handle_type`` and ``library_work`` are the
-    inner driver's own (never gated, recorded or timed); ``close`` is the protocol's no-op:
-    the wrapped driver is its opener's to close.
+    ``granularity``, ``stats``, ``clock_us``, ``handle_type``, ``granularity_min``,
+    ``fast_path`` and ``library_work`` are the inner driver's own (never gated, recorded or
+    timed); ``close`` is the protocol's no-op: the wrapped driver is its opener's to close.
 
     Args:
         inner: the driver to wrap.
@@ -85,6 +85,16 @@ class DriverWrapper(Driver):
     def handle_type(self) -> str:
         """The wrapped driver's: what its handles can be shared as."""
         return self.inner.handle_type
+
+    @property
+    def granularity_min(self) -> int:
+        """The wrapped driver's minimum granularity."""
+        return self.inner.granularity_min
+
+    @property
+    def fast_path(self) -> bool | None:
+        """The wrapped driver's: whether its hot calls run in C."""
+        return self.inner.fast_path
 
     @property  # the inner driver's bound method itself: no frame here, and work_hook sees
     def library_work(self) -> Callable[[str, int], None]:  # type: ignore[override]

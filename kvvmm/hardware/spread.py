@@ -43,6 +43,7 @@ import textwrap
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from kvvmm.checks import is_number
 from kvvmm.errors import ArgumentError
 from kvvmm.hardware.interp import Log2Curve
 from kvvmm.units import MiB
@@ -163,7 +164,7 @@ def quantiles(samples: Sequence[float]) -> dict[str, float]:
         ArgumentError: no samples, or one that is not a finite number > 0.
     """
     xs = sorted(samples)
-    if not xs or not all(isinstance(x, (int, float)) and math.isfinite(x) and x > 0 for x in xs):
+    if not xs or not all(is_number(x) and x > 0 for x in xs):
         raise ArgumentError("samples", list(samples)[:8], "a non-empty list of finite ratios > 0")
     out = {}
     for name, q in QUANTILES:

@@ -93,7 +93,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from kvvmm.checks import int_arg, is_int, seconds_arg
+from kvvmm.checks import bool_arg, int_arg, is_int, seconds_arg
 from kvvmm.driver import open_driver
 from kvvmm.driver.base import HANDLE_TYPES, Driver, check_driver
 from kvvmm.errors import ArgumentError, BusyError, KvvmmError, OutOfRangeError
@@ -557,8 +557,7 @@ class KvVmmMemorySaver:
     """
 
     def __init__(self, inner: Any = None, *, cpu_backup: bool = False) -> None:
-        if not isinstance(cpu_backup, bool):
-            raise ArgumentError("cpu_backup", cpu_backup, "True or False")
+        bool_arg("cpu_backup", cpu_backup)
         self.inner = inner
         self.cpu_backup = cpu_backup
         self._owners: dict[str, list[KvVmmBufferOwner]] = {}

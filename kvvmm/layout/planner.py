@@ -61,7 +61,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from kvvmm.checks import int_arg, number_arg
+from kvvmm.checks import bool_arg, int_arg, number_arg
 from kvvmm.dtypes import dtype_itemsize, dtype_name
 from kvvmm.errors import ArgumentError, OutOfRangeError
 from kvvmm.hardware import DeviceProfile, get_profile
@@ -223,8 +223,7 @@ class PlanRequest:
         name = dtype_name(o["dtype"])
         if o["layout"] not in ("token_major", "page_major"):
             raise ArgumentError("layout", o["layout"], "one of ['token_major', 'page_major']")
-        if not isinstance(o["count_overhead"], bool):
-            raise ArgumentError("count_overhead", o["count_overhead"], "a bool")
+        bool_arg("count_overhead", o["count_overhead"], limit="a bool")
         mfs = o["mem_fraction_static"]
         if mfs is not None:
             number_arg("mem_fraction_static", mfs, lo=0, hi=1, lo_open=True,

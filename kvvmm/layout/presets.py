@@ -19,7 +19,7 @@
 
 from __future__ import annotations
 
-from kvvmm.checks import int_arg
+from kvvmm.checks import int_arg, is_int
 from kvvmm.dtypes import dtype_itemsize
 from kvvmm.errors import ArgumentError
 from kvvmm.layout.desc import KvBufferDesc
@@ -114,7 +114,7 @@ def mha_token_major(
 
 def _check_kv(kv: object) -> None:
     """Tensors per layer and slot of a cross-layer layout: 2 (K and V) or 1 (a latent)."""
-    if kv not in (1, 2) or isinstance(kv, bool):
+    if not is_int(kv) or kv not in (1, 2):
         raise ArgumentError("kv", kv, "2 (K and V per layer) or 1 (one latent per layer)")
 
 

@@ -110,7 +110,7 @@ def _meta(driver: Driver, cuda: bool, key: str | None) -> dict[str, Any]:
     else:
         card = f"{driver.kind} driver ({driver.name})"
     free, total = driver.mem_info()
-    gran = int(getattr(driver, "granularity_min", driver.granularity()))
+    gran = driver.granularity_min
     return {
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "card": card, "key": key or _card_key(card),
@@ -119,7 +119,7 @@ def _meta(driver: Driver, cuda: bool, key: str | None) -> dict[str, Any]:
         "python": platform.python_version(), "capacity_bytes": total,
         "free_bytes_at_start": free, "granularity_bytes": gran, "driver_kind": driver.kind,
         # CudaDriver's hot calls in C (_cudafast) or Python: 0.4-0.6 µs a map apart (§2)
-        "fast_path": getattr(driver, "fast_path", None),
+        "fast_path": driver.fast_path,
     }
 
 

@@ -77,7 +77,7 @@ def paged_layer_views(owner_or_tensor: Any, page_size: int) -> list[tuple[torch.
     """
     t = _interleaved(owner_or_tensor)
     if t.dim() == 6:
-        if isinstance(page_size, bool) or page_size != t.shape[3]:
+        if not is_int(page_size) or page_size != t.shape[3]:
             raise ArgumentError("page_size", page_size,
                                 f"the block-interleaved buffer's page size ({t.shape[3]})")
         return [tuple(t[:, layer, j] for j in range(t.shape[2]))

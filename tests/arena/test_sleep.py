@@ -32,7 +32,7 @@ from kvvmm import (
     mha_token_major,
     replay_arenas,
 )
-from kvvmm.arena.backup import Backup, HostBackup, _pow2_pieces
+from kvvmm.arena.backup import Backup, HostBackup, pow2_pieces
 from kvvmm.arena.pool import HandlePool
 from kvvmm.driver.base import CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_OUT_OF_MEMORY, Driver
 
@@ -472,7 +472,7 @@ def test_a_custom_backup_subclass_is_used_as_given(driver: Driver) -> None:
 
 def test_the_pinned_backup_is_cut_in_power_of_two_pieces_that_sum_to_its_size() -> None:
     for n in (0, 2 << 20, 6 << 20, (60 << 30) + (6 << 20), 3 << 30):
-        pieces = _pow2_pieces(n)
+        pieces = pow2_pieces(n)
         assert sum(pieces) == n
         assert all(p & (p - 1) == 0 and p <= 1 << 30 for p in pieces)
 

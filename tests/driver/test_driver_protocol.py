@@ -27,6 +27,8 @@ def test_every_driver_and_wrapper_has_the_optional_calls() -> None:
                 assert hasattr(d, name), (d, name)
             assert isinstance(d.clock_us, float)
             assert d.handle_type == "posix_fd", d  # what export_handle gives on sim and host
+            assert d.granularity_min == d.granularity(), d  # one granularity off CUDA
+            assert d.fast_path is None, d  # no C path but CudaDriver's
     finally:
         host.close()
 
@@ -44,6 +46,32 @@ def test_every_wrapper_says_the_handle_type_of_the_driver_it_wraps(tmp_path: Pat
         for d in (FaultyDriver(inner), TracingDriver(inner), TimedDriver(inner), budgeted,
                   TracingDriver(budgeted)):
             assert d.handle_type == "none", d
+
+
+class _CudaLike(SimDriver):
+    """A driver with CudaDriver's plain attributes: a smaller minimum granularity, a C path."""
+
+    granularity_min = 64 * 1024
+    fast_path = True
+
+
+def test_every_wrapper_says_the_granularity_and_fast_path_of_the_driver_it_wraps(
+        tmp_path: Path) -> None:
+    inner = _CudaLike("h200")
+    with Ledger(tmp_path / "ledger", budget_bytes=GiB) as led:
+        budgeted = BudgetedDriver(inner, led.register("t"))
+        for d in (FaultyDriver(inner), TracingDriver(inner), TimedDriver(inner), budgeted,
+                  TracingDriver(budgeted)):
+            assert (d.granularity_min, d.fast_path) == (64 * 1024, True), d
+
+
+def test_cuda_drivers_constructor_can_set_what_the_protocol_declares_as_properties() -> None:
+    from kvvmm.driver.cuda import CudaDriver
+
+    # Instance assignment in CudaDriver.__init__ needs plain class attributes to shadow the
+    # protocol's read-only properties (as handle_type does); checked without a GPU.
+    for name in ("handle_type", "granularity_min", "fast_path"):
+        assert not isinstance(getattr(CudaDriver, name), property), name
 
 
 def test_a_real_driver_has_no_work_hook_so_the_decode_path_makes_no_call() -> None:
@@ -91,6 +119,7 @@ def test_a_driver_without_the_optional_calls_gets_their_defaults_with_a_warning(
         check_driver(d)
     assert isinstance(d, Driver) and d.clock_us == 0.0 and work_hook(d) is None
     assert d.handle_type == "posix_fd"  # what its export_handle promised in 0.2
+    assert d.granularity_min == d.granularity() and d.fast_path is None
     with Arena(d, reserve_bytes=8 * MiB) as a:  # type: ignore[arg-type]
         a.allocate(2 * MiB, "x")
 

@@ -37,9 +37,10 @@ def test_a_page_holds_the_same_bytes_as_the_token_interleaved_layouts_page(
 
 
 def test_bad_arguments_are_refused_by_name() -> None:
-    with pytest.raises(ArgumentError, match="kv"):
-        block_interleaved(layers=2, kv_heads=1, head_dim=8, reserved_tokens=64, page_size=16,
-                          dtype="bfloat16", kv=3)
+    for bad in (3, True, 2.0):  # 1 or 2, an int: a bool or a float is refused by its name
+        with pytest.raises(ArgumentError, match=r"^kv="):
+            block_interleaved(layers=2, kv_heads=1, head_dim=8, reserved_tokens=64,
+                              page_size=16, dtype="bfloat16", kv=bad)
     with pytest.raises(ArgumentError, match="page_size"):
         block_interleaved(layers=2, kv_heads=1, head_dim=8, reserved_tokens=64, page_size=0,
                           dtype="bfloat16")
@@ -101,6 +102,7 @@ def test_paged_views_hold_each_pages_tokens_of_a_layer_contiguously() -> None:
         assert t[7, 1, 1].data_ptr() - t[7, 1, 0].data_ptr() == 16 * 2 * 8 * 4
         with pytest.raises(ArgumentError, match="paged_layer_views"):
             layer_views(blk)
-        with pytest.raises(ArgumentError, match="page size"):
-            paged_layer_views(blk, 8)
+        for bad in (8, True, 16.0):  # the page size, an int (as on a token-major buffer)
+            with pytest.raises(ArgumentError, match="page size"):
+                paged_layer_views(blk, bad)  # type: ignore[arg-type]
         del bv, tv, bk, bvv, tk, tvv, t
