@@ -435,7 +435,7 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "bench_elastic", "date": datetime.datetime.now(datetime.UTC).isoformat(),
         "card": torch.cuda.get_device_name(0), "torch": torch.__version__,
         "kvvmm": getattr(kvvmm, "__version__", "?"), "python": platform.python_version(),
-        "fast_path": getattr(drv, "fast_path", None), "requests": len(reqs),
+        "fast_path": drv.fast_path, "requests": len(reqs),
         "tokens_total": sum(reqs), "pool_tokens": pool_tokens,
         "model": "llama-3.1-8b-like: 32 layers, 8 KV heads x 128, bf16, 16-token pages",
         "kvvmm_rounds": []}
