@@ -56,6 +56,7 @@ nothing extra where it has none; :attr:`SimCosts.notes` says which.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -83,11 +84,31 @@ class PostReleaseSlowdown:
 
 @dataclass(frozen=True, slots=True)
 class ColdCalls:
-    """The first call of each kind after a pause costs ``premium_us[call]`` more."""
+    """The first call of each kind after a pause costs ``premium_us[call]`` more; after a
+    shorter pause, the share of it ``partial[call]`` gives."""
 
     premium_us: Mapping[str, float]  #: µs more for a call that is the first of its kind
     gap_us: float  #: a pause at least this long (µs) makes every call kind cold again
     source: str
+    #: per call, ``((pause µs, share of the premium), ...)`` measured below ``gap_us``,
+    #: rising; between them, and from ``(0, 0)`` and up to ``(gap_us, 1)``, linear. A call
+    #: with none pays nothing below ``gap_us`` (the step model).
+    partial: Mapping[str, tuple[tuple[float, float], ...]] = field(default_factory=dict)
+
+    def share(self, op: str, paused_us: float) -> float:
+        """The share of ``op``'s premium a call pays after ``paused_us`` of pauses since the
+        last call of its kind (a device's first call of a kind: pass ``math.inf``)."""
+        if paused_us >= self.gap_us:
+            return 1.0
+        pts = self.partial.get(op)
+        if not pts or paused_us <= 0.0:
+            return 0.0
+        x0, y0 = 0.0, 0.0
+        for x1, y1 in (*pts, (self.gap_us, 1.0)):
+            if paused_us <= x1:
+                return y0 + (y1 - y0) * (paused_us - x0) / (x1 - x0) if x1 > x0 else y1
+            x0, y0 = x1, y1
+        return 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -242,8 +263,12 @@ def sim_costs(profile: DeviceProfile) -> SimCosts:
     cd = _section(data, "cold_calls")
     cold = None
     if cd is not None and cd.get("modelled") is True:
-        cold = ColdCalls({str(k): float(v) for k, v in cd["premium_us"].items()},
-                         float(cd.get("gap_ms", 50.0)) * 1e3, str(cd.get("source", "")))
+        gap_us = float(cd.get("gap_ms", 50.0)) * 1e3
+        partial = {str(op): tuple((float(ms) * 1e3, min(1.0, float(f)))
+                                  for ms, f in sorted(pts) if float(ms) * 1e3 < gap_us)
+                   for op, pts in (cd.get("partial") or {}).items()}
+        cold = ColdCalls({str(k): float(v) for k, v in cd["premium_us"].items()}, gap_us,
+                         str(cd.get("source", "")), partial)
     elif cd is None:
         notes.append("cold calls: not measured on this profile; every call costs as warm")
     idd = _section(data, "idle_release")
@@ -270,12 +295,13 @@ class CallClock:
 
     ``clock(op, size)`` returns the µs to add to the device's clock; the driver calls it once
     per call, under its own lock. Where the profile models cold calls, the first call of each
-    kind (since the clock was made, or since a :meth:`pause` of at least the profile's gap)
-    costs its premium more; where it models idle releases, the first create after a pause of
+    kind since the clock was made costs its premium more, and a later one the share of it
+    that the pauses since the last call of its kind give (:meth:`ColdCalls.share`: all of it
+    from the profile's gap); where it models idle releases, the first create after a pause of
     at least ``idle_release.pause_s`` costs more by the GiB released since the create before.
     """
 
-    __slots__ = ("_freed", "_idle_us", "_released", "_slow_left", "_warm", "calls", "costs",
+    __slots__ = ("_freed", "_idle_us", "_paused", "_released", "_slow_left", "calls", "costs",
                  "mem_info_us")
 
     def __init__(self, costs: SimCosts) -> None:
@@ -284,23 +310,26 @@ class CallClock:
         self.mem_info_us = costs.calls.mem_info_us
         self._released = 0
         self._slow_left = 0
-        self._warm: set[str] = set()  # call kinds made since the last pause
+        self._paused: dict[str, float] = {}  # µs paused since each kind's last call
         self._freed = 0  # bytes released since the last create
         self._idle_us = 0.0  # µs the next create pays for an idle pause after releases
 
     def _cold(self, op: str) -> float:
         cold = self.costs.cold
-        if cold is None or op in self._warm:
+        if cold is None:
             return 0.0
-        self._warm.add(op)
-        return cold.premium_us.get(op, 0.0)
+        paused = self._paused.get(op, math.inf)  # never called: as cold as it gets
+        self._paused[op] = 0.0
+        return cold.premium_us.get(op, 0.0) * cold.share(op, paused) if paused else 0.0
 
     def pause(self, us: float) -> None:
-        """``us`` of time passed outside the driver: a pause of at least the profile's gap
-        makes the next call of every kind cold again."""
+        """``us`` of time passed outside the driver: it adds to every call kind's pauses
+        since its last call (the next one pays the share of its premium they give)."""
         cold = self.costs.cold
-        if cold is not None and us >= cold.gap_us:
-            self._warm.clear()
+        if cold is not None and us > 0.0:
+            paused = self._paused
+            for op in paused:
+                paused[op] += us
         idle = self.costs.idle
         if (idle is not None and us >= idle.pause_us and self._freed
                 and self._freed >= idle.min_released_bytes):

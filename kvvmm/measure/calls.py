@@ -13,6 +13,7 @@ import statistics
 import time
 from typing import Any
 
+from kvvmm.driver.base import Driver
 from kvvmm.hardware.schema import COLD_CALLS as SCHEMA_COLD_CALLS
 from kvvmm.measure.plan import Ctx
 from kvvmm.measure.timer import _median_us, _tmean, _us
@@ -221,19 +222,29 @@ def cold_calls(ctx: Ctx) -> dict[str, Any]:
     every later call of that kind in both rounds; reserve and free, one per round, are set
     against the warm rounds' ones. On an H200 back to back no call is cold and after a pause
     every kind is, on a fresh driver or an old one (bench/probes/probe_cold_calls.py).
+    Then the same for each shorter pause of ``cold_partial_s`` (``partial_us``: the premiums
+    after it), which the profile keeps as shares of the premium (on an H200 after 1 / 5 /
+    20 ms a create pays 0.19 / 0.41 / 0.81 of it: bench/results/h200-cold-gaps.json).
     """
-    d = ctx.td.inner
     p = ctx.plan
+    out = _cold_rounds(ctx.td.inner, p.cold_rounds, p.cold_gap_s)
+    out["partial_us"] = {f"{gap * 1e3:g}": _cold_rounds(ctx.td.inner, p.cold_rounds, gap)
+                         ["premium_us"] for gap in p.cold_partial_s if gap < p.cold_gap_s}
+    return out
+
+
+def _cold_rounds(d: Driver, rounds: int, gap_s: float) -> dict[str, Any]:
+    """``rounds`` times: a ``gap_s`` sleep, a round of calls, at once a warm one."""
     first: dict[str, list[float]] = {op: [] for op in COLD_CALLS}
     later: dict[str, list[float]] = {op: [] for op in COLD_CALLS}
-    for _ in range(p.cold_rounds):
-        time.sleep(p.cold_gap_s)
+    for _ in range(rounds):
+        time.sleep(gap_s)
         cold = _calls_round(d, 4)
         warm = _calls_round(d, 4)
         for op in COLD_CALLS:
             first[op].append(cold[op][0])
             later[op] += cold[op][1:] + (warm[op] if op in ("reserve", "free") else warm[op][1:])
-    out: dict[str, Any] = {"gap_ms": round(p.cold_gap_s * 1e3, 3), "rounds": p.cold_rounds,
+    out: dict[str, Any] = {"gap_ms": round(gap_s * 1e3, 3), "rounds": rounds,
                            "first_us": {op: _median_us(v) for op, v in first.items()},
                            "later_us": {op: _median_us(v) for op, v in later.items()},
                            "first_all_us": {op: [round(x * 1e6, 2) for x in v]

@@ -249,6 +249,24 @@ def fit_library_overhead(data: Mapping[str, Any], growth_m: Mapping[str, Any],
     }
 
 
+def _cold_shares(premium: Mapping[str, float],
+                 partial_us: Mapping[str, Mapping[str, float]]) -> dict[str, list[list[float]]]:
+    """Each call's premium after each shorter pause as a share of its full premium, kept
+    rising with the pause (a noisy round must not make a longer pause cheaper) and in [0, 1];
+    calls whose full premium is 0 have none."""
+    out: dict[str, list[list[float]]] = {}
+    for op, full in premium.items():
+        if full <= 0:
+            continue
+        pts, top = [], 0.0
+        for ms, prem in sorted((float(k), v) for k, v in partial_us.items()):
+            top = min(1.0, max(top, float(prem.get(op, 0.0)) / full))
+            pts.append([ms, round(top, 3)])
+        if pts:
+            out[op] = pts
+    return out
+
+
 def build_profile(meas: Mapping[str, Any], meta: Mapping[str, Any], plan: Plan) -> dict[str, Any]:
     """The ``kvvmm-hardware-profile`` JSON from what has been measured so far.
 
@@ -367,7 +385,8 @@ def build_profile(meas: Mapping[str, Any], meta: Mapping[str, Any], plan: Plan) 
         data["cold_calls"] = {
             "unit": ("µs more for the first call of each kind after a pause (on a simulated "
                      "device: its first call of each kind, and the first after "
-                     "SimDriver.pause of at least gap_ms)"),
+                     "SimDriver.pause of at least gap_ms; after shorter pauses, the share "
+                     "partial gives)"),
             "gap_ms": float(cold["gap_ms"]),
             "premium_us": prem,
             "modelled": sum(prem.values()) > 0.2 * warm,
@@ -379,6 +398,12 @@ def build_profile(meas: Mapping[str, Any], meta: Mapping[str, Any], plan: Plan) 
                        f"of the calls' warm costs"),
             "measured": dict(cold),
         }
+        partial = _cold_shares(prem, cold.get("partial_us") or {})
+        if partial:
+            data["cold_calls"]["partial"] = partial
+            data["cold_calls"]["partial_source"] = (
+                f"{how}: the same rounds after each shorter pause, its premium over the "
+                f"{cold['gap_ms']:g} ms one's, per call: [[pause ms, share], ...]")
     lib = meas.get("library")
     if lib and isinstance(lib.get("work"), Mapping):
         data["library_work_us"] = {

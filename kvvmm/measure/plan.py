@@ -43,6 +43,8 @@ class Plan:
     slow_repeats: int
     cold_rounds: int = 12  #: pauses, each followed by one cold and one warm round of calls
     cold_gap_s: float = 0.05  #: the pause before each cold round
+    #: shorter pauses, each timed as ``cold_gap_s`` is: the share of the premium they give
+    cold_partial_s: tuple[float, ...] = (0.001, 0.005, 0.02)
 
     @property
     def workload(self) -> Workload:

@@ -5,6 +5,7 @@ pause or other work makes the next create 80-117 us dearer; back to back, nothin
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 import math
 from dataclasses import replace
@@ -79,22 +80,73 @@ def test_a_devices_first_call_of_each_kind_costs_its_premium_and_the_next_does_n
         assert second[op] == pytest.approx(warm[op]), op
 
 
-def test_a_pause_of_the_gap_or_longer_makes_every_kind_cold_again_and_a_shorter_one_not(
-) -> None:
+def _premiums_after(data: dict[str, Any], *pauses_s: float) -> dict[str, float]:
+    """µs over warm each call kind pays after a warm round and then these pauses."""
+    warm = _warm_costs(data)
+    d = SimDriver(profile_from_data(data))
+    _round(d)
+    clock = d.clock_us
+    for s in pauses_s:
+        d.pause(s)
+    assert d.clock_us == clock  # a pause is not driver time
+    got = _round(d)
+    return {op: got[op] - warm[op] for op in OPS}
+
+
+def test_a_pause_of_the_gap_or_longer_makes_every_kind_pay_its_whole_premium() -> None:
     data = _h200()
     cold = sim_costs(profile_from_data(data)).cold
     assert cold is not None
     gap_s = cold.gap_us / 1e6
-    warm = _warm_costs(data)
+    for pause in (gap_s, 3 * gap_s):
+        assert _premiums_after(data, pause) == pytest.approx(dict(cold.premium_us))
+
+
+def test_a_shorter_pause_costs_the_measured_share_rising_with_the_pause_from_none() -> None:
+    data = _h200()
+    cold = sim_costs(profile_from_data(data)).cold
+    assert cold is not None and cold.partial
+    gap_s = cold.gap_us / 1e6
+    pauses = [0.0, 1e-4, 1e-3, 3e-3, 5e-3, 0.012, 0.02, 0.035, gap_s * 0.999, gap_s]
+    paid = [_premiums_after(data, p) for p in pauses]
+    for op in OPS:
+        row = [p[op] for p in paid]
+        assert row[0] == pytest.approx(0.0, abs=1e-9), op  # back to back: warm
+        assert all(b >= a - 1e-9 for a, b in itertools.pairwise(row)), (op, row)
+        assert row[-1] == pytest.approx(cold.premium_us[op]), op
+        for (ms, share) in data["cold_calls"]["partial"].get(op, ()):
+            got = _premiums_after(data, ms / 1e3)[op]
+            assert got == pytest.approx(share * cold.premium_us[op]), (op, ms)
+
+
+def test_pauses_add_up_until_a_kind_is_called_and_a_call_warms_only_its_own_kind() -> None:
+    data = _h200()
+    cold = sim_costs(profile_from_data(data)).cold
+    assert cold is not None
+    gap_s = cold.gap_us / 1e6
+    assert _premiums_after(data, gap_s / 2, gap_s / 2) == pytest.approx(dict(cold.premium_us))
     d = SimDriver(profile_from_data(data))
     _round(d)
-    d.pause(gap_s * 0.5)
-    assert _round(d) == pytest.approx(warm)
-    clock = d.clock_us
     d.pause(gap_s)
-    assert d.clock_us == clock  # a pause is not driver time
-    again = _round(d)
-    assert again == pytest.approx({op: warm[op] + cold.premium_us[op] for op in OPS})
+    h = d.create(2 * MiB)  # create is warm again; every other kind still owes its premium
+    t0 = d.clock_us
+    h2 = d.create(2 * MiB)
+    assert d.clock_us - t0 == pytest.approx(_warm_costs(data)["create"])
+    t0 = d.clock_us
+    d.release(h)
+    assert d.clock_us - t0 == pytest.approx(_warm_costs(data)["release"]
+                                            + cold.premium_us["release"])
+    d.release(h2)
+
+
+def test_without_measured_shares_a_pause_shorter_than_the_gap_costs_nothing() -> None:
+    data = _h200()
+    data["cold_calls"].pop("partial")
+    cold = sim_costs(profile_from_data(data)).cold
+    assert cold is not None and not cold.partial
+    gap_s = cold.gap_us / 1e6
+    assert _premiums_after(data, gap_s * 0.9) == pytest.approx(dict.fromkeys(OPS, 0.0))
+    assert _premiums_after(data, gap_s) == pytest.approx(dict(cold.premium_us))
 
 
 @pytest.mark.parametrize("bad", [-1.0, math.nan, math.inf, True, "0.1", None])
@@ -128,6 +180,8 @@ def test_a_section_measured_but_not_modelled_charges_nothing() -> None:
 @pytest.mark.parametrize(("field", "value"), [
     ("premium_us.create", -1.0), ("premium_us.map", "fast"), ("gap_ms", -5.0),
     ("gap_ms", True), ("modelled", "yes"), ("premium_us.create", 1e12),
+    ("partial.create", [[1, 1.5]]), ("partial.create", [[-1, 0.5]]), ("partial.map", "half"),
+    ("partial.set_access", [[1, True]]), ("partial", [[1, 0.5]]),
 ])
 def test_the_schema_refuses_a_bad_cold_figure_by_its_path(field: str, value: object) -> None:
     data = _h200()
@@ -192,6 +246,32 @@ def test_calibrates_section_times_a_cold_round_against_warm_calls_and_the_profil
     path.write_text(json.dumps(data), encoding="utf-8")
     get_profile(path)
     assert QUICK.cold_rounds < FULL.cold_rounds
+
+
+def test_calibrate_times_the_shorter_pauses_and_the_profile_keeps_rising_shares_of_the_premium(
+    tmp_path: Path,
+) -> None:
+    from kvvmm.driver.host import HostDriver
+
+    plan = replace(FULL, cold_rounds=2, cold_gap_s=0.004, cold_partial_s=(0.002, 0.001, 0.01))
+    d = HostDriver()
+    try:
+        got = cold_calls(Ctx(TimedDriver(d), plan, lambda: None, cuda=False))
+    finally:
+        d.close()
+    assert sorted(got["partial_us"]) == ["1", "2"]  # 10 ms is not shorter than the gap
+    assert all(set(v) == set(OPS) for v in got["partial_us"].values())
+    # a made-up measurement with a noisy middle pause: the shares stay rising and in [0, 1]
+    got["premium_us"] = dict.fromkeys(OPS, 10.0) | {"free": 0.0}
+    got["partial_us"] = {"1": dict.fromkeys(OPS, 4.0), "2": dict.fromkeys(OPS, 3.0),
+                         "3": dict.fromkeys(OPS, 25.0)}
+    sec = build_profile({"cold_calls": got}, META, plan)["cold_calls"]
+    assert "free" not in sec["partial"] and sec["partial_source"]
+    for op in set(OPS) - {"free"}:
+        assert sec["partial"][op] == [[1.0, 0.4], [2.0, 0.4], [3.0, 1.0]], op
+    path = tmp_path / "card.json"
+    path.write_text(json.dumps(build_profile({"cold_calls": got}, META, plan)), encoding="utf-8")
+    get_profile(path)  # the schema takes the shares
 
 
 def test_the_quick_refresh_measures_the_premiums_on_a_sim_as_the_profile_charges_them(
