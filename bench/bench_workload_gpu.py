@@ -66,10 +66,11 @@ def side_by_side(wl: Workload, names: Sequence[str], *, model: str, tp: int,
     """
     rows = []
     for name in names:
-        def once(kind: str, measured_role: bool, name: str = name) -> dict[str, Any]:
+        def once(kind: str, measured_role: bool, name: str = name,
+                 pause_scale: float | None = None) -> dict[str, Any]:
             t0 = time.perf_counter()
             cmp = run_workload(wl, [name], model=model, gpu="h200", tp=tp, driver=kind,
-                               touch=measured_role, **kw)
+                               touch=measured_role, pause_scale=pause_scale, **kw)
             if sync is not None and measured_role:
                 sync()
             r = cmp.results[0]
@@ -82,9 +83,19 @@ def side_by_side(wl: Workload, names: Sequence[str], *, model: str, tp: int,
         # the round whose decode-path driver time is the median stands for the strategy;
         # every round's figures are kept, and the median of each timed figure beside them
         rounds_m.sort(key=lambda r: r["decode_driver_ms"])
-        row: dict[str, Any] = {"strategy": name,
-                               f"measured_{measured}": rounds_m[len(rounds_m) // 2],
-                               f"predicted_{predicted}": once(predicted, False)}
+        mid = rounds_m[len(rounds_m) // 2]
+        # The replay runs the serving clock ~100x faster than real time, so its driver calls
+        # are ~1-2 ms apart, partly cold: the prediction of it pauses the sim at the same
+        # scale (its wall over its serving time); the real-time one is what an engine serving
+        # these requests as they came would pay (calls hundreds of ms apart: fully cold).
+        scale = mid["run_wall_s"] / mid["end_s"] if mid["end_s"] > 0 else 0.0
+        row: dict[str, Any] = {"strategy": name, f"measured_{measured}": mid,
+                               f"predicted_{predicted}": once(predicted, False,
+                                                              pause_scale=scale),
+                               "predicted_pause_scale": round(scale, 6),
+                               f"predicted_{predicted}_without_pauses": once(predicted, False),
+                               f"predicted_{predicted}_real_time": once(predicted, False,
+                                                                        pause_scale=1.0)}
         if rounds > 1:
             row[f"measured_{measured}_rounds"] = [{k: r[k] for k in _ROUND_KEYS}
                                                   for r in rounds_m]
@@ -100,10 +111,57 @@ def side_by_side(wl: Workload, names: Sequence[str], *, model: str, tp: int,
     return rows
 
 
+#: the timed figures set side by side as predicted over measured (the median round's)
+RATIO_KEYS = ("decode_driver_ms", "background_driver_ms", "max_stall_us")
+
+
+def ratios(predicted: dict[str, Any], measured: dict[str, Any]) -> dict[str, float | None]:
+    """Predicted over measured per timed figure (None where the card measured 0)."""
+    return {k: round(predicted[k] / measured[k], 3) if measured.get(k) else None
+            for k in RATIO_KEYS}
+
+
+def repredict(doc: dict[str, Any], wl: Workload, model: str, tp: int) -> dict[str, Any]:
+    """A committed run's CUDA figures beside the sim as it predicts them now (no GPU): each
+    strategy's three predictions (at the replay's pause scale, without pauses, in real time)
+    and predicted over measured, the measured median of the rounds where there are several."""
+    out = {k: v for k, v in doc.items() if k != "runs"}
+    out["repredicted"] = {
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "note": "measured_* as the card ran them; predicted_* made again on this tree's sim"}
+    out["runs"] = []
+    for run in doc["runs"]:
+        name = run["strategy"]
+        mk = next(k for k in run if k.startswith("measured_")
+                  and not k.endswith(("_rounds", "_median")))  # measured_cuda on the card
+        m = run[mk]
+        med = run.get(f"{mk}_median", m)
+        scale = m["run_wall_s"] / m["end_s"] if m["end_s"] > 0 else 0.0
+
+        def once(s: float | None, name: str = name) -> dict[str, Any]:
+            (r,) = run_workload(wl, [name], model=model, gpu="h200", tp=tp,
+                                pause_scale=s).results
+            return {**r.summary(), "startup_driver_ms": round(r.startup_driver_s * 1e3, 3)}
+
+        row = {k: v for k, v in run.items() if k.startswith("measured") or k == "strategy"}
+        row["predicted_pause_scale"] = round(scale, 6)
+        for key, s in (("predicted_sim", scale), ("predicted_sim_without_pauses", None),
+                       ("predicted_sim_real_time", 1.0)):
+            row[key] = once(s)
+            row[key.replace("predicted_sim", "ratio")] = ratios(row[key], med)
+        out["runs"].append(row)
+        print(f"{name:24s} predicted / measured at the replay's pause scale {scale:.4f}: "
+              f"{row['ratio']}; without pauses {row['ratio_without_pauses']}", flush=True)
+    return out
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--trace", default=None, help=f"default: the first of {CANDIDATES}")
     ap.add_argument("--out", default="h200-workload.json")
+    ap.add_argument("--repredict", default=None, metavar="FILE",
+                    help="no GPU: a committed run of this bench beside the sim's predictions "
+                         "as this tree makes them (the trace and model of that run)")
     ap.add_argument("--seconds", type=float, default=600.0)
     ap.add_argument("--model", default="llama-3.1-70b")
     ap.add_argument("--tp", type=int, default=8)
@@ -116,6 +174,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.repredict is not None:
+        doc = json.loads(Path(args.repredict).read_text(encoding="utf-8"))
+        trace = find_trace(args.trace)
+        if trace is None:
+            print(f"bench_workload_gpu: no trace at {args.trace or CANDIDATES}",
+                  file=sys.stderr)
+            return 2
+        wl = load_azure_csv(trace).first(doc["trace"]["seconds"])
+        out = repredict(doc, wl, doc["model"], doc["tp"])
+        Path(args.out).write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
+        print(f"wrote {args.out}")
+        return 0
     try:
         import torch
     except ImportError:

@@ -18,8 +18,8 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from kvvmm.checks import int_arg
-from kvvmm.driver import Driver, driver_for
+from kvvmm.checks import int_arg, number_arg
+from kvvmm.driver import Driver, SimDriver, driver_for
 from kvvmm.errors import ArgumentError
 from kvvmm.hardware import H200_BANDWIDTH, get_profile, predicted_bandwidth_tb_s
 from kvvmm.layout import KvBufferDesc, full_pool_descs, plan
@@ -241,6 +241,10 @@ class _Hooks:
         self.waited_s = 0.0  # decode-path waits for off-path work since the last update
         self._in_job = False  # a job runs: one it queues waits its turn (a thread's queue)
         self._later: list[Callable[[], None]] = []
+        # The sim's cold calls: host seconds per serving second between driver calls
+        self.pause: Callable[[float], None] | None = None
+        self.pause_scale = 0.0
+        self._paused_to = 0.0  # serving time the sim has been told has passed
         self.allocator: object = None  # the strategy's allocator, for its clock
         # Page-elastic at best: per buffer geometry, granules any used page touches.
         ps = owner.page_size
@@ -307,6 +311,7 @@ class _Hooks:
         if self._in_job:
             self._later.append(job)
             return
+        self._pass_time(getattr(self.allocator, "now_s", 0.0))
         self.waited_s += self.account()  # what came before ran on the decode thread
         self._run_job(job, waited)
         while self._later:
@@ -329,8 +334,16 @@ class _Hooks:
         if waited:
             self.waited_s += max(0.0, self.worker_until - now)
 
+    def _pass_time(self, now_s: float) -> None:
+        """Tell the sim the host time that passed since it was last told (its next call of
+        each kind pays the cold premium's share of it): the serving time times the scale."""
+        if self.pause is not None and now_s > self._paused_to:
+            self.pause((now_s - self._paused_to) * self.pause_scale)
+            self._paused_to = now_s
+
     def update(self, allocated: list[int], freed: list[int], high_water: int, step: int,
                now_s: float) -> float:
+        self._pass_time(now_s)
         if freed:
             self._elastic_pages(freed, -1)
         if allocated:
@@ -408,6 +421,7 @@ def run_workload(
     sample_s: float = 1.0,
     record: bool = False,
     touch: bool = False,
+    pause_scale: float | None = None,
 ) -> WorkloadComparison:
     """Serve ``workload`` once per strategy, each on a fresh driver and owner.
 
@@ -426,6 +440,13 @@ def run_workload(
         record: keep each run's trace (and the arena's final snapshot) for replay.
         touch: write a token slot of every page handed out, in the first and last buffer
             (real tensors: host, CUDA), so an unbacked page faults at once.
+        pause_scale: on the sim, host seconds that pass between driver calls per second of
+            serving time, so a call after a pause pays its share of the cold-call premium
+            (:meth:`~kvvmm.driver.sim.SimDriver.pause`): ``1.0`` for an engine serving in real
+            time (what its calls would cost); a replay's wall time over its serving time to
+            predict that replay on a real driver (whose loop runs the serving clock ~100x
+            faster, so its calls are 1-2 ms apart: partly cold); None, as warm as back to back.
+            Real drivers ignore it (their calls go cold by themselves).
     Returns:
         A :class:`WorkloadComparison`.
     Raises:
@@ -433,6 +454,8 @@ def run_workload(
         DriverError: a driver call failed (out of memory, say).
     """
     wl = as_workload(workload)
+    if pause_scale is not None:
+        number_arg("pause_scale", pause_scale, lo=0.0, limit="a finite number >= 0 or None")
     cfg = ServingConfig() if config is None else config
     prof = get_profile(gpu)
     sm = StepTimeModel.for_model(model, prof.key, tp=tp, dtype=dtype) if step_model is None \
@@ -477,6 +500,8 @@ def run_workload(
             strat.bind(owner, pool_pages=pool_pages)
             hooks = _Hooks(strat, owner, tracer, page_bytes, inner.granularity(),
                            inner.kind == "sim", touch and inner.kind != "sim")
+            if pause_scale is not None and isinstance(inner, SimDriver):
+                hooks.pause, hooks.pause_scale = inner.pause, pause_scale
             allocator = strat.make_allocator(hooks.executor)
             hooks.allocator = allocator
             strat.prepare()

@@ -421,6 +421,23 @@ def test_the_gpu_bench_compares_page_elastic_with_its_pool_measured_next_to_pred
     assert row["measured_host"]["decode_driver_ms"] == runs[1]["decode_driver_ms"] \
         == row["measured_host_median"]["decode_driver_ms"]
     assert row["measured_host"]["held_over_used"] > 1.0
+    m = row["measured_host"]
+    assert row["predicted_pause_scale"] == pytest.approx(m["run_wall_s"] / m["end_s"], rel=1e-3)
+    cost = {k: row[k]["decode_driver_ms"] + row[k]["background_driver_ms"]
+            for k in ("predicted_sim_without_pauses", "predicted_sim", "predicted_sim_real_time")}
+    assert cost["predicted_sim_without_pauses"] <= cost["predicted_sim"] \
+        <= cost["predicted_sim_real_time"]
+    # a committed run made again on the sim, no GPU: the same predictions, with the ratios
+    doc = {"model": "qwen2.5-7b", "tp": 1, "trace": {"seconds": 3.0}, "runs": [row]}
+    (again,) = mod.repredict(doc, small_workload(seconds=3.0), "qwen2.5-7b", 1)["runs"]
+    assert again["measured_host"] == row["measured_host"]
+    assert again["predicted_pause_scale"] == row["predicted_pause_scale"]
+    med = row["measured_host_median"]
+    for key in ("", "_without_pauses", "_real_time"):
+        assert again["ratio" + key] == mod.ratios(again["predicted_sim" + key], med)
+        assert again["ratio" + key]["decode_driver_ms"] == pytest.approx(
+            again["predicted_sim" + key]["decode_driver_ms"] / med["decode_driver_ms"],
+            rel=1e-2, abs=1e-3)
 
 
 # -- the CLI --------------------------------------------------------------------------------
@@ -513,3 +530,42 @@ def test_stalls_are_reported_as_a_share_of_steps_and_percentiles_over_stalled_st
     assert "stalled steps" in text and "p99 if stalled" in text and "p99 step" in text
     assert f"({el.stalled_share:.2%})" in text
     assert stall_figure(cmp).data[0].name.endswith(f"({el.stalled_share:.1%})")
+
+
+# -- the sim's cold calls between steps -----------------------------------------------------
+
+
+PAUSE_STRATEGIES = ("prefix", "page-elastic", "request-ranges", "request-ranges+deferred")
+
+
+def _driver_ms(wl: Workload, name: str, scale: float | None) -> tuple[float, int]:
+    (r,) = run_workload(wl, [name], model="qwen2.5-7b", tp=1, pool_tokens=8192,
+                        pause_scale=scale).results
+    return (r.decode_driver_s + r.background_driver_s) * 1e3, r.driver_calls
+
+
+@pytest.mark.parametrize("name", PAUSE_STRATEGIES)
+def test_the_sims_calls_cost_more_the_more_host_time_passes_between_them(name: str) -> None:
+    wl = small_workload(seconds=8.0)
+    base, calls = _driver_ms(wl, name, None)
+    assert _driver_ms(wl, name, 0.0) == (base, calls)  # no time passes: as without pauses
+    got = [_driver_ms(wl, name, s) for s in (1e-3, 1e-2, 0.1, 1.0, 10.0)]
+    assert all(c == calls for _, c in got)  # the same calls, only their costs move
+    costs = [base] + [ms for ms, _ in got]
+    assert costs == sorted(costs), costs
+    if name != "prefix":  # its calls come in bursts at startup and growth; the others'
+        assert costs[-2] > base  # one per admission or page, which real time makes cold
+
+
+def test_real_drivers_take_a_pause_scale_and_make_the_same_calls() -> None:
+    wl = small_workload(seconds=3.0)
+    a, b = (run_workload(wl, ["request-ranges"], model="qwen2.5-7b", tp=1, pool_tokens=4096,
+                         driver="host", pause_scale=s).results[0] for s in (None, 1.0))
+    assert a.driver_calls == b.driver_calls and a.serving.steps == b.serving.steps
+
+
+@pytest.mark.parametrize("bad", [-1.0, float("nan"), float("inf"), True, "1.0"])
+def test_a_bad_pause_scale_is_refused_by_name(bad: object) -> None:
+    with pytest.raises(ArgumentError, match="pause_scale"):
+        run_workload(small_workload(seconds=1.0), ["prefix"], model="qwen2.5-7b", tp=1,
+                     pool_tokens=4096, pause_scale=bad)  # type: ignore[arg-type]
