@@ -62,6 +62,10 @@ def add_replay_parser(subparsers: Any) -> argparse.ArgumentParser:
                         "default 600)")
     p.add_argument("--seed", type=int, default=0, help="generated workloads' seed")
     p.add_argument("--driver", choices=DRIVER_KINDS, default="sim")
+    p.add_argument("--real-time", action="store_true",
+                   help="on the sim, charge each call the cold premium an engine serving the "
+                        "trace as it came would pay (its calls are a step or more apart); "
+                        "default: as warm as back to back")
     p.add_argument("--pool-tokens", type=int, default=None,
                    help="KV pool tokens per rank (default: what the planner fits)")
     p.add_argument("-o", "--output", default=None,
@@ -232,7 +236,8 @@ def replay_command(args: argparse.Namespace) -> int:
         cmp = run_workload(wl, args.strategy or list(STRATEGIES), model=args.model,
                            gpu=args.gpu, tp=args.tp, driver=args.driver,
                            pool_tokens=args.pool_tokens,
-                           config=ServingConfig(slot_order=args.slot_order))
+                           config=ServingConfig(slot_order=args.slot_order),
+                           pause_scale=1.0 if args.real_time else None)
     except (KvvmmError, ValueError, OSError) as e:
         return _fail(f"{type(e).__name__}: {e}")
     except Exception as e:
@@ -248,7 +253,8 @@ def replay_command(args: argparse.Namespace) -> int:
             bands = workload_bands(wl, [r.strategy for r in cmp.results], gpu=args.gpu,
                                    mid=cmp, model=args.model, tp=args.tp,
                                    pool_tokens=args.pool_tokens,
-                                   config=ServingConfig(slot_order=args.slot_order))
+                                   config=ServingConfig(slot_order=args.slot_order),
+                                   pause_scale=1.0 if args.real_time else None)
         except Exception as e:  # the point figures stand; the bands say why they are missing
             return _fail(f"the bands could not be run ({type(e).__name__}: {e})")
     if args.json:

@@ -67,6 +67,10 @@ class WorkloadLab(_Panel):
                                       description="slots", **_field())
         self.strategies = widgets.SelectMultiple(options=list(STRATEGIES), value=strategies,
                                                  description="strategies", rows=4)
+        #: on: the sim charges each call the cold premium an engine serving the trace as it
+        #: came would pay (``run_workload(pause_scale=1.0)``); off: as warm as back to back
+        self.real_time = widgets.Checkbox(value=False, description="calls in real time",
+                                          indent=False, **_field("150px"))
         self.run_button = widgets.Button(description="Run", button_style="primary")
         self.table = widgets.HTML(value=_pre("press Run"))
         self.comparison: WorkloadComparison | None = None
@@ -82,7 +86,7 @@ class WorkloadLab(_Panel):
             _controls(self.model, self.gpu, self.tp),
             self.profile_age,
             _controls(self.source, self.seed, self.rate, self.seconds),
-            _controls(self.order, self.strategies, self.run_button),
+            _controls(self.order, self.strategies, self.real_time, self.run_button),
             self.error, self.table, self.plot,
         ], layout={"width": "100%"})
         self._add_dom_classes("workload-lab")
@@ -106,10 +110,11 @@ class WorkloadLab(_Panel):
     def _run_all(self) -> None:
         wl, names = self.workload(), list(self.strategies.value)
         cfg = ServingConfig(slot_order=self.order.value)
+        scale = 1.0 if self.real_time.value else None
         cmp = run_workload(wl, names, model=self.model.value, gpu=self.gpu.value,
-                           tp=self.tp.value, config=cfg)
+                           tp=self.tp.value, config=cfg, pause_scale=scale)
         bands = workload_bands(wl, names, gpu=self.gpu.value, mid=cmp, model=self.model.value,
-                               tp=self.tp.value, config=cfg)
+                               tp=self.tp.value, config=cfg, pause_scale=scale)
         self.comparison, self.bands = cmp, bands
         # HTML tables, one per kind of figure: the one 18-column text table wrapped every
         # row onto two lines at a 1280 px window.

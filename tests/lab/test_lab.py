@@ -510,3 +510,25 @@ def test_the_workload_lab_runs_a_trace_file_it_is_given_and_the_generator_withou
     lab.source.value = ""
     assert lab.run() and lab.comparison is not None
     assert "generat" in lab.comparison.setup.workload
+
+
+def test_the_workload_labs_real_time_box_charges_the_cold_calls_an_engine_would_pay() -> None:
+    from kvvmm.lab import WorkloadLab
+    from kvvmm.workload import run_workload
+
+    lab = WorkloadLab(seconds=6.0, strategies=("request-ranges",))
+    assert lab.real_time.value is False
+    assert lab.run(), lab.error_text
+    assert lab.comparison is not None
+    warm = lab.comparison.results[0]
+    warm_band = lab.bands["request-ranges"]["decode_driver_ms"]
+    lab.real_time.value = True
+    assert lab.run(), lab.error_text
+    real = lab.comparison.results[0]
+    assert real.driver_calls == warm.driver_calls
+    assert real.decode_driver_s > warm.decode_driver_s
+    direct = run_workload(lab.workload(), ["request-ranges"], model=lab.model.value,
+                          gpu=lab.gpu.value, tp=lab.tp.value, pause_scale=1.0).results[0]
+    assert real.decode_driver_s == direct.decode_driver_s
+    band = lab.bands["request-ranges"]["decode_driver_ms"]  # the bands are made alike
+    assert band.low > warm_band.low and band.high > warm_band.high

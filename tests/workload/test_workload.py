@@ -462,6 +462,24 @@ def test_kvvmm_replay_prints_json_for_scripts(tmp_path: Path,
     assert out["results"][0]["strategy"] == "prefix" and out["model"] == "qwen2.5-7b"
 
 
+def test_kvvmm_replay_in_real_time_charges_the_cold_calls_an_engine_would_pay(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    save_jsonl(small_workload(seconds=8.0).requests, tmp_path / "w.jsonl")
+    got = {}
+    for extra in ((), ("--real-time",)):
+        assert replay_cli(str(tmp_path / "w.jsonl"), "--model", "qwen2.5-7b", "--tp", "1",
+                          "--pool-tokens", "8192", "--strategy", "request-ranges", "--json",
+                          *extra) == 0
+        (r,) = json.loads(capsys.readouterr().out)["results"]
+        got[extra] = r
+    warm, real = got[()], got[("--real-time",)]
+    assert real["driver_calls"] == warm["driver_calls"]
+    assert real["decode_driver_ms"] > warm["decode_driver_ms"]
+    direct = run_workload(small_workload(seconds=8.0), ["request-ranges"], model="qwen2.5-7b",
+                          tp=1, pool_tokens=8192, pause_scale=1.0).results[0].summary()
+    assert real["decode_driver_ms"] == direct["decode_driver_ms"]
+
+
 def test_kvvmm_replay_writes_an_html_report(tmp_path: Path,
                                             capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "r.html"
