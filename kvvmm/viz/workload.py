@@ -30,6 +30,17 @@ __all__ = ["TERMINAL_COLUMNS", "format_workload", "held_over_used", "stall_figur
            "tradeoff_figure", "workload_figure", "workload_memory_figure", "workload_report"]
 
 
+def _calls_clause(pause_scale: float | None, driver: str) -> str:
+    """How warm the sim's calls were: what the lead line says after the driver."""
+    if driver != "sim":
+        return ""
+    if pause_scale is None or pause_scale == 0:
+        return ", calls as warm as back to back"
+    if pause_scale == 1.0:
+        return ", calls in real time (each pays the cold premium its pause gives)"
+    return f", calls {pause_scale:g} s apart per serving second (cold premium's share)"
+
+
 def workload_report(cmp: WorkloadComparison) -> Report:
     """The summary of a replay as three tables, one row per strategy in each (no wall
     times: deterministic on the sim): printed, each line fits :data:`TERMINAL_COLUMNS`;
@@ -65,7 +76,7 @@ def workload_report(cmp: WorkloadComparison) -> Report:
             f"{s.pool_tokens:,} tokens ({fmt_bytes(s.pool_tokens * s.page_bytes // s.page_size)}), "
             f"page {s.page_size}, slots {s.config.slot_order}-first; {s.requests:,} requests "
             f"over {r0.serving.end_s:,.0f} s simulated, {r0.serving.steps:,} steps; "
-            f"driver {r0.driver}",)
+            f"driver {r0.driver}" + _calls_clause(s.pause_scale, r0.driver),)
     return Report(lead=lead, tables=(
         Table("memory on one rank (mean: time-weighted)",
               ("strategy", "peak backed", "mean backed", "mean pool", "mean used",

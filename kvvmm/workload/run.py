@@ -177,6 +177,8 @@ class RunSetup:
     step_model: StepTimeModel
     workload: str  #: the workload's source
     requests: int
+    #: host seconds the sim was told pass per serving second (None: no pauses; 1.0: real time)
+    pause_scale: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -478,7 +480,8 @@ def run_workload(
     page_bytes = sum(d.row_bytes * ps // d.tokens_per_row for d in descs)
     setup = RunSetup(model=model, gpu=prof.key, tp=tp, dtype=dtype, page_size=ps,
                      pool_tokens=tokens, buffers=len(descs), page_bytes=page_bytes, config=cfg,
-                     step_model=sm, workload=wl.source, requests=len(wl))
+                     step_model=sm, workload=wl.source, requests=len(wl),
+                     pause_scale=pause_scale)
     results = []
     for spec in strategies:
         strat = (make_strategy(spec) if isinstance(spec, str)
