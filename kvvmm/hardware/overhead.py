@@ -62,7 +62,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvvmm.hardware.cost import CostModel, default_cost_model
-from kvvmm.hardware.interp import Log2Curve
+from kvvmm.hardware.interp import LinearCurve, Log2Curve
 from kvvmm.hardware.profiles import DeviceProfile, profile_data
 from kvvmm.units import MiB
 
@@ -90,25 +90,18 @@ class ColdCalls:
     premium_us: Mapping[str, float]  #: µs more for a call that is the first of its kind
     gap_us: float  #: a pause at least this long (µs) makes every call kind cold again
     source: str
-    #: per call, ``((pause µs, share of the premium), ...)`` measured below ``gap_us``,
-    #: rising; between them, and from ``(0, 0)`` and up to ``(gap_us, 1)``, linear. A call
-    #: with none pays nothing below ``gap_us`` (the step model).
-    partial: Mapping[str, tuple[tuple[float, float], ...]] = field(default_factory=dict)
+    #: per call, the share of the premium by pause (µs): the shares measured below
+    #: ``gap_us``, with ``(0, 0)`` and ``(gap_us, 1)`` at the ends. A call with none pays
+    #: nothing below ``gap_us`` (the step model).
+    partial: Mapping[str, LinearCurve] = field(default_factory=dict)
 
     def share(self, op: str, paused_us: float) -> float:
         """The share of ``op``'s premium a call pays after ``paused_us`` of pauses since the
         last call of its kind (a device's first call of a kind: pass ``math.inf``)."""
         if paused_us >= self.gap_us:
             return 1.0
-        pts = self.partial.get(op)
-        if not pts or paused_us <= 0.0:
-            return 0.0
-        x0, y0 = 0.0, 0.0
-        for x1, y1 in (*pts, (self.gap_us, 1.0)):
-            if paused_us <= x1:
-                return y0 + (y1 - y0) * (paused_us - x0) / (x1 - x0) if x1 > x0 else y1
-            x0, y0 = x1, y1
-        return 1.0
+        curve = self.partial.get(op)
+        return curve(paused_us) if curve is not None and paused_us > 0.0 else 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -264,8 +257,10 @@ def sim_costs(profile: DeviceProfile) -> SimCosts:
     cold = None
     if cd is not None and cd.get("modelled") is True:
         gap_us = float(cd.get("gap_ms", 50.0)) * 1e3
-        partial = {str(op): tuple((float(ms) * 1e3, min(1.0, float(f)))
-                                  for ms, f in sorted(pts) if float(ms) * 1e3 < gap_us)
+        # the schema keeps each share in [0, 1]; a pause at or past the gap pays all of it
+        partial = {str(op): LinearCurve.from_points(
+                       [(0.0, 0.0), *((float(ms) * 1e3, float(f)) for ms, f in pts
+                                      if float(ms) * 1e3 < gap_us), (gap_us, 1.0)])
                    for op, pts in (cd.get("partial") or {}).items()}
         cold = ColdCalls({str(k): float(v) for k, v in cd["premium_us"].items()}, gap_us,
                          str(cd.get("source", "")), partial)
