@@ -53,49 +53,66 @@ def find_trace(arg: str | None) -> Path | None:
     return trace if trace is not None and trace.exists() else None
 
 
+def _run(wl: Workload, name: str, *, model: str, tp: int, driver: str, measured: bool,
+         pause_scale: float | None = None, sync: Callable[[], object] | None = None,
+         **kw: Any) -> dict[str, Any]:
+    """One strategy once on ``driver``: its summary, wall time, startup and held / used. A
+    ``measured`` run touches real tensors and is synchronized before its wall time ends."""
+    t0 = time.perf_counter()
+    cmp = run_workload(wl, [name], model=model, gpu="h200", tp=tp, driver=driver,
+                       touch=measured, pause_scale=pause_scale, **kw)
+    if sync is not None and measured:
+        sync()
+    r = cmp.results[0]
+    return {**r.summary(), "run_wall_s": round(time.perf_counter() - t0, 3),
+            "startup_driver_ms": round(r.startup_driver_s * 1e3, 3),
+            "held_over_used": round(r.held_over_used, 4) if r.mean_used_bytes > 0 else None}
+
+
+def replay_scale(measured: dict[str, Any]) -> float:
+    """A measured replay's host seconds per serving second (its wall over its serving time).
+
+    The replay runs the serving clock ~100x faster than real time, so its driver calls are
+    ~1-2 ms apart, partly cold: the prediction of it pauses the sim at this scale."""
+    return measured["run_wall_s"] / measured["end_s"] if measured["end_s"] > 0 else 0.0
+
+
+def predictions(wl: Workload, name: str, scale: float, *, model: str, tp: int,
+                predicted: str = "sim", **kw: Any) -> dict[str, Any]:
+    """The three predictions of a replay: at its own pause ``scale``, without pauses, and in
+    real time (what an engine serving the requests as they came would pay: calls hundreds of
+    ms apart, fully cold)."""
+    def once(s: float | None) -> dict[str, Any]:
+        return _run(wl, name, model=model, tp=tp, driver=predicted, measured=False,
+                    pause_scale=s, **kw)
+
+    return {f"predicted_{predicted}": once(scale), "predicted_pause_scale": round(scale, 6),
+            f"predicted_{predicted}_without_pauses": once(None),
+            f"predicted_{predicted}_real_time": once(1.0)}
+
+
 def side_by_side(wl: Workload, names: Sequence[str], *, model: str, tp: int,
                  measured: str = "cuda", predicted: str = "sim",
                  sync: Callable[[], object] | None = None, rounds: int = 1,
                  **kw: Any) -> list[dict[str, Any]]:
     """Each strategy run on the ``measured`` driver (real tensors, touched) ``rounds`` times
-    and on the ``predicted`` one once (the sim is deterministic): one row per strategy, the
-    median round and the prediction side by side.
+    and on the ``predicted`` one (the sim is deterministic) as :func:`predictions` says: one
+    row per strategy, the median round and the predictions side by side.
 
     No GPU in here: the CUDA run passes ``measured="cuda"`` and torch's synchronize; tests
     pass the host driver, so everything but the device itself is checked on a laptop.
     """
     rows = []
     for name in names:
-        def once(kind: str, measured_role: bool, name: str = name,
-                 pause_scale: float | None = None) -> dict[str, Any]:
-            t0 = time.perf_counter()
-            cmp = run_workload(wl, [name], model=model, gpu="h200", tp=tp, driver=kind,
-                               touch=measured_role, pause_scale=pause_scale, **kw)
-            if sync is not None and measured_role:
-                sync()
-            r = cmp.results[0]
-            return {**r.summary(), "run_wall_s": round(time.perf_counter() - t0, 3),
-                    "startup_driver_ms": round(r.startup_driver_s * 1e3, 3),
-                    "held_over_used": round(r.held_over_used, 4)
-                    if r.mean_used_bytes > 0 else None}
-
-        rounds_m = [once(measured, True) for _ in range(rounds)]
+        rounds_m = [_run(wl, name, model=model, tp=tp, driver=measured, measured=True,
+                         sync=sync, **kw) for _ in range(rounds)]
         # the round whose decode-path driver time is the median stands for the strategy;
         # every round's figures are kept, and the median of each timed figure beside them
         rounds_m.sort(key=lambda r: r["decode_driver_ms"])
         mid = rounds_m[len(rounds_m) // 2]
-        # The replay runs the serving clock ~100x faster than real time, so its driver calls
-        # are ~1-2 ms apart, partly cold: the prediction of it pauses the sim at the same
-        # scale (its wall over its serving time); the real-time one is what an engine serving
-        # these requests as they came would pay (calls hundreds of ms apart: fully cold).
-        scale = mid["run_wall_s"] / mid["end_s"] if mid["end_s"] > 0 else 0.0
         row: dict[str, Any] = {"strategy": name, f"measured_{measured}": mid,
-                               f"predicted_{predicted}": once(predicted, False,
-                                                              pause_scale=scale),
-                               "predicted_pause_scale": round(scale, 6),
-                               f"predicted_{predicted}_without_pauses": once(predicted, False),
-                               f"predicted_{predicted}_real_time": once(predicted, False,
-                                                                        pause_scale=1.0)}
+                               **predictions(wl, name, replay_scale(mid), model=model, tp=tp,
+                                             predicted=predicted, **kw)}
         if rounds > 1:
             row[f"measured_{measured}_rounds"] = [{k: r[k] for k in _ROUND_KEYS}
                                                   for r in rounds_m]
@@ -123,8 +140,8 @@ def ratios(predicted: dict[str, Any], measured: dict[str, Any]) -> dict[str, flo
 
 def repredict(doc: dict[str, Any], wl: Workload, model: str, tp: int) -> dict[str, Any]:
     """A committed run's CUDA figures beside the sim as it predicts them now (no GPU): each
-    strategy's three predictions (at the replay's pause scale, without pauses, in real time)
-    and predicted over measured, the measured median of the rounds where there are several."""
+    strategy's :func:`predictions` and predicted over measured, the measured median of the
+    rounds where there are several."""
     out = {k: v for k, v in doc.items() if k != "runs"}
     out["repredicted"] = {
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
@@ -134,24 +151,15 @@ def repredict(doc: dict[str, Any], wl: Workload, model: str, tp: int) -> dict[st
         name = run["strategy"]
         mk = next(k for k in run if k.startswith("measured_")
                   and not k.endswith(("_rounds", "_median")))  # measured_cuda on the card
-        m = run[mk]
-        med = run.get(f"{mk}_median", m)
-        scale = m["run_wall_s"] / m["end_s"] if m["end_s"] > 0 else 0.0
-
-        def once(s: float | None, name: str = name) -> dict[str, Any]:
-            (r,) = run_workload(wl, [name], model=model, gpu="h200", tp=tp,
-                                pause_scale=s).results
-            return {**r.summary(), "startup_driver_ms": round(r.startup_driver_s * 1e3, 3)}
-
+        med = run.get(f"{mk}_median", run[mk])
         row = {k: v for k, v in run.items() if k.startswith("measured") or k == "strategy"}
-        row["predicted_pause_scale"] = round(scale, 6)
-        for key, s in (("predicted_sim", scale), ("predicted_sim_without_pauses", None),
-                       ("predicted_sim_real_time", 1.0)):
-            row[key] = once(s)
-            row[key.replace("predicted_sim", "ratio")] = ratios(row[key], med)
+        row |= predictions(wl, name, replay_scale(run[mk]), model=model, tp=tp)
+        for key in ("", "_without_pauses", "_real_time"):
+            row["ratio" + key] = ratios(row["predicted_sim" + key], med)
         out["runs"].append(row)
-        print(f"{name:24s} predicted / measured at the replay's pause scale {scale:.4f}: "
-              f"{row['ratio']}; without pauses {row['ratio_without_pauses']}", flush=True)
+        print(f"{name:24s} predicted / measured at the replay's pause scale "
+              f"{row['predicted_pause_scale']:.4f}: {row['ratio']}; without pauses "
+              f"{row['ratio_without_pauses']}", flush=True)
     return out
 
 

@@ -220,6 +220,7 @@ def replay_command(args: argparse.Namespace) -> int:
         return _tenants_command(args)
     if args.trace is None:
         return _fail("give a TRACE (a .csv, a .jsonl, or 'generated') or --tenants")
+    pause_scale = 1.0 if args.real_time else None  # the replay and its bands alike
     try:
         if args.trace == "generated":
             wl = generate(seed=args.seed,
@@ -237,7 +238,7 @@ def replay_command(args: argparse.Namespace) -> int:
                            gpu=args.gpu, tp=args.tp, driver=args.driver,
                            pool_tokens=args.pool_tokens,
                            config=ServingConfig(slot_order=args.slot_order),
-                           pause_scale=1.0 if args.real_time else None)
+                           pause_scale=pause_scale)
     except (KvvmmError, ValueError, OSError) as e:
         return _fail(f"{type(e).__name__}: {e}")
     except Exception as e:
@@ -254,7 +255,7 @@ def replay_command(args: argparse.Namespace) -> int:
                                    mid=cmp, model=args.model, tp=args.tp,
                                    pool_tokens=args.pool_tokens,
                                    config=ServingConfig(slot_order=args.slot_order),
-                                   pause_scale=1.0 if args.real_time else None)
+                                   pause_scale=pause_scale)
         except Exception as e:  # the point figures stand; the bands say why they are missing
             return _fail(f"the bands could not be run ({type(e).__name__}: {e})")
     if args.json:
