@@ -36,6 +36,7 @@ Deterministic use (tests, the sim): ``threaded=False`` runs nothing in the backg
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -106,7 +107,12 @@ class HandlePool:
         self._written: dict[int, int] = {}
         self._want = want
         self._lock = threading.Lock()  # guards the lists only; never held across a driver call
+        # Who waits for the thread (drain) waits on _wake; the thread itself waits on _kick,
+        # a C queue of pokes: submit and take run on the decode thread, and a poke is one C
+        # call (put) where Condition.notify_all is a dozen lines of Python (~30 us of a
+        # step on an H200's host after an idle gap: bench_growth_steps, 2026-12-04).
         self._wake = threading.Condition(self._lock)
+        self._kick: queue.SimpleQueue[None] = queue.SimpleQueue()
         self._idle: dict[int, list[int]] = {}
         self._held = 0
         self._jobs: deque[Callable[[], object]] = deque()
@@ -156,8 +162,8 @@ class HandlePool:
             self._held -= size
             self._n["reused"] += 1
             self._backoff.discard(size)
-            self._wake.notify_all()  # a refill may be due
-            return h
+        self._poke()  # a refill may be due
+        return h
 
     def give(self, handle: int, size: int, owner: int | None = None) -> bool:
         """Keep an unmapped ``handle`` for reuse if it fits under the cap; False: release it.
@@ -204,7 +210,8 @@ class HandlePool:
             if self._closed:
                 raise ClosedError("HandlePool: submit after close()")
             self._jobs.append(job)
-            self._wake.notify_all()
+        if self._thread is not None:  # _poke, inlined: submit runs on the decode thread
+            self._kick.put(None)
 
     def run_once(self) -> int:
         """Run every queued job, then refill every class once, on this thread.
@@ -214,8 +221,7 @@ class HandlePool:
         """
         n = 0
         while True:
-            with self._lock:
-                job = self._jobs.popleft() if self._jobs else None
+            job = self._pop_job()
             if job is None:
                 break
             self._run_job(job)
@@ -263,6 +269,7 @@ class HandlePool:
             self._stop = True
             self._jobs.clear()
             self._wake.notify_all()
+        self._poke()
         t = self._thread
         if t is not None and t is not threading.current_thread():
             t.join(timeout_s)
@@ -277,6 +284,11 @@ class HandlePool:
         return self._closed
 
     # -- the thread ---------------------------------------------------------------------
+
+    def _poke(self) -> None:
+        """Wake the thread to look at the queue and the classes again (none: nothing to do)."""
+        if self._thread is not None:
+            self._kick.put(None)
 
     def _due_locked(self) -> int | None:
         if self._closed:
@@ -317,9 +329,17 @@ class HandlePool:
             self._release([(h, size)])
         return True
 
-    def _run_job(self, job: Callable[[], object]) -> None:
+    def _pop_job(self) -> Callable[[], object] | None:
+        """The next queued job, counted busy in the same hold of the lock (so :meth:`drain`
+        never sees "no job queued, none running" while a job is between the two)."""
         with self._lock:
+            if not self._jobs:
+                return None
             self._busy += 1
+            return self._jobs.popleft()
+
+    def _run_job(self, job: Callable[[], object]) -> None:
+        """Run a job :meth:`_pop_job` took (and counted busy)."""
         try:
             job()
             ok = True
@@ -332,19 +352,26 @@ class HandlePool:
             self._wake.notify_all()
 
     def _loop(self) -> None:
+        kick = self._kick
         while True:
-            with self._wake:
-                self._wake.wait_for(lambda: self._stop or bool(self._jobs)
-                                    or self._due_locked() is not None)
-                if self._stop:
-                    return
-                job = self._jobs.popleft() if self._jobs else None
+            # Drop the pokes already made: the state read below sees what each one announced,
+            # and one made after it wakes the get at the bottom (a SimpleQueue loses none).
+            while True:
+                try:
+                    kick.get_nowait()
+                except queue.Empty:
+                    break
+            if self._stop:
+                return
+            job = self._pop_job()
             if job is not None:
                 self._run_job(job)
                 continue
             size = self._due()
             if size is not None:
                 self._refill(size)
+                continue
+            kick.get()
 
     def _release(self, picked: list[tuple[int, int]], *, keep_failed: bool = True) -> int:
         """Release handles with no lock held; returns bytes released (a failed one and the
