@@ -211,6 +211,10 @@ class KvBufferOwner:
         # n <= _ahead nothing to ask of the look-ahead either.
         self._covered = 0
         self._ahead = -1
+        # The decode step's fast path in one int: the most tokens ensure_prefix can be asked
+        # for with nothing to back and nothing to queue (min of the two above), on an open,
+        # awake owner of a real driver; -1 otherwise (every call then takes the full path).
+        self._quiet = -1
         # Page-granular state: pages committed by commit_pages and not given back since. A
         # granule shared by several pages stays backed while any of them is committed
         # (refcounting by page, not refusing pages smaller than a granule).
@@ -222,11 +226,13 @@ class KvBufferOwner:
         self.pages = min(s // pb for s, pb in zip(self._spans, self._page_bytes, strict=True))
         self._lookahead = lookahead_bytes
         self._ahead_queued = False
+        self._ahead_n = 0  # the most tokens a look-ahead was asked for (its job reads it)
         # Slot-range calls may come from a backing thread (RangeBacking) while the engine's
         # thread calls others: the page set and the mirror change under this lock.
         self._slots_lock = threading.RLock()
         self.arena = Arena(driver, reserve_bytes=total, device=device, name=name,
                            trace=trace, pool=pool)
+        self._pool = self.arena.handle_pool  # fixed for the arena's life
         # The simulator's hook for the library's own work (None on real drivers): each
         # public operation tells it once, with the buffers it walks (the arena's part is the
         # arena's to tell).
@@ -301,6 +307,8 @@ class KvBufferOwner:
                     if b < limit:
                         ahead = min(ahead, (b - la) // rb * tpr if b >= la else -1)
             self._covered, self._ahead = covered, ahead
+            self._quiet = (-1 if self._work is not None or self._closed or self.arena.asleep
+                           else min(covered, ahead) if la else covered)
 
     def sync_backed(self) -> None:
         """Re-read each buffer's backed prefix from the arena after it was backed from outside.
@@ -325,8 +333,21 @@ class KvBufferOwner:
             ArgumentError, OutOfRangeError: bad ``n``; nothing committed.
             DriverError: a driver call failed; every buffer is as it was.
         """
-        # The decode step's usual case makes no call: a plain int the mirror covers, on an
-        # open owner of a real driver. Anything else is checked (and the sim charged) first.
+        # The decode step's usual case, in as few steps as Python allows (it runs cold after
+        # an idle gap, where each one costs): a plain int with nothing to back or queue.
+        if type(n) is int and n >= 0:
+            quiet = self._quiet
+            if n <= quiet:
+                if n > self.prefix_tokens:
+                    self.prefix_tokens = n
+                return 0
+            if quiet >= 0 and n <= self._covered:  # backed: only the look-ahead to queue
+                if n > self.prefix_tokens:
+                    self.prefix_tokens = n
+                self._queue_lookahead(n)
+                return 0
+        # Else no call either while the mirror covers n, on an open owner of a real driver;
+        # anything else is checked (and the sim charged) first.
         if not (type(n) is int and 0 <= n <= self._covered and not self._closed
                 and self._work is None):
             self._check_open("ensure_prefix")
@@ -361,41 +382,48 @@ class KvBufferOwner:
 
         One job at a time; on the pool's thread it re-reads what is backed, then backs, with
         the policy's handle sizes, the range from each buffer's prefix to the policy's target
-        for ``span + lookahead_bytes``, and publishes the result to the mirror. The decode
-        thread only queues it: the pass over the buffers (a policy answer each) is the job's.
+        for ``span + lookahead_bytes`` (``n``, or a larger one asked for before it ran), and
+        publishes the result to the mirror. The decode thread only queues it, and queues the
+        same bound method every time (no closure made per step): the pass over the buffers
+        (a policy answer each) is the job's.
         """
-        pool = self.arena.handle_pool
-        if self._ahead_queued or pool is None or pool.closed:
+        if self._ahead_queued:  # a job not yet started reads the larger n
+            if n > self._ahead_n:
+                self._ahead_n = n
             return
+        pool = self._pool
+        if pool is None or pool.closed:
+            return
+        self._ahead_n = n
         self._ahead_queued = True
-
-        def job() -> None:
-            try:
-                if self._closed or self.arena.closed or self.arena.asleep:
-                    return
-                self._sync_backed()
-                gran, la = self.arena.granularity, self._lookahead
-                reqs = []
-                for off, (tpr, rb), limit, backed in zip(self._offsets, self._rows,
-                                                         self._limits, self._backed,
-                                                         strict=True):
-                    want = min(-(-n // tpr) * rb + la, limit)
-                    if want > backed:
-                        target = self.policy.target_bytes(backed, want, limit, gran)
-                        target = min(align_up(max(target, want), gran), limit)
-                        reqs.append((off, backed, target - backed))
-                if reqs:
-                    self.arena.prepare_ranges(reqs)
-                    if not self._closed and not self.arena.closed:
-                        self._sync_backed()  # the decode step then sees it with no pass
-            finally:
-                self._ahead_queued = False
-
         try:
-            pool.submit(job)
+            pool.submit(self._lookahead_job)
         except BaseException:
             self._ahead_queued = False
             raise
+
+    def _lookahead_job(self) -> None:
+        """The look-ahead on the pool's thread (see :meth:`_queue_lookahead`)."""
+        try:
+            if self._closed or self.arena.closed or self.arena.asleep:
+                return
+            n = self._ahead_n
+            self._sync_backed()
+            gran, la = self.arena.granularity, self._lookahead
+            reqs = []
+            for off, (tpr, rb), limit, backed in zip(self._offsets, self._rows,
+                                                     self._limits, self._backed, strict=True):
+                want = min(-(-n // tpr) * rb + la, limit)
+                if want > backed:
+                    target = self.policy.target_bytes(backed, want, limit, gran)
+                    target = min(align_up(max(target, want), gran), limit)
+                    reqs.append((off, backed, target - backed))
+            if reqs:
+                self.arena.prepare_ranges(reqs)
+                if not self._closed and not self.arena.closed:
+                    self._sync_backed()  # the decode step then sees it with no pass
+        finally:
+            self._ahead_queued = False
 
     def finalize(self, n: int) -> int:
         """Back each buffer's final span for ``n`` tokens and make ``n`` the capacity.
@@ -929,7 +957,7 @@ class KvBufferOwner:
             finally:
                 self._sync_backed()
                 if self.arena.asleep:  # no fast path: even ensure_prefix(0) says asleep
-                    self._covered = -1
+                    self._covered = self._quiet = -1
 
     def wake(self) -> int:
         """End a :meth:`sleep`: back the same ranges again (same VA) and copy the bytes back.
@@ -1003,7 +1031,9 @@ class KvBufferOwner:
         self._charge("owner.close")
         # Drop our tensors first, so the arena is not kept waiting for views we hold.
         self.tensors = []
-        self._closed = True
+        with self._slots_lock:  # a look-ahead's sync on the pool's thread cannot undo it
+            self._closed = True
+            self._quiet = -1
         try:
             self.arena.close()
         except DriverError:

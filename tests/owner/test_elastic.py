@@ -450,6 +450,98 @@ def test_a_stepped_pool_is_deterministic_on_the_sim() -> None:
     assert run() == run()
 
 
+def test_drain_returns_true_only_once_every_job_submitted_before_it_ran() -> None:
+    """The thread counts a job busy in the same hold of the lock that takes it off the queue:
+    a drain between the two would see "none queued, none running" and return early."""
+    pool = HandlePool(SimDriver("h200"))
+    for i in range(300):
+        ran: list[int] = []
+        pool.submit(lambda i=i, ran=ran: ran.append(i))
+        assert pool.drain(timeout_s=10)
+        assert ran == [i], i
+    assert pool.stats().jobs == 300
+    pool.close(timeout_s=10)
+
+
+def test_a_look_ahead_asked_for_more_while_queued_backs_the_most_asked_for() -> None:
+    drv = SimDriver("h200")
+    pool = HandlePool(drv, threaded=False)
+    owner = _owner(drv, pool=pool, lookahead_bytes=G)
+    owner._work = None  # the call-free path, as on CUDA or the host driver
+    owner.ensure_prefix(100)
+    pool.run_once()
+    n = owner.backed_tokens
+    owner.ensure_prefix(n - 16)  # queues (the look-ahead's margin is gone) ...
+    owner.ensure_prefix(n)  # ... and, queued still, asks for more: no second job
+    assert len(pool._jobs) == 1
+    pool.run_once()
+    need = [min(d.prefix_span_bytes(n, owner.page_size) + G, lim)
+            for d, lim in zip(owner.descs, owner._limits, strict=True)]
+    assert all(owner.arena.prefix_of(o) >= want
+               for o, want in zip(owner._offsets, need, strict=True))
+    owner.close()
+    pool.close()
+    assert drv.stats().clean
+
+
+def test_a_look_ahead_after_a_shrink_backs_beyond_the_new_prefix_not_the_old_one() -> None:
+    drv = SimDriver("h200")
+    pool = HandlePool(drv, threaded=False)
+    owner = _owner(drv, pool=pool, lookahead_bytes=G)
+    owner._work = None
+    for n in range(16, 30_000, 1000):
+        owner.ensure_prefix(n)
+        pool.run_once()
+    owner.shrink(1000)
+    owner.ensure_prefix(1100)
+    pool.run_once()
+    # the look-ahead plus one policy extension (8 MiB at least) and a granule of rounding,
+    # well under the 18 MiB the growth to 29,016 tokens had backed before the shrink
+    bound = [d.prefix_span_bytes(1100, owner.page_size) + G + 8 * MiB + G
+             for d in owner.descs]
+    assert all(owner.arena.prefix_of(o) <= b
+               for o, b in zip(owner._offsets, bound, strict=True)), owner.snapshot()
+    owner.close()
+    pool.close()
+    assert drv.stats().clean
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_ensure_prefix_after_close_or_sleep_refuses_even_with_a_look_ahead_racing_it(
+        seed: int) -> None:
+    """The fast path's one int is -1 once the owner closes or sleeps, and a look-ahead job
+    syncing on the pool's thread at that moment cannot set it back."""
+    import random
+
+    from kvvmm.errors import AsleepError, ClosedError
+
+    rng = random.Random(seed)
+    for _ in range(20):
+        drv = HostDriver()
+        pool = HandlePool(drv)
+        owner = _owner(drv, pool=pool, lookahead_bytes=4 * G)
+        top = rng.randrange(2_000, 30_000)
+        for n in range(16, top, 997):
+            owner.ensure_prefix(n)
+        n = owner.prefix_tokens
+        if rng.random() < 0.5:
+            owner.sleep()
+            with pytest.raises(AsleepError):
+                owner.ensure_prefix(n)
+            assert pool.drain(timeout_s=10)
+            with pytest.raises(AsleepError):
+                owner.ensure_prefix(n)
+            owner.wake()
+            owner.ensure_prefix(n)
+        owner.close()
+        with pytest.raises(ClosedError):
+            owner.ensure_prefix(n)
+        assert pool.drain(timeout_s=10)
+        with pytest.raises(ClosedError):
+            owner.ensure_prefix(n)
+        pool.close(timeout_s=10)
+
+
 # -- the decode step's O(1) check: what it trusts is never more than the arena backs ------
 
 
