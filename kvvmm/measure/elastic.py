@@ -19,7 +19,7 @@ from kvvmm.measure.workload import BENCH_WORKLOAD, Workload
 from kvvmm.units import GiB, MiB
 
 __all__ = ["GAP_S", "LOOKAHEAD_BYTES", "LOOKAHEAD_SWEEP", "STEP_TARGET_US", "elastic_bandwidth",
-           "elastic_growth", "elastic_targets", "page_ops"]
+           "elastic_growth", "elastic_targets", "kernel_gap", "page_ops"]
 
 #: Seconds between two decode steps in the elastic growth: the GPU time of one decode step,
 #: during which a server's CPU is free and the pool's thread works. An assumption, not a
@@ -49,18 +49,69 @@ LOOKAHEAD_SWEEP = (16 * MiB, 32 * MiB, 64 * MiB, 128 * MiB)
 STEP_TARGET_US = 50.0
 
 
+def _empty() -> None:
+    """What any call costs: timed after the same gap as the no-op step (its floor)."""
+
+
+def kernel_gap(device: int = 0) -> Callable[[float], None]:
+    """A gap between decode steps as a serving engine spends it: the GPU busy, the host waiting.
+
+    ``time.sleep`` (the default gap) leaves the decode thread's CPU idle, and a CPU that idles
+    for 20 ms comes back with cold caches and, on some hosts, a low clock: what a step costs
+    after it is then the host's as much as the library's (docs/ELASTIC.md). An engine's
+    decode thread does not sleep between steps: it launches the step's kernels and waits for
+    the sampled tokens in a CUDA synchronize, which spins by default (CUDA's automatic
+    scheduling spins while the process has fewer contexts than CPUs) with the GIL released,
+    so the pool's thread runs meanwhile. This gap does the same: one kernel that keeps the
+    GPU busy for the gap (``torch.cuda._sleep``, its clock rate measured once here), then
+    ``torch.cuda.synchronize()``. The look-ahead's driver calls then also run beside a
+    running kernel, as they would in an engine. Needs torch with CUDA.
+    """
+    import torch
+
+    dev = torch.device("cuda", device)
+    spin: Callable[[int], None] = torch.cuda._sleep  # untyped in torch: a kernel of N clocks
+    event: Any = torch.cuda.Event
+    torch.cuda.synchronize(dev)
+    with torch.cuda.device(dev):
+        start, end = event(enable_timing=True), event(enable_timing=True)
+        cycles = 2_000_000
+        spin(cycles)  # warm up (the first launch loads the module)
+        rates = []
+        for _ in range(5):
+            start.record()
+            spin(cycles)
+            end.record()
+            end.synchronize()
+            rates.append(cycles / (start.elapsed_time(end) / 1e3))
+    per_s = statistics.median(rates)
+
+    def gap(seconds: float) -> None:
+        if seconds > 0:
+            with torch.cuda.device(dev):
+                spin(int(seconds * per_s))
+                torch.cuda.synchronize(dev)
+
+    gap.cycles_per_s = per_s  # type: ignore[attr-defined]
+    gap.kind = "kernel"  # type: ignore[attr-defined]
+    return gap
+
+
 def _elastic_round(drv: Any, w: Workload, *, lookahead_bytes: int | None, gap_s: float,
-                   sleep: Callable[[float], None] = time.sleep) -> dict[str, Any]:
+                   sleep: Callable[[float], None] = time.sleep,
+                   gap: Callable[[float], None] | None = None) -> dict[str, Any]:
     """One decode growth of ``w`` with the default policy, ``gap_s`` between steps.
 
     ``lookahead_bytes=None``: no pool (every driver call on the decode path, as today);
     else a threaded HandlePool and that look-ahead. The owner is made and its look-ahead
     primed (``ensure_prefix(0)``) one gap before the first step: a server makes its KV
     cache, captures graphs, then decodes. What ``ensure_prefix`` blocks for is wall time on
-    the calling thread: what a decode step would wait for.
+    the calling thread: what a decode step would wait for. ``gap`` spends the time between
+    steps (default ``sleep``; :func:`kernel_gap`: a GPU busy and the host waiting on it).
     """
     from kvvmm.arena.pool import HandlePool
 
+    pause = sleep if gap is None else gap
     td = TimedDriver(drv)
     pool = HandlePool(td) if lookahead_bytes is not None else None
     descs = w.descs()
@@ -68,7 +119,7 @@ def _elastic_round(drv: Any, w: Workload, *, lookahead_bytes: int | None, gap_s:
     try:
         td.reset()
         owner.ensure_prefix(0)
-        sleep(gap_s)
+        pause(gap_s)
         blocked: list[float] = []
         over_steps: list[int] = []
         pc = time.perf_counter
@@ -80,20 +131,25 @@ def _elastic_round(drv: Any, w: Workload, *, lookahead_bytes: int | None, gap_s:
             # whether the policy's next extension was taken early (not timed)
             over_steps.append(owner.backed_bytes - sum(d.prefix_span_bytes(n, w.page_size)
                                                        for d in descs))
-            sleep(gap_s)
+            pause(gap_s)
         if pool is not None:
             pool.drain(timeout_s=30)  # the last look-ahead's driver time counts too
         driver_fg, driver_bg = td.fg_s, td.bg_s
         calls_fg, calls_bg = td.fg_calls, td.bg_calls
-        # The floor under a step: ensure_prefix with nothing to back, after a gap. Python's
-        # own pass over the buffers, run cold after the sleep (tens of µs on a CPU that
-        # idles in the gap, a few µs in a tight loop): it bounds what p50/p99 can show.
-        noop = []
+        # The floor under a step: ensure_prefix with nothing to back, after a gap: a few
+        # comparisons, run cold after the gap (tens of µs on a CPU that idles in it, a few
+        # µs in a tight loop): it bounds what p50/p99 can show. Beside it, after the same
+        # gap, an empty function's call: what the host charges any call then.
+        noop, empty = [], []
         for _ in range(10):
-            sleep(gap_s)
+            pause(gap_s)
             t0 = pc()
             owner.ensure_prefix(w.grow_to_tokens)
             noop.append(pc() - t0)
+            pause(gap_s)
+            t0 = pc()
+            _empty()
+            empty.append(pc() - t0)
         snap = owner.snapshot()
         need = sum(d.prefix_span_bytes(w.steps * w.step_tokens, w.page_size) for d in descs)
         over = [b.backed_bytes - b.prefix_bytes for b in snap.buffers]
@@ -106,6 +162,7 @@ def _elastic_round(drv: Any, w: Workload, *, lookahead_bytes: int | None, gap_s:
             "step_max_us": round(max(blocked) * 1e6, 1),
             "steps_over_target": sum(b * 1e6 > STEP_TARGET_US for b in blocked),
             "noop_step_after_gap_us_median": round(statistics.median(noop) * 1e6, 1),
+            "empty_call_after_gap_us_median": round(statistics.median(empty) * 1e6, 1),
             "driver_ms": round((driver_fg + driver_bg) * 1e3, 3),
             "driver_decode_path_ms": round(driver_fg * 1e3, 3),
             "driver_background_ms": round(driver_bg * 1e3, 3),
@@ -140,6 +197,8 @@ def _summary(rounds: list[dict[str, Any]]) -> dict[str, Any]:
             "driver_ms_median": round(med(r["driver_ms"] for r in rounds), 3),
             "noop_step_after_gap_us_median": round(
                 med(r["noop_step_after_gap_us_median"] for r in rounds), 1),
+            "empty_call_after_gap_us_median": round(
+                med(r["empty_call_after_gap_us_median"] for r in rounds), 1),
             "overcommit_peak_bytes_max": max(r["overcommit_peak_bytes"] for r in rounds),
             "rounds": rounds}
 
@@ -152,14 +211,18 @@ def elastic_growth(drv: Any, w: Workload = BENCH_WORKLOAD, *, gap_s: float = GAP
                    lookahead_bytes: int = LOOKAHEAD_BYTES,
                    sweep: tuple[int, ...] = LOOKAHEAD_SWEEP, rounds: int = 3,
                    settle_s: float = SETTLE_S,
-                   sleep: Callable[[float], None] = time.sleep) -> dict[str, Any]:
+                   sleep: Callable[[float], None] = time.sleep,
+                   gap: Callable[[float], None] | None = None) -> dict[str, Any]:
     """Decode growth without and with the pool + look-ahead, settled and back to back.
 
     Settled: ``rounds`` rounds of each, alternated (the order turned each round) so both see
     the card in the same state, each started ``settle_s`` after the previous owner closed
     (as ``grow_rounds``). Back to back: per variant, ``rounds`` + 1 growths with no pause,
     the first dropped (it started settled), as ``back_to_back``. Then each look-ahead of
-    ``sweep`` other than ``lookahead_bytes``, one settled round.
+    ``sweep`` other than ``lookahead_bytes``, one settled round. ``gap`` spends the time
+    between decode steps (default: ``sleep``; :func:`kernel_gap`: the GPU busy, the host
+    waiting in a synchronize, as an engine's decode thread waits); ``sleep`` always spends
+    the settling pauses.
     """
     variants: list[tuple[str, int | None]] = [("without_pool", None),
                                               ("with_pool", lookahead_bytes)]
@@ -168,14 +231,21 @@ def elastic_growth(drv: Any, w: Workload = BENCH_WORKLOAD, *, gap_s: float = GAP
         for key, la in rotated(variants, r):
             sleep(settle_s)
             settled[key].append(_elastic_round(drv, w, lookahead_bytes=la, gap_s=gap_s,
-                                               sleep=sleep))
+                                               sleep=sleep, gap=gap))
     out: dict[str, Any] = {
         "workload": w.as_dict(), "policy": _default_policy_name(),
         "assumptions": {
             "gap_s_between_steps": gap_s,
+            "gap": "time.sleep" if gap is None else str(getattr(gap, "kind", "custom")),
             "gap_stands_for": "the GPU time of one decode step (Llama-3.1-8B-class on one "
-                              "H200, ~20 ms), slept with time.sleep: the pool's thread "
-                              "works during it as it would while a server's GPU decodes",
+                              "H200, ~20 ms), " + (
+                                  "slept with time.sleep (the decode thread's CPU idles)"
+                                  if gap is None else
+                                  "a kernel that long with the host waiting in a CUDA "
+                                  "synchronize (it spins), as an engine's decode thread "
+                                  "waits") +
+                              ": the pool's thread works during it as it would while a "
+                              "server's GPU decodes",
             "blocked": "wall time of ensure_prefix on the decode thread, summed over steps",
             "driver_time": "every VMM driver call timed by a wrapper (TimedDriver), on the "
                            "decode thread and on the pool's thread",
@@ -186,7 +256,7 @@ def elastic_growth(drv: Any, w: Workload = BENCH_WORKLOAD, *, gap_s: float = GAP
     }
     for key, la in variants:
         sleep(settle_s)
-        b2b = [_elastic_round(drv, w, lookahead_bytes=la, gap_s=gap_s, sleep=sleep)
+        b2b = [_elastic_round(drv, w, lookahead_bytes=la, gap_s=gap_s, sleep=sleep, gap=gap)
                for _ in range(rounds + 1)][1:]
         s, b = _summary(settled[key]), _summary(b2b)
         out[key] = {"lookahead_bytes": la or 0, "settled": s, "back_to_back": b,
@@ -208,7 +278,7 @@ def elastic_growth(drv: Any, w: Workload = BENCH_WORKLOAD, *, gap_s: float = GAP
             row = settled["with_pool"][0]
         else:
             sleep(settle_s)
-            row = _elastic_round(drv, w, lookahead_bytes=la, gap_s=gap_s, sleep=sleep)
+            row = _elastic_round(drv, w, lookahead_bytes=la, gap_s=gap_s, sleep=sleep, gap=gap)
         rows.append({k: row[k] for k in (
             "lookahead_bytes", "blocked_ms", "step_p50_us", "step_p99_us", "driver_ms",
             "overcommit_bytes", "max_overcommit_per_buffer", "overcommit_peak_bytes")}

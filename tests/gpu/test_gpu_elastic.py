@@ -50,3 +50,35 @@ def test_a_threaded_look_ahead_grows_ahead_and_closes_cleanly(
     del t
     owner.close()
     pool.close(timeout_s=30)
+
+
+def test_kernel_gap_keeps_the_gpu_busy_for_the_gap_and_the_look_ahead_runs_beside_it(
+    cuda: Any, needs_torch_cuda: None
+) -> None:
+    import time
+
+    from kvvmm.measure.elastic import kernel_gap
+
+    gap = kernel_gap()
+    assert gap.cycles_per_s > 1e8  # type: ignore[attr-defined]  # a GPU clock, not a unit slip
+    for want in (0.005, 0.02):
+        t0 = time.perf_counter()
+        gap(want)
+        took = time.perf_counter() - t0
+        assert 0.8 * want <= took <= 3 * want + 0.005, (want, took)
+    # the look-ahead's driver calls run on the pool's thread while a kernel runs and the
+    # decode thread waits in the synchronize (the GIL released): bytes land, nothing leaks
+    pool = HandlePool(cuda)
+    owner = _owner(cuda, pool=pool, lookahead_bytes=4 * G)
+    for n in range(16, 30_000, 1000):
+        owner.ensure_prefix(n)
+        gap(0.002)
+    assert pool.drain(timeout_s=30)
+    assert pool.stats().jobs >= 1 and pool.stats().errors == 0
+    owner.snapshot().arena.check()
+    t = owner.tensors[0]
+    t[:29_000].fill_(1.0)
+    assert float(t[:29_000].float().sum()) == t[:29_000].numel()
+    del t
+    owner.close()
+    pool.close(timeout_s=30)
