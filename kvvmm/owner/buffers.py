@@ -129,9 +129,11 @@ class KvBufferOwner:
         trace: a :class:`~kvvmm.record.Trace` the arena records its operations in.
         pool: a :class:`~kvvmm.arena.pool.HandlePool` of ``driver`` for the arena (commits
             take its handles, decommits give handles back to it).
-        lookahead_bytes: with ``pool``: per buffer, keep this many bytes beyond the ensured
-            prefix backed ahead of need, on the pool's thread (with the policy's handle
-            sizes); counted as over-commit. 0 (default): no look-ahead.
+        lookahead_bytes: with ``pool``: per buffer, keep up to this many bytes beyond the
+            ensured prefix backed ahead of need, on the pool's thread (with the policy's
+            handle sizes): topped up to the whole look-ahead once less than half of it is
+            left (a job every few steps, with larger handles, not one per step); counted as
+            over-commit. 0 (default): no look-ahead.
     Raises:
         ArgumentError, OutOfRangeError, UnknownDtypeError: bad arguments or descs that
             disagree with each other or with ``dtype``/``page_size``/``reserved_tokens``,
@@ -302,10 +304,13 @@ class KvBufferOwner:
                                                                     strict=True)))
             ahead = self.max_prefix_tokens
             la = self._lookahead
-            if la:  # the look-ahead has nothing to do while min(span + la, limit) <= backed
+            if la:  # nothing to ask of the look-ahead while span + la / 2 <= backed (or the
+                # buffer is backed to its limit); its job then tops up to span + la: with a
+                # one-buffer layout every step used to queue a job for one step's bytes
+                half = la // 2
                 for (tpr, rb), b, limit in zip(self._rows, backed, self._limits, strict=True):
                     if b < limit:
-                        ahead = min(ahead, (b - la) // rb * tpr if b >= la else -1)
+                        ahead = min(ahead, (b - half) // rb * tpr if b >= half else -1)
             self._covered, self._ahead = covered, ahead
             self._quiet = (-1 if self._work is not None or self._closed or self.arena.asleep
                            else min(covered, ahead) if la else covered)
