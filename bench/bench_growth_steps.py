@@ -48,7 +48,7 @@ from kvvmm.measure.elastic import (  # noqa: E402
     elastic_growth,
     kernel_gap,
 )
-from kvvmm.measure.workload import BENCH_WORKLOAD  # noqa: E402
+from kvvmm.measure.workload import BENCH_WORKLOAD, Workload  # noqa: E402
 
 #: the growth targets of the elastic-serving issue for this benchmark
 BLOCKED_TARGET_MS = 10.0
@@ -68,14 +68,17 @@ def _card(kind: str) -> dict[str, Any]:
     return out
 
 
-def run(kind: str, rounds: int, gap: Any = None) -> dict[str, Any]:
+def run(kind: str, rounds: int, gap: Any = None, *, base: Workload = BENCH_WORKLOAD,
+        lookahead_bytes: int = LOOKAHEAD_BYTES, **options: Any) -> dict[str, Any]:
+    """Each layout's growth (``base`` with that layout) on a fresh driver of ``kind``;
+    ``options`` go to :func:`~kvvmm.measure.elastic.elastic_growth` (``gap_s``, ...)."""
     layouts: dict[str, Any] = {}
     for layout in ("token_major", "interleaved"):
-        w = dataclasses.replace(BENCH_WORKLOAD, layout=layout)
-        la = LOOKAHEAD_BYTES * (2 * w.layers if layout == "interleaved" else 1)
+        w = dataclasses.replace(base, layout=layout)
+        la = lookahead_bytes * (2 * w.layers if layout == "interleaved" else 1)
         t0 = time.perf_counter()
         res = elastic_growth(open_driver(kind), w, lookahead_bytes=la, sweep=(la,),
-                             rounds=rounds, gap=gap)
+                             rounds=rounds, gap=gap, **options)
         res["wall_s"] = round(time.perf_counter() - t0, 1)
         pooled = res["with_pool"]["settled"]
         res["targets"] = {
@@ -84,9 +87,9 @@ def run(kind: str, rounds: int, gap: Any = None) -> dict[str, Any]:
             f"step_p99_us<={STEP_TARGET_US:g}": pooled["step_p99_us_median"] <= STEP_TARGET_US,
             "noop_step_after_gap_us<=5": pooled["noop_step_after_gap_us_median"] <= 5.0}
         layouts[layout] = res
-        kind = "sleep" if gap is None else "kernel"
-        print(f"{layout:12s} {kind} gap, with pool: blocked {pooled['blocked_ms_median']:.3f} ms, "
-              f"step p50 "
+        gap_kind = "sleep" if gap is None else "kernel"
+        print(f"{layout:12s} {gap_kind} gap, with pool: blocked "
+              f"{pooled['blocked_ms_median']:.3f} ms, step p50 "
               f"{pooled['step_p50_us_median']:.1f} us, p99 {pooled['step_p99_us_median']:.1f} us"
               f" (worst round {pooled['step_p99_us_max']:.1f}), no-op after a gap "
               f"{pooled['noop_step_after_gap_us_median']:.1f} us (an empty call "

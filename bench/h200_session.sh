@@ -12,6 +12,8 @@
 #                                      # (.sglang-min, .seed, .whl-sglang: msgspec's wheel),
 #                                      # then every GPU test
 #   bash bench/h200_session.sh beforeafter  # kvvmm bench at .before, then here
+#   bash bench/h200_session.sh steps   # every GPU test, then the 64 x 122 growth by layout
+#                                      # with a sleep gap and a kernel gap (< 9 min)
 #   ROUNDS=3 STRATEGIES="prefix request-ranges+deferred" TAG=-a bash bench/h200_session.sh ranges
 #                                      # the range strategies on the trace, CUDA beside the sim
 set -u
@@ -20,7 +22,7 @@ export PYTHONUNBUFFERED=1 KVVMM_REQUIRE_FASTPATH=1
 R=$OUT/r
 mkdir -p "$R"
 export PYTHONPATH=$PWD
-case $part in elastic|ranges|sglang|beforeafter) ;; *)  # tqdm, for the seed file's comparison
+case $part in elastic|ranges|sglang|beforeafter|steps) ;; *)  # tqdm, for the seed file's comparison
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD || exit 1 ;;
 esac
@@ -60,6 +62,13 @@ case $part in
       --deselect "$CAPTURE" $GPU_TESTS
     step 200 bench-elastic python3 bench/bench_elastic.py --out "$R/h200-elastic.json"
     step 170 growth-steps python3 bench/bench_growth_steps.py --rounds 3 \
+      --out "$R/h200-growth-steps.json" ;;
+  steps)  # the decode thread's growth steps after a change to them, and every GPU test
+    nvidia-smi > "$R/nvidia-smi.txt" 2>&1
+    step 60 gpu-capture-test env OUT="$R" python3 -m pytest -q -p no:cacheprovider -rs "$CAPTURE"
+    step 200 gpu-tests env OUT="$R" python3 -m pytest -q -p no:cacheprovider -rs \
+      --deselect "$CAPTURE" $GPU_TESTS
+    step 260 growth-steps python3 bench/bench_growth_steps.py --rounds 3 --gap both \
       --out "$R/h200-growth-steps.json" ;;
   sglang)  # SGLang 0.5.23's own pools on kvvmm beside its own owner (.sglang-min: the wheel's
            # sglang/ without the kernels and model code, which the suite stands in for)
