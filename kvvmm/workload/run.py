@@ -334,7 +334,14 @@ class _Hooks:
         self.worker_until = max(self.worker_until, start) + cost
         self.background_s += cost
         if waited:
-            self.waited_s += max(0.0, self.worker_until - now)
+            wait = max(0.0, self.worker_until - now)
+            self.waited_s += wait
+            if wait > 0:  # which call a decode step waited for (range strategies say)
+                doing = getattr(self.allocator, "doing", None)
+                if doing == "admit":
+                    self.allocator.stalled_admits += 1  # type: ignore[attr-defined]
+                elif doing == "grow":
+                    self.allocator.stalled_grows += 1  # type: ignore[attr-defined]
 
     def _pass_time(self, now_s: float) -> None:
         """Tell the sim the host time that passed since it was last told (its next call of

@@ -402,6 +402,10 @@ class LeaseAllocator(SlotAllocator):
         self._frag_sum = 0.0
         self.frag_max = 0.0  #: the most fragmented the free blocks were at an admission
         self.units_max = 0  #: the most mapped units (one handle each) at an admission
+        #: what the current call does: "admit", "grow" or "hand" (pages of its lease)
+        self.doing = "hand"
+        self.stalled_admits = 0  #: admissions a decode step waited for (the executor counts)
+        self.stalled_grows = 0  #: lease growths a decode step waited for
 
     @property
     def free(self) -> int:
@@ -431,6 +435,8 @@ class LeaseAllocator(SlotAllocator):
 
     def alloc_for(self, rid: int, n: int, out: list[int]) -> None:
         got = self._leases.get(rid)
+        self.doing = "admit" if got is None else \
+            "grow" if got.handed + n > len(got.pages) else "hand"
         if got is None:
             st = self.backing.stats()  # what the admission found
             lease = self.backing.admit(n * self.ps)
@@ -459,7 +465,8 @@ class LeaseAllocator(SlotAllocator):
         return {"admits": self.admits, "split_admits": self.split_admits,
                 "grows": self.grows, "grows_moved": self.grows_moved,
                 "fragmentation_mean": round(self._frag_sum / a, 4),
-                "fragmentation_max": round(self.frag_max, 4), "units_max": self.units_max}
+                "fragmentation_max": round(self.frag_max, 4), "units_max": self.units_max,
+                "stalled_admits": self.stalled_admits, "stalled_grows": self.stalled_grows}
 
     def release_for(self, rid: int, pages: Sequence[int]) -> None:
         got = self._leases.pop(rid, None)

@@ -502,6 +502,27 @@ def test_the_range_strategies_report_how_their_allocator_fared() -> None:
     assert not any(k.startswith("ranges_") for k in by["prefix"])
 
 
+@pytest.mark.parametrize("reserve_mib", [0, 8, 48])
+def test_deferred_ranges_say_which_call_each_decode_stall_waited_for(reserve_mib: int) -> None:
+    """With every driver call on the backing thread, a decode step stalls only by waiting
+    for an admission's or a growth's commit: each stalled step counts at least one, and a
+    wait is counted only where a step stalled."""
+    from kvvmm.units import MiB
+    from kvvmm.workload.strategies import RequestRanges
+
+    wl = generate(seed=4, duration_s=30)
+    cmp = run_workload(wl, [lambda: RequestRanges(deferred=True,
+                                                  reserve_bytes=reserve_mib * MiB)],
+                       model="llama-3.1-8b", gpu="h200", driver="sim", pause_scale=1.0)
+    (r,) = cmp.results
+    row = r.summary()
+    waits = row["ranges_stalled_admits"] + row["ranges_stalled_grows"]
+    assert row["stalled_steps"] <= waits <= row["ranges_admits"] + row["ranges_grows"]
+    assert (waits == 0) == (row["stalled_steps"] == 0)
+    if reserve_mib == 0:  # nothing mapped ahead: admissions wait for their own commits
+        assert row["ranges_stalled_admits"] > 0
+
+
 class _GatedDriver(DriverWrapper):
     """Creates on the backing thread wait for ``gate``; records which thread created."""
 
