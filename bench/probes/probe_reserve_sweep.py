@@ -67,13 +67,18 @@ def main(argv: list[str] | None = None) -> int:
                     "over_prefix": round(r.decode_driver_s / pre, 3) if pre else None,
                     "stalled_steps": r.stalled_steps, "max_stall_us": round(r.max_stall_s * 1e6),
                     "stalls_by_call": {"admit": r.ranges["stalled_admits"],
-                                       "grow": r.ranges["stalled_grows"]}}
+                                       "grow": r.ranges["stalled_grows"]},
+                    "deferred_admits": r.ranges["deferred_admits"],
+                    "deferred_ms": r.ranges["deferred_ms"],
+                    "deferred_max_ms": r.ranges["deferred_max_ms"]}
             rows.append(row)
             rt, warm = row["real_time"], row["no_pauses"]
             print(f"reserve {reserve:4d} MiB, high {reserve + extra:4d}: held/used "
                   f"{rt['held_over_used']:.3f}; decode {warm['decode_driver_ms']:.1f} ms "
                   f"({warm['over_prefix']:.2f}x prefix) warm, {rt['decode_driver_ms']:.1f} ms "
-                  f"({rt['over_prefix']:.2f}x) in real time, {rt['stalls_by_call']}",
+                  f"({rt['over_prefix']:.2f}x) in real time, {rt['stalls_by_call']}; "
+                  f"{rt['deferred_admits']} admissions a step later (max "
+                  f"{rt['deferred_max_ms']:.1f} ms)",
                   flush=True)
     out = {"probe": "reserve-sweep", "python": platform.python_version(),
            "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),

@@ -333,7 +333,12 @@ class _Hooks:
         start = now if queued is None or not waited else min(now, queued)
         self.worker_until = max(self.worker_until, start) + cost
         self.background_s += cost
-        if waited:
+        if waited and getattr(self.allocator, "deferring", False):
+            # an admission the engine puts off until its lease is mapped: nobody waits now;
+            # the allocator admits it at the first boundary at or after this
+            self.allocator.ready_at = max(  # type: ignore[attr-defined]
+                self.allocator.ready_at, self.worker_until)  # type: ignore[attr-defined]
+        elif waited:
             wait = max(0.0, self.worker_until - now)
             self.waited_s += wait
             if wait > 0:  # which call a decode step waited for (range strategies say)

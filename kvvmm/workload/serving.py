@@ -167,6 +167,22 @@ class SlotAllocator:
         """:meth:`alloc` for request ``rid`` (this allocator does not tell requests apart)."""
         self.alloc(n, out)
 
+    def prepare(self, rid: int, n: int) -> bool:
+        """Before admitting request ``rid`` with ``n`` pages: start whatever its memory needs
+        and say whether it is ready now. False: the engine admits it at a later boundary (it
+        stays at the head of the queue, its memory on the way) instead of making this
+        step wait. Default: nothing to prepare, always ready."""
+        return True
+
+    def unprepare(self, rid: int) -> None:
+        """Request ``rid`` leaves the queue without being admitted (it timed out): give back
+        what :meth:`prepare` took. Default: nothing."""
+
+    def ready_s(self, rid: int) -> float:
+        """When request ``rid``'s memory, which :meth:`prepare` found not ready, will be
+        (serving seconds): the serving loop's next boundary is then no later. Default: now."""
+        return self.now_s
+
     def release_for(self, rid: int, pages: Sequence[int]) -> None:
         """:meth:`release` of request ``rid``'s pages (all it holds)."""
         self.release(pages)
@@ -384,7 +400,7 @@ class ServingModel:
             # -- arrivals, and admission --
             if max_wait is not None:
                 while waiting and now - waiting[0].queued_s > max_wait:
-                    waiting.popleft()
+                    alloc.unprepare(waiting.popleft().rid)
                     timed_out += 1
             while ai < n_arr and reqs[ai].arrival_s <= now:
                 q = reqs[ai]
@@ -397,6 +413,7 @@ class ServingModel:
             budget = max_tok - B
             prefill = 0
             token_blocked = False
+            head_ready: float | None = None  # the head's memory is on the way until then
             while waiting and max_run > B:
                 w = waiting[0]
                 need = -(-(w.prompt + 1) // ps)
@@ -408,6 +425,12 @@ class ServingModel:
                 if w.prompt > budget and B:  # ... and one with room beside the decodes
                     token_blocked = True
                     break
+                alloc.queued_s = w.queued_s
+                ready = alloc.prepare(w.rid, need)
+                alloc.queued_s = None
+                if not ready:  # its memory is being mapped: admitted at a later boundary,
+                    head_ready = alloc.ready_s(w.rid)  # the step does not wait (first come,
+                    break  # first served behind it)
                 waiting.popleft()
                 w.admit = S + 1
                 w.done = S + w.out  # its prefill step makes token 1
@@ -448,6 +471,15 @@ class ServingModel:
                 next_sample = (math.floor(now / sample_s) + 1) * sample_s
 
             if not running:
+                if head_ready is not None:
+                    # Nothing runs and the head's memory is being mapped: the engine idles
+                    # until it is (or the next arrival), a wait no decode step shares.
+                    if sampled_at < now:
+                        hooks.sample(now, S, alloc.used, alloc.high_water, B, len(waiting))
+                        sampled_at = now
+                    wake = head_ready if ai >= n_arr else min(head_ready, reqs[ai].arrival_s)
+                    now = max(now + stall, wake)
+                    continue
                 if waiting and max_wait is not None:
                     # Only an allocator bound by memory outside the pool (a shared budget)
                     # refuses an empty pool's head: poll for it until it fits or times out.
@@ -474,6 +506,8 @@ class ServingModel:
             first = base_s + kv_s / f * (K + B * S)
             if token_blocked:
                 k = 1
+            elif head_ready is not None:  # back at the first boundary the head can start
+                k = max(1, min(k, math.ceil((head_ready - now) / first)))
             elif ai < n_arr and max_run > B and not waiting:
                 ka = math.ceil((reqs[ai].arrival_s - now) / first)
                 k = max(1, min(k, ka))

@@ -41,7 +41,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Sequence
 
 from kvvmm.arena.pool import HandlePool
-from kvvmm.checks import int_arg, number_arg
+from kvvmm.checks import bool_arg, int_arg, number_arg
 from kvvmm.driver.base import Driver
 from kvvmm.errors import ArgumentError
 from kvvmm.owner import KvBufferOwner, Lease, RangeBacking
@@ -385,10 +385,19 @@ class LeaseAllocator(SlotAllocator):
     """The engine's page allocator over a :class:`~kvvmm.owner.RangeBacking`: each request
     holds one lease, its pages the lease's slots in order; a request that outgrows its lease
     grows it (in place when the next blocks are free). The serving loop waits for a lease
-    that is not ready (the executor charges that wait)."""
+    that is not ready (the executor charges that wait).
 
-    def __init__(self, backing: RangeBacking, page_size: int) -> None:
+    ``defer_unready``: an admission whose lease is not mapped yet at the step boundary is
+    admitted at a later one (:meth:`prepare` says False; the lease stays taken, its commit
+    on the backing thread), as an engine that checks :attr:`Lease.ready` before it
+    schedules a prefill does: the step does not wait for it. Growths during decode still
+    wait (the request needs the page in this step).
+    """
+
+    def __init__(self, backing: RangeBacking, page_size: int, *,
+                 defer_unready: bool = False) -> None:
         self.backing = backing
+        self.defer_unready = defer_unready
         self.ps = page_size
         self.ppb = backing.block_tokens // page_size
         self.pages = backing.blocks * self.ppb
@@ -406,6 +415,15 @@ class LeaseAllocator(SlotAllocator):
         self.doing = "hand"
         self.stalled_admits = 0  #: admissions a decode step waited for (the executor counts)
         self.stalled_grows = 0  #: lease growths a decode step waited for
+        #: during :meth:`prepare`: the executor records when the lease's commit ends
+        #: (``ready_at``) instead of making the step wait for it
+        self.deferring = False
+        self.ready_at = 0.0
+        # prepared leases not yet mapped: rid -> (when mapped, the boundary first put off)
+        self._ready_at: dict[int, tuple[float, float]] = {}
+        self.deferred_admits = 0  #: admissions put off to a later boundary (not ready)
+        self.deferred_s = 0.0  #: serving seconds those admissions waited, in all
+        self.deferred_max_s = 0.0  #: the longest one admission was put off
 
     @property
     def free(self) -> int:
@@ -433,20 +451,59 @@ class LeaseAllocator(SlotAllocator):
         spare = 0 if got is None else len(got.pages) - got.handed
         return n <= spare + self.free
 
+    def _admit(self, rid: int, n: int) -> _Held:
+        st = self.backing.stats()  # what the admission found
+        lease = self.backing.admit(n * self.ps)
+        got = _Held(lease, lease.pages(self.ps))
+        self._leases[rid] = got
+        self.admits += 1
+        self.split_admits += len(lease.pieces) > 1
+        self._frag_sum += st.fragmentation
+        self.frag_max = max(self.frag_max, st.fragmentation)
+        self.units_max = max(self.units_max, st.units)
+        return got
+
+    def prepare(self, rid: int, n: int) -> bool:
+        if not self.defer_unready:
+            return True
+        if rid not in self._leases:
+            self.doing = "admit"
+            self.deferring, self.ready_at = True, 0.0
+            try:
+                self._admit(rid, n)
+            finally:
+                self.deferring = False
+            if self.ready_at > self.now_s:
+                self._ready_at[rid] = (self.ready_at, self.now_s)
+                self.deferred_admits += 1
+        got = self._ready_at.get(rid)
+        if got is None:
+            return True
+        when, since = got
+        if when > self.now_s:
+            return False
+        del self._ready_at[rid]
+        waited = self.now_s - since
+        self.deferred_s += waited
+        self.deferred_max_s = max(self.deferred_max_s, waited)
+        return True
+
+    def ready_s(self, rid: int) -> float:
+        got = self._ready_at.get(rid)
+        return self.now_s if got is None else got[0]
+
+    def unprepare(self, rid: int) -> None:
+        got = self._leases.get(rid)
+        if got is not None and got.handed == 0:
+            self._ready_at.pop(rid, None)
+            self.release_for(rid, [])
+
     def alloc_for(self, rid: int, n: int, out: list[int]) -> None:
         got = self._leases.get(rid)
         self.doing = "admit" if got is None else \
             "grow" if got.handed + n > len(got.pages) else "hand"
         if got is None:
-            st = self.backing.stats()  # what the admission found
-            lease = self.backing.admit(n * self.ps)
-            got = _Held(lease, lease.pages(self.ps))
-            self._leases[rid] = got
-            self.admits += 1
-            self.split_admits += len(lease.pieces) > 1
-            self._frag_sum += st.fragmentation
-            self.frag_max = max(self.frag_max, st.fragmentation)
-            self.units_max = max(self.units_max, st.units)
+            got = self._admit(rid, n)
         elif got.handed + n > len(got.pages):
             ranges = len(got.lease.pieces)
             self.backing.grow(got.lease, (got.handed + n) * self.ps)
@@ -466,7 +523,10 @@ class LeaseAllocator(SlotAllocator):
                 "grows": self.grows, "grows_moved": self.grows_moved,
                 "fragmentation_mean": round(self._frag_sum / a, 4),
                 "fragmentation_max": round(self.frag_max, 4), "units_max": self.units_max,
-                "stalled_admits": self.stalled_admits, "stalled_grows": self.stalled_grows}
+                "stalled_admits": self.stalled_admits, "stalled_grows": self.stalled_grows,
+                "deferred_admits": self.deferred_admits,
+                "deferred_ms": round(self.deferred_s * 1e3, 3),
+                "deferred_max_ms": round(self.deferred_max_s * 1e3, 3)}
 
     def release_for(self, rid: int, pages: Sequence[int]) -> None:
         got = self._leases.pop(rid, None)
@@ -498,18 +558,27 @@ class RequestRanges(Strategy):
             conversation trace's first 10 minutes (llama-3.1-70b TP8 rank 0, sim, H200
             profile) where mean backed stays within 1.25x mean used and the decode path
             pays less driver time than prefix growth (docs/ELASTIC.md).
+        defer_admissions: with ``deferred`` (default True): a request whose lease is not
+            mapped yet at the step boundary is admitted at a later one (the engine checks
+            :attr:`~kvvmm.owner.Lease.ready`) instead of the step waiting for its commit;
+            False: the step waits (what the lab measured before, 2026-12-06).
     """
 
     layout = "interleaved"
 
     def __init__(self, *, deferred: bool = False, reserve_bytes: int | None = None,
-                 high_bytes: int | None = None) -> None:
-        for nm, v in (("reserve_bytes", reserve_bytes), ("high_bytes", high_bytes)):
-            if v is not None:
+                 high_bytes: int | None = None, defer_admissions: bool | None = None) -> None:
+        bool_arg("deferred", deferred)
+        for nm, v in (("reserve_bytes", reserve_bytes), ("high_bytes", high_bytes),
+                      ("defer_admissions", defer_admissions)):
+            if v is not None and nm != "defer_admissions":
                 int_arg(nm, v, lo=0, unit="bytes")
             if v is not None and not deferred:
                 raise ArgumentError(nm, v, "None without deferred=True")
-        self.deferred = bool(deferred)
+        if defer_admissions is not None:
+            bool_arg("defer_admissions", defer_admissions)
+        self.deferred = deferred
+        self.defer_admissions = deferred if defer_admissions is None else defer_admissions
         self.reserve_bytes = (48 << 20 if reserve_bytes is None else reserve_bytes) \
             if deferred else 0
         self.high_bytes = (self.reserve_bytes + (32 << 20) if high_bytes is None
@@ -523,7 +592,8 @@ class RequestRanges(Strategy):
             executor if self.deferred else "inline"
         self.backing = RangeBacking(self.owner, reserve_bytes=self.reserve_bytes,
                                     high_bytes=self.high_bytes, executor=run)
-        return LeaseAllocator(self.backing, self.page_size)
+        return LeaseAllocator(self.backing, self.page_size,
+                              defer_unready=self.defer_admissions)
 
     def update(self, allocated: list[int], freed: list[int], high_water: int) -> None:
         pass  # the allocator backs each lease as it hands it out

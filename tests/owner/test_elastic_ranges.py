@@ -472,14 +472,14 @@ def test_the_labs_backing_thread_runs_a_job_a_job_queues_after_it_on_its_own_clo
 def test_range_strategies_on_host_memory_touch_every_page() -> None:
     """Both range strategies on real bytes, every page handed out written to.
 
-    Six seconds of traffic into a pool of 12,288 tokens: small enough to run in seconds (20 s
+    Six seconds of traffic into a pool of 8,192 tokens: small enough to run in seconds (20 s
     into 32,768 tokens took 86 s in CI, mostly fallocate and fill_), tight enough that each
     strategy still preempts and splits admissions, the paths the longer run reached.
     """
     pytest.importorskip("torch")
     wl = generate(seed=5, duration_s=6)
     cmp = run_workload(wl, ["request-ranges", "request-ranges+deferred"],
-                       model="llama-3.1-8b", tp=1, pool_tokens=16 * 768, driver="host",
+                       model="llama-3.1-8b", tp=1, pool_tokens=16 * 512, driver="host",
                        touch=True)
     for r in cmp.results:
         assert r.used_over_backed == 0 and r.serving.completed > 0
@@ -502,25 +502,51 @@ def test_the_range_strategies_report_how_their_allocator_fared() -> None:
     assert not any(k.startswith("ranges_") for k in by["prefix"])
 
 
+@pytest.mark.parametrize("defer", [True, False], ids=["admit-when-ready", "step-waits"])
 @pytest.mark.parametrize("reserve_mib", [0, 8, 48])
-def test_deferred_ranges_say_which_call_each_decode_stall_waited_for(reserve_mib: int) -> None:
+def test_deferred_ranges_say_which_call_each_decode_stall_waited_for(reserve_mib: int,
+                                                                     defer: bool) -> None:
     """With every driver call on the backing thread, a decode step stalls only by waiting
     for an admission's or a growth's commit: each stalled step counts at least one, and a
-    wait is counted only where a step stalled."""
+    wait is counted only where a step stalled. Admitted when ready, no step waits for an
+    admission: the request waits for a later boundary instead, and every one is served."""
     from kvvmm.units import MiB
     from kvvmm.workload.strategies import RequestRanges
 
     wl = generate(seed=4, duration_s=30)
-    cmp = run_workload(wl, [lambda: RequestRanges(deferred=True,
-                                                  reserve_bytes=reserve_mib * MiB)],
-                       model="llama-3.1-8b", gpu="h200", driver="sim", pause_scale=1.0)
+    cmp = run_workload(wl, [lambda: RequestRanges(
+        deferred=True, reserve_bytes=reserve_mib * MiB, defer_admissions=defer)],
+        model="llama-3.1-8b", gpu="h200", driver="sim", pause_scale=1.0)
     (r,) = cmp.results
     row = r.summary()
     waits = row["ranges_stalled_admits"] + row["ranges_stalled_grows"]
     assert row["stalled_steps"] <= waits <= row["ranges_admits"] + row["ranges_grows"]
     assert (waits == 0) == (row["stalled_steps"] == 0)
-    if reserve_mib == 0:  # nothing mapped ahead: admissions wait for their own commits
-        assert row["ranges_stalled_admits"] > 0
+    assert row["completed"] + row["rejected"] == len(wl)
+    assert r.used_over_backed == 0 and r.conservation_errors == 0
+    if defer:
+        assert row["ranges_stalled_admits"] == 0
+        assert (row["ranges_deferred_admits"] > 0) == (row["ranges_deferred_ms"] > 0)
+        assert row["ranges_deferred_max_ms"] <= row["ranges_deferred_ms"]
+        if reserve_mib == 0:  # nothing mapped ahead: every fresh admission maps first
+            assert row["ranges_deferred_admits"] > 0
+    else:
+        assert row["ranges_deferred_admits"] == 0
+        if reserve_mib == 0:  # nothing mapped ahead: admissions wait for their own commits
+            assert row["ranges_stalled_admits"] > 0
+
+
+def test_request_ranges_arguments_are_checked() -> None:
+    from kvvmm.workload.strategies import RequestRanges
+
+    with pytest.raises(ArgumentError, match="defer_admissions"):
+        RequestRanges(defer_admissions=True)  # without deferred: nothing to defer
+    with pytest.raises(ArgumentError, match="defer_admissions"):
+        RequestRanges(deferred=True, defer_admissions=1)  # type: ignore[arg-type]
+    with pytest.raises(ArgumentError, match="deferred"):
+        RequestRanges(deferred=1)  # type: ignore[arg-type]
+    assert RequestRanges(deferred=True).defer_admissions is True
+    assert RequestRanges().defer_admissions is False
 
 
 class _GatedDriver(DriverWrapper):
