@@ -104,8 +104,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--gap", choices=("sleep", "kernel", "both"), default=None,
                     help="the gap between steps (default: both on cuda, sleep elsewhere)")
+    ap.add_argument("--grow-to", type=int, default=BENCH_WORKLOAD.grow_to_tokens,
+                    help="tokens the growth ends at (default %(default)s: 122 steps; a card "
+                         "with less than ~80 GiB free needs fewer)")
     ap.add_argument("--out", default="h200-growth-steps.json")
     args = ap.parse_args(argv)
+    step = BENCH_WORKLOAD.step_tokens
+    if not step <= args.grow_to <= BENCH_WORKLOAD.reserved_tokens:
+        print(f"bench_growth_steps: --grow-to must be in [{step}, "
+              f"{BENCH_WORKLOAD.reserved_tokens}] tokens, got {args.grow_to}", file=sys.stderr)
+        return 2
+    base = dataclasses.replace(BENCH_WORKLOAD, grow_to_tokens=args.grow_to)
     gaps = args.gap or ("both" if args.driver == "cuda" else "sleep")
     if gaps != "sleep" and args.driver != "cuda":
         print(f"bench_growth_steps: --gap {gaps} needs --driver cuda (a kernel makes the gap), "
@@ -118,11 +127,11 @@ def main(argv: list[str] | None = None) -> int:
            "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
            "rounds": args.rounds, "gaps": {}}
     if gaps in ("sleep", "both"):
-        out["gaps"]["sleep"] = run(args.driver, args.rounds)
+        out["gaps"]["sleep"] = run(args.driver, args.rounds, base=base)
     if gaps in ("kernel", "both"):
         gap = kernel_gap()
         out["kernel_gap_cycles_per_s"] = round(gap.cycles_per_s)  # type: ignore[attr-defined]
-        out["gaps"]["kernel"] = run(args.driver, args.rounds, gap)
+        out["gaps"]["kernel"] = run(args.driver, args.rounds, gap, base=base)
     out["layouts"] = out["gaps"].get("sleep") or out["gaps"]["kernel"]
     Path(args.out).write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
     print(f"wrote {args.out}")
