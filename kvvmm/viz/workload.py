@@ -54,7 +54,11 @@ def workload_report(cmp: WorkloadComparison) -> Report:
       the driver and what such a step waited (p50, p99, worst);
     - the rest: the p99 over every step (``p99_stall_us``: 0 while fewer than 1% of steps
       stall), driver calls, handles at the end, predicted bandwidth over ``cudaMalloc``'s,
-      and the serving outcome (completed, rejected, preempted).
+      and the serving outcome (completed, rejected, preempted);
+    - where a range strategy ran, its allocator: admissions put off until their lease was
+      mapped (the engine admits them at a later boundary instead of the step waiting: the
+      cost moves to their first token) and their wait, which call each stall waited for,
+      and the leases split over several ranges.
     """
     s = cmp.setup
     if not cmp.results:
@@ -72,6 +76,16 @@ def workload_report(cmp: WorkloadComparison) -> Report:
              f"{r.final_handles:,}", f"{r.summary()['bandwidth_factor']:.3f}x",
              f"{r.serving.completed:,}", f"{r.serving.rejected:,}", f"{r.serving.preemptions:,}"]
             for r in cmp.results]
+    ranges = []
+    for r in cmp.results:
+        g = r.ranges
+        if g:
+            later = g["deferred_admits"]
+            ranges.append([r.strategy, f"{later:,} of {g['admits']:,}",
+                           f"{g['deferred_ms'] / later if later else 0.0:.1f} ms",
+                           f"{g['deferred_max_ms']:.1f} ms",
+                           f"{g['stalled_admits']:,} / {g['stalled_grows']:,}",
+                           f"{g['split_admits']:,}"])
     lead = (f"{s.model} TP{s.tp} on {s.gpu}, one rank: {s.buffers} buffers, pool "
             f"{s.pool_tokens:,} tokens ({fmt_bytes(s.pool_tokens * s.page_bytes // s.page_size)}), "
             f"page {s.page_size}, slots {s.config.slot_order}-first; {s.requests:,} requests "
@@ -87,6 +101,10 @@ def workload_report(cmp: WorkloadComparison) -> Report:
         Table("every step, driver calls, handles, bandwidth and serving",
               ("strategy", "p99 step", "calls", "handles", "bandwidth", "done", "rejected",
                "preempted"), _rows(rest)),
+        *((Table("range strategies: admissions put off until their lease was mapped, and "
+                 "what the stalls waited for",
+                 ("strategy", "admitted later", "mean wait", "max wait",
+                  "stalls: admit / grow", "split leases"), _rows(ranges)),) if ranges else ()),
     ))
 
 

@@ -201,6 +201,22 @@ def test_a_report_prints_as_text_and_shows_as_html_in_a_notebook() -> None:
     assert all(len(line) <= TERMINAL_COLUMNS for line in rep.text().splitlines())
 
 
+def test_a_report_with_a_range_strategy_adds_its_allocators_table_with_one_row_each() -> None:
+    from kvvmm.viz.workload import workload_report
+
+    cmp = run_workload(generate(seed=0, duration_s=10.0),
+                       ["prefix", "request-ranges", "request-ranges+deferred"],
+                       model="llama-3.1-8b", tp=1, pause_scale=1.0)
+    rep = workload_report(cmp)
+    assert len(rep.tables) == 4
+    ranges = rep.tables[3]
+    assert [row[0] for row in ranges.rows] == ["request-ranges", "request-ranges+deferred"]
+    for row, r in zip(ranges.rows, cmp.results[1:], strict=True):
+        assert row[1] == f"{r.ranges['deferred_admits']:,} of {r.ranges['admits']:,}"
+    assert ranges.rows[0][1].startswith("0 of")  # inline commits: nothing is put off
+    assert all(len(line) <= TERMINAL_COLUMNS for line in rep.text().splitlines())
+
+
 # -- figures: one colour per strategy, lines that coincide both visible (issue 26, item 7) --
 
 
