@@ -84,6 +84,7 @@ def workload_report(cmp: WorkloadComparison) -> Report:
             ranges.append([r.strategy, f"{later:,} of {g['admits']:,}",
                            f"{g['deferred_ms'] / later if later else 0.0:.1f} ms",
                            f"{g['deferred_max_ms']:.1f} ms",
+                           "inline" if g.get("inline") else
                            f"{g['stalled_admits']:,} / {g['stalled_grows']:,}",
                            f"{g['split_admits']:,}"])
     lead = (f"{s.model} TP{s.tp} on {s.gpu}, one rank: {s.buffers} buffers, pool "
@@ -101,10 +102,9 @@ def workload_report(cmp: WorkloadComparison) -> Report:
         Table("every step, driver calls, handles, bandwidth and serving",
               ("strategy", "p99 step", "calls", "handles", "bandwidth", "done", "rejected",
                "preempted"), _rows(rest)),
-        *((Table("range strategies: admissions put off until their lease was mapped, and "
-                 "what the stalls waited for",
+        *((Table("range strategies: admissions put off until mapped, commits a step waited for",
                  ("strategy", "admitted later", "mean wait", "max wait",
-                  "stalls: admit / grow", "split leases"), _rows(ranges)),) if ranges else ()),
+                  "waits: admit / grow", "split leases"), _rows(ranges)),) if ranges else ()),
     ))
 
 

@@ -395,9 +395,10 @@ class LeaseAllocator(SlotAllocator):
     """
 
     def __init__(self, backing: RangeBacking, page_size: int, *,
-                 defer_unready: bool = False) -> None:
+                 defer_unready: bool = False, inline: bool = False) -> None:
         self.backing = backing
         self.defer_unready = defer_unready
+        self.inline = inline  #: commits on the engine's thread: nothing to wait for
         self.ps = page_size
         self.ppb = backing.block_tokens // page_size
         self.pages = backing.blocks * self.ppb
@@ -523,6 +524,7 @@ class LeaseAllocator(SlotAllocator):
                 "grows": self.grows, "grows_moved": self.grows_moved,
                 "fragmentation_mean": round(self._frag_sum / a, 4),
                 "fragmentation_max": round(self.frag_max, 4), "units_max": self.units_max,
+                "inline": self.inline,
                 "stalled_admits": self.stalled_admits, "stalled_grows": self.stalled_grows,
                 "deferred_admits": self.deferred_admits,
                 "deferred_ms": round(self.deferred_s * 1e3, 3),
@@ -593,7 +595,7 @@ class RequestRanges(Strategy):
         self.backing = RangeBacking(self.owner, reserve_bytes=self.reserve_bytes,
                                     high_bytes=self.high_bytes, executor=run)
         return LeaseAllocator(self.backing, self.page_size,
-                              defer_unready=self.defer_admissions)
+                              defer_unready=self.defer_admissions, inline=run == "inline")
 
     def update(self, allocated: list[int], freed: list[int], high_water: int) -> None:
         pass  # the allocator backs each lease as it hands it out
