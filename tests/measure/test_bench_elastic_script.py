@@ -14,9 +14,10 @@ from kvvmm.driver.host import HostDriver
 from kvvmm.units import GiB
 
 
-def _module() -> Any:
-    path = Path(__file__).resolve().parents[2] / "bench" / "bench_elastic.py"
-    spec = importlib.util.spec_from_file_location("bench_elastic_under_test", path)
+def _module(name: str = "bench_elastic") -> Any:
+    """A script of bench/ as a module (bench/ is no package)."""
+    path = Path(__file__).resolve().parents[2] / "bench" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"{name}_under_test", path)
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -41,21 +42,12 @@ def test_the_bandwidth_section_times_every_op_on_every_layout_and_the_views_agre
     assert drv.stats().clean
 
 
-def _growth_steps() -> Any:
-    path = Path(__file__).resolve().parents[2] / "bench" / "bench_growth_steps.py"
-    spec = importlib.util.spec_from_file_location("bench_growth_steps_under_test", path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def test_the_growth_steps_bench_runs_both_layouts_and_reports_the_no_op_beside_its_floor(
 ) -> None:
     from kvvmm.measure.workload import Workload
     from kvvmm.units import MiB
 
-    mod = _growth_steps()
+    mod = _module("bench_growth_steps")
     small = Workload(layers=2, kv_heads=1, head_dim=128, page_size=16, reserved_tokens=40_000,
                      step_tokens=512, grow_to_tokens=8_192, finalize_tokens=20_000)
     res = mod.run("host", 1, base=small, lookahead_bytes=2 * MiB, gap_s=0.001, settle_s=0)
@@ -71,6 +63,6 @@ def test_the_growth_steps_bench_runs_both_layouts_and_reports_the_no_op_beside_i
 
 
 def test_the_growth_steps_bench_refuses_a_kernel_gap_without_cuda(capsys: Any) -> None:
-    mod = _growth_steps()
+    mod = _module("bench_growth_steps")
     assert mod.main(["--driver", "host", "--gap", "kernel"]) == 2
     assert "--gap kernel needs --driver cuda" in capsys.readouterr().err

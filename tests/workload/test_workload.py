@@ -268,6 +268,18 @@ class _SlowToMap(SlotAllocator):
         super().alloc_for(rid, n, out)
 
 
+class _QuietHooks:
+    """Serving hooks with no memory strategy behind them: no stalls, nothing sampled."""
+
+    kv_bandwidth_factor = 1.0
+
+    def update(self, *a: object) -> float:
+        return 0.0
+
+    def sample(self, *a: object) -> None:
+        pass
+
+
 @pytest.mark.parametrize("lag_s", [0.0, 0.0004, 0.03, 2.0])
 def test_an_admission_whose_memory_is_not_ready_waits_for_a_later_boundary_not_the_step(
         lag_s: float) -> None:
@@ -281,16 +293,7 @@ def test_an_admission_whose_memory_is_not_ready_waits_for_a_later_boundary_not_t
     sm = StepTimeModel.for_model("qwen2.5-7b", "h200", tp=1)
     alloc = _SlowToMap(8192 // 16, lag_s)
 
-    class Hooks:
-        kv_bandwidth_factor = 1.0
-
-        def update(self, *a: object) -> float:
-            return 0.0
-
-        def sample(self, *a: object) -> None:
-            pass
-
-    stats = ServingModel(cfg, sm, pool_pages=8192 // 16, allocator=alloc).run(wl, Hooks())
+    stats = ServingModel(cfg, sm, pool_pages=8192 // 16, allocator=alloc).run(wl, _QuietHooks())
     assert stats.completed + stats.rejected == stats.requests == len(wl)
     assert stats.stall_steps == ()
     assert len(alloc.admitted) == stats.completed  # each waited out its lag
@@ -306,18 +309,9 @@ def test_a_request_that_times_out_while_its_memory_maps_gives_it_back() -> None:
     wl = Workload((Request(0.0, 100, 5),), "one request")
     alloc = _SlowToMap(64, lag_s=5.0)
 
-    class Hooks:
-        kv_bandwidth_factor = 1.0
-
-        def update(self, *a: object) -> float:
-            return 0.0
-
-        def sample(self, *a: object) -> None:
-            pass
-
     sm = StepTimeModel.for_model("qwen2.5-7b", "h200", tp=1)
     stats = ServingModel(ServingConfig(max_wait_s=1.0), sm, pool_pages=64,
-                         allocator=alloc).run(wl, Hooks())
+                         allocator=alloc).run(wl, _QuietHooks())
     assert stats.timed_out == 1 and stats.completed == 0
     assert alloc.unprepared == [0]
 
