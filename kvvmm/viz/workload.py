@@ -84,7 +84,7 @@ def workload_report(cmp: WorkloadComparison) -> Report:
             ranges.append([r.strategy, f"{later:,} of {g['admits']:,}",
                            f"{g['deferred_ms'] / later if later else 0.0:.1f} ms",
                            f"{g['deferred_max_ms']:.1f} ms",
-                           "inline" if g.get("inline") else
+                           "inline" if g["inline"] else
                            f"{g['stalled_admits']:,} / {g['stalled_grows']:,}",
                            f"{g['split_admits']:,}"])
     lead = (f"{s.model} TP{s.tp} on {s.gpu}, one rank: {s.buffers} buffers, pool "

@@ -426,17 +426,15 @@ class ServingModel:
                     token_blocked = True
                     break
                 alloc.queued_s = w.queued_s
-                ready = alloc.prepare(w.rid, need)
-                alloc.queued_s = None
-                if not ready:  # its memory is being mapped: admitted at a later boundary,
-                    head_ready = alloc.ready_s(w.rid)  # the step does not wait (first come,
-                    break  # first served behind it)
+                if not alloc.prepare(w.rid, need):  # its memory is being mapped: admitted
+                    alloc.queued_s = None  # at a later boundary, the step does not wait
+                    head_ready = alloc.ready_s(w.rid)  # (first come, first served behind it)
+                    break
                 waiting.popleft()
                 w.admit = S + 1
                 w.done = S + w.out  # its prefill step makes token 1
                 w.npages = need
                 w.pages = []
-                alloc.queued_s = w.queued_s
                 alloc.alloc_for(w.rid, need, w.pages)
                 alloc.queued_s = None
                 allocated.extend(w.pages)

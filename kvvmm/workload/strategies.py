@@ -571,14 +571,15 @@ class RequestRanges(Strategy):
     def __init__(self, *, deferred: bool = False, reserve_bytes: int | None = None,
                  high_bytes: int | None = None, defer_admissions: bool | None = None) -> None:
         bool_arg("deferred", deferred)
-        for nm, v in (("reserve_bytes", reserve_bytes), ("high_bytes", high_bytes),
-                      ("defer_admissions", defer_admissions)):
-            if v is not None and nm != "defer_admissions":
+        for nm, v in (("reserve_bytes", reserve_bytes), ("high_bytes", high_bytes)):
+            if v is not None:
                 int_arg(nm, v, lo=0, unit="bytes")
-            if v is not None and not deferred:
-                raise ArgumentError(nm, v, "None without deferred=True")
         if defer_admissions is not None:
             bool_arg("defer_admissions", defer_admissions)
+        for nm, v in (("reserve_bytes", reserve_bytes), ("high_bytes", high_bytes),
+                      ("defer_admissions", defer_admissions)):
+            if v is not None and not deferred:
+                raise ArgumentError(nm, v, "None without deferred=True")
         self.deferred = deferred
         self.defer_admissions = deferred if defer_admissions is None else defer_admissions
         self.reserve_bytes = (48 << 20 if reserve_bytes is None else reserve_bytes) \
