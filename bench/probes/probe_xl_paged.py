@@ -20,6 +20,15 @@ tokens, pages in a random order, the same table for all layouts). Reported per l
 step (all layers, CUDA events, median of rounds), the KV read rate in TB/s, the ratio to
 token_major; and the outputs' agreement with a torch reference (gather + softmax in fp32).
 
+The copy benchmark's counterpart, paged (``copy_out`` / ``copy_in``): what offloading a
+request's KV to a staging buffer and bringing it back does (an engine's page-transfer kernel,
+as SGLang's hierarchical cache runs one per layer): every layer's K and V pages of the batch,
+in the page table's order, copied to a contiguous ``[layer][k|v][page][P][H][D]`` buffer and
+back, by ONE Triton kernel (a program per page and layer: ``P`` token rows of ``H*D``
+elements) over each layout's strides. torch's ``Tensor.copy_`` over the same strided views is
+the dense copy (0.39x on the token-interleaved layout, ``bench_elastic.py``): elementwise
+kernels take a non-vectorized path on any strided source, which no cross-layer layout avoids.
+
     PYTHONPATH=$PWD python3 bench/probes/probe_xl_paged.py --out $OUT/h200-xl-paged.json
     TRITON_INTERPRET=1 python3 bench/probes/probe_xl_paged.py --cpu-check   # no GPU
 """
@@ -107,6 +116,60 @@ def _decode_combine(m_in, l_in, acc_in, out_ptr, G: tl.constexpr, GP: tl.constex
              res.to(out_ptr.dtype.element_ty), mask=(rows < G)[:, None])
 
 
+@triton.jit
+def _page_copy(src_ptr, dst_ptr, table_ptr, s_layer, s_kv, s_page, s_tok, s_head,
+               d_layer, d_kv, d_page, d_tok, d_head,
+               P: tl.constexpr, H: tl.constexpr, D: tl.constexpr, TO_STAGE: tl.constexpr):
+    """Program (i, l, kv): page ``table[i]`` of layer ``l``'s K (kv=0) or V (kv=1), between
+    a layout (strides ``s_*``) and the staging buffer (``d_*``, its page index ``i``)."""
+    i = tl.program_id(0)
+    layer = tl.program_id(1).to(tl.int64)
+    kv = tl.program_id(2).to(tl.int64)
+    page = tl.load(table_ptr + i).to(tl.int64)
+    hd = tl.arange(0, H * D)
+    s_off = (hd // D) * s_head + hd % D
+    d_off = (hd // D) * d_head + hd % D
+    s_base = src_ptr + layer * s_layer + kv * s_kv + page * s_page
+    d_base = dst_ptr + layer * d_layer + kv * d_kv + i.to(tl.int64) * d_page
+    for t in range(P):
+        if TO_STAGE:
+            x = tl.load(s_base + t * s_tok + s_off)
+            tl.store(d_base + t * d_tok + d_off, x)
+        else:
+            x = tl.load(d_base + t * d_tok + d_off)
+            tl.store(s_base + t * s_tok + s_off, x)
+
+
+def layer_strides(lv: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[int, int, int, int,
+                                                                        int, torch.Tensor]:
+    """One layout's (layer, k|v, page, token, head) element strides, and its base tensor
+    (layer 0's K): the views must be evenly spaced by layer and from K to V (all three
+    layouts are: per-layer buffers are checked to be, else the copy refuses them)."""
+    k0, v0 = lv[0]
+    item = k0.element_size()
+    s_kv = (v0.data_ptr() - k0.data_ptr()) // item
+    s_layer = (lv[1][0].data_ptr() - k0.data_ptr()) // item if len(lv) > 1 else 0
+    for li, (k, v) in enumerate(lv):
+        if (k.data_ptr() - k0.data_ptr()) // item != li * s_layer or \
+                (v.data_ptr() - k.data_ptr()) // item != s_kv or k.stride() != k0.stride():
+            raise ValueError("layer views not evenly spaced: give one storage")
+    return s_layer, s_kv, k0.stride(0), k0.stride(1), k0.stride(2), k0
+
+
+def paged_copy(lv: list[tuple[torch.Tensor, torch.Tensor]], stage: torch.Tensor,
+               table: torch.Tensor, *, to_stage: bool) -> None:
+    """Every layer's K and V pages ``table`` (flat int32) between the layout's views ``lv``
+    and ``stage`` (layers, 2, len(table), P, H, D), contiguous. One kernel launch."""
+    s_layer, s_kv, s_page, s_tok, s_head, base = layer_strides(lv)
+    _, p, h, d = base.shape
+    n = table.numel()
+    assert stage.is_contiguous() and stage.shape == (len(lv), 2, n, p, h, d), stage.shape
+    st = stage.stride()
+    _page_copy[(n, len(lv), 2)](base, stage, table, s_layer, s_kv, s_page, s_tok, s_head,
+                                st[0], st[1], st[2], st[3], st[4], P=p, H=h, D=d,
+                                TO_STAGE=to_stage)
+
+
 def paged_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, table: torch.Tensor, *,
                  nsplit: int = 4, block_pages: int = 4,
                  scratch: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
@@ -153,8 +216,10 @@ def layouts(layers: int, heads: int, dim: int, page: int, pages: int, dtype: tor
     of shape (pages, page, heads, dim)."""
     slots = pages * page
     out: dict[str, tuple[Any, list[tuple[torch.Tensor, torch.Tensor]]]] = {}
-    tm = [(torch.empty(slots, heads, dim, dtype=dtype, device=device),
-           torch.empty(slots, heads, dim, dtype=dtype, device=device)) for _ in range(layers)]
+    # per-layer buffers, carved from one allocation ([layer][k|v][slots][H][D]) so one copy
+    # kernel reaches every layer by a stride; each buffer is still SGLang's [slots][H][D]
+    one = torch.empty(layers, 2, slots, heads, dim, dtype=dtype, device=device)
+    tm = [(one[i, 0], one[i, 1]) for i in range(layers)]
     out["token_major"] = (tm, [(k.view(pages, page, heads, dim), v.view(pages, page, heads, dim))
                                for k, v in tm])
     il = torch.empty(slots, layers, 2, heads, dim, dtype=dtype, device=device)
@@ -195,7 +260,25 @@ def cpu_check() -> int:
             want = reference(q, k, v, table)
             worst = max(worst, float((got - want).abs().max()))
         print(name, "ok", f"max |err| {worst:.2e}")
-    return 0 if worst < 1e-3 else 1
+    flat = table.flatten()
+    want = torch.stack([torch.stack([k[flat.long()], v[flat.long()]])
+                        for k, v in views["token_major"][1]])
+    copies_ok = True
+    for name, (_, lv) in views.items():
+        stage = torch.zeros_like(want)
+        paged_copy(lv, stage, flat, to_stage=True)
+        out_ok = torch.equal(stage, want)
+        for k, v in lv:
+            k.zero_()
+            v.zero_()
+        paged_copy(lv, stage, flat, to_stage=False)
+        back = torch.stack([torch.stack([k[flat.long()], v[flat.long()]]) for k, v in lv])
+        in_ok = torch.equal(back, want)
+        print(name, "copy out", "ok" if out_ok else "WRONG", "copy in", "ok" if in_ok else "WRONG")
+        copies_ok &= out_ok and in_ok
+        if name == "token_major":  # the others are filled from it
+            fill_same(views, 1)
+    return 0 if worst < 1e-3 and copies_ok else 1
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -248,6 +331,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         res[n] = {"ms_per_step": round(ms, 4), "read_tb_s": round(per_step / (ms / 1e3) / 1e12, 3),
                   "vs_token_major": round(base / ms, 4),
                   "rounds_ms": [round(t, 4) for t in ts]}
+    copies = time_copies(views, table.flatten(), args.rounds, args.reps)
     return {
         "benchmark": "probe_xl_paged", "card": torch.cuda.get_device_name(),
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
@@ -256,7 +340,51 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                                    "batch", "tokens", "nsplit", "rounds",
                                                    "reps")},
         "kv_bytes_read_per_step": per_step, "results": res, "max_abs_err_vs_reference": check,
+        "paged_copy": copies,
     }
+
+
+def time_copies(views: dict[str, tuple[Any, list[tuple[torch.Tensor, torch.Tensor]]]],
+                flat: torch.Tensor, rounds: int, reps: int) -> dict[str, Any]:
+    """Every layer's K and V pages of the batch out to a staging buffer and back in, per
+    layout (one kernel each way), checked equal to the token-major layout's pages; ms per
+    copy, moved rate (read + written) and the ratio to token_major."""
+    lv0 = views["token_major"][1]
+    _, p, h, d = lv0[0][0].shape
+    n = flat.numel()
+    stage = torch.empty(len(lv0), 2, n, p, h, d, dtype=lv0[0][0].dtype, device=flat.device)
+    want = torch.empty_like(stage)
+    paged_copy(lv0, want, flat, to_stage=True)
+    same: dict[str, bool] = {}
+    for name, (_, lv) in views.items():
+        paged_copy(lv, stage, flat, to_stage=True)
+        same[f"{name}:out"] = bool(torch.equal(stage, want))
+        paged_copy(lv, want, flat, to_stage=False)  # writes back what it holds: unchanged
+        paged_copy(lv, stage, flat, to_stage=True)
+        same[f"{name}:in"] = bool(torch.equal(stage, want))
+    moved = 2 * stage.numel() * stage.element_size()
+    times: dict[str, list[float]] = {f"{n}:{w}": [] for n in views for w in ("out", "in")}
+    order = list(views)
+    for r in range(rounds):
+        for name in order[r % 3:] + order[: r % 3]:
+            lv = views[name][1]
+            for way in ("out", "in"):
+                e0 = torch.cuda.Event(enable_timing=True)
+                e1 = torch.cuda.Event(enable_timing=True)
+                e0.record()
+                for _ in range(reps):
+                    paged_copy(lv, stage, flat, to_stage=way == "out")
+                e1.record()
+                e1.synchronize()
+                times[f"{name}:{way}"].append(e0.elapsed_time(e1) / reps)
+    out: dict[str, Any] = {"bytes_moved_per_copy": moved, "equal_to_token_major": same}
+    for key, ts in times.items():
+        name, way = key.split(":")
+        ms = statistics.median(ts)
+        base = statistics.median(times[f"token_major:{way}"])
+        out[key] = {"ms": round(ms, 4), "moved_tb_s": round(moved / (ms / 1e3) / 1e12, 3),
+                    "vs_token_major": round(base / ms, 4), "rounds_ms": [round(t, 4) for t in ts]}
+    return out
 
 
 def main() -> int:
@@ -282,6 +410,7 @@ def main() -> int:
         json.dump(data, f, indent=1)
     print(json.dumps(data["results"], indent=1))
     print(json.dumps(data["max_abs_err_vs_reference"]))
+    print(json.dumps({k: v for k, v in data["paged_copy"].items()}, indent=1))
     return 0
 
 
