@@ -123,6 +123,59 @@ def with_context(isolated: Sequence[Sequence[float]], context: Sequence[Sequence
     return sorted(ctx_pts + rest), round(factor, 4)
 
 
+def first_touch_in_context(data: Mapping[str, Any], plan: Plan) -> dict[str, dict[int, float]]:
+    """µs per call, by op and handle size in MiB, of the first-touch extra inside the growth
+    steps whose calls calibrate times in context (``operations.growth``): what the simulator's
+    ``first_touch`` model (``data``'s section) charges those calls on top of their cost.
+
+    A growth call whose mapping enters VA no mapping touched since the reservation pays the
+    first-touch extra on the card, and its in-context time includes it; the simulator charges
+    that extra on its own (``first_touch``), so an in-context point that kept it would charge
+    it twice (every 512 MiB chunk of Geometric(2, 1 GiB) enters a fresh 512 MiB region: 14.7
+    µs of its 80.5 on the shipped H200). Replayed on the simulator with and without the
+    section, the same calls as on the GPU; the mean extra over every growth call of a size
+    (the policies together, as the in-context points pool them). Empty when the profile does
+    not model first touch.
+    """
+    from kvvmm.driver.sim import SimDriver
+
+    ft = data.get("first_touch")
+    if not isinstance(ft, Mapping) or ft.get("modelled") is not True:
+        return {}
+    base = {k: data[k] for k in ("format", "version", "key", "name", "capacity_bytes",
+                                 "granularity_bytes", "source", "date") if k in data}
+
+    def grow_calls(with_touch: bool, spec: str) -> list[tuple[str, int, float]]:
+        prof = profile_from_data(base | ({"first_touch": dict(ft)} if with_touch else {}),
+                                 where="first touch in context")
+        sim = SimDriver(prof)
+        td = TimedDriver(sim, clock=lambda: sim.clock_us / 1e6)
+        owner = plan.workload.owner(td, parse_policy(spec))
+        with td.record() as calls:
+            for n in plan.workload.decode_steps():
+                owner.ensure_prefix(n)
+        owner.close()
+        return list(calls)
+
+    sums: dict[str, dict[int, list[float]]] = {}
+    for spec in plan.policies:
+        for (op, size, on), (_, _, off) in zip(grow_calls(True, spec), grow_calls(False, spec),
+                                               strict=True):
+            if op in ("map", "set_access"):
+                row = sums.setdefault(op, {}).setdefault(size // MiB, [0.0, 0.0])
+                row[0] += max(0.0, on - off) * 1e6
+                row[1] += 1
+    return {op: {mib: round(us / n, 3) for mib, (us, n) in by.items() if us > 0}
+            for op, by in sums.items()}
+
+
+def net_first_touch(context: Sequence[Sequence[float]], extra: Mapping[int, float],
+                    ) -> list[list[float]]:
+    """In-context points (``[MiB, µs, calls]``) less the first-touch extra per call at each
+    size (:func:`first_touch_in_context`): what the simulator charges besides it."""
+    return [[m, round(float(u) - extra.get(int(m), 0.0), 3), *n] for m, u, *n in context]
+
+
 def _sim_calls(data: Mapping[str, Any], plan: Plan, spec: str,
                grow: bool = True) -> dict[str, Any]:
     """The driver calls of one growth scenario (``grow=False``: an owner made and closed),
@@ -285,6 +338,33 @@ def build_profile(meas: Mapping[str, Any], meta: Mapping[str, Any], plan: Plan) 
         "date": date[:10],
         "measured_on": dict(meta),
     }
+    ft = meas.get("first_touch")
+    if ft and "fresh" in ft:
+        extra = {op: round(ft["fresh"][op] - ft["beside"][op], 3) for op in ("map", "set_access")}
+        half = sum(ft["half_away"][op] - ft["beside"][op] for op in extra)
+        whole = sum(extra.values())
+        region = GiB // 2 if whole > 0 and half > 0.5 * whole else GiB
+        per = "region"
+        if "big" in ft:  # per region entered, or once per mapping? the closer of the two
+            big_extra = sum(ft["big"]["fresh"][op] - ft["big"]["again"][op] for op in extra)
+            regions = ft["big_mib"] * MiB // region
+            if abs(big_extra - whole) < abs(big_extra - whole * regions):
+                per = "mapping"
+        data["first_touch"] = {
+            "unit": "µs more for a map (set_access) whose mapping is the first in its region",
+            "region_mib": region // MiB,
+            "per": per,
+            "map_us": max(0.0, extra["map"]), "set_access_us": max(0.0, extra["set_access"]),
+            "modelled": whole > 0.2 * sum(ft["beside"][op] for op in extra),
+            "source": (f"{how}: one granule mapped into each of 32 untouched 1 GiB regions of a "
+                       f"fresh reservation, then one beside each, then one half a region away "
+                       f"({ft['samples_per_case']} per case, means); the extra is fresh minus "
+                       f"beside; the region is 512 MiB when half a region away costs over half "
+                       f"the extra; modelled when the extra is over 20% of the calls. Paid per "
+                       f"region a mapping enters or once per mapping: whichever is closer to "
+                       f"what 2 GiB handles cost more mapped into fresh VA than mapped again"),
+            "measured": dict(ft),
+        }
     pc, rf = meas.get("per_call"), meas.get("reserve_free")
     if pc or rf:
         points: dict[str, Any] = {}
@@ -296,7 +376,13 @@ def build_profile(meas: Mapping[str, Any], meta: Mapping[str, Any], plan: Plan) 
                 points[op] = sorted([int(k.removesuffix("GiB")) * 1024, float(row[op])]
                                     for k, row in rf["sizes"].items())
         ic = (meas.get("growth") or {}).get("in_context") or {}
-        ic_points = ic.get("points", {}) if isinstance(ic, Mapping) else {}
+        ic_points = dict(ic.get("points", {})) if isinstance(ic, Mapping) else {}
+        # The growth calls that entered fresh VA paid the first-touch extra, which the sim
+        # charges on its own: the points are net of it (first_touch_in_context).
+        touch = first_touch_in_context(data, plan) if ic_points else {}
+        for op, extra in touch.items():
+            if ic_points.get(op):
+                ic_points[op] = net_first_touch(ic_points[op], extra)
         factors: dict[str, float | None] = {}
         isolated = {op: list(pts) for op, pts in points.items()}
         if ic_points:
@@ -312,7 +398,10 @@ def build_profile(meas: Mapping[str, Any], meta: Mapping[str, Any], plan: Plan) 
                        f"construction, decode growth and close per policy, calls timed inside "
                        f"them, at least {MIN_CONTEXT_CALLS} per size), those are the points; "
                        f"other sizes are the isolated ones times the op's in-context ratio "
-                       f"(context_factor)")
+                       f"(context_factor)"
+                       + ("; map and set_access points net of the first-touch extra the "
+                          "growth calls that entered fresh VA paid (the sim charges it on "
+                          "its own: first_touch_in_context)" if touch else ""))
         cc: dict[str, Any] = {
             "unit": "microseconds per call by handle size in MiB: [[MiB, us], ...]",
             "source": source,
@@ -350,33 +439,6 @@ def build_profile(meas: Mapping[str, Any], meta: Mapping[str, Any], plan: Plan) 
                        + ("; where the closes of grown owners unmapped runs of one mapping "
                           "size, those per mapping, the other sizes times their ratio"
                           if factor is not None else "")),
-        }
-    ft = meas.get("first_touch")
-    if ft and "fresh" in ft:
-        extra = {op: round(ft["fresh"][op] - ft["beside"][op], 3) for op in ("map", "set_access")}
-        half = sum(ft["half_away"][op] - ft["beside"][op] for op in extra)
-        whole = sum(extra.values())
-        region = GiB // 2 if whole > 0 and half > 0.5 * whole else GiB
-        per = "region"
-        if "big" in ft:  # per region entered, or once per mapping? the closer of the two
-            big_extra = sum(ft["big"]["fresh"][op] - ft["big"]["again"][op] for op in extra)
-            regions = ft["big_mib"] * MiB // region
-            if abs(big_extra - whole) < abs(big_extra - whole * regions):
-                per = "mapping"
-        data["first_touch"] = {
-            "unit": "µs more for a map (set_access) whose mapping is the first in its region",
-            "region_mib": region // MiB,
-            "per": per,
-            "map_us": max(0.0, extra["map"]), "set_access_us": max(0.0, extra["set_access"]),
-            "modelled": whole > 0.2 * sum(ft["beside"][op] for op in extra),
-            "source": (f"{how}: one granule mapped into each of 32 untouched 1 GiB regions of a "
-                       f"fresh reservation, then one beside each, then one half a region away "
-                       f"({ft['samples_per_case']} per case, means); the extra is fresh minus "
-                       f"beside; the region is 512 MiB when half a region away costs over half "
-                       f"the extra; modelled when the extra is over 20% of the calls. Paid per "
-                       f"region a mapping enters or once per mapping: whichever is closer to "
-                       f"what 2 GiB handles cost more mapped into fresh VA than mapped again"),
-            "measured": dict(ft),
         }
     cold = meas.get("cold_calls")
     if cold and isinstance(cold.get("premium_us"), Mapping):

@@ -632,3 +632,22 @@ def test_the_full_calibration_grows_what_kvvmm_bench_grows() -> None:
     assert FULL.workload == BENCH_WORKLOAD
     assert list(TINY.workload.decode_steps()) == [4096, 8192, 12288, 16384]
     assert len(TINY.workload.descs()) == 2 * TINY.layers
+
+
+def test_in_context_points_are_net_of_the_first_touch_the_sim_charges_on_its_own() -> None:
+    """A growth call entering fresh VA pays the first-touch extra inside its in-context time;
+    the sim charges that extra separately, so the fit takes it out of the points (issue 27:
+    Geometric(2, 1 GiB)'s 512 MiB chunks, each the first in its 512 MiB region)."""
+    from kvvmm.hardware import profile_data
+    from kvvmm.measure.fit import first_touch_in_context, net_first_touch
+
+    data = dict(profile_data(get_profile("h200")))
+    plan = replace(FULL, policies=("geometric:2:1024", "exact"))
+    extra = first_touch_in_context(data, plan)
+    ft = data["first_touch"]
+    assert extra["set_access"][512] == pytest.approx(ft["set_access_us"])  # every one fresh
+    assert extra["map"][512] == pytest.approx(ft["map_us"])
+    assert 0 < extra["set_access"][8] < 0.05 * ft["set_access_us"]  # 1 in 64 Exact steps
+    pts = net_first_touch([[512, 80.0, 64], [6, 38.0, 128]], extra["set_access"])
+    assert pts == [[512, pytest.approx(80.0 - ft["set_access_us"]), 64], [6, 38.0, 128]]
+    assert first_touch_in_context(data | {"first_touch": ft | {"modelled": False}}, plan) == {}
