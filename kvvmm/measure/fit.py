@@ -380,9 +380,9 @@ def build_profile(meas: Mapping[str, Any], meta: Mapping[str, Any], plan: Plan) 
         # The growth calls that entered fresh VA paid the first-touch extra, which the sim
         # charges on its own: the points are net of it (first_touch_in_context).
         touch = first_touch_in_context(data, plan) if ic_points else {}
-        for op, extra in touch.items():
+        for op, touch_us in touch.items():
             if ic_points.get(op):
-                ic_points[op] = net_first_touch(ic_points[op], extra)
+                ic_points[op] = net_first_touch(ic_points[op], touch_us)
         factors: dict[str, float | None] = {}
         isolated = {op: list(pts) for op, pts in points.items()}
         if ic_points:
