@@ -42,11 +42,12 @@ from kvvmm.driver.sim import SimDriver
 from kvvmm.errors import ArgumentError
 from kvvmm.hardware import DeviceProfile, profile_from_data
 from kvvmm.hardware.spread import figures_of, median_factor, ratios, scaled, spread_section
-from kvvmm.measure.fit import MIN_CONTEXT_CALLS
+from kvvmm.measure.fit import MIN_CONTEXT_CALLS, net_in_context
+from kvvmm.measure.plan import Plan
 from kvvmm.units import MiB
 
 __all__ = ["CALL_SIZES_MIB", "MEASURED", "REFERENCES", "library_probe", "quick_refresh",
-           "refresh_from"]
+           "refresh_from", "touch_model"]
 
 #: Handle sizes the per-call section times (MiB).
 CALL_SIZES_MIB = (2, 8, 32, 128, 512)
@@ -299,17 +300,36 @@ def in_context_calls(driver: Driver, clock: Clock, *, sync: Callable[[], None] =
     ``policies`` and ``rounds``. ``{op: [[MiB, µs, calls], ...]}``: what the profile's
     points are (in-context costs), so these compare with them like for like.
     """
-    from dataclasses import replace
-
     from kvvmm.measure.operations import growth
-    from kvvmm.measure.plan import FULL, Ctx
+    from kvvmm.measure.plan import Ctx
     from kvvmm.measure.timer import TimedDriver
 
-    plan = replace(FULL, policies=tuple(policies), rounds=rounds, settle_s=settle_s,
-                   finalize_tokens=0)
+    plan = _context_plan(policies, rounds=rounds, settle_s=settle_s)
     td = TimedDriver(driver, clock=lambda: clock() / 1e6)
     got = growth(Ctx(td, plan, sync, cuda=False))
     return dict(got["in_context"]["points"])
+
+
+def _context_plan(policies: tuple[str, ...], rounds: int = 2, settle_s: float = 0.0) -> Plan:
+    """The full calibration's plan shortened to what :func:`in_context_calls` grows."""
+    from dataclasses import replace
+
+    from kvvmm.measure.plan import FULL
+
+    return replace(FULL, policies=tuple(policies), rounds=rounds, settle_s=settle_s,
+                   finalize_tokens=0)
+
+
+def touch_model(old: Mapping[str, Any], first_touch_us: Mapping[str, float],
+                ) -> dict[str, Any]:
+    """``old`` with its first-touch model at what a refresh measured (``first_touch_us``:
+    ``{"map_us", "set_access_us"}``; empty: ``old``'s own figures): the extra a refresh's
+    in-context calls paid, to take out of them (:func:`~kvvmm.measure.fit.net_in_context`)."""
+    ft = old.get("first_touch")
+    if not isinstance(ft, Mapping):
+        return dict(old)
+    now = {k: float(v) for k, v in first_touch_us.items() if k in ("map_us", "set_access_us")}
+    return dict(old) | {"first_touch": dict(ft) | now}
 
 
 def _sim_probe(data: Mapping[str, Any], where: str) -> dict[str, float]:
@@ -406,7 +426,7 @@ def quick_refresh(driver: Driver, old: Mapping[str, Any], *, clock: Clock,
     ic = in_context_calls(driver, clock, sync=sync, settle_s=settle) if in_context else {}
     raw = {"per_call_us": {op: {str(s): round(v, 3) for s, v in by.items()}
                            for op, by in means.items()},
-           "in_context_us": ic,
+           "in_context_us": ic, "in_context_policies": list(CONTEXT_POLICIES) if ic else [],
            "first_touch_us": ft_new, "cold_calls_us": cold, "library": library,
            "rounds": rounds, "reference": reference}
     return refresh_from(old, raw, date=date, seconds=round(time.monotonic() - started, 2))
@@ -430,7 +450,13 @@ def refresh_from(old: Mapping[str, Any], raw: Mapping[str, Any], *, date: str | 
     refs = _references(old, reference)
     factors: dict[str, float] = {}
     per_call = raw.get("per_call_us", {})
-    ic = raw.get("in_context_us") or {}
+    ic_measured = raw.get("in_context_us") or {}
+    ft_new = dict(raw.get("first_touch_us") or {})
+    # The growth calls that entered fresh VA paid the first-touch extra, which the profile's
+    # points are net of (the sim charges it on its own): net these the same way, at the
+    # extra this refresh measured, or every such call reads as the calls having slowed.
+    policies = tuple(raw.get("in_context_policies") or CONTEXT_POLICIES)
+    ic, touch = net_in_context(ic_measured, touch_model(old, ft_new), _context_plan(policies))
     how: dict[str, str] = {}
     for op in _OPS:
         g = f"call_costs.{op}"
@@ -454,7 +480,6 @@ def refresh_from(old: Mapping[str, Any], raw: Mapping[str, Any], *, date: str | 
         if f is not None and f > 0:
             factors["unmap_per_mapping"], how["unmap_per_mapping"] = f, "in context"
     ft_old = base.get("first_touch", {})
-    ft_new = dict(raw.get("first_touch_us") or {})
     if ft_old and ft_new:
         fs = [ft_new[k] / v for k, v in ft_old.items() if v > 0 and ft_new.get(k, 0) > 0]
         if fs:
@@ -504,12 +529,17 @@ def refresh_from(old: Mapping[str, Any], raw: Mapping[str, Any], *, date: str | 
         "date": when, "from_date": str(old.get("date", "")), "seconds": seconds,
         "measured": list(MEASURED), "factors": {g: round(f, 4) for g, f in factors.items()},
         "factor_from": how,
-        "raw": {"per_call_us": per_call, "in_context_us": ic, "first_touch_us": ft_new,
+        "raw": {"per_call_us": per_call, "in_context_us": ic_measured,
+                "in_context_policies": list(policies) if ic_measured else [],
+                "first_touch_us": ft_new,
                 "cold_calls_us": cold_new, "library": lib,
                 "rounds": raw.get("rounds", {}), "reference": reference},
+        "first_touch_in_context_us": {op: {str(m): us for m, us in by.items()}
+                                      for op, by in touch.items()},
         "how": "kvvmm calibrate --quick --profile: the measured groups times measured / "
                f"reference ({reference}; median over sizes), the rest times the call they "
-               "follow or the median factor",
+               "follow or the median factor; calls timed in context net of the first-touch "
+               "extra in them (first_touch_in_context_us), as the profile's points are",
     }
     new["spread"] = spread_section(
         new, history=history, rounds=dict(raw.get("rounds") or {}),
