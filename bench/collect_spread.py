@@ -4,8 +4,10 @@ Reads, from this checkout (no GPU):
 
 - the calibrations kept: ``bench/results/fidelity-runs/*-profile.json`` (three ``kvvmm
   calibrate`` runs of one hour, 2026-12-01 12:20, 12:39, 12:43; the shipped ``h200`` carries
-  the 12:20 run's costs) — every calibration whose figures differ from the shipped ones joins
-  ``spread.history``;
+  the 12:20 run's costs) — each with its map and set_access points re-derived net of the
+  first-touch extra its growth calls paid, as the shipped ones are
+  (:func:`kvvmm.measure.fit.net_calibration`, at its own first-touch figures); every
+  calibration whose figures then differ from the shipped ones joins ``spread.history``;
 - the rounds: ``bench/results/h200-growth-variance.json`` (16 growths of one process, every
   call timed by kind, 2026-11-29), its *settled* rounds only (the fresh one and those after a
   pause: the fidelity benchmark times settled rounds; back-to-back rounds run creates up to
@@ -61,13 +63,25 @@ def _load(path: Path | str) -> dict[str, Any]:
 
 def history(shipped: dict[str, Any], runs: Path = RUNS) -> list[dict[str, Any]]:
     """Every kept calibration whose figures are not the shipped ones, oldest first."""
+    from kvvmm.measure.fit import net_calibration
+
     mine = figures_of(shipped)
+    model = shipped.get("first_touch") or {}
     out = []
     for path in sorted(glob.glob(str(runs / "*-profile.json"))):
+        # Net of first touch as the shipped points are (its model where one did not say
+        # per region or per mapping), or every calibration's map/set_access read high.
         data = _load(path)
+        ft = data.get("first_touch")
+        if isinstance(ft, dict):
+            ft = {k: v for k, v in model.items() if k in ("per", "region_mib")} | ft
+        data = net_calibration(data, ft)
         figs = figures_of(data)
-        if all(figs.get(g) == v for g, v in mine.items()):
-            continue  # the calibration the profile carries (its figures, maybe more groups)
+        shared = [g for g in mine if g in figs]
+        if shared and all(figs[g] == mine[g] for g in shared):
+            # the calibration the profile carries: its figures, the profile maybe more
+            # groups (measured since: cold_calls, idle_release) or the file more
+            continue
         out.append({"date": str(data.get("measured_on", {}).get("date", data.get("date", ""))),
                     "source": f"bench/results/fidelity-runs/{os.path.basename(path)}",
                     "figures": figs})
@@ -90,18 +104,32 @@ def round_ratios(path: Path = VARIANCE) -> dict[str, list[float]]:
     return out
 
 
+#: Groups whose spread their own probes measured (the cold-call premiums' rounds, the idle
+#: release's premiums per GiB), written with their sections: this script has neither the
+#: calibrations nor the rounds of them, and keeps the shipped rows as they are.
+KEPT = ("cold_calls", "idle_release")
+
+
 def compute(shipped: dict[str, Any]) -> dict[str, Any]:
     """The ``spread`` section for ``shipped`` from the committed files."""
     hist = history(shipped)
     rr = round_ratios()
     n_rounds = len(next(iter(rr.values()), []))
-    return spread_section(
+    kept = {g: row for g, row in (shipped.get("spread") or {}).get("figures", {}).items()
+            if g in KEPT}
+    sec = spread_section(
         shipped, history=hist, rounds=rr,
         source=(f"bench/collect_spread.py: ratios to this profile's figures of the "
                 f"{len(hist)} other kvvmm calibrate runs kept (bench/results/fidelity-runs/, "
                 f"2026-12-01, at this profile's sizes) and of {n_rounds} settled growth "
                 f"rounds' mean per call to their median (bench/results/"
-                f"h200-growth-variance.json, 2026-11-29; create, map, set_access), pooled"))
+                f"h200-growth-variance.json, 2026-11-29; create, map, set_access), pooled"
+                + (f"; {', '.join(kept)}: as their probes measured them (kept)" if kept
+                   else "")))
+    if kept:  # in the shipped section's order (spread_section's groups)
+        sec["figures"] = {g: kept.get(g, row) for g, row in sec["figures"].items()} | {
+            g: row for g, row in kept.items() if g not in sec["figures"]}
+    return sec
 
 
 def compute_level() -> dict[str, Any]:
