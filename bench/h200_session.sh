@@ -14,9 +14,10 @@
 #   bash bench/h200_session.sh beforeafter  # kvvmm bench at .before, then here
 #   bash bench/h200_session.sh steps   # every GPU test, then the 64 x 122 growth by layout
 #                                      # with a sleep gap and a kernel gap (< 9 min)
-#   bash bench/h200_session.sh issue31 # issue 31's card figures, no GPU tests (< 10 min):
-#                                      # kvcached side by side (.peers), the range replay
-#                                      # (.data, 3 rounds), the growth steps with both gaps
+#   bash bench/h200_session.sh issue31 # issue 31's card figures, no GPU tests (< 9 min):
+#                                      # the range replay (.data, 3 rounds), the growth
+#                                      # steps with both gaps, the paged copy (triton);
+#                                      # PEER=1 adds kvcached side by side (.peers)
 #   ROUNDS=3 STRATEGIES="prefix request-ranges+deferred" TAG=-a bash bench/h200_session.sh ranges
 #                                      # the range strategies on the trace, CUDA beside the sim
 set -u
@@ -73,17 +74,20 @@ case $part in
       --deselect "$CAPTURE" $GPU_TESTS
     step 260 growth-steps python3 bench/bench_growth_steps.py --rounds 3 --gap both \
       --out "$R/h200-growth-steps.json" ;;
-  issue31)  # the per-request side by side, the replay, then the steps (the longest) last
+  issue31)  # the replay, the steps, the paged copy; the kvcached side by side only with PEER=1
     nvidia-smi > "$R/nvidia-smi.txt" 2>&1
-    [ -d .peers-build/kvcached ] || step 90 kvcached-build python3 -m pip install -q \
-      --no-index --no-build-isolation --no-deps --target .peers-build .peers/kvcached-*.tar.gz
-    step 150 bench-elastic python3 bench/bench_elastic.py --out "$R/h200-elastic.json"
     step 150 workload-ranges python3 bench/bench_workload_gpu.py \
       --trace .data/AzureLLMInferenceTrace_conv.csv --seconds 600 --strategy prefix \
       --strategy xl-page-elastic --strategy request-ranges --strategy request-ranges+deferred \
       --rounds 3 --out "$R/h200-workload-ranges.json"
     step 250 growth-steps python3 bench/bench_growth_steps.py --rounds 3 --gap both \
-      --out "$R/h200-growth-steps.json" ;;
+      --out "$R/h200-growth-steps.json"
+    step 120 xl-paged python3 bench/probes/probe_xl_paged.py --out "$R/h200-xl-paged.json"
+    if [ -n "${PEER:-}" ]; then
+      [ -d .peers-build/kvcached ] || step 90 kvcached-build python3 -m pip install -q \
+        --no-index --no-build-isolation --no-deps --target .peers-build .peers/kvcached-*.tar.gz
+      step 150 bench-elastic python3 bench/bench_elastic.py --out "$R/h200-elastic.json"
+    fi ;;
   sglang)  # SGLang 0.5.23's own pools on kvvmm beside its own owner (.sglang-min: the wheel's
            # sglang/ without the kernels and model code, which the suite stands in for)
     nvidia-smi > "$R/nvidia-smi.txt" 2>&1
