@@ -18,6 +18,9 @@
 #                                      # the range replay (.data, 3 rounds), the growth
 #                                      # steps with both gaps, the paged copy (triton);
 #                                      # PEER=1 adds kvcached side by side (.peers)
+#   bash bench/h200_session.sh short   # what one call of a short device budget holds (< 10 min):
+#                                      # the range replay (.data), the growth steps with the
+#                                      # kernel gap, then bench/h200_bands.sh (issue 27)
 #   ROUNDS=3 STRATEGIES="prefix request-ranges+deferred" TAG=-a bash bench/h200_session.sh ranges
 #                                      # the range strategies on the trace, CUDA beside the sim
 set -u
@@ -26,7 +29,7 @@ export PYTHONUNBUFFERED=1 KVVMM_REQUIRE_FASTPATH=1
 R=$OUT/r
 mkdir -p "$R"
 export PYTHONPATH=$PWD
-case $part in elastic|ranges|sglang|beforeafter|steps|issue31) ;; *)  # tqdm, for the seed file's comparison
+case $part in elastic|ranges|sglang|beforeafter|steps|issue31|short) ;; *)  # tqdm, for the seed file's comparison
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD || exit 1 ;;
 esac
@@ -88,6 +91,15 @@ case $part in
         --no-index --no-build-isolation --no-deps --target .peers-build .peers/kvcached-*.tar.gz
       step 150 bench-elastic python3 bench/bench_elastic.py --out "$R/h200-elastic.json"
     fi ;;
+  short)  # issue 31's two open card figures, then issue 27's session (its own script)
+    nvidia-smi > "$R/nvidia-smi.txt" 2>&1
+    step 140 workload-ranges python3 bench/bench_workload_gpu.py \
+      --trace .data/AzureLLMInferenceTrace_conv.csv --seconds 600 --strategy prefix \
+      --strategy xl-page-elastic --strategy request-ranges --strategy request-ranges+deferred \
+      --rounds 3 --out "$R/h200-workload-ranges.json"
+    step 140 growth-steps python3 bench/bench_growth_steps.py --rounds 3 --gap kernel \
+      --out "$R/h200-growth-steps-kernel.json"
+    OUT="$R/bands" bash bench/h200_bands.sh ;;
   sglang)  # SGLang 0.5.23's own pools on kvvmm beside its own owner (.sglang-min: the wheel's
            # sglang/ without the kernels and model code, which the suite stands in for)
     nvidia-smi > "$R/nvidia-smi.txt" 2>&1
