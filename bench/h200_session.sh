@@ -19,7 +19,8 @@
 #                                      # steps with both gaps, the paged copy (triton);
 #                                      # PEER=1 adds kvcached side by side (.peers)
 #   bash bench/h200_session.sh short   # what one call of a short device budget holds (< 10 min):
-#                                      # the range replay (.data), the growth steps with the
+#                                      # the replay of prefix and request-ranges+deferred
+#                                      # (.data, what admit-when-ready changed), the steps with the
 #                                      # kernel gap, then bench/h200_bands.sh (issue 27)
 #   ROUNDS=3 STRATEGIES="prefix request-ranges+deferred" TAG=-a bash bench/h200_session.sh ranges
 #                                      # the range strategies on the trace, CUDA beside the sim
@@ -93,10 +94,9 @@ case $part in
     fi ;;
   short)  # issue 31's two open card figures, then issue 27's session (its own script)
     nvidia-smi > "$R/nvidia-smi.txt" 2>&1
-    step 140 workload-ranges python3 bench/bench_workload_gpu.py \
+    step 100 workload-ranges python3 bench/bench_workload_gpu.py \
       --trace .data/AzureLLMInferenceTrace_conv.csv --seconds 600 --strategy prefix \
-      --strategy xl-page-elastic --strategy request-ranges --strategy request-ranges+deferred \
-      --rounds 3 --out "$R/h200-workload-ranges.json"
+      --strategy request-ranges+deferred --rounds 3 --out "$R/h200-workload-ranges.json"
     step 140 growth-steps python3 bench/bench_growth_steps.py --rounds 3 --gap kernel \
       --out "$R/h200-growth-steps-kernel.json"
     OUT="$R/bands" bash bench/h200_bands.sh ;;
