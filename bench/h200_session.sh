@@ -99,7 +99,7 @@ case $part in
       --strategy request-ranges+deferred --rounds 3 --out "$R/h200-workload-ranges.json"
     step 140 growth-steps python3 bench/bench_growth_steps.py --rounds 3 --gap kernel \
       --out "$R/h200-growth-steps-kernel.json"
-    OUT="$R/bands" bash bench/h200_bands.sh ;;
+    OUT="$R/bands" NO_SCORE=1 bash bench/h200_bands.sh ;;  # scoring is CPU work: do it here
   sglang)  # SGLang 0.5.23's own pools on kvvmm beside its own owner (.sglang-min: the wheel's
            # sglang/ without the kernels and model code, which the suite stands in for)
     nvidia-smi > "$R/nvidia-smi.txt" 2>&1
