@@ -14,7 +14,9 @@ R=${OUT:?set OUT}/r
 mkdir -p "$R"
 [ -f kvvmm/driver/_cudafast.abi3.so ] || make ext PYTHON=python3 > "$R/ext.log" 2>&1
 step() { local t=$1 name=$2; shift 2; echo "== $name (limit ${t}s)"; local t0=$SECONDS
-  timeout "$t" "$@" > "$R/$name.log" 2>&1; echo "   rc=$? in $((SECONDS - t0)) s"; tail -n 6 "$R/$name.log"; }
+  timeout "$t" "$@" > "$R/$name.log" 2>&1; echo "   rc=$? in $((SECONDS - t0)) s"; tail -n 6 "$R/$name.log"
+  # SNAP_TGZ / SNAP_DIR (h200_session.sh short): a tarball of what finished, after each step
+  [ -z "${SNAP_TGZ:-}" ] || tar czf "$SNAP_TGZ" -C "$SNAP_DIR" . ; }
 nvidia-smi --query-gpu=name,driver_version --format=csv > "$R/nvidia-smi.txt" 2>&1
 # 1. the one-minute refresh (its own clock: refreshed.seconds in the JSON)
 step 75 refresh python3 -m kvvmm calibrate --quick --profile h200 --out "$R/h200-refreshed.json"

@@ -28,6 +28,9 @@ set -u
 part=${1:?tests or rest}
 export PYTHONUNBUFFERED=1 KVVMM_REQUIRE_FASTPATH=1
 R=$OUT/r
+# short: results outside $OUT, a tarball into it after each step (a run cut at its limit
+# still brings back what finished; $OUT returns at most 8 files)
+[ "$part" = short ] && R=/tmp/kvvmm-short
 mkdir -p "$R"
 export PYTHONPATH=$PWD
 case $part in elastic|ranges|sglang|beforeafter|steps|issue31|short) ;; *)  # tqdm, for the seed file's comparison
@@ -42,7 +45,8 @@ GPU_TESTS="tests/gpu tests/driver/test_driver_contract.py tests/driver/test_cuda
   tests/driver/test_driver_threads.py tests/owner/test_elastic.py tests/owner/test_owner.py"
 CAPTURE=tests/gpu/test_cuda_driver.py::test_unmap_during_cuda_graph_capture_is_refused_and_the_capture_survives
 step() { local t=$1 name=$2; shift 2; echo "== $name (limit ${t}s)"; local t0=$SECONDS
-  timeout "$t" "$@" > "$R/$name.log" 2>&1; echo "   rc=$? in $((SECONDS - t0)) s"; tail -n 4 "$R/$name.log"; }
+  timeout "$t" "$@" > "$R/$name.log" 2>&1; echo "   rc=$? in $((SECONDS - t0)) s"; tail -n 4 "$R/$name.log"
+  [ "$part" != short ] || tar czf "$OUT/results-short.tgz" -C "$R" . ; }
 case $part in
   tests)
     nvidia-smi > "$R/nvidia-smi.txt" 2>&1
@@ -99,7 +103,10 @@ case $part in
       --strategy request-ranges+deferred --rounds 3 --out "$R/h200-workload-ranges.json"
     step 140 growth-steps python3 bench/bench_growth_steps.py --rounds 3 --gap kernel \
       --out "$R/h200-growth-steps-kernel.json"
-    OUT="$R/bands" NO_SCORE=1 bash bench/h200_bands.sh ;;  # scoring is CPU work: do it here
+    snap="$OUT/results-short.tgz"  # (set before the line below rebinds OUT)
+    OUT="$R/bands" NO_SCORE=1 SNAP_TGZ="$snap" SNAP_DIR="$R" \
+      bash bench/h200_bands.sh  # the scoring is CPU work: do it here
+    ;;
   sglang)  # SGLang 0.5.23's own pools on kvvmm beside its own owner (.sglang-min: the wheel's
            # sglang/ without the kernels and model code, which the suite stands in for)
     nvidia-smi > "$R/nvidia-smi.txt" 2>&1
