@@ -645,6 +645,20 @@ def main(argv: list[str] | None = None) -> int:
             print(f"bench_fidelity: needs a CUDA GPU (or --sim-only): {e}", file=sys.stderr)
             return 2
         card = torch.cuda.get_device_name(0)
+        # finalize backs every buffer to finalize_tokens: refuse a card that cannot hold it
+        # before any scenario runs, not with an out-of-memory error a minute in (an 80 GB
+        # H100 against the H200-sized default, 2026-12-07)
+        kv = wl.kv
+        need = sum(d.final_span_bytes(kv.finalize_tokens, kv.page_size) for d in kv.descs())
+        free = torch.cuda.mem_get_info()[0]
+        if need > free:
+            cd.close()
+            print(f"bench_fidelity: finalize backs {need / 2**30:.1f} GiB "
+                  f"({kv.finalize_tokens:,} tokens of {kv.layers} layers), more than the "
+                  f"{free / 2**30:.1f} GiB free on {card}: the default scenarios are sized "
+                  f"for a 141 GB H200 (--small runs on any card, scored against --small runs "
+                  f"only)", file=sys.stderr)
+            return 2
 
         def wall_us(_: Driver) -> float:
             torch.cuda.synchronize()
