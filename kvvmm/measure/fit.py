@@ -14,14 +14,14 @@ from typing import Any
 from kvvmm.hardware.interp import Log2Curve
 from kvvmm.hardware.overhead import sim_costs
 from kvvmm.hardware.profiles import FORMAT, profile_from_data
-from kvvmm.measure.plan import Plan
+from kvvmm.measure.plan import Plan, plan_from_dict
 from kvvmm.measure.timer import TimedDriver, _tmean, _us
 from kvvmm.policy import parse_policy
 from kvvmm.units import GiB, MiB
 
 __all__ = ["MIN_CONTEXT_CALLS", "VERSION", "build_profile", "first_touch_in_context",
            "fit_library_overhead", "net_calibration", "net_first_touch", "net_in_context",
-           "plan_of", "slowdown_verdict", "with_context"]
+           "slowdown_verdict", "with_context"]
 
 
 #: Written into every profile this module makes.
@@ -196,25 +196,6 @@ def net_in_context(points: Mapping[str, Sequence[Sequence[float]]], data: Mappin
     return out, touch
 
 
-def plan_of(data: Mapping[str, Any]) -> Plan:
-    """The plan a calibrated profile records (``calibration.plan``) as far as its growths go
-    (policies and workload); :data:`~kvvmm.measure.plan.FULL` where it records none."""
-    from dataclasses import replace
-
-    from kvvmm.measure.plan import FULL
-
-    rec = (data.get("calibration") or {}).get("plan")
-    if not isinstance(rec, Mapping):
-        return FULL
-    def n(key: str) -> int:
-        return int(rec.get(key, getattr(FULL, key)))
-
-    return replace(FULL, policies=tuple(rec.get("policies", FULL.policies)),
-                   layers=n("layers"), reserved_tokens=n("reserved_tokens"),
-                   step_tokens=n("step_tokens"), grow_to_tokens=n("grow_to_tokens"),
-                   finalize_tokens=n("finalize_tokens"))
-
-
 def net_calibration(data: Mapping[str, Any],
                     first_touch: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """A profile ``kvvmm calibrate`` made before its in-context points were net of first
@@ -235,7 +216,8 @@ def net_calibration(data: Mapping[str, Any],
     if not ic or not iso:
         return out
     model = out if first_touch is None else out | {"first_touch": dict(first_touch)}
-    netted, touch = net_in_context(ic, model, plan_of(out))
+    netted, touch = net_in_context(ic, model,
+                                   plan_from_dict((out.get("calibration") or {}).get("plan")))
     for op in touch:
         if op in iso and netted.get(op):
             pts, factor = with_context(iso[op], netted[op])

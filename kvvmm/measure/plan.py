@@ -4,7 +4,7 @@ what every section gets (:class:`Ctx`)."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -12,7 +12,7 @@ from kvvmm.measure.timer import TimedDriver
 from kvvmm.measure.workload import BENCH_WORKLOAD, Workload
 from kvvmm.units import GiB
 
-__all__ = ["FULL", "QUICK", "Ctx", "Plan", "plan_dict"]
+__all__ = ["FULL", "QUICK", "Ctx", "Plan", "plan_dict", "plan_from_dict"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,3 +96,17 @@ def plan_dict(plan: Plan) -> dict[str, Any]:
     """The plan as JSON-ready data (recorded in the profile: what was measured, how often)."""
     return dataclasses.asdict(plan)
 
+
+
+def plan_from_dict(rec: object) -> Plan:
+    """The plan :func:`plan_dict` recorded (a calibrated profile's ``calibration.plan``):
+    its fields over :data:`FULL`'s (JSON's lists back to tuples; fields a plan did not
+    have then, and keys it no longer has, as today's); :data:`FULL` where none is recorded."""
+    if not isinstance(rec, Mapping):
+        return FULL
+
+    def tup(v: Any) -> Any:
+        return tuple(tup(x) for x in v) if isinstance(v, list) else v
+
+    names = {f.name for f in dataclasses.fields(Plan)}
+    return replace(FULL, **{k: tup(v) for k, v in rec.items() if k in names})

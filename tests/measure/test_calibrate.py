@@ -675,3 +675,16 @@ def test_the_shipped_points_are_its_calibration_net_of_first_touch() -> None:
         assert got["points"][op] == cal["call_costs"]["points"][op], op
     no_raw = {k: v for k, v in cal.items() if k != "calibration"}
     assert net_calibration(no_raw) == no_raw
+
+
+def test_a_recorded_plan_reads_back_as_the_plan_that_made_it() -> None:
+    """What calibrate records (plan_dict, through JSON) reads back as the same Plan; keys
+    an older plan had that Plan no longer has are dropped, fields it lacked are FULL's."""
+    from kvvmm.measure.plan import plan_dict, plan_from_dict
+
+    for plan in (FULL, QUICK, TINY):
+        assert plan_from_dict(json.loads(json.dumps(plan_dict(plan)))) == plan
+    old = {k: v for k, v in plan_dict(QUICK).items() if not k.startswith("cold_")}
+    got = plan_from_dict(old | {"gone_field": 1})
+    assert got.policies == QUICK.policies and got.cold_rounds == FULL.cold_rounds
+    assert plan_from_dict(None) == FULL
