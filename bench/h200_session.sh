@@ -22,6 +22,10 @@
 #                                      # the replay of prefix and request-ranges+deferred
 #                                      # (.data, what admit-when-ready changed), the steps with the
 #                                      # kernel gap, then bench/h200_bands.sh (issue 27)
+#   bash bench/h200_session.sh card    # one call on whatever card is lent (< 10 min): on an H200
+#                                      # the short part then the paged copy if time is left; on
+#                                      # another card every GPU test, the paged copy at half the
+#                                      # batch and kvcached side by side (.data, .peers)
 #   ROUNDS=3 STRATEGIES="prefix request-ranges+deferred" TAG=-a bash bench/h200_session.sh ranges
 #                                      # the range strategies on the trace, CUDA beside the sim
 set -u
@@ -30,10 +34,10 @@ export PYTHONUNBUFFERED=1 KVVMM_REQUIRE_FASTPATH=1
 R=$OUT/r
 # short: results outside $OUT, a tarball into it after each step (a run cut at its limit
 # still brings back what finished; $OUT returns at most 8 files)
-[ "$part" = short ] && R=/tmp/kvvmm-short
+case $part in short|card) R=/tmp/kvvmm-$part ;; esac
 mkdir -p "$R"
 export PYTHONPATH=$PWD
-case $part in elastic|ranges|sglang|beforeafter|steps|issue31|short) ;; *)  # tqdm, for the seed file's comparison
+case $part in elastic|ranges|sglang|beforeafter|steps|issue31|short|card) ;; *)  # tqdm, for the seed file's comparison
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD || exit 1 ;;
 esac
@@ -46,7 +50,7 @@ GPU_TESTS="tests/gpu tests/driver/test_driver_contract.py tests/driver/test_cuda
 CAPTURE=tests/gpu/test_cuda_driver.py::test_unmap_during_cuda_graph_capture_is_refused_and_the_capture_survives
 step() { local t=$1 name=$2; shift 2; echo "== $name (limit ${t}s)"; local t0=$SECONDS
   timeout "$t" "$@" > "$R/$name.log" 2>&1; echo "   rc=$? in $((SECONDS - t0)) s"; tail -n 4 "$R/$name.log"
-  [ "$part" != short ] || tar czf "$OUT/results-short.tgz" -C "$R" . ; }
+  case $part in short|card) tar czf "$OUT/results-$part.tgz" -C "$R" . ;; esac; }
 case $part in
   tests)
     nvidia-smi > "$R/nvidia-smi.txt" 2>&1
@@ -96,6 +100,30 @@ case $part in
         --no-index --no-build-isolation --no-deps --target .peers-build .peers/kvcached-*.tar.gz
       step 150 bench-elastic python3 bench/bench_elastic.py --out "$R/h200-elastic.json"
     fi ;;
+  card)  # an H200: the short part, then the paged copy while time is left; else the card's
+         # own figures that need no H200: GPU tests, the paged copy at half size, kvcached
+    card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1)
+    echo "card: $card"
+    case $card in
+      *H200*)
+        bash "$0" short  # (its results land in /tmp/kvvmm-short; its tarball in $OUT)
+        left=$((570 - SECONDS))
+        [ "$left" -lt 60 ] || step "$left" xl-paged python3 bench/probes/probe_xl_paged.py \
+          --out "$R/h200-xl-paged.json" ;;
+      *)
+        nvidia-smi > "$R/nvidia-smi.txt" 2>&1
+        step 50 gpu-capture-test env OUT="$R" python3 -m pytest -q -p no:cacheprovider -rs \
+          "$CAPTURE"
+        step 190 gpu-tests env OUT="$R" python3 -m pytest -q -p no:cacheprovider -rs \
+          --deselect "$CAPTURE" $GPU_TESTS
+        step 100 xl-paged python3 bench/probes/probe_xl_paged.py --batch 16 \
+          --out "$R/xl-paged.json"
+        [ -d .peers-build/kvcached ] || step 80 kvcached-build python3 -m pip install -q \
+          --no-index --no-build-isolation --no-deps --target .peers-build .peers/kvcached-*.tar.gz
+        left=$((575 - SECONDS))
+        [ "$left" -lt 60 ] || step "$left" bench-elastic python3 bench/bench_elastic.py \
+          --out "$R/elastic.json" ;;
+    esac ;;
   short)  # issue 31's two open card figures, then issue 27's session (its own script)
     nvidia-smi > "$R/nvidia-smi.txt" 2>&1
     step 100 workload-ranges python3 bench/bench_workload_gpu.py \
