@@ -26,6 +26,8 @@
 #                                      # the short part then the paged copy if time is left; on
 #                                      # another card every GPU test, the paged copy at half the
 #                                      # batch and kvcached side by side (.data, .peers)
+#   bash bench/h200_session.sh card2   # the call after 'card' on an H200 (< 9 min): every GPU test,
+#                                      # then kvcached side by side (.data, .peers)
 #   ROUNDS=3 STRATEGIES="prefix request-ranges+deferred" TAG=-a bash bench/h200_session.sh ranges
 #                                      # the range strategies on the trace, CUDA beside the sim
 set -u
@@ -34,10 +36,10 @@ export PYTHONUNBUFFERED=1 KVVMM_REQUIRE_FASTPATH=1
 R=$OUT/r
 # short: results outside $OUT, a tarball into it after each step (a run cut at its limit
 # still brings back what finished; $OUT returns at most 8 files)
-case $part in short|card) R=/tmp/kvvmm-$part ;; esac
+case $part in short|card|card2) R=/tmp/kvvmm-$part ;; esac
 mkdir -p "$R"
 export PYTHONPATH=$PWD
-case $part in elastic|ranges|sglang|beforeafter|steps|issue31|short|card) ;; *)  # tqdm, for the seed file's comparison
+case $part in elastic|ranges|sglang|beforeafter|steps|issue31|short|card|card2) ;; *)  # tqdm, for the seed file's comparison
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD || exit 1 ;;
 esac
@@ -50,7 +52,7 @@ GPU_TESTS="tests/gpu tests/driver/test_driver_contract.py tests/driver/test_cuda
 CAPTURE=tests/gpu/test_cuda_driver.py::test_unmap_during_cuda_graph_capture_is_refused_and_the_capture_survives
 step() { local t=$1 name=$2; shift 2; echo "== $name (limit ${t}s)"; local t0=$SECONDS
   timeout "$t" "$@" > "$R/$name.log" 2>&1; echo "   rc=$? in $((SECONDS - t0)) s"; tail -n 4 "$R/$name.log"
-  case $part in short|card) tar czf "$OUT/results-$part.tgz" -C "$R" . ;; esac; }
+  case $part in short|card|card2) tar czf "$OUT/results-$part.tgz" -C "$R" . ;; esac; }
 case $part in
   tests)
     nvidia-smi > "$R/nvidia-smi.txt" 2>&1
@@ -124,6 +126,16 @@ case $part in
         [ "$left" -lt 60 ] || step "$left" bench-elastic python3 bench/bench_elastic.py \
           --out "$R/elastic.json" ;;
     esac ;;
+  card2)  # what 'card' leaves out on an H200: every GPU test, kvcached side by side
+    nvidia-smi > "$R/nvidia-smi.txt" 2>&1
+    step 50 gpu-capture-test env OUT="$R" python3 -m pytest -q -p no:cacheprovider -rs "$CAPTURE"
+    step 190 gpu-tests env OUT="$R" python3 -m pytest -q -p no:cacheprovider -rs \
+      --deselect "$CAPTURE" $GPU_TESTS
+    [ -d .peers-build/kvcached ] || step 80 kvcached-build python3 -m pip install -q \
+      --no-index --no-build-isolation --no-deps --target .peers-build .peers/kvcached-*.tar.gz
+    left=$((560 - SECONDS))
+    [ "$left" -lt 60 ] || step "$left" bench-elastic python3 bench/bench_elastic.py \
+      --out "$R/h200-elastic.json" ;;
   short)  # issue 31's two open card figures, then issue 27's session (its own script)
     nvidia-smi > "$R/nvidia-smi.txt" 2>&1
     step 100 workload-ranges python3 bench/bench_workload_gpu.py \
