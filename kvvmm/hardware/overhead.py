@@ -38,6 +38,9 @@ sections that ``kvvmm calibrate`` measures on a GPU:
   call; charged on a simulated device's first call of each kind and, after
   :meth:`~kvvmm.driver.sim.SimDriver.pause` of at least ``gap_ms``, again
   (``modelled: true``).
+  ``second`` (where measured): the share of what a cold call paid that the next call of
+  its kind pays as well (on an H200 a startup's second create, map and set_access cost 0.33,
+  0.16 and 0.29 of the premium more than warm: the call after a cold one is not warm yet).
 - ``idle_release``: the first create after a pause (at least ``pause_s``) costs
   ``create_us_per_gib`` more per GiB released since the create before it (on an H200, 190-480
   µs per GiB after 0.25-2 s: 12-31 ms after 64 GiB; with no pause, nothing; after 1.6 GiB of
@@ -94,6 +97,10 @@ class ColdCalls:
     #: ``gap_us``, with ``(0, 0)`` and ``(gap_us, 1)`` at the ends. A call with none pays
     #: nothing below ``gap_us`` (the step model).
     partial: Mapping[str, LinearCurve] = field(default_factory=dict)
+    #: per call, the share of what a cold call paid that the next call of its kind pays
+    #: too (the call after a cold one is not warm yet); a call with none: nothing (the
+    #: first pays it all)
+    second: Mapping[str, float] = field(default_factory=dict)
 
     def share(self, op: str, paused_us: float) -> float:
         """The share of ``op``'s premium a call pays after ``paused_us`` of pauses since the
@@ -263,7 +270,8 @@ def sim_costs(profile: DeviceProfile) -> SimCosts:
                                       if float(ms) * 1e3 < gap_us), (gap_us, 1.0)])
                    for op, pts in (cd.get("partial") or {}).items()}
         cold = ColdCalls({str(k): float(v) for k, v in cd["premium_us"].items()}, gap_us,
-                         str(cd.get("source", "")), partial)
+                         str(cd.get("source", "")), partial,
+                         {str(k): float(v) for k, v in (cd.get("second") or {}).items()})
     elif cd is None:
         notes.append("cold calls: not measured on this profile; every call costs as warm")
     idd = _section(data, "idle_release")
@@ -292,12 +300,13 @@ class CallClock:
     per call, under its own lock. Where the profile models cold calls, the first call of each
     kind since the clock was made costs its premium more, and a later one the share of it
     that the pauses since the last call of its kind give (:meth:`ColdCalls.share`: all of it
-    from the profile's gap); where it models idle releases, the first create after a pause of
+    from the profile's gap), and the next call of its kind ``cold_calls.second`` of what it
+    paid; where it models idle releases, the first create after a pause of
     at least ``idle_release.pause_s`` costs more by the GiB released since the create before.
     """
 
-    __slots__ = ("_freed", "_idle_us", "_paused", "_released", "_slow_left", "calls", "costs",
-                 "mem_info_us")
+    __slots__ = ("_freed", "_idle_us", "_next", "_paused", "_released", "_slow_left", "calls",
+                 "costs", "mem_info_us")
 
     def __init__(self, costs: SimCosts) -> None:
         self.costs = costs
@@ -306,6 +315,7 @@ class CallClock:
         self._released = 0
         self._slow_left = 0
         self._paused: dict[str, float] = {}  # µs paused since each kind's last call
+        self._next: dict[str, float] = {}  # share of its premium each kind's next call owes
         self._freed = 0  # bytes released since the last create
         self._idle_us = 0.0  # µs the next create pays for an idle pause after releases
 
@@ -315,7 +325,12 @@ class CallClock:
             return 0.0
         paused = self._paused.get(op, math.inf)  # never called: as cold as it gets
         self._paused[op] = 0.0
-        return cold.premium_us.get(op, 0.0) * cold.share(op, paused) if paused else 0.0
+        share = cold.share(op, paused) if paused else 0.0
+        if share > 0.0:  # a cold call: the next of its kind still pays part of what it paid
+            self._next[op] = share * cold.second.get(op, 0.0)
+        else:  # the call right after a cold one (once), or a warm one
+            share = self._next.pop(op, 0.0)
+        return cold.premium_us.get(op, 0.0) * share
 
     def pause(self, us: float) -> None:
         """``us`` of time passed outside the driver: it adds to every call kind's pauses

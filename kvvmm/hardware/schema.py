@@ -384,6 +384,9 @@ SCHEMA: dict[str, Rule] = {
     "cold_calls.partial.*": Pairs(Num(0, 1e9, "ms of pause"),
                                   Num(0, 1, "the share of the premium paid after it")),
     "cold_calls.partial_source": _TEXT,
+    "cold_calls.second": Section(),
+    "cold_calls.second.*": Num(0, 1, "the share of a cold call's premium the next call pays"),
+    "cold_calls.second_source": _TEXT,
     "cold_calls.modelled": Bool(),
     "cold_calls.unit": _TEXT,
     "cold_calls.source": _TEXT,
@@ -587,13 +590,14 @@ def validate(data: object, where: str) -> None:
     if isinstance(spread, Mapping):
         _check_spread(walk, spread)
     cold = data.get("cold_calls")
-    premium = cold.get("premium_us") if isinstance(cold, Mapping) else None
-    if isinstance(premium, Mapping):
-        for call in premium:
-            if call not in COLD_CALLS:
-                raise walk.fail(("cold_calls", "premium_us", str(call)), call,
-                                "one of " + ", ".join(COLD_CALLS),
-                                "not a driver call the simulator charges")
+    for part in ("premium_us", "second"):
+        named = cold.get(part) if isinstance(cold, Mapping) else None
+        if isinstance(named, Mapping):
+            for call in named:
+                if call not in COLD_CALLS:
+                    raise walk.fail(("cold_calls", part, str(call)), call,
+                                    "one of " + ", ".join(COLD_CALLS),
+                                    "not a driver call the simulator charges")
 
 
 #: The driver calls a cold premium may name.
