@@ -39,8 +39,9 @@ sections that ``kvvmm calibrate`` measures on a GPU:
   :meth:`~kvvmm.driver.sim.SimDriver.pause` of at least ``gap_ms``, again
   (``modelled: true``).
   ``second`` (where measured): the share of what a cold call paid that the next call of
-  its kind pays as well (on an H200 a startup's second create, map and set_access cost 0.33,
-  0.16 and 0.29 of the premium more than warm: the call after a cold one is not warm yet).
+  its kind pays as well (on an H200 a startup's second create, map and set_access cost 0.34,
+  0.20 and 0.29 of the premium more than warm, medians of 12 rounds: the call after a cold
+  one is not warm yet).
 - ``idle_release``: the first create after a pause (at least ``pause_s``) costs
   ``create_us_per_gib`` more per GiB released since the create before it (on an H200, 190-480
   µs per GiB after 0.25-2 s: 12-31 ms after 64 GiB; with no pause, nothing; after 1.6 GiB of
