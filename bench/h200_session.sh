@@ -23,7 +23,8 @@
 #                                      # (.data, what admit-when-ready changed), the steps with the
 #                                      # kernel gap, then bench/h200_bands.sh (issue 27)
 #   bash bench/h200_session.sh card    # one call on whatever card is lent (< 10 min): on an H200
-#                                      # the short part then the paged copy if time is left; on
+#                                      # the short part, whether first touch survives a free
+#                                      # (probe_va_reuse), the paged copy if time is left; on
 #                                      # another card every GPU test, the paged copy at half the
 #                                      # batch and kvcached side by side (.data, .peers)
 #   bash bench/h200_session.sh card2   # the call after 'card' on an H200 (< 9 min): every GPU test,
@@ -109,6 +110,7 @@ case $part in
     case $card in
       *H200*)
         bash "$0" short  # (its results land in /tmp/kvvmm-short; its tarball in $OUT)
+        step 40 va-reuse python3 bench/probes/probe_va_reuse.py --out "$R/h200-va-reuse.json"
         left=$((570 - SECONDS))
         [ "$left" -lt 60 ] || step "$left" xl-paged python3 bench/probes/probe_xl_paged.py \
           --out "$R/h200-xl-paged.json" ;;
@@ -118,6 +120,7 @@ case $part in
           "$CAPTURE"
         step 190 gpu-tests env OUT="$R" python3 -m pytest -q -p no:cacheprovider -rs \
           --deselect "$CAPTURE" $GPU_TESTS
+        step 40 va-reuse python3 bench/probes/probe_va_reuse.py --out "$R/va-reuse.json"
         step 100 xl-paged python3 bench/probes/probe_xl_paged.py --batch 16 \
           --out "$R/xl-paged.json"
         [ -d .peers-build/kvcached ] || step 80 kvcached-build python3 -m pip install -q \
