@@ -131,8 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="h200-va-reuse.json")
     args = ap.parse_args(argv)
 
-    from kvvmm import open_driver
-    from kvvmm._version import __version__
+    from kvvmm import __version__, open_driver
 
     d = open_driver(args.driver)
     rounds = [run_round(d, args.regions, args.region_mib * MiB) for _ in range(args.rounds)]
