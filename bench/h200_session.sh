@@ -19,9 +19,9 @@
 #                                      # steps with both gaps, the paged copy (triton);
 #                                      # PEER=1 adds kvcached side by side (.peers)
 #   bash bench/h200_session.sh short   # what one call of a short device budget holds (< 10 min):
-#                                      # the replay of prefix and request-ranges+deferred
-#                                      # (.data, what admit-when-ready changed), the steps with the
-#                                      # kernel gap, then bench/h200_bands.sh (issue 27)
+#                                      # the steps with the kernel gap, the replay of prefix and
+#                                      # request-ranges+deferred (.data, what admit-when-ready
+#                                      # changed), then bench/h200_bands.sh (issue 27)
 #   bash bench/h200_session.sh card    # one call on whatever card is lent (< 10 min): on an H200
 #                                      # the short part, whether first touch survives a free
 #                                      # (probe_va_reuse), the paged copy if time is left; on
@@ -141,11 +141,13 @@ case $part in
       --out "$R/h200-elastic.json" ;;
   short)  # issue 31's two open card figures, then issue 27's session (its own script)
     nvidia-smi > "$R/nvidia-smi.txt" 2>&1
+    # the growth first: of the two, the one only an H200 run settles (the replay's figures
+    # held on two H100 loans); a call cut short still brings it back
+    step 140 growth-steps python3 bench/bench_growth_steps.py --rounds 3 --gap kernel \
+      --out "$R/h200-growth-steps-kernel.json"
     step 100 workload-ranges python3 bench/bench_workload_gpu.py \
       --trace .data/AzureLLMInferenceTrace_conv.csv --seconds 600 --strategy prefix \
       --strategy request-ranges+deferred --rounds 3 --out "$R/h200-workload-ranges.json"
-    step 140 growth-steps python3 bench/bench_growth_steps.py --rounds 3 --gap kernel \
-      --out "$R/h200-growth-steps-kernel.json"
     snap="$OUT/results-short.tgz"  # (set before the line below rebinds OUT)
     OUT="$R/bands" NO_SCORE=1 SNAP_TGZ="$snap" SNAP_DIR="$R" \
       bash bench/h200_bands.sh  # the scoring is CPU work: do it here
