@@ -23,8 +23,8 @@
 #                                      # request-ranges+deferred (.data, what admit-when-ready
 #                                      # changed), then bench/h200_bands.sh (issue 27)
 #   bash bench/h200_session.sh card    # one call on whatever card is lent (< 10 min): on an H200
-#                                      # the short part, whether first touch survives a free
-#                                      # (probe_va_reuse), the paged copy if time is left; on
+#                                      # whether first touch survives a free (probe_va_reuse,
+#                                      # seconds), the short part, the paged copy if time is left; on
 #                                      # another card every GPU test, the paged copy at half the
 #                                      # batch and kvcached side by side (.data, .peers)
 #   bash bench/h200_session.sh card2   # the call after 'card' on an H200 (< 9 min): every GPU test,
@@ -109,18 +109,18 @@ case $part in
     echo "card: $card"
     case $card in
       *H200*)
-        bash "$0" short  # (its results land in /tmp/kvvmm-short; its tarball in $OUT)
         step 40 va-reuse python3 bench/probes/probe_va_reuse.py --out "$R/h200-va-reuse.json"
+        bash "$0" short  # (its results land in /tmp/kvvmm-short; its tarball in $OUT)
         left=$((570 - SECONDS))
         [ "$left" -lt 60 ] || step "$left" xl-paged python3 bench/probes/probe_xl_paged.py \
           --out "$R/h200-xl-paged.json" ;;
       *)
         nvidia-smi > "$R/nvidia-smi.txt" 2>&1
+        step 40 va-reuse python3 bench/probes/probe_va_reuse.py --out "$R/va-reuse.json"
         step 50 gpu-capture-test env OUT="$R" python3 -m pytest -q -p no:cacheprovider -rs \
           "$CAPTURE"
         step 190 gpu-tests env OUT="$R" python3 -m pytest -q -p no:cacheprovider -rs \
           --deselect "$CAPTURE" $GPU_TESTS
-        step 40 va-reuse python3 bench/probes/probe_va_reuse.py --out "$R/va-reuse.json"
         step 100 xl-paged python3 bench/probes/probe_xl_paged.py --batch 16 \
           --out "$R/xl-paged.json"
         [ -d .peers-build/kvcached ] || step 80 kvcached-build python3 -m pip install -q \
