@@ -54,6 +54,20 @@ CAPTURE=tests/gpu/test_cuda_driver.py::test_unmap_during_cuda_graph_capture_is_r
 step() { local t=$1 name=$2; shift 2; echo "== $name (limit ${t}s)"; local t0=$SECONDS
   timeout "$t" "$@" > "$R/$name.log" 2>&1; echo "   rc=$? in $((SECONDS - t0)) s"; tail -n 4 "$R/$name.log"
   case $part in short|card|card2) tar czf "$OUT/results-$part.tgz" -C "$R" . ;; esac; }
+# Every GPU test in two processes, with these limits: the capture-refusal test alone (in a
+# full run on a fresh machine it failed twice and left the allocator so that empty_cache
+# aborted the process 69 tests later; undiagnosed, alone it passes: isolated, its result still
+# counts and the rest runs), then the rest.
+gpu_tests() { step "$1" gpu-capture-test env OUT="$R" python3 -m pytest -q -p no:cacheprovider \
+    -rs "$CAPTURE"
+  step "$2" gpu-tests env OUT="$R" python3 -m pytest -q -p no:cacheprovider -rs \
+    --deselect "$CAPTURE" $GPU_TESTS; }
+# kvcached 0.1.6 from its sdist (.peers), once per machine
+kvcached_build() { [ -d .peers-build/kvcached ] || step "$1" kvcached-build python3 -m pip \
+  install -q --no-index --no-build-isolation --no-deps --target .peers-build \
+  .peers/kvcached-*.tar.gz; }
+# A step limited to what is left until second $1 of the call; none when under a minute is.
+step_until() { local left=$(($1 - SECONDS)); shift; [ "$left" -lt 60 ] || step "$left" "$@"; }
 case $part in
   tests)
     nvidia-smi > "$R/nvidia-smi.txt" 2>&1
@@ -71,22 +85,14 @@ case $part in
       --world 1 --out "$R/h200-distributed-bench.json" ;;
   elastic)
     nvidia-smi > "$R/nvidia-smi.txt" 2>&1
-    [ -d .peers-build/kvcached ] || step 120 kvcached-build python3 -m pip install -q \
-      --no-index --no-build-isolation --no-deps --target .peers-build .peers/kvcached-*.tar.gz
-    # The capture-refusal test runs in a process of its own: in a full run on a fresh machine
-    # it failed twice and left the allocator so that empty_cache aborted the process 69 tests
-    # later (undiagnosed; alone it passes): isolated, its result still counts and the rest runs.
-    step 60 gpu-capture-test env OUT="$R" python3 -m pytest -q -p no:cacheprovider -rs "$CAPTURE"
-    step 180 gpu-tests env OUT="$R" python3 -m pytest -q -p no:cacheprovider -rs \
-      --deselect "$CAPTURE" $GPU_TESTS
+    kvcached_build 120
+    gpu_tests 60 180
     step 200 bench-elastic python3 bench/bench_elastic.py --out "$R/h200-elastic.json"
     step 170 growth-steps python3 bench/bench_growth_steps.py --rounds 3 \
       --out "$R/h200-growth-steps.json" ;;
   steps)  # the decode thread's growth steps after a change to them, and every GPU test
     nvidia-smi > "$R/nvidia-smi.txt" 2>&1
-    step 60 gpu-capture-test env OUT="$R" python3 -m pytest -q -p no:cacheprovider -rs "$CAPTURE"
-    step 200 gpu-tests env OUT="$R" python3 -m pytest -q -p no:cacheprovider -rs \
-      --deselect "$CAPTURE" $GPU_TESTS
+    gpu_tests 60 200
     step 260 growth-steps python3 bench/bench_growth_steps.py --rounds 3 --gap both \
       --out "$R/h200-growth-steps.json" ;;
   issue31)  # the replay, the steps, the paged copy; the kvcached side by side only with PEER=1
@@ -99,46 +105,34 @@ case $part in
       --out "$R/h200-growth-steps.json"
     step 120 xl-paged python3 bench/probes/probe_xl_paged.py --out "$R/h200-xl-paged.json"
     if [ -n "${PEER:-}" ]; then
-      [ -d .peers-build/kvcached ] || step 90 kvcached-build python3 -m pip install -q \
-        --no-index --no-build-isolation --no-deps --target .peers-build .peers/kvcached-*.tar.gz
+      kvcached_build 90
       step 150 bench-elastic python3 bench/bench_elastic.py --out "$R/h200-elastic.json"
     fi ;;
-  card)  # an H200: the short part, then the paged copy while time is left; else the card's
-         # own figures that need no H200: GPU tests, the paged copy at half size, kvcached
+  card)  # on either card first the first-touch-after-free probe; then on an H200 the short
+         # part and the paged copy while time is left, on another card what needs no H200:
+         # GPU tests, the paged copy at half size, kvcached
     card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1)
     echo "card: $card"
     case $card in
       *H200*)
         step 40 va-reuse python3 bench/probes/probe_va_reuse.py --out "$R/h200-va-reuse.json"
         bash "$0" short  # (its results land in /tmp/kvvmm-short; its tarball in $OUT)
-        left=$((570 - SECONDS))
-        [ "$left" -lt 60 ] || step "$left" xl-paged python3 bench/probes/probe_xl_paged.py \
+        step_until 570 xl-paged python3 bench/probes/probe_xl_paged.py \
           --out "$R/h200-xl-paged.json" ;;
       *)
         nvidia-smi > "$R/nvidia-smi.txt" 2>&1
         step 40 va-reuse python3 bench/probes/probe_va_reuse.py --out "$R/va-reuse.json"
-        step 50 gpu-capture-test env OUT="$R" python3 -m pytest -q -p no:cacheprovider -rs \
-          "$CAPTURE"
-        step 190 gpu-tests env OUT="$R" python3 -m pytest -q -p no:cacheprovider -rs \
-          --deselect "$CAPTURE" $GPU_TESTS
+        gpu_tests 50 190
         step 100 xl-paged python3 bench/probes/probe_xl_paged.py --batch 16 \
           --out "$R/xl-paged.json"
-        [ -d .peers-build/kvcached ] || step 80 kvcached-build python3 -m pip install -q \
-          --no-index --no-build-isolation --no-deps --target .peers-build .peers/kvcached-*.tar.gz
-        left=$((575 - SECONDS))
-        [ "$left" -lt 60 ] || step "$left" bench-elastic python3 bench/bench_elastic.py \
-          --out "$R/elastic.json" ;;
+        kvcached_build 80
+        step_until 575 bench-elastic python3 bench/bench_elastic.py --out "$R/elastic.json" ;;
     esac ;;
   card2)  # what 'card' leaves out on an H200: every GPU test, kvcached side by side
     nvidia-smi > "$R/nvidia-smi.txt" 2>&1
-    step 50 gpu-capture-test env OUT="$R" python3 -m pytest -q -p no:cacheprovider -rs "$CAPTURE"
-    step 190 gpu-tests env OUT="$R" python3 -m pytest -q -p no:cacheprovider -rs \
-      --deselect "$CAPTURE" $GPU_TESTS
-    [ -d .peers-build/kvcached ] || step 80 kvcached-build python3 -m pip install -q \
-      --no-index --no-build-isolation --no-deps --target .peers-build .peers/kvcached-*.tar.gz
-    left=$((560 - SECONDS))
-    [ "$left" -lt 60 ] || step "$left" bench-elastic python3 bench/bench_elastic.py \
-      --out "$R/h200-elastic.json" ;;
+    gpu_tests 50 190
+    kvcached_build 80
+    step_until 560 bench-elastic python3 bench/bench_elastic.py --out "$R/h200-elastic.json" ;;
   short)  # issue 31's two open card figures, then issue 27's session (its own script)
     nvidia-smi > "$R/nvidia-smi.txt" 2>&1
     # the growth first: of the two, the one only an H200 run settles (the replay's figures
