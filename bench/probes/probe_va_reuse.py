@@ -44,24 +44,27 @@ MiB = 1 << 20
 PHASES = ("fresh", "remapped", "reused", "new_va")
 
 
-def _touch(d: Any, base: int, regions: int, region: int,
-           out: dict[str, list[float]]) -> list[tuple[int, int]]:
-    """A granule at each region's start, then one beside it, timed; the mappings made."""
+def _touch(d: Any, base: int, regions: int, region: int, out: dict[str, list[float]],
+           made: list[tuple[int, int]]) -> None:
+    """A granule at each region's start, then one beside it, timed; each mapping joins
+    ``made`` as it is made (a failure part way leaves them there to undo)."""
     g = d.granularity()
-    made: list[tuple[int, int]] = []
     for i in range(regions):
         start = base + 2 * i * region
         for va, where in ((start, "first"), (start + g, "beside")):
             h = d.create(g)
             t0 = time.perf_counter_ns()
-            d.map(va, g, h)
+            try:
+                d.map(va, g, h)
+            except BaseException:
+                d.release(h)  # mapped nowhere: the handle alone to give back
+                raise
             t1 = time.perf_counter_ns()
             made.append((va, h))
             d.set_access(va, g)
             t2 = time.perf_counter_ns()
             out[f"{where}_map"].append((t1 - t0) / 1e3)
             out[f"{where}_set_access"].append((t2 - t1) / 1e3)
-    return made
 
 
 def _undo(d: Any, made: list[tuple[int, int]]) -> None:
@@ -84,19 +87,18 @@ def run_round(d: Any, regions: int, region: int) -> dict[str, Any]:
     try:
         a = d.reserve(total)
         held.append(a)
-        made = _touch(d, a, regions, region, t["fresh"])
-        _undo(d, made)
-        made = _touch(d, a, regions, region, t["remapped"])
-        _undo(d, made)
+        for phase in ("fresh", "remapped"):
+            _touch(d, a, regions, region, t[phase], made)
+            _undo(d, made)
         d.free(a, total)
         held.remove(a)
         b = d.reserve(total)
         held.append(b)
-        made = _touch(d, b, regions, region, t["reused"])
+        _touch(d, b, regions, region, t["reused"], made)
         _undo(d, made)
         c = d.reserve(total)
         held.append(c)
-        made = _touch(d, c, regions, region, t["new_va"])
+        _touch(d, c, regions, region, t["new_va"], made)
         _undo(d, made)
         return {"same_va": b == a, "new_va_differs": c not in (a, b), "times": t}
     finally:
