@@ -103,6 +103,8 @@ def main(argv: list[str] | None = None) -> int:
         sec = data["cold_calls"]
         new: dict[str, Any] = {}
         for k, v in sec.items():  # after partial_source, keeping the section's order
+            if k in ("second", "second_source"):
+                continue  # the old figures: the new ones go in below
             new[k] = v
             if k == "partial_source":
                 new["second"], new["second_source"] = got["second"], SOURCE
