@@ -97,7 +97,6 @@ def plan_dict(plan: Plan) -> dict[str, Any]:
     return dataclasses.asdict(plan)
 
 
-
 def plan_from_dict(rec: object) -> Plan:
     """The plan :func:`plan_dict` recorded (a calibrated profile's ``calibration.plan``):
     its fields over :data:`FULL`'s (JSON's lists back to tuples; fields a plan did not
