@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import re
 import time
-import warnings
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -25,19 +24,10 @@ from kvvmm.owner import KvBufferOwner
 from kvvmm.policy import GrowthPolicy, simulate_growth
 from kvvmm.units import align_up
 
-__all__ = ["GrowthCost", "GrowthResult", "decode_growth", "growth_cost", "least_over_commit",
-           "open_sim_or"]
+__all__ = ["GrowthCost", "GrowthResult", "decode_growth", "growth_cost", "least_over_commit"]
 
 #: ``progress(done, total)``: called after every decode step of every policy.
 Progress = Callable[[int, int], None]
-
-
-def open_sim_or(kind: str, profile: str) -> Driver:
-    """Deprecated (0.3): :func:`kvvmm.driver.driver_for` ``(kind, profile=profile)``."""
-    warnings.warn("kvvmm.growth.open_sim_or is deprecated (0.3): use "
-                  "kvvmm.driver.driver_for(kind, profile=profile)", DeprecationWarning,
-                  stacklevel=2)
-    return driver_for(kind, profile=profile)
 
 
 @dataclass(frozen=True, slots=True)

@@ -41,6 +41,10 @@ __all__ = [
 #: What ``open_driver`` takes: a driver's kind, or ``"auto"`` (cuda when a GPU is usable).
 _OPEN_KINDS = ("auto", *DRIVER_KINDS)
 
+#: The options ``open_driver("auto")`` passes to the CUDA driver, and to the host driver.
+_AUTO_CUDA_OPTIONS = ("device", "granularity", "handle_type", "zero_page")
+_AUTO_HOST_OPTIONS = ("granularity", "capacity_bytes")
+
 #: The environment variable the notebooks read to pick their driver (``kvvmm lab`` sets it).
 DRIVER_ENV = "KVVMM_DRIVER"
 
@@ -62,6 +66,8 @@ def open_driver(kind: str = "auto", **options: Any) -> Driver:
         The driver.
     Raises:
         ArgumentError: unknown ``kind``.
+        TypeError: an option the driver does not take (for ``"auto"``: neither the CUDA nor
+            the host driver), as the driver's constructor says it.
         DriverUnavailableError: the driver cannot run here (one message, no traceback from
             the CUDA library).
     """
@@ -81,16 +87,20 @@ def open_driver(kind: str = "auto", **options: Any) -> Driver:
     if kind == "cuda":
         return _open_cuda(options)
     # "auto" passes each driver only the options it takes: capacity_bytes caps the host
-    # driver, device picks the GPU, handle_type (and the deprecated exportable) makes GPU
-    # handles shareable (host ones always are), zero_page covers unbacked GPU VA (host VA
-    # always reads as zeros); granularity means the same to both.
+    # driver, device picks the GPU, handle_type makes GPU handles shareable (host ones always
+    # are), zero_page covers unbacked GPU VA (host VA always reads as zeros); granularity
+    # means the same to both. One that neither takes is refused, as a constructor would.
+    unknown = sorted(set(options) - set(_AUTO_CUDA_OPTIONS) - set(_AUTO_HOST_OPTIONS))
+    if unknown:
+        takes = sorted({*_AUTO_CUDA_OPTIONS, *_AUTO_HOST_OPTIONS})
+        raise TypeError(f"open_driver('auto') got an unexpected keyword argument "
+                        f"{unknown[0]!r} (it takes {takes})")
     try:
-        return _open_cuda({k: v for k, v in options.items() if k in (
-            "device", "granularity", "handle_type", "exportable", "zero_page")})
+        return _open_cuda({k: v for k, v in options.items() if k in _AUTO_CUDA_OPTIONS})
     except DriverUnavailableError:
         from kvvmm.driver.host import HostDriver
 
-        host_opts = {k: v for k, v in options.items() if k in ("granularity", "capacity_bytes")}
+        host_opts = {k: v for k, v in options.items() if k in _AUTO_HOST_OPTIONS}
         return HostDriver(**host_opts)
 
 

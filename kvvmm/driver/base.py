@@ -63,8 +63,6 @@ from __future__ import annotations
 import enum
 import functools
 import operator
-import types
-import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar, runtime_checkable
@@ -95,7 +93,6 @@ __all__ = [
     "check_driver",
     "driver_error",
     "locked",
-    "pass_pin",
     "refuse_close",
     "work_hook",
 ]
@@ -235,21 +232,6 @@ class Pins:
         if self._n.get(va):
             raise BusyError(f"free({va:#x}, {size}) refused: the reservation is pinned (a "
                             "tensor can still reach it); nothing was freed")
-
-
-def pass_pin(inner: object, call: str, va: int) -> None:
-    """A wrapper's ``pin``/``unpin`` (``call``): passed on to the wrapped driver if it has
-    pins (host, CUDA), ignored if not (sim: nothing it gives out can crash a reader).
-
-    Deprecated in 0.3 (goes in 0.4): every driver has ``pin`` and ``unpin`` now (no-ops
-    where there is nothing to pin); call ``inner.pin(va)``.
-    """
-    warnings.warn("kvvmm.driver.base.pass_pin is deprecated (0.3): every Driver has pin and "
-                  "unpin; call inner.pin(va) / inner.unpin(va)", DeprecationWarning,
-                  stacklevel=2)
-    fn = getattr(inner, call, None)
-    if fn is not None:
-        fn(va)
 
 
 def refuse_close(kind: str, stats: DriverStats, pinned: int) -> None:
@@ -443,53 +425,24 @@ def check_driver(driver: object, name: str = "driver") -> None:
     """Refuse what is not a driver object (None, a kind's name) before it is first called.
 
     Raises:
-        ArgumentError: naming ``name``; a kind's name gets the hint to open it first.
+        ArgumentError: naming ``name``; a kind's name gets the hint to open it first, an
+            object with the required calls but not the optional ones the hint to subclass
+            :class:`Driver` (which has their defaults).
     """
     if isinstance(driver, Driver):
         return
-    if all(hasattr(driver, m) for m in _REQUIRED):
-        _give_defaults(driver)
-        return
+    missing = [m for m in OPTIONAL_CALLS if not hasattr(driver, m)]
+    if missing and all(hasattr(driver, m) for m in _REQUIRED):
+        raise ArgumentError(name, driver, f"a driver object with the protocol's optional calls "
+                                          f"(it lacks {missing}): subclass kvvmm.driver.Driver "
+                                          f"to inherit their defaults")
     hint = (f"; open it first: kvvmm.open_driver({driver!r})"
             if driver in ("auto", *DRIVER_KINDS) else "")
     raise ArgumentError(name, driver, f"a driver object (SimDriver, HostDriver, CudaDriver, "
                                       f"or a wrapper of one){hint}")
 
 
-def __getattr__(name: str) -> Any:
-    # VmmBook moved to kvvmm.driver.book (0.3, to keep this module under 600 lines); the old
-    # import still works (sim, host and the probes import it from there now).
-    if name == "VmmBook":
-        from kvvmm.driver.book import VmmBook
-
-        return VmmBook
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 #: What :func:`check_driver` requires of a driver (its optional calls have defaults).
 _REQUIRED = ("kind", "device", "name", "memory", "granularity", "reserve", "free", "create",
              "release", "map", "unmap", "set_access", "mem_info", "stats", "export_handle",
              "import_handle")
-
-
-def _give_defaults(driver: object) -> None:
-    """The 0.2 shim for a driver written without the optional calls (it does not subclass
-    :class:`Driver`): give the instance the protocol's defaults for the ones it lacks, with a
-    DeprecationWarning. In 0.4 such a driver is refused.
-    """
-    missing = [m for m in OPTIONAL_CALLS if not hasattr(driver, m)]
-    warnings.warn(
-        f"{type(driver).__name__} lacks the driver protocol's optional calls {missing}: "
-        "kvvmm gives it their no-op defaults for now (0.3); subclass kvvmm.driver.Driver to "
-        "inherit them (refused from 0.4)", DeprecationWarning, stacklevel=3)
-    for m in missing:
-        if m == "clock_us":
-            setattr(driver, m, 0.0)
-        elif m == "handle_type":  # what its export_handle promised when it was written
-            setattr(driver, m, "posix_fd")
-        elif m == "granularity_min":
-            setattr(driver, m, driver.granularity())  # type: ignore[attr-defined]
-        elif m == "fast_path":
-            setattr(driver, m, None)
-        else:
-            setattr(driver, m, types.MethodType(getattr(Driver, m), driver))

@@ -1,7 +1,7 @@
 """VmmBook: the driver rules of :mod:`kvvmm.driver.base` in pure Python, and the state they need.
 
 The simulated and host drivers share it, so they refuse exactly the same calls with exactly
-the same CUDA error names. (Moved out of ``base`` in 0.3, unchanged.)
+the same CUDA error names.
 """
 
 from __future__ import annotations

@@ -20,12 +20,11 @@ from __future__ import annotations
 
 import os
 import threading
-import warnings
 from bisect import bisect_right, insort
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from kvvmm.checks import bool_arg, int_arg, is_int
+from kvvmm.checks import int_arg, is_int
 from kvvmm.driver.base import (
     CUDA_ERROR_INVALID_VALUE,
     CUDA_ERROR_NOT_SUPPORTED,
@@ -45,9 +44,6 @@ from kvvmm.driver.cuda_fast import FastPathMixin, _Handle, _PyBook
 # The C extension, or None when it is not built (tests/drivers.py and tests/gpu look here).
 from kvvmm.driver.cuda_fast import _cudafast as _cudafast
 from kvvmm.driver.cuda_peers import PeerAccessMixin
-
-# ZERO_PAGE_BLOCK: re-exported, it was defined here until 0.3.
-from kvvmm.driver.cuda_zero import ZERO_PAGE_BLOCK as ZERO_PAGE_BLOCK
 from kvvmm.driver.cuda_zero import ZeroPageMixin
 from kvvmm.driver.zerocover import ZeroCover
 from kvvmm.errors import ArgumentError, DriverError, DriverUnavailableError
@@ -81,28 +77,17 @@ _CU_HANDLE_TYPES = {
 AUTO_HANDLE_ORDER = ("fabric", "posix_fd", "none")
 
 
-def _handle_type_arg(handle_type: object, exportable: object) -> str:
-    """The handle type asked for, from ``handle_type=`` and the deprecated ``exportable=``.
+def _handle_type_arg(handle_type: object) -> str:
+    """The handle type asked for: ``"auto"`` or one of :data:`HANDLE_TYPES`.
 
     Raises:
-        ArgumentError: an unknown ``handle_type``, an ``exportable`` that is not a bool, or
-            one that says otherwise than ``handle_type``.
+        ArgumentError: an unknown ``handle_type``.
     """
     if not isinstance(handle_type, str) or handle_type not in ("auto", *HANDLE_TYPES):
         raise ArgumentError("handle_type", handle_type,
                             "'none', 'posix_fd', 'fabric' or 'auto' (as SGLang probes: FABRIC, "
                             "then POSIX fd, then none)")
-    if exportable is None:
-        return handle_type
-    bool_arg("exportable", exportable)
-    implied = "posix_fd" if exportable else "none"
-    warnings.warn(f"CudaDriver(exportable={exportable}) is deprecated (0.3, goes in 0.4): pass "
-                  f"handle_type={implied!r}", DeprecationWarning, stacklevel=3)
-    if handle_type not in ("none", implied):
-        raise ArgumentError("exportable", exportable,
-                            f"left out with handle_type={handle_type!r} (exportable=True is "
-                            "handle_type='posix_fd', False is 'none')")
-    return implied
+    return handle_type
 
 
 def _pick_handle_type(
@@ -114,7 +99,7 @@ def _pick_handle_type(
     that CUDA takes wins, and any refusal (out of memory too) moves on to the next, as there.
     ``"fabric"`` is probed alone: where CUDA refuses it (no NVLink fabric, no IMEX channel)
     the driver is not made. ``"posix_fd"`` and ``"none"`` are taken as asked, unprobed (Linux
-    always has POSIX fds; what ``exportable=`` did).
+    always has POSIX fds).
 
     Args:
         want: ``"auto"`` or one of :data:`~kvvmm.driver.base.HANDLE_TYPES`.
@@ -160,23 +145,21 @@ class CudaDriver(ZeroPageMixin, PeerAccessMixin, SynchronizeMixin, FastPathMixin
             with a ``cuMemCreate`` of one recommended granule released at once.
             :attr:`handle_type` says what it got, :attr:`handle_type_probe` what each probe
             answered. The granularities are queried with the type it got, as SGLang's are.
-        exportable: deprecated (0.3, goes in 0.4): ``True`` is ``handle_type="posix_fd"``,
-            ``False`` is ``"none"``.
         zero_page: keep reserved VA that is not mapped readable as zeros, for this device
             (see "Zero page" in docs/CUDA_DRIVER.md). ``False`` (the default): unbacked VA
             faults on any touch (an illegal-address fault kills the CUDA context). ``True``:
-            on, with blocks of ``ZERO_PAGE_BLOCK`` (64 MiB). An int: the block size in
-            bytes, the granularity times a power of two (the granularity itself: granule
-            pieces only). The zero memory (twice the block, less one granule) is taken at
-            construction; reserve, free, map and unmap then cost more, and map and free
-            synchronize (so either during CUDA graph capture is refused). Peer devices get no zero
-            cover: a peer reading unbacked VA still faults.
+            on, with blocks of :data:`~kvvmm.driver.cuda_zero.ZERO_PAGE_BLOCK` (64 MiB). An
+            int: the block size in bytes, the granularity times a power of two (the
+            granularity itself: granule pieces only). The zero memory (twice the block, less
+            one granule) is taken at construction; reserve, free, map and unmap then cost
+            more, and map and free synchronize (so either during CUDA graph capture is
+            refused). Peer devices get no zero cover: a peer reading unbacked VA still faults.
     Raises:
         DriverUnavailableError: no cuda-python, no NVIDIA driver library, no usable GPU, or
             a GPU without VMM support (one message; no CUDA traceback chained to it).
         ArgumentError: ``device`` out of range, an unknown ``granularity``, or a
             ``zero_page`` that is not a bool or such a block size.
-        ArgumentError: an unknown ``handle_type``, or an ``exportable`` that contradicts it.
+        ArgumentError: an unknown ``handle_type``.
         DriverError: ``zero_page`` on and the zero handles could not be made (out of memory);
             ``handle_type="fabric"`` and CUDA refused it (no NVLink fabric or IMEX channel
             here: the error names the type), or ``"auto"`` and CUDA refused all three.
@@ -201,10 +184,9 @@ class CudaDriver(ZeroPageMixin, PeerAccessMixin, SynchronizeMixin, FastPathMixin
 
     def __init__(
         self, *, device: int = 0, granularity: str | int = "minimum",
-        exportable: bool | None = None, zero_page: bool | int = False,
-        handle_type: str = "none",
+        zero_page: bool | int = False, handle_type: str = "none",
     ) -> None:
-        want = _handle_type_arg(handle_type, exportable)
+        want = _handle_type_arg(handle_type)
         if not isinstance(zero_page, bool):  # a flag, or else a block size
             int_arg("zero_page", zero_page, lo=1,
                     limit="True, False, or a block size in bytes (> 0)")

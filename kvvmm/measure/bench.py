@@ -29,8 +29,7 @@ Sections (each a key of the JSON result):
 - ``seed`` (with ``--seed-file`` and ``--seed-script``): SGLang's arena on the same workload,
   run by ``bench/seed_side_by_side.py`` in a child process (the seed compiles a stub per
   arena and may abort at exit). That script is a bench file, not part of the package, and
-  the package does not look for it: ``--seed-script`` names it (in 0.3 ``--seed-file`` alone
-  still takes ``./bench/seed_side_by_side.py``, with a deprecation warning; 0.4 drops that).
+  the package does not look for it: ``--seed-script`` names it.
 
 The result goes to ``bench/results/<card>-kvvmm-bench.json`` (``h200-kvvmm-bench.json``),
 with the card, versions and date inside; a new run replaces the file and git keeps the old
@@ -50,11 +49,11 @@ import random
 import subprocess
 import sys
 import time
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from kvvmm.errors import ArgumentError
 from kvvmm.measure.elastic import (
     GAP_S,
     LOOKAHEAD_BYTES,
@@ -187,23 +186,21 @@ def _import_root() -> Path:
     return Path(__file__).resolve().parents[2]  # .../kvvmm/measure/bench.py -> ...
 
 
-def find_seed_script(explicit: str | None = None) -> Path:
+def find_seed_script(explicit: str | None) -> Path:
     """The seed's side of the benchmark, ``bench/seed_side_by_side.py``: where it is named.
 
     Args:
-        explicit: a path given with ``--seed-script``; used as is. None is deprecated (0.3;
-            an error in 0.4): ``./bench/seed_side_by_side.py`` of the current directory.
+        explicit: a path given with ``--seed-script``; used as is (None: not named).
     Returns:
         The script's path.
     Raises:
+        ArgumentError: ``explicit`` is None (the package does not look for the script).
         FileNotFoundError: it is not there (an installed wheel has no ``bench/``).
     """
     if explicit is None:
-        warnings.warn("kvvmm bench --seed-file without --seed-script: the package no longer "
-                      "looks for bench/seed_side_by_side.py (0.3); pass --seed-script "
-                      "PATH/seed_side_by_side.py (./bench/ is taken until 0.4)",
-                      DeprecationWarning, stacklevel=2)
-    cand = Path(explicit) if explicit is not None else Path.cwd() / SEED_SCRIPT
+        raise ArgumentError("--seed-script", None, f"the path of {SEED_SCRIPT} of a kvvmm "
+                            "checkout (--seed-file needs it)")
+    cand = Path(explicit)
     if cand.is_file():
         return cand
     raise FileNotFoundError(
@@ -261,12 +258,13 @@ def run(out_dir: str, seed_file: str | None, device: int = 0,
         out_dir: folder for ``<card>-kvvmm-bench.json`` (made if missing).
         seed_file: SGLang's ``kv_vmm_backing_seed.py`` to run side by side, or None.
         device: the CUDA device ordinal.
-        seed_script: the seed's benchmark script, ``bench/seed_side_by_side.py`` (None:
-            :func:`find_seed_script`'s deprecated default).
+        seed_script: the seed's benchmark script, ``bench/seed_side_by_side.py`` (needed
+            with ``seed_file``).
     Returns:
         The result, with ``"path"`` set to the file written.
     Raises:
         DriverUnavailableError: no usable GPU.
+        ArgumentError: ``seed_file`` is given and ``seed_script`` is not.
         FileNotFoundError: ``seed_file`` is given and the seed's script is not found.
         ImportError: tqdm is missing.
     """
@@ -449,8 +447,7 @@ def main(argv: list[str] | None = None) -> int:
                          "side by side")
     ap.add_argument("--seed-script", default=None,
                     help="the seed's benchmark script, bench/seed_side_by_side.py of a kvvmm "
-                         "checkout (needed with --seed-file; ./bench's is taken until 0.4, "
-                         "deprecated)")
+                         "checkout (needed with --seed-file)")
     ap.add_argument("--device", type=int, default=0)
     args = ap.parse_args(argv)
     from kvvmm.errors import DriverUnavailableError
@@ -458,10 +455,8 @@ def main(argv: list[str] | None = None) -> int:
     script = None
     if args.seed_file:
         try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("always", DeprecationWarning)  # said on the command line
-                script = str(find_seed_script(args.seed_script))
-        except FileNotFoundError as e:
+            script = str(find_seed_script(args.seed_script))
+        except (ArgumentError, FileNotFoundError) as e:
             print(f"kvvmm bench: {e}", file=sys.stderr)
             return 2
     try:

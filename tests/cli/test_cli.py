@@ -364,17 +364,18 @@ def test_the_seed_script_is_taken_where_it_is_named(tmp_path: Path) -> None:
         find_seed_script(str(tmp_path / "seed_side_by_side.py"))
 
 
-def test_without_a_named_seed_script_only_the_current_folder_is_looked_at_and_it_warns(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+def test_without_a_named_seed_script_none_is_looked_for(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from kvvmm.measure.bench import find_seed_script
+    from kvvmm.errors import ArgumentError
+    from kvvmm.measure.bench import find_seed_script, main
 
-    monkeypatch.chdir(ROOT)
-    with pytest.warns(DeprecationWarning, match="--seed-script"):
-        assert find_seed_script() == ROOT / "bench" / "seed_side_by_side.py"
-    monkeypatch.chdir(tmp_path)  # the checkout next to the package is not searched
-    with pytest.warns(DeprecationWarning), pytest.raises(FileNotFoundError):
-        find_seed_script()
+    monkeypatch.chdir(ROOT)  # ./bench/seed_side_by_side.py is here, and still not taken
+    with pytest.raises(ArgumentError, match="--seed-script"):
+        find_seed_script(None)
+    seed = ROOT / "kv_vmm_backing_seed.py"  # never opened: the script is refused first
+    assert main(["--seed-file", str(seed)]) == 2
+    assert "--seed-script" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("command", ["plan", "replay"])

@@ -1,8 +1,8 @@
 """CudaDriver's handle-type choice (issue 24), checked where there is no GPU.
 
-``handle_type=`` is checked before CUDA is touched, and ``exportable=`` is a deprecated alias
-of it, so both are testable on any machine. The choice itself (``_pick_handle_type``) is a
-function of the probe it is given: here the probe is a table of CUDA's answers, so the order
+``handle_type=`` is checked before CUDA is touched, so it is testable on any machine. The
+choice itself (``_pick_handle_type``) is a function of the probe it is given: here the probe
+is a table of CUDA's answers, so the order
 SGLang 0.5.23 tries, the fallback and the refusals are proven without a card. The probe on a
 real card (an H200: FABRIC refused, POSIX fd taken) is ``tests/gpu/test_gpu_handle_type.py``.
 """
@@ -79,22 +79,9 @@ def test_open_driver_refuses_an_unknown_handle_type_even_where_it_would_fall_bac
         open_driver("auto", handle_type="nvlink")
 
 
-@pytest.mark.parametrize(("exportable", "means"), [(True, "posix_fd"), (False, "none")])
-def test_exportable_is_a_deprecated_name_for_a_handle_type(exportable: bool, means: str) -> None:
-    with pytest.warns(DeprecationWarning, match=f"handle_type='{means}'"):
-        try:
-            d = CudaDriver(exportable=exportable)
-        except DriverUnavailableError:
-            return  # no GPU: the warning was the shim's whole answer
-    try:
-        assert d.handle_type == means and d.exportable == exportable
-    finally:
-        d.close()
-
-
 def test_handle_type_alone_gives_no_warning() -> None:
     with warnings.catch_warnings():
-        warnings.simplefilter("error")  # a DeprecationWarning would raise here
+        warnings.simplefilter("error")
         try:
             d = CudaDriver(handle_type="posix_fd")
         except DriverUnavailableError:
@@ -105,19 +92,10 @@ def test_handle_type_alone_gives_no_warning() -> None:
         d.close()
 
 
-@pytest.mark.parametrize(("exportable", "handle_type"),
-                         [(True, "fabric"), (True, "auto"), (False, "posix_fd"),
-                          (False, "auto")])
-def test_exportable_that_contradicts_handle_type_is_refused(exportable: bool,
-                                                             handle_type: str) -> None:
-    with pytest.warns(DeprecationWarning), pytest.raises(ArgumentError) as info:
-        CudaDriver(exportable=exportable, handle_type=handle_type)
-    assert info.value.name == "exportable" and handle_type in info.value.limit
-
-
-def test_exportable_must_still_be_a_bool() -> None:
-    with pytest.raises(ArgumentError, match="exportable"):
-        CudaDriver(exportable="yes")  # type: ignore[arg-type]
+@pytest.mark.parametrize("kind", ["cuda", "auto"])
+def test_an_option_no_driver_takes_is_refused_before_any_driver_opens(kind: str) -> None:
+    with pytest.raises(TypeError, match="exportable"):
+        open_driver(kind, exportable=True)
 
 
 @no_gpu

@@ -122,14 +122,6 @@ def test_driver_for_refuses_an_unknown_kind_as_open_driver_does() -> None:
         driver_for("gpu")
 
 
-def test_open_sim_or_still_opens_but_warns_that_it_moved() -> None:
-    from kvvmm.growth import open_sim_or
-
-    with pytest.warns(DeprecationWarning, match="driver_for"):
-        drv = open_sim_or("sim", "b200")
-    assert drv.profile.key == "b200"  # type: ignore[attr-defined]
-
-
 # -- notebook_driver_kind: the driver a notebook runs on ----------------------------------------
 
 

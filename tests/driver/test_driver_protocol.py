@@ -13,6 +13,7 @@ from kvvmm.budget import BudgetedDriver, Ledger
 from kvvmm.driver import Driver, FaultyDriver, SimDriver
 from kvvmm.driver.base import OPTIONAL_CALLS, check_driver, work_hook
 from kvvmm.driver.host import HostDriver
+from kvvmm.errors import ArgumentError
 from kvvmm.measure.timer import TimedDriver
 from kvvmm.record import TracingDriver
 from kvvmm.units import GiB, MiB
@@ -99,12 +100,12 @@ def test_the_simulator_pins_nothing_and_closes_nothing() -> None:
     assert sim.stats().clean
 
 
-class _Legacy:
-    """A driver written for 0.2: the required calls only, no base class."""
+class _Bare:
+    """A driver object with the protocol's required calls only, and no base class."""
 
     def __init__(self) -> None:
         self._sim = SimDriver("h200")
-        self.kind, self.device, self.name = "sim", 0, "legacy"
+        self.kind, self.device, self.name = "sim", 0, "bare"
         self.memory = self._sim.memory
 
     def __getattr__(self, name: str) -> Any:
@@ -113,15 +114,13 @@ class _Legacy:
         return getattr(self._sim, name)
 
 
-def test_a_driver_without_the_optional_calls_gets_their_defaults_with_a_warning() -> None:
-    d = _Legacy()
-    with pytest.warns(DeprecationWarning, match="optional calls"):
+def test_a_driver_without_the_optional_calls_is_refused_and_told_to_subclass_driver() -> None:
+    d = _Bare()
+    with pytest.raises(ArgumentError, match=r"subclass kvvmm\.driver\.Driver") as info:
         check_driver(d)
-    assert isinstance(d, Driver) and d.clock_us == 0.0 and work_hook(d) is None
-    assert d.handle_type == "posix_fd"  # what its export_handle promised in 0.2
-    assert d.granularity_min == d.granularity() and d.fast_path is None
-    with Arena(d, reserve_bytes=8 * MiB) as a:  # type: ignore[arg-type]
-        a.allocate(2 * MiB, "x")
+    assert "clock_us" in str(info.value) and not hasattr(d, "clock_us")  # nothing was added
+    with pytest.raises(ArgumentError, match="optional calls"):
+        Arena(d, reserve_bytes=8 * MiB)  # type: ignore[arg-type]
 
 
 def test_a_wrapper_overrides_one_method_to_see_every_call() -> None:

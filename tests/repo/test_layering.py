@@ -59,23 +59,16 @@ LAYER_OF = {
     "kvvmm.layout": "layout",
     "kvvmm.arena": "arena",
     "kvvmm.owner": "owner",
-    "kvvmm.distributed": "owner",  # 0.3: a shim for kvvmm.owner.distributed
-    "kvvmm.tp": "owner",  # 0.3: a shim for kvvmm.owner.tp
     "kvvmm.replay": "owner",  # rebuilds arenas from a trace
     "kvvmm.growth": "owner",  # decode growth under each policy, on real owners
     "kvvmm.pressure": "owner",  # 0.3: the pressure poll, over drivers, pools and owners
     "kvvmm.budget": "budget",
-    "kvvmm.budget.cli": "cli",  # 0.3: a shim for kvvmm.cli.budget
     "kvvmm.workload": "workload",
-    "kvvmm.workload.cli": "cli",  # 0.3: a shim for kvvmm.cli.replay
     "kvvmm.viz": "viz",
     "kvvmm.lab": "lab",
     "kvvmm.integrations": "integrations",
     "kvvmm.cli": "cli",  # dispatch, one module per command, the lab's working copies
     "kvvmm.measure": "measure",  # `kvvmm bench` and `kvvmm calibrate`: owners and arenas on a GPU
-    "kvvmm.bench": "measure",  # 0.3: a shim for kvvmm.measure.bench
-    "kvvmm.calibrate": "measure",  # 0.3: a shim for kvvmm.measure.calibrate
-    "kvvmm.workspace": "cli",  # 0.3: a shim for kvvmm.cli.workspace
     "kvvmm.__main__": "cli",
     # The package root re-exports everything: only the CLI may import it from inside.
     "kvvmm": "cli",
