@@ -47,6 +47,14 @@ def test_each_layers_row_names_every_module_the_layering_test_puts_there() -> No
     assert not missing, f"docs/DESIGN.md's layer rows lack: {missing}"
 
 
+def test_the_map_names_every_wing_of_the_package() -> None:
+    section = DOC.split("## Map of the repo", 1)[1]
+    wings = sorted(p.name for p in (ROOT / "kvvmm").iterdir()
+                   if p.is_dir() and (p / "__init__.py").is_file())
+    missing = [w for w in wings if not re.search(rf"^\s+{w}/\s", section, re.MULTILINE)]
+    assert not missing, f"docs/DESIGN.md's map of the repo does not name kvvmm/{missing}"
+
+
 def test_the_page_the_code_cites_exists_and_the_readme_links_it() -> None:
     readme = (ROOT / "README.md").read_text()
     assert "docs/DESIGN.md" in readme
