@@ -151,8 +151,10 @@ def as_vllm_error(err: KvvmmError) -> VllmDriverError:
     """``err`` as vLLM's drivers would raise it (see :class:`VllmDriverError`)."""
     if isinstance(err, VllmDriverError):
         return err
-    name = err.cuda_error if isinstance(err, DriverError) else None
-    code, text = _CODES.get(name or "", _UNKNOWN)
+    # A refusal while asleep is CUDA's answer to an operation the state does not permit.
+    name = (err.cuda_error if isinstance(err, DriverError) else
+            CUDA_ERROR_NOT_PERMITTED if isinstance(err, AsleepError) else "")
+    code, text = _CODES.get(name, _UNKNOWN)
     new = _twin(type(err)).__new__(_twin(type(err)))
     new.__dict__.update(err.__dict__)
     new.args = (f"GPU driver error {code}: {text} ({err})",)
