@@ -181,7 +181,7 @@ def test_a_sleep_gives_its_bytes_back_to_the_budget_and_a_wake_past_the_limit_st
             ledger.set_limit("vllm", 8 * MiB, shed_wait_s=0)  # lowered while it sleeps
             with pytest.raises(BudgetExceededError):
                 adapter.wake()
-            assert adapter.asleep(et.base_ptr) and tenant.backed_bytes == 0
+            assert adapter.snapshot(et.base_ptr).asleep_bytes and tenant.backed_bytes == 0
             ledger.set_limit("vllm", BUDGET, shed_wait_s=0)
             adapter.wake()
             assert tenant.backed_bytes == et.physical_bytes == 10 * MiB

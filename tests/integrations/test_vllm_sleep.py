@@ -57,7 +57,7 @@ def test_kv_bytes_are_equal_after_sleep_and_wake_under_vllms_tensor(
     before, chunks = contents(et), et.num_physical_chunks
     views = [et.segment_view(i) for i in range(2)]  # made before the sleep, read after
     res = adapter.sleep()
-    assert (res.reservations, res.mappings, res.backup) == (1, chunks, "host")
+    assert (res.mappings, res.backup, res.pool_bytes) == (chunks, "host", 0)
     assert res.given_bytes == res.backup_bytes == et.physical_bytes
     assert host.stats().physical_bytes == 0 and host.stats().reservations == 1
     assert not et.segment_view(0).any()  # asleep: the host driver shows zeros
@@ -83,7 +83,7 @@ def test_the_snapshot_shows_where_a_wake_maps_the_memory_again(
     asleep = adapter.snapshot(et.base_ptr)
     assert asleep.mappings == () and asleep.backed_bytes == 0
     assert asleep.asleep_mappings == awake.mappings and asleep.asleep_bytes == awake.backed_bytes
-    assert adapter.asleep(et.base_ptr)
+    assert adapter.snapshot(et.base_ptr).asleep_bytes
     va_map(asleep)  # the lab draws it
     adapter.wake()
     assert adapter.snapshot(et.base_ptr) == awake
@@ -128,7 +128,7 @@ def test_a_failed_wake_leaves_it_asleep_with_its_backup_and_a_retry_brings_the_b
     faulty.arm(Fault("create", nth=3))
     with pytest.raises(DriverError):
         adapter.wake()
-    assert adapter.asleep(et.base_ptr) and host.stats().handles == 0
+    assert adapter.snapshot(et.base_ptr).asleep_bytes and host.stats().handles == 0
     faulty.disarm()
     adapter.wake()
     assert all(torch.equal(a, b) for a, b in zip(before, contents(et), strict=True))
@@ -148,7 +148,7 @@ def test_a_failed_unmap_in_a_sleep_maps_everything_back_with_its_bytes(
     faulty.arm(Fault("unmap", nth=2))
     with pytest.raises(DriverError):
         adapter.sleep()
-    assert not adapter.asleep(et.base_ptr) and adapter.snapshot(et.base_ptr) == snap
+    assert not adapter.snapshot(et.base_ptr).asleep_bytes and adapter.snapshot(et.base_ptr) == snap
     assert all(torch.equal(a, b) for a, b in zip(before, contents(et), strict=True))
     et.free()
     assert host.stats().clean
