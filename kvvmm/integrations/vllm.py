@@ -91,7 +91,7 @@ def as_vllm_error(err: KvvmmError) -> VllmDriverError:
     """``err`` as vLLM's drivers would raise it (see :class:`VllmDriverError`)."""
     if isinstance(err, VllmDriverError):
         return err
-    cls = runtime_errors.__dict__.get(type(err).__name__)
+    cls: Any = runtime_errors.__dict__.get(type(err).__name__)
     if not (isinstance(cls, type) and issubclass(cls, type(err))):
         cls = types.new_class(type(err).__name__, (type(err), VllmDriverError))
         cls.__module__, cls.__qualname__ = __name__, f"runtime_errors.{type(err).__name__}"
@@ -407,7 +407,7 @@ class KvvmmVmmDriver:
                 failed.add_note("the sleep stands; wake() retries the release")
                 raise failed
             nb = sum(n for _, n, _ in flat)
-            return SleepResult(store and store.kind, nb, len(flat), nb if store else 0, 0)
+            return SleepResult(store.kind if store else None, nb, len(flat), nb if store else 0, 0)
 
     def wake(self, bases: Sequence[int] | None = None) -> int:
         """Map new memory where :meth:`sleep` gave it back, same handle ids, bytes copied back.
