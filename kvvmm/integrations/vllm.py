@@ -67,7 +67,6 @@ _CODES = {CUDA_ERROR_INVALID_VALUE: (1, "invalid argument"),
           CUDA_ERROR_NOT_PERMITTED: (800, "operation not permitted"),
           CUDA_ERROR_NOT_SUPPORTED: (801, "operation not supported"),
           "CUDA_ERROR_UNKNOWN": _UNKNOWN}
-_TEXT = {code: text for code, text in _CODES.values()}
 #: DLPack device types (``kDLCPU``, ``kDLCUDA``); 0 is none, which torch refuses.
 _DLPACK = {MemoryKind.DEVICE: 2, MemoryKind.HOST: 1, MemoryKind.NONE: 0}
 
@@ -186,15 +185,14 @@ class KvvmmVmmDriver:
 
     def error_string(self, code: int) -> str:
         """``cuGetErrorString``'s text for a CUDA error code."""
-        return _TEXT.get(code, _UNKNOWN[1])
+        return next((t for c, t in _CODES.values() if c == code), _UNKNOWN[1])
 
     def unusable_runtime_reason(self, device_index: int) -> str | None:
         """Why this driver cannot back vLLM's growable allocations here, or None."""
         if device_index != self.driver.device:
             return f"kvvmm's driver is on device {self.driver.device}, not {device_index}"
-        if self.driver.memory is MemoryKind.NONE:
-            return "kvvmm's simulator holds no memory: no tensor can be made over its VA"
-        return None
+        return ("kvvmm's simulator holds no memory: no tensor can be made over its VA"
+                if self.driver.memory is MemoryKind.NONE else None)
 
     def ensure_context(self, device_index: int) -> None:
         """Check ``device_index`` is the driver's (kvvmm's CUDA driver binds its context)."""
@@ -369,7 +367,9 @@ class KvvmmVmmDriver:
                 if why:
                     raise SleepRefusedError(f"sleep: the reservation at {base:#x} {why}; "
                                             "nothing changed")
-            store = make_backup(backup, path)
+            store = make_backup(backup, path)  # checked even with nothing to keep
+            if not picked:
+                return SleepResult(None, 0, 0, 0, 0)
             group = _Asleep([(r, sorted((va, n, hid) for va, (n, hid) in r.maps.items()))
                              for _, r in picked], store, [])
             flat = group.maps
@@ -521,10 +521,9 @@ class KvvmmVmmDriver:
             like = views[0] if views else torch.empty(0, dtype=torch.uint8, device="meta")
             if save:
                 store.open(sum(v.numel() for v in views), like)
-            pos = 0
-            for v in views:
+            starts = itertools.accumulate((v.numel() for v in views), initial=0)
+            for pos, v in zip(starts, views, strict=False):  # starts has one past the end
                 (store.save if save else store.load)(pos, v)
-                pos += v.numel()
             store.flush(like.device)
         except Exception as e:
             if save:

@@ -269,3 +269,15 @@ def test_vllms_own_availability_probe_runs_its_round_trip_over_the_adapter(
     monkeypatch.setattr(torch.accelerator, "is_available", lambda: True)
     assert vllm.vmm_driver.vmm_unavailable_reason() is None
     assert host.stats().clean
+
+
+def test_install_without_vllm_is_a_typed_import_error_and_changes_nothing(
+        make_driver: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, kv.VLLM_MODULE, None)  # import of it raises ImportError
+    with pytest.raises(kv.VllmUnavailableError, match=r"vllm\.utils\.vmm_driver") as e:
+        kv.install(make_driver("sim"))
+    assert isinstance(e.value, ImportError) and not kv.uninstall()
+    with pytest.raises(ArgumentError):
+        kv.install("cuda")  # type: ignore[arg-type]  # a kind's name, not a driver

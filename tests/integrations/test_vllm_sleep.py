@@ -164,3 +164,38 @@ def test_sleep_takes_known_reservations_only(vllm: types.SimpleNamespace,
             adapter.sleep(bad)  # type: ignore[arg-type]
     with pytest.raises(ArgumentError):
         adapter.snapshot(0)
+
+
+def test_a_reservation_with_nothing_mapped_sleeps_and_wakes_and_an_empty_pick_makes_no_file(
+        vllm: types.SimpleNamespace, make_driver: Any, tmp_path: Any) -> None:
+    host = make_driver("host")
+    adapter = kv.install(host)
+    et = vllm.extensible_tensor.ExtensibleTensor(16 * MiB, "cuda:0")
+    res = adapter.sleep(backup="disk", path=tmp_path / "kv.bin")
+    assert (res.mappings, res.given_bytes) == (0, 0)
+    assert adapter.wake() == 0 and not (tmp_path / "kv.bin").exists()
+    assert adapter.sleep([], backup="disk", path=tmp_path / "none.bin").mappings == 0
+    assert not (tmp_path / "none.bin").exists()
+    et.free()
+    assert host.stats().clean
+
+
+@pytest.mark.parametrize("kind", ["host", "sim"])
+def test_a_disk_backup_brings_the_bytes_back_and_goes_with_the_wake(
+        vllm: types.SimpleNamespace, make_driver: Any, tmp_path: Any, kind: str) -> None:
+    import torch
+
+    inner = make_driver(kind)
+    adapter = kv.install(inner)
+    et = vllm.extensible_tensor.ExtensibleTensor(32 * MiB, "cuda:0", num_segments=2)
+    et.resize_per_segment_(5 * MiB)
+    if kind == "host":
+        et.segment_view(1).fill_(9)
+    res = adapter.sleep(backup="disk", path=tmp_path / "kv.bin")
+    assert res.backup == "disk" and inner.stats().physical_bytes == 0
+    assert adapter.wake([et.base_ptr]) == et.physical_bytes == inner.stats().physical_bytes
+    assert not (tmp_path / "kv.bin").exists()
+    if kind == "host":
+        assert torch.equal(et.segment_view(1), torch.full((5 * MiB,), 9, dtype=torch.uint8))
+    et.free()
+    assert inner.stats().clean
