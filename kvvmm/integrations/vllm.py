@@ -54,8 +54,8 @@ __all__ = ["MEM_HANDLE_TYPE_FABRIC", "MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR", "V
 #: The module whose factory :func:`install` replaces.
 VLLM_MODULE = "vllm.utils.vmm_driver"
 #: ``export_handle_types`` bits, as vLLM (and CUDA's ``CUmemAllocationHandleType``) number them.
-MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR = 1
-MEM_HANDLE_TYPE_FABRIC = 8
+MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR: int = 1  # CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+MEM_HANDLE_TYPE_FABRIC: int = 8  # CU_MEM_HANDLE_TYPE_FABRIC
 
 CUDA_ERROR_NOT_PERMITTED = "CUDA_ERROR_NOT_PERMITTED"
 #: CUDA's code and ``cuGetErrorString`` text for each error name kvvmm's drivers raise.
