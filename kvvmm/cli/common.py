@@ -166,13 +166,15 @@ def number_type(lo: float, hi: float, what: str = "", *, lo_open: bool = False
 
 
 def path_type(text: str) -> str:
-    """An argparse ``type`` for a path: not empty, no NUL, at most :data:`MAX_PATH_CHARS`.
+    """An argparse ``type`` for a path: 1 to :data:`MAX_PATH_CHARS` printable characters.
 
-    Whether it exists is the command's to say (it knows what it wants there).
+    A control character (a newline, a terminal escape) in a path is refused rather than
+    carried into every line that names the file. Whether the path exists is the command's to
+    say (it knows what it wants there).
     """
-    if not text or "\0" in text or len(text) > MAX_PATH_CHARS:
+    if not text or len(text) > MAX_PATH_CHARS or not text.isprintable():
         raise argparse.ArgumentTypeError(_refusal(ArgumentError(
-            "", text, f"a path of 1 to {MAX_PATH_CHARS} characters without NUL")))
+            "", text, f"a path of 1 to {MAX_PATH_CHARS} printable characters")))
     return text
 
 
@@ -201,6 +203,8 @@ def output_path(text: str, suffixes: Sequence[str], *, option: str = "-o") -> Pa
     out = Path(text)
     if not text or not out.name:
         raise ArgumentError(option, text, "a file name")
+    if out.is_dir():
+        raise ArgumentError(option, text, "a file, not a folder")
     if not out.suffix:
         out = out.with_name(out.name + suffixes[0])
     if out.suffix.lower() not in suffixes:

@@ -212,9 +212,10 @@ def _strict(value: Any) -> Any:
     return value
 
 
-def _profile_line(used: dict[str, str]) -> str:
-    return (f"profile: {used['key']} ({used['card']}, measured {used['date']}; "
-            f"{used['path']})")
+def _output(args: argparse.Namespace, default: str) -> Path:
+    """The report's path, checked before any work (also with ``--json``, which writes no
+    report: a bad ``-o`` is still refused rather than ignored)."""
+    return output_path(default if args.output is None else args.output, _OUTPUTS)
 
 
 def _profile_line(used: dict[str, str]) -> str:
@@ -305,8 +306,7 @@ def _tenants_command(args: argparse.Namespace) -> int:
         split_tenants(args.tenants)  # its form, count and offsets
         budget = parse_size(args.budget, name="--budget", lo=1)
         demand = None if args.demand is None else _demand(args.demand)
-        out = None if args.json else output_path(args.output or "tenants-replay.html",
-                                                 _OUTPUTS)
+        out = _output(args, "tenants-replay.html")
         used = profile_summary(args.gpu)
         # The budget is the simulated card's memory: more than the card has is no budget
         # (and the books of every granule of it would fill this machine's memory).
@@ -326,7 +326,7 @@ def _tenants_command(args: argparse.Namespace) -> int:
         return _fail(f"{type(e).__name__}: {e}")
     except Exception as e:
         return _fail(f"the tenants could not be replayed ({type(e).__name__}: {e})")
-    if out is None:
+    if args.json:
         print(json.dumps(_strict({"gpu": args.gpu, "budget_bytes": budget,
                                   "profile": used,
                                   "runs": {k: r.summary() for k, r in runs.items()}}),
@@ -360,8 +360,7 @@ def replay_command(args: argparse.Namespace) -> int:
     pause_scale = 1.0 if args.real_time else None  # the replay and its bands alike
     stem = "generated" if args.trace == "generated" else Path(args.trace).stem
     try:
-        out = None if args.json else output_path(args.output or f"{stem}-replay.html",
-                                                 _OUTPUTS)
+        out = _output(args, f"{stem}-replay.html")
         used = profile_summary(args.gpu)
         load_model(args.model)
         if args.seconds is not None and args.trace != "generated":  # the generator says its own
@@ -401,7 +400,7 @@ def replay_command(args: argparse.Namespace) -> int:
                                    pause_scale=pause_scale)
         except Exception as e:  # the point figures stand; the bands say why they are missing
             return _fail(f"the bands could not be run ({type(e).__name__}: {e})")
-    if out is None:
+    if args.json:
         from kvvmm.workload.bands import BAND_QUANTILES, band_notes
 
         s = cmp.setup
