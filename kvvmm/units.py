@@ -62,10 +62,11 @@ def parse_size(text: str, *, name: str = "size", lo: int = 0, hi: int = MAX_BYTE
         raise ArgumentError(name, text, _SIZE_FORMS, _why_not_a_size(text))
     whole, frac, unit = m.group(1), m.group(2) or "", m.group(3).lower()
     scaled = int(whole + frac) * _SIZE_UNITS[unit]  # the digits as an integer, times the unit
-    nbytes, rest = divmod(scaled, 10 ** len(frac))
+    den: int = 10 ** len(frac)
+    nbytes, rest = divmod(scaled, den)
     if rest:
         raise ArgumentError(name, text, "a whole number of bytes",
-                            f"it is {nbytes} and {rest}/{10 ** len(frac)} bytes")
+                            f"it is {nbytes} and {rest}/{den} bytes")
     limit = f"a size in [{lo}, {hi}] bytes ({fmt_bytes(lo)} to {fmt_bytes(hi)})"
     if nbytes < lo:
         raise ArgumentError(name, text, limit, f"it is {nbytes} bytes")
