@@ -17,7 +17,9 @@ what they share (``common``); this module parses and dispatches.
 - ``kvvmm --version``.
 
 Exit codes: 0 success, 2 bad input or a missing piece (with one line saying why), else
-what the delegated command returns.
+what the delegated command returns. Bad input (an argument, a trace, a file) is found before
+any work, in bounded time, and said in one escaped line, never a traceback
+(:mod:`kvvmm.cli.common`: the parser, bounded number and size types, the one-line error).
 """
 
 from __future__ import annotations
