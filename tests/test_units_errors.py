@@ -26,7 +26,19 @@ from kvvmm.errors import (
     TraceFormatError,
     UnknownDtypeError,
 )
-from kvvmm.units import GiB, KiB, MiB, TiB, align_down, align_up, fmt_bytes, fmt_range
+from kvvmm.units import (
+    MAX_BYTES,
+    GiB,
+    KiB,
+    MiB,
+    PiB,
+    TiB,
+    align_down,
+    align_up,
+    fmt_bytes,
+    fmt_range,
+    parse_size,
+)
 
 # -- units ------------------------------------------------------------------------------------
 
@@ -91,6 +103,67 @@ def test_fmt_bytes_picks_the_largest_unit_that_fits(nbytes: int, text: str) -> N
 def test_fmt_range_is_half_open_and_hex() -> None:
     assert fmt_range(0x7F00_0020_0000, 0x7F00_0040_0000) == "[0x7f0000200000, 0x7f0000400000)"
     assert fmt_range(0, 2 * MiB) == "[0x0, 0x200000)"
+
+
+# -- sizes written as text --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("text", "nbytes"), [
+    ("0", 0), ("4096", 4096), ("80GiB", 80 * GiB), ("512 MiB", 512 * MiB), ("2gb", 2 * 10**9),
+    ("1.5GiB", 3 * GiB // 2), ("0.5KiB", 512), (" 7 B ", 7), ("1PiB", PiB), ("3TB", 3 * 10**12),
+    ("64PiB", MAX_BYTES), (str(MAX_BYTES), MAX_BYTES), (str(MAX_BYTES - 1), MAX_BYTES - 1),
+    ("0.000000001GB", 1), ("1." + "0" * 40 + "KiB", KiB),
+])
+def test_a_size_is_read_exactly_with_no_float_in_between(text: str, nbytes: int) -> None:
+    assert parse_size(text) == nbytes
+
+
+@pytest.mark.parametrize("text", [
+    str(MAX_BYTES + 1), "65537TiB", "64.5PiB", str(2**64), str(2**63 - 1), "9" * 64,
+])
+def test_a_size_past_max_bytes_is_refused_naming_the_value_and_the_limit(text: str) -> None:
+    with pytest.raises(OutOfRangeError) as e:
+        parse_size(text)
+    assert str(MAX_BYTES) in str(e.value) and repr(text) in str(e.value)
+
+
+def test_a_size_one_byte_past_the_limit_is_not_rounded_to_it() -> None:
+    with pytest.raises(OutOfRangeError, match=str(MAX_BYTES + 1)):
+        parse_size(str(MAX_BYTES + 1))
+    with pytest.raises(OutOfRangeError, match=r"in \[0, 1073741823\]"):
+        parse_size("1GiB", hi=GiB - 1)
+    with pytest.raises(ArgumentError, match="1, "):
+        parse_size("0", lo=1)
+
+
+@pytest.mark.parametrize(("text", "says"), [
+    ("9" * 400, "64 characters"), ("9" * 65, "64 characters"), ("1e300", "exponents"),
+    ("1E3", "exponents"), ("-1", "negative"), ("-0", "negative"), ("nan", "finite"),
+    ("inf", "finite"), ("+inf", "finite"), ("Infinity", "finite"), ("", "whole number"),
+    ("   ", "whole number"), ("1.5B", "whole number of bytes"), ("0.3KiB", "whole number"),
+    ("1.GiB", "whole number"), (".5GiB", "whole number"), ("1,024", "whole number"),
+    ("1_000", "whole number"), ("0x10", "whole number"), ("10 parsecs", "whole number"),
+    ("\x1b[31m", "whole number"), ("\u0663", "whole number"), ("\uff11\uff10", "whole number"),
+    ("1GiB\n2", "whole number"),
+])
+def test_what_is_not_a_size_is_refused_with_one_line_saying_why(text: str, says: str) -> None:
+    with pytest.raises(ArgumentError) as e:
+        parse_size(text, name="--budget")
+    msg = str(e.value)
+    assert says in msg and msg.startswith("--budget=") and "\n" not in msg
+    assert len(msg) < 500
+
+
+@pytest.mark.parametrize("value", [None, 4096, 4096.0, b"4096", ["4096"]])
+def test_a_size_that_is_not_text_is_refused(value: object) -> None:
+    with pytest.raises(ArgumentError):
+        parse_size(value)  # type: ignore[arg-type]
+
+
+def test_the_size_limit_is_the_ledgers() -> None:
+    from kvvmm.budget import MAX_BYTES as LEDGER_MAX_BYTES
+
+    assert MAX_BYTES == LEDGER_MAX_BYTES == 64 * PiB
 
 
 # -- the error hierarchy ----------------------------------------------------------------------

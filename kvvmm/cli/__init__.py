@@ -17,7 +17,9 @@ what they share (``common``); this module parses and dispatches.
 - ``kvvmm --version``.
 
 Exit codes: 0 success, 2 bad input or a missing piece (with one line saying why), else
-what the delegated command returns.
+what the delegated command returns. Bad input (an argument, a trace, a file) is found before
+any work, in bounded time, and said in one escaped line, never a traceback
+(:mod:`kvvmm.cli.common`: the parser, bounded number and size types, the one-line error).
 """
 
 from __future__ import annotations
@@ -27,7 +29,17 @@ import sys
 from collections.abc import Sequence
 
 from kvvmm.cli.bench import _cmd_bench, _torch_cuda_usable
-from kvvmm.cli.common import _err, parse_bytes
+from kvvmm.cli.common import (
+    MAX_TOKENS,
+    MAX_TP,
+    CliParser,
+    _err,
+    help_columns,
+    int_type,
+    number_type,
+    parse_bytes,
+    path_type,
+)
 from kvvmm.cli.lab import (
     DRIVER_ENV,
     GpuProbe,
@@ -58,7 +70,7 @@ def _version() -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
+    ap = CliParser(
         prog="kvvmm", description="CUDA virtual memory for LLM KV caches: lab and tools.")
     ap.add_argument("--version", action="version", version=f"kvvmm {_version()}")
     sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
@@ -67,17 +79,19 @@ def _parser() -> argparse.ArgumentParser:
                          description="Open JupyterLab on notebooks/ with KVVMM_DRIVER set.")
     lab.add_argument("--driver", choices=["auto", *DRIVER_KINDS], default="auto",
                      help="driver the notebooks use (auto: cuda with a usable GPU, else sim)")
-    lab.add_argument("--port", type=int, default=None, help="JupyterLab's port")
+    lab.add_argument("--port", type=int_type(1, 65535, "a TCP port"), default=None,
+                     help="JupyterLab's port")
     lab.add_argument("--no-browser", action="store_true", help="do not open a browser")
-    lab.add_argument("--notebooks", default=None, help="notebooks folder (default: found)")
+    lab.add_argument("--notebooks", type=path_type, default=None,
+                     help="notebooks folder (default: found)")
     lab.add_argument("jupyter_args", nargs="*", help="more arguments for jupyter lab "
                                                      "(after --)")
 
     mp = sub.add_parser("map", help="write an HTML VA map of a saved trace",
                         description="Replay a trace's arenas and draw them as standalone HTML "
                                     "(or images: -o map.png).")
-    mp.add_argument("trace", help="trace JSON (Trace.save / TracingDriver)")
-    mp.add_argument("-o", "--output", default=None,
+    mp.add_argument("trace", type=path_type, help="trace JSON (Trace.save / TracingDriver)")
+    mp.add_argument("-o", "--output", type=path_type, default=None,
                     help="HTML file (default: TRACE.html); .png/.svg/.pdf write one image per "
                          "figure (MAP-0.png, MAP-1.png, ... when several; needs kaleido and "
                          "Chromium)")
@@ -90,9 +104,11 @@ def _parser() -> argparse.ArgumentParser:
                          "(meta-llama/Llama-3.1-8B-Instruct, Qwen/Qwen2.5-7B, ...), or a path "
                          "to a config.json")
     pl.add_argument("--gpu", default="h200", help=GPU_HELP)
-    pl.add_argument("--tp", type=int, default=1, help="tensor-parallel size")
+    pl.add_argument("--tp", type=int_type(1, MAX_TP, "GPUs"), default=1,
+                    help="tensor-parallel size")
     pl.add_argument("--dtype", default="bfloat16", help="KV dtype")
-    pl.add_argument("--page-size", type=int, default=16, help="tokens per page")
+    pl.add_argument("--page-size", type=int_type(1, MAX_TOKENS, "tokens"), default=16,
+                    help="tokens per page")
     pl.add_argument("--layout", default="token_major", choices=["token_major", "page_major"])
     pl.add_argument("--budget-bytes", type=parse_bytes, default=None,
                     help="KV budget (80GiB, or bytes), alone; default "
@@ -103,15 +119,16 @@ def _parser() -> argparse.ArgumentParser:
     pl.add_argument("--headroom-bytes", type=parse_bytes, default=None,
                     help="memory kept back for activations, graphs and the allocator; "
                          "default total * (1 - mem-fraction-static)")
-    pl.add_argument("--mem-fraction-static", type=float, default=None,
+    pl.add_argument("--mem-fraction-static", type=number_type(0, 1, "a share", lo_open=True),
+                    default=None,
                     help="SGLang's share of the card for weights + KV (default 0.9); "
                          "not with --headroom-bytes")
     pl.add_argument("--weights-dtype", default=None,
                     help="dtype the weights are counted in (default: the model's, as its "
                          "config says: fp8 for DeepSeek-V3, else its torch_dtype)")
-    pl.add_argument("--max-total-tokens", type=int, default=None,
+    pl.add_argument("--max-total-tokens", type=int_type(1, MAX_TOKENS, "tokens"), default=None,
                     help="cap on the KV tokens (SGLang's --max-total-tokens)")
-    pl.add_argument("--reserved-tokens", type=int, default=None,
+    pl.add_argument("--reserved-tokens", type=int_type(1, MAX_TOKENS, "tokens"), default=None,
                     help="upper bound the VA is reserved for (default: the planned tokens)")
     pl.add_argument("--count-overhead", action="store_true",
                     help="count padding and granularity rounding against the budget")
@@ -144,12 +161,9 @@ def main(argv: Sequence[str] | None = None, *, launch: Launcher | None = None,
         The exit code.
     """
     args_in = list(sys.argv[1:] if argv is None else argv)
-    if args_in and args_in[0] == "bench":
-        return _cmd_bench(args_in[1:], gpu_probe or _torch_cuda_usable)
-    if args_in and args_in[0] == "calibrate":
-        from kvvmm.measure import calibrate  # it says itself, in one line, when there is no GPU
-
-        return int(calibrate.main(args_in[1:]))
+    if args_in and args_in[0] in ("bench", "calibrate"):
+        with help_columns():  # their own parsers: laid out for HELP_COLUMNS as well
+            return _cmd_delegated(args_in[0], args_in[1:], gpu_probe)
     args = _parser().parse_args(args_in)
     try:
         if args.cmd == "lab":
@@ -171,7 +185,25 @@ def main(argv: Sequence[str] | None = None, *, launch: Launcher | None = None,
     except (KvvmmError, ValueError, OSError) as e:
         _err(args.cmd, f"{type(e).__name__}: {e}")
         return 2
+    except Exception as e:
+        # Input read deep inside (a trace, a config, a profile) is still input: one line and
+        # exit 2, never a traceback. Named as what it is, so a bug still shows its class.
+        _err(args.cmd, f"could not be run ({type(e).__name__}: {e})")
+        return 2
     raise AssertionError(f"unhandled command {args.cmd!r}")  # argparse allows no other
+
+
+def _cmd_delegated(cmd: str, rest: list[str], gpu_probe: GpuProbe | None) -> int:
+    """``kvvmm bench`` and ``kvvmm calibrate``: their modules parse their own arguments."""
+    if cmd == "bench":
+        return _cmd_bench(rest, gpu_probe or _torch_cuda_usable)
+    from kvvmm.measure import calibrate  # it says itself, in one line, when there is no GPU
+
+    try:
+        return int(calibrate.main(rest))
+    except (KvvmmError, ValueError, OSError) as e:
+        _err(cmd, f"{type(e).__name__}: {e}")
+        return 2
 
 
 if __name__ == "__main__":

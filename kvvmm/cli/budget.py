@@ -24,13 +24,13 @@ __all__ = ["add_budget_parser", "budget_command", "format_snapshot"]
 
 def add_budget_parser(sub: Any) -> None:
     """Add ``budget`` to the ``kvvmm`` command's subparsers."""
-    from kvvmm.cli.common import parse_bytes
+    from kvvmm.cli.common import number_type, parse_bytes, path_type, size_type
 
     bp = sub.add_parser("budget", help="show or change the per-GPU budget ledger, live",
                         description="The budget broker's ledger (docs/BUDGET.md): show it, "
                                     "set a tenant's limit, set the GPU's budget.")
     where = argparse.ArgumentParser(add_help=False)
-    where.add_argument("--ledger", default=None,
+    where.add_argument("--ledger", type=path_type, default=None,
                        help="the ledger file (default /dev/shm/kvvmm-budget-KEY)")
     where.add_argument("--key", default="gpu0",
                        help="the GPU's key in the default path (gpu0; a UUID where "
@@ -41,11 +41,11 @@ def add_budget_parser(sub: Any) -> None:
     st = ops.add_parser("set", parents=[where], help="change a tenant's limit, live")
     st.add_argument("tenant", help="the tenant's name")
     st.add_argument("bytes", type=parse_bytes, help="its new limit (bytes, or 40GiB)")
-    st.add_argument("--shed-wait", type=float, default=1.0,
+    st.add_argument("--shed-wait", type=number_type(0, 3600, "seconds"), default=1.0,
                     help="seconds a tenant over its new limit is asked to shed within")
     ini = ops.add_parser("init", parents=[where], help="create the ledger or set the budget")
-    ini.add_argument("bytes", type=parse_bytes, help="the GPU's budget (bytes, or 120GiB)")
-    ini.add_argument("--shed-wait", type=float, default=1.0,
+    ini.add_argument("bytes", type=size_type(lo=1), help="the GPU's budget (bytes, or 120GiB)")
+    ini.add_argument("--shed-wait", type=number_type(0, 3600, "seconds"), default=1.0,
                      help="seconds tenants over a lowered budget are asked to shed within")
 
 

@@ -9,7 +9,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from kvvmm.cli.common import _err
+from kvvmm.cli.common import _err, show
 from kvvmm.driver import DRIVER_ENV
 
 # DRIVER_ENV lives in kvvmm.driver since 0.3 (notebook_driver_kind reads it); still here.
@@ -83,6 +83,9 @@ def _launch(argv: Sequence[str], env: Mapping[str, str]) -> int:
 
 
 def _cmd_lab(args: argparse.Namespace, launch: Launcher, gpu_probe: GpuProbe) -> int:
+    if args.notebooks is not None and not Path(args.notebooks).is_dir():
+        _err("lab", f"no notebooks folder: --notebooks {args.notebooks!r} is not a folder")
+        return 2
     notebooks = Path(args.notebooks) if args.notebooks else find_notebooks()
     if notebooks is None or not notebooks.is_dir():
         _err("lab", "no notebooks folder found: run this in the kvvmm repository (it has "
@@ -94,6 +97,7 @@ def _cmd_lab(args: argparse.Namespace, launch: Launcher, gpu_probe: GpuProbe) ->
 
     work = prepare_workspace(notebooks)
     argv, env = lab_command(args, work, gpu_probe)
-    print(f"kvvmm lab: {DRIVER_ENV}={env[DRIVER_ENV]}, working copies of {notebooks} in "
-          f"{work} (git ignores them; delete one to get the current version back)", flush=True)
+    print(f"kvvmm lab: {DRIVER_ENV}={env[DRIVER_ENV]}, working copies of {show(notebooks)} in "
+          f"{show(work)} (git ignores them; delete one to get the current version back)",
+          flush=True)
     return launch(argv, env)

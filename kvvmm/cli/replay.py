@@ -7,10 +7,12 @@ generator fitted to Azure's conversation trace (``--seed``). With ``--tenants`` 
 several models share one simulated GPU's budget (:mod:`kvvmm.workload.tenants`):
 
     kvvmm replay --tenants llama-3.1-8b:conv,qwen2.5-7b:generated@300 --budget 2GiB
- Prints the summary table,
-writes an HTML report (``-o``; and a PNG beside it with ``--png``), or prints JSON
-(``--json``). Bad input exits 2 with one line naming it. This module sits at the CLI layer
-(it writes reports through :mod:`kvvmm.viz`); ``kvvmm.cli`` wires it in.
+
+Prints the summary table, writes an HTML report (``-o``; and a PNG beside it with ``--png``),
+or prints JSON (``--json``). Bad input exits 2 with one line naming it, before any work:
+every option is read and bounded (at most :data:`MAX_TENANTS` tenants, offsets and times up
+to :data:`MAX_SECONDS`), the output path, card, models and trace files checked. This module sits
+at the CLI layer (it writes reports through :mod:`kvvmm.viz`); ``kvvmm.cli`` wires it in.
 """
 
 from __future__ import annotations
@@ -19,13 +21,28 @@ import argparse
 import json
 import math
 import sys
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from kvvmm.checks import number_arg
+from kvvmm.cli.common import (
+    MAX_TOKENS,
+    MAX_TP,
+    float_text,
+    int_type,
+    number_type,
+    one_line,
+    output_path,
+    path_type,
+    show,
+    size_type,
+)
 from kvvmm.driver import DRIVER_KINDS
-from kvvmm.errors import ArgumentError, KvvmmError
-from kvvmm.hardware import GPU_HELP, profile_summary
+from kvvmm.errors import ArgumentError, KvvmmError, OutOfRangeError
+from kvvmm.hardware import GPU_HELP, get_profile, profile_summary
 from kvvmm.layout import load_model
+from kvvmm.units import fmt_bytes, parse_size
 from kvvmm.workload import (
     SLOT_ORDERS,
     STRATEGIES,
@@ -36,9 +53,10 @@ from kvvmm.workload import (
     load_workload,
     run_workload,
 )
-from kvvmm.workload.tenants import Demand, Tenant, compare_tenants, shifted
+from kvvmm.workload.tenants import Demand, Tenant, compare_tenants, run_tenants, shifted
 
-__all__ = ["add_replay_parser", "parse_tenants", "replay_command"]
+__all__ = ["MAX_SECONDS", "MAX_TENANTS", "TenantSpec", "add_replay_parser", "parse_tenants",
+           "replay_command", "split_tenants"]
 
 
 def add_replay_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -48,27 +66,30 @@ def add_replay_parser(subparsers: Any) -> argparse.ArgumentParser:
         description="Serve a request trace (Azure CSV, JSONL, or 'generated') with continuous "
                     "batching, once per memory strategy, each on a real KvBufferOwner; print "
                     "the summary and write an HTML report.")
-    p.add_argument("trace", nargs="?", default=None,
+    p.add_argument("trace", nargs="?", default=None, type=path_type,
                    help="a .csv (Azure format) or .jsonl trace, or 'generated' (not with "
                         "--tenants)")
     p.add_argument("--model", default="llama-3.1-70b")
     p.add_argument("--gpu", default="h200", help=GPU_HELP)
-    p.add_argument("--tp", type=int, default=8)
+    p.add_argument("--tp", type=int_type(1, MAX_TP, "GPUs"), default=8,
+                   help="tensor-parallel size")
     p.add_argument("--strategy", action="append", choices=STRATEGIES, default=None,
-                   help="a strategy to run (repeat it; default: all)")
+                   metavar="NAME",
+                   help=f"a strategy to run (repeat it; default: all): {', '.join(STRATEGIES)}")
     p.add_argument("--slot-order", choices=SLOT_ORDERS, default="lowest")
-    p.add_argument("--seconds", type=float, default=None,
+    p.add_argument("--seconds", type=float_text, default=None,
                    help="only the first SECONDS of the trace (generated: its length, "
                         "default 600)")
-    p.add_argument("--seed", type=int, default=0, help="generated workloads' seed")
+    p.add_argument("--seed", type=int_type(0, MAX_SEED), default=0,
+                   help="generated workloads' seed")
     p.add_argument("--driver", choices=DRIVER_KINDS, default="sim")
     p.add_argument("--real-time", action="store_true",
                    help="on the sim, charge each call the cold premium an engine serving the "
                         "trace as it came would pay (its calls are a step or more apart); "
                         "default: as warm as back to back")
-    p.add_argument("--pool-tokens", type=int, default=None,
+    p.add_argument("--pool-tokens", type=int_type(1, MAX_TOKENS, "tokens"), default=None,
                    help="KV pool tokens per rank (default: what the planner fits)")
-    p.add_argument("-o", "--output", default=None,
+    p.add_argument("-o", "--output", type=path_type, default=None,
                    help="HTML report (default: <trace>-replay.html in the current folder)")
     p.add_argument("--png", action="store_true", help="also write the figure as PNG "
                                                       "(needs kaleido and Chromium)")
@@ -92,21 +113,92 @@ def add_replay_parser(subparsers: Any) -> argparse.ArgumentParser:
     t.add_argument("--demand", default=None, metavar="BYTES@S",
                    help="also take BYTES of the budget at S seconds (a second engine "
                         "starting) and measure each answer: reject, shed, preempt")
-    t.add_argument("--deadline-ms", type=float, default=5.0,
+    t.add_argument("--deadline-ms", type=number_type(0, MAX_DEADLINE_MS, "milliseconds"),
+                   default=5.0,
                    help="driver time a request may wait for other tenants to shed")
     return p
 
 
-#: the longest error line replay prints (a message quoting a huge input is cut)
-_MAX_LINE = 500
+#: The most tenants ``--tenants`` takes: engines sharing one card are a handful, and each
+#: one costs a run alone plus its share of two more; more is refused before any work.
+MAX_TENANTS = 16
+#: The latest time a tenant's offset or a demand names, seconds: a week. The simulated clock
+#: runs (and samples) through it, so it bounds the work as well.
+MAX_SECONDS = 7 * 24 * 3600.0
+#: The longest ``--deadline-ms``: a minute of waiting on sheds is no deadline.
+MAX_DEADLINE_MS = 60_000.0
+#: Generated workloads take seeds of 32 bits.
+MAX_SEED = (1 << 32) - 1
+#: A tenant's workload while its options are checked: nothing is read or generated yet.
+_NO_REQUESTS = Workload((), "no requests yet")
+#: What ``-o`` writes: an HTML report (the default) or the figure as an image.
+_OUTPUTS = (".html", ".png", ".svg", ".pdf")
 
 
 def _fail(msg: str) -> int:
-    line = " ".join(msg.split())  # one line, whatever the message held
-    if len(line) > _MAX_LINE:
-        line = line[:_MAX_LINE] + f"... ({len(line):,} characters)"
-    print(f"kvvmm replay: {line}", file=sys.stderr)
+    print(f"kvvmm replay: {one_line(' '.join(msg.split()))}", file=sys.stderr)
     return 2
+
+
+@dataclass(frozen=True, slots=True)
+class TenantSpec:
+    """One ``MODEL:TRACE[@OFFSET_S]`` item of ``--tenants``, read but not loaded."""
+
+    model: str
+    trace: str  #: ``conv``, ``generated`` or a path
+    offset_s: float
+
+
+def split_tenants(text: str) -> list[TenantSpec]:
+    """``MODEL:TRACE[@OFFSET_S],...`` -> its items, checked as text: nothing is loaded.
+
+    Raises:
+        ArgumentError: an empty item, no ':', more than :data:`MAX_TENANTS` items, an
+            offset that is not a number of seconds in [0, :data:`MAX_SECONDS`].
+    """
+    form = ("MODEL:TRACE[@OFFSET_S] items separated by ',' "
+            "(llama-3.1-8b:conv,qwen2.5-7b:generated@300)")
+    if not isinstance(text, str) or not text.strip():
+        raise ArgumentError("--tenants", text, form)
+    # Counted before anything is split further: a list of a million items costs nothing.
+    count = text.count(",") + 1
+    if count > MAX_TENANTS:
+        raise ArgumentError("--tenants", f"<{count} items>",
+                            f"at most {MAX_TENANTS} tenants (engines sharing one card)")
+    offset_of = number_type(0, MAX_SECONDS, "seconds")
+    out: list[TenantSpec] = []
+    for item in (x.strip() for x in text.split(",")):
+        model, sep, rest = item.partition(":")
+        if not item or not sep or not model or not rest:
+            raise ArgumentError("--tenants", item, form)
+        trace, _, off = rest.rpartition("@") if "@" in rest else (rest, "", "0")
+        if not trace:
+            raise ArgumentError("--tenants", item, form)
+        try:
+            offset = offset_of(off)
+        except argparse.ArgumentTypeError:
+            raise ArgumentError("--tenants", item, f"an offset after '@' in [0, "
+                                f"{MAX_SECONDS:g}] seconds") from None
+        out.append(TenantSpec(model=model, trace=trace, offset_s=offset))
+    return out
+
+
+def _demand(text: str) -> Demand:
+    """``--demand BYTES@SECONDS`` read and bounded (the size exactly, the time in [0,
+    :data:`MAX_SECONDS`]).
+
+    Raises:
+        ArgumentError: not in this form, or a part out of its bounds (the message says which).
+    """
+    size, at, when = text.partition("@")
+    try:
+        if not at:
+            raise argparse.ArgumentTypeError("")
+        nbytes = size_type(lo=1)(size.strip())
+        at_s = number_type(0, MAX_SECONDS, "seconds")(when.strip())
+    except argparse.ArgumentTypeError as e:
+        raise ArgumentError("--demand", text, "BYTES@SECONDS (e.g. 1GiB@120)", str(e)) from None
+    return Demand(name="demand", at_s=at_s, nbytes=nbytes, patience_s=1.0)
 
 
 def _strict(value: Any) -> Any:
@@ -120,108 +212,159 @@ def _strict(value: Any) -> Any:
     return value
 
 
+def _output(args: argparse.Namespace, default: str) -> Path:
+    """The report's path, checked before any work (also with ``--json``, which writes no
+    report: a bad ``-o`` is still refused rather than ignored)."""
+    return output_path(default if args.output is None else args.output, _OUTPUTS)
+
+
 def _profile_line(used: dict[str, str]) -> str:
     return (f"profile: {used['key']} ({used['card']}, measured {used['date']}; "
             f"{used['path']})")
 
 
-def _tenant_workload(trace: str, seed: int, seconds: float) -> Workload:
-    if trace == "generated":
-        return generate(seed=seed, duration_s=seconds)
+def _trace_path(trace: str) -> Path:
+    """The file a tenant's TRACE names (``conv``: Azure's conversation trace), checked."""
     path = find_trace() if trace == "conv" else Path(trace)
     if path is None:
         raise ArgumentError("TRACE", "conv", "a trace present (Azure's conversation trace was "
                             "not found: name a .csv or .jsonl, or use 'generated')")
     if not Path(path).is_file():
         raise ArgumentError("TRACE", trace, "'conv', 'generated' or a .csv/.jsonl file")
-    return load_workload(path).first(seconds)
+    return Path(path)
+
+
+def _shells(text: str) -> list[tuple[Tenant, TenantSpec, Path | None]]:
+    """Every ``--tenants`` item checked (its form, offset, model, trace file) and made a
+    tenant with no requests yet, with the file its workload comes from (None: generated)."""
+    specs = split_tenants(text)
+    out: list[tuple[Tenant, TenantSpec, Path | None]] = []
+    for i, spec in enumerate(specs):
+        load_model(spec.model)  # an unknown model says which exist
+        path = None if spec.trace == "generated" else _trace_path(spec.trace)
+        # The name is the user's text: escaped here, it is printed safely everywhere.
+        base = show(spec.model)
+        name = base if all(t.name != base for t, _, _ in out) else f"{base}#{i + 1}"
+        out.append((Tenant(name=name, model=spec.model, workload=_NO_REQUESTS), spec, path))
+    return out
+
+
+def _filled(shells: list[tuple[Tenant, TenantSpec, Path | None]], seed: int,
+            seconds: float) -> list[Tenant]:
+    """The tenants with their workloads (generated, or read and cut to ``seconds``)."""
+    out: list[Tenant] = []
+    for i, (shell, spec, path) in enumerate(shells):
+        wl = (generate(seed=seed + i, duration_s=seconds) if path is None
+              else load_workload(path).first(seconds))
+        out.append(replace(shell, workload=shifted(wl, spec.offset_s)))
+    return out
 
 
 def parse_tenants(text: str, *, seed: int = 0, seconds: float = 600.0) -> list[Tenant]:
     """``MODEL:TRACE[@OFFSET_S],...`` -> tenants (elastic, each on the whole budget).
 
+    Every item is checked (its form, its model, its trace file, its offset) before any
+    workload is read or generated.
+
     Raises:
-        ArgumentError: a bad item (no ':', an unknown model, a bad offset, an empty list).
+        ArgumentError: a bad item (no ':', an unknown model, a missing trace, a bad offset,
+            an empty list, more than :data:`MAX_TENANTS`), or ``seconds`` not a finite
+            number > 0.
     """
-    items = [x.strip() for x in str(text).split(",")]
-    if not items or any(not x for x in items):
-        raise ArgumentError("--tenants", text, "MODEL:TRACE[@OFFSET_S] items separated by ','")
-    out: list[Tenant] = []
-    for i, item in enumerate(items):
-        model, sep, rest = item.partition(":")
-        if not sep or not model or not rest:
-            raise ArgumentError("--tenants", item, "MODEL:TRACE[@OFFSET_S], e.g. "
-                                "llama-3.1-8b:conv or qwen2.5-7b:generated@300")
-        load_model(model)  # an unknown model says which exist
-        trace, _, off = rest.rpartition("@") if "@" in rest else (rest, "", "0")
-        try:
-            offset = float(off)
-        except ValueError:
-            raise ArgumentError("--tenants", item, "an offset in seconds after '@'") from None
-        if not (math.isfinite(offset) and offset >= 0):
-            raise ArgumentError("--tenants", item, "an offset >= 0 seconds after '@'")
-        wl = shifted(_tenant_workload(trace, seed + i, seconds), offset)
-        name = model if all(t.name != model for t in out) else f"{model}#{i + 1}"
-        out.append(Tenant(name=name, model=model, workload=wl))
-    return out
+    _check_seconds(seconds)
+    return _filled(_shells(text), seed, seconds)
+
+
+def _check_seconds(seconds: float) -> None:
+    """A trace's cut (``--seconds``): a finite number of seconds > 0 (a generated workload
+    is bounded further by the generator, in requests)."""
+    number_arg("--seconds", seconds, lo=0, lo_open=True, limit="a finite number of seconds > 0")
+
+
+def _dry_run(tenants: list[Tenant], budget_bytes: int, gpu: str, deadline_s: float,
+             demand: Demand | None) -> None:
+    """Refuse now what the comparison would refuse after minutes of replaying.
+
+    Each tenant is set up (no requests) at the smallest limit the comparison gives it (the
+    static equal share; the whole budget with a demand), with the rules and the demand, so
+    a budget too small for a model, a bad deadline or a demand the budget cannot hold is
+    said before any workload is made. Milliseconds: no page is backed.
+    """
+    share = budget_bytes if demand is not None else budget_bytes // len(tenants)
+    run_tenants([replace(t, strategy="elastic", limit_bytes=max(1, share)) for t in tenants],
+                budget_bytes=budget_bytes, gpu=gpu, deadline_s=deadline_s,
+                demands=() if demand is None else (demand,))
 
 
 def _tenants_command(args: argparse.Namespace) -> int:
-    from kvvmm.cli.common import parse_bytes
-
     if args.trace is not None:
         return _fail(f"give a TRACE ({args.trace!r}) or --tenants, not both")
     if args.budget is None:
         return _fail("--tenants needs --budget (the KV bytes they share, e.g. 2GiB)")
     try:
-        budget = parse_bytes(args.budget)
-        demand = None
-        if args.demand is not None:
-            size, _, when = str(args.demand).partition("@")
-            try:
-                demand = Demand(name="demand", at_s=float(when), nbytes=parse_bytes(size),
-                                patience_s=1.0)
-            except (ValueError, argparse.ArgumentTypeError):
-                return _fail(f"--demand {args.demand!r} is not BYTES@SECONDS (e.g. 1GiB@120)")
+        # Every option read and bounded first, in the order given: no work before.
+        split_tenants(args.tenants)  # its form, count and offsets
+        budget = parse_size(args.budget, name="--budget", lo=1)
+        demand = None if args.demand is None else _demand(args.demand)
+        out = _output(args, "tenants-replay.html")
+        used = profile_summary(args.gpu)
+        # The budget is the simulated card's memory: more than the card has is no budget
+        # (and the books of every granule of it would fill this machine's memory).
+        capacity = get_profile(args.gpu).capacity_bytes
+        if budget > capacity:
+            raise OutOfRangeError("--budget", args.budget, f"at most the {used['key']}'s "
+                                  f"memory, {capacity} bytes ({fmt_bytes(capacity)})")
         seconds = 600.0 if args.seconds is None else args.seconds
-        tenants = parse_tenants(args.tenants, seed=args.seed, seconds=seconds)
+        _check_seconds(seconds)
+        deadline_s = args.deadline_ms * 1e-3
+        shells = _shells(args.tenants)
+        _dry_run([t for t, _, _ in shells], budget, args.gpu, deadline_s, demand)
+        tenants = _filled(shells, args.seed, seconds)
         runs = compare_tenants(tenants, budget_bytes=budget, gpu=args.gpu,
-                               deadline_s=args.deadline_ms * 1e-3, demand=demand)
-    except argparse.ArgumentTypeError as e:
-        return _fail(f"--budget: {e}")
+                               deadline_s=deadline_s, demand=demand)
     except (KvvmmError, ValueError, OSError) as e:
         return _fail(f"{type(e).__name__}: {e}")
     except Exception as e:
         return _fail(f"the tenants could not be replayed ({type(e).__name__}: {e})")
     if args.json:
         print(json.dumps(_strict({"gpu": args.gpu, "budget_bytes": budget,
-                                  "profile": profile_summary(args.gpu),
+                                  "profile": used,
                                   "runs": {k: r.summary() for k, r in runs.items()}}),
                          indent=1, allow_nan=False))
         return 0
     from kvvmm.viz import save_figure
     from kvvmm.viz.tenants import format_tenants, tenants_figure
 
-    print(_profile_line(profile_summary(args.gpu)))
+    print(_profile_line(used))
     print(format_tenants(runs))
-    out = Path(args.output) if args.output else Path("tenants-replay.html")
     last = "elastic" if "elastic" in runs else next(iter(runs))
     try:
-        save_figure(tenants_figure(runs[last], title=f"kvvmm replay --tenants: {last}"), out)
-        print(f"wrote {out}")
+        written = save_figure(tenants_figure(runs[last], title=f"kvvmm replay --tenants: {last}"),
+                              out)
+        print(f"wrote {show(written)}")
     except (KvvmmError, OSError) as e:
         return _fail(f"{type(e).__name__}: {e}")
     return 0
 
 
 def replay_command(args: argparse.Namespace) -> int:
-    """Run ``kvvmm replay`` with parsed ``args``; the exit code (2: bad input)."""
+    """Run ``kvvmm replay`` with parsed ``args``; the exit code (2: bad input).
+
+    Every option is checked before any work: the output path, the card, the model, the
+    trace file; then the trace is read and replayed.
+    """
     if getattr(args, "tenants", None) is not None:
         return _tenants_command(args)
     if args.trace is None:
         return _fail("give a TRACE (a .csv, a .jsonl, or 'generated') or --tenants")
     pause_scale = 1.0 if args.real_time else None  # the replay and its bands alike
+    stem = "generated" if args.trace == "generated" else Path(args.trace).stem
     try:
+        out = _output(args, f"{stem}-replay.html")
+        used = profile_summary(args.gpu)
+        load_model(args.model)
+        if args.seconds is not None and args.trace != "generated":  # the generator says its own
+            _check_seconds(args.seconds)
         if args.trace == "generated":
             wl = generate(seed=args.seed,
                           duration_s=600.0 if args.seconds is None else args.seconds)
@@ -243,9 +386,8 @@ def replay_command(args: argparse.Namespace) -> int:
         return _fail(f"{type(e).__name__}: {e}")
     except Exception as e:
         # Input this deep inside is still input: one line and exit 2, never a traceback
-        # (hardening round 2). Named as what it is, so a bug still shows its class.
+        # Named as what it is, so a bug still shows its class.
         return _fail(f"the input could not be replayed ({type(e).__name__}: {e})")
-    used = profile_summary(args.gpu)
     bands: dict[str, Any] = {}
     if args.driver == "sim" and not args.no_bands:
         from kvvmm.workload.bands import workload_bands
@@ -285,18 +427,14 @@ def replay_command(args: argparse.Namespace) -> int:
         from kvvmm.workload.bands import band_notes
 
         print(format_workload_bands(bands, band_notes(args.gpu)))
-    stem = "generated" if args.trace == "generated" else Path(args.trace).stem
-    out = Path(args.output) if args.output else Path(f"{stem}-replay.html")
     fig = workload_figure(cmp)
     if bands:
         add_decode_bands(fig, cmp, bands)
     fig.update_layout(title_text=f"kvvmm replay: {stem}")  # text only: the placement stays
     try:
-        save_figure(fig, out)
-        print(f"wrote {out}")
-        if args.png:
-            save_figure(fig, out.with_suffix(".png"))
-            print(f"wrote {out.with_suffix('.png')}")
+        print(f"wrote {show(save_figure(fig, out))}")
+        if args.png and out.suffix.lower() != ".png":
+            print(f"wrote {show(save_figure(fig, out.with_suffix('.png')))}")
     except (KvvmmError, OSError) as e:
         return _fail(f"{type(e).__name__}: {e}")
     return 0
