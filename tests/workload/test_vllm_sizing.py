@@ -15,6 +15,7 @@ import pytest
 from kvvmm.errors import ArgumentError
 from kvvmm.hardware import get_profile
 from kvvmm.layout import plan, vllm_kv_bytes, vllm_warmup_bytes
+from kvvmm.viz import format_plan
 from kvvmm.workload import generate, run_workload
 from kvvmm.workload.engines import VllmExtensible, VllmMemory
 from kvvmm.workload.strategies import STRATEGIES, make_strategy
@@ -89,6 +90,10 @@ def test_the_planner_sizes_vllms_default_beside_sglangs() -> None:
     assert half.budget_bytes == min(int(cap * 0.6) - (cap - 40 * GiB), 37 * GiB) - 4 * GiB
     sglang = plan(gpu="h100", model="qwen2.5-7b", free_bytes=40 * GiB)
     assert sglang.engine == "sglang" and sglang.gpu_memory_utilization is None
+    # The plan's text names vLLM's rule, not SGLang's formula, and its 4 GiB peak.
+    text = format_plan(p)
+    assert "vLLM's extensible KV cache" in text and "peak 4.0 GiB" in text
+    assert "mem_fraction_static" not in text and "max(0, free - headroom)" not in text
 
 
 @pytest.mark.parametrize("options", [
