@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from kvvmm.checks import int_arg, number_arg
+from kvvmm.errors import ArgumentError
 from kvvmm.layout import vllm_kv_bytes, vllm_warmup_bytes
 from kvvmm.layout.planner import VLLM_GPU_MEMORY_UTILIZATION
 from kvvmm.owner import KvBufferOwner
@@ -45,6 +46,8 @@ class VllmMemory:
         torch_reserve_growth_bytes: the largest growth of torch's reservation over a sizing
             step, >= 0.
         gpu_memory_utilization: the share of the device the instance may use, in (0, 1].
+    Raises:
+        ArgumentError: a figure outside its range (named, with the limit).
     """
 
     total_bytes: int
@@ -99,6 +102,8 @@ class VllmExtensible(Strategy):
             bind, with only this pool on it).
         warmup_pages: pages warmup's shapes address, >= 1 (default: the most warmup may
             commit); warmup commits the smaller of this and that bound.
+    Raises:
+        ArgumentError: ``memory`` not a :class:`VllmMemory`, ``warmup_pages`` not an int >= 1.
     """
 
     name = "vllm-extensible"
@@ -107,6 +112,8 @@ class VllmExtensible(Strategy):
                  warmup_pages: int | None = None) -> None:
         if warmup_pages is not None:
             int_arg("warmup_pages", warmup_pages, lo=1, unit="pages")
+        if memory is not None and not isinstance(memory, VllmMemory):
+            raise ArgumentError("memory", memory, "a VllmMemory or None")
         self.memory = memory
         self.warmup_pages = warmup_pages
         # vLLM commits the blocks asked for, rounded to granules: no growth policy's slack.

@@ -169,5 +169,6 @@ def test_bad_memory_figures_are_refused() -> None:
                 {"total_bytes": GiB, "init_free_bytes": GiB, "transient_peak_bytes": -1}):
         with pytest.raises(ArgumentError):
             VllmMemory(**bad)  # type: ignore[arg-type]
-    with pytest.raises(ArgumentError):
-        VllmExtensible(warmup_pages=0)
+    for kw in ({"warmup_pages": 0}, {"warmup_pages": True}, {"memory": 80 * GiB}):
+        with pytest.raises(ArgumentError):
+            VllmExtensible(**kw)  # type: ignore[arg-type]
