@@ -40,6 +40,7 @@ from kvvmm.layout.models import (
 from kvvmm.layout.planner import (
     DEFAULT_MEM_FRACTION_STATIC,
     DEFAULT_PAGE_SIZE,
+    ENGINES,
     LARGE_TOKENS,
     LARGE_VA_BYTES,
     TP_SIZES,
@@ -51,6 +52,8 @@ from kvvmm.layout.planner import (
     plan,
     plan_request,
     plan_smallest_tp,
+    vllm_kv_bytes,
+    vllm_warmup_bytes,
 )
 from kvvmm.layout.presets import (
     CROSS_LAYER,
@@ -69,6 +72,7 @@ __all__ = [
     "DEFAULT_MEM_FRACTION_STATIC",
     "DEFAULT_PAGE_SIZE",
     "DTYPE_ITEMSIZE",
+    "ENGINES",
     "FULL_ATTENTION",
     "LARGE_TOKENS",
     "LARGE_VA_BYTES",
@@ -108,5 +112,7 @@ __all__ = [
     "plan_smallest_tp",
     "swa_kv_bytes_per_token",
     "swa_reserved_tokens_default",
+    "vllm_kv_bytes",
+    "vllm_warmup_bytes",
     "weights_bytes_per_rank",
 ]

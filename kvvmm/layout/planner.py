@@ -47,6 +47,14 @@ window rounded to pages plus one page, :func:`kvvmm.layout.swa_reserved_tokens_d
 cost leaves the full-attention pool's budget, on which the invariant above holds. Both pools
 are reported. The top-level ``bytes_per_token`` and ``tokens`` are the full pool's.
 
+vLLM's default
+--------------
+``engine="vllm"`` sizes the budget as vLLM 0.34's extensible KV cache does with its default
+``gpu_memory_utilization`` of 1.0 (:func:`vllm_kv_bytes`): everything free after warmup and
+graph capture, plus the KV prefix already committed, less a margin of
+``max(1 GiB, 0.75 x peak)`` and the activations' transient ``peak`` itself, capped by
+``capacity x gpu_memory_utilization`` less what the engine uses beside the KV cache.
+
 The smallest TP
 ---------------
 :func:`plan` plans one TP and refuses one at which the model does not fit.
@@ -90,9 +98,14 @@ from kvvmm.units import TiB, align_up, fmt_bytes
 __all__ = [
     "DEFAULT_MEM_FRACTION_STATIC",
     "DEFAULT_PAGE_SIZE",
+    "ENGINES",
     "LARGE_TOKENS",
     "LARGE_VA_BYTES",
     "TP_SIZES",
+    "VLLM_GPU_MEMORY_UTILIZATION",
+    "VLLM_MARGIN_FLOOR_BYTES",
+    "VLLM_MARGIN_FRACTION",
+    "VLLM_WARMUP_RESERVE_FRACTION",
     "HandleCount",
     "Plan",
     "PlanRequest",
@@ -101,6 +114,8 @@ __all__ = [
     "plan",
     "plan_request",
     "plan_smallest_tp",
+    "vllm_kv_bytes",
+    "vllm_warmup_bytes",
 ]
 
 #: Tokens per page when none is given (vLLM's default block size; SGLang serves 1 to 64).
@@ -123,6 +138,20 @@ LARGE_VA_BYTES = 1024 * TiB
 #: More token slots than this draw a warning: engines index KV slots with int32 (SGLang's
 #: ``req_to_token`` table), so 2**31 slots cannot be addressed.
 LARGE_TOKENS = 2**31
+
+#: Whose sizing rule :func:`plan` follows: SGLang's post-capture ``free - headroom + backed``,
+#: or vLLM 0.34's extensible KV cache (:func:`vllm_kv_bytes`).
+ENGINES = ("sglang", "vllm")
+
+# vLLM 0.34's extensible KV cache on CUDA (vllm/v1/worker/extensible_kv_cache.py): the
+# margin it keeps free beyond the measured transient peak, at least the floor (ROCm keeps
+# 3 GiB; this is CUDA's), else that share of the peak; the share of the headroom warmup
+# leaves uncommitted; and the default gpu_memory_utilization (the share of the device the
+# instance may use), which the extensible cache made 1.0.
+VLLM_MARGIN_FLOOR_BYTES = 1 << 30
+VLLM_MARGIN_FRACTION = 0.75
+VLLM_WARMUP_RESERVE_FRACTION = 0.1
+VLLM_GPU_MEMORY_UTILIZATION = 1.0
 
 #: The tensor-parallel sizes :func:`plan_smallest_tp` tries by default: the powers of two
 #: serving engines run, up to two 8-GPU nodes.
@@ -166,6 +195,11 @@ class Plan:
     handles: tuple[HandleCount, ...]  #: per policy, over all pools
     pools: tuple[PoolPlan, ...]  #: ``(full,)`` or ``(full, swa)`` for hybrid models
     warnings: tuple[str, ...]  #: figures that are legal but almost surely a mistake
+    engine: str = "sglang"  #: whose sizing rule the budget follows (:data:`ENGINES`)
+    #: ``engine="vllm"``: the share of the device the instance may use (else ``None``)
+    gpu_memory_utilization: float | None = None
+    #: ``engine="vllm"``: the activations' transient peak kept free (else ``None``)
+    activation_peak_bytes: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The plan as plain JSON-ready data (dicts, lists, ints, strs, bools, None).
@@ -211,6 +245,9 @@ class PlanRequest:
     backed_bytes: int  #: KV memory already backed when ``free_bytes`` was read
     weights_dtype: str  #: the weights' dtype
     max_total_tokens: int | None  #: cap on the full pool's tokens (``None``: none)
+    engine: str = "sglang"  #: whose sizing rule (:data:`ENGINES`)
+    gpu_memory_utilization: float | None = None  #: vLLM's option (``None``: its default)
+    activation_peak_bytes: int | None = None  #: vLLM's measured transient peak (``None``: 0)
 
     @classmethod
     def resolve(cls, **options: Any) -> PlanRequest:
@@ -224,6 +261,12 @@ class PlanRequest:
         if o["layout"] not in ("token_major", "page_major"):
             raise ArgumentError("layout", o["layout"], "one of ['token_major', 'page_major']")
         bool_arg("count_overhead", o["count_overhead"], limit="a bool")
+        if o["engine"] not in ENGINES:
+            raise ArgumentError("engine", o["engine"], f"one of {list(ENGINES)}")
+        util = o["gpu_memory_utilization"]
+        if util is not None:
+            number_arg("gpu_memory_utilization", util, lo=0, hi=1, lo_open=True,
+                       limit="a float in (0, 1]")
         mfs = o["mem_fraction_static"]
         if mfs is not None:
             number_arg("mem_fraction_static", mfs, lo=0, hi=1, lo_open=True,
@@ -254,6 +297,10 @@ class PlanRequest:
             weights_dtype=dtype_name(o["weights_dtype"] if o["weights_dtype"] is not None
                                      else (model.weights_dtype or "bfloat16")),
             max_total_tokens=_opt_int("max_total_tokens", o["max_total_tokens"], 1, "tokens"),
+            engine=o["engine"],
+            gpu_memory_utilization=None if util is None else float(util),
+            activation_peak_bytes=_opt_int("activation_peak_bytes", o["activation_peak_bytes"],
+                                           0, "bytes"),
         )
 
 
@@ -275,6 +322,9 @@ _DEFAULTS: dict[str, Any] = dict(
     mem_fraction_static=None,
     weights_dtype=None,
     max_total_tokens=None,
+    engine="sglang",
+    gpu_memory_utilization=None,
+    activation_peak_bytes=None,
 )
 
 
@@ -297,8 +347,10 @@ def _budget(req: PlanRequest) -> _Budget:
     """The KV budget: explicit, or SGLang's post-capture ``max(0, free - headroom) + backed``."""
     cap, key = req.profile.capacity_bytes, req.profile.key
     weights = weights_bytes_per_rank(req.model, req.weights_dtype, req.tp)
+    _check_engine_options(req)
     if req.budget_bytes is not None:
-        given = (req.free_bytes, req.headroom_bytes, req.mem_fraction_static)
+        given = (req.free_bytes, req.headroom_bytes, req.mem_fraction_static,
+                 req.gpu_memory_utilization, req.activation_peak_bytes)
         if any(v is not None for v in given) or req.backed_bytes:
             raise ArgumentError(
                 "budget_bytes",
@@ -319,6 +371,8 @@ def _budget(req: PlanRequest) -> _Budget:
             "the headroom is total * (1 - mem_fraction_static); pass one or the other",
         )
     free, notes = _free_after_weights(req, weights)
+    if req.engine == "vllm":
+        return _vllm_budget(req, weights, free, notes)
     mfs = None
     if req.headroom_bytes is None:
         mfs = req.mem_fraction_static or DEFAULT_MEM_FRACTION_STATIC
@@ -335,6 +389,106 @@ def _budget(req: PlanRequest) -> _Budget:
     if req.free_bytes is None and weights is not None:
         how += f" (free = capacity {fmt_bytes(cap)} - weights {fmt_bytes(weights)})"
     return _Budget(max(0, free - head) + backed, weights, mfs, free, head, how, notes)
+
+
+def _check_engine_options(req: PlanRequest) -> None:
+    """Refuse an option of the other engine's sizing rule, before anything is computed."""
+    if req.engine == "vllm":
+        for name in ("headroom_bytes", "mem_fraction_static"):
+            if getattr(req, name) is not None:
+                raise ArgumentError(name, getattr(req, name), "None with engine='vllm'",
+                                    "vLLM keeps back its measured margin and peak, not a "
+                                    "share; pass activation_peak_bytes")
+        return
+    for name in ("gpu_memory_utilization", "activation_peak_bytes"):
+        if getattr(req, name) is not None:
+            raise ArgumentError(name, getattr(req, name), "None with engine='sglang'",
+                                "it is vLLM's option; pass engine='vllm'")
+
+
+def vllm_kv_bytes(*, init_free_bytes: int, free_bytes: int, committed_bytes: int,
+                  requested_bytes: int, transient_peak_bytes: int = 0,
+                  torch_reserve_growth_bytes: int = 0) -> int:
+    """The KV bytes vLLM 0.34's extensible KV cache extends to once warmup and capture ran.
+
+    What the engine holds beside the KV cache is ``init_free - free - committed``; the cache
+    gets the rest of ``requested``, capped by the headroom (``free + committed``) less a
+    margin of ``max(VLLM_MARGIN_FLOOR_BYTES, int(VLLM_MARGIN_FRACTION * peak))``, and the
+    larger of the peak and torch's reservation growth is then kept free in full.
+
+    Args:
+        init_free_bytes: device memory free when the engine started, >= 0.
+        free_bytes: device memory free after warmup and capture, >= 0.
+        committed_bytes: KV memory committed when ``free_bytes`` was read, >= 0.
+        requested_bytes: the instance's share of the device (capacity x
+            ``gpu_memory_utilization``), >= 0.
+        transient_peak_bytes: the activations' allocated peak over the sizing steps, >= 0.
+        torch_reserve_growth_bytes: the largest growth of torch's reservation over a sizing
+            step, >= 0.
+    Returns:
+        The KV bytes, >= 0 (vLLM then commits the most blocks whose granules fit them).
+    Raises:
+        ArgumentError: a figure that is not an int >= 0.
+    """
+    init_free = int_arg("init_free_bytes", init_free_bytes, lo=0, unit="bytes")
+    free = int_arg("free_bytes", free_bytes, lo=0, unit="bytes")
+    committed = int_arg("committed_bytes", committed_bytes, lo=0, unit="bytes")
+    requested = int_arg("requested_bytes", requested_bytes, lo=0, unit="bytes")
+    peak = int_arg("transient_peak_bytes", transient_peak_bytes, lo=0, unit="bytes")
+    growth = int_arg("torch_reserve_growth_bytes", torch_reserve_growth_bytes, lo=0,
+                     unit="bytes")
+    beside_kv = init_free - free - committed
+    margin = max(VLLM_MARGIN_FLOOR_BYTES, int(peak * VLLM_MARGIN_FRACTION))
+    available = min(requested - beside_kv, free + committed - margin) - max(peak, growth)
+    return max(available, 0)
+
+
+def vllm_warmup_bytes(*, free_bytes: int, committed_bytes: int,
+                      transient_peak_bytes: int = 0) -> int:
+    """The KV bytes vLLM 0.34's warmup may commit before the final sizing.
+
+    The headroom is ``free + committed``; warmup keeps back a reserve, the larger of the
+    profiled peak and :data:`VLLM_WARMUP_RESERVE_FRACTION` of the headroom, and a margin of
+    ``max(VLLM_MARGIN_FLOOR_BYTES, int(VLLM_MARGIN_FRACTION * reserve))`` beside it.
+
+    Args:
+        free_bytes: device memory free now, >= 0.
+        committed_bytes: KV memory committed now, >= 0.
+        transient_peak_bytes: the profiled activation peak, >= 0.
+    Returns:
+        The bytes (may be negative: nothing more may be committed; vLLM never goes below
+        what it already committed).
+    Raises:
+        ArgumentError: a figure that is not an int >= 0.
+    """
+    free = int_arg("free_bytes", free_bytes, lo=0, unit="bytes")
+    committed = int_arg("committed_bytes", committed_bytes, lo=0, unit="bytes")
+    peak = int_arg("transient_peak_bytes", transient_peak_bytes, lo=0, unit="bytes")
+    headroom = free + committed
+    reserve = max(peak, int(headroom * VLLM_WARMUP_RESERVE_FRACTION))
+    margin = max(VLLM_MARGIN_FLOOR_BYTES, int(reserve * VLLM_MARGIN_FRACTION))
+    return headroom - margin - reserve
+
+
+def _vllm_budget(req: PlanRequest, weights: int | None, free: int,
+                 notes: tuple[str, ...]) -> _Budget:
+    """vLLM's budget on a device with nothing else on it: it started with all of it free."""
+    cap, backed = req.profile.capacity_bytes, req.backed_bytes
+    if free + backed > cap:
+        raise OutOfRangeError(
+            "backed_bytes", backed, f"<= {cap - free} (capacity {cap} - free_bytes {free})",
+            "backed memory is not free memory: free + backed cannot exceed the device")
+    util = req.gpu_memory_utilization or VLLM_GPU_MEMORY_UTILIZATION
+    peak = req.activation_peak_bytes or 0
+    requested = int(cap * util)
+    budget = vllm_kv_bytes(init_free_bytes=cap, free_bytes=free, committed_bytes=backed,
+                           requested_bytes=requested, transient_peak_bytes=peak)
+    margin = max(VLLM_MARGIN_FLOOR_BYTES, int(peak * VLLM_MARGIN_FRACTION))
+    how = (f"vLLM: min(capacity {fmt_bytes(cap)} x {util:g} - beside KV "
+           f"{fmt_bytes(cap - free - backed)}, free {fmt_bytes(free)} + backed "
+           f"{fmt_bytes(backed)} - margin {fmt_bytes(margin)}) - peak {fmt_bytes(peak)}")
+    # What is kept back of free + backed, whichever term of the min bound it.
+    return _Budget(budget, weights, None, free, max(0, free + backed - budget), how, notes)
 
 
 def _free_after_weights(req: PlanRequest, weights: int | None) -> tuple[int, tuple[str, ...]]:
@@ -557,6 +711,11 @@ def plan_request(req: PlanRequest) -> Plan:
         handles=sum_handles(pools),
         pools=pools,
         warnings=budget.warnings + _warnings(pools),
+        engine=req.engine,
+        gpu_memory_utilization=(req.gpu_memory_utilization or VLLM_GPU_MEMORY_UTILIZATION)
+        if req.engine == "vllm" else None,
+        activation_peak_bytes=(req.activation_peak_bytes or 0) if req.engine == "vllm"
+        else None,
     )
 
 
@@ -598,6 +757,9 @@ def plan(
     mem_fraction_static: float | None = None,
     weights_dtype: object = None,
     max_total_tokens: int | None = None,
+    engine: str = "sglang",
+    gpu_memory_utilization: float | None = None,
+    activation_peak_bytes: int | None = None,
 ) -> Plan:
     """Plan a KV cache for ``model`` on one rank of ``gpu``: tokens, VA, backing, handles.
 
@@ -633,13 +795,20 @@ def plan(
             config says: fp8 for DeepSeek-V3, else its ``torch_dtype``; bf16 when unknown).
         max_total_tokens: cap on the full pool's tokens, >= ``page_size`` (SGLang's option);
             the budget is capped at what the capped tokens cost.
+        engine: whose sizing rule the budget follows (:data:`ENGINES`): ``"sglang"``'s
+            post-capture ``free - headroom + backed``, or ``"vllm"``'s extensible KV cache
+            (:func:`vllm_kv_bytes`, on a device it started with all to itself).
+        gpu_memory_utilization: ``engine="vllm"``: the share of the device the instance may
+            use, in (0, 1] (default :data:`VLLM_GPU_MEMORY_UTILIZATION`).
+        activation_peak_bytes: ``engine="vllm"``: the activations' transient peak vLLM
+            measured (its log's "allocated at peak"), >= 0 (default 0: the margin floor alone).
     Returns:
         The :class:`Plan`.
     Raises:
         ArgumentError: a bad option (unknown gpu, model, layout or policy; a size that is not
             an int in range; ``budget_bytes`` given with the figures it replaces, or
-            ``headroom_bytes`` with ``mem_fraction_static``; ``tp`` not fitting the KV heads; a
-            model with no full-attention layer).
+            ``headroom_bytes`` with ``mem_fraction_static``; an option of the other engine's
+            rule; ``tp`` not fitting the KV heads; a model with no full-attention layer).
         OutOfRangeError: a budget or memory figure outside the device, weights larger than
             the device (named ``tp``), a budget too small for one page, ``reserved_tokens``
             below the planned tokens, ``max_total_tokens`` under one page.
@@ -665,6 +834,9 @@ def plan(
             mem_fraction_static=mem_fraction_static,
             weights_dtype=weights_dtype,
             max_total_tokens=max_total_tokens,
+            engine=engine,
+            gpu_memory_utilization=gpu_memory_utilization,
+            activation_peak_bytes=activation_peak_bytes,
         )
     )
 

@@ -267,6 +267,7 @@ STRATEGY_STYLES: dict[str, StrategyStyle] = {
     "xl-page-elastic": StrategyStyle("#17becf", "dashdot", 2.0, "hexagon", 1),
     "request-ranges": StrategyStyle("#8c564b", "solid", 2.5, "star", 0),
     "request-ranges+deferred": StrategyStyle("#e377c2", "longdash", 2.5, "pentagon-open", 1),
+    "vllm-extensible": StrategyStyle("#393b79", "dot", 2.0, "x", 2),
 }
 
 #: Colours for a strategy of the reader's own (a ``Strategy`` subclass): none of the above,

@@ -219,7 +219,9 @@ def _budget_lines(p: Plan) -> list[str]:
              weights]
     if p.free_bytes is None:
         return lines
-    if p.mem_fraction_static is None:
+    if p.engine == "vllm":
+        head = f"vLLM's margin + peak {fmt_bytes(p.activation_peak_bytes or 0)}"
+    elif p.mem_fraction_static is None:
         head = "given"
     else:
         head = f"total * (1 - mem_fraction_static {p.mem_fraction_static:g})"
@@ -237,7 +239,9 @@ def _budget_lines(p: Plan) -> list[str]:
 
 
 def _budget_how(p: Plan) -> str:
-    how = "explicit" if p.free_bytes is None else "max(0, free - headroom) + backed"
+    how = "explicit" if p.free_bytes is None else \
+        "vLLM's extensible KV cache: free + backed - headroom" if p.engine == "vllm" else \
+        "max(0, free - headroom) + backed"
     if p.max_total_tokens is None:
         return how + ", no token cap"
     return (f"{how} = {fmt_bytes(p.memory_budget_bytes)}, capped by token cap "

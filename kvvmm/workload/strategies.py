@@ -609,7 +609,7 @@ class RequestRanges(Strategy):
 #: Strategy names the CLI and the lab accept, and how to build each.
 STRATEGIES = ("static", "finalize", "prefix", "prefix+shrink", "page-elastic",
               "page-elastic+pool", "xl-page-elastic", "request-ranges",
-              "request-ranges+deferred")
+              "request-ranges+deferred", "vllm-extensible")
 
 
 def make_strategy(name: str, policy: GrowthPolicy | None = None) -> Strategy:
@@ -632,4 +632,7 @@ def make_strategy(name: str, policy: GrowthPolicy | None = None) -> Strategy:
         return RequestRanges()
     if name == "request-ranges+deferred":
         return RequestRanges(deferred=True)
+    if name == "vllm-extensible":
+        from kvvmm.workload.engines import VllmExtensible  # it builds on this module
+        return VllmExtensible()
     raise ArgumentError("strategy", name, f"one of {', '.join(STRATEGIES)}")

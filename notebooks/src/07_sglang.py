@@ -189,6 +189,77 @@ print("released after it goes:", hpool.close(wait=True, timeout=5.0))
 host.close()
 k.uninstall()
 
+# %% [markdown]
+# ## 5. Both engines on kvvmm
+#
+# vLLM 0.34 makes every VMM call of its growable KV cache through one `VmmDriver`;
+# `kvvmm.integrations.vllm` answers those calls over any kvvmm driver (docs/VLLM.md:
+# `kv.install(driver)` is the one line). Below, one simulated H200 serves both engines:
+# SGLang's class from above, and vLLM's calls as its `ExtensibleTensor` makes them (reserve
+# the whole span, then create, map and set access granule by granule as it grows). Then what
+# each engine's own sizing rule would hold for llama-3.1-70b at TP 8 (the planner, with a
+# 4 GiB activation peak for vLLM), and a replayed trace with vLLM's rule (`vllm-extensible`:
+# warmup growth, one extend after capture, nothing while serving) beside kvvmm's request
+# ranges on the pool vLLM would size.
+
+# %%
+import kvvmm.integrations.vllm as kv
+from kvvmm.layout import plan
+from kvvmm.workload import generate, run_workload
+from kvvmm.workload.engines import VllmExtensible, VllmMemory
+
+both = kvvmm.driver_for(DRIVER, profile="h200")
+sgl = KvVmmBufferOwner(device="cuda", device_id=0, store_dtype="bfloat16", page_size=PAGE,
+                       reserved_num_tokens=SIZE, buffer_descs=descs, driver=both, name="sglang")
+sgl.finalize(n)
+vmm = kv.KvvmmVmmDriver(both)
+G = vmm.granularity(0)
+span = 64 * G
+base = vmm.reserve(span)  # vLLM reserves its whole span at startup ...
+handles = []
+for i in range(8):  # ... and maps granules as warmup and the final extend commit blocks
+    h = vmm.create(G, 0)
+    vmm.map(base + i * G, G, h)
+    vmm.set_access(base + i * G, G, 0)
+    handles.append(h)
+vsnap = vmm.snapshot(base)
+print(f"one driver, two engines: SGLang's pool {fmt_bytes(sgl.backed_bytes)} backed, "
+      f"vLLM's reservation {fmt_bytes(vsnap.backed_bytes)} of {fmt_bytes(vsnap.reserved_bytes)} "
+      f"backed; the driver holds {fmt_bytes(both.stats().physical_bytes)}")
+
+PEAK = 4 << 30
+plans = {"sglang": plan(gpu="h200", model="llama-3.1-70b", tp=8),
+         "vllm": plan(gpu="h200", model="llama-3.1-70b", tp=8, engine="vllm",
+                      activation_peak_bytes=PEAK)}
+print(f"{'engine':8} {'kept back':>10} {'KV budget':>10} {'tokens':>11}")
+for name, p in plans.items():
+    print(f"{name:8} {fmt_bytes(p.headroom_bytes or 0):>10} {fmt_bytes(p.budget_bytes):>10} "
+          f"{p.tokens:>11,}")
+more = plans["vllm"].budget_bytes - plans["sglang"].budget_bytes
+print(f"vLLM's default (gpu_memory_utilization 1.0) holds {fmt_bytes(more)} more KV per rank "
+      f"than SGLang's mem_fraction_static {plans['sglang'].mem_fraction_static:g}")
+
+# %%
+vp = plans["vllm"]
+memory = VllmMemory(total_bytes=vp.capacity_bytes, init_free_bytes=vp.capacity_bytes,
+                    beside_kv_bytes=vp.weights_bytes or 0, transient_peak_bytes=PEAK)
+cmp = run_workload(generate(seed=1, duration_s=30.0),
+                   [VllmExtensible(memory), "request-ranges+deferred"],
+                   model="llama-3.1-70b", tp=8, pool_tokens=vp.tokens)
+print(f"{'strategy':24} {'mean held':>10} {'peak held':>10} {'mean used':>10}")
+for r in cmp.results:
+    print(f"{r.strategy:24} {fmt_bytes(r.mean_backed_bytes + r.mean_pool_bytes):>10} "
+          f"{fmt_bytes(r.peak_backed_bytes):>10} {fmt_bytes(r.mean_used_bytes):>10}")
+held = {r.strategy: r.mean_backed_bytes + r.mean_pool_bytes for r in cmp.results}
+print(f"over 30 s of the generated trace, vLLM's rule holds "
+      f"{held['vllm-extensible'] / held['request-ranges+deferred']:.0f}x what request ranges "
+      f"hold, for the same requests ({cmp.results[0].serving.completed} completed each)")
+for h in handles:
+    vmm.unmap(base + handles.index(h) * G, G)
+    vmm.release(h)
+vmm.free_reserved(base, span)
+sgl.close()
+
 # %%
 # The notebook's claims, checked.
 assert pool.released and small.released and hpool.released and pool.backed_bytes == 0
@@ -209,3 +280,11 @@ assert small_after == small_before  # the failed finalize was undone
 sglang_doc = repo_file("docs/SGLANG.md")
 assert sglang_doc is None or "0.5.23" in sglang_doc.read_text()
 assert drv.stats().clean and faulty.inner.stats().clean
+# Section 5: both engines were on one driver, and each table's sentence is its figures'.
+assert vsnap.backed_bytes == 8 * G and vsnap.reserved_bytes == span
+assert both.stats().physical_bytes == 0 and sgl.released
+assert more == plans["vllm"].budget_bytes - plans["sglang"].budget_bytes > 0
+assert plans["vllm"].headroom_bytes == (1 << 30) * 3 + PEAK  # margin 0.75 x 4 GiB + the peak
+assert held["vllm-extensible"] > held["request-ranges+deferred"]
+assert {r.serving.completed for r in cmp.results} == {cmp.results[0].serving.completed}
+assert all(r.used_over_backed == 0 for r in cmp.results)
