@@ -95,6 +95,8 @@ LOCK_TIMEOUT_S = 1.0
 
 #: how often a waiting asker looks again (seconds)
 _POLL_S = 0.001
+#: the shortest wait for the lock a charge asked to wait makes (seconds)
+_MIN_LOCK_WAIT_S = 0.05
 # Every column of a slot but its state, in the order a slot is freed.
 _FIELDS = (PID, START, LIMIT, BACKED, SHED, SHED_DL, SHED_DONE, SERIAL)
 _NAME_RULE = (f"a str of 1 to {NAME_BYTES} bytes of UTF-8, printable characters only (no "
@@ -191,8 +193,8 @@ class Ledger:
         if budget_bytes is not None:
             int_arg("budget_bytes", budget_bytes, lo=1, hi=MAX_BYTES,
                     limit=f"an int in [1, {MAX_BYTES}] (bytes)")
-        if not isinstance(path, (str, os.PathLike)) or not str(path):
-            raise ArgumentError("path", path, "a file's path (str or os.PathLike)")
+        if not isinstance(path, (str, os.PathLike)) or not str(path) or "\0" in str(path):
+            raise ArgumentError("path", path, "a file's path (str or os.PathLike, no NUL)")
         self.lock_timeout_s = seconds_arg("lock_timeout_s", lock_timeout_s, zero=False)
         gid = resolve_group(group)
         self.path = Path(path)
@@ -261,32 +263,48 @@ class Ledger:
 
     # -- the lock ----------------------------------------------------------------------
 
-    @contextlib.contextmanager
-    def _locked(self) -> Iterator[memoryview]:
-        """The file locked and read whole, checked: a writable image of its words."""
+    def _acquire(self, wait_s: float | None = None) -> memoryview:
+        """Lock the file (waiting at most ``wait_s``, default ``lock_timeout_s``) and read it
+        whole, checked: a writable image of its words. :meth:`_release` ends it."""
+        wait = self.lock_timeout_s if wait_s is None else wait_s
         if self._pid != os.getpid():
             self._after_fork()  # a fork that did not run the at-fork hook
-        if not self._tlock.acquire(timeout=self.lock_timeout_s):
-            raise LedgerLockTimeoutError(str(self.path), self.lock_timeout_s,
-                                         "another thread of this process")
+        if not self._tlock.acquire(timeout=wait):
+            raise LedgerLockTimeoutError(str(self.path), wait, "another thread of this process")
         try:
             if self._closed:
                 raise ClosedError(f"ledger {str(self.path)!r} used after close()")
             if self._broken is not None:
                 raise LedgerError(str(self._broken))
-            self._file.lock(self.lock_timeout_s)
-            try:
-                q = self._file.read()
-                yield q
-            except BaseException:
-                self._file.leave(None)
-                raise
-            else:
-                self._file.leave(q)
-            finally:
-                self._file.unlock()
+            self._file.lock(wait)
+        except BaseException:
+            self._tlock.release()
+            raise
+        try:
+            return self._file.read()
+        except BaseException:
+            self._release(None)
+            raise
+
+    def _release(self, left: memoryview | None) -> None:
+        """Unlock; ``left`` is the image as this call left the file (None after a failure
+        part way: then the next read checks the file again)."""
+        try:
+            self._file.leave(left)
+            self._file.unlock()
         finally:
             self._tlock.release()
+
+    @contextlib.contextmanager
+    def _locked(self, wait_s: float | None = None) -> Iterator[memoryview]:
+        """:meth:`_acquire` ... :meth:`_release` around a block."""
+        q = self._acquire(wait_s)
+        left = None
+        try:
+            yield q
+            left = q
+        finally:
+            self._release(left)
 
     def _set(self, q: memoryview, index: int, value: int) -> None:
         """Store one word in the file and in this call's image of it."""
@@ -466,24 +484,36 @@ class Ledger:
 
     def _charge(self, tenant: Tenant, n: int, wait_s: float) -> None:
         s = tenant.slot
-        with self._locked() as q:
+        # A charge asked to wait for room waits no longer for the lock (a held lock is as
+        # good as no room); one that will not wait for room still waits out an honest
+        # holder, up to lock_timeout_s. Never under 50 ms: a holder descheduled on a busy
+        # machine is not a stuck one.
+        lock_wait = self.lock_timeout_s if wait_s <= 0 else min(
+            self.lock_timeout_s, max(wait_s, _MIN_LOCK_WAIT_S))
+        # Not the context manager: this is every create's path, and its frames show.
+        q = self._acquire(lock_wait)
+        left = None
+        try:
             self._own(q, tenant)
             tenant._flush(q)
             refused = self._try_charge(q, s, n)
+            if refused is not None and refused[0] == "budget" and self._sweep(q):
+                refused = self._try_charge(q, s, n)  # a dead tenant's share came back
+            left = q  # every write of this call is made
             if refused is None:
                 return
-            if refused[0] == "budget" and self._sweep(q):
-                refused = self._try_charge(q, s, n)  # a dead tenant's share came back
-                if refused is None:
-                    return
             if refused[0] == "limit" or wait_s <= 0:
                 raise self._refusal(q, tenant, n, refused)
+            left = None
             deadline = time.monotonic_ns() + int(wait_s * 1e9)
             asked = self._post_shed(q, refused[3], n, exclude=s, deadline_ns=deadline)
+            left = q
+        finally:
+            self._release(left)
         try:
             while True:
                 time.sleep(_POLL_S)
-                with self._locked() as q:
+                with self._locked(lock_wait) as q:
                     self._own(q, tenant)
                     tenant._flush(q)
                     self._sweep(q)
@@ -544,7 +574,9 @@ class Ledger:
     def _credit_checked(self, tenant: Tenant, n: int) -> None:
         """Book ``n`` bytes back to ``tenant`` (with the credits still waiting), refused
         when that is more than it books. A failed write keeps them waiting in the tenant."""
-        with self._locked() as q:
+        q = self._acquire()  # not the context manager: every release's path
+        left = None
+        try:
             self._own(q, tenant)
             backed = q[BACKED + tenant.slot]
             with tenant._plock:
@@ -556,9 +588,12 @@ class Ledger:
                 tenant._pending += n
             try:
                 tenant._flush(q)
+                left = q
             except OSError as e:
                 log.warning("budget: tenant %r could not credit %d bytes now (%s); kept for "
                             "the next ledger call", tenant.name, n, e)
+        finally:
+            self._release(left)
 
     def _credit_now(self, tenant: Tenant) -> None:
         """Book the tenant's waiting credits."""

@@ -296,7 +296,7 @@ class LedgerFile:
         self.path = path
         self.gid = gid
         self.created = False  #: this call made the file (empty)
-        self._left: bytes | None = None  # see leave()
+        self._left: bytes | bytearray | None = None  # see leave()
         try:
             folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         except FileNotFoundError:
@@ -422,7 +422,8 @@ class LedgerFile:
         read and changed only by this call's own writes), or None when unknown (a call that
         failed part way). A read that finds the file byte for byte as this process left it
         is not checked again: nobody else wrote."""
-        self._left = None if image is None else image.tobytes()
+        # The image's own buffer: the call that wrote it is over, nothing changes it now.
+        self._left = None if image is None else image.obj  # type: ignore[assignment]
 
     def write_word(self, index: int, value: int) -> None:
         """Store one 64-bit word (under the lock)."""

@@ -89,9 +89,13 @@ class Tenant:
             nbytes: bytes, > 0.
             wait_s: when the GPU's budget is short, ask the other tenants to shed and wait
                 this long for room (default: the tenant's ``shed_wait_s``; 0: refuse now).
+                Above 0 it also bounds the wait for the ledger's lock (at least 50 ms, at
+                most the ledger's ``lock_timeout_s``, which bounds it otherwise).
         Raises:
             BudgetExceededError: it does not fit (nothing booked).
-            LedgerError: the ledger could not be written (nothing booked).
+            LedgerError: the ledger could not be read or written, its lock stayed held
+                (``LedgerLockTimeoutError``) or its file is corrupt (``LedgerCorruptError``);
+                nothing booked.
             ArgumentError: a bad size or wait.
             ClosedError: after :meth:`close`.
             ForeignTenantError: in a fork's child, or the slot is no longer this tenant's.

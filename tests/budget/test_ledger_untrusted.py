@@ -351,6 +351,9 @@ def test_a_held_lock_times_out_typed_naming_the_path_the_wait_and_the_holder(
         led = Ledger(path, budget_bytes=64 * MiB)
         t = led.register("victim")
         led.lock_timeout_s = 0.1
+        patient = Ledger(path)
+        mine = patient.register("patient")
+        patient.lock_timeout_s = 60.0  # a charge's own wait bounds its wait for the lock
         r, w = os.pipe()
         me = os.getpid()
         holder = os.fork()
@@ -366,6 +369,7 @@ def test_a_held_lock_times_out_typed_naming_the_path_the_wait_and_the_holder(
             wrong = []
             calls = _every_call(led, t)[:-1]
             calls.append(("open", lambda: Ledger(path, lock_timeout_s=0.1)))
+            calls.append(("charge", lambda: mine.charge(PAGE, wait_s=0.1)))
             for name, call in calls:
                 try:
                     call()
