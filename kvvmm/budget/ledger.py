@@ -84,14 +84,17 @@ from kvvmm.errors import ArgumentError, BusyError, ClosedError, OutOfRangeError
 if TYPE_CHECKING:
     from kvvmm.budget.tenant import Tenant
 
-__all__ = ["LOCK_TIMEOUT_S", "MAX_BYTES", "NAME_BYTES", "SLOTS", "BudgetSnapshot", "Ledger",
-           "TenantInfo", "default_path"]
+__all__ = ["LOCK_TIMEOUT_S", "MAX_BYTES", "MAX_WAIT_S", "NAME_BYTES", "SLOTS", "BudgetSnapshot",
+           "Ledger", "TenantInfo", "default_path", "wait_arg"]
 
 log = logging.getLogger(__name__)
 
 #: how long a ledger call waits for the file's lock by default (an honest holder keeps it
 #: for microseconds; one that keeps it a second is stopped, stuck or hostile)
 LOCK_TIMEOUT_S = 1.0
+
+#: the longest wait any ledger call takes (a day): longer ones are refused, not overflowed
+MAX_WAIT_S = 86400.0
 
 #: how often a waiting asker looks again (seconds)
 _POLL_S = 0.001
@@ -113,6 +116,24 @@ def _after_fork_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def wait_arg(name: str, value: object, *, zero: bool = True) -> float:
+    """``value`` as seconds in [0, MAX_WAIT_S] ((0, MAX_WAIT_S] without ``zero``).
+
+    Raises:
+        ArgumentError: not a finite number in range (a bool, NaN, negative, past a day).
+    """
+    wait = seconds_arg(name, value, zero=zero)
+    if wait > MAX_WAIT_S:
+        raise ArgumentError(name, value, f"a number of seconds in {'[' if zero else '('}0, "
+                                         f"{MAX_WAIT_S:g}]")
+    return wait
+
+
+def _deadline_ns(wait_s: float) -> int:
+    """The monotonic clock ``wait_s`` from now, in ns (inside int64: the file's range)."""
+    return min(time.monotonic_ns() + round(wait_s * 1e9), WORD_MAX)
 
 
 def default_path(key: str = "gpu0", folder: str | os.PathLike[str] = "/dev/shm") -> Path:
@@ -175,7 +196,7 @@ class Ledger:
             users share the file: it is created 0660 in that group, and a file of that group
             that its members may write is trusted. None (default): only this user's file,
             which nobody else may write.
-        lock_timeout_s: the longest any call waits for the file's lock (> 0).
+        lock_timeout_s: the longest any call waits for the file's lock (> 0, at most a day).
     Raises:
         ArgumentError: a bad budget, group or timeout, or a budget that differs from the
             ledger's.
@@ -195,7 +216,7 @@ class Ledger:
                     limit=f"an int in [1, {MAX_BYTES}] (bytes)")
         if not isinstance(path, (str, os.PathLike)) or not str(path) or "\0" in str(path):
             raise ArgumentError("path", path, "a file's path (str or os.PathLike, no NUL)")
-        self.lock_timeout_s = seconds_arg("lock_timeout_s", lock_timeout_s, zero=False)
+        self.lock_timeout_s = wait_arg("lock_timeout_s", lock_timeout_s, zero=False)
         gid = resolve_group(group)
         self.path = Path(path)
         # One lock per process-side object: flock excludes other open files (other
@@ -220,11 +241,12 @@ class Ledger:
         try:
             size = f.size()
             fresh = size == 0 or (size == FILE_BYTES
-                                  and not any(os.pread(f.fd, FILE_BYTES, 0)))
+                                  and os.pread(f.fd, 8, H_MAGIC * 8) == bytes(8))
             if fresh and budget_bytes is not None:
-                # A new file (or one whose maker died before its magic): the header last,
-                # the magic last of all.
+                # A new file (or one whose maker died before its magic): zeros, then the
+                # header, the magic last of all.
                 os.ftruncate(f.fd, FILE_BYTES)
+                f.write_bytes(0, bytes(FILE_BYTES))
                 for index, value in ((H_VERSION, VERSION), (H_SLOTS, SLOTS),
                                      (H_BUDGET, budget_bytes), (H_MAGIC, MAGIC)):
                     f.write_word(index, value)
@@ -366,7 +388,7 @@ class Ledger:
         if limit_bytes is not None:
             int_arg("limit_bytes", limit_bytes, lo=0, hi=MAX_BYTES,
                     limit=f"an int in [0, {MAX_BYTES}] (bytes)")
-        wait = seconds_arg("shed_wait_s", shed_wait_s)
+        wait = wait_arg("shed_wait_s", shed_wait_s)
         pid, ticks = self._me
         with self._locked() as q:
             pid, ticks = self._me  # a fork's child learns its own pid in _locked
@@ -505,7 +527,7 @@ class Ledger:
             if refused[0] == "limit" or wait_s <= 0:
                 raise self._refusal(q, tenant, n, refused)
             left = None
-            deadline = time.monotonic_ns() + int(wait_s * 1e9)
+            deadline = _deadline_ns(wait_s)
             asked = self._post_shed(q, refused[3], n, exclude=s, deadline_ns=deadline)
             left = q
         finally:
@@ -678,7 +700,7 @@ class Ledger:
         """
         int_arg("limit_bytes", limit_bytes, lo=0, hi=MAX_BYTES,
                 limit=f"an int in [0, {MAX_BYTES}] (bytes)")
-        wait = seconds_arg("shed_wait_s", shed_wait_s)
+        wait = wait_arg("shed_wait_s", shed_wait_s)
         with self._locked() as q:
             self._sweep(q)
             s = self._find(q, name.encode("utf-8", "replace")) if isinstance(name, str) \
@@ -692,7 +714,7 @@ class Ledger:
             if excess > 0 and wait > 0:
                 self._set(q, SHED + s, q[SHED + s] + excess)
                 self._set(q, SHED_DL + s,
-                          max(q[SHED_DL + s], time.monotonic_ns() + int(wait * 1e9)))
+                          max(q[SHED_DL + s], _deadline_ns(wait)))
             self._bump(q)
             return int(old)
 
@@ -708,7 +730,7 @@ class Ledger:
         """
         int_arg("budget_bytes", budget_bytes, lo=1, hi=MAX_BYTES,
                 limit=f"an int in [1, {MAX_BYTES}] (bytes)")
-        wait = seconds_arg("shed_wait_s", shed_wait_s)
+        wait = wait_arg("shed_wait_s", shed_wait_s)
         with self._locked() as q:
             self._sweep(q)
             old = q[H_BUDGET]
@@ -716,7 +738,7 @@ class Ledger:
             over = sum(q[BACKED:BACKED + SLOTS]) - budget_bytes
             if over > 0 and wait > 0:
                 self._post_shed(q, 0, over, exclude=-1,
-                                deadline_ns=time.monotonic_ns() + int(wait * 1e9))
+                                deadline_ns=_deadline_ns(wait))
             self._bump(q)
             return int(old)
 

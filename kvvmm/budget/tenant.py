@@ -11,8 +11,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from kvvmm.budget.errors import BudgetExceededError, ForeignTenantError, LedgerError
+from kvvmm.budget.ledger import wait_arg
 from kvvmm.budget.ledger_file import BACKED, H_BUDGET, LIMIT, MAX_BYTES, SHED, SHED_DL, SLOTS
-from kvvmm.checks import int_arg, seconds_arg
+from kvvmm.checks import int_arg
 from kvvmm.errors import ArgumentError, ClosedError
 
 if TYPE_CHECKING:
@@ -102,7 +103,7 @@ class Tenant:
         """
         int_arg("nbytes", nbytes, lo=1, hi=MAX_BYTES,
                 limit=f"an int in [1, {MAX_BYTES}] (bytes)")
-        wait = self.shed_wait_s if wait_s is None else seconds_arg("wait_s", wait_s)
+        wait = self.shed_wait_s if wait_s is None else wait_arg("wait_s", wait_s)
         self._check()
         try:
             self.ledger._charge(self, nbytes, wait)
@@ -209,8 +210,8 @@ class Tenant:
         Raises:
             ArgumentError: bad intervals, or a watcher already runs.
         """
-        every = seconds_arg("interval_s", interval_s, zero=False)
-        sweep_every = seconds_arg("sweep_s", sweep_s, zero=False)
+        every = wait_arg("interval_s", interval_s, zero=False)
+        sweep_every = wait_arg("sweep_s", sweep_s, zero=False)
         if not callable(callback):
             raise ArgumentError("callback", callback, "a callable taking a ShedRequest")
         if self._watcher is not None:

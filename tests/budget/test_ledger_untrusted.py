@@ -14,6 +14,7 @@ import fcntl
 import io
 import json
 import os
+import select
 import signal
 import stat
 import time
@@ -252,6 +253,7 @@ def test_fork_children_charging_at_once_never_book_past_the_budget(path: Path) -
         with Ledger(path, budget_bytes=budget) as led:
             parent = led.register("parent")
             go_r, go_w = os.pipe()
+            done_r, done_w = os.pipe()  # apart from "go": a fast child must not take two
             pipes, pids = [], []
             for i in range(children):
                 r, w = os.pipe()
@@ -270,19 +272,29 @@ def test_fork_children_charging_at_once_never_book_past_the_budget(path: Path) -
                                     t.charge(PAGE, wait_s=0)
                                     booked += PAGE
                         os.write(w, str(booked).encode())
-                        os.read(go_r, 1)  # stay registered until the parent has looked
+                        os.read(done_r, 1)  # stay registered until the parent has looked
                     finally:
                         os._exit(0)
                 os.close(w)
                 pipes.append(r)
                 pids.append(pid)
             os.write(go_w, b"x" * children)
+            end = time.monotonic() + 60  # every child answers, or the test fails
+            while True:
+                ready, _, _ = select.select(pipes, [], [], max(end - time.monotonic(), 0))
+                if len(ready) == len(pipes) or time.monotonic() >= end:
+                    break
+                time.sleep(0.002)
+            if len(ready) < len(pipes):
+                for pid in pids:
+                    os.kill(pid, signal.SIGKILL)
+                pytest.fail("a fork's child hung")
             booked = [int(os.read(r, 64) or b"0") for r in pipes]
             seen = led.snapshot().backed_bytes
-            os.write(go_w, b"x" * children)
+            os.write(done_w, b"x" * children)
             for pid in pids:
                 os.waitpid(pid, 0)
-            for fd in (*pipes, go_r, go_w):
+            for fd in (*pipes, go_r, go_w, done_r, done_w):
                 os.close(fd)
             assert sum(booked) <= budget and seen <= budget, (booked, seen)
             assert parent.backed_bytes == 0
@@ -582,3 +594,36 @@ def test_a_credit_of_more_than_the_tenant_books_is_refused_before_anything_chang
                     call(bad)  # type: ignore[arg-type]
         assert t.backed_bytes == 0 and led.budget_bytes == 64 * MiB
         t.close()
+
+
+@pytest.mark.parametrize("wait", [1e300, 1e12, 86400.5])
+def test_a_wait_too_long_for_the_clock_is_refused_typed_and_the_file_stays_valid(
+        path: Path, wait: float) -> None:
+    with Ledger(path, budget_bytes=16 * MiB) as led:
+        t = led.register("t")
+        t.charge(16 * MiB)
+        calls: list[Callable[[], object]] = [
+            lambda: led.set_limit("t", 0, shed_wait_s=wait), lambda: t.charge(PAGE, wait_s=wait),
+            lambda: led.set_budget(MiB, shed_wait_s=wait),
+            lambda: led.register("u", shed_wait_s=wait),
+            lambda: t.watch(lambda r: None, interval_s=wait),
+            lambda: t.watch(lambda r: None, sweep_s=wait),
+            lambda: Ledger(path, lock_timeout_s=wait)]
+        for call in calls:
+            with pytest.raises(ArgumentError):
+                call()
+        assert led.set_limit("t", 0, shed_wait_s=86400) == 16 * MiB  # a day: the longest
+        assert t.poll() is not None and led.snapshot().budget_bytes == 16 * MiB
+        t.credit(16 * MiB)
+        t.close()
+
+
+def test_a_ledger_whose_maker_died_before_its_magic_is_made_again_by_the_next_maker(
+        path: Path) -> None:
+    Ledger(path, budget_bytes=64 * MiB).close()
+    _poke(path, H_MAGIC, 0)  # the maker wrote the rest of the header, then died
+    _poke(path, H_BUDGET, 5)
+    with pytest.raises(LedgerCorruptError, match="not a kvvmm budget ledger"):
+        Ledger(path)  # without a budget: nothing to make it with
+    with Ledger(path, budget_bytes=32 * MiB) as led:
+        assert led.budget_bytes == 32 * MiB and led.snapshot().tenants == ()
