@@ -1,11 +1,12 @@
 """FaultyLedger: a ledger whose writes fail (or whose process dies) at chosen points.
 
-The ledger makes every write through one method (``Ledger._put``) naming the change it
-belongs to: ``"register"``, ``"charge"``, ``"credit"``, ``"shed"``, ``"limit"``,
-``"budget"``, ``"unregister"``. This subclass fails the nth write of a change with an
-``OSError`` (what a failing store or lock raises), or ends the process right there with
-``os._exit`` while it holds the ledger's lock: the two faults the broker must survive
-without booking a byte twice or losing one (tests/budget/test_budget_processes.py).
+The ledger makes every write that books, asks or registers through one method
+(``Ledger._put``) naming the change it belongs to: ``"register"``, ``"charge"``,
+``"credit"``, ``"shed"``, ``"limit"``, ``"budget"``, ``"unregister"``. This subclass fails
+the nth write of a change with an ``OSError`` (what a failing store or lock raises), or
+ends the process right there with ``os._exit`` while it holds the ledger's lock: the two
+faults the broker must survive without booking a byte twice or losing one
+(tests/budget/test_budget_processes.py).
 """
 
 from __future__ import annotations

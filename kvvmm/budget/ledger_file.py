@@ -20,9 +20,9 @@ shared state to believe:
   held past the wait is :class:`~kvvmm.budget.errors.LedgerLockTimeoutError` naming the
   holder when ``/proc/locks`` knows it.
 
-Layout (little-endian 64-bit words; docs/BUDGET.md draws it): a header of 16 words (magic,
-version, slot count, the GPU budget, a change counter, zeros), then one column of ``SLOTS``
-words per field, then ``SLOTS`` names of ``NAME_BYTES`` bytes.
+Layout (64-bit words in the machine's byte order; docs/BUDGET.md draws it): a header of 16
+words (magic, version, slot count, the GPU budget, a change counter, zeros), then one column
+of ``SLOTS`` words per field, then ``SLOTS`` names of ``NAME_BYTES`` bytes.
 """
 
 from __future__ import annotations
@@ -277,6 +277,7 @@ def _check_file(path: Path, st: os.stat_result, gid: int | None) -> None:
 
 
 _OPEN = os.O_RDWR | os.O_NOFOLLOW | os.O_NOCTTY | os.O_CLOEXEC
+_OPEN_TRIES = 8  # a file made and removed under us again and again is not waited out
 
 
 class LedgerFile:
@@ -319,7 +320,7 @@ class LedgerFile:
 
     def _open_in(self, folder: int, create: bool) -> int:
         name = self.path.name
-        while True:
+        for _ in range(_OPEN_TRIES):
             try:
                 return os.open(name, _OPEN, dir_fd=folder)
             except FileNotFoundError:
@@ -350,6 +351,8 @@ class LedgerFile:
                 os.unlink(name, dir_fd=folder)
                 raise
             return fd
+        raise LedgerError(f"ledger {str(self.path)!r}: a file there kept appearing and "
+                          f"vanishing while it was opened ({_OPEN_TRIES} tries)")
 
     # -- the lock ------------------------------------------------------------------------
 
