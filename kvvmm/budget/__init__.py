@@ -14,9 +14,17 @@ so any owner or arena built on it books every byte it backs. docs/BUDGET.md is t
 from __future__ import annotations
 
 from kvvmm.budget.driver import BudgetedDriver
-from kvvmm.budget.errors import BudgetExceededError, LedgerError
+from kvvmm.budget.errors import (
+    BudgetExceededError,
+    ForeignTenantError,
+    LedgerCorruptError,
+    LedgerError,
+    LedgerLockTimeoutError,
+    LedgerUntrustedError,
+)
 from kvvmm.budget.faults import FaultyLedger
 from kvvmm.budget.ledger import (
+    LOCK_TIMEOUT_S,
     MAX_BYTES,
     SLOTS,
     BudgetSnapshot,
@@ -26,6 +34,7 @@ from kvvmm.budget.ledger import (
 )
 from kvvmm.budget.tenant import ShedCallback, ShedRequest, Tenant
 
-__all__ = ["MAX_BYTES", "SLOTS", "BudgetExceededError", "BudgetSnapshot", "BudgetedDriver",
-           "FaultyLedger", "Ledger", "LedgerError", "ShedCallback", "ShedRequest", "Tenant",
-           "TenantInfo", "default_path"]
+__all__ = ["LOCK_TIMEOUT_S", "MAX_BYTES", "SLOTS", "BudgetExceededError", "BudgetSnapshot",
+           "BudgetedDriver", "FaultyLedger", "ForeignTenantError", "Ledger", "LedgerCorruptError",
+           "LedgerError", "LedgerLockTimeoutError", "LedgerUntrustedError", "ShedCallback",
+           "ShedRequest", "Tenant", "TenantInfo", "default_path"]

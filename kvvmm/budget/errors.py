@@ -7,7 +7,8 @@ from typing import Any
 from kvvmm.driver.base import CUDA_ERROR_OUT_OF_MEMORY
 from kvvmm.errors import DriverOutOfMemoryError, KvvmmError
 
-__all__ = ["BudgetExceededError", "LedgerError"]
+__all__ = ["BudgetExceededError", "ForeignTenantError", "LedgerCorruptError", "LedgerError",
+           "LedgerLockTimeoutError", "LedgerUntrustedError"]
 
 
 class BudgetExceededError(DriverOutOfMemoryError):
@@ -52,9 +53,91 @@ class BudgetExceededError(DriverOutOfMemoryError):
 
 
 class LedgerError(KvvmmError):
-    """The budget ledger cannot be used: not a kvvmm ledger file, full, or a write failed.
+    """The budget ledger cannot be used: absent, full, untrusted, corrupt, locked, or a
+    write failed (the subclasses say which).
 
     The message names the file and the cause. Nothing was charged by the call that raised
     it: a commit that met it has been undone by its arena. Remove a file that is not a
     ledger (or pick another path); for a full ledger, close tenants that are done.
     """
+
+
+class LedgerUntrustedError(LedgerError):
+    """The ledger file is not one this process may trust, so it was not opened.
+
+    A symbolic link at its path, not a regular file, more than one name, owned by another
+    user or writable by others (without the shared group passed), or a folder others could
+    swap it out of. Remove it, or pick a path in a folder only you (or the shared group)
+    may write; docs/BUDGET.md says what the file is trusted for.
+    """
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path = path  #: the ledger file
+        self.reason = reason  #: what was refused
+        super().__init__(f"ledger {path!r} is not trusted: {reason}; it was not opened "
+                         f"(remove it or pick another path)")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.path, self.reason), self.__dict__)
+
+
+class LedgerCorruptError(LedgerError):
+    """The ledger file holds what no kvvmm ledger holds: refused, nothing changed.
+
+    Not a ledger of this version (``foreign``), truncated or grown, or a value out of its
+    range (a budget of 0, bytes booked in a free slot, a name with a control character...).
+    Someone other than kvvmm wrote the file: remove it (every tenant registers again) or
+    pick another path.
+    """
+
+    def __init__(self, path: str, what: str, foreign: bool = False) -> None:
+        self.path = path  #: the ledger file
+        self.what = what  #: the first value found out of range
+        self.foreign = foreign  #: not a kvvmm ledger of this version at all
+        if foreign:
+            msg = (f"{path!r} is not a kvvmm budget ledger ({what}); remove it or pick another "
+                   f"path")
+        else:
+            msg = (f"ledger {path!r} is corrupt: {what}; nothing was changed (remove it, and "
+                   f"register the tenants again, or pick another path)")
+        super().__init__(msg)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.path, self.what, self.foreign), self.__dict__)
+
+
+class LedgerLockTimeoutError(LedgerError):
+    """The ledger's lock was held for the whole wait asked: nothing was changed.
+
+    An honest holder keeps it for microseconds; one that keeps it longer is stopped, stuck or
+    hostile, and blocks every tenant of the ledger. ``holder`` names it when the kernel says
+    (``/proc/locks``): end it, or wait longer (``lock_timeout_s``, ``--lock-timeout``).
+    """
+
+    def __init__(self, path: str, wait_s: float, holder: str) -> None:
+        self.path = path  #: the ledger file
+        self.wait_s = wait_s  #: how long this call waited
+        self.holder = holder  #: who holds the lock ("" when unknown)
+        super().__init__(f"ledger {path!r}: its lock was still held after {wait_s:g} s "
+                         f"(the wait asked), by {holder or 'a holder /proc/locks does not name'}"
+                         f"; nothing was changed")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.path, self.wait_s, self.holder), self.__dict__)
+
+
+class ForeignTenantError(LedgerError):
+    """A :class:`~kvvmm.budget.tenant.Tenant` used where its ledger slot is not its own.
+
+    In a ``fork``'s child (the parent registered it: register the child as its own tenant
+    with the inherited or a new ``Ledger``), or after its slot was reclaimed or rewritten by
+    another process. Nothing was changed.
+    """
+
+    def __init__(self, tenant: str, why: str) -> None:
+        self.tenant = tenant  #: the tenant's name
+        self.why = why  #: why its slot is not its own
+        super().__init__(f"tenant {tenant!r}: {why}; nothing was changed")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.tenant, self.why), self.__dict__)

@@ -1,11 +1,12 @@
 """FaultyLedger: a ledger whose writes fail (or whose process dies) at chosen points.
 
-The ledger makes every write through one method (``Ledger._put``) naming the change it
-belongs to: ``"register"``, ``"charge"``, ``"credit"``, ``"shed"``, ``"limit"``,
-``"budget"``, ``"unregister"``. This subclass fails the nth write of a change with an
-``OSError`` (what a failing store or lock raises), or ends the process right there with
-``os._exit`` while it holds the ledger's lock: the two faults the broker must survive
-without booking a byte twice or losing one (tests/budget/test_budget_processes.py).
+The ledger makes every write that books, asks or registers through one method
+(``Ledger._put``) naming the change it belongs to: ``"register"``, ``"charge"``,
+``"credit"``, ``"shed"``, ``"limit"``, ``"budget"``, ``"unregister"``. This subclass fails
+the nth write of a change with an ``OSError`` (what a failing store or lock raises), or
+ends the process right there with ``os._exit`` while it holds the ledger's lock: the two
+faults the broker must survive without booking a byte twice or losing one
+(tests/budget/test_budget_processes.py).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import errno
 import os
 from collections.abc import Mapping
+from typing import Any
 
 from kvvmm.budget.ledger import Ledger
 from kvvmm.checks import int_arg
@@ -28,7 +30,7 @@ class FaultyLedger(Ledger):
     """A :class:`~kvvmm.budget.ledger.Ledger` that fails chosen writes.
 
     Args:
-        path, budget_bytes: as for :class:`Ledger`.
+        path, budget_bytes, group, lock_timeout_s: as for :class:`Ledger`.
         fail: ``{point: n}``: the nth write of that change (counted from now, 1-based)
             raises ``OSError(EIO)`` before it is made.
         die: ``{point: n}``: the nth write of that change ends the process
@@ -37,12 +39,12 @@ class FaultyLedger(Ledger):
 
     def __init__(self, path: str | os.PathLike[str], *, budget_bytes: int | None = None,
                  fail: Mapping[str, int] | None = None,
-                 die: Mapping[str, int] | None = None) -> None:
+                 die: Mapping[str, int] | None = None, **ledger: Any) -> None:
         self._fail: dict[str, int] = {}
         self._die: dict[str, int] = {}
         self._seen: dict[str, int] = {}
         self.injected: list[str] = []  #: the points that were made to fail
-        super().__init__(path, budget_bytes=budget_bytes)
+        super().__init__(path, budget_bytes=budget_bytes, **ledger)
         self.arm(fail=fail, die=die)
 
     def arm(self, *, fail: Mapping[str, int] | None = None,
@@ -64,4 +66,4 @@ class FaultyLedger(Ledger):
         if self._fail.get(point) == n:
             self.injected.append(point)
             raise OSError(errno.EIO, f"injected: write {n} of {point!r} to the ledger failed")
-        q[index] = value
+        super()._put(q, index, value, point)

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from kvvmm.budget.errors import BudgetExceededError, LedgerError
-from kvvmm.budget.ledger import _BACKED, _H_BUDGET, _LIMIT, _SHED, _SHED_DL, MAX_BYTES, SLOTS
-from kvvmm.checks import int_arg, seconds_arg
+from kvvmm.budget.errors import BudgetExceededError, ForeignTenantError, LedgerError
+from kvvmm.budget.ledger import wait_arg
+from kvvmm.budget.ledger_file import BACKED, H_BUDGET, LIMIT, MAX_BYTES, SHED, SHED_DL, SLOTS
+from kvvmm.checks import int_arg
 from kvvmm.errors import ArgumentError, ClosedError
 
 if TYPE_CHECKING:
@@ -42,15 +44,20 @@ class Tenant:
 
     ``charge`` before creating memory, ``credit`` after releasing it (a
     :class:`~kvvmm.budget.driver.BudgetedDriver` does both for every create and release).
-    Every method may be called from any thread.
+    Every method may be called from any thread of the process that registered it; in a
+    ``fork``'s child every call is refused with
+    :class:`~kvvmm.budget.errors.ForeignTenantError` (the child registers its own tenant),
+    and so is every call after another process reclaimed or rewrote its slot.
     """
 
-    def __init__(self, ledger: Ledger, slot: int, name: str, pid: int, *,
-                 shed_wait_s: float) -> None:
+    def __init__(self, ledger: Ledger, slot: int, name: str, pid: int, *, ticks: int,
+                 serial: int, shed_wait_s: float) -> None:
         self.ledger = ledger
         self.slot = slot  #: its slot in the ledger file
         self.name = name
-        self.pid = pid
+        self.pid = pid  #: the process that registered it (the only one it works in)
+        self.ticks = ticks  #: that process's start time (with the pid: that process)
+        self.serial = serial  #: this registration's number in the ledger (its slot's own)
         self.shed_wait_s = shed_wait_s  #: the default wait of :meth:`charge`
         self._pending = 0  # credits a failed ledger write left to book (retried first)
         self._plock = threading.Lock()
@@ -61,6 +68,19 @@ class Tenant:
     def __repr__(self) -> str:
         return f"Tenant({self.name!r}, slot {self.slot}, pid {self.pid})"
 
+    def _check(self) -> None:
+        """Refuse a call of a closed tenant or ledger, or one made in another process."""
+        if self._closed:
+            raise ClosedError(f"tenant {self.name!r} used after close()")
+        if self.pid != os.getpid():
+            raise ForeignTenantError(self.name, f"it was registered by process {self.pid} "
+                                                f"and this is process {os.getpid()} (a "
+                                                f"fork's child): register the child as its "
+                                                f"own tenant")
+        if self.ledger.closed:
+            raise ClosedError(f"tenant {self.name!r}: its ledger {str(self.ledger.path)!r} "
+                              f"was closed")
+
     # -- charge and credit ---------------------------------------------------------------
 
     def charge(self, nbytes: int, *, wait_s: float | None = None) -> None:
@@ -70,37 +90,56 @@ class Tenant:
             nbytes: bytes, > 0.
             wait_s: when the GPU's budget is short, ask the other tenants to shed and wait
                 this long for room (default: the tenant's ``shed_wait_s``; 0: refuse now).
+                Above 0 it also bounds the wait for the ledger's lock (at least 50 ms, at
+                most the ledger's ``lock_timeout_s``, which bounds it otherwise).
         Raises:
             BudgetExceededError: it does not fit (nothing booked).
-            LedgerError: the ledger could not be written (nothing booked).
+            LedgerError: the ledger could not be read or written, its lock stayed held
+                (``LedgerLockTimeoutError``) or its file is corrupt (``LedgerCorruptError``);
+                nothing booked.
             ArgumentError: a bad size or wait.
             ClosedError: after :meth:`close`.
+            ForeignTenantError: in a fork's child, or the slot is no longer this tenant's.
         """
-        if self._closed:
-            raise ClosedError(f"tenant {self.name!r}: charge after close()")
         int_arg("nbytes", nbytes, lo=1, hi=MAX_BYTES,
                 limit=f"an int in [1, {MAX_BYTES}] (bytes)")
-        wait = self.shed_wait_s if wait_s is None else seconds_arg("wait_s", wait_s)
+        wait = self.shed_wait_s if wait_s is None else wait_arg("wait_s", wait_s)
+        self._check()
         try:
             self.ledger._charge(self, nbytes, wait)
-        except (BudgetExceededError, ArgumentError, ClosedError):
+        except (BudgetExceededError, ArgumentError, ClosedError, LedgerError):
             raise
         except OSError as e:
             raise LedgerError(f"ledger {str(self.ledger.path)!r}: charging {nbytes} bytes to "
                               f"tenant {self.name!r} failed ({e}); nothing was booked") from e
 
     def credit(self, nbytes: int) -> None:
-        """Book ``nbytes`` back after they were released. Never raises for the ledger: a
-        failed write keeps the credit here and books it at the next charge, credit or
-        sweep of this tenant (until then the ledger books more than is backed, never less).
+        """Book ``nbytes`` back after they were released.
+
+        Never raises for the ledger's state: a write that fails, a lock that stays held or
+        a file that cannot be read keeps the credit here and books it at the next charge,
+        credit or sweep of this tenant (until then the ledger books more than is backed,
+        never less). A credit the ledger could not check then is booked at most down to
+        zero.
+
+        Raises:
+            ArgumentError: not an int in [1, MAX_BYTES].
+            OutOfRangeError: more than the tenant books (with the credits still waiting):
+                nothing is booked back.
+            ClosedError: after :meth:`close`.
+            ForeignTenantError: in a fork's child, or the slot is no longer this tenant's.
         """
         int_arg("nbytes", nbytes, lo=1, hi=MAX_BYTES,
                 limit=f"an int in [1, {MAX_BYTES}] (bytes)")
-        with self._plock:
-            self._pending += nbytes
+        self._check()
         try:
-            self.ledger._credit_now(self)
-        except Exception as e:
+            self.ledger._credit_checked(self, nbytes)
+        except (ArgumentError, ClosedError, ForeignTenantError):
+            raise
+        except (LedgerError, OSError) as e:
+            # The memory is already released: keep the credit rather than fail the release.
+            with self._plock:
+                self._pending += nbytes
             log.warning("budget: tenant %r could not credit %d bytes now (%s); kept for the "
                         "next ledger call", self.name, nbytes, e)
 
@@ -118,39 +157,42 @@ class Tenant:
         """Credits a failed ledger write left to book (0 normally)."""
         return self._pending
 
+    def _read(self, index: int) -> int:
+        """One word of this tenant's slot, read (and the whole file checked) under the lock."""
+        self._check()
+        with self.ledger._locked() as q:
+            self.ledger._own(q, self)
+            return int(q[index + self.slot])
+
     @property
     def backed_bytes(self) -> int:
         """What the ledger books to this tenant now."""
-        self._check_ledger()
-        return int(self.ledger._q[_BACKED + self.slot])
+        return self._read(BACKED)
 
     @property
     def limit_bytes(self) -> int:
         """This tenant's limit now (the operator may change it at any time)."""
-        self._check_ledger()
-        return int(self.ledger._q[_LIMIT + self.slot])
+        return self._read(LIMIT)
 
     def room_bytes(self) -> int:
         """What one charge could book now without shedding: min(limit room, GPU free)."""
+        self._check()
         with self.ledger._locked() as q:
+            self.ledger._own(q, self)
             self._flush(q)
             s = self.slot
-            free = q[_H_BUDGET] - sum(q[_BACKED:_BACKED + SLOTS])
-            return max(min(q[_LIMIT + s] - q[_BACKED + s], free), 0)
-
-    def _check_ledger(self) -> None:
-        if self.ledger.closed:
-            raise ClosedError(f"tenant {self.name!r}: its ledger {str(self.ledger.path)!r} "
-                              f"was closed")
+            free = q[H_BUDGET] - sum(q[BACKED:BACKED + SLOTS])
+            return max(min(q[LIMIT + s] - q[BACKED + s], free), 0)
 
     # -- shedding ------------------------------------------------------------------------
 
     def poll(self) -> ShedRequest | None:
         """The shed request standing against this tenant, if any (call it where the engine
         already decides: between decode steps, at admission)."""
-        self._check_ledger()
-        q = self.ledger._q
-        shed, deadline = q[_SHED + self.slot], q[_SHED_DL + self.slot]
+        self._check()
+        with self.ledger._locked() as q:
+            self.ledger._own(q, self)
+            shed, deadline = q[SHED + self.slot], q[SHED_DL + self.slot]
         now = time.monotonic_ns()
         if not shed or deadline <= now:
             return None
@@ -168,8 +210,8 @@ class Tenant:
         Raises:
             ArgumentError: bad intervals, or a watcher already runs.
         """
-        every = seconds_arg("interval_s", interval_s, zero=False)
-        sweep_every = seconds_arg("sweep_s", sweep_s, zero=False)
+        every = wait_arg("interval_s", interval_s, zero=False)
+        sweep_every = wait_arg("sweep_s", sweep_s, zero=False)
         if not callable(callback):
             raise ArgumentError("callback", callback, "a callable taking a ShedRequest")
         if self._watcher is not None:
@@ -177,6 +219,7 @@ class Tenant:
 
         def loop() -> None:
             next_sweep = time.monotonic() + sweep_every
+            last = ""  # the last failure logged: one line per new failure, not per poll
             while not self._stop.wait(every):
                 try:
                     req = self.poll()
@@ -185,12 +228,14 @@ class Tenant:
                     if time.monotonic() >= next_sweep:
                         next_sweep = time.monotonic() + sweep_every
                         self.ledger.sweep()
-                        with self.ledger._locked() as q:
-                            self._flush(q)
-                except ClosedError:
+                        self.ledger._credit_now(self)
+                    last = ""
+                except (ClosedError, ForeignTenantError):
                     return
-                except Exception as e:  # a watcher must outlive a bad callback
-                    log.error("budget: tenant %r's shed callback failed: %s", self.name, e)
+                except Exception as e:  # a watcher must outlive a bad callback or ledger
+                    if str(e) != last:
+                        log.error("budget: tenant %r's watcher: %s", self.name, e)
+                    last = str(e)
 
         self._watcher = threading.Thread(target=loop, name=f"kvvmm-budget-{self.name}",
                                          daemon=True)
@@ -214,10 +259,13 @@ class Tenant:
 
         Raises:
             BusyError: the tenant still books memory (nothing changed).
+            ForeignTenantError: in a fork's child (the tenant is the parent's).
             LedgerError: the ledger could not be written.
         """
         if self._closed:
             return
+        if self.pid != os.getpid():
+            self._check()  # raises: the parent's tenant is the parent's to close
         try:
             self.ledger._unregister(self)
         except OSError as e:

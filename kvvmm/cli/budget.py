@@ -5,21 +5,25 @@
   asked to shed the excess within ``--shed-wait`` seconds.
 - ``kvvmm budget init BYTES``: create the ledger with this budget, or change its budget.
 
-The ledger is ``--ledger PATH`` or ``/dev/shm/kvvmm-budget-<--key>`` (``gpu0`` by default).
+The ledger is ``--ledger PATH`` or ``/dev/shm/kvvmm-budget-<--key>`` (``gpu0`` by default);
+``--group`` shares it between users of that group; ``--lock-timeout`` bounds the wait for its
+lock (a holder that keeps it is named). What the file holds is untrusted: names are printed
+escaped.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from kvvmm.budget.ledger import BudgetSnapshot, Ledger, default_path
+from kvvmm.budget.ledger import LOCK_TIMEOUT_S, BudgetSnapshot, Ledger, default_path
 from kvvmm.units import fmt_bytes
 
-__all__ = ["add_budget_parser", "budget_command", "format_snapshot"]
+__all__ = ["add_budget_parser", "budget_command", "format_snapshot", "printable"]
 
 
 def add_budget_parser(sub: Any) -> None:
@@ -35,6 +39,11 @@ def add_budget_parser(sub: Any) -> None:
     where.add_argument("--key", default="gpu0",
                        help="the GPU's key in the default path (gpu0; a UUID where "
                             "processes see the card under different ordinals)")
+    where.add_argument("--group", default=None,
+                       help="a group whose members share the ledger (created 0660 in it); "
+                            "default: only this user's file")
+    where.add_argument("--lock-timeout", type=float, default=LOCK_TIMEOUT_S,
+                       help=f"seconds to wait for the ledger's lock ({LOCK_TIMEOUT_S:g})")
     ops = bp.add_subparsers(dest="budget_cmd", required=True, metavar="ACTION")
     show = ops.add_parser("show", parents=[where], help="the budget and every tenant")
     show.add_argument("--json", action="store_true", help="print the ledger as JSON")
@@ -53,16 +62,25 @@ def _path(args: argparse.Namespace) -> Path:
     return Path(args.ledger) if args.ledger else default_path(args.key)
 
 
+def printable(text: str) -> str:
+    """``text`` with every character a terminal would act on (newlines, escapes, controls,
+    bidirectional overrides) and the backslash written as Python escapes: what the ledger
+    file says is untrusted, and one tenant's name must not rewrite the screen."""
+    return "".join(c if c.isprintable() and c != "\\"
+                   else c.encode("unicode_escape").decode("ascii")
+                   for c in text)
+
+
 def format_snapshot(snap: BudgetSnapshot) -> str:
-    """The ledger as a table: one line per tenant, then the totals."""
-    lines = [f"ledger {snap.path}: budget {fmt_bytes(snap.budget_bytes)}, "
+    """The ledger as a table: one line per tenant, then the totals (names escaped)."""
+    lines = [f"ledger {printable(snap.path)}: budget {fmt_bytes(snap.budget_bytes)}, "
              f"{fmt_bytes(snap.backed_bytes)} backed, {fmt_bytes(snap.free_bytes)} free, "
              f"{len(snap.tenants)} tenant(s)"]
     if snap.tenants:
         lines.append(f"  {'tenant':<24} {'pid':>8} {'backed':>12} {'limit':>12} {'shed':>12}")
     for t in snap.tenants:
         shed = f"{fmt_bytes(t.shed_bytes)} ({t.shed_left_s:.1f} s)" if t.shed_bytes else "-"
-        lines.append(f"  {t.name:<24} {t.pid:>8} {fmt_bytes(t.backed_bytes):>12} "
+        lines.append(f"  {printable(t.name):<24} {t.pid:>8} {fmt_bytes(t.backed_bytes):>12} "
                      f"{fmt_bytes(t.limit_bytes):>12} {shed:>12}"
                      + ("" if t.alive else "  (gone)"))
     return "\n".join(lines)
@@ -71,16 +89,20 @@ def format_snapshot(snap: BudgetSnapshot) -> str:
 def budget_command(args: argparse.Namespace) -> int:
     """Run ``kvvmm budget ACTION``; errors reach ``kvvmm.cli.main`` (one line, exit 2)."""
     path = _path(args)
+    opts: dict[str, Any] = {"group": args.group, "lock_timeout_s": args.lock_timeout}
+    shown = printable(str(path))
     if args.budget_cmd == "init":
-        if not path.exists():
-            with Ledger(path, budget_bytes=args.bytes) as made:
-                print(f"ledger {made.path}: created with budget {fmt_bytes(args.bytes)}")
+        try:
+            os.lstat(path)  # a link counts as there: Ledger refuses it rather than follow it
+        except FileNotFoundError:
+            with Ledger(path, budget_bytes=args.bytes, **opts):
+                print(f"ledger {shown}: created with budget {fmt_bytes(args.bytes)}")
             return 0
-        with Ledger(path) as ledger:
+        with Ledger(path, **opts) as ledger:
             old = ledger.set_budget(args.bytes, shed_wait_s=args.shed_wait)
-            print(f"ledger {ledger.path}: budget {fmt_bytes(old)} -> {fmt_bytes(args.bytes)}")
+            print(f"ledger {shown}: budget {fmt_bytes(old)} -> {fmt_bytes(args.bytes)}")
         return 0
-    with Ledger(path) as ledger:
+    with Ledger(path, **opts) as ledger:
         if args.budget_cmd == "set":
             old = ledger.set_limit(args.tenant, args.bytes, shed_wait_s=args.shed_wait)
             print(f"tenant {args.tenant!r}: limit {fmt_bytes(old)} -> {fmt_bytes(args.bytes)}")

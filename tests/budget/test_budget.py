@@ -200,12 +200,15 @@ def test_a_tenant_name_is_freed_by_close_and_cannot_be_taken_while_live(ledger: 
 def test_a_slot_left_by_a_dead_process_whose_pid_this_one_now_has_is_reclaimed(
         path: Path) -> None:
     """Pids are reused: the slot's start time tells a dead tenant from this process."""
-    from kvvmm.budget.ledger import _START
+    from kvvmm.budget.ledger_file import START
 
     with Ledger(path, budget_bytes=64 * MiB) as led:
         t = led.register("old")
         t.charge(8 * MiB)
-        led._q[_START + t.slot] -= 1  # as a process of this pid that started earlier left it
+        # As a process of this pid that started earlier left it.
+        with open(path, "r+b") as f:
+            f.seek((START + t.slot) * 8)
+            f.write((t.ticks - 1).to_bytes(8, "little"))
         assert led.sweep() == ("old",)
         assert led.snapshot().backed_bytes == 0
         led.register("old").close()
