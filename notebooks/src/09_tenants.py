@@ -108,7 +108,7 @@ for k, r in answers.items():
 # table above:
 
 # %%
-base = answers["reject"].tenants[0]
+base, shed_t = answers["reject"].tenants[0], answers["shed"].tenants[0]
 
 
 def answered(label: str) -> str:
@@ -128,8 +128,10 @@ display(Markdown(
     f"{fmt_bytes(answers['reject'].demands[0].peak_held_bytes)}; {llama.name} serves "
     f"{base.served:,} requests and preempts {base.preempted:,} times.\n\n"
     f"{answered('shed')}. The shed itself gives back only idle backing (memory no request "
-    f"uses), but {llama.name} then runs on what the newcomer leaves it: it admits less and "
-    f"preempts more.\n\n{answered('preempt')}."))
+    f"uses), but {llama.name} then runs on what the newcomer leaves it"
+    + (": it serves less and preempts more" if shed_t.served < base.served
+       and shed_t.preempted > base.preempted else "")
+    + f".\n\n{answered('preempt')}."))
 
 # %% [markdown]
 # Why preempting can do worse than shedding: llama's backing grows in 16 MiB chunks (one
