@@ -8,6 +8,9 @@
   and the finalized layout's VA map.
 - :class:`GrowthLab`: growth policies side by side on a decode-growth workload
   (:func:`kvvmm.growth.decode_growth`): handles, driver calls, over-commit, predicted bandwidth.
+- :class:`BudgetLab`: two tenants of one budget ledger (:mod:`kvvmm.budget`), each an owner
+  on a ``BudgetedDriver``: grow, give back, change a limit live, shed; the ledger's table and
+  chart after every step.
 
 Every panel keeps its controls as attributes (``lab.reserve_button.click()``,
 ``lab.tokens.value = 512``), its top-level box as ``widget``, and displays itself. Each
@@ -21,8 +24,9 @@ an ``Output`` widget, redrawn on each change.
 from __future__ import annotations
 
 from kvvmm.lab.arena_lab import ArenaLab
+from kvvmm.lab.budget_lab import BudgetLab
 from kvvmm.lab.growth_lab import GrowthLab
 from kvvmm.lab.layout_explorer import LayoutExplorer
 from kvvmm.lab.workload_lab import WorkloadLab
 
-__all__ = ["ArenaLab", "GrowthLab", "LayoutExplorer", "WorkloadLab"]
+__all__ = ["ArenaLab", "BudgetLab", "GrowthLab", "LayoutExplorer", "WorkloadLab"]
