@@ -524,7 +524,7 @@ def tqdm_progress(desc: str, *, unit: str = "s") -> tuple[Any, Progress]:
     Returns:
         ``(bar, report)``: the tqdm bar (close it when done) and the callback.
     """
-    from tqdm.auto import tqdm
+    from tqdm.auto import tqdm  # type: ignore[import-untyped]
 
     bar = tqdm(total=0, desc=desc, unit=unit, leave=False, dynamic_ncols=True)
 
