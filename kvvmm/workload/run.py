@@ -136,6 +136,22 @@ class StrategyResult:
         """Time-weighted mean of backed - used."""
         return self.mean_backed_bytes - self.mean_used_bytes
 
+    def wait_summary(self) -> dict[str, float | int]:
+        """What a request waited, for the summary row: time to first token (arrival to the
+        end of its prefill step) at p50 / p99 / max, ms; admissions put off until their
+        memory was mapped (``request-ranges+deferred``; 0 for the others); request latency
+        (arrival to last token) at p50 / p99, seconds."""
+        s = self.serving
+        ttft = sorted(s.first_token_s)
+        lat = sorted(s.latency_s)
+        put_off = self.ranges.get("deferred_admits", 0)
+        return {"first_token_p50_ms": round(_nearest_rank(ttft, 50) * 1e3, 3),
+                "first_token_p99_ms": round(_nearest_rank(ttft, 99) * 1e3, 3),
+                "first_token_max_ms": round(ttft[-1] * 1e3, 3) if ttft else 0.0,
+                "admissions_put_off": int(put_off),
+                "latency_p50_s": round(_nearest_rank(lat, 50), 3),
+                "latency_p99_s": round(_nearest_rank(lat, 99), 3)}
+
     def summary(self) -> dict[str, float | int | str]:
         """The summary row: plain numbers, for a table or JSON."""
         s = self.serving
@@ -160,6 +176,7 @@ class StrategyResult:
                 "startup_driver_ms": round(self.startup_driver_s * 1e3, 3),
                 "driver_calls": self.driver_calls, "final_handles": self.final_handles,
                 "bandwidth_factor": round(self.predicted_tb_s / _PLAIN_TB_S, 4),
+                **self.wait_summary(),
                 "completed": s.completed, "rejected": s.rejected,
                 "preemptions": s.preemptions, "steps": s.steps,
                 "end_s": round(s.end_s, 3), "wall_s": round(self.wall_s, 3),
