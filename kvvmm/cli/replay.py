@@ -53,6 +53,7 @@ from kvvmm.workload import (
     load_workload,
     run_workload,
 )
+from kvvmm.workload.run import Progress, tqdm_progress
 from kvvmm.workload.tenants import Demand, Tenant, compare_tenants, run_tenants, shifted
 
 __all__ = ["MAX_SECONDS", "MAX_TENANTS", "TenantSpec", "add_replay_parser", "parse_tenants",
@@ -347,6 +348,13 @@ def _tenants_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _progress_bar(desc: str) -> tuple[Any, Progress | None]:
+    """A bar on stderr, in serving seconds, when stderr is a terminal (none in a pipe)."""
+    if not sys.stderr.isatty():
+        return None, None
+    return tqdm_progress(desc)
+
+
 def replay_command(args: argparse.Namespace) -> int:
     """Run ``kvvmm replay`` with parsed ``args``; the exit code (2: bad input).
 
@@ -377,11 +385,16 @@ def replay_command(args: argparse.Namespace) -> int:
                 wl = wl.first(args.seconds)
         if not len(wl):
             return _fail(f"trace {args.trace!r} has no requests")
-        cmp = run_workload(wl, args.strategy or list(STRATEGIES), model=args.model,
-                           gpu=args.gpu, tp=args.tp, driver=args.driver,
-                           pool_tokens=args.pool_tokens,
-                           config=ServingConfig(slot_order=args.slot_order),
-                           pause_scale=pause_scale)
+        bar, report = _progress_bar("replay")
+        try:
+            cmp = run_workload(wl, args.strategy or list(STRATEGIES), model=args.model,
+                               gpu=args.gpu, tp=args.tp, driver=args.driver,
+                               pool_tokens=args.pool_tokens,
+                               config=ServingConfig(slot_order=args.slot_order),
+                               pause_scale=pause_scale, progress=report)
+        finally:
+            if bar is not None:
+                bar.close()
     except (KvvmmError, ValueError, OSError) as e:
         return _fail(f"{type(e).__name__}: {e}")
     except Exception as e:
@@ -392,14 +405,18 @@ def replay_command(args: argparse.Namespace) -> int:
     if args.driver == "sim" and not args.no_bands:
         from kvvmm.workload.bands import workload_bands
 
+        bar, report = _progress_bar("bands (p10, p90)")
         try:
             bands = workload_bands(wl, [r.strategy for r in cmp.results], gpu=args.gpu,
                                    mid=cmp, model=args.model, tp=args.tp,
                                    pool_tokens=args.pool_tokens,
                                    config=ServingConfig(slot_order=args.slot_order),
-                                   pause_scale=pause_scale)
+                                   pause_scale=pause_scale, progress=report)
         except Exception as e:  # the point figures stand; the bands say why they are missing
             return _fail(f"the bands could not be run ({type(e).__name__}: {e})")
+        finally:
+            if bar is not None:
+                bar.close()
     if args.json:
         from kvvmm.workload.bands import BAND_QUANTILES, band_notes
 

@@ -33,7 +33,7 @@ from kvvmm.units import GiB, MiB
 
 __all__ = ["BANDWIDTH_TARGET", "H200_BANDWIDTH", "BandwidthFit", "BandwidthPoint",
            "BandwidthTable", "GrowthPoint", "RatioBand", "fit_growth_bandwidth",
-           "growth_fit", "predicted_bandwidth_tb_s", "predicted_ratio"]
+           "growth_fit", "predicted_bandwidth_tb_s", "predicted_mix_tb_s", "predicted_ratio"]
 
 #: The copy bandwidth, as a ratio to cudaMalloc's, an owner's tensors must keep (the
 #: bandwidth target of docs/MEASUREMENTS.md §4): the line the lab draws.
@@ -372,8 +372,37 @@ def predicted_bandwidth_tb_s(
     Raises:
         ArgumentError: a size is not an int > 0.
     """
-    table = H200_BANDWIDTH if table is None else table
-    copied = _sizes(handle_bytes)
+    return _copied_tb_s(_sizes(handle_bytes), interleaved,
+                        H200_BANDWIDTH if table is None else table)
+
+
+def predicted_mix_tb_s(
+    handles: Sequence[tuple[int, int]], *, interleaved: bool = False,
+    table: BandwidthTable | None = None,
+) -> float:
+    """:func:`predicted_bandwidth_tb_s` of a buffer backed by ``count`` handles of each
+    ``size``: ``handles`` is ``[(size, count), ...]`` in the order the sizes first appear
+    (as ``Counter(sizes).items()`` gives them), so a caller that keeps the counts need not
+    list every handle. Same result, to the bit, as the list of sizes.
+
+    Args:
+        handles: ``(size, count)`` pairs, sizes and counts ints > 0, each size once.
+        interleaved, table: as :func:`predicted_bandwidth_tb_s` takes them.
+    Returns:
+        TB/s; 0.0 for no handles.
+    Raises:
+        ArgumentError: a size or a count is not an int > 0.
+    """
+    for s, n in handles:
+        int_arg("handle size", s, lo=1, limit="an int > 0 (bytes)")
+        int_arg("handle count", n, lo=1, limit="an int > 0")
+    return _copied_tb_s([(s, n * s) for s, n in handles], interleaved,
+                        H200_BANDWIDTH if table is None else table)
+
+
+def _copied_tb_s(copied: list[tuple[int, int]], interleaved: bool,
+                 table: BandwidthTable) -> float:
+    """TB/s of a copy whose bytes lie in handles as ``copied`` says (``(size, bytes)``)."""
     if not copied:
         return 0.0
     fit = growth_fit(table) if interleaved else None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import ipywidgets as widgets
 
 from kvvmm.driver import PROFILES
@@ -72,6 +74,11 @@ class WorkloadLab(_Panel):
         self.real_time = widgets.Checkbox(value=False, description="calls in real time",
                                           indent=False, **_field("150px"))
         self.run_button = widgets.Button(description="Run", button_style="primary")
+        #: the replay's serving seconds, over every strategy and band run (with what runs)
+        self.progress = widgets.IntProgress(value=0, min=0, max=1, description="",
+                                            layout=widgets.Layout(width="240px",
+                                                                  visibility="hidden"))
+        self.stage = widgets.HTML(value="")
         self.table = widgets.HTML(value=_pre("press Run"))
         self.comparison: WorkloadComparison | None = None
         #: per strategy, each timed figure's band (:func:`~kvvmm.workload.bands.workload_bands`)
@@ -86,7 +93,8 @@ class WorkloadLab(_Panel):
             _controls(self.model, self.gpu, self.tp),
             self.profile_age,
             _controls(self.source, self.seed, self.rate, self.seconds),
-            _controls(self.order, self.strategies, self.real_time, self.run_button),
+            _controls(self.order, self.strategies, self.real_time, self.run_button,
+                      self.progress, self.stage),
             self.error, self.table, self.plot,
         ], layout={"width": "100%"})
         self._add_dom_classes("workload-lab")
@@ -102,19 +110,37 @@ class WorkloadLab(_Panel):
     def run(self) -> bool:
         """Run every chosen strategy; True if it worked (else the error shows)."""
         self.run_button.disabled = True
+        self.progress.value, self.progress.layout.visibility = 0, "visible"
         try:
             return self._run(self._run_all)
         finally:
             self.run_button.disabled = False
+            self.progress.layout.visibility = "hidden"
+            self.stage.value = ""
+
+    def _reporter(self, stage: str) -> Callable[[float, float], None]:
+        """A progress callback for one stage of a run (the strategies, then their bands)."""
+        self.stage.value = stage
+        self.progress.value = 0
+
+        def report(done: float, total: float) -> None:
+            # At most ~100 updates a stage: each is a comm message to the page.
+            value = int(100 * done / total) if total > 0 else 100
+            if value != self.progress.value:
+                self.progress.max, self.progress.value = 100, value
+
+        return report
 
     def _run_all(self) -> None:
         wl, names = self.workload(), list(self.strategies.value)
         cfg = ServingConfig(slot_order=self.order.value)
         scale = 1.0 if self.real_time.value else None
         cmp = run_workload(wl, names, model=self.model.value, gpu=self.gpu.value,
-                           tp=self.tp.value, config=cfg, pause_scale=scale)
+                           tp=self.tp.value, config=cfg, pause_scale=scale,
+                           progress=self._reporter("strategies"))
         bands = workload_bands(wl, names, gpu=self.gpu.value, mid=cmp, model=self.model.value,
-                               tp=self.tp.value, config=cfg, pause_scale=scale)
+                               tp=self.tp.value, config=cfg, pause_scale=scale,
+                               progress=self._reporter("bands (p10, p90)"))
         self.comparison, self.bands = cmp, bands
         # HTML tables, one per kind of figure: the one 18-column text table wrapped every
         # row onto two lines at a 1280 px window.

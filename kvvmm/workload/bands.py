@@ -27,7 +27,10 @@ a level gives exactly that.
 
 from __future__ import annotations
 
+import multiprocessing
+import os
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,8 +45,8 @@ from kvvmm.hardware.spread import (
     spread_notes,
 )
 
-__all__ = ["BAND_QUANTILES", "WORKLOAD_TIMES", "Band", "band_notes", "band_profiles", "banded",
-           "growth_bands", "workload_bands"]
+__all__ = ["BAND_QUANTILES", "PARALLEL_REQUESTS", "WORKLOAD_TIMES", "Band", "band_notes",
+           "band_profiles", "banded", "growth_bands", "workload_bands"]
 
 #: The quantiles a band's low and high ends are run at.
 BAND_QUANTILES = (0.1, 0.9)
@@ -121,6 +124,13 @@ def banded(run: Callable[[DeviceProfile], Mapping[str, float]],
     m = dict(run(mid_p) if mid is None else mid)
     lo = run(lo_p) if lo_p is not mid_p else m
     hi = run(hi_p) if hi_p is not mid_p else m
+    return _bands_of(lo, m, hi, mid_p, groups)
+
+
+def _bands_of(lo: Mapping[str, float], m: Mapping[str, float], hi: Mapping[str, float],
+              mid_p: DeviceProfile,
+              groups: Callable[[str], str | None] | None) -> dict[str, Band]:
+    """:func:`banded`'s bands of the three runs' figures."""
     out = {k: Band.of(float(lo[k]), float(v), float(hi[k])) for k, v in m.items()}
     rows = level_of(profile_data(mid_p)) if groups is not None else {}
     if rows and groups is not None:
@@ -159,6 +169,8 @@ def growth_bands(policies: Sequence[Any], *, profile: str | DeviceProfile = "h20
 
 def workload_bands(workload: Any, strategies: Sequence[str], *, gpu: str = "h200",
                    mid: Any | None = None, level: bool = True,
+                   progress: Callable[[float, float], None] | None = None,
+                   workers: int | None = None,
                    **kw: Any) -> dict[str, dict[str, Band]]:
     """Per strategy, a band of each timed figure (:data:`WORKLOAD_TIMES`) of
     :func:`kvvmm.workload.run_workload` on the sim.
@@ -171,36 +183,101 @@ def workload_bands(workload: Any, strategies: Sequence[str], *, gpu: str = "h200
             when the caller has it (only the low and high runs are made).
         level: compose the startup and decode driver times with the profile's session
             level (``startup``, ``decode``; other figures have none); False: per-call only.
+        progress: ``progress(done, total)`` in serving seconds over the runs still to make
+            (as ``run_workload`` reports them), for a progress bar.
+        workers: processes the low and high runs are spread over (1: both here, one after
+            the other; 2: the high run in a second process while the low one runs here).
+            None: 2 when the machine has two cores or more and the runs are long enough
+            to pay for starting a process (:data:`PARALLEL_REQUESTS` requests times
+            strategies), else 1. Each run is the same deterministic replay either way.
         kw: the rest of ``run_workload``'s arguments (model, tp, config, ...; not ``driver``:
             a band is a prediction, always on the sim).
     Raises:
-        ArgumentError: a strategy that is not a name (an object runs once only).
+        ArgumentError: a strategy that is not a name (an object runs once only), or
+            ``workers`` not 1, 2 or None.
     """
-    from kvvmm.workload.run import run_workload
-
     for s in strategies:
         if not isinstance(s, str):
             raise ArgumentError("strategies", s, "strategy names (a band runs each three "
                                                  "times; an object runs once)")
+    if workers is not None and (type(workers) is not int or workers not in (1, 2)):
+        raise ArgumentError("workers", workers, "1, 2 or None")
     kw.pop("driver", None)
+    kw.pop("progress", None)
     prof = get_profile(gpu)
-    cap = prof.capacity_bytes
-
-    def flat(cmp: Any) -> dict[str, float]:
-        return {f"{r.strategy}|{k}": float(r.summary()[k]) for r in cmp.results
-                for k in WORKLOAD_TIMES}
-
-    def run(p: DeviceProfile) -> dict[str, float]:
-        return flat(run_workload(workload, list(strategies), gpu=gpu,
-                                 driver=lambda: SimDriver(p, capacity_bytes=cap), **kw))
+    names = list(strategies)
+    lo_p, mid_p, hi_p = band_profiles(prof)
+    # the runs to make, by quantile (None: the profile as it is); a profile without a
+    # spread is its own low and high: nothing to run for them
+    qs: list[float | None] = [q for q, p in zip(BAND_QUANTILES, (lo_p, hi_p), strict=True)
+                              if p is not mid_p]
+    if mid is None:
+        qs.insert(0, None)
+    if workers is None:
+        workers = 2 if (os.cpu_count() or 1) >= 2 and len(qs) > 1 and \
+            len(workload) * len(names) >= PARALLEL_REQUESTS else 1
+    done: dict[float | None, dict[str, float]] = {}
+    if workers == 2 and len(qs) > 1:
+        # The last run in a second process (a fresh interpreter: nothing this one holds,
+        # threads or a GPU context, is forked), the others here meanwhile.
+        ctx = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(1, mp_context=ctx) as pool:
+            far = pool.submit(_flat_run, workload, names, gpu, qs[-1], kw)
+            for i, q in enumerate(qs[:-1]):
+                done[q] = _flat_run(workload, names, gpu, q, kw,
+                                    _part(progress, i, len(qs) - 1))
+            done[qs[-1]] = far.result()
+    else:
+        for i, q in enumerate(qs):
+            done[q] = _flat_run(workload, names, gpu, q, kw, _part(progress, i, len(qs)))
+    m = _flat(mid) if mid is not None else done[None]
+    lo = done.get(BAND_QUANTILES[0], m)
+    hi = done.get(BAND_QUANTILES[1], m)
 
     def group(key: str) -> str | None:
         return WORKLOAD_LEVEL.get(key.split("|", 1)[1])
 
-    got = banded(run, prof, mid=None if mid is None else flat(mid),
-                 groups=group if level else None)
+    got = _bands_of(lo, m, hi, mid_p, group if level else None)
     out: dict[str, dict[str, Band]] = {}
     for key, band in got.items():
         strategy, fig = key.split("|", 1)
         out.setdefault(strategy, {})[fig] = band
     return out
+
+
+#: requests times strategies from which :func:`workload_bands` runs its low and high
+#: replays side by side on a machine with two cores (below it, a second process costs
+#: more to start, about 3 s to import, than it saves)
+PARALLEL_REQUESTS = 20_000
+
+
+def _part(progress: Callable[[float, float], None] | None, i: int,
+          n: int) -> Callable[[float, float], None] | None:
+    """``progress`` for the ``i``-th of ``n`` runs made one after the other."""
+    if progress is None:
+        return None
+    report = progress
+
+    def part(done: float, total: float) -> None:
+        report(i * total + done, n * total)
+
+    return part
+
+
+def _flat(cmp: Any) -> dict[str, float]:
+    return {f"{r.strategy}|{k}": float(r.summary()[k]) for r in cmp.results
+            for k in WORKLOAD_TIMES}
+
+
+def _flat_run(workload: Any, names: list[str], gpu: str, q: float | None,
+              kw: dict[str, Any],
+              progress: Callable[[float, float], None] | None = None) -> dict[str, float]:
+    """The timed figures of ``run_workload`` on the sim at ``gpu``'s profile at quantile
+    ``q`` (None: as it is); a module-level function, so a second process can run it."""
+    from kvvmm.workload.run import run_workload
+
+    prof = get_profile(gpu)
+    p = prof if q is None else prof.at(q)
+    cap = prof.capacity_bytes
+    return _flat(run_workload(workload, names, gpu=gpu, progress=progress,
+                              driver=lambda: SimDriver(p, capacity_bytes=cap), **kw))

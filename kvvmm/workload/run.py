@@ -13,15 +13,19 @@ a few hundred per hour of traffic), so a run's trace can be replayed on a fresh 
 
 from __future__ import annotations
 
+import bisect
+import heapq
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from kvvmm.checks import int_arg, number_arg
 from kvvmm.driver import Driver, SimDriver, driver_for
 from kvvmm.errors import ArgumentError
 from kvvmm.hardware import H200_BANDWIDTH, get_profile, predicted_bandwidth_tb_s
+from kvvmm.hardware.bandwidth import predicted_mix_tb_s
 from kvvmm.layout import KvBufferDesc, full_pool_descs, plan
 from kvvmm.owner import KvBufferOwner
 from kvvmm.record import Trace, TracingDriver
@@ -30,7 +34,8 @@ from kvvmm.workload.requests import Request, Workload, as_workload
 from kvvmm.workload.serving import ServingConfig, ServingModel, ServingStats, StepTimeModel
 from kvvmm.workload.strategies import LeaseAllocator, Strategy, make_strategy
 
-__all__ = ["RunSetup", "StrategyResult", "Timeline", "WorkloadComparison", "run_workload"]
+__all__ = ["Progress", "RunSetup", "StrategyResult", "Timeline", "WorkloadComparison",
+           "run_workload", "tqdm_progress"]
 
 _PLAIN_TB_S = H200_BANDWIDTH.reference_tb_s("plain") or 4.19
 
@@ -131,6 +136,22 @@ class StrategyResult:
         """Time-weighted mean of backed - used."""
         return self.mean_backed_bytes - self.mean_used_bytes
 
+    def wait_summary(self) -> dict[str, float | int]:
+        """What a request waited, for the summary row: time to first token (arrival to the
+        end of its prefill step) at p50 / p99 / max, ms; admissions put off until their
+        memory was mapped (``request-ranges+deferred``; 0 for the others); request latency
+        (arrival to last token) at p50 / p99, seconds."""
+        s = self.serving
+        ttft = sorted(s.first_token_s)
+        lat = sorted(s.latency_s)
+        put_off = self.ranges.get("deferred_admits", 0)
+        return {"first_token_p50_ms": round(_nearest_rank(ttft, 50) * 1e3, 3),
+                "first_token_p99_ms": round(_nearest_rank(ttft, 99) * 1e3, 3),
+                "first_token_max_ms": round(ttft[-1] * 1e3, 3) if ttft else 0.0,
+                "admissions_put_off": int(put_off),
+                "latency_p50_s": round(_nearest_rank(lat, 50), 3),
+                "latency_p99_s": round(_nearest_rank(lat, 99), 3)}
+
     def summary(self) -> dict[str, float | int | str]:
         """The summary row: plain numbers, for a table or JSON."""
         s = self.serving
@@ -155,6 +176,7 @@ class StrategyResult:
                 "startup_driver_ms": round(self.startup_driver_s * 1e3, 3),
                 "driver_calls": self.driver_calls, "final_handles": self.final_handles,
                 "bandwidth_factor": round(self.predicted_tb_s / _PLAIN_TB_S, 4),
+                **self.wait_summary(),
                 "completed": s.completed, "rejected": s.rejected,
                 "preemptions": s.preemptions, "steps": s.steps,
                 "end_s": round(s.end_s, 3), "wall_s": round(self.wall_s, 3),
@@ -215,6 +237,56 @@ def _percentile_with_zeros(nonzero_sorted: Sequence[float], total: int, q: float
     return 0.0 if rank <= zeros else float(nonzero_sorted[rank - zeros - 1])
 
 
+class _Mappings:
+    """The arena's mappings, kept from the driver calls a trace records: the handle sizes
+    that back it, in address order, without a snapshot of every mapping at each change.
+
+    A map adds one mapping; an unmap takes every mapping in its range (an arena unmaps a
+    run of adjacent mappings in one call). :meth:`mix` gives ``(size, count)`` in the order
+    the sizes first appear by address, the order a snapshot's mappings list them in.
+    """
+
+    def __init__(self) -> None:
+        self.vas: list[int] = []  # mapped addresses, sorted
+        self.size_at: dict[int, int] = {}  # address -> its mapping's size
+        self.count: dict[int, int] = {}  # size -> mappings of that size
+        self._lowest: dict[int, list[int]] = {}  # size -> min-heap of its addresses (lazy)
+        self.mapped_bytes = 0
+
+    def map(self, va: int, size: int) -> None:
+        bisect.insort(self.vas, va)
+        self.size_at[va] = size
+        self.count[size] = self.count.get(size, 0) + 1
+        heapq.heappush(self._lowest.setdefault(size, []), va)
+        self.mapped_bytes += size
+
+    def unmap(self, va: int, size: int) -> None:
+        vas = self.vas
+        i = j = bisect.bisect_left(vas, va)
+        end = va + size
+        while j < len(vas) and vas[j] < end:
+            gone = self.size_at.pop(vas[j])
+            left = self.count[gone] - 1
+            if left:
+                self.count[gone] = left
+            else:
+                del self.count[gone]
+            self.mapped_bytes -= gone
+            j += 1
+        del vas[i:j]
+
+    def mix(self) -> list[tuple[int, int]]:
+        """``(size, count)`` of the mappings, sizes in order of their lowest address."""
+        first = []
+        for size, n in self.count.items():
+            heap = self._lowest[size]
+            while self.size_at.get(heap[0]) != size:  # unmapped since (or mapped anew)
+                heapq.heappop(heap)
+            first.append((heap[0], size, n))
+        first.sort()
+        return [(size, n) for _, size, n in first]
+
+
 class _Hooks:
     """The serving loop's side of a strategy: calls it, measures it, samples the state."""
 
@@ -229,6 +301,8 @@ class _Hooks:
         self.kv_bandwidth_factor = 1.0
         self.backed = owner.backed_bytes
         self.reserved = owner.arena.snapshot().reserved_bytes
+        self.hpool = owner.arena.handle_pool
+        self.mappings = _Mappings()
         self.handles = 0
         self.calls = 0
         self.decode_calls = 0
@@ -251,12 +325,16 @@ class _Hooks:
         # Page-elastic at best: per buffer geometry, granules any used page touches.
         ps = owner.page_size
         kinds = Counter((d.row_bytes * ps // d.tokens_per_row) for d in owner.descs)
-        self.kinds = [(pb, count, Counter[int]()) for pb, count in kinds.items()]
+        pages = owner.max_prefix_tokens // ps + 1  # past every page a request can be handed
+        # used pages per granule, a list indexed by granule: the hottest loop of a replay
+        self.kinds = [(pb, count, [0] * ((pages * pb - 1) // gran + 1))
+                      for pb, count in kinds.items()]
         self.gran = gran
         self.elastic = 0
         self.elastic_maps = 0  # granule handles page-elastic backing would create and map
         self.elastic_unmaps = 0  # ... and unmap and release
         self._elastic_pages([0], 1)  # slot 0's page is always in use
+        self._factors: dict[tuple[tuple[int, int], ...], float] = {}
         cols: list[list[float]] = [[] for _ in range(13)]
         self.cols = cols
         self.account()
@@ -268,41 +346,55 @@ class _Hooks:
         if n == self.seen:
             return 0.0
         cost = 0.0
+        sim = self.sim
+        maps = self.mappings
         for ev in events[self.seen:n]:
-            cost += ev.sim_us if self.sim else ev.wall_us
+            cost += ev.sim_us if sim else ev.wall_us
             if ev.error is None:
-                if ev.op == "create":
+                op = ev.op
+                if op == "map":
+                    maps.map(ev.args["va"], ev.args["size"])
+                elif op == "unmap":
+                    maps.unmap(ev.args["va"], ev.args["size"])
+                elif op == "create":
                     self.handles += 1
-                elif ev.op == "release":
+                elif op == "release":
                     self.handles -= 1
         self.calls += n - self.seen
         self.seen = n
-        self.backed = self.owner.backed_bytes
-        snap = self.owner.arena.snapshot()
-        self.pool_held = snap.pool_bytes
-        if snap.backed_bytes + snap.unbacked_bytes != self.reserved or \
-                sum(m.size_bytes for m in snap.mappings) != snap.backed_bytes:
+        self.backed = backed = self.owner.backed_bytes
+        self.pool_held = 0 if self.hpool is None else self.hpool.held_bytes
+        # Conservation: what the driver calls mapped is what the arena says it backs.
+        if maps.mapped_bytes != backed or backed > self.reserved:
             self.conservation_errors += 1
-        sizes = [m.size_bytes for m in snap.mappings]
-        interleaved = len(self.owner.descs) > 1
-        self.kv_bandwidth_factor = (predicted_bandwidth_tb_s(sizes, interleaved=interleaved)
-                                    / _PLAIN_TB_S) if sizes else 1.0
+        # The factor depends only on how many handles of each size back the buffers, in
+        # the order the sizes first appear (the prediction sums them in that order): the
+        # mixes recur through a run, each predicted once.
+        key = tuple(maps.mix())
+        factor = self._factors.get(key)
+        if factor is None:
+            factor = self._factors[key] = (predicted_mix_tb_s(
+                key, interleaved=len(self.owner.descs) > 1) / _PLAIN_TB_S) if key else 1.0
+        self.kv_bandwidth_factor = factor
         return cost * 1e-6
 
     def _elastic_pages(self, pages: Sequence[int], sign: int) -> None:
         g = self.gran
+        gained = lost = 0  # granules that went from no used page to one, and back, per kind
         for pb, count, per in self.kinds:
             for p in pages:
-                lo, hi = p * pb // g, ((p + 1) * pb - 1) // g
-                for gi in range(lo, hi + 1):
+                lo = p * pb // g
+                for gi in range(lo, ((p + 1) * pb - 1) // g + 1):
                     before = per[gi]
                     per[gi] = before + sign
-                    if before == 0 and sign > 0:
-                        self.elastic += count * g
-                        self.elastic_maps += count
-                    elif before == 1 and sign < 0:
-                        self.elastic -= count * g
-                        self.elastic_unmaps += count
+                    if sign > 0:
+                        if before == 0:
+                            gained += count
+                    elif before == 1:
+                        lost += count
+        self.elastic += (gained - lost) * g
+        self.elastic_maps += gained
+        self.elastic_unmaps += lost
 
     def executor(self, job: Callable[[], None], waited: bool) -> None:
         """Run ``job`` as a backing thread would: its driver time goes on that thread's
@@ -408,6 +500,61 @@ class _Hooks:
                         bandwidth_factor=tuple(c[12]))
 
 
+#: ``progress(done, total)``: how far a long run has got, in the units it names.
+Progress = Callable[[float, float], None]
+#: boundaries served between two progress reports (a report costs far more than one)
+_REPORT_EVERY = 2048
+
+
+def _run_reporting(serving: ServingModel, wl: Workload, hooks: _Hooks, progress: Progress,
+                   base: float, span: float, total: float) -> ServingStats:
+    """``serving.run(wl, hooks)``, telling ``progress`` the serving time reached now and then
+    (``base`` plus it, at most ``base + span``), and ``base + span`` at the end."""
+    steps = serving.steps(wl, hooks)
+    n = 0
+    while True:
+        try:
+            now = next(steps)
+        except StopIteration as done:
+            progress(base + span, total)
+            stats: ServingStats = done.value
+            return stats
+        n += 1
+        if n == _REPORT_EVERY:
+            n = 0
+            progress(base + min(now, span), total)
+
+
+def tqdm_progress(desc: str, *, unit: str = "s") -> tuple[Any, Progress]:
+    """A progress bar (``tqdm.auto``: a widget in a notebook, text on stderr elsewhere) and
+    the :data:`Progress` callback that moves it, in whole units of what it counts::
+
+        bar, report = tqdm_progress("replay")
+        try:
+            run_workload(wl, progress=report)
+        finally:
+            bar.close()
+
+    Args:
+        desc: the bar's label.
+        unit: what ``done`` and ``total`` count (serving seconds by default).
+    Returns:
+        ``(bar, report)``: the tqdm bar (close it when done) and the callback.
+    """
+    from tqdm.auto import tqdm  # type: ignore[import-untyped]
+
+    bar = tqdm(total=0, desc=desc, unit=unit, leave=False, dynamic_ncols=True)
+
+    def report(done: float, total: float) -> None:
+        if round(total) != bar.total:
+            bar.total = round(total)
+        step = min(round(done), bar.total) - bar.n
+        if step > 0:
+            bar.update(step)  # tqdm redraws at most every mininterval
+
+    return bar, report
+
+
 def _time_mean(t: Sequence[float], v: Sequence[int], end: float) -> float:
     """Time-weighted mean of a step function sampled at ``t`` (each value holds until the next)."""
     if not t:
@@ -436,6 +583,7 @@ def run_workload(
     record: bool = False,
     touch: bool = False,
     pause_scale: float | None = None,
+    progress: Progress | None = None,
 ) -> WorkloadComparison:
     """Serve ``workload`` once per strategy, each on a fresh driver and owner.
 
@@ -461,6 +609,9 @@ def run_workload(
             predict that replay on a real driver (whose loop runs the serving clock ~100x
             faster, so its calls are 1-2 ms apart: partly cold); None, as warm as back to back.
             Real drivers ignore it (their calls go cold by themselves).
+        progress: called as ``progress(done, total)`` while the strategies run, in serving
+            seconds (``total``: the strategies times the workload's span), for a progress
+            bar (:func:`tqdm_progress` makes one).
     Returns:
         A :class:`WorkloadComparison`.
     Raises:
@@ -494,7 +645,10 @@ def run_workload(
                      pool_tokens=tokens, buffers=len(descs), page_bytes=page_bytes, config=cfg,
                      step_model=sm, workload=wl.source, requests=len(wl),
                      pause_scale=pause_scale)
-    results = []
+    results: list[StrategyResult] = []
+    # serving seconds a strategy's progress counts up to: its last arrival's time
+    span = max(wl.requests[-1].arrival_s if len(wl) else 0.0, 1e-9)
+    total = span * len(strategies)
     for spec in strategies:
         strat = (make_strategy(spec) if isinstance(spec, str)
                  else spec if isinstance(spec, Strategy) else spec())
@@ -529,7 +683,11 @@ def run_workload(
             serving = ServingModel(cfg, sm, pool_pages=pool_pages, sample_s=sample_s,
                                    allocator=allocator)
             t0 = time.perf_counter()
-            stats = serving.run(wl, hooks)
+            if progress is None:
+                stats = serving.run(wl, hooks)
+            else:
+                stats = _run_reporting(serving, wl, hooks, progress, len(results) * span,
+                                       span, total)
             wall = time.perf_counter() - t0
             hooks.sample(stats.end_s, stats.steps, 0, 1, 0, 0)
             snap = owner.arena.snapshot()

@@ -258,14 +258,22 @@ class ServingStats:
     stall_steps: tuple[float, ...] = field(repr=False)  #: driver stall of each step that had one, s
     mean_step_s: float = 0.0  #: mean step time, stalls included
     timed_out: int = 0  #: requests dropped after waiting ``max_wait_s`` (never finished)
+    #: each served request's time to first token, seconds: from its arrival to the end of
+    #: its prefill step (queueing, an admission put off while its memory maps, the step's
+    #: driver stall and the prefill itself), in the order their prefills ran
+    first_token_s: tuple[float, ...] = field(default=(), repr=False)
+    #: each finished request's latency, seconds: from its arrival to its last token, in
+    #: the order they finished
+    latency_s: tuple[float, ...] = field(default=(), repr=False)
 
 
 class _Req:
-    __slots__ = ("admit", "done", "gen0", "npages", "out", "pages", "prompt", "queued_s", "rid",
-                 "ver")
+    __slots__ = ("admit", "arrival_s", "done", "gen0", "npages", "out", "pages", "prompt",
+                 "queued_s", "rid", "ver")
 
     def __init__(self, rid: int, prompt: int, out: int, queued_s: float = 0.0) -> None:
         self.rid = rid
+        self.arrival_s = queued_s  # when it arrived (its first token's and latency's start)
         self.queued_s = queued_s  # when it (last) joined the queue: its size is known from then
         self.prompt = prompt  # tokens to prefill (the original prompt + any recomputed output)
         self.out = out  # tokens still to generate
@@ -354,6 +362,9 @@ class ServingModel:
 
         max_wait = cfg.max_wait_s
         timed_out = 0
+        first_token: list[float] = []
+        latency: list[float] = []
+        firsts: list[float] = []  # arrivals of the requests whose prefill the next step runs
         while True:
             yield now
             alloc.now_s = now
@@ -369,6 +380,7 @@ class ServingModel:
                     freed.extend(r.pages)
                     alloc.release_for(rid, r.pages)
                     completed += 1
+                    latency.append(now - r.arrival_s)  # its last token came out just now
                     continue
                 while not alloc.can_alloc(rid, 1):  # preempt the most recently admitted one
                     victim = max(running.values(), key=lambda x: (x.admit, x.rid))
@@ -431,6 +443,8 @@ class ServingModel:
                     head_ready = alloc.ready_s(w.rid)  # (first come, first served behind it)
                     break
                 waiting.popleft()
+                if not w.gen0:  # its first token comes out of this prefill (not a re-run)
+                    firsts.append(w.arrival_s)
                 w.admit = S + 1
                 w.done = S + w.out  # its prefill step makes token 1
                 w.npages = need
@@ -513,10 +527,15 @@ class ServingModel:
                 k = max(1, min(k, math.ceil((next_sample - now) / first)))
             dt = k * base_s + kv_s / f * (k * K + B * (k * S + k * (k - 1) // 2)) \
                 + prefill * pre_s + stall
+            if firsts:  # the first of the k steps ends with their first tokens
+                t1 = now + stall + first + prefill * pre_s
+                first_token.extend(t1 - a for a in firsts)
+                firsts.clear()
             now += dt
             busy += dt
             S += k
         return ServingStats(
             requests=n_arr, completed=completed, rejected=rejected, preemptions=preemptions,
             steps=S, end_s=now, busy_s=busy, peak_running=peak_run, peak_used_pages=peak_used,
-            stall_steps=tuple(stalls), mean_step_s=busy / S if S else 0.0, timed_out=timed_out)
+            stall_steps=tuple(stalls), mean_step_s=busy / S if S else 0.0, timed_out=timed_out,
+            first_token_s=tuple(first_token), latency_s=tuple(latency))

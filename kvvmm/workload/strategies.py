@@ -315,7 +315,10 @@ class PageElastic(Strategy):
         kinds = Counter(d.row_bytes * ps // d.tokens_per_row for d in owner.descs)
         self._gran = gran
         self._kinds = sorted(kinds)  # page bytes of each geometry
-        self._count: list[dict[int, int]] = [{} for _ in self._kinds]  # granule -> used pages
+        # granule -> used pages, per geometry: a list indexed by granule (the pages of
+        # every step boundary pass through it)
+        self._count: list[list[int]] = [[0] * ((pool_pages * pb - 1) // gran + 1)
+                                        for pb in self._kinds]
         self._rep: list[dict[int, int]] = [{} for _ in self._kinds]  # granule -> its page
         self._refs: dict[int, int] = {}  # committed page -> granules it represents
         self._committed: set[int] = {0}  # the owner backed slot 0's page at construction
@@ -334,25 +337,31 @@ class PageElastic(Strategy):
         return range(p * pb // self._gran, ((p + 1) * pb - 1) // self._gran + 1)
 
     def _add(self, pages: list[int], gained: list[tuple[int, int, int]]) -> None:
-        for k, count in enumerate(self._count):
+        gran = self._gran
+        for k, (pb, count) in enumerate(zip(self._kinds, self._count, strict=True)):
+            rep = self._rep[k]
             for p in pages:
-                for g in self._granules(k, p):
-                    c = count.get(g, 0)
+                for g in range(p * pb // gran, ((p + 1) * pb - 1) // gran + 1):
+                    c = count[g]
                     count[g] = c + 1
-                    if c == 0 and g not in self._rep[k]:
+                    if c == 0 and g not in rep:
                         gained.append((k, g, p))
 
     def update(self, allocated: list[int], freed: list[int], high_water: int) -> None:
         gained: list[tuple[int, int, int]] = []
         lost: list[tuple[int, int]] = []
         self._add(allocated, gained)  # allocations first: a page freed and reused stays
-        for k, count in enumerate(self._count):
-            for p in freed:
-                for g in self._granules(k, p):
-                    c = count[g] - 1
-                    count[g] = c
-                    if c == 0:
-                        lost.append((k, g))
+        if freed:
+            gran = self._gran
+            for k, (pb, count) in enumerate(zip(self._kinds, self._count, strict=True)):
+                for p in freed:
+                    for g in range(p * pb // gran, ((p + 1) * pb - 1) // gran + 1):
+                        c = count[g] - 1
+                        count[g] = c
+                        if c == 0:
+                            lost.append((k, g))
+        if not lost and not gained:
+            return
         refs = self._refs
         changed: set[int] = set()
         for k, g in lost:
@@ -404,6 +413,7 @@ class LeaseAllocator(SlotAllocator):
         self.pages = backing.blocks * self.ppb
         self.order = "ranges"
         self._leases: dict[int, _Held] = {}  # rid -> its lease
+        self._high_water: int | None = None  # high_water, None until read after a change
         self.used = 0
         self._cap = (backing.blocks - backing.first) * self.ppb
         self.admits = 0  #: leases taken
@@ -437,10 +447,15 @@ class LeaseAllocator(SlotAllocator):
 
     @property
     def high_water(self) -> int:
-        top = 1
-        for held in self._leases.values():
-            for s, n in held.lease.pieces:
-                top = max(top, (s + n) * self.ppb)
+        # Read at every step boundary, changed only when a lease comes, grows or goes:
+        # worked out again only then (a scan of every lease's ranges).
+        top = self._high_water
+        if top is None:
+            top = 1
+            for held in self._leases.values():
+                for s, n in held.lease.pieces:
+                    top = max(top, (s + n) * self.ppb)
+            self._high_water = top
         return top
 
     @high_water.setter
@@ -457,6 +472,7 @@ class LeaseAllocator(SlotAllocator):
         lease = self.backing.admit(n * self.ps)
         got = _Held(lease, lease.pages(self.ps))
         self._leases[rid] = got
+        self._high_water = None
         self.admits += 1
         self.split_admits += len(lease.pieces) > 1
         self._frag_sum += st.fragmentation
@@ -507,6 +523,7 @@ class LeaseAllocator(SlotAllocator):
             got = self._admit(rid, n)
         elif got.handed + n > len(got.pages):
             ranges = len(got.lease.pieces)
+            self._high_water = None
             self.backing.grow(got.lease, (got.handed + n) * self.ps)
             got.pages = got.lease.pages(self.ps)
             self.grows += 1
@@ -534,6 +551,7 @@ class LeaseAllocator(SlotAllocator):
         got = self._leases.pop(rid, None)
         if got is None:
             return
+        self._high_water = None
         self.used -= got.handed
         self.backing.release(got.lease)
 

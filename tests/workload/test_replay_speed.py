@@ -1,0 +1,162 @@
+"""The replay's fast paths give the figures the plain ones gave, and report as they go."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from kvvmm.errors import ArgumentError
+from kvvmm.hardware import predicted_bandwidth_tb_s
+from kvvmm.hardware.bandwidth import predicted_mix_tb_s
+from kvvmm.workload import STRATEGIES, generate, run_workload
+from kvvmm.workload import run as run_module
+from kvvmm.workload.bands import workload_bands
+
+GOLDEN = Path(__file__).parent / "data" / "replay_golden.json"
+
+
+def test_every_figure_of_a_replay_and_its_bands_is_what_the_plain_replay_gave() -> None:
+    """Recorded from the replay before its fast paths (a snapshot of every mapping at each
+    backing change, dict counts, a scan per boundary): every summary figure and every band,
+    to the bit, every strategy, real-time cold calls included."""
+    want = json.loads(GOLDEN.read_text())
+    wl = generate(seed=5, duration_s=8.0, rate_scale=4.0)
+    assert len(wl) == want["requests"]
+    cmp = run_workload(wl, list(STRATEGIES), pause_scale=1.0)
+    bands = workload_bands(wl, list(STRATEGIES), mid=cmp, pause_scale=1.0, workers=1)
+    assert len(cmp.results) == len(want["results"])
+    for row, was in zip(cmp.summary(), want["results"], strict=True):
+        r = dict(row)
+        r["bands"] = {k: [b.low, b.mid, b.high] for k, b in bands[str(r["strategy"])].items()}
+        r = json.loads(json.dumps(r))
+        assert {k: r[k] for k in was} == was  # figures added since are checked elsewhere
+
+
+def test_the_mappings_kept_from_the_driver_calls_are_the_arenas_at_every_change(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Sizes in the order a snapshot lists them, counts, the pool's idle bytes and the
+    bandwidth factor, checked against a snapshot after every account of every strategy."""
+    seen = Counter[str]()
+    plain = run_module._Hooks.account
+
+    def account(self: run_module._Hooks) -> float:
+        cost = plain(self)
+        snap = self.owner.arena.snapshot()
+        sizes = [m.size_bytes for m in snap.mappings]
+        assert self.mappings.mix() == list(Counter(sizes).items())
+        assert self.mappings.mapped_bytes == snap.backed_bytes
+        assert self.pool_held == snap.pool_bytes
+        want = predicted_bandwidth_tb_s(sizes, interleaved=len(self.owner.descs) > 1) \
+            / run_module._PLAIN_TB_S if sizes else 1.0
+        assert self.kv_bandwidth_factor == want
+        seen[self.strategy.name] += 1
+        return cost
+
+    monkeypatch.setattr(run_module._Hooks, "account", account)
+    cmp = run_workload(generate(seed=2, duration_s=6.0, rate_scale=4.0), list(STRATEGIES),
+                       model="qwen2.5-7b", tp=1, pool_tokens=8192)
+    assert set(seen) == set(STRATEGIES)
+    assert all(r.conservation_errors == 0 for r in cmp.results)
+    assert any(r.serving.preemptions for r in cmp.results)  # a pool that filled
+
+
+@pytest.mark.parametrize("sizes", [[2 << 20], [4096, 2 << 20, 4096, 8 << 20, 2 << 20],
+                                   [8 << 20, 4096, 4096, 64 << 20, 8 << 20]])
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_a_mix_of_handle_counts_predicts_what_the_list_of_sizes_does_to_the_bit(
+        sizes: list[int], interleaved: bool) -> None:
+    mix = list(Counter(sizes).items())
+    assert predicted_mix_tb_s(mix, interleaved=interleaved) == \
+        predicted_bandwidth_tb_s(sizes, interleaved=interleaved)
+    assert predicted_mix_tb_s([]) == 0.0
+
+
+@pytest.mark.parametrize("bad", [[(0, 1)], [(4096, 0)], [(4096, -2)], [(4096, 1.5)],
+                                 [(True, 1)], [(4096, True)], [("4096", 1)]])
+def test_a_mix_with_a_size_or_count_that_is_not_a_positive_int_is_refused(bad: list) -> None:
+    with pytest.raises(ArgumentError):
+        predicted_mix_tb_s(bad)
+
+
+def test_a_replay_reports_its_serving_seconds_up_to_every_strategys_span() -> None:
+    wl = generate(seed=1, duration_s=20.0, rate_scale=2.0)
+    calls: list[tuple[float, float]] = []
+    names = ["static", "page-elastic"]
+    quiet = run_workload(wl, names)
+    cmp = run_workload(wl, names, progress=lambda d, t: calls.append((d, t)))
+    span = wl.requests[-1].arrival_s
+    assert calls and all(t == pytest.approx(2 * span) for _, t in calls)
+    done = [d for d, _ in calls]
+    assert done == sorted(done) and done[-1] == pytest.approx(2 * span)
+    assert span in [pytest.approx(d) for d in done]  # the first strategy's end
+    assert [r.summary() | {"wall_s": 0} for r in cmp.results] == \
+        [r.summary() | {"wall_s": 0} for r in quiet.results]
+
+
+def test_bands_report_their_runs_and_give_the_same_bands_in_a_second_process() -> None:
+    wl = generate(seed=4, duration_s=6.0, rate_scale=2.0)
+    names = ["prefix", "request-ranges+deferred"]
+    mid = run_workload(wl, names)
+    calls: list[tuple[float, float]] = []
+    here = workload_bands(wl, names, mid=mid, workers=1,
+                          progress=lambda d, t: calls.append((d, t)))
+    span = wl.requests[-1].arrival_s
+    assert calls[-1][0] == pytest.approx(calls[-1][1]) == pytest.approx(2 * 2 * span)
+    assert workload_bands(wl, names, mid=mid, workers=2) == here
+
+
+@pytest.mark.parametrize("bad", [0, 3, True, 1.0, "2"])
+def test_a_band_worker_count_other_than_1_2_or_none_is_refused(bad: object) -> None:
+    with pytest.raises(ArgumentError, match="workers"):
+        workload_bands(generate(seed=4, duration_s=1.0), ["static"],
+                       workers=bad)  # type: ignore[arg-type]
+
+
+class _Quiet:
+    """Serving hooks with no memory strategy behind them: no stalls, nothing sampled."""
+
+    kv_bandwidth_factor = 1.0
+
+    def update(self, *a: object) -> float:
+        return 0.0
+
+    def sample(self, *a: object) -> None:
+        pass
+
+
+def test_the_first_token_comes_at_the_end_of_the_prefill_step_and_a_queued_one_waits_too(
+        ) -> None:
+    from kvvmm.workload import Request, ServingConfig, Workload
+    from kvvmm.workload.serving import ServingModel, StepTimeModel
+
+    sm = StepTimeModel(weights_bytes=10**9, kv_bytes_per_token=10**5, hbm_bytes_per_s=10**12,
+                       overhead_s=1e-3, prefill_s_per_token=1e-5)
+    cfg = ServingConfig(max_running=1)  # the second request queues behind the first
+    reqs = (Request(0.0, 100, 3), Request(0.0005, 50, 2))
+    stats = ServingModel(cfg, sm, pool_pages=64).run(Workload(reqs, "test"), _Quiet())
+    base, kv, pre = 1e-3 + 1e-3, 1e-7, 1e-5
+    step1 = base + kv * 100 + pre * 100  # prefill of 100 tokens, its KV read
+    one_done = step1 + (base + kv * 101) + (base + kv * 102)  # 3 tokens: three steps
+    step2 = base + kv * 50 + pre * 50
+    assert stats.first_token_s == pytest.approx((step1, one_done + step2 - 0.0005))
+    assert stats.latency_s == pytest.approx((one_done, one_done + step2 + base + kv * 51
+                                             - 0.0005))
+
+
+def test_put_off_admissions_are_counted_and_their_wait_is_in_the_first_token() -> None:
+    wl = generate(seed=5, duration_s=20.0, rate_scale=3.0)
+    cmp = run_workload(wl, ["request-ranges", "request-ranges+deferred"])
+    plain, deferred = (r.summary() for r in cmp.results)
+    assert plain["admissions_put_off"] == 0
+    assert deferred["admissions_put_off"] == cmp.results[1].ranges["deferred_admits"] > 0
+    for r in cmp.results:
+        s = r.serving
+        assert len(s.first_token_s) == s.completed == len(s.latency_s)  # all were served
+        assert min(s.first_token_s) > 0 and min(s.latency_s) >= min(s.first_token_s)
+        row = r.summary()
+        assert 0 < row["first_token_p50_ms"] <= row["first_token_p99_ms"] \
+            <= row["first_token_max_ms"]
+        assert row["latency_p50_s"] <= row["latency_p99_s"]
