@@ -48,6 +48,7 @@ from dataclasses import dataclass
 from kvvmm.checks import int_arg, seconds_arg
 from kvvmm.errors import (
     ArgumentError,
+    AsleepError,
     ClosedError,
     KvvmmError,
     OutOfRangeError,
@@ -300,7 +301,8 @@ class RangeBacking:
         Raises:
             ArgumentError: bad ``tokens``.
             RangesFullError: not enough free blocks (nothing changed).
-            ClosedError: after :meth:`close`.
+            ClosedError: after :meth:`close` (or the owner's).
+            AsleepError: the owner is asleep.
             Exception: what a caller's executor raised taking the commit (nothing leased).
         """
         tokens = self._check_tokens(tokens)
@@ -332,8 +334,13 @@ class RangeBacking:
         bt = self.block_tokens
         job: _Job | None = None
         with self._lock:
-            if self._closed:
-                raise ClosedError(f"RangeBacking: {'admit' if admit else 'grow'} after close()")
+            what = "admit" if admit else "grow"
+            if self._closed or self.owner.closed:
+                raise ClosedError(f"RangeBacking: {what} after close() (of the backing or its "
+                                  f"owner)")
+            if self.owner.asleep:  # its cached blocks are not mapped until wake()
+                raise AsleepError(f"RangeBacking: {what} while the owner is asleep; call "
+                                  f"owner.wake() first")
             if not admit:
                 self._own(lease, "grow")  # again under the lock: a release may have come
             n = -(-tokens // bt) - lease.blocks
@@ -548,10 +555,13 @@ class RangeBacking:
     def ready(self, lease: Lease) -> bool:
         """The decode step's check: every block of ``lease`` mapped (an attribute read).
 
+        False while the owner sleeps (or after it closed): its memory is not mapped then.
+
         Raises:
             ArgumentError: ``lease`` is not a live lease of this backing.
         """
-        return self._own(lease, "ready").ready
+        owner = self.owner
+        return self._own(lease, "ready").ready and not (owner.closed or owner.asleep)
 
     def wait(self, lease: Lease, timeout_s: float = 30.0) -> Lease:
         """Block until ``lease`` is ready; raise its commit's error if one failed.

@@ -24,6 +24,7 @@ from kvvmm.driver.faults import Fault, FaultyDriver
 from kvvmm.driver.host import HostDriver
 from kvvmm.errors import (
     ArgumentError,
+    AsleepError,
     ClosedError,
     DriverError,
     KvvmmError,
@@ -509,4 +510,29 @@ def test_a_reserve_past_the_device_memory_is_refused() -> None:
     with pytest.raises(OutOfRangeError, match="device's 67108864 bytes"):
         RangeBacking(owner, reserve_bytes=80 << 20)
     owner.close()
+    drv.close()
+
+
+def test_an_owner_asleep_or_closed_under_the_backing_leases_nothing_as_ready() -> None:
+    drv = HostDriver(capacity_bytes=1 << 30)
+    owner = _owner(drv)
+    backing = RangeBacking(owner, reserve_bytes=4 * G, executor="inline")
+    lease = backing.admit(16 * 2)
+    assert backing.ready(lease)
+    owner.sleep()  # every mapping given back, the cached blocks' too
+    assert not backing.ready(lease)
+    with pytest.raises(AsleepError):
+        backing.admit(16 * 2)  # it would be "ready" from the cache, on unmapped VA
+    owner.wake()
+    again = backing.admit(16 * 2)
+    assert backing.ready(again)
+    for s, n in again.pieces:
+        lo, hi = _va(owner, backing, s, n)
+        ctypes.memset(lo, 7, hi - lo)
+        assert ctypes.string_at(hi - 8, 8) == b"\x07" * 8
+    owner.close()
+    assert not backing.ready(again)
+    with pytest.raises(ClosedError):
+        backing.admit(16)
+    backing.close()
     drv.close()
