@@ -68,20 +68,22 @@ class Lease:
     """A request's token slots: contiguous block ranges from one :class:`RangeBacking`.
 
     ``ready`` turns True once every block is mapped (at once when the blocks were cached);
-    the decode step reads it, and :meth:`RangeBacking.wait` blocks on it.
+    the decode step reads it, and :meth:`RangeBacking.wait` blocks on it. Its fields are
+    read-only: the backing alone moves them (a lease whose pieces a caller could rewrite
+    would give back another request's blocks).
     """
 
-    __slots__ = ("_done", "_failed", "_maker", "_pend", "_queued", "block_tokens", "error",
-                 "pending", "pieces", "ready", "released", "tokens")
+    __slots__ = ("_bt", "_done", "_error", "_failed", "_maker", "_pend", "_pending",
+                 "_pieces", "_queued", "_ready", "_released", "_tokens")
 
     def __init__(self, block_tokens: int) -> None:
-        self.block_tokens = block_tokens
-        self.pieces: list[tuple[int, int]] = []  #: ``(first block, blocks)``, in order taken
-        self.tokens = 0  #: slots asked for
-        self.pending = 0  #: fresh pieces whose commit has not finished
-        self.ready = True  #: every block mapped
-        self.released = False
-        self.error: BaseException | None = None  #: a failed commit's error
+        self._bt = block_tokens
+        self._pieces: list[tuple[int, int]] = []  # (first block, blocks), in order taken
+        self._tokens = 0
+        self._pending = 0
+        self._ready = True
+        self._released = False
+        self._error: BaseException | None = None
         self._pend: set[tuple[int, int]] = set()  # pieces whose commit runs
         self._failed: set[tuple[int, int]] = set()  # pieces whose commit failed (unbacked)
         # made when a commit is first queued for the lease (most admissions find cached
@@ -91,18 +93,53 @@ class Lease:
         self._maker: object = None  # the RangeBacking that admitted it
 
     def __repr__(self) -> str:
-        return (f"Lease({self.tokens} tokens in {len(self.pieces)} ranges, "
-                f"{'ready' if self.ready else 'pending'})")
+        return (f"Lease({self._tokens} tokens in {len(self._pieces)} ranges, "
+                f"{'ready' if self._ready else 'pending'})")
+
+    @property
+    def block_tokens(self) -> int:
+        """Token slots per block."""
+        return self._bt
+
+    @property
+    def pieces(self) -> list[tuple[int, int]]:
+        """``(first block, blocks)`` ranges, in order taken (a copy)."""
+        return list(self._pieces)
+
+    @property
+    def tokens(self) -> int:
+        """Slots asked for."""
+        return self._tokens
+
+    @property
+    def pending(self) -> int:
+        """Commits the lease waits for that have not ended."""
+        return self._pending
+
+    @property
+    def ready(self) -> bool:
+        """Every block mapped."""
+        return self._ready
+
+    @property
+    def released(self) -> bool:
+        """Given back by :meth:`RangeBacking.release`."""
+        return self._released
+
+    @property
+    def error(self) -> BaseException | None:
+        """A failed commit's error (None while none failed)."""
+        return self._error
 
     @property
     def blocks(self) -> int:
-        return sum(n for _, n in self.pieces)
+        return sum(n for _, n in self._pieces)
 
     @property
     def slots(self) -> list[tuple[int, int]]:
         """The lease's ``[start, stop)`` token-slot ranges, in order taken."""
-        bt = self.block_tokens
-        return [(s * bt, (s + n) * bt) for s, n in self.pieces]
+        bt = self._bt
+        return [(s * bt, (s + n) * bt) for s, n in self._pieces]
 
     def pages(self, page_size: int) -> list[int]:
         """Page ids of the lease's slots, in order taken (what a page table lists)."""
@@ -288,7 +325,7 @@ class RangeBacking:
             raise WrongTypeError("lease", lease, f"a Lease from this RangeBacking's admit() "
                                                  f"({call}() takes one)")
         if self._live.get(id(lease)) is not lease:
-            if lease.released and lease._maker is self:
+            if lease._released and lease._maker is self:
                 raise ArgumentError("lease", lease, f"a live lease ({call}() after release())")
             raise ArgumentError("lease", lease, f"a lease this RangeBacking issued ({call}() "
                                                 f"got another backing's lease, or a copy)")
@@ -311,7 +348,7 @@ class RangeBacking:
         self._take(lease, tokens, admit=True)
         with self._lock:
             self._admits += 1
-            if lease.ready:
+            if lease._ready:
                 self._admits_ready += 1
         return lease
 
@@ -345,7 +382,7 @@ class RangeBacking:
                 self._own(lease, "grow")  # again under the lock: a release may have come
             n = -(-tokens // bt) - lease.blocks
             if n <= 0:
-                lease.tokens = max(lease.tokens, tokens)
+                lease._tokens = max(lease._tokens, tokens)
                 return False
             cached, fresh = self._cached, self._fresh
             if n > cached.free_units + fresh.free_units:
@@ -354,13 +391,13 @@ class RangeBacking:
                                       f"cached and {fresh.free_units} fresh blocks of "
                                       f"{bt} slots)")
             self._refill_failed = False  # a new call: a failed refill may be tried again
-            undo = _Taken(list(lease.pieces), lease.tokens)
-            if lease.pieces:  # grow in place onto cached blocks: the range stays one range
-                s, k = lease.pieces[-1]
+            undo = _Taken(list(lease._pieces), lease._tokens)
+            if lease._pieces:  # grow in place onto cached blocks: the range stays one range
+                s, k = lease._pieces[-1]
                 if (s, k) not in lease._pend and (s, k) not in lease._failed \
                         and s + k + n <= self.blocks and cached.is_free(s + k, n):
                     cached.take(s + k, n)
-                    lease.pieces[-1] = (s, k + n)
+                    lease._pieces[-1] = (s, k + n)
                     undo.grown = (s + k, n)
                     n = 0
             if n and cached.free_units:
@@ -372,7 +409,7 @@ class RangeBacking:
                 undo.claimed, n = self._claim(lease, n)  # hold the refill back)
             if n:
                 undo.new = new = fresh.alloc_pieces(n)
-            lease.pieces += undo.got + undo.claimed + undo.new
+            lease._pieces += undo.got + undo.claimed + undo.new
             self._leased += undo.blocks
             if undo.new:
                 self._pending += sum(k for _, k in new)
@@ -382,7 +419,7 @@ class RangeBacking:
                 self._outstanding.add(job)
                 if self._thread is not None:
                     lease._queued.append(job)  # wait() runs it itself if the thread has not
-            lease.tokens = max(lease.tokens, tokens)
+            lease._tokens = max(lease._tokens, tokens)
             if admit:
                 self._live[id(lease)] = lease
         try:
@@ -415,11 +452,11 @@ class RangeBacking:
                     self._claims.remove((lease, p))
                 self._inflight = _joined(self._inflight + undo.claimed)
                 if undo.claimed and undo.first:
-                    lease.pending -= 1
+                    lease._pending -= 1
                     if self._refill_job in lease._queued:
                         lease._queued.remove(self._refill_job)
                 if job is not None:
-                    lease.pending -= 1
+                    lease._pending -= 1
                     if job in lease._queued:
                         lease._queued.remove(job)
                     self._pending -= sum(k for _, k in undo.new)
@@ -431,9 +468,9 @@ class RangeBacking:
                 if undo.grown is not None:
                     self._cached.free(*undo.grown)
                 self._leased -= undo.blocks
-                lease.pieces, lease.tokens = undo.pieces, undo.tokens
-                lease.ready = lease.pending == 0 and lease.error is None
-                if lease.pending == 0 and lease._done is not None:
+                lease._pieces, lease._tokens = undo.pieces, undo.tokens
+                lease._ready = lease._pending == 0 and lease._error is None
+                if lease._pending == 0 and lease._done is not None:
                     lease._done.set()
                 if admit:
                     self._live.pop(id(lease), None)
@@ -501,14 +538,14 @@ class RangeBacking:
         lease ready (or failed) and wakes its waiter."""
         lease._pend.difference_update(pieces)
         if err is not None:
-            lease.error = err
+            lease._error = err
             lease._failed.update(pieces)
-        if lease.released:  # released while the commit ran: its pieces come back now
+        if lease._released:  # released while the commit ran: its pieces come back now
             for s, n in pieces:
                 (self._cached if err is None else self._fresh).free(s, n)
-        lease.pending -= 1
-        if lease.pending == 0:
-            lease.ready = lease.error is None
+        lease._pending -= 1
+        if lease._pending == 0:
+            lease._ready = lease._error is None
             lease._queued.clear()
             assert lease._done is not None  # made when the commit was queued
             lease._done.set()
@@ -576,13 +613,13 @@ class RangeBacking:
         """
         timeout_s = seconds_arg("timeout_s", timeout_s)
         self._own(lease, "wait")
-        if not lease.ready and lease._queued:
+        if not lease._ready and lease._queued:
             self._run_queued(lease)
         done = lease._done
         if done is not None and not done.wait(timeout_s):
             raise KvvmmError(f"RangeBacking: lease not mapped within {timeout_s} s")
-        if lease.error is not None:
-            raise lease.error
+        if lease._error is not None:
+            raise lease._error
         return lease
 
     def _run_queued(self, lease: Lease) -> None:
@@ -635,10 +672,10 @@ class RangeBacking:
             raise
 
     def _release_locked(self, lease: Lease) -> None:
-        lease.released = True
+        lease._released = True
         self._live.pop(id(lease), None)
         self._leased -= lease.blocks
-        for p in lease.pieces:
+        for p in lease._pieces:
             if p in lease._pend:
                 continue  # the running commit frees it at its end
             (self._fresh if p in lease._failed else self._cached).free(*p)
@@ -974,8 +1011,8 @@ def _await(lease: Lease, pieces: list[tuple[int, int]], *, commit: bool) -> None
     (``commit``), or by one it already waits for; its Event is made or cleared for it."""
     lease._pend.update(pieces)
     if commit:
-        lease.pending += 1
-    lease.ready = False
+        lease._pending += 1
+    lease._ready = False
     if lease._done is None:
         lease._done = threading.Event()
     else:

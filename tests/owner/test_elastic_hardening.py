@@ -293,7 +293,7 @@ def test_a_released_copied_or_forged_lease_is_refused(call: str) -> None:
     gone = backing.admit(16 * 2)
     backing.release(gone)
     forged = Lease(backing.block_tokens)
-    forged.pieces = list(live.pieces)
+    forged._pieces = list(live.pieces)
     before = backing.stats()
     for bad in (gone, copy.copy(live), forged):
         with pytest.raises(ArgumentError):
@@ -302,6 +302,27 @@ def test_a_released_copied_or_forged_lease_is_refused(call: str) -> None:
     with pytest.raises(ArgumentError, match="after release"):
         backing.release(gone)
     backing.release(live)
+    backing.close()
+    owner.close()
+
+
+@pytest.mark.parametrize("field", ["pieces", "released", "ready", "pending", "error",
+                                   "tokens", "block_tokens"])
+def test_a_leases_fields_cannot_be_rewritten_by_its_holder(field: str) -> None:
+    owner = _owner(open_driver("sim"))
+    backing = RangeBacking(owner, executor="inline")
+    mine = backing.admit(16 * 4)
+    other = backing.admit(16 * 4)
+    before = (mine.pieces, mine.released, mine.ready, mine.pending, mine.error, mine.tokens,
+              mine.block_tokens)
+    with pytest.raises(AttributeError):
+        setattr(mine, field, other.pieces if field == "pieces" else True)
+    mine.pieces.append((1, 40))  # a copy: the lease's own stay as they were
+    assert (mine.pieces, mine.released, mine.ready, mine.pending, mine.error, mine.tokens,
+            mine.block_tokens) == before
+    backing.release(mine)  # gives back its own blocks, never the other lease's
+    assert backing.ready(other) and backing.stats().leased_bytes == other.blocks * G
+    backing.release(other)
     backing.close()
     owner.close()
 
