@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import bisect
 import threading
+import weakref
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -58,6 +59,11 @@ from kvvmm.layout.ranges import RangesFullError, SlotRanges
 from kvvmm.owner.buffers import KvBufferOwner
 
 __all__ = ["BackingStats", "Lease", "RangeBacking"]
+
+#: The open backing of each owner (one at a time: each leases every slot of its owner).
+_OWNERS: weakref.WeakKeyDictionary[KvBufferOwner, weakref.ref[RangeBacking]] = \
+    weakref.WeakKeyDictionary()
+_OWNERS_LOCK = threading.Lock()
 
 #: ``executor(job, waited)``: run ``job()`` (now or later, on any thread); ``waited`` says
 #: whether a lease waits for it (True) or it is upkeep nobody waits for (False).
@@ -184,6 +190,8 @@ class RangeBacking:
             raise ArgumentError("owner", owner, "a KvBufferOwner")
         if owner.closed:
             raise ClosedError("RangeBacking: the owner is closed")
+        if owner.asleep:
+            raise AsleepError("RangeBacking: the owner is asleep; call owner.wake() first")
         for name, v in (("reserve_bytes", reserve_bytes), ("high_bytes", high_bytes)):
             if v is not None:
                 int_arg(name, v, lo=0, unit="bytes")
@@ -243,6 +251,13 @@ class RangeBacking:
         self._outstanding: set[_Job] = set()  # jobs given to the executor, not begun
         self._lock = threading.Lock()
         self._closed = False
+        with _OWNERS_LOCK:  # two backings over one owner would lease the same slots twice
+            held = _OWNERS.get(owner)
+            other = held() if held is not None else None
+            if other is not None and not other._closed:
+                raise ArgumentError("owner", owner, "an owner no open RangeBacking leases "
+                                    "from (close the other one first)")
+            _OWNERS[owner] = weakref.ref(self)
         self._admits = self._admits_ready = self._commits = self._reclaims = 0
         self._leased = 0
         self._thread: threading.Thread | None = None
@@ -921,6 +936,10 @@ class RangeBacking:
             for job in list(self._outstanding):
                 job.cancel(dropped)
             self._wake.notify_all()
+        with _OWNERS_LOCK:
+            held = _OWNERS.get(self.owner)
+            if held is not None and held() is self:
+                del _OWNERS[self.owner]
         t = self._thread
         if t is not None and t is not threading.current_thread():
             t.join(timeout_s)

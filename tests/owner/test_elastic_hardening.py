@@ -557,3 +557,17 @@ def test_an_owner_asleep_or_closed_under_the_backing_leases_nothing_as_ready() -
         backing.admit(16)
     backing.close()
     drv.close()
+
+
+def test_a_second_backing_over_an_owner_another_leases_from_is_refused() -> None:
+    owner = _owner(open_driver("sim"))
+    first = RangeBacking(owner, executor="inline")  # nothing committed yet
+    with pytest.raises(ArgumentError, match="close the other one first"):
+        RangeBacking(owner, executor="inline")  # it would lease the same slots again
+    lease = first.admit(16 * 4)
+    first.release(lease)
+    first.close()
+    second = RangeBacking(owner, executor="inline")  # once the first is closed: fine
+    assert second.admit(16 * 4).ready
+    second.close()
+    owner.close()
