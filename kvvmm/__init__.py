@@ -51,6 +51,7 @@ from kvvmm.errors import (
     TraceFormatError,
     UnknownDtypeError,
     WorkloadFormatError,
+    WrongTypeError,
 )
 from kvvmm.layout import KvBufferDesc, mha_token_major, mla, page_major
 from kvvmm.owner import KvBufferOwner
@@ -113,6 +114,7 @@ __all__ = [
     "TracingDriver",
     "UnknownDtypeError",
     "WorkloadFormatError",
+    "WrongTypeError",
     "driver_for",
     "mha_token_major",
     "mla",

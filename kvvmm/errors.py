@@ -333,3 +333,14 @@ def _show_int(key: str, value: int) -> str:
     if key in ("va", "address", "base"):
         return hex(value)
     return str(value)
+
+
+class WrongTypeError(ArgumentError, TypeError):
+    """An argument of the wrong type (a str where an object kvvmm made is expected, ...).
+
+    An :class:`ArgumentError` naming the value and what it must be, and a ``TypeError`` for
+    code that catches those. Nothing was changed: pass the right object.
+    """
+
+
+__all__ += ["WrongTypeError"]

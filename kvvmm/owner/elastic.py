@@ -29,22 +29,41 @@ Threads: every public method may be called from the engine's thread; the driver 
 the backing thread (``executor=None``), on the caller's (``"inline"``), or through a callable
 the caller gives (the workload lab's, which accounts the time as off the decode path). The
 state lock is never held across a driver call.
+
+A lease belongs to the backing that made it, until it is released: any other object passed
+where a lease is asked for (another backing's, one already released, a copy, not a lease) is
+refused before anything changes. A driver call that fails while blocks are given back (or
+mapped) leaves the three states equal to the mappings the arena holds: blocks still mapped
+are cached again, blocks the failure unmapped are fresh, and the error's notes say which.
 """
 
 from __future__ import annotations
 
 import bisect
 import threading
+import weakref
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from kvvmm.checks import int_arg, seconds_arg
-from kvvmm.errors import ArgumentError, ClosedError, KvvmmError
+from kvvmm.errors import (
+    ArgumentError,
+    AsleepError,
+    ClosedError,
+    KvvmmError,
+    OutOfRangeError,
+    WrongTypeError,
+)
 from kvvmm.layout.ranges import RangesFullError, SlotRanges
 from kvvmm.owner.buffers import KvBufferOwner
 
 __all__ = ["BackingStats", "Lease", "RangeBacking"]
+
+#: The open backing of each owner (one at a time: each leases every slot of its owner).
+_OWNERS: weakref.WeakKeyDictionary[KvBufferOwner, weakref.ref[RangeBacking]] = \
+    weakref.WeakKeyDictionary()
+_OWNERS_LOCK = threading.Lock()
 
 #: ``executor(job, waited)``: run ``job()`` (now or later, on any thread); ``waited`` says
 #: whether a lease waits for it (True) or it is upkeep nobody waits for (False).
@@ -55,40 +74,78 @@ class Lease:
     """A request's token slots: contiguous block ranges from one :class:`RangeBacking`.
 
     ``ready`` turns True once every block is mapped (at once when the blocks were cached);
-    the decode step reads it, and :meth:`RangeBacking.wait` blocks on it.
+    the decode step reads it, and :meth:`RangeBacking.wait` blocks on it. Its fields are
+    read-only: the backing alone moves them (a lease whose pieces a caller could rewrite
+    would give back another request's blocks).
     """
 
-    __slots__ = ("_done", "_failed", "_pend", "_queued", "block_tokens", "error", "pending",
-                 "pieces", "ready", "released", "tokens")
+    __slots__ = ("_bt", "_done", "_error", "_failed", "_maker", "_pend", "_pending",
+                 "_pieces", "_queued", "_ready", "_released", "_tokens")
 
     def __init__(self, block_tokens: int) -> None:
-        self.block_tokens = block_tokens
-        self.pieces: list[tuple[int, int]] = []  #: ``(first block, blocks)``, in order taken
-        self.tokens = 0  #: slots asked for
-        self.pending = 0  #: fresh pieces whose commit has not finished
-        self.ready = True  #: every block mapped
-        self.released = False
-        self.error: BaseException | None = None  #: a failed commit's error
+        self._bt = block_tokens
+        self._pieces: list[tuple[int, int]] = []  # (first block, blocks), in order taken
+        self._tokens = 0
+        self._pending = 0
+        self._ready = True
+        self._released = False
+        self._error: BaseException | None = None
         self._pend: set[tuple[int, int]] = set()  # pieces whose commit runs
         self._failed: set[tuple[int, int]] = set()  # pieces whose commit failed (unbacked)
         # made when a commit is first queued for the lease (most admissions find cached
         # blocks and never wait); None means nothing was ever pending
         self._done: threading.Event | None = None
         self._queued: list[Callable[[], None]] = []  # its commits given to the backing thread
+        self._maker: object = None  # the RangeBacking that admitted it
 
     def __repr__(self) -> str:
-        return (f"Lease({self.tokens} tokens in {len(self.pieces)} ranges, "
-                f"{'ready' if self.ready else 'pending'})")
+        return (f"Lease({self._tokens} tokens in {len(self._pieces)} ranges, "
+                f"{'ready' if self._ready else 'pending'})")
+
+    @property
+    def block_tokens(self) -> int:
+        """Token slots per block."""
+        return self._bt
+
+    @property
+    def pieces(self) -> list[tuple[int, int]]:
+        """``(first block, blocks)`` ranges, in order taken (a copy)."""
+        return list(self._pieces)
+
+    @property
+    def tokens(self) -> int:
+        """Slots asked for."""
+        return self._tokens
+
+    @property
+    def pending(self) -> int:
+        """Commits the lease waits for that have not ended."""
+        return self._pending
+
+    @property
+    def ready(self) -> bool:
+        """Every block mapped."""
+        return self._ready
+
+    @property
+    def released(self) -> bool:
+        """Given back by :meth:`RangeBacking.release`."""
+        return self._released
+
+    @property
+    def error(self) -> BaseException | None:
+        """A failed commit's error (None while none failed)."""
+        return self._error
 
     @property
     def blocks(self) -> int:
-        return sum(n for _, n in self.pieces)
+        return sum(n for _, n in self._pieces)
 
     @property
     def slots(self) -> list[tuple[int, int]]:
         """The lease's ``[start, stop)`` token-slot ranges, in order taken."""
-        bt = self.block_tokens
-        return [(s * bt, (s + n) * bt) for s, n in self.pieces]
+        bt = self._bt
+        return [(s * bt, (s + n) * bt) for s, n in self._pieces]
 
     def pages(self, page_size: int) -> list[int]:
         """Page ids of the lease's slots, in order taken (what a page table lists)."""
@@ -133,13 +190,16 @@ class RangeBacking:
             raise ArgumentError("owner", owner, "a KvBufferOwner")
         if owner.closed:
             raise ClosedError("RangeBacking: the owner is closed")
+        if owner.asleep:
+            raise AsleepError("RangeBacking: the owner is asleep; call owner.wake() first")
         for name, v in (("reserve_bytes", reserve_bytes), ("high_bytes", high_bytes)):
             if v is not None:
                 int_arg(name, v, lo=0, unit="bytes")
         if high_bytes is not None and high_bytes < reserve_bytes:
             raise ArgumentError("high_bytes", high_bytes,
                                 f">= reserve_bytes ({reserve_bytes})")
-        if not (executor is None or executor == "inline" or callable(executor)):
+        if not (executor is None or (isinstance(executor, str) and executor == "inline")
+                or callable(executor)):
             raise ArgumentError("executor", executor, "None, 'inline' or a callable "
                                                       "executor(job, waited)")
         if owner.committed_pages:
@@ -157,8 +217,18 @@ class RangeBacking:
                                                 f"{bt} slots (slot_block_tokens)")
         self.block_bytes = sum(rb * bt // tpr for tpr, rb in
                                ((d.tokens_per_row, d.row_bytes) for d in owner.descs))
+        # a size past what the buffers can lease (or the device hold) is a caller's mistake
+        # (2**50 mapped ahead), not a wish to be met as far as it goes
+        cap = (self.blocks - self.first) * self.block_bytes
+        total = owner.arena.driver.mem_info()[1]
+        limit = min(cap, total)
+        why = (f"the {cap} bytes of blocks these buffers lease" if cap <= total
+               else f"the device's {total} bytes of memory")
+        for name, v in (("reserve_bytes", reserve_bytes), ("high_bytes", high_bytes)):
+            if v is not None and v > limit:
+                raise OutOfRangeError(name, v, f"<= {limit} bytes ({why})")
         self.reserve_blocks = -(-reserve_bytes // self.block_bytes)
-        high = 2 * reserve_bytes if high_bytes is None else high_bytes
+        high = min(2 * reserve_bytes, limit) if high_bytes is None else high_bytes
         self.high_blocks = max(self.reserve_blocks, high // self.block_bytes)
         self._cached = SlotRanges(self.blocks, first=self.first, free=False)
         self._fresh = SlotRanges(self.blocks, first=self.first)
@@ -166,7 +236,7 @@ class RangeBacking:
         self._starts: list[int] = []  # the mapped units' first blocks, sorted (a bisect finds
         # the unit holding a block: no per-block index to keep, so a commit costs its pieces)
         self._pending = 0  # blocks in queued or running commits
-        self._refill_job: Callable[[], None] | None = None  # the reserve refill queued or
+        self._refill_job: _Job | None = None  # the reserve refill queued or
         # running (one at a time); its blocks no admission has claimed (sorted pieces), and
         # the claims: an admission
         # that outruns the reserve on the backing thread takes blocks of the refill in flight
@@ -174,8 +244,20 @@ class RangeBacking:
         self._inflight: list[tuple[int, int]] = []
         self._claims: list[tuple[Lease, tuple[int, int]]] = []
         self._reclaiming = False
+        self._reclaim_again = False  # a release came while the reclamation ran
+        self._refill_failed = False  # the last refill failed: none until the next call
+        self._upkeep_error: BaseException | None = None
+        self._live: dict[int, Lease] = {}  # id -> the leases this backing made, not released
+        self._outstanding: set[_Job] = set()  # jobs given to the executor, not begun
         self._lock = threading.Lock()
         self._closed = False
+        with _OWNERS_LOCK:  # two backings over one owner would lease the same slots twice
+            held = _OWNERS.get(owner)
+            other = held() if held is not None else None
+            if other is not None and not other._closed:
+                raise ArgumentError("owner", owner, "an owner no open RangeBacking leases "
+                                    "from (close the other one first)")
+            _OWNERS[owner] = weakref.ref(self)
         self._admits = self._admits_ready = self._commits = self._reclaims = 0
         self._leased = 0
         self._thread: threading.Thread | None = None
@@ -193,7 +275,11 @@ class RangeBacking:
         else:
             assert callable(executor)
             self._executor = executor
-        self._upkeep()
+        try:
+            self._upkeep()
+        except BaseException:  # the executor refused the first refill: nothing is kept
+            self.close()
+            raise
 
     def __repr__(self) -> str:
         s = self.stats()
@@ -246,6 +332,20 @@ class RangeBacking:
             raise RangesFullError("tokens", n, f"<= {cap}, the slots one lease can hold")
         return n
 
+    def _own(self, lease: object, call: str) -> Lease:
+        """``lease``, if this backing made it and has not released it; refuse anything else
+        (another backing's lease, a released one, a copy, not a lease) naming what it is.
+        A dict read: the decode step's :meth:`ready` pays it too."""
+        if not isinstance(lease, Lease):
+            raise WrongTypeError("lease", lease, f"a Lease from this RangeBacking's admit() "
+                                                 f"({call}() takes one)")
+        if self._live.get(id(lease)) is not lease:
+            if lease._released and lease._maker is self:
+                raise ArgumentError("lease", lease, f"a live lease ({call}() after release())")
+            raise ArgumentError("lease", lease, f"a lease this RangeBacking issued ({call}() "
+                                                f"got another backing's lease, or a copy)")
+        return lease
+
     def admit(self, tokens: int) -> Lease:
         """Lease slots for ``tokens`` tokens: cached blocks first (no driver call), then
         fresh ones, mapped on the backing thread (check :attr:`Lease.ready`).
@@ -253,72 +353,155 @@ class RangeBacking:
         Raises:
             ArgumentError: bad ``tokens``.
             RangesFullError: not enough free blocks (nothing changed).
-            ClosedError: after :meth:`close`.
+            ClosedError: after :meth:`close` (or the owner's).
+            AsleepError: the owner is asleep.
+            Exception: what a caller's executor raised taking the commit (nothing leased).
         """
         tokens = self._check_tokens(tokens)
         lease = Lease(self.block_tokens)
-        self._take(lease, -(-tokens // self.block_tokens), tokens)
-        lease.tokens = tokens
-        self._admits += 1
-        if lease.ready:
-            self._admits_ready += 1
+        lease._maker = self
+        self._take(lease, tokens, admit=True)
+        with self._lock:
+            self._admits += 1
+            if lease._ready:
+                self._admits_ready += 1
         return lease
 
     def grow(self, lease: Lease, tokens: int) -> bool:
         """Make ``lease`` hold ``tokens`` slots (more than now): in place when the blocks
         after its last range are free, else in a new range. Returns whether it had to take
-        blocks (False: its blocks already hold ``tokens``)."""
-        tokens = self._check_tokens(tokens)
-        if lease.released:
-            raise ArgumentError("lease", lease, "a live lease (this one was released)")
-        more = -(-tokens // self.block_tokens) - lease.blocks
-        if more > 0:
-            self._take(lease, more, tokens)  # raises with the lease as it was
-        lease.tokens = max(lease.tokens, tokens)
-        return more > 0
+        blocks (False: its blocks already hold ``tokens``).
 
-    def _take(self, lease: Lease, n: int, tokens: int) -> None:
+        Raises:
+            ArgumentError: bad ``tokens``, or ``lease`` is not a live lease of this backing
+                (:class:`~kvvmm.errors.WrongTypeError`: not a lease at all).
+            RangesFullError: not enough free blocks (the lease as it was).
+            ClosedError: after :meth:`close`.
+        """
+        tokens = self._check_tokens(tokens)
+        self._own(lease, "grow")
+        return self._take(lease, tokens, admit=False)
+
+    def _take(self, lease: Lease, tokens: int, *, admit: bool) -> bool:
+        bt = self.block_tokens
+        job: _Job | None = None
         with self._lock:
-            if self._closed:
-                raise ClosedError("RangeBacking: admit after close()")
+            what = "admit" if admit else "grow"
+            if self._closed or self.owner.closed:
+                raise ClosedError(f"RangeBacking: {what} after close() (of the backing or its "
+                                  f"owner)")
+            if self.owner.asleep:  # its cached blocks are not mapped until wake()
+                raise AsleepError(f"RangeBacking: {what} while the owner is asleep; call "
+                                  f"owner.wake() first")
+            if not admit:
+                self._own(lease, "grow")  # again under the lock: a release may have come
+            n = -(-tokens // bt) - lease.blocks
+            if n <= 0:
+                lease._tokens = max(lease._tokens, tokens)
+                return False
             cached, fresh = self._cached, self._fresh
             if n > cached.free_units + fresh.free_units:
                 raise RangesFullError("tokens", tokens,
                                       f"what the free blocks hold ({cached.free_units} "
                                       f"cached and {fresh.free_units} fresh blocks of "
-                                      f"{self.block_tokens} slots)")
-            if lease.pieces:  # grow in place onto cached blocks: the range stays one range
-                s, k = lease.pieces[-1]
+                                      f"{bt} slots)")
+            self._refill_failed = False  # a new call: a failed refill may be tried again
+            undo = _Taken(list(lease._pieces), lease._tokens)
+            if lease._pieces:  # grow in place onto cached blocks: the range stays one range
+                s, k = lease._pieces[-1]
                 if (s, k) not in lease._pend and (s, k) not in lease._failed \
                         and s + k + n <= self.blocks and cached.is_free(s + k, n):
                     cached.take(s + k, n)
-                    lease.pieces[-1] = (s, k + n)
-                    self._leased += n
+                    lease._pieces[-1] = (s, k + n)
+                    undo.grown = (s + k, n)
                     n = 0
-            got: list[tuple[int, int]] = []
-            new: list[tuple[int, int]] = []
             if n and cached.free_units:
                 k = min(n, cached.free_units)
-                got = cached.alloc_pieces(k)
+                undo.got = cached.alloc_pieces(k)
                 n -= k
-            claimed: list[tuple[int, int]] = []
             if n and self._inflight and self._thread is not None:  # (an executor of the
-                claimed, n = self._claim(lease, n)  # caller's may hold the refill back)
+                undo.first = not any(c is lease for c, _ in self._claims)  # caller's may
+                undo.claimed, n = self._claim(lease, n)  # hold the refill back)
             if n:
-                new = fresh.alloc_pieces(n)
-            lease.pieces += got + claimed + new
-            self._leased += sum(k for _, k in got) + sum(k for _, k in claimed) + \
-                sum(k for _, k in new)
-            if new:
+                undo.new = new = fresh.alloc_pieces(n)
+            lease._pieces += undo.got + undo.claimed + undo.new
+            self._leased += undo.blocks
+            if undo.new:
                 self._pending += sum(k for _, k in new)
                 _await(lease, new, commit=True)
-        if new:
-            job = lambda: self._commit(lease, new)  # noqa: E731
-            if self._thread is not None:
-                lease._queued.append(job)  # wait() runs it itself if the thread has not begun
-            self._executor(job, True)  # its end refills the reserve: not ahead of it
-        else:
-            self._upkeep()  # refill what the lease took from the reserve
+                job = _Job(self, lambda: self._commit(lease, new),
+                           lambda err: self._commit_end(lease, new, err, ran=False))
+                self._outstanding.add(job)
+                if self._thread is not None:
+                    lease._queued.append(job)  # wait() runs it itself if the thread has not
+            lease._tokens = max(lease._tokens, tokens)
+            if admit:
+                self._live[id(lease)] = lease
+        try:
+            if job is not None:
+                self._executor(job, True)  # its end refills the reserve: not ahead of it
+            else:
+                self._upkeep()  # refill what the lease took from the reserve
+        except BaseException as e:  # the executor's: give back what was taken, then say so
+            self._untake(lease, undo, job, admit, e)
+            raise
+        return True
+
+    def _untake(self, lease: Lease, undo: _Taken, job: _Job | None, admit: bool,
+                err: BaseException) -> None:
+        """Undo a take whose commit (or upkeep) the executor refused by raising ``err``:
+        the lease as it was (an admitted one dropped), every block back where it came from.
+        A commit the executor began anyway, or a claimed refill that has ended, cannot be
+        taken back: then an admitted lease is released (its blocks come back when its
+        commits end) and a grown one keeps what it took (``wait()`` says how it went)."""
+        with self._lock:
+            began = job is not None and job.state != _QUEUED
+            if job is not None and not began:
+                job.state = _CANCELLED
+                self._outstanding.discard(job)
+                if job in self._jobs:
+                    self._jobs.remove(job)
+            exact = not began and all((lease, p) in self._claims for p in undo.claimed)
+            if exact:
+                for p in undo.claimed:
+                    self._claims.remove((lease, p))
+                self._inflight = _joined(self._inflight + undo.claimed)
+                if undo.claimed and undo.first:
+                    lease._pending -= 1
+                    if self._refill_job in lease._queued:
+                        lease._queued.remove(self._refill_job)
+                if job is not None:
+                    lease._pending -= 1
+                    if job in lease._queued:
+                        lease._queued.remove(job)
+                    self._pending -= sum(k for _, k in undo.new)
+                lease._pend.difference_update(undo.claimed + undo.new)
+                for p in undo.new:
+                    self._fresh.free(*p)
+                for p in undo.got:
+                    self._cached.free(*p)
+                if undo.grown is not None:
+                    self._cached.free(*undo.grown)
+                self._leased -= undo.blocks
+                lease._pieces, lease._tokens = undo.pieces, undo.tokens
+                lease._ready = lease._pending == 0 and lease._error is None
+                if lease._pending == 0 and lease._done is not None:
+                    lease._done.set()
+                if admit:
+                    self._live.pop(id(lease), None)
+                err.add_note("RangeBacking: the executor raised; the lease is as it was "
+                             "before the call (nothing was taken)")
+                return
+            if job is not None and not began:
+                self._commit_end(lease, undo.new, err, ran=False)  # its blocks: unbacked
+            if admit:
+                self._release_locked(lease)
+                err.add_note("RangeBacking: the executor raised; the lease was given back "
+                             "(blocks of a commit that began come back when it ends)")
+            else:
+                err.add_note("RangeBacking: the executor raised after the commit began; the "
+                             "lease keeps the blocks it took: wait() says whether they are "
+                             "mapped")
 
     def _claim(self, lease: Lease, n: int) -> tuple[list[tuple[int, int]], int]:
         """Lease up to ``n`` blocks of the refill in flight to ``lease`` (the lock held):
@@ -370,14 +553,14 @@ class RangeBacking:
         lease ready (or failed) and wakes its waiter."""
         lease._pend.difference_update(pieces)
         if err is not None:
-            lease.error = err
+            lease._error = err
             lease._failed.update(pieces)
-        if lease.released:  # released while the commit ran: its pieces come back now
+        if lease._released:  # released while the commit ran: its pieces come back now
             for s, n in pieces:
                 (self._cached if err is None else self._fresh).free(s, n)
-        lease.pending -= 1
-        if lease.pending == 0:
-            lease.ready = lease.error is None
+        lease._pending -= 1
+        if lease._pending == 0:
+            lease._ready = lease._error is None
             lease._queued.clear()
             assert lease._done is not None  # made when the commit was queued
             lease._done.set()
@@ -390,28 +573,47 @@ class RangeBacking:
             self.owner.commit_slots([(s * bt, (s + n) * bt) for s, n in pieces])
         except BaseException as e:
             err = e
+            self._settle(pieces, e, keep=False)  # a failed undo may have left mappings
         with self._lock:
-            self._pending -= sum(n for _, n in pieces)
-            self._commits += 1
-            if err is None:
-                for s, n in pieces:
-                    self._units[s] = n
-                    bisect.insort(self._starts, s)
-            pending = self._pending
-            if lease is None:  # a reserve refill (the one in flight)
-                self._refill_done(err)
-            else:
-                self._pieces_done(lease, pieces, err)
+            pending = self._commit_end(lease, pieces, err, ran=True)
         # the reserve's refill (what the lease took from it) and any reclamation its release
         # made due: queued once the lease is mapped, so it never runs ahead of the lease's own
         # commit (on the thread it would hold the owner while a waiter's commit waits); a
         # refill's end leaves the next refill to the end of any commit still pending
         if lease is not None or not pending:
-            self._upkeep()
+            self._upkeep_quietly()
+
+    def _commit_end(self, lease: Lease | None, pieces: list[tuple[int, int]],
+                    err: BaseException | None, *, ran: bool) -> int:
+        """A commit of ``pieces`` ended (``ran``) or was dropped before it began (the lock
+        held): the units it mapped, the blocks' states, its lease's. Returns the blocks
+        still pending."""
+        self._pending -= sum(n for _, n in pieces)
+        if ran:
+            self._commits += 1
+        if err is None:
+            for s, n in pieces:
+                self._units[s] = n
+                bisect.insort(self._starts, s)
+        if lease is None:  # a reserve refill (the one in flight)
+            if err is not None:  # no other refill until the next call: no loop of failures
+                self._refill_failed = True
+                self._upkeep_error = err
+            self._refill_done(err)
+        else:
+            self._pieces_done(lease, pieces, err)
+        return self._pending
 
     def ready(self, lease: Lease) -> bool:
-        """The decode step's check: every block of ``lease`` mapped (an attribute read)."""
-        return lease.ready
+        """The decode step's check: every block of ``lease`` mapped (an attribute read).
+
+        False while the owner sleeps (or after it closed): its memory is not mapped then.
+
+        Raises:
+            ArgumentError: ``lease`` is not a live lease of this backing.
+        """
+        owner = self.owner
+        return self._own(lease, "ready").ready and not (owner.closed or owner.asleep)
 
     def wait(self, lease: Lease, timeout_s: float = 30.0) -> Lease:
         """Block until ``lease`` is ready; raise its commit's error if one failed.
@@ -419,16 +621,20 @@ class RangeBacking:
         Raises:
             KvvmmError: the commit failed (the lease keeps its blocks; release it), or the
                 timeout passed.
-            ArgumentError: ``timeout_s`` is not a finite number >= 0.
+            ClosedError: :meth:`close` dropped the lease's commit before it began (at once,
+                not at the timeout; release the lease).
+            ArgumentError: ``timeout_s`` is not a finite number >= 0, or ``lease`` is not a
+                live lease of this backing.
         """
         timeout_s = seconds_arg("timeout_s", timeout_s)
-        if not lease.ready and lease._queued:
+        self._own(lease, "wait")
+        if not lease._ready and lease._queued:
             self._run_queued(lease)
         done = lease._done
         if done is not None and not done.wait(timeout_s):
             raise KvvmmError(f"RangeBacking: lease not mapped within {timeout_s} s")
-        if lease.error is not None:
-            raise lease.error
+        if lease._error is not None:
+            raise lease._error
         return lease
 
     def _run_queued(self, lease: Lease) -> None:
@@ -460,33 +666,61 @@ class RangeBacking:
     def release(self, lease: Lease) -> None:
         """Give ``lease``'s blocks back: mapped ones stay mapped (cached) for the next
         admission, and the backing thread gives back what lies above ``high_bytes``. A lease
-        whose commit is still running gives those blocks back when it ends. Idempotent."""
-        if lease.released:
-            return
+        whose commit is still running gives those blocks back when it ends.
+
+        Raises:
+            ArgumentError: ``lease`` is not a live lease of this backing (released already,
+                another backing's, a copy; :class:`~kvvmm.errors.WrongTypeError`: not a
+                lease); nothing changed.
+            Exception: the reclamation the release made due failed where it ran on the
+                caller's thread (``"inline"``), or the executor refused it; the release
+                itself stands (the notes say what the reclamation left).
+        """
         with self._lock:
-            lease.released = True
-            self._leased -= lease.blocks
-            for p in lease.pieces:
-                if p in lease._pend:
-                    continue  # the running commit frees it at its end
-                (self._fresh if p in lease._failed else self._cached).free(*p)
-        self._upkeep()
+            self._own(lease, "release")
+            self._release_locked(lease)
+            self._refill_failed = False
+        try:
+            self._upkeep()
+        except BaseException as e:
+            e.add_note("RangeBacking: the lease was released all the same")
+            raise
+
+    def _release_locked(self, lease: Lease) -> None:
+        lease._released = True
+        self._live.pop(id(lease), None)
+        self._leased -= lease.blocks
+        for p in lease._pieces:
+            if p in lease._pend:
+                continue  # the running commit frees it at its end
+            (self._fresh if p in lease._failed else self._cached).free(*p)
 
     # -- upkeep: the reserve and reclamation -------------------------------------------
 
+    @property
+    def upkeep_error(self) -> BaseException | None:
+        """The last failure of upkeep nobody waited for (a reserve refill, a reclamation on
+        the backing thread), its notes saying what it left; None if there was none."""
+        return self._upkeep_error
+
     def _upkeep(self) -> None:
-        """Queue a refill of the reserve or a reclamation above the high mark, if due."""
-        job: Callable[[], None] | None = None
+        """Queue a refill of the reserve or a reclamation above the high mark, if due.
+
+        Raises what the executor raised taking the job (the job undone first)."""
+        job: _Job | None = None
         with self._lock:
             if self._closed:
                 return
             # cached, and to be cached: the refill's blocks no admission claimed
             cached = self._cached.free_units + sum(k for _, k in self._inflight)
-            if cached > self.high_blocks and not self._reclaiming:
-                self._reclaiming = True
-                job = self._reclaim_job
+            if cached > self.high_blocks:
+                if self._reclaiming:  # it picked its units already: one more after it
+                    self._reclaim_again = True
+                else:
+                    self._reclaiming = True
+                    job = _Job(self, self._reclaim_job, self._reclaim_dropped)
             elif cached < self.reserve_blocks and self._refill_job is None \
-                    and self._fresh.free_units:
+                    and self._fresh.free_units and not self._refill_failed:
                 want = min(self.reserve_blocks - cached, self._fresh.free_units)
                 try:
                     pieces = self._fresh.alloc_pieces(want)
@@ -495,27 +729,67 @@ class RangeBacking:
                 if pieces:
                     self._pending += want
                     self._inflight = list(pieces)
-                    job = lambda: self._commit(None, pieces)  # noqa: E731
+                    job = _Job(self, lambda: self._commit(None, pieces),
+                               lambda err: self._commit_end(None, pieces, err, ran=False))
                     self._refill_job = job
+            if job is not None:
+                self._outstanding.add(job)
         if job is not None:
-            self._executor(job, False)
+            try:
+                self._executor(job, False)
+            except BaseException as e:
+                with self._lock:
+                    if job.cancel(e):
+                        self._upkeep_error = e
+                raise
+
+    def _upkeep_quietly(self) -> None:
+        """:meth:`_upkeep` where no caller waits to hear of it (the end of a job): a
+        failure is kept in :attr:`upkeep_error`."""
+        try:
+            self._upkeep()
+        except Exception as e:
+            with self._lock:
+                self._upkeep_error = e
+
+    def _reclaim_dropped(self, err: BaseException) -> None:
+        self._reclaiming = self._reclaim_again = False
 
     def _reclaim_job(self) -> None:
+        ok = False
         try:
             self._reclaim(self.reserve_blocks)
+            ok = True
+        except BaseException as e:
+            with self._lock:
+                self._upkeep_error = e
+            raise
         finally:
             with self._lock:
                 self._reclaiming = False
+                again, self._reclaim_again = self._reclaim_again, False
+        if ok and again:  # releases came while it ran: their blocks may be above the mark
+            self._upkeep_quietly()
 
     def reclaim(self, keep_bytes: int = 0) -> int:
         """Give back cached blocks (whole units) until at most ``keep_bytes`` stay cached,
-        now, on the calling thread: the pressure call. Returns bytes given back."""
+        now, on the calling thread: the pressure call. Returns bytes given back.
+
+        Raises:
+            ArgumentError: bad ``keep_bytes``.
+            DriverError: a driver call failed; units still mapped are cached again, those
+                the failure unmapped are fresh (the notes say which, and what the arena
+                kept to release later).
+        """
         int_arg("keep_bytes", keep_bytes, lo=0, unit="bytes")
+        with self._lock:
+            self._refill_failed = False
         return self._reclaim(keep_bytes // self.block_bytes)
 
     def _reclaim(self, keep_blocks: int) -> int:
         """Take whole cached units (highest first) out of the cache, decommit them, free
-        them as fresh. On a failed decommit the units go back to the cache."""
+        them as fresh. On a failed decommit, units still mapped go back to the cache and
+        units the failure unmapped are fresh."""
         with self._lock:
             excess = self._cached.free_units - keep_blocks
             if excess <= 0:
@@ -544,18 +818,84 @@ class RangeBacking:
         bt = self.block_tokens
         try:
             given = self.owner.decommit_slots([(s * bt, (s + n) * bt) for s, n in picked])
-        except BaseException:
+        except BaseException as e:
+            mapped, unmapped = self._settle(picked, e, keep=True)
             with self._lock:
-                for s, n in picked:  # still mapped (the decommit is a transaction)
+                for s, n in mapped:
                     self._units[s] = n
                     bisect.insort(self._starts, s)
                     self._cached.free(s, n)
+                self._reclaims += len(unmapped)
+                for s, n in unmapped:
+                    self._fresh.free(s, n)
             raise
         with self._lock:
             self._reclaims += len(picked)
             for s, n in picked:
                 self._fresh.free(s, n)
         return given
+
+    def _settle(self, pieces: list[tuple[int, int]], err: BaseException, *,
+                keep: bool) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+        """After a driver step over ``pieces`` failed with ``err``: the pieces mapped in
+        every buffer (kept mapped with ``keep``) and the others, with what a piece only
+        partly mapped still holds given back (an undo that failed in turn leaves that).
+        The arena's mappings decide, not what the step meant to do; ``err`` gets a note
+        saying what was left."""
+        owner = self.owner
+        if owner.closed or owner.asleep:  # refused before any driver call: nothing moved
+            return (list(pieces), []) if keep else ([], list(pieces))
+        bt = self.block_tokens
+        mapped: list[tuple[int, int]] = []
+        unmapped: list[tuple[int, int]] = []
+        left = 0
+        for p in pieces:
+            state = self._mapped(p)
+            if state == "all" and keep:
+                mapped.append(p)
+                continue
+            if state != "none":
+                try:
+                    owner.decommit_slots([(p[0] * bt, (p[0] + p[1]) * bt)])
+                except Exception as again:
+                    err.add_note(f"RangeBacking: giving back what the failure left of blocks "
+                                 f"[{p[0]}, {p[0] + p[1]}) failed too: {again}")
+                    state = self._mapped(p)
+                    if state == "all" and keep:
+                        mapped.append(p)
+                        continue
+                    if state != "none":
+                        left += p[1]
+            unmapped.append(p)
+        if keep or left:
+            bb = self.block_bytes
+            text = (f"RangeBacking: of {len(pieces)} units ({sum(n for _, n in pieces) * bb} "
+                    f"bytes) being given back, {len(unmapped)} are unmapped (their blocks are "
+                    f"free, unbacked) and {len(mapped)} still mapped (cached again)"
+                    if keep else "RangeBacking: the failed commit's blocks are free, unbacked")
+            kept = owner.arena.unreleased_bytes
+            if kept:
+                text += (f"; the arena holds {kept} bytes of handles it could not release: "
+                         f"reclaim() or owner.close() releases them")
+            if left:
+                text += (f"; {left * bb} bytes of them stay mapped over free blocks (their next "
+                         f"commit maps the rest; owner.close() gives them back)")
+            err.add_note(text)
+        return mapped, unmapped
+
+    def _mapped(self, piece: tuple[int, int]) -> str:
+        """``"all"``, ``"none"`` or ``"some"``: how much of ``piece``'s bytes the arena
+        maps, over every buffer."""
+        bt = self.block_tokens
+        s, n = piece
+        owner = self.owner
+        covered = total = 0
+        with owner._slots_lock:  # no commit or decommit between the ranges and the reading
+            for off, lo, nbytes in owner.slot_ranges([(s * bt, (s + n) * bt)]):
+                total += nbytes
+                for a, b in owner.arena.mappings_over(off, lo, lo + nbytes):
+                    covered += min(b, lo + nbytes) - max(a, lo)
+        return "all" if covered == total else "none" if covered == 0 else "some"
 
     # -- state -------------------------------------------------------------------------
 
@@ -579,14 +919,27 @@ class RangeBacking:
 
     def close(self, timeout_s: float = 30.0) -> None:
         """Stop the backing thread (after what it runs now). The owner's memory stays
-        with the owner (``owner.close()`` gives it back). Idempotent."""
+        with the owner (``owner.close()`` gives it back). Idempotent.
+
+        Commits not begun are dropped: their leases fail with :class:`ClosedError` (a
+        :meth:`wait` on one raises it at once). Leases may still be released."""
         timeout_s = seconds_arg("timeout_s", timeout_s)
         with self._lock:
             if self._closed:
                 return
             self._closed = True
             self._jobs.clear()
+            # the jobs not begun never will (an executor of the caller's may still call
+            # them: they then do nothing): their leases fail now, and their waiters wake
+            dropped = ClosedError("RangeBacking: close() came before this lease's commit "
+                                  "began; its blocks are not mapped: release the lease")
+            for job in list(self._outstanding):
+                job.cancel(dropped)
             self._wake.notify_all()
+        with _OWNERS_LOCK:
+            held = _OWNERS.get(self.owner)
+            if held is not None and held() is self:
+                del _OWNERS[self.owner]
         t = self._thread
         if t is not None and t is not threading.current_thread():
             t.join(timeout_s)
@@ -602,13 +955,83 @@ def _inline(job: Callable[[], None], waited: bool) -> None:
     job()
 
 
+_QUEUED, _STARTED, _CANCELLED = 0, 1, 2
+
+
+class _Job:
+    """A driver job given to the executor: it runs once, or is dropped before it begins
+    (:meth:`RangeBacking.close`, an executor that raised), its ``on_cancel`` then settling
+    its blocks; called after that, it does nothing."""
+
+    __slots__ = ("backing", "on_cancel", "run", "state")
+
+    def __init__(self, backing: RangeBacking, run: Callable[[], None],
+                 on_cancel: Callable[[BaseException], object]) -> None:
+        self.backing = backing
+        self.run = run
+        self.on_cancel = on_cancel
+        self.state = _QUEUED
+
+    def __call__(self) -> None:
+        b = self.backing
+        with b._lock:
+            if self.state != _QUEUED:
+                return
+            self.state = _STARTED
+            b._outstanding.discard(self)
+        self.run()
+
+    def cancel(self, err: BaseException) -> bool:
+        """Drop the job if it has not begun (the backing's lock held); whether it was."""
+        if self.state != _QUEUED:
+            return False
+        self.state = _CANCELLED
+        b = self.backing
+        b._outstanding.discard(self)
+        if self in b._jobs:
+            b._jobs.remove(self)
+        self.on_cancel(err)
+        return True
+
+
+class _Taken:
+    """What one admission or growth took, to give it back if its executor raises."""
+
+    __slots__ = ("claimed", "first", "got", "grown", "new", "pieces", "tokens")
+
+    def __init__(self, pieces: list[tuple[int, int]], tokens: int) -> None:
+        self.pieces = pieces  # the lease's pieces before
+        self.tokens = tokens
+        self.grown: tuple[int, int] | None = None  # cached blocks its last range grew onto
+        self.got: list[tuple[int, int]] = []  # cached pieces
+        self.claimed: list[tuple[int, int]] = []  # pieces of the refill in flight
+        self.first = False  # the claim made the lease wait for that refill
+        self.new: list[tuple[int, int]] = []  # fresh pieces, committed for it
+
+    @property
+    def blocks(self) -> int:
+        return (sum(n for _, n in self.got + self.claimed + self.new)
+                + (self.grown[1] if self.grown else 0))
+
+
+def _joined(pieces: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """``pieces`` sorted, touching ones joined."""
+    out: list[tuple[int, int]] = []
+    for s, n in sorted(pieces):
+        if out and out[-1][0] + out[-1][1] == s:
+            out[-1] = (out[-1][0], out[-1][1] + n)
+        else:
+            out.append((s, n))
+    return out
+
+
 def _await(lease: Lease, pieces: list[tuple[int, int]], *, commit: bool) -> None:
     """``lease`` waits for ``pieces`` to be mapped (the lock held): by one more commit
     (``commit``), or by one it already waits for; its Event is made or cleared for it."""
     lease._pend.update(pieces)
     if commit:
-        lease.pending += 1
-    lease.ready = False
+        lease._pending += 1
+    lease._ready = False
     if lease._done is None:
         lease._done = threading.Event()
     else:
