@@ -44,7 +44,7 @@ from kvvmm.arena.records import (
     _runs,
     check_driver,
 )
-from kvvmm.arena.sharing import SharingMixin
+from kvvmm.arena.sharing import SharingMixin, register_arena
 from kvvmm.arena.sleep import SleepMixin, SleepResult
 from kvvmm.arena.state import _locked, log
 from kvvmm.arena.transaction import Transaction
@@ -158,6 +158,7 @@ class Arena(HolesMixin, SharingMixin, SleepMixin):
         self._note("open", name=self.name, reserve_bytes=self.reserved_bytes, base=self.base)
         if self._work is not None:
             self._work("arena.open", 0)
+        register_arena(self)  # adopt refuses a handle this arena holds
 
     # -- basics -------------------------------------------------------------------------
 

@@ -38,6 +38,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import weakref
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -47,9 +48,20 @@ from kvvmm.driver.base import Driver, check_driver
 from kvvmm.errors import ArgumentError, ClosedError, DriverError
 from kvvmm.units import GiB
 
-__all__ = ["HandlePool", "PoolStats"]
+__all__ = ["HandlePool", "PoolStats", "live_pools"]
 
 log = logging.getLogger(__name__)
+
+#: Every pool made in this process (weakly), so an arena's adopt can tell a handle a pool
+#: holds idle (:func:`kvvmm.arena.sharing.handle_holder`).
+_POOLS: weakref.WeakSet[HandlePool] = weakref.WeakSet()
+_POOLS_LOCK = threading.Lock()
+
+
+def live_pools() -> list[HandlePool]:
+    """The pools of this process not yet garbage-collected."""
+    with _POOLS_LOCK:
+        return list(_POOLS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +126,8 @@ class HandlePool:
         self._wake = threading.Condition(self._lock)
         self._kick: queue.SimpleQueue[None] = queue.SimpleQueue()
         self._idle: dict[int, list[int]] = {}
+        self._ids: set[int] = set()  # every idle handle: a handle is given to the pool once
+        self._gran = gran
         self._held = 0
         self._jobs: deque[Callable[[], object]] = deque()
         self._busy = 0  # jobs or refills running right now
@@ -123,6 +137,8 @@ class HandlePool:
         self._n = {"created": 0, "reused": 0, "retained": 0, "released": 0, "trimmed": 0,
                    "jobs": 0, "errors": 0, "withheld": 0}
         self._thread: threading.Thread | None = None
+        with _POOLS_LOCK:
+            _POOLS.add(self)
         if threaded:
             self._thread = threading.Thread(target=self._loop, name="kvvmm-handle-pool",
                                             daemon=True)
@@ -158,6 +174,7 @@ class HandlePool:
                     self._n["withheld"] += 1
                     return None
             h = got.pop(i)
+            self._ids.discard(h)
             self._written.pop(h, None)
             self._held -= size
             self._n["reused"] += 1
@@ -169,16 +186,38 @@ class HandlePool:
         """Keep an unmapped ``handle`` for reuse if it fits under the cap; False: release it.
 
         ``owner``: whose bytes the handle holds (see :meth:`take`); None: nobody's.
+
+        Raises:
+            ArgumentError: ``handle`` is not an int or is idle in the pool already (given
+                twice, two takes would hand one memory to two owners), or ``size`` is not a
+                positive multiple of the granularity; nothing changed.
         """
+        if type(handle) is not int or type(size) is not int:  # bools and floats too
+            if not is_int(handle):
+                raise ArgumentError("handle", handle, "an int (a handle of the pool's driver)")
+            int_arg("size", size, lo=1, unit="bytes")
+        if size <= 0 or size % self._gran:
+            raise ArgumentError("size", size, f"a positive multiple of the granularity "
+                                              f"{self._gran} (the handle's size)")
         with self._lock:
+            if handle in self._ids:
+                raise ArgumentError("handle", handle, "a handle the pool does not hold",
+                                    "it is idle in the pool already: a handle is given once "
+                                    "per take")
             if self._closed or self._held + size > self.retain_bytes:
                 return False
             if owner is not None:
                 self._written[handle] = owner
+            self._ids.add(handle)
             self._idle.setdefault(size, []).append(handle)
             self._held += size
             self._n["retained"] += 1
             return True
+
+    def holds(self, handle: object) -> bool:
+        """True while ``handle`` is idle in the pool (the pool's, not any arena's)."""
+        with self._lock:
+            return handle in self._ids
 
     def trim(self, nbytes: int) -> int:
         """Release idle handles (largest first) until ``nbytes`` are freed or none is left.
@@ -192,6 +231,7 @@ class HandlePool:
                 got = self._idle[size]
                 while got and freed < nbytes:
                     picked.append((got.pop(), size))
+                    self._ids.discard(picked[-1][0])
                     freed += size
                     self._held -= size
             self._backoff.update(s for _, s in picked)  # no refill straight back up
@@ -276,6 +316,7 @@ class HandlePool:
         with self._lock:
             picked = [(h, s) for s, hs in self._idle.items() for h in hs]
             self._idle.clear()
+            self._ids.clear()
             self._held = 0
         self._release(picked, keep_failed=True)
 
@@ -322,6 +363,7 @@ class HandlePool:
             self._n["created"] += 1
             keep = not self._closed
             if keep:
+                self._ids.add(h)
                 self._idle.setdefault(size, []).append(h)
                 self._held += size
             self._wake.notify_all()
@@ -384,6 +426,7 @@ class HandlePool:
                 if keep_failed:
                     with self._lock:
                         for h2, s2 in picked[i:]:
+                            self._ids.add(h2)
                             self._idle.setdefault(s2, []).append(h2)
                             self._held += s2
                 raise
