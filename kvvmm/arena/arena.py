@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from kvvmm.arena.holes import HolesMixin
+from kvvmm.arena.pool import register_arena
 from kvvmm.arena.records import (
     DecommitResult,
     RangeResult,
@@ -44,7 +45,7 @@ from kvvmm.arena.records import (
     _runs,
     check_driver,
 )
-from kvvmm.arena.sharing import SharingMixin, register_arena
+from kvvmm.arena.sharing import SharingMixin
 from kvvmm.arena.sleep import SleepMixin, SleepResult
 from kvvmm.arena.state import _locked, log
 from kvvmm.arena.transaction import Transaction

@@ -42,13 +42,17 @@ import weakref
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from kvvmm.checks import bool_arg, int_arg, is_int, seconds_arg
 from kvvmm.driver.base import Driver, check_driver
 from kvvmm.errors import ArgumentError, ClosedError, DriverError
 from kvvmm.units import GiB
 
-__all__ = ["HandlePool", "PoolStats", "live_pools"]
+if TYPE_CHECKING:
+    from kvvmm.arena.state import _ArenaState
+
+__all__ = ["HandlePool", "PoolStats", "handle_holder", "live_pools", "register_arena"]
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +83,46 @@ class PoolStats:
     errors: int  #: refills or jobs that failed (logged; the caller then creates itself)
     #: takes refused because every idle handle of the size held another owner's bytes
     withheld: int = 0
+
+
+#: Every arena made in this process (weakly: an arena's life is its own), so that adopt can
+#: tell a handle another arena holds.
+_ARENAS: weakref.WeakSet[_ArenaState] = weakref.WeakSet()
+_ARENAS_LOCK = threading.Lock()
+
+
+def register_arena(arena: _ArenaState) -> None:
+    """Count ``arena`` among those :meth:`SharingMixin.adopt` asks about a caller's handle."""
+    with _ARENAS_LOCK:
+        _ARENAS.add(arena)
+
+
+def _base_driver(driver: Any) -> Any:
+    """The driver under any wrappers (a FaultyDriver's handles are its inner driver's)."""
+    while getattr(driver, "inner", None) is not None:
+        driver = driver.inner
+    return driver
+
+
+def handle_holder(driver: Any, handle: int) -> str | None:
+    """Who holds ``handle`` of ``driver`` (an arena that maps it or is giving it back, or a
+    pool that holds it idle), described for a message; None: nobody in this process."""
+    base = _base_driver(driver)
+    with _ARENAS_LOCK:
+        arenas = list(_ARENAS)
+    for a in arenas:  # read without their locks: two adopts must not wait on each other
+        if a._released or _base_driver(a.driver) is not base:
+            continue
+        for al in list(a._allocs):
+            if any(m.handle == handle for m in list(al.maps)):
+                return f"arena {a.name!r} maps it (in allocation {al.name!r})"
+        if any(h == handle for h, _ in list(a._gone) + list(a._leftover)):
+            return f"arena {a.name!r} is giving it back"
+    for p in live_pools():
+        if _base_driver(p.driver) is base and p.holds(handle):
+            return "a HandlePool holds it idle (another owner's memory, handed out later)"
+    return None
+
 
 
 class HandlePool:
@@ -185,11 +229,15 @@ class HandlePool:
     def give(self, handle: int, size: int, owner: int | None = None) -> bool:
         """Keep an unmapped ``handle`` for reuse if it fits under the cap; False: release it.
 
-        ``owner``: whose bytes the handle holds (see :meth:`take`); None: nobody's.
+        ``owner``: whose bytes the handle holds (see :meth:`take`): an arena's
+        :attr:`~kvvmm.arena.Arena.pool_tag` as it gives back a handle it unmapped. None:
+        nobody's, a caller's own handle, refused while an arena maps it (handed to the next
+        commit, that arena's KV would be another's).
 
         Raises:
-            ArgumentError: ``handle`` is not an int or is idle in the pool already (given
-                twice, two takes would hand one memory to two owners), or ``size`` is not a
+            ArgumentError: ``handle`` is not an int, is idle in the pool already (given
+                twice, two takes would hand one memory to two owners) or, with no ``owner``,
+                an arena of the driver maps it or is giving it back; or ``size`` is not a
                 positive multiple of the granularity; nothing changed.
         """
         if type(handle) is not int or type(size) is not int:  # bools and floats too
@@ -199,6 +247,11 @@ class HandlePool:
         if size <= 0 or size % self._gran:
             raise ArgumentError("size", size, f"a positive multiple of the granularity "
                                               f"{self._gran} (the handle's size)")
+        if owner is None:  # not an arena's own give-back: ask whose it is
+            who = None if self.holds(handle) else handle_holder(self.driver, handle)
+            if who is not None:
+                raise ArgumentError("handle", handle, "a handle no arena or pool holds",
+                                    f"{who}; nothing changed")
         with self._lock:
             if handle in self._ids:
                 raise ArgumentError("handle", handle, "a handle the pool does not hold",

@@ -14,55 +14,14 @@ later) is refused before anything changes, so no owner reaches memory another ho
 from __future__ import annotations
 
 import os
-import threading
-import weakref
 from collections.abc import Iterable
-from typing import Any
 
-from kvvmm.arena.pool import live_pools
+from kvvmm.arena.pool import handle_holder
 from kvvmm.arena.records import _Alloc, _insert, _Map, _prefix, _runs
 from kvvmm.arena.state import _ArenaState, _locked
 from kvvmm.arena.transaction import Transaction
 from kvvmm.checks import bool_arg, int_arg, is_int
 from kvvmm.errors import AlignmentError, ArgumentError, DriverError
-
-#: Every arena made in this process (weakly: an arena's life is its own), so that adopt can
-#: tell a handle another arena holds.
-_ARENAS: weakref.WeakSet[_ArenaState] = weakref.WeakSet()
-_ARENAS_LOCK = threading.Lock()
-
-
-def register_arena(arena: _ArenaState) -> None:
-    """Count ``arena`` among those :meth:`SharingMixin.adopt` asks about a caller's handle."""
-    with _ARENAS_LOCK:
-        _ARENAS.add(arena)
-
-
-def _base_driver(driver: Any) -> Any:
-    """The driver under any wrappers (a FaultyDriver's handles are its inner driver's)."""
-    while getattr(driver, "inner", None) is not None:
-        driver = driver.inner
-    return driver
-
-
-def handle_holder(driver: Any, handle: int) -> str | None:
-    """Who holds ``handle`` of ``driver`` (an arena that maps it or is giving it back, or a
-    pool that holds it idle), described for a message; None: nobody in this process."""
-    base = _base_driver(driver)
-    with _ARENAS_LOCK:
-        arenas = list(_ARENAS)
-    for a in arenas:  # read without their locks: two adopts must not wait on each other
-        if a._released or _base_driver(a.driver) is not base:
-            continue
-        for al in list(a._allocs):
-            if any(m.handle == handle for m in list(al.maps)):
-                return f"arena {a.name!r} maps it (in allocation {al.name!r})"
-        if any(h == handle for h, _ in list(a._gone) + list(a._leftover)):
-            return f"arena {a.name!r} is giving it back"
-    for p in live_pools():
-        if _base_driver(p.driver) is base and p.holds(handle):
-            return "a HandlePool holds it idle (another owner's memory, handed out later)"
-    return None
 
 
 class SharingMixin(_ArenaState):

@@ -144,3 +144,33 @@ def test_a_pool_refuses_what_is_not_a_handle_and_its_size(drv: Driver, handle: A
         pool.give(handle, size)
     assert pool.stats() == held
     pool.close()
+
+
+@pytest.mark.parametrize("holder", ["arena-commit", "arena-adopt", "other-pool"])
+def test_a_pool_refuses_a_callers_handle_an_arena_maps_or_another_pool_holds(
+        drv: Driver, holder: str) -> None:
+    g = drv.granularity()
+    pool, other = HandlePool(drv, threaded=False), HandlePool(drv, threaded=False)
+    a = Arena(drv, reserve_bytes=4 * g, name="a", pool=other)
+    off = a.allocate(2 * g)
+    if holder == "arena-adopt":
+        h = drv.create(g)
+        a.adopt(off, h, g)
+    else:
+        a.commit(off, g)
+        h = a._allocs[0].maps[0].handle
+        if holder == "other-pool":
+            a.decommit(off, 0)
+            assert other.holds(h)
+    before, held, held2 = _state(a), pool.stats(), other.stats()
+    with pytest.raises(ArgumentError, match="arena 'a'" if holder != "other-pool" else "Pool"):
+        pool.give(h, g)
+    assert _state(a) == before and pool.stats() == held and other.stats() == held2
+    b = Arena(drv, reserve_bytes=4 * g, name="b", pool=pool)
+    b.commit(b.allocate(2 * g), g)  # a fresh handle: never a's
+    assert b._allocs[0].maps[0].handle != h
+    for x in (a, b):
+        x.close()
+    pool.close()
+    other.close()
+    assert drv.stats().clean
