@@ -29,6 +29,10 @@ The thread never unmaps in normal work; only the undo of a failed look-ahead doe
 the driver, which refuses during a CUDA graph capture (CudaDriver checks before its
 synchronize).
 
+A handle is one holder's at a time: :func:`handle_holder` says which arena maps a handle
+(or is giving it back) or which pool holds it idle, and :meth:`HandlePool.give` of a caller's
+handle and :meth:`Arena.adopt <kvvmm.arena.Arena.adopt>` refuse one another holds.
+
 Deterministic use (tests, the sim): ``threaded=False`` runs nothing in the background;
 :meth:`run_once` does the queued jobs and one refill pass on the caller's thread.
 """
@@ -56,17 +60,6 @@ __all__ = ["HandlePool", "PoolStats", "handle_holder", "live_pools", "register_a
 
 log = logging.getLogger(__name__)
 
-#: Every pool made in this process (weakly), so an arena's adopt can tell a handle a pool
-#: holds idle (:func:`kvvmm.arena.sharing.handle_holder`).
-_POOLS: weakref.WeakSet[HandlePool] = weakref.WeakSet()
-_POOLS_LOCK = threading.Lock()
-
-
-def live_pools() -> list[HandlePool]:
-    """The pools of this process not yet garbage-collected."""
-    with _POOLS_LOCK:
-        return list(_POOLS)
-
 
 @dataclass(frozen=True, slots=True)
 class PoolStats:
@@ -85,14 +78,25 @@ class PoolStats:
     withheld: int = 0
 
 
-#: Every arena made in this process (weakly: an arena's life is its own), so that adopt can
-#: tell a handle another arena holds.
+# -- who holds a handle --------------------------------------------------------------------
+# Every arena and pool made in this process (weakly: their lives are their own), so that a
+# handle a caller passes in (Arena.adopt, HandlePool.give) can be refused while another holds
+# it: an arena that maps it (its KV) or is giving it back, a pool that holds it idle.
+
 _ARENAS: weakref.WeakSet[_ArenaState] = weakref.WeakSet()
 _ARENAS_LOCK = threading.Lock()
+_POOLS: weakref.WeakSet[HandlePool] = weakref.WeakSet()
+_POOLS_LOCK = threading.Lock()
+
+
+def live_pools() -> list[HandlePool]:
+    """The pools of this process not yet garbage-collected."""
+    with _POOLS_LOCK:
+        return list(_POOLS)
 
 
 def register_arena(arena: _ArenaState) -> None:
-    """Count ``arena`` among those :meth:`SharingMixin.adopt` asks about a caller's handle."""
+    """Count ``arena`` among those :func:`handle_holder` asks (``Arena.__init__`` does)."""
     with _ARENAS_LOCK:
         _ARENAS.add(arena)
 
@@ -122,7 +126,6 @@ def handle_holder(driver: Any, handle: int) -> str | None:
         if _base_driver(p.driver) is base and p.holds(handle):
             return "a HandlePool holds it idle (another owner's memory, handed out later)"
     return None
-
 
 
 class HandlePool:
