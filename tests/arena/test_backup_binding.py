@@ -247,3 +247,34 @@ def test_a_wake_reads_only_a_backup_its_own_sleep_holds(
     assert a.arena.asleep and a.arena.snapshot() == snap
     s.backup = held
     a.close()
+
+
+def test_two_threads_sleeping_two_arenas_into_one_backup_leave_it_to_exactly_one(
+        make_party: Callable[[str, str], Party]) -> None:
+    import threading
+
+    for _ in range(5):
+        a, b = make_party("arena", "a"), make_party("arena", "b")
+        backup = HostBackup()
+        start = threading.Barrier(2)
+        errors: list[BaseException] = []
+
+        def sleep(p: Party, backup: Backup, start: threading.Barrier,
+                  errors: list[BaseException]) -> None:
+            start.wait()
+            try:
+                p.sleep(backup)
+            except ArgumentError as e:
+                errors.append(e)
+
+        threads = [threading.Thread(target=sleep, args=(p, backup, start, errors))
+                   for p in (a, b)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(errors) == 1 and [a.arena.asleep, b.arena.asleep].count(True) == 1
+        for p in (a, b):
+            if p.arena.asleep:
+                p.wake()
+            p.close()
