@@ -177,8 +177,9 @@ def unbind_backup(store: Backup, holder: object, spent: str) -> None:
             :meth:`Backup.drop` raised.
     """
     check_backup(store, holder)
-    with _binding:
+    with _binding:  # spent at once: no other sleep binds it while its bytes are dropped
         store._holder, store._holder_name = None, ""
+        store._spent = spent or "a failed sleep is dropping it"
     try:
         store.drop()
     finally:
