@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from kvvmm.arena.holes import HolesMixin
+from kvvmm.arena.pool import register_arena
 from kvvmm.arena.records import (
     DecommitResult,
     RangeResult,
@@ -158,6 +159,7 @@ class Arena(HolesMixin, SharingMixin, SleepMixin):
         self._note("open", name=self.name, reserve_bytes=self.reserved_bytes, base=self.base)
         if self._work is not None:
             self._work("arena.open", 0)
+        register_arena(self)  # adopt refuses a handle this arena holds
 
     # -- basics -------------------------------------------------------------------------
 

@@ -39,6 +39,13 @@ The copy paths, and why:
 
 A backup that fails (out of host memory, a full disk) raises whatever its allocator raised;
 the arena turns that into :class:`~kvvmm.errors.BackupError` after undoing its own steps.
+
+A backup keeps one sleep's bytes, and they are that arena's: the sleep that first uses a
+:class:`Backup` binds it to its arena until the wake (or ``close()``) that ends it drops it.
+Passing it to another sleep meanwhile (of this arena or another: the second would overwrite the
+first's bytes, and each would wake with the other's), using it again once it is spent (woken,
+closed or dropped) and dropping it while a sleep holds it are refused with a typed error
+before anything changes. A sleep that fails unbinds it again, so a retry may pass the same one.
 """
 
 from __future__ import annotations
@@ -50,13 +57,13 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from kvvmm.checks import bool_arg
-from kvvmm.errors import ArgumentError
+from kvvmm.errors import ArgumentError, BackupError, StateError
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["BACKUPS", "HOST_MEMORY", "Backup", "DiskBackup", "HostBackup", "make_backup",
-           "pow2_pieces"]
+__all__ = ["BACKUPS", "HOST_MEMORY", "Backup", "DiskBackup", "HostBackup", "bind_backup",
+           "check_backup", "make_backup", "pow2_pieces", "unbind_backup"]
 
 #: The ``backup=`` names :meth:`Arena.sleep <kvvmm.arena.Arena.sleep>` takes (None: no backup).
 BACKUPS = ("host", "disk")
@@ -72,6 +79,9 @@ HOST_MEMORY = ("mmap", "torch")
 #: ``"mmap"`` backup starts on such a boundary so every full 2 MiB of it can be one.
 _HUGE = 2 << 20
 
+#: Guards every backup's binding: two arenas (two locks) may be handed one backup at once.
+_binding = threading.Lock()
+
 
 class Backup:
     """Bytes kept for a sleeping arena: :meth:`open` once, :meth:`save` each range at its
@@ -79,10 +89,27 @@ class Backup:
 
     Subclass it to keep the bytes elsewhere (tests subclass it to fail a step). Every method
     may raise: the arena undoes what it did and reports a :class:`~kvvmm.errors.BackupError`.
+    :meth:`open`, :meth:`save` and :meth:`load` are the arena's to call; a subclass's
+    :meth:`drop` calls ``super().drop()`` first (it refuses while a sleep holds the backup).
+    One backup serves one sleep (see the module docstring).
     """
 
     kind = "backup"
     nbytes = 0  #: bytes the backup holds (set by :meth:`open`)
+    # The binding, as class defaults so a subclass need not call an __init__:
+    _holder: object = None  # the arena whose sleep keeps its bytes here; None: no sleep
+    _holder_name = ""  # that arena, for messages
+    _spent = ""  # why no sleep may use it again ("" while one may)
+
+    @property
+    def holder(self) -> str | None:
+        """The arena whose sleep keeps its bytes here (its description), or None."""
+        return self._holder_name if self._holder is not None else None
+
+    def __repr__(self) -> str:
+        state = (f"holding {self._holder_name}'s sleep" if self._holder is not None
+                 else f"spent: {self._spent}" if self._spent else "unused")
+        return f"<{type(self).__name__} {self.kind!r}, {state}>"
 
     def open(self, nbytes: int, like: torch.Tensor) -> None:
         """Make room for ``nbytes``; ``like`` is a tensor over the arena (its device says
@@ -105,7 +132,67 @@ class Backup:
             torch.cuda.synchronize(device)
 
     def drop(self) -> None:
-        """Give the backup's memory (or file) back; idempotent."""
+        """Give the backup's memory (or file) back; idempotent. Afterwards no sleep may use it.
+
+        Raises:
+            StateError: a sleeping arena keeps its bytes here (its wake, or its ``close()``,
+                drops the backup); nothing changed.
+        """
+        with _binding:
+            if self._holder is not None:
+                raise StateError(f"{self!r}: drop() while {self._holder_name} sleeps with its "
+                                 f"bytes here (its wake() or close() drops it); nothing "
+                                 f"changed")
+            if not self._spent:
+                self._spent = "dropped"
+
+
+def bind_backup(store: Backup, holder: object, name: str) -> None:
+    """Bind ``store`` to the sleep ``holder`` (an arena, described by ``name``) begins.
+
+    Called before the sleep changes anything: :func:`unbind_backup` ends the binding.
+
+    Raises:
+        ArgumentError: ``store`` keeps another sleep's bytes (this arena's or another's), or
+            is spent (a wake or close ended its sleep, or it was dropped); nothing changed.
+    """
+    with _binding:
+        if store._holder is not None:
+            raise ArgumentError("backup", store, "a Backup no sleep holds",
+                                f"{store._holder_name}'s sleep keeps its bytes in it: a "
+                                f"backup keeps one sleep's bytes; pass a new one")
+        if store._spent:
+            raise ArgumentError("backup", store, "a Backup no sleep has used",
+                                f"it is spent ({store._spent}): a backup serves one sleep; "
+                                f"pass a new one")
+        store._holder, store._holder_name = holder, name
+
+
+def unbind_backup(store: Backup, holder: object, spent: str) -> None:
+    """End ``holder``'s binding of ``store`` and drop it: the sleep failed (``spent=""``: the
+    backup may serve a retry) or ended (``spent`` says how: no sleep may use it again).
+
+    Raises:
+        BackupError: ``holder`` does not hold ``store`` (nothing changed); or what
+            :meth:`Backup.drop` raised.
+    """
+    check_backup(store, holder)
+    with _binding:  # spent at once: no other sleep binds it while its bytes are dropped
+        store._holder, store._holder_name = None, ""
+        store._spent = spent or "a failed sleep is dropping it"
+    try:
+        store.drop()
+    finally:
+        store._spent = spent
+
+
+def check_backup(store: Backup, holder: object) -> None:
+    """Raise :class:`~kvvmm.errors.BackupError` unless ``holder``'s sleep holds ``store``
+    (a wake reads only the bytes its own sleep kept)."""
+    if store._holder is not holder:
+        who = store._holder_name or "no sleep"
+        raise BackupError(f"{store!r} holds {who}'s bytes, not this arena's: refused; "
+                          f"nothing changed")
 
 
 class HostBackup(Backup):
@@ -196,6 +283,7 @@ class HostBackup(Backup):
             dst[off:off + n].copy_(t[at:at + n], non_blocking=True)
 
     def drop(self) -> None:
+        super().drop()
         pinned = any(t.device.type == "cpu" and t.is_pinned() for _, t in self._pieces)
         self._pieces = []  # torch's pinned blocks go back to its cache (fast)
         m, self._map = self._map, None
@@ -303,6 +391,7 @@ class DiskBackup(Backup):
         dst.copy_(self._buf[pos:pos + dst.numel()])
 
     def drop(self) -> None:
+        super().drop()
         self._buf = None  # the tensor exports the map's buffer: it must go before close
         if self._map is not None:
             m, self._map = self._map, None

@@ -29,6 +29,10 @@ The thread never unmaps in normal work; only the undo of a failed look-ahead doe
 the driver, which refuses during a CUDA graph capture (CudaDriver checks before its
 synchronize).
 
+A handle is one holder's at a time: :func:`handle_holder` says which arena maps a handle
+(or is giving it back) or which pool holds it idle, and :meth:`HandlePool.give` of a caller's
+handle and :meth:`Arena.adopt <kvvmm.arena.Arena.adopt>` refuse one another holds.
+
 Deterministic use (tests, the sim): ``threaded=False`` runs nothing in the background;
 :meth:`run_once` does the queued jobs and one refill pass on the caller's thread.
 """
@@ -38,16 +42,21 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import weakref
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from kvvmm.checks import bool_arg, int_arg, is_int, seconds_arg
 from kvvmm.driver.base import Driver, check_driver
 from kvvmm.errors import ArgumentError, ClosedError, DriverError
 from kvvmm.units import GiB
 
-__all__ = ["HandlePool", "PoolStats"]
+if TYPE_CHECKING:
+    from kvvmm.arena.state import _ArenaState
+
+__all__ = ["HandlePool", "PoolStats", "handle_holder", "live_pools", "register_arena"]
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +76,56 @@ class PoolStats:
     errors: int  #: refills or jobs that failed (logged; the caller then creates itself)
     #: takes refused because every idle handle of the size held another owner's bytes
     withheld: int = 0
+
+
+# -- who holds a handle --------------------------------------------------------------------
+# Every arena and pool made in this process (weakly: their lives are their own), so that a
+# handle a caller passes in (Arena.adopt, HandlePool.give) can be refused while another holds
+# it: an arena that maps it (its KV) or is giving it back, a pool that holds it idle.
+
+_ARENAS: weakref.WeakSet[_ArenaState] = weakref.WeakSet()
+_ARENAS_LOCK = threading.Lock()
+_POOLS: weakref.WeakSet[HandlePool] = weakref.WeakSet()
+_POOLS_LOCK = threading.Lock()
+
+
+def live_pools() -> list[HandlePool]:
+    """The pools of this process not yet garbage-collected."""
+    with _POOLS_LOCK:
+        return list(_POOLS)
+
+
+def register_arena(arena: _ArenaState) -> None:
+    """Count ``arena`` among those :func:`handle_holder` asks (``Arena.__init__`` does)."""
+    with _ARENAS_LOCK:
+        _ARENAS.add(arena)
+
+
+def _base_driver(driver: Any) -> Any:
+    """The driver under any wrappers (a FaultyDriver's handles are its inner driver's)."""
+    while getattr(driver, "inner", None) is not None:
+        driver = driver.inner
+    return driver
+
+
+def handle_holder(driver: Any, handle: int) -> str | None:
+    """Who holds ``handle`` of ``driver`` (an arena that maps it or is giving it back, or a
+    pool that holds it idle), described for a message; None: nobody in this process."""
+    base = _base_driver(driver)
+    with _ARENAS_LOCK:
+        arenas = list(_ARENAS)
+    for a in arenas:  # read without their locks: two adopts must not wait on each other
+        if a._released or _base_driver(a.driver) is not base:
+            continue
+        for al in list(a._allocs):
+            if any(m.handle == handle for m in list(al.maps)):
+                return f"arena {a.name!r} maps it (in allocation {al.name!r})"
+        if any(h == handle for h, _ in list(a._gone) + list(a._leftover)):
+            return f"arena {a.name!r} is giving it back"
+    for p in live_pools():
+        if _base_driver(p.driver) is base and p.holds(handle):
+            return "a HandlePool holds it idle (another owner's memory, handed out later)"
+    return None
 
 
 class HandlePool:
@@ -114,6 +173,8 @@ class HandlePool:
         self._wake = threading.Condition(self._lock)
         self._kick: queue.SimpleQueue[None] = queue.SimpleQueue()
         self._idle: dict[int, list[int]] = {}
+        self._ids: set[int] = set()  # every idle handle: a handle is given to the pool once
+        self._gran = gran
         self._held = 0
         self._jobs: deque[Callable[[], object]] = deque()
         self._busy = 0  # jobs or refills running right now
@@ -123,6 +184,8 @@ class HandlePool:
         self._n = {"created": 0, "reused": 0, "retained": 0, "released": 0, "trimmed": 0,
                    "jobs": 0, "errors": 0, "withheld": 0}
         self._thread: threading.Thread | None = None
+        with _POOLS_LOCK:
+            _POOLS.add(self)
         if threaded:
             self._thread = threading.Thread(target=self._loop, name="kvvmm-handle-pool",
                                             daemon=True)
@@ -158,6 +221,7 @@ class HandlePool:
                     self._n["withheld"] += 1
                     return None
             h = got.pop(i)
+            self._ids.discard(h)
             self._written.pop(h, None)
             self._held -= size
             self._n["reused"] += 1
@@ -168,17 +232,48 @@ class HandlePool:
     def give(self, handle: int, size: int, owner: int | None = None) -> bool:
         """Keep an unmapped ``handle`` for reuse if it fits under the cap; False: release it.
 
-        ``owner``: whose bytes the handle holds (see :meth:`take`); None: nobody's.
+        ``owner``: whose bytes the handle holds (see :meth:`take`): an arena's
+        :attr:`~kvvmm.arena.Arena.pool_tag` as it gives back a handle it unmapped. None:
+        nobody's, a caller's own handle, refused while an arena maps it (handed to the next
+        commit, that arena's KV would be another's).
+
+        Raises:
+            ArgumentError: ``handle`` is not an int, is idle in the pool already (given
+                twice, two takes would hand one memory to two owners) or, with no ``owner``,
+                an arena of the driver maps it or is giving it back; or ``size`` is not a
+                positive multiple of the granularity; nothing changed.
         """
+        if type(handle) is not int or type(size) is not int:  # bools and floats too
+            if not is_int(handle):
+                raise ArgumentError("handle", handle, "an int (a handle of the pool's driver)")
+            int_arg("size", size, lo=1, unit="bytes")
+        if size <= 0 or size % self._gran:
+            raise ArgumentError("size", size, f"a positive multiple of the granularity "
+                                              f"{self._gran} (the handle's size)")
+        if owner is None:  # not an arena's own give-back: ask whose it is
+            who = None if self.holds(handle) else handle_holder(self.driver, handle)
+            if who is not None:
+                raise ArgumentError("handle", handle, "a handle no arena or pool holds",
+                                    f"{who}; nothing changed")
         with self._lock:
+            if handle in self._ids:
+                raise ArgumentError("handle", handle, "a handle the pool does not hold",
+                                    "it is idle in the pool already: a handle is given once "
+                                    "per take")
             if self._closed or self._held + size > self.retain_bytes:
                 return False
             if owner is not None:
                 self._written[handle] = owner
+            self._ids.add(handle)
             self._idle.setdefault(size, []).append(handle)
             self._held += size
             self._n["retained"] += 1
             return True
+
+    def holds(self, handle: object) -> bool:
+        """True while ``handle`` is idle in the pool (the pool's, not any arena's)."""
+        with self._lock:
+            return handle in self._ids
 
     def trim(self, nbytes: int) -> int:
         """Release idle handles (largest first) until ``nbytes`` are freed or none is left.
@@ -192,6 +287,7 @@ class HandlePool:
                 got = self._idle[size]
                 while got and freed < nbytes:
                     picked.append((got.pop(), size))
+                    self._ids.discard(picked[-1][0])
                     freed += size
                     self._held -= size
             self._backoff.update(s for _, s in picked)  # no refill straight back up
@@ -276,6 +372,7 @@ class HandlePool:
         with self._lock:
             picked = [(h, s) for s, hs in self._idle.items() for h in hs]
             self._idle.clear()
+            self._ids.clear()
             self._held = 0
         self._release(picked, keep_failed=True)
 
@@ -322,6 +419,7 @@ class HandlePool:
             self._n["created"] += 1
             keep = not self._closed
             if keep:
+                self._ids.add(h)
                 self._idle.setdefault(size, []).append(h)
                 self._held += size
             self._wake.notify_all()
@@ -384,6 +482,7 @@ class HandlePool:
                 if keep_failed:
                     with self._lock:
                         for h2, s2 in picked[i:]:
+                            self._ids.add(h2)
                             self._idle.setdefault(s2, []).append(h2)
                             self._held += s2
                 raise

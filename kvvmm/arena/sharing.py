@@ -4,6 +4,11 @@
 ``peer_devices`` (other GPUs of the process read and write what the arena backs), and
 ``export_handles``, ``adopt`` and ``adopt_range`` (another process backs an allocation of
 its own arena with the same memory, or this one backs with handles the caller made).
+
+A handle the caller hands to ``adopt`` must be nobody's yet: one that an arena of the same
+driver maps (this one or another: that arena's KV), is giving back, or that a
+:class:`~kvvmm.arena.pool.HandlePool` holds idle (another owner's bytes, handed out again
+later) is refused before anything changes, so no owner reaches memory another holds.
 """
 
 from __future__ import annotations
@@ -11,10 +16,11 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 
+from kvvmm.arena.pool import handle_holder
 from kvvmm.arena.records import _Alloc, _insert, _Map, _prefix, _runs
 from kvvmm.arena.state import _ArenaState, _locked
 from kvvmm.arena.transaction import Transaction
-from kvvmm.checks import bool_arg, int_arg
+from kvvmm.checks import bool_arg, int_arg, is_int
 from kvvmm.errors import AlignmentError, ArgumentError, DriverError
 
 
@@ -135,6 +141,13 @@ class SharingMixin(_ArenaState):
         adopt_range): the map is undone if the access fails, and the handle stays the
         caller's until both succeeded."""
         bool_arg("own", own, limit="True or False (is the handle this process's own?)")
+        if not is_int(handle):
+            raise ArgumentError("handle", handle, "an int (a handle of this arena's driver)")
+        who = handle_holder(self.driver, handle)
+        if who is not None:
+            raise ArgumentError("handle", handle, "a handle no arena or pool holds",
+                                f"{who}: memory one owner holds is never mapped by another; "
+                                f"nothing changed")
         d = self.driver
         va = self.base + a.offset + start
         d.map(va, nbytes, handle)

@@ -28,7 +28,7 @@ import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from kvvmm.arena.backup import Backup, make_backup
+from kvvmm.arena.backup import Backup, bind_backup, check_backup, make_backup, unbind_backup
 from kvvmm.arena.records import _Alloc, _Map, _runs, _Sleep
 from kvvmm.arena.state import _ArenaState, _locked
 from kvvmm.arena.transaction import Transaction
@@ -96,14 +96,17 @@ class SleepMixin(_ArenaState):
             backup: None: the bytes are dropped (a wake gives fresh memory: zeros on the host
                 driver, unspecified on CUDA). ``"host"``: copied to host memory (pinned on
                 CUDA). ``"disk"``: copied to a new file at ``path`` through ``mmap``. Or a
-                :class:`~kvvmm.arena.backup.Backup` object.
+                :class:`~kvvmm.arena.backup.Backup` object no other sleep has used (it is
+                bound to this sleep until the wake or ``close()`` that ends it drops it).
             path: the file for ``backup="disk"`` (must not exist; removed after the wake).
             keep_pool: keep the handle pool's idle handles (default: release them too, so
                 the device gets back all it can).
         Returns:
             A :class:`SleepResult`.
         Raises:
-            ArgumentError: a bad ``backup`` or ``path``; nothing changed.
+            ArgumentError: a bad ``backup`` or ``path``, or a ``Backup`` another sleep
+                keeps its bytes in or that is spent (woken, closed or dropped); nothing
+                changed.
             SleepRefusedError: asleep already, a CUDA graph capture is underway, or the
                 arena maps adopted handles (memory another process shares); nothing changed.
             BackupError: the copy-out failed (out of host memory, a full disk): the arena is
@@ -119,17 +122,19 @@ class SleepMixin(_ArenaState):
         why = self.sleep_refusal("sleep")
         if why is not None:
             raise SleepRefusedError(why)
-        self._wait_inflight([(a, 0, a.size) for a in self._allocs])
-        plan = [(a, list(a.maps)) for a in self._allocs if a.maps]
-        nbytes = sum(m.size for _, ms in plan for m in ms)
-        self._sync_device()
-        if store is not None:
-            self._copy(plan, store, "save")
+        if store is not None:  # refused if another sleep keeps its bytes there, or it is spent
+            bind_backup(store, self, f"arena {self.name!r}")
         try:
+            self._wait_inflight([(a, 0, a.size) for a in self._allocs])
+            plan = [(a, list(a.maps)) for a in self._allocs if a.maps]
+            nbytes = sum(m.size for _, ms in plan for m in ms)
+            self._sync_device()
+            if store is not None:
+                self._copy(plan, store, "save")
             given = self._give_back(plan)  # a failed unmap maps every run back, bytes intact
         except BaseException:
-            if store is not None:
-                store.drop()
+            if store is not None:  # unbound again: the failed sleep changed nothing
+                unbind_backup(store, self, "")
             raise
         self._sleeping = _Sleep(
             maps=[(a, [(m.offset, m.size, m.hid) for m in ms]) for a, ms in plan],
@@ -175,6 +180,8 @@ class SleepMixin(_ArenaState):
             raise SleepRefusedError(why)
         s = self._sleeping
         assert s is not None  # sleep_refusal("wake") says so otherwise
+        if s.backup is not None:  # only the bytes this arena's own sleep kept
+            check_backup(s.backup, self)
         if self._leftover:  # a sleep's release that failed: the memory is needed now
             self._release_leftover("wake(), or close again, to retry")
         undo = Transaction()
@@ -195,7 +202,7 @@ class SleepMixin(_ArenaState):
             m.hid = hid
         self._sleeping = None
         if s.backup is not None:
-            s.backup.drop()
+            unbind_backup(s.backup, self, f"arena {self.name!r} woke from it")
         self._note("wake", nbytes=s.nbytes)
         if self._work is not None:
             self._work("arena.wake", len(made))
@@ -258,9 +265,7 @@ class SleepMixin(_ArenaState):
                     store.load(pos, views[i])
                 pos += views[i].numel()
             store.flush(views[0].device)
-        except Exception as e:
-            if how == "save":
-                store.drop()
+        except Exception as e:  # a failed save: the sleep drops the backup as it unbinds it
             if isinstance(e, KvvmmError):
                 raise
             what = "copy-out to" if how == "save" else "copy back from"
@@ -271,10 +276,6 @@ class SleepMixin(_ArenaState):
                               f"failed: {type(e).__name__}: {e}; the arena is "
                               + ("awake, every byte where it was" if how == "save" else
                                  "asleep, its backup intact")) from e.with_traceback(None)
-        except BaseException:
-            if how == "save":
-                store.drop()
-            raise
         finally:
             views.clear()  # their leases end here, before any unmap
 
@@ -316,4 +317,4 @@ class SleepMixin(_ArenaState):
         """At close: a sleeping arena's backup goes (nothing will wake it)."""
         s, self._sleeping = self._sleeping, None
         if s is not None and s.backup is not None:
-            s.backup.drop()
+            unbind_backup(s.backup, self, f"arena {self.name!r} closed asleep")

@@ -96,7 +96,13 @@ from typing import TYPE_CHECKING, Any, Literal
 from kvvmm.checks import bool_arg, int_arg, is_int, seconds_arg
 from kvvmm.driver import open_driver
 from kvvmm.driver.base import HANDLE_TYPES, Driver, check_driver
-from kvvmm.errors import ArgumentError, BusyError, KvvmmError, OutOfRangeError
+from kvvmm.errors import (
+    ArgumentError,
+    BusyError,
+    KvvmmError,
+    OutOfRangeError,
+    SleepRefusedError,
+)
 from kvvmm.layout import KvBufferDesc as _KvvmmDesc
 from kvvmm.owner import KvBufferOwner
 from kvvmm.policy import Exact, GrowthPolicy
@@ -582,61 +588,96 @@ class KvVmmMemorySaver:
     def pause(self, tag: str | None = None) -> None:
         """Pause ``tag`` (None: every tag): its owners all sleep, or none does.
 
+        Every owner is asked first (:meth:`Arena.sleep_refusal
+        <kvvmm.arena.Arena.sleep_refusal>`): one that would refuse (paused already, closed,
+        a graph capture) refuses the whole call before any owner or the inner adapter
+        changes. An owner registered under several tags sleeps once.
+
         Raises:
-            KvVmmError (``RuntimeError``): an owner refused or failed: the owners paused
-                before it were resumed again (the notes say so); the inner adapter was not
-                asked. The inner adapter is asked after the owners: if it fails, the owners
-                stay paused (resume them with the same tag).
+            KvVmmError (``RuntimeError``): an owner refused (nothing changed) or failed, or
+                the inner adapter failed: the owners paused by this call were resumed again
+                (the notes say so, and name any whose resume failed).
         """
-        for t, owners in self._pick(tag):
-            done: list[KvVmmBufferOwner] = []
+        owners = self._pick(tag)
+        self._refuse_unless_all(owners, "sleep", f"pause({tag!r})")
+        done: list[KvVmmBufferOwner] = []
+        try:
             for o in owners:
                 try:
                     o.pause(backup="host" if self.cpu_backup else None)
-                except BaseException as e:
+                finally:
                     if o.paused:  # a release failing past every unmap: the sleep stood
                         done.append(o)
-                    for d in reversed(done):
-                        try:
-                            d.resume()
-                        except Exception as e2:
-                            e.add_note(f"resuming {d.arena.name!r} again also failed: {e2}")
-                    e.add_note(f"KvVmmMemorySaver.pause({t!r}): {len(done)} owner(s) paused "
-                               f"by this call were resumed again")
-                    raise
-                done.append(o)
-        if self.inner is not None and (tag is None or tag not in self._owners):
-            self.inner.pause(tag)
+            if self.inner is not None and (tag is None or tag not in self._owners):
+                self.inner.pause(tag)
+        except BaseException as e:
+            for d in reversed(done):
+                try:
+                    d.resume()
+                except Exception as e2:
+                    e.add_note(f"resuming {d.arena.name!r} again also failed: {e2}")
+            e.add_note(f"KvVmmMemorySaver.pause({tag!r}): {len(done)} owner(s) paused by "
+                       f"this call were resumed again")
+            raise
 
     def resume(self, tag: str | None = None) -> None:
         """Resume ``tag`` (None: every tag): its owners all wake, or none stays awake.
 
-        Raises:
-            KvVmmError (``RuntimeError``): an owner's wake failed (out of memory): the
-                owners woken before it paused again; every owner is paused, retry later.
-        """
-        if self.inner is not None and (tag is None or tag not in self._owners):
-            self.inner.resume(tag)
-        for t, owners in self._pick(tag):
-            done: list[KvVmmBufferOwner] = []
-            for o in owners:
-                try:
-                    o.resume()
-                except BaseException as e:
-                    for d in reversed(done):
-                        try:
-                            d.pause(backup="host" if self.cpu_backup else None)
-                        except Exception as e2:
-                            e.add_note(f"pausing {d.arena.name!r} again also failed: {e2}")
-                    e.add_note(f"KvVmmMemorySaver.resume({t!r}): {len(done)} owner(s) "
-                               f"resumed before the failure were paused again")
-                    raise
-                done.append(o)
+        Every owner is asked first: one that would refuse (not paused, closed, a graph
+        capture) refuses the whole call before the inner adapter or any owner changes.
 
-    def _pick(self, tag: str | None) -> list[tuple[str, list[KvVmmBufferOwner]]]:
-        if tag is None:
-            return list(self._owners.items())
-        return [(tag, self._owners[tag])] if tag in self._owners else []
+        Raises:
+            KvVmmError (``RuntimeError``): an owner refused (nothing changed), or an owner's
+                wake failed (out of memory): the owners woken before it paused again (with a
+                host backup where theirs kept bytes) and the inner adapter paused again;
+                every owner is paused, retry later.
+        """
+        owners = self._pick(tag)
+        self._refuse_unless_all(owners, "wake", f"resume({tag!r})")
+        inner = self.inner is not None and (tag is None or tag not in self._owners)
+        if inner:
+            self.inner.resume(tag)
+        done: list[tuple[KvVmmBufferOwner, str | None]] = []
+        for o in owners:
+            kept = "host" if o.arena.sleep_backup is not None else None
+            try:
+                o.resume()
+            except BaseException as e:
+                for d, how in reversed(done):
+                    try:
+                        d.pause(backup=how)
+                    except Exception as e2:
+                        e.add_note(f"pausing {d.arena.name!r} again also failed: {e2}")
+                if inner:
+                    try:
+                        self.inner.pause(tag)
+                    except Exception as e2:
+                        e.add_note(f"pausing the inner adapter's {tag!r} again also "
+                                   f"failed: {e2}")
+                e.add_note(f"KvVmmMemorySaver.resume({tag!r}): {len(done)} owner(s) "
+                           f"resumed before the failure were paused again")
+                raise
+            done.append((o, kept))
+
+    def _pick(self, tag: str | None) -> list[KvVmmBufferOwner]:
+        """The owners of ``tag`` (None: of every tag), each once, in registration order."""
+        groups = (self._owners.values() if tag is None else
+                  [self._owners[tag]] if tag in self._owners else [])
+        out: list[KvVmmBufferOwner] = []
+        for owners in groups:
+            out += [o for o in owners if not any(o is x for x in out)]
+        return out
+
+    @staticmethod
+    def _refuse_unless_all(owners: Sequence[KvVmmBufferOwner], what: str, call: str) -> None:
+        """Raise the first refusal a ``what`` (``"sleep"`` or ``"wake"``) of any of
+        ``owners`` would meet, before anything changes."""
+        with _sglang_errors():
+            for o in owners:
+                why = o.arena.sleep_refusal(what)  # ClosedError after close
+                if why is not None:
+                    raise SleepRefusedError(f"KvVmmMemorySaver.{call}: {why}; no owner "
+                                            f"changed")
 
     # -- the rest of TorchMemorySaverAdapter: the inner adapter's, or nothing ----------
 
