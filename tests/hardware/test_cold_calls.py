@@ -85,7 +85,7 @@ def test_a_devices_first_call_of_each_kind_costs_its_premium_the_next_its_second
 def test_the_call_after_a_cold_one_pays_the_measured_share_of_what_that_one_paid() -> None:
     """bench/results/h200-startup*.json: request-ranges+deferred's startup, 12 rounds on an
     H200: the second create, map and set_access after a pause cost 0.30-0.40, 0.14-0.27 and
-    0.25-0.33 (one 0.65) of the premium more than warm (bench/cold_second.py)."""
+    0.25-0.33 (one 0.65) of the premium more than warm (kvvmm/measure/coldtail.py)."""
     data = _h200()
     sec = data["cold_calls"]["second"]
     assert set(sec) == {"create", "map", "set_access"}
@@ -110,10 +110,9 @@ def test_the_call_after_a_cold_one_pays_the_measured_share_of_what_that_one_paid
 
 
 def test_the_shipped_second_shares_are_what_the_committed_startup_probes_give() -> None:
-    import runpy
+    from kvvmm.measure import coldtail
 
-    mod = runpy.run_path(str(Path(__file__).resolve().parents[2] / "bench" / "cold_second.py"))
-    got = mod["second_shares"]()
+    got = coldtail.second_shares()
     assert got["second"] == _h200()["cold_calls"]["second"]
     assert all(len(v) == 12 for v in got["rounds"].values())
 

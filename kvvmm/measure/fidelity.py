@@ -60,16 +60,14 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # run as a script from a checkout: the kvvmm beside it
-    sys.path.insert(0, str(ROOT))
+from kvvmm.driver.base import Driver
+from kvvmm.hardware import get_profile, profile_label, sim_costs
+from kvvmm.measure import rotated
+from kvvmm.measure.workload import BENCH_WORKLOAD
+from kvvmm.measure.workload import Workload as KvWorkload
+from kvvmm.policy import parse_policy
 
-from kvvmm.driver.base import Driver  # noqa: E402
-from kvvmm.hardware import get_profile, profile_label, sim_costs  # noqa: E402
-from kvvmm.measure import rotated  # noqa: E402
-from kvvmm.measure.workload import BENCH_WORKLOAD  # noqa: E402
-from kvvmm.measure.workload import Workload as KvWorkload  # noqa: E402
-from kvvmm.policy import parse_policy  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]  # the checkout: its bench/results
 
 LOW, HIGH = 0.9, 1.1
 
@@ -199,7 +197,7 @@ def predict(profile: Any, wl: Workload, settle_s: float = SETTLE_S) -> dict[str,
 
     prof = get_profile(profile)
     out = run_scenarios(settled(SimDriver(prof), settle_s),
-                        lambda d: float(d.clock_us),  # type: ignore[attr-defined]
+                        lambda d: float(d.clock_us),
                         wl, rounds=1, settle_s=0.0)
     if wl.workload_s and not _skipped().get("workload"):
         # The workload module counts driver calls only (on CUDA, each call's wall time), so
@@ -321,7 +319,7 @@ def parity(steps_per_seed: int = 2000, seeds: Sequence[int] = (1, 2, 3)) -> dict
 def _versions() -> dict[str, Any]:
     import importlib.metadata as md
 
-    import kvvmm
+    from kvvmm._version import __version__
 
     def v(pkg: str) -> str:
         try:
@@ -329,7 +327,7 @@ def _versions() -> dict[str, Any]:
         except md.PackageNotFoundError:
             return "none"
 
-    return {"kvvmm": kvvmm.__version__, "torch": v("torch"), "cuda_bindings": v("cuda-bindings"),
+    return {"kvvmm": __version__, "torch": v("torch"), "cuda_bindings": v("cuda-bindings"),
             "python": platform.python_version()}
 
 
@@ -608,7 +606,7 @@ def main(argv: list[str] | None = None) -> int:
     wl = SMALL if args.small else Workload()
     prof = get_profile(args.profile)
     started = time.perf_counter()
-    res: dict[str, Any] = {
+    res = {
         "benchmark": "bench_fidelity",
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "versions": _versions(),

@@ -50,27 +50,22 @@ import json
 import math
 import os
 import statistics
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-for _p in (str(ROOT), str(ROOT / "bench")):
-    if _p not in sys.path:  # run as a script from a checkout: the kvvmm and bench beside it
-        sys.path.insert(0, _p)
-
-import bench_fidelity as bf  # noqa: E402
-
-from kvvmm.hardware import get_profile, profile_label  # noqa: E402
-from kvvmm.hardware.spread import (  # noqa: E402
+from kvvmm.hardware import get_profile, profile_label
+from kvvmm.hardware.spread import (
     LEVEL_GROUPS,
     level_group,
     level_section,
     quantiles,
     session_levels,
 )
+from kvvmm.measure import fidelity as bf
+
+ROOT = Path(__file__).resolve().parents[2]  # the checkout: its bench/results
 
 #: Every committed H200 fidelity run with measured medians per scenario (bench/results/README.md).
 #: ``bench/results/h200-fidelity.json`` is the same file as ``fidelity-runs/1222-fidelity.json``.
@@ -309,7 +304,7 @@ def score(profile: str = "h200", paths: Sequence[str] = COMMITTED,
         loso[held] = sec["groups"]
         lbands = bf.with_level({n: list(b) for n, b in bands.items()}, sec["groups"])
         for run in (r for r in runs if session_of[r.name] == held):
-            rows = {}
+            rows: dict[str, dict[str, Any]] = {}
             for n, x in ratios[run.name].items():
                 meas = x * bands[n][1]
                 b, lb = bands[n], lbands[n]
@@ -345,16 +340,16 @@ def score(profile: str = "h200", paths: Sequence[str] = COMMITTED,
         if len(meds) < 2:
             continue
         q = quantiles(meds)
-        card = (q["p90"] - q["p10"]) / q["p50"]
+        spread = (q["p90"] - q["p10"]) / q["p50"]
         w0, w1 = _width(b), _width(sbands[n])
         # No band around the sim's point holds the card's p10-p90 narrower than this.
         floor = max(q["p90"], 1.0) - min(q["p10"], 1.0)
-        widths[n] = {"group": level_group(n), "runs": len(meds), "card_spread": round(card, 4),
+        widths[n] = {"group": level_group(n), "runs": len(meds), "card_spread": round(spread, 4),
                      "card_median_over_sim": q["p50"], "width_floor_with_point": round(floor, 4),
                      "band_width": round(w0, 4), "band_level_width": round(w1, 4),
                      "band_level_width_loso_median": round(statistics.median(loso_widths[n]), 4),
-                     "within_target_before": w0 <= card + WIDTH_SLACK,
-                     "within_target_after": w1 <= card + WIDTH_SLACK}
+                     "within_target_before": w0 <= spread + WIDTH_SLACK,
+                     "within_target_after": w1 <= spread + WIDTH_SLACK}
 
     others = {r.name for r in runs if session_of[r.name] != calib}
     sens_args = (ratios, session_of, bands)
@@ -383,7 +378,7 @@ def score(profile: str = "h200", paths: Sequence[str] = COMMITTED,
                                                        _widen, only=others, residual=True)}}
 
     kept = "as_chosen"
-    composition = {
+    composition: dict[str, Any] = {
         "kept": "end to end (compose_level): low times min(p10, 1), high times max(p90, 1)",
         "candidates": {k: {"in_band_all": sensitivity["all_runs"][k]["in_band"],
                            "in_band_other_sessions": sensitivity["other_sessions"][k]["in_band"],

@@ -26,15 +26,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # run as a script from a checkout: the kvvmm beside it
-    sys.path.insert(0, str(ROOT))
+from kvvmm.hardware import get_profile, profile_data, sim_costs
 
-from kvvmm.hardware import get_profile, profile_data, sim_costs  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]  # the checkout: its bench/results
 
 RUNS = ("bench/results/h200-startup.json", "bench/results/h200-startup-cold.json")
 STARTUP = "request-ranges+deferred"

@@ -37,16 +37,12 @@ import glob
 import json
 import os
 import statistics
-import sys
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-for _p in (str(ROOT), str(ROOT / "bench")):
-    if _p not in sys.path:
-        sys.path.insert(0, _p)
+from kvvmm.hardware.spread import figures_of, spread_section
 
-from kvvmm.hardware.spread import figures_of, spread_section  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]  # the checkout: its bench/results
 
 SHIPPED = ROOT / "kvvmm" / "hardware" / "data" / "h200.json"
 RUNS = ROOT / "bench" / "results" / "fidelity-runs"
@@ -134,11 +130,11 @@ def compute(shipped: dict[str, Any]) -> dict[str, Any]:
 
 def compute_level() -> dict[str, Any]:
     """The ``spread.level`` section for the shipped h200 from every committed fidelity run."""
-    import fidelity_level as fl
+    from kvvmm.measure import level as fl
 
     runs = fl.load_runs(fl.COMMITTED)
     session_of = fl.sessions_of(runs)
-    import bench_fidelity as bf
+    from kvvmm.measure import fidelity as bf
 
     mid = bf.predict("h200", bf.Workload())
     ratios = {r.name: fl.run_ratios(mid, r.measured) for r in runs}

@@ -29,7 +29,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]  # the checkout: its bench/results and git history
 OUT = ROOT / "bench" / "results" / "h200-growth-bandwidth.json"
 PROFILE = ROOT / "kvvmm" / "hardware" / "data" / "h200.json"
 
