@@ -234,7 +234,8 @@ def with_level(bands: dict[str, list[float]], rows: dict[str, dict[str, float]],
     """Each scenario's band composed with its group's session level row (``rows``: ``{group:
     {"p10", "p50", "p90"}}``, :func:`kvvmm.hardware.spread.level_of`); a scenario whose
     group has no row keeps its band."""
-    from kvvmm.hardware.spread import compose_level, level_group
+    from kvvmm.hardware.spread import compose_level
+    from kvvmm.measure.spread import level_group
 
     out = {}
     for name, (lo, mid, hi) in bands.items():
@@ -445,7 +446,8 @@ def score(profile: str, results: Sequence[str], wl: Workload | None = None,
     fitted to these runs: ``bench/fidelity_level.py`` scores it leaving each session out).
     """
     from kvvmm.hardware import profile_data
-    from kvvmm.hardware.spread import level_of, quantiles
+    from kvvmm.hardware.spread import level_of
+    from kvvmm.measure.spread import quantiles
 
     wl = wl or Workload()
     prof = get_profile(profile)

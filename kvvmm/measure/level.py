@@ -12,9 +12,9 @@ of one hour; across sessions the H200 moved further, most scenarios together (20
 2. tabulates each run's *measured median / the sim's point* per scenario, the sim at the
    profile (``--profile``, the shipped ``h200``) through ``bench_fidelity.predict``;
 3. takes each session's level per group (:data:`kvvmm.hardware.spread.LEVEL_GROUPS`, the
-   median of its runs' ratios in the group: :func:`kvvmm.hardware.spread.session_levels`);
+   median of its runs' ratios in the group: :func:`kvvmm.measure.spread.session_levels`);
 4. scores **leaving one session out**: for each session, the level is fitted
-   (:func:`kvvmm.hardware.spread.level_section`: p10/p50/p90 over sessions) from the *other*
+   (:func:`kvvmm.measure.spread.level_section`: p10/p50/p90 over sessions) from the *other*
    sessions only, the per-call band is widened by it (``bench_fidelity.with_level``: low
    times the group's p10, high times its p90, where they pass 1), and that session's runs
    are scored: in band
@@ -56,14 +56,9 @@ from pathlib import Path
 from typing import Any
 
 from kvvmm.hardware import get_profile, profile_label
-from kvvmm.hardware.spread import (
-    LEVEL_GROUPS,
-    level_group,
-    level_section,
-    quantiles,
-    session_levels,
-)
+from kvvmm.hardware.spread import LEVEL_GROUPS
 from kvvmm.measure import fidelity as bf
+from kvvmm.measure.spread import level_group, level_section, quantiles, session_levels
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout: its bench/results
 

@@ -41,9 +41,10 @@ from kvvmm.driver.base import Driver
 from kvvmm.driver.sim import SimDriver
 from kvvmm.errors import ArgumentError
 from kvvmm.hardware import DeviceProfile, profile_from_data
-from kvvmm.hardware.spread import figures_of, median_factor, ratios, scaled, spread_section
+from kvvmm.hardware.spread import figures_of, scaled
 from kvvmm.measure.fit import MIN_CONTEXT_CALLS, net_in_context
 from kvvmm.measure.plan import Plan
+from kvvmm.measure.spread import median_factor, ratios, spread_section
 from kvvmm.units import MiB
 
 __all__ = ["CALL_SIZES_MIB", "MEASURED", "REFERENCES", "library_probe", "quick_refresh",

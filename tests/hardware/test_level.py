@@ -34,13 +34,10 @@ from kvvmm.hardware.spread import (
     WORKLOAD_LEVEL,
     compose_level,
     figures_of,
-    level_group,
     level_notes,
     level_of,
-    level_section,
-    quantiles,
-    session_levels,
 )
+from kvvmm.measure.spread import level_group, level_section, quantiles, session_levels
 from kvvmm.policy import Chunked, Exact
 from kvvmm.units import MiB
 from kvvmm.workload.bands import Band, band_notes, growth_bands, workload_bands
