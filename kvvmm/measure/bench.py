@@ -27,10 +27,10 @@ Sections (each a key of the JSON result):
 - ``elastic_bandwidth``: copy bandwidth of tensors with holes and after out-of-order
   commit/decommit vs cudaMalloc.
 - ``seed`` (with ``--seed-file`` and ``--seed-script``): SGLang's arena on the same workload,
-  run by ``bench/seed_side_by_side.py`` in a child process (the seed compiles a stub per
+  run by ``bench/seed/seed_side_by_side.py`` in a child process (the seed compiles a stub per
   arena and may abort at exit). That script is a bench file, not part of the package, and
   the package does not look for it: ``--seed-script`` names it (in 0.3 ``--seed-file`` alone
-  still takes ``./bench/seed_side_by_side.py``, with a deprecation warning; 0.4 drops that).
+  still takes ``./bench/seed/seed_side_by_side.py``, with a deprecation warning; 0.4 drops that).
 
 The result goes to ``bench/results/<card>-kvvmm-bench.json`` (``h200-kvvmm-bench.json``),
 with the card, versions and date inside; a new run replaces the file and git keeps the old
@@ -74,7 +74,7 @@ __all__ = ["BENCH_WORKLOAD", "GAP_S", "LOOKAHEAD_BYTES", "LOOKAHEAD_SWEEP", "SEE
            "find_seed_script", "main", "page_ops", "run"]
 
 #: The seed's side of the benchmark, a bench file (see the module docstring).
-SEED_SCRIPT = Path("bench") / "seed_side_by_side.py"
+SEED_SCRIPT = Path("bench") / "seed" / "seed_side_by_side.py"
 
 
 def _per_call(drv_mod: Any, cd: Any, cd_py: Any | None = None) -> dict[str, Any]:
@@ -188,11 +188,11 @@ def _import_root() -> Path:
 
 
 def find_seed_script(explicit: str | None = None) -> Path:
-    """The seed's side of the benchmark, ``bench/seed_side_by_side.py``: where it is named.
+    """The seed's side of the benchmark, ``bench/seed/seed_side_by_side.py``: where it is named.
 
     Args:
         explicit: a path given with ``--seed-script``; used as is. None is deprecated (0.3;
-            an error in 0.4): ``./bench/seed_side_by_side.py`` of the current directory.
+            an error in 0.4): ``./bench/seed/seed_side_by_side.py`` of the current directory.
     Returns:
         The script's path.
     Raises:
@@ -200,7 +200,7 @@ def find_seed_script(explicit: str | None = None) -> Path:
     """
     if explicit is None:
         warnings.warn("kvvmm bench --seed-file without --seed-script: the package no longer "
-                      "looks for bench/seed_side_by_side.py (0.3); pass --seed-script "
+                      "looks for bench/seed/seed_side_by_side.py (0.3); pass --seed-script "
                       "PATH/seed_side_by_side.py (./bench/ is taken until 0.4)",
                       DeprecationWarning, stacklevel=2)
     cand = Path(explicit) if explicit is not None else Path.cwd() / SEED_SCRIPT
@@ -208,7 +208,7 @@ def find_seed_script(explicit: str | None = None) -> Path:
         return cand
     raise FileNotFoundError(
         f"the seed's benchmark script is not at {cand}: pass --seed-script "
-        "PATH/seed_side_by_side.py (it is bench/seed_side_by_side.py of a kvvmm checkout)")
+        "PATH/seed_side_by_side.py (it is bench/seed/seed_side_by_side.py of a kvvmm checkout)")
 
 
 def _check_seed_file(seed_file: str) -> str:
@@ -261,7 +261,7 @@ def run(out_dir: str, seed_file: str | None, device: int = 0,
         out_dir: folder for ``<card>-kvvmm-bench.json`` (made if missing).
         seed_file: SGLang's ``kv_vmm_backing_seed.py`` to run side by side, or None.
         device: the CUDA device ordinal.
-        seed_script: the seed's benchmark script, ``bench/seed_side_by_side.py`` (None:
+        seed_script: the seed's benchmark script, ``bench/seed/seed_side_by_side.py`` (None:
             :func:`find_seed_script`'s deprecated default).
     Returns:
         The result, with ``"path"`` set to the file written.
@@ -448,7 +448,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="path to SGLang's kv_vmm_backing as kv_vmm_backing_seed.py: run it "
                          "side by side")
     ap.add_argument("--seed-script", default=None,
-                    help="the seed's benchmark script, bench/seed_side_by_side.py of a kvvmm "
+                    help="the seed's benchmark script, bench/seed/seed_side_by_side.py of a kvvmm "
                          "checkout (needed with --seed-file; ./bench's is taken until 0.4, "
                          "deprecated)")
     ap.add_argument("--device", type=int, default=0)

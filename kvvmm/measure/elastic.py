@@ -32,7 +32,7 @@ GAP_S = 0.020
 
 #: Look-ahead per buffer for the pooled growth: 4 decode steps of one buffer (a step grows
 #: each buffer by 4096 tokens x 2 KiB = 8 MiB), so a background job that misses a gap or two
-#: still leaves steps in hand. On the sim (bench/bench_sim.py, 20 ms gaps, stepped pool)
+#: still leaves steps in hand. On the sim (bench/sim/bench_sim.py, 20 ms gaps, stepped pool)
 #: every look-ahead from 16 MiB up keeps the decode path clear (0 ms blocked; the thread's
 #: work takes at most 4.9 ms of a gap), and its cost is about buffers x look-ahead at the
 #: worst step: peak over-commit 16.6 GB with no pool (the policy's own), 17.7 / 18.8 / 20.9 /

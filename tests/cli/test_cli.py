@@ -358,7 +358,7 @@ def test_bench_hands_its_arguments_to_kvvmm_bench(monkeypatch: pytest.MonkeyPatc
 def test_the_seed_script_is_taken_where_it_is_named(tmp_path: Path) -> None:
     from kvvmm.measure.bench import find_seed_script
 
-    script = ROOT / "bench" / "seed_side_by_side.py"
+    script = ROOT / "bench" / "seed" / "seed_side_by_side.py"
     assert find_seed_script(str(script)) == script
     with pytest.raises(FileNotFoundError, match="--seed-script"):
         find_seed_script(str(tmp_path / "seed_side_by_side.py"))
@@ -371,7 +371,7 @@ def test_without_a_named_seed_script_only_the_current_folder_is_looked_at_and_it
 
     monkeypatch.chdir(ROOT)
     with pytest.warns(DeprecationWarning, match="--seed-script"):
-        assert find_seed_script() == ROOT / "bench" / "seed_side_by_side.py"
+        assert find_seed_script() == ROOT / "bench" / "seed" / "seed_side_by_side.py"
     monkeypatch.chdir(tmp_path)  # the checkout next to the package is not searched
     with pytest.warns(DeprecationWarning), pytest.raises(FileNotFoundError):
         find_seed_script()

@@ -1,6 +1,6 @@
-"""bench/bench_elastic.py's layout-bandwidth section, run on the host driver's real bytes: every
-operation it times reads the same values through the interleaved views as through the
-per-layer buffers, and its JSON has each ratio (the GPU gives the numbers, not CI)."""
+"""bench/elastic/bench_elastic.py's layout-bandwidth section, run on the host driver's real
+bytes: every operation it times reads the same values through the interleaved views as through
+the per-layer buffers, and its JSON has each ratio (the GPU gives the numbers, not CI)."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ from kvvmm.driver.host import HostDriver
 from kvvmm.units import GiB
 
 
-def _module(name: str = "bench_elastic") -> Any:
+def _module(name: str = "bench_elastic", topic: str = "elastic") -> Any:
     """A script of bench/ as a module (bench/ is no package)."""
-    path = Path(__file__).resolve().parents[2] / "bench" / f"{name}.py"
+    path = Path(__file__).resolve().parents[2] / "bench" / topic / f"{name}.py"
     spec = importlib.util.spec_from_file_location(f"{name}_under_test", path)
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
@@ -47,7 +47,7 @@ def test_the_growth_steps_bench_runs_both_layouts_and_reports_the_no_op_beside_i
     from kvvmm.measure.workload import Workload
     from kvvmm.units import MiB
 
-    mod = _module("bench_growth_steps")
+    mod = _module("bench_growth_steps", "growth")
     small = Workload(layers=2, kv_heads=1, head_dim=128, page_size=16, reserved_tokens=40_000,
                      step_tokens=512, grow_to_tokens=8_192, finalize_tokens=20_000)
     res = mod.run("host", 1, base=small, lookahead_bytes=2 * MiB, gap_s=0.001, settle_s=0)
@@ -63,6 +63,6 @@ def test_the_growth_steps_bench_runs_both_layouts_and_reports_the_no_op_beside_i
 
 
 def test_the_growth_steps_bench_refuses_a_kernel_gap_without_cuda(capsys: Any) -> None:
-    mod = _module("bench_growth_steps")
+    mod = _module("bench_growth_steps", "growth")
     assert mod.main(["--driver", "host", "--gap", "kernel"]) == 2
     assert "--gap kernel needs --driver cuda" in capsys.readouterr().err

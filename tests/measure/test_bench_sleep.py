@@ -1,6 +1,6 @@
-"""bench/bench_sleep.py runs (issue 28, item 4): its logic on the host driver, small.
+"""bench/sleep/bench_sleep.py runs (issue 28, item 4): its logic on the host driver, small.
 
-The H200 run (``bench/h200_sleep.sh``) is the measurement; here the same script runs on
+The H200 run (``bench/device/h200_sleep.sh``) is the measurement; here the same script runs on
 32 MiB of host memory in 64 KiB granules, every backup (host, disk, none), and its report
 is checked for what the lead reads: bytes given back, bit-exact contents, every target with
 the numbers it was judged on, the card, versions and date. The target judging is also run
@@ -24,7 +24,8 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
 
 
 def _bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_sleep", ROOT / "bench" / "bench_sleep.py")
+    spec = importlib.util.spec_from_file_location("bench_sleep",
+                                                  ROOT / "bench" / "sleep" / "bench_sleep.py")
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

@@ -471,7 +471,7 @@ def test_the_gpu_bench_compares_page_elastic_with_its_pool_measured_next_to_pred
         capsys: pytest.CaptureFixture[str]) -> None:
     import importlib.util
 
-    path = Path(__file__).resolve().parents[2] / "bench" / "bench_workload_gpu.py"
+    path = Path(__file__).resolve().parents[2] / "bench" / "workload" / "bench_workload_gpu.py"
     spec = importlib.util.spec_from_file_location("bench_workload_gpu", path)
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
