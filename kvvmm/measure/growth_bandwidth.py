@@ -1,37 +1,33 @@
-"""Collect every committed H200 measurement of the owner's copy bandwidth after decode growth,
-and ship it in the H200 profile as the points the bandwidth model is fitted to.
+"""Every committed H200 measurement of the owner's copy bandwidth after decode growth, as the
+points the bandwidth model is fitted to (``bandwidth.growth`` of the shipped profile).
 
 `kvvmm bench` grows an owner of 64 buffers by decode steps under each growth policy,
 finalizes it, and copies the first GiB of one buffer into the next, against two cudaMalloc
-tensors of the same size (`kvvmm.bench._growth`); `probe_default_bandwidth.py` repeats that
-copy for three policies over three rounds. Each run is one ratio per policy. Superseded
-runs left `bench/results/` (one current file per benchmark) but stay in git history, so
-this script reads each run from the commit that added it (`RUNS`), which is why it needs a
-clone with history. It writes:
+tensors of the same size; a probe (``probe_default_bandwidth.py``, since removed:
+bench/results/README.md) repeated that copy for three policies over three rounds. Each run is
+one ratio per policy. Superseded runs left `bench/results/` (one current file per benchmark)
+but stay in git history, so :func:`collect` reads each run from the commit that added it
+(:data:`RUNS`; it needs a clone with history) into ``h200-growth-bandwidth.json``, and
+:func:`profile_section` makes the profile's section from that file: per policy, the ratios
+and how the copied GiB lies over handles (handle size -> MiB copied from handles of that
+size), worked out by growing the same owner on the sim driver, so the package can fit its
+bandwidth model with no GPU and no file outside it (:mod:`kvvmm.hardware.bandwidth`).
 
-- `bench/results/h200-growth-bandwidth.json`: every ratio by policy, each with the
-  commit, file and date it came from;
-- the `bandwidth.growth` section of `kvvmm/hardware/data/h200.json`: per policy, the ratios
-  and how the copied GiB lies over handles (handle size -> MiB copied from handles of that
-  size), worked out by growing the same owner on the sim driver, so the package can fit
-  its bandwidth model with no GPU and no file outside it (`kvvmm.hardware.bandwidth`).
-
-    .venv/bin/python bench/collect_growth_bandwidth.py          # rewrite both files
-    .venv/bin/python bench/collect_growth_bandwidth.py --check  # exit 1 if either differs
+``kvvmm calibrate rebuild`` writes the section; ``--collect`` reads the runs from git again.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
-import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]  # the checkout: its bench/results and git history
-OUT = ROOT / "bench" / "results" / "h200-growth-bandwidth.json"
-PROFILE = ROOT / "kvvmm" / "hardware" / "data" / "h200.json"
+from kvvmm.errors import ArgumentError
+
+#: The collected runs, inside the results folder.
+COLLECTED = "h200-growth-bandwidth.json"
 
 #: ``(commit, path)`` of every committed `kvvmm bench` run of the 64-buffer growth, oldest
 #: first (git log --all -- 'bench/results/*.json', the files with a ``growth`` section).
@@ -52,27 +48,28 @@ RUNS: tuple[tuple[str, str], ...] = (
 PROBE = ("35240a9", "bench/results/h200-default-bandwidth.json")
 
 
-def _git_json(commit: str, path: str) -> Any:
-    text = subprocess.run(["git", "show", f"{commit}:{path}"], cwd=ROOT, check=True,
+def _git_json(repo: Path, commit: str, path: str) -> Any:
+    text = subprocess.run(["git", "show", f"{commit}:{path}"], cwd=repo, check=True,
                           capture_output=True, text=True).stdout
     return json.loads(text)
 
 
-def collect() -> dict[str, Any]:
-    """Every run's ratio by policy, with where it came from."""
+def collect(repo: Path) -> dict[str, Any]:
+    """Every run's ratio by policy, with where it came from, read from the git history of
+    the clone at ``repo`` (any folder inside it)."""
     by_policy: dict[str, list[dict[str, Any]]] = {}
     workload = None
     for commit, path in RUNS:
-        data = _git_json(commit, path)
+        data = _git_json(repo, commit, path)
         if workload is None:
             workload = data["workload"]
         if data["workload"] != workload:  # a run of another workload is not the same figure
-            raise SystemExit(f"{commit}:{path}: workload {data['workload']} != {workload}")
+            raise ArgumentError("run", f"{commit}:{path}", f"a run of workload {workload}")
         for g in data["growth"]:
             by_policy.setdefault(g["policy"], []).append(
                 {"ratio": g["bandwidth"]["ratio"], "from": f"{commit}:{path}",
                  "date": data["date"]})
-    probe = _git_json(*PROBE)
+    probe = _git_json(repo, *PROBE)
     for policy, ratios in probe["ratios"].items():
         for i, r in enumerate(ratios):
             by_policy.setdefault(policy, []).append(
@@ -82,7 +79,8 @@ def collect() -> dict[str, Any]:
                     "over that of a cudaMalloc tensor (kvvmm.bench._growth: the first GiB of "
                     "tensor 2 copied into tensor 3), one entry per run",
             "card": "NVIDIA H200", "workload": workload,
-            "made_by": "bench/collect_growth_bandwidth.py", "runs": by_policy}
+            "made_by": "kvvmm calibrate rebuild --collect (kvvmm.measure.growth_bandwidth)",
+            "runs": by_policy}
 
 
 def copied_mib(policy: Any, workload: dict[str, Any]) -> list[list[float]]:
@@ -117,7 +115,7 @@ def copied_mib(policy: Any, workload: dict[str, Any]) -> list[list[float]]:
     return [[s / MiB, b / MiB] for s, b in sorted(by_size.items())]
 
 
-def profile_section(collected: dict[str, Any]) -> dict[str, Any]:
+def profile_section(collected: Mapping[str, Any]) -> dict[str, Any]:
     """The ``bandwidth.growth`` section of the H200 profile."""
     from kvvmm.policy import Chunked, Exact, Geometric, default_policy
     from kvvmm.units import MiB
@@ -128,7 +126,7 @@ def profile_section(collected: dict[str, Any]) -> dict[str, Any]:
     points = {}
     for label, runs in collected["runs"].items():
         if label not in known:
-            raise SystemExit(f"a run of {label!r}, a policy this script cannot rebuild")
+            raise ArgumentError("policy", label, "one of " + ", ".join(known))
         points[label] = {"copied_mib": copied_mib(known[label], collected["workload"]),
                          "ratios": [r["ratio"] for r in runs]}
     n = sum(len(v) for v in collected["runs"].values())
@@ -142,37 +140,10 @@ def profile_section(collected: dict[str, Any]) -> dict[str, Any]:
                       "on H200s, "
                       "2026-11-29 to 2026-12-01, collected with their commits in "
                       "bench/results/h200-growth-bandwidth.json by "
-                      "bench/collect_growth_bandwidth.py (docs/MEASUREMENTS.md \u00a74)",
+                      "kvvmm calibrate rebuild (kvvmm.measure.growth_bandwidth; "
+                      "docs/MEASUREMENTS.md \u00a74)",
             "workload": "64 buffers of 2 KiB per token (32 layers, K and V), 64-token pages, "
                         "2,000,000 tokens reserved, grown by 4096-token decode steps to "
                         "500,000 tokens, finalized at 1,000,000; the first GiB of one buffer "
                         "copied",
             "points": points}
-
-
-def _dump(data: Any) -> str:
-    return json.dumps(data, indent=1) + "\n"  # as the shipped profiles are written
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--check", action="store_true", help="change nothing; exit 1 on drift")
-    args = ap.parse_args(argv)
-    collected = collect()
-    profile = json.loads(PROFILE.read_text(encoding="utf-8"))
-    profile["bandwidth"]["growth"] = profile_section(collected)
-    wanted = {OUT: _dump(collected), PROFILE: _dump(profile)}
-    drift = [p for p, text in wanted.items()
-             if not p.exists() or p.read_text(encoding="utf-8") != text]
-    if args.check:
-        for p in drift:
-            print(f"{p.relative_to(ROOT)} differs from what this script writes")
-        return 1 if drift else 0
-    for p in drift:
-        p.write_text(wanted[p], encoding="utf-8")
-        print(f"wrote {p.relative_to(ROOT)}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

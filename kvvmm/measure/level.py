@@ -1,5 +1,5 @@
-"""The card's session level (issue 27): fitted from the committed H200 fidelity runs, and scored
-leaving each session out (no GPU: the sim side of ``bench/bench_fidelity.py`` only).
+"""The card's session level: fitted from the committed H200 fidelity runs, and scored
+leaving each session out (no GPU: the sim side of :mod:`kvvmm.measure.fidelity` only).
 
 The per-call bands (a profile's ``spread.figures``) hold what the calibrations kept saw, all
 of one hour; across sessions the H200 moved further, most scenarios together (2026-12-03 ran
@@ -34,11 +34,11 @@ of one hour; across sessions the H200 moved further, most scenarios together (20
    spread + 0.10 side by side; one would replace the end-to-end composition only if it
    held as many medians in band (on the committed runs none does: ``replaced``).
 
-The level fitted on every session is what ``bench/collect_spread.py --level --write`` puts in
+The level fitted on every session is what ``kvvmm calibrate rebuild`` puts in
 the shipped profile (:func:`fitted_level`).
 
-    python bench/fidelity_level.py                    # writes bench/results/fidelity-level.json
-    python bench/fidelity_level.py --out X.json RUN.json ...
+    python -m kvvmm.measure.level                 # writes bench/results/fidelity-level.json
+    python -m kvvmm.measure.level --out X.json RUN.json ...
 """
 
 from __future__ import annotations
@@ -58,20 +58,20 @@ from typing import Any
 from kvvmm.hardware import get_profile, profile_label
 from kvvmm.hardware.spread import LEVEL_GROUPS
 from kvvmm.measure import fidelity as bf
+from kvvmm.measure.results import results_dir
 from kvvmm.measure.spread import level_group, level_section, quantiles, session_levels
-
-ROOT = Path(__file__).resolve().parents[2]  # the checkout: its bench/results
 
 #: Every committed H200 fidelity run with measured medians per scenario (bench/results/README.md).
 #: ``bench/results/h200-fidelity.json`` is the same file as ``fidelity-runs/1222-fidelity.json``.
+#: Paths inside the results folder (:mod:`kvvmm.measure.results`).
 COMMITTED = (
-    "bench/results/fidelity-runs/1222-fidelity.json",
-    "bench/results/fidelity-runs/1240-fidelity.json",
-    "bench/results/fidelity-runs/1244-fidelity.json",
-    "bench/results/h200-fidelity-refreshed.json",
-    "bench/results/h200-fidelity-refreshed-cold.json",
-    "bench/results/h200-fidelity-refreshed-idle.json",
-    "bench/results/h200-fidelity-refreshed-1204pm.json",
+    "fidelity-runs/1222-fidelity.json",
+    "fidelity-runs/1240-fidelity.json",
+    "fidelity-runs/1244-fidelity.json",
+    "h200-fidelity-refreshed.json",
+    "h200-fidelity-refreshed-cold.json",
+    "h200-fidelity-refreshed-idle.json",
+    "h200-fidelity-refreshed-1204pm.json",
 )
 #: Runs closer than this share a session: the device machine is held 30 minutes at most.
 SESSION_GAP_S = 1800.0
@@ -92,12 +92,17 @@ class Run:
     measured: dict[str, list[float]]
 
 
-def load_runs(paths: Sequence[str]) -> list[Run]:
-    """The runs, oldest first; a file whose bytes repeat an earlier one's is left out."""
+def load_runs(paths: Sequence[str], results: Path | None = None) -> list[Run]:
+    """The runs, oldest first; a file whose bytes repeat an earlier one's is left out.
+
+    A relative path is read inside ``results`` (default: the checkout's results folder).
+    """
     seen: set[str] = set()
     out = []
     for p in paths:
-        raw = Path(p if os.path.isabs(p) else ROOT / p).read_bytes()
+        if not os.path.isabs(p) and results is None:
+            results = results_dir()
+        raw = Path(p if os.path.isabs(p) else (results or Path()) / p).read_bytes()
         digest = hashlib.sha256(raw).hexdigest()
         if digest in seen:
             continue
@@ -468,11 +473,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("runs", nargs="*", default=list(COMMITTED),
                     help="fidelity result files (default: every committed H200 run)")
     ap.add_argument("--profile", default="h200", help="the profile the sim predicts from")
-    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "fidelity-level.json"))
+    ap.add_argument("--out", default=None,
+                    help="default: fidelity-level.json in the checkout's bench/results")
     ap.add_argument("--calibrated-at", default=CALIBRATED_AT,
                     help="when the profile's costs were measured (ISO 8601)")
     args = ap.parse_args(argv)
     res = score(args.profile, args.runs or COMMITTED, calibrated_at=args.calibrated_at)
+    args.out = args.out or str(results_dir() / "fidelity-level.json")
     with open(args.out, "w", encoding="utf-8") as f:
         json.dump(res, f, indent=1, allow_nan=False)
         f.write("\n")

@@ -1,38 +1,33 @@
-"""The shipped H200 profile's ``spread``, computed from the committed measurements (never typed).
+"""A profile's spread and session level, fitted from the committed measurements (never typed).
 
-Reads, from this checkout (no GPU):
+Reads, from the committed results (:mod:`kvvmm.measure.results`; no GPU):
 
-- the calibrations kept: ``bench/results/fidelity-runs/*-profile.json`` (three ``kvvmm
-  calibrate`` runs of one hour, 2026-12-01 12:20, 12:39, 12:43; the shipped ``h200`` carries
-  the 12:20 run's costs) — each with its map and set_access points re-derived net of the
-  first-touch extra its growth calls paid, as the shipped ones are
-  (:func:`kvvmm.measure.fit.net_calibration`, at its own first-touch figures); every
-  calibration whose figures then differ from the shipped ones joins ``spread.history``;
-- the rounds: ``bench/results/h200-growth-variance.json`` (16 growths of one process, every
-  call timed by kind, 2026-11-29), its *settled* rounds only (the fresh one and those after a
-  pause: the fidelity benchmark times settled rounds; back-to-back rounds run creates up to
-  3.6x slower and are a different scenario), each round's mean per call over the median of
-  those rounds: the card's round-to-round spread of create, map and set_access.
+- the calibrations kept: ``fidelity-runs/*-profile.json`` (three ``kvvmm calibrate`` runs of
+  one hour, 2026-12-01 12:20, 12:39, 12:43; the shipped ``h200`` carries the 12:20 run's
+  costs) — each with its map and set_access points re-derived net of the first-touch extra
+  its growth calls paid, as the shipped ones are (:func:`kvvmm.measure.fit.net_calibration`,
+  at its own first-touch figures); every calibration whose figures then differ from the
+  shipped ones joins ``spread.history``;
+- the rounds: ``h200-growth-variance.json`` (16 growths of one process, every call timed by
+  kind, 2026-11-29), its *settled* rounds only (the fresh one and those after a pause: the
+  fidelity benchmark times settled rounds; back-to-back rounds run creates up to 3.6x slower
+  and are a different scenario), each round's mean per call over the median of those rounds:
+  the card's round-to-round spread of create, map and set_access.
 
 Each figure group's p10 / p50 / p90 are the quantiles of the ratios (calibration / shipped
-figure at the shipped sizes, and round / median), pooled
-(:func:`spread_section`).
+figure at the shipped sizes, and round / median), pooled (:func:`spread_section`).
 
-``--level`` takes the **session level** instead (``spread.level``, and only it): per scenario
-group, the quantiles over sessions of each session's *measured / the sim's point on the
-shipped profile*, from every committed fidelity run (``bench/fidelity_level.py``, which also
-scores it leaving each session out). The sim side runs the whole fidelity workload (about
-10 s of CPU).
+The **session level** (``spread.level``) is taken per scenario group: the quantiles over
+sessions of each session's *measured / the sim's point*, from every committed fidelity run
+(:mod:`kvvmm.measure.level`, which also scores it leaving each session out). The sim side runs
+the whole fidelity workload (seconds of CPU).
 
-    python bench/collect_spread.py            # print the section
-    python bench/collect_spread.py --write    # write it into kvvmm/hardware/data/h200.json
-    python bench/collect_spread.py --check    # exit 1 if the shipped section differs
-    python bench/collect_spread.py --level [--write | --check]   # spread.level only
+``kvvmm calibrate rebuild`` (:mod:`kvvmm.measure.rebuild`) writes both into the shipped
+profile; ``--check`` says whether they drifted.
 """
 
 from __future__ import annotations
 
-import argparse
 import glob
 import json
 import math
@@ -48,11 +43,9 @@ from kvvmm.hardware.interp import Log2Curve
 from kvvmm.hardware.spread import CALLS, GROUPS, LEVEL_GROUPS, QUANTILES, figures_of
 from kvvmm.units import MiB
 
-ROOT = Path(__file__).resolve().parents[2]  # the checkout: its bench/results
-
-SHIPPED = ROOT / "kvvmm" / "hardware" / "data" / "h200.json"
-RUNS = ROOT / "bench" / "results" / "fidelity-runs"
-VARIANCE = ROOT / "bench" / "results" / "h200-growth-variance.json"
+#: The kept calibrations and the growth rounds, inside the results folder.
+RUNS = "fidelity-runs"
+VARIANCE = "h200-growth-variance.json"
 #: The growth-variance rounds that started settled (a pause, or a fresh process).
 SETTLED = ("fresh", "pause")
 
@@ -240,14 +233,14 @@ def _load(path: Path | str) -> dict[str, Any]:
     return data
 
 
-def history(shipped: dict[str, Any], runs: Path = RUNS) -> list[dict[str, Any]]:
+def history(shipped: Mapping[str, Any], results: Path) -> list[dict[str, Any]]:
     """Every kept calibration whose figures are not the shipped ones, oldest first."""
     from kvvmm.measure.fit import net_calibration
 
     mine = figures_of(shipped)
     model = shipped.get("first_touch") or {}
     out = []
-    for path in sorted(glob.glob(str(runs / "*-profile.json"))):
+    for path in sorted(glob.glob(str(results / RUNS / "*-profile.json"))):
         # Net of first touch as the shipped points are (its model where one did not say
         # per region or per mapping), or every calibration's map/set_access read high.
         data = _load(path)
@@ -267,10 +260,10 @@ def history(shipped: dict[str, Any], runs: Path = RUNS) -> list[dict[str, Any]]:
     return out
 
 
-def round_ratios(path: Path = VARIANCE) -> dict[str, list[float]]:
+def round_ratios(results: Path) -> dict[str, list[float]]:
     """Per call group, each settled round's mean µs per call over those rounds' median
     (rounds of one policy together)."""
-    rounds = [r for r in _load(path)["rounds"] if r["label"].startswith(SETTLED)]
+    rounds = [r for r in _load(results / VARIANCE)["rounds"] if r["label"].startswith(SETTLED)]
     out: dict[str, list[float]] = {}
     for policy in sorted({r["policy"] for r in rounds}):
         mine = [r for r in rounds if r["policy"] == policy]
@@ -289,16 +282,17 @@ def round_ratios(path: Path = VARIANCE) -> dict[str, list[float]]:
 KEPT = ("cold_calls", "idle_release")
 
 
-def compute(shipped: dict[str, Any]) -> dict[str, Any]:
-    """The ``spread`` section for ``shipped`` from the committed files."""
-    hist = history(shipped)
-    rr = round_ratios()
+def compute(shipped: Mapping[str, Any], results: Path) -> dict[str, Any]:
+    """The ``spread`` section (without its level) for ``shipped`` from the committed files."""
+    hist = history(shipped, results)
+    rr = round_ratios(results)
     n_rounds = len(next(iter(rr.values()), []))
     kept = {g: row for g, row in (shipped.get("spread") or {}).get("figures", {}).items()
             if g in KEPT}
     sec = spread_section(
         shipped, history=hist, rounds=rr,
-        source=(f"bench/collect_spread.py: ratios to this profile's figures of the "
+        source=("kvvmm calibrate rebuild (kvvmm.measure.spread): ratios to this profile's "
+                f"figures of the "
                 f"{len(hist)} other kvvmm calibrate runs kept (bench/results/fidelity-runs/, "
                 f"2026-12-01, at this profile's sizes) and of {n_rounds} settled growth "
                 f"rounds' mean per call to their median (bench/results/"
@@ -311,70 +305,23 @@ def compute(shipped: dict[str, Any]) -> dict[str, Any]:
     return sec
 
 
-def compute_level() -> dict[str, Any]:
-    """The ``spread.level`` section for the shipped h200 from every committed fidelity run."""
+def compute_level(profile: Mapping[str, Any], results: Path) -> dict[str, Any]:
+    """The ``spread.level`` section for ``profile`` from every committed fidelity run, the
+    sim predicting from ``profile`` itself."""
+    from kvvmm.hardware import profile_from_data
+    from kvvmm.measure import fidelity as bf
     from kvvmm.measure import level as fl
 
-    runs = fl.load_runs(fl.COMMITTED)
+    runs = fl.load_runs(fl.COMMITTED, results)
     session_of = fl.sessions_of(runs)
-    from kvvmm.measure import fidelity as bf
-
-    mid = bf.predict("h200", bf.Workload())
+    mid = bf.predict(profile_from_data(profile, where="the rebuilt profile"), bf.Workload())
     ratios = {r.name: fl.run_ratios(mid, r.measured) for r in runs}
-    files = ", ".join(r.path.removeprefix("bench/results/") for r in runs)
+    files = ", ".join(r.path for r in runs)
     return fl.fitted_level(
         ratios, session_of,
-        source=f"bench/collect_spread.py --level: {len(runs)} committed H200 fidelity runs in "
-               f"{len(set(session_of.values()))} sessions (runs under "
+        source=f"kvvmm calibrate rebuild (kvvmm.measure.spread): {len(runs)} committed H200 "
+               f"fidelity runs in {len(set(session_of.values()))} sessions (runs under "
                f"{fl.SESSION_GAP_S:g} s apart share one): bench/results/{{{files}}}; each "
                "session's level per group is the median of its runs' measured median / the "
                "sim's point on this profile over the group's scenarios; p10/p50/p90 over "
                "sessions (few sessions: docs/FIDELITY.md)")
-
-
-def _save(profile: dict[str, Any]) -> None:
-    """Write ``profile`` over the shipped profile, as the repo keeps it (indent 1, newline)."""
-    with open(SHIPPED, "w", encoding="utf-8") as f:
-        json.dump(profile, f, indent=1)
-        f.write("\n")
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--write", action="store_true", help=f"write the section into {SHIPPED}")
-    ap.add_argument("--check", action="store_true",
-                    help="exit 1 if the shipped profile's section differs from the files")
-    ap.add_argument("--level", action="store_true",
-                    help="the session level (spread.level) only, from the fidelity runs")
-    args = ap.parse_args(argv)
-    shipped = _load(SHIPPED)
-    if args.level:
-        lv = compute_level()
-        if args.check:
-            same = shipped.get("spread", {}).get("level") == lv
-            print("spread.level: up to date" if same else
-                  "spread.level: differs from the committed runs")
-            return 0 if same else 1
-        if args.write:
-            shipped.setdefault("spread", {})["level"] = lv
-            _save(shipped)
-            print(f"wrote spread.level of {len(lv['groups'])} groups into {SHIPPED}")
-        print(json.dumps(lv["groups"], indent=1))
-        return 0
-    sec = compute(shipped)
-    if args.check:
-        same = {k: v for k, v in shipped.get("spread", {}).items() if k != "level"} == sec
-        print("spread: up to date" if same else "spread: differs from the committed files")
-        return 0 if same else 1
-    if args.write:
-        level = shipped.get("spread", {}).get("level")
-        shipped["spread"] = sec | ({"level": level} if level is not None else {})
-        _save(shipped)
-        print(f"wrote spread of {len(sec['figures'])} groups into {SHIPPED}")
-    print(json.dumps(sec["figures"], indent=1))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

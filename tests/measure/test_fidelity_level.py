@@ -71,7 +71,7 @@ def test_sessions_pool_runs_minutes_apart_and_each_is_scored_on_the_others_level
     # b and d in, c out: two of the three sessions other than the calibration's
     assert got["other_sessions_than_calibration"]["after"]["share"] == pytest.approx(2 / 3,
                                                                                    abs=1e-4)
-    # the level fitted on every session is the one collect_spread writes, and it loads
+    # the level fitted on every session is the one kvvmm calibrate rebuild writes, and it loads
     lv = got["level_every_session"]
     assert {s["session"] for s in lv["sessions"]} == set(got["sessions"])
     from kvvmm.hardware import profile_from_data
