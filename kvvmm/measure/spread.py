@@ -41,6 +41,7 @@ from kvvmm.checks import is_number
 from kvvmm.errors import ArgumentError
 from kvvmm.hardware.interp import Log2Curve
 from kvvmm.hardware.spread import CALLS, GROUPS, LEVEL_GROUPS, QUANTILES, figures_of
+from kvvmm.measure.stats import percentile
 from kvvmm.units import MiB
 
 #: The kept calibrations and the growth rounds, inside the results folder.
@@ -96,16 +97,10 @@ def quantiles(samples: Sequence[float]) -> dict[str, float]:
     Raises:
         ArgumentError: no samples, or one that is not a finite number > 0.
     """
-    xs = sorted(samples)
+    xs = list(samples)
     if not xs or not all(is_number(x) and x > 0 for x in xs):
-        raise ArgumentError("samples", list(samples)[:8], "a non-empty list of finite ratios > 0")
-    out = {}
-    for name, q in QUANTILES:
-        pos = q * (len(xs) - 1)
-        i = int(pos)
-        j = min(i + 1, len(xs) - 1)
-        out[name] = round(xs[i] + (pos - i) * (xs[j] - xs[i]), 4)
-    return out
+        raise ArgumentError("samples", xs[:8], "a non-empty list of finite ratios > 0")
+    return {name: round(percentile(xs, q, interpolate=True), 4) for name, q in QUANTILES}
 
 
 def spread_section(data: Mapping[str, Any], *, history: Sequence[Mapping[str, Any]] = (),
