@@ -409,7 +409,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", default="h200-elastic.json")
     ap.add_argument("--skip-peer", action="store_true")
+    ap.add_argument("--smoke", action="store_true",
+                    help="the bandwidth section alone on the host driver's real bytes, small "
+                         "(--bw-tokens 256, one repeat): a check that it runs and the views "
+                         "agree, written to --out (no GPU)")
     args = ap.parse_args(argv)
+    if args.smoke:
+        from kvvmm.driver.host import HostDriver
+
+        drv = HostDriver(capacity_bytes=4 * GiB)
+        try:
+            res = run_bandwidth(drv, min(args.bw_tokens, 256), repeats=1)
+            res["driver_clean"] = drv.stats().clean
+        finally:
+            drv.close()
+        Path(args.out).write_text(json.dumps(res, indent=1) + "\n", encoding="utf-8")
+        return 0
     try:
         import torch
     except ImportError:

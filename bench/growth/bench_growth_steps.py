@@ -49,6 +49,7 @@ from kvvmm.measure.elastic import (  # noqa: E402
     kernel_gap,
 )
 from kvvmm.measure.workload import BENCH_WORKLOAD, Workload  # noqa: E402
+from kvvmm.units import MiB  # noqa: E402
 
 #: the growth targets of the elastic-serving issue for this benchmark
 BLOCKED_TARGET_MS = 10.0
@@ -108,6 +109,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="tokens the growth ends at (default %(default)s: 122 steps; a card "
                          "with less than ~80 GiB free needs fewer)")
     ap.add_argument("--out", default="h200-growth-steps.json")
+    ap.add_argument("--smoke", action="store_true",
+                    help="one round of a small growth (2 layers, 16 steps of 512 tokens, a 1 ms "
+                         "gap, a 2 MiB look-ahead): a check that it runs, on any driver")
     args = ap.parse_args(argv)
     step = BENCH_WORKLOAD.step_tokens
     if not step <= args.grow_to <= BENCH_WORKLOAD.reserved_tokens:
@@ -123,6 +127,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.rounds < 1:
         print(f"bench_growth_steps: --rounds must be >= 1, got {args.rounds}", file=sys.stderr)
         return 2
+    if args.smoke:
+        small = Workload(layers=2, kv_heads=1, head_dim=128, page_size=16,
+                         reserved_tokens=40_000, step_tokens=512, grow_to_tokens=8_192,
+                         finalize_tokens=20_000)
+        got = run(args.driver, 1, base=small, lookahead_bytes=2 * MiB, gap_s=0.001,
+                  settle_s=0)
+        Path(args.out).write_text(json.dumps(got, indent=1) + "\n", encoding="utf-8")
+        return 0
     out = {"benchmark": "growth-steps", **_card(args.driver),
            "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
            "rounds": args.rounds, "gaps": {}}

@@ -446,7 +446,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tms-child", choices=("cpu_backup", "none"), default=None,
                     help=argparse.SUPPRESS)
     ap.add_argument("--child-out", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--judge", default=None, metavar="RESULT",
+                    help="judge the targets again on a result this script wrote (its runs, "
+                         "pcie and torch_memory_saver sections) and print them; no run")
     args = ap.parse_args(argv)
+    if args.judge:
+        print(json.dumps(targets(json.loads(Path(args.judge).read_text(encoding="utf-8"))),
+                         indent=1))
+        return 0
     if args.gib <= 0 or args.reps < 1:
         ap.error("--gib must be > 0 and --reps >= 1")
     if args.tms_child:

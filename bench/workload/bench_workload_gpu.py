@@ -176,13 +176,38 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--tp", type=int, default=8)
     ap.add_argument("--strategy", action="append", choices=STRATEGIES, default=None,
                     help=f"repeat it; default: {', '.join(DEFAULT_STRATEGIES)}")
+    ap.add_argument("--smoke", action="store_true",
+                    help="a small side by side on the host driver (no GPU, no trace): a check "
+                         "that it runs, written to --out")
     ap.add_argument("--rounds", type=int, default=1,
                     help="CUDA runs per strategy (the median round is reported)")
     return ap.parse_args(argv)
 
 
+def smoke(out: str) -> int:
+    """The side by side on the host driver, small (a generated 3 s workload, qwen2.5-7b on
+    one GPU, a 4,096-token pool): page-elastic+pool once, request-ranges+deferred over 3
+    rounds, and the second made again with ``--repredict``'s arithmetic; written to ``out``
+    with the strategies a run takes by default (a check that it runs: no GPU)."""
+    from kvvmm.workload import generate
+
+    wl = generate(seed=3, duration_s=3.0, rate_scale=2.0)
+    kw: dict[str, Any] = {"model": "qwen2.5-7b", "tp": 1, "measured": "host",
+                          "pool_tokens": 4096}
+    rows = side_by_side(wl, ["page-elastic+pool"], **kw)
+    (row,) = side_by_side(wl, ["request-ranges+deferred"], rounds=3, **kw)
+    doc = {"model": "qwen2.5-7b", "tp": 1, "trace": {"seconds": 3.0}, "runs": [row]}
+    (again,) = repredict(doc, wl, "qwen2.5-7b", 1)["runs"]
+    Path(out).write_text(json.dumps({"default_strategies": list(DEFAULT_STRATEGIES),
+                                     "runs": [*rows, row], "repredicted": again},
+                                    indent=1) + "\n", encoding="utf-8")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.smoke:
+        return smoke(args.out)
     if args.repredict is not None:
         doc = json.loads(Path(args.repredict).read_text(encoding="utf-8"))
         trace = find_trace(args.trace)
