@@ -101,7 +101,7 @@ bench: venv
 	fi
 
 bench-sim: venv
-	$(PY) bench/bench_sim.py $(BENCH_ARGS)
+	$(PY) bench/sim/bench_sim.py $(BENCH_ARGS)
 
 clean:
 	rm -rf .pytest_cache .mypy_cache .ruff_cache .hypothesis build dist *.egg-info

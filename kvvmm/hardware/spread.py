@@ -27,7 +27,7 @@ The card also moves as a whole between sessions (another machine, another day), 
 the calibrations kept show: the **session level**. ``spread.level`` holds, per scenario group
 (:data:`LEVEL_GROUPS`: construction, growth, finalize, close, page commits, the workload's
 startup and decode), the quantiles over sessions of each session's factor *measured / the
-sim's point* (:func:`session_levels`, :func:`level_section`), and the sessions' factors
+sim's point* (fitted by :mod:`kvvmm.measure.spread`), and the sessions' factors
 themselves. It is not a cost figure: the sim never charges it; a band is composed with it
 afterwards (:func:`compose_level`). A profile without the section has no level: its bands
 are the per-call ones, exactly as before.
@@ -37,20 +37,13 @@ from __future__ import annotations
 
 import copy
 import itertools
-import math
-import statistics
 import textwrap
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from kvvmm.checks import is_number
-from kvvmm.errors import ArgumentError
-from kvvmm.hardware.interp import Log2Curve
-from kvvmm.units import MiB
-
-__all__ = ["CALLS", "GROUPS", "LEVEL_GROUPS", "QUANTILES", "at_quantile", "compose_level",
-           "factor_at", "figures_of", "level_group", "level_notes", "level_of", "level_section",
-           "quantiles", "ratios", "scaled", "session_levels", "spread_notes", "spread_section"]
+__all__ = ["CALLS", "GROUPS", "LEVEL_GROUPS", "QUANTILES", "WORKLOAD_LEVEL", "at_quantile",
+           "compose_level", "factor_at", "figures_of", "level_notes", "level_of", "scaled",
+           "spread_notes"]
 
 #: The driver calls whose curves a profile carries (``call_costs.points.<call>``).
 CALLS = ("create", "map", "set_access", "unmap", "release", "reserve", "free")
@@ -59,11 +52,6 @@ GROUPS = (*(f"call_costs.{c}" for c in CALLS), "set_access_per_mapping", "unmap_
           "first_touch", "cold_calls", "idle_release", "library_work_us", "library_overhead_us")
 #: The quantiles a spread stores, by name.
 QUANTILES = (("p10", 0.1), ("p50", 0.5), ("p90", 0.9))
-#: Groups whose figures are curves by handle size (labels are MiB; ratios interpolate).
-_CURVES = frozenset((*(f"call_costs.{c}" for c in CALLS), "set_access_per_mapping",
-                     "unmap_per_mapping"))
-#: Most calibrations a history keeps (the oldest go first).
-MAX_HISTORY = 16
 
 
 def _fmt_mib(mib: float) -> str:
@@ -122,96 +110,6 @@ def figures_of(data: Mapping[str, Any]) -> dict[str, dict[str, float]]:
         if vals:
             out["library_overhead_us"] = vals
     return out
-
-
-def _curve_of(labels: Mapping[str, float]) -> Log2Curve:
-    return Log2Curve.from_points([(max(1, round(float(k) * MiB)), v) for k, v in labels.items()])
-
-
-def ratios(base: Mapping[str, Mapping[str, float]], other: Mapping[str, Mapping[str, float]],
-           ) -> dict[str, list[float]]:
-    """Per group, ``other / base`` at each of ``base``'s labels both can say.
-
-    A curve is read at ``base``'s sizes (``other`` interpolated in log2 size, flat past its
-    ends); other groups pair labels by name. A figure of 0 or below on either side (nothing
-    to scale, a fitted residual, a term a fit dropped) gives no ratio.
-    """
-    out: dict[str, list[float]] = {}
-    for group, b in base.items():
-        o = other.get(group)
-        if not o:
-            continue
-        got: list[float] = []
-        if group in _CURVES:
-            curve = _curve_of(o)
-            for k, v in b.items():
-                r = curve(float(k) * MiB) / v if v > 0 else 0.0
-                if r > 0:
-                    got.append(r)
-        else:
-            for k, v in b.items():
-                if v > 0 and k in o and o[k] > 0:
-                    got.append(o[k] / v)
-        if got:
-            out[group] = got
-    return out
-
-
-def quantiles(samples: Sequence[float]) -> dict[str, float]:
-    """p10 / p50 / p90 of ``samples`` (linear between order statistics; one sample: a point).
-
-    Raises:
-        ArgumentError: no samples, or one that is not a finite number > 0.
-    """
-    xs = sorted(samples)
-    if not xs or not all(is_number(x) and x > 0 for x in xs):
-        raise ArgumentError("samples", list(samples)[:8], "a non-empty list of finite ratios > 0")
-    out = {}
-    for name, q in QUANTILES:
-        pos = q * (len(xs) - 1)
-        i = int(pos)
-        j = min(i + 1, len(xs) - 1)
-        out[name] = round(xs[i] + (pos - i) * (xs[j] - xs[i]), 4)
-    return out
-
-
-def spread_section(data: Mapping[str, Any], *, history: Sequence[Mapping[str, Any]] = (),
-                   rounds: Mapping[str, Sequence[float]] | None = None,
-                   source: str) -> dict[str, Any]:
-    """A ``spread`` section for ``data``'s figures: quantiles over the history and rounds.
-
-    The profile's own figures count as one calibration (a ratio of 1 at each).
-
-    Args:
-        data: the profile the factors are relative to.
-        history: earlier calibrations' figures (``{"date", "source", "figures"}``), kept in
-            the section as they are (the newest :data:`MAX_HISTORY`).
-        rounds: per group, ratios of single rounds to their mean (a calibration's own
-            round-to-round spread), pooled with the history's ratios.
-        source: how the samples were taken, for the section's ``source``.
-    Returns:
-        The section (``figures`` holds only groups with at least one sample).
-    """
-    base = figures_of(data)
-    # This profile's own calibration is one of those kept: a ratio of 1 at each figure.
-    pooled: dict[str, list[float]] = {g: [1.0] * len(v) for g, v in base.items()}
-    for entry in history:
-        figs = entry.get("figures")
-        if isinstance(figs, Mapping):
-            for g, got in ratios(base, figs).items():
-                pooled[g].extend(got)
-    for g, rs in (rounds or {}).items():
-        if g in pooled:
-            pooled[g].extend(float(r) for r in rs if math.isfinite(r) and r > 0)
-    figures = {g: quantiles(rs) | {"samples": len(rs)} for g, rs in pooled.items() if rs}
-    return {
-        "unit": "each figure group's quantiles (p10, p50, p90) over the rounds and the "
-                "calibrations kept, as multiples of the figure this profile carries; a group "
-                "not listed is a point (factor 1)",
-        "source": source,
-        "figures": {g: figures[g] for g in GROUPS if g in figures},
-        "history": [dict(h) for h in list(history)[-MAX_HISTORY:]],
-    }
 
 
 def factor_at(row: Mapping[str, float], q: float) -> float:
@@ -309,11 +207,6 @@ def spread_notes(data: Mapping[str, Any]) -> list[str]:
     return notes
 
 
-def median_factor(factors: Mapping[str, float]) -> float:
-    """The median of the groups' factors (1 when there are none)."""
-    return statistics.median(factors.values()) if factors else 1.0
-
-
 # -- the session level ---------------------------------------------------------------------
 
 #: The scenario groups a session level is fitted for, in a fixed order (docs/FIDELITY.md says
@@ -322,81 +215,6 @@ LEVEL_GROUPS = ("construct", "growth", "finalize", "close", "elastic", "startup"
 #: The workload replay's figures (``summary()`` keys) that have a level group; the others
 #: (background time, stalls) were never measured across sessions and have none.
 WORKLOAD_LEVEL = {"startup_driver_ms": "startup", "decode_driver_ms": "decode"}
-
-
-def level_group(scenario: str) -> str | None:
-    """The level group of a fidelity scenario (``bench/bench_fidelity.py``'s names:
-    ``construct``, ``growth:<policy>``, ``finalize``, ``close_grown:<policy>``,
-    ``close_fresh``, ``elastic:*``, ``workload:<strategy>:startup|decode``), or None
-    (a count, or a name no group covers)."""
-    head, _, rest = scenario.partition(":")
-    if scenario in ("construct", "finalize"):
-        return scenario
-    if head == "growth" and rest:
-        return "growth"
-    if head in ("close_grown", "close_fresh"):
-        return "close"
-    if head == "elastic" and rest:
-        return "elastic"
-    if head == "workload":
-        tail = rest.rpartition(":")[2]
-        return tail if tail in ("startup", "decode") and ":" in rest else None
-    return None
-
-
-def session_levels(ratios_by_run: Mapping[str, Mapping[str, float]],
-                   session_of: Mapping[str, str]) -> dict[str, dict[str, float]]:
-    """Each session's level factor per group: the median, over the session's runs and the
-    group's scenarios, of *measured / predicted*.
-
-    Args:
-        ratios_by_run: per run, per scenario, measured median / the sim's point.
-        session_of: each run's session (runs of one session pool their ratios).
-    Returns:
-        ``{session: {group: factor}}``, groups with at least one finite ratio > 0.
-    """
-    pooled: dict[str, dict[str, list[float]]] = {}
-    for run, rows in ratios_by_run.items():
-        by = pooled.setdefault(session_of[run], {})
-        for scenario, r in rows.items():
-            g = level_group(scenario)
-            if g is not None and isinstance(r, (int, float)) and math.isfinite(r) and r > 0:
-                by.setdefault(g, []).append(float(r))
-    return {s: {g: round(statistics.median(rs), 4) for g, rs in by.items()}
-            for s, by in pooled.items()}
-
-
-def level_section(sessions: Mapping[str, Mapping[str, float]], *, source: str,
-                  runs: Mapping[str, Sequence[str]] | None = None) -> dict[str, Any]:
-    """A ``spread.level`` section: per group, the quantiles of the sessions' factors.
-
-    Args:
-        sessions: ``{session: {group: factor}}`` (:func:`session_levels`).
-        source: how the factors were taken, for the section's ``source``.
-        runs: per session, the runs it pooled (kept beside its factors).
-    Raises:
-        ArgumentError: a group that is not one of :data:`LEVEL_GROUPS`, or a factor that is
-            not a finite number > 0.
-    """
-    by: dict[str, list[float]] = {}
-    for factors in sessions.values():
-        for g, f in factors.items():
-            if g not in LEVEL_GROUPS:
-                raise ArgumentError("group", g, "one of " + ", ".join(LEVEL_GROUPS))
-            by.setdefault(g, []).append(f)
-    groups = {g: quantiles(by[g]) | {"sessions": len(by[g])} for g in LEVEL_GROUPS if g in by}
-    return {
-        "unit": "per scenario group, the quantiles (p10, p50, p90) over sessions of each "
-                "session's factor measured / the sim's point on this profile; a band is "
-                "widened by them (low times min(p10, 1), high times max(p90, 1)); a group "
-                "not listed has no level",
-        "source": source,
-        "groups": groups,
-        "sessions": [{"session": s, "runs": list((runs or {}).get(s, ())),
-                      "factors": {g: sessions[s][g] for g in LEVEL_GROUPS
-                                  if g in sessions[s]}}
-                     for s in sessions],
-    }
 
 
 def level_of(data: Mapping[str, Any]) -> dict[str, dict[str, float]]:

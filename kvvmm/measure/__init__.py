@@ -1,20 +1,29 @@
-"""Measuring kvvmm on a GPU: ``kvvmm bench`` and ``kvvmm calibrate``, and what they share.
+"""The calibration workshop: everything that measures the card or fits the simulator.
 
-The commands:
+The library reads what this writes (:mod:`kvvmm.hardware`: the profiles and the models over
+them) and never imports it. The commands:
 
 - :mod:`kvvmm.measure.bench`: kvvmm against the raw driver and the seed, per call, per
-  construction, per decode growth, per copy (results under ``bench/results/``); its issue-19
+  construction, per decode growth, per copy (results under ``bench/results/``); its elastic
   sections are :mod:`kvvmm.measure.elastic`, its growth per policy :mod:`kvvmm.measure.growth`.
 - :mod:`kvvmm.measure.calibrate`: what the simulator charges, measured on the card at hand
   (:mod:`~kvvmm.measure.calls`, :mod:`~kvvmm.measure.operations`, planned by
-  :mod:`~kvvmm.measure.plan`) and fitted into a hardware profile (:mod:`~kvvmm.measure.fit`).
+  :mod:`~kvvmm.measure.plan`) and fitted into a hardware profile (:mod:`~kvvmm.measure.fit`);
+  ``--quick --profile`` refreshes one (:mod:`~kvvmm.measure.refresh`).
+- ``kvvmm calibrate rebuild [--check]`` (:mod:`~kvvmm.measure.rebuild`): the shipped H200
+  profile's derived sections remade from the committed results (:mod:`~kvvmm.measure.results`
+  finds them): the growth bandwidth (:mod:`~kvvmm.measure.growth_bandwidth`), the cold call's
+  tail (:mod:`~kvvmm.measure.coldtail`), the spread and the session level
+  (:mod:`~kvvmm.measure.spread`, over the fidelity runs of :mod:`~kvvmm.measure.fidelity`,
+  scored by :mod:`~kvvmm.measure.level`).
 
-What both use, defined once (and what the probes and ``bench/`` scripts import):
+What they share, defined once (and what the ``bench/`` scripts import):
 
+- :mod:`kvvmm.measure.stats`: one measurement record and one percentile;
+- :mod:`kvvmm.measure.timer`: the call-timing loop (:func:`time_handle_calls`), the driver
+  wrapper that times every call (:class:`TimedDriver`) and the copy timer;
 - :mod:`kvvmm.measure.workload`: the decode growth timed (:class:`Workload`,
-  :data:`BENCH_WORKLOAD`);
-- :mod:`kvvmm.measure.timer`: the driver wrapper that times every call (:class:`TimedDriver`)
-  and the copy timer (:func:`copy_tb_s`, :func:`copy_vs_malloc`).
+  :data:`BENCH_WORKLOAD`).
 
 Nothing here is imported by ``import kvvmm``; torch and cuda-python are imported inside the
 functions that time them.

@@ -27,7 +27,7 @@ Sections (each a key of the JSON result):
 - ``elastic_bandwidth``: copy bandwidth of tensors with holes and after out-of-order
   commit/decommit vs cudaMalloc.
 - ``seed`` (with ``--seed-file`` and ``--seed-script``): SGLang's arena on the same workload,
-  run by ``bench/seed_side_by_side.py`` in a child process (the seed compiles a stub per
+  run by ``bench/seed/seed_side_by_side.py`` in a child process (the seed compiles a stub per
   arena and may abort at exit). That script is a bench file, not part of the package, and
   the package does not look for it: ``--seed-script`` names it.
 
@@ -64,7 +64,8 @@ from kvvmm.measure.elastic import (
     page_ops,
 )
 from kvvmm.measure.growth import back_to_back, grow_rounds, policy_growth
-from kvvmm.measure.timer import TimedDriver, _median_us, _timed
+from kvvmm.measure.stats import median_us
+from kvvmm.measure.timer import CallTimes, TimedDriver, _timed, time_handle_calls
 from kvvmm.measure.workload import BENCH_WORKLOAD, Workload
 from kvvmm.units import GiB, MiB
 
@@ -73,7 +74,7 @@ __all__ = ["BENCH_WORKLOAD", "GAP_S", "LOOKAHEAD_BYTES", "LOOKAHEAD_SWEEP", "SEE
            "find_seed_script", "main", "page_ops", "run"]
 
 #: The seed's side of the benchmark, a bench file (see the module docstring).
-SEED_SCRIPT = Path("bench") / "seed_side_by_side.py"
+SEED_SCRIPT = Path("bench") / "seed" / "seed_side_by_side.py"
 
 
 def _per_call(drv_mod: Any, cd: Any, cd_py: Any | None = None) -> dict[str, Any]:
@@ -131,29 +132,16 @@ def _per_call(drv_mod: Any, cd: Any, cd_py: Any | None = None) -> dict[str, Any]
                          ("unmap", t5 - t4), ("unmap_sync", t5 - t3), ("release", t6 - t5)):
                 t[f"raw_{k}"].append(v)
 
-        def kvvmm_rep(w: str, drv: Any, k_va: int, size: int = size,
-                      t: dict[str, list[float]] = t) -> None:
-            t0 = pc()
-            hk = drv.create(size)
-            t1 = pc()
-            drv.map(k_va, size, hk)
-            t2 = pc()
-            drv.set_access(k_va, size)
-            t3 = pc()
-            drv.unmap(k_va, size)  # synchronizes first
-            t4 = pc()
-            drv.release(hk)
-            t5 = pc()
-            for k, v in (("create", t1 - t0), ("map", t2 - t1), ("set_access", t3 - t2),
-                         ("unmap_sync", t4 - t3), ("release", t5 - t4)):
-                t[f"{w}_{k}"].append(v)
-
-        runners: list[Callable[[], None]] = [raw_rep]
-        runners += [functools.partial(kvvmm_rep, w, drv, k_va) for w, drv, k_va in k_vas]
         # A fresh random order each rep (seeded): what one call costs depends on the call
         # before it, so every runner must follow every other as often. Turning a fixed order
         # is not enough: it keeps who follows whom (docs/MEASUREMENTS.md, "Per-call costs").
         rng = random.Random(size)
+        # each driver's rep is the shared timing loop (one size: create, map, set access,
+        # unmap with its synchronize, release, back to back), the raw calls' rep its twin
+        times = {w: CallTimes((size,)) for w, _, _ in k_vas}
+        runners: list[Callable[[], None]] = [raw_rep]
+        runners += [functools.partial(time_handle_calls, drv, {size: k_va}, pc, rng, times[w])
+                    for w, drv, k_va in k_vas]
         for _ in range(reps):
             rng.shuffle(runners)
             for run_one in runners:
@@ -161,7 +149,10 @@ def _per_call(drv_mod: Any, cd: Any, cd_py: Any | None = None) -> dict[str, Any]
         _ck(d.cuMemAddressFree(raw_va, size))
         for _, drv, k_va in k_vas:
             drv.free(k_va, size)
-        row: dict[str, Any] = {k: _median_us(v) for k, v in t.items() if v}
+        for w, got in times.items():
+            for op, by in got.samples.items():
+                t[f"{w}_{'unmap_sync' if op == 'unmap' else op}"] = by[size]
+        row: dict[str, Any] = {k: median_us(v) for k, v in t.items() if v}
         for w, _ in drivers:
             row[f"ratio_{w}_over_raw"] = {
                 op: round(row[f"{w}_{op}"] / row[f"raw_{op}"], 3) for op in ops}
@@ -187,7 +178,7 @@ def _import_root() -> Path:
 
 
 def find_seed_script(explicit: str | None) -> Path:
-    """The seed's side of the benchmark, ``bench/seed_side_by_side.py``: where it is named.
+    """The seed's side of the benchmark, ``bench/seed/seed_side_by_side.py``: where it is named.
 
     Args:
         explicit: a path given with ``--seed-script``; used as is (None: not named).
@@ -205,7 +196,7 @@ def find_seed_script(explicit: str | None) -> Path:
         return cand
     raise FileNotFoundError(
         f"the seed's benchmark script is not at {cand}: pass --seed-script "
-        "PATH/seed_side_by_side.py (it is bench/seed_side_by_side.py of a kvvmm checkout)")
+        "PATH/seed_side_by_side.py (it is bench/seed/seed_side_by_side.py of a kvvmm checkout)")
 
 
 def _check_seed_file(seed_file: str) -> str:
@@ -258,7 +249,7 @@ def run(out_dir: str, seed_file: str | None, device: int = 0,
         out_dir: folder for ``<card>-kvvmm-bench.json`` (made if missing).
         seed_file: SGLang's ``kv_vmm_backing_seed.py`` to run side by side, or None.
         device: the CUDA device ordinal.
-        seed_script: the seed's benchmark script, ``bench/seed_side_by_side.py`` (needed
+        seed_script: the seed's benchmark script, ``bench/seed/seed_side_by_side.py`` (needed
             with ``seed_file``).
     Returns:
         The result, with ``"path"`` set to the file written.
@@ -333,9 +324,9 @@ def run(out_dir: str, seed_file: str | None, device: int = 0,
         arenas: list[Arena] = []
         ctor = _timed(lambda: arenas.append(Arena(cd, reserve_bytes=64 * GiB)), 10)
         close = _timed(lambda: arenas.pop().close(), 10)
-        res["arena"] = {"reserve_bytes": 64 * GiB, "ctor_ms_median": _median_us(ctor) / 1e3,
+        res["arena"] = {"reserve_bytes": 64 * GiB, "ctor_ms_median": median_us(ctor) / 1e3,
                         "ctor_ms_max": round(max(ctor) * 1e3, 3),
-                        "close_ms_median": _median_us(close) / 1e3}
+                        "close_ms_median": median_us(close) / 1e3}
 
     def owner() -> None:
         owners: list[KvBufferOwner] = []
@@ -348,9 +339,9 @@ def run(out_dir: str, seed_file: str | None, device: int = 0,
         reserved = owners[0].arena.reserved_bytes
         oclose = _timed(lambda: owners.pop().close(), 5)
         res["owner"] = {"buffers": w.buffers, "reserved_bytes": reserved,
-                        "ctor_ms_median": _median_us(octor) / 1e3,
+                        "ctor_ms_median": median_us(octor) / 1e3,
                         "ctor_ms_max": round(max(octor) * 1e3, 3),
-                        "close_ms_median": _median_us(oclose) / 1e3}
+                        "close_ms_median": median_us(oclose) / 1e3}
 
     rounds: dict[str, list[float]] = {}
     b2b: list[float] = []
@@ -446,7 +437,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="path to SGLang's kv_vmm_backing as kv_vmm_backing_seed.py: run it "
                          "side by side")
     ap.add_argument("--seed-script", default=None,
-                    help="the seed's benchmark script, bench/seed_side_by_side.py of a kvvmm "
+                    help="the seed's benchmark script, bench/seed/seed_side_by_side.py of a kvvmm "
                          "checkout (needed with --seed-file)")
     ap.add_argument("--device", type=int, default=0)
     args = ap.parse_args(argv)

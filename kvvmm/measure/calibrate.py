@@ -31,6 +31,9 @@ refreshes an existing full profile instead (:mod:`kvvmm.measure.refresh`: the dr
 figures measured in well under a minute, the rest rescaled, the old figures kept as history
 for the bands). Without a usable GPU it says so in one line and exits 2.
 
+``kvvmm calibrate rebuild [--check]`` needs no GPU: it remakes the shipped H200 profile's
+derived sections from the committed results (:mod:`kvvmm.measure.rebuild`).
+
 This module is the command; the sections are :mod:`kvvmm.measure.calls` (the driver's calls
 alone) and :mod:`kvvmm.measure.operations` (kvvmm's operations), the profile is made by
 :mod:`kvvmm.measure.fit`, and what a run measures is :mod:`kvvmm.measure.plan`.
@@ -282,7 +285,14 @@ def refresh_main(profile: str, out: str | None, device: int = 0) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``kvvmm calibrate``."""
+    """Entry point of ``kvvmm calibrate`` (``kvvmm calibrate rebuild``:
+    :mod:`kvvmm.measure.rebuild`)."""
+    if argv is None:
+        argv = sys.argv[1:]
+    if argv[:1] == ["rebuild"]:
+        from kvvmm.measure import rebuild
+
+        return rebuild.main(argv[1:])
     ap = argparse.ArgumentParser(prog="kvvmm calibrate", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=None,

@@ -16,7 +16,8 @@ from typing import Any
 from kvvmm.driver.base import Driver
 from kvvmm.hardware.schema import COLD_CALLS as SCHEMA_COLD_CALLS
 from kvvmm.measure.plan import Ctx
-from kvvmm.measure.timer import _median_us, _tmean, _us
+from kvvmm.measure.stats import mean_us, median_us, trimmed_mean
+from kvvmm.measure.timer import HANDLE_CALLS, CallTimes, time_handle_calls
 from kvvmm.units import GiB, MiB
 
 __all__ = ["access_multi", "cold_calls", "first_touch", "per_call", "post_release",
@@ -35,60 +36,35 @@ def per_call(ctx: Ctx) -> dict[str, Any]:
     """
     d = ctx.td.inner
     p = ctx.plan
-    place: dict[int, int] = {}
+    sizes = [s * MiB for s in p.call_sizes_mib]
+    places: dict[int, int] = {}
     total = 0
-    for s in p.call_sizes_mib:
-        place[s] = total
-        total += s * MiB
+    for s in sizes:
+        places[s] = total
+        total += s
     base = d.reserve(total)
-    vas = {s: base + off for s, off in place.items()}
-    left = dict(zip(p.call_sizes_mib, p.call_reps, strict=True))
-    t: dict[int, dict[str, list[float]]] = {
-        s: {op: [] for op in ("create", "map", "set_access", "unmap", "release")}
-        for s in p.call_sizes_mib}
+    places = {s: base + off for s, off in places.items()}
+    left = dict(zip(sizes, p.call_reps, strict=True))
+    times = CallTimes(sizes)
     pc = time.perf_counter
     rng = random.Random(14)
     try:
         for _ in range(2):  # warm-up: the first calls of a size cost more
-            for s in p.call_sizes_mib:
-                h = d.create(s * MiB)
-                d.map(vas[s], s * MiB, h)
-                d.set_access(vas[s], s * MiB)
-                d.unmap(vas[s], s * MiB)
-                d.release(h)
+            time_handle_calls(d, places, pc, rng, None)
         while any(left.values()):
-            order = [s for s, n in left.items() if n > 0]
-            handles: dict[int, int] = {}
-            rng.shuffle(order)
-            for s in order:
+            now = {s: va for s, va in places.items() if left[s] > 0}
+            for s in now:
                 left[s] -= 1
-                size, va, row = s * MiB, vas[s], t[s]
-                t0 = pc()
-                h = d.create(size)
-                t1 = pc()
-                d.map(va, size, h)
-                t2 = pc()
-                d.set_access(va, size)
-                t3 = pc()
-                handles[s] = h
-                row["create"].append(t1 - t0)
-                row["map"].append(t2 - t1)
-                row["set_access"].append(t3 - t2)
-            rng.shuffle(order)
-            for s in order:
-                t0 = pc()
-                d.unmap(vas[s], s * MiB)  # synchronizes first, as CudaDriver always does
-                t[s]["unmap"].append(pc() - t0)
-            rng.shuffle(order)
-            for s in order:
-                t0 = pc()
-                d.release(handles.pop(s))
-                t[s]["release"].append(pc() - t0)
+            time_handle_calls(d, now, pc, rng, times)
     finally:
         d.free(base, total)
-    return {f"{s}MiB": {op: _us(v) for op, v in row.items()} | {"reps": len(row["create"])}
-            | {"median": {op: _median_us(v) for op, v in row.items()}}
-            for s, row in t.items()}
+    out: dict[str, Any] = {}
+    for s in sizes:
+        ms = {op: times.measurement(op, s) for op in HANDLE_CALLS}
+        out[f"{s // MiB}MiB"] = ({op: m.mean_us() for op, m in ms.items()}
+                                 | {"reps": times.reps(s)}
+                                 | {"median": {op: m.median_us() for op, m in ms.items()}})
+    return out
 
 
 def reserve_free(ctx: Ctx) -> dict[str, Any]:
@@ -114,8 +90,8 @@ def reserve_free(ctx: Ctx) -> dict[str, Any]:
         t0 = time.perf_counter()
         d.mem_info()
         mem.append(time.perf_counter() - t0)
-    return {"sizes": {f"{g}GiB": {k: _us(v) for k, v in row.items()} for g, row in t.items()},
-            "mem_info_us": _us(mem)}
+    return {"sizes": {f"{g}GiB": {k: mean_us(v) for k, v in row.items()} for g, row in t.items()},
+            "mem_info_us": mean_us(mem)}
 
 
 def access_multi(ctx: Ctx) -> dict[str, Any]:
@@ -148,15 +124,15 @@ def access_multi(ctx: Ctx) -> dict[str, Any]:
             for h in hs:
                 d.release(h)
             d.free(va, size * k)
-        o, m = _tmean(one), _tmean(many)
+        o, m = trimmed_mean(one), trimmed_mean(many)
         out[f"{mib}MiBx{k}"] = {"mapping_mib": mib, "mappings": k,
                                 "one_call_us": round(o * 1e6, 2),
                                 "one_call_per_mapping_us": round(o * 1e6 / k, 3),
                                 "call_per_mapping_us": round(m * 1e6, 2),
                                 "ratio_one_over_calls": round(o / m, 4),
-                                "unmap_one_call_us": round(_tmean(unmaps) * 1e6, 2),
+                                "unmap_one_call_us": round(trimmed_mean(unmaps) * 1e6, 2),
                                 "unmap_per_mapping_us": round(
-                                    _tmean(unmaps) * 1e6 / k, 3)}
+                                    trimmed_mean(unmaps) * 1e6 / k, 3)}
     return out
 
 
@@ -221,7 +197,8 @@ def cold_calls(ctx: Ctx) -> dict[str, Any]:
     A call kind's premium is the median of its cold rounds' first calls minus the median of
     every later call of that kind in both rounds; reserve and free, one per round, are set
     against the warm rounds' ones. On an H200 back to back no call is cold and after a pause
-    every kind is, on a fresh driver or an old one (bench/probes/probe_cold_calls.py).
+    every kind is, on a fresh driver or an old one (``probe_cold_calls.py``, a probe since
+    removed: bench/results/README.md).
     Then the same for each shorter pause of ``cold_partial_s`` (``partial_us``: the premiums
     after it), which the profile keeps as shares of the premium (on an H200 after 1 / 5 /
     20 ms a create pays 0.19 / 0.41 / 0.81 of it: bench/results/h200-cold-gaps.json).
@@ -245,8 +222,8 @@ def _cold_rounds(d: Driver, rounds: int, gap_s: float) -> dict[str, Any]:
             first[op].append(cold[op][0])
             later[op] += cold[op][1:] + (warm[op] if op in ("reserve", "free") else warm[op][1:])
     out: dict[str, Any] = {"gap_ms": round(gap_s * 1e3, 3), "rounds": rounds,
-                           "first_us": {op: _median_us(v) for op, v in first.items()},
-                           "later_us": {op: _median_us(v) for op, v in later.items()},
+                           "first_us": {op: median_us(v) for op, v in first.items()},
+                           "later_us": {op: median_us(v) for op, v in later.items()},
                            "first_all_us": {op: [round(x * 1e6, 2) for x in v]
                                             for op, v in first.items()}}
     out["premium_us"] = {op: round(out["first_us"][op] - out["later_us"][op], 3)
@@ -322,12 +299,12 @@ def first_touch(ctx: Ctx) -> dict[str, Any]:
             for h in hs:
                 d.release(h)
             d.free(va0, 4 * big)
-    out: dict[str, Any] = {case: {op: _us(v) for op, v in row.items()}
+    out: dict[str, Any] = {case: {op: mean_us(v) for op, v in row.items()}
                            for case, row in got.items()}
-    out["unmap_us"] = _us(unmaps)
+    out["unmap_us"] = mean_us(unmaps)
     out["samples_per_case"] = n * reps
     out["big_mib"] = big // MiB
-    out["big"] = {case: {op: _us(v) for op, v in row.items()} for case, row in big_t.items()}
+    out["big"] = {case: {op: mean_us(v) for op, v in row.items()} for case, row in big_t.items()}
     return out
 
 
@@ -369,7 +346,7 @@ def post_release(ctx: Ctx) -> dict[str, Any]:
         after = creates()
         reps.append({"settled_mean_us": round(statistics.fmean(settled) * 1e6, 3),
                      "after_mean_us": round(statistics.fmean(after) * 1e6, 3),
-                     "settled_median_us": _median_us(settled), "after_median_us": _median_us(after),
+                     "settled_median_us": median_us(settled), "after_median_us": median_us(after),
                      "ratio_of_means": round(statistics.fmean(after) / statistics.fmean(settled),
                                              4)})
     time.sleep(plan.settle_s)

@@ -14,7 +14,8 @@ from collections.abc import Callable
 from typing import Any
 
 from kvvmm.measure.growth import SETTLE_S
-from kvvmm.measure.timer import TimedDriver, _pct, copy_vs_malloc, rotated
+from kvvmm.measure.stats import percentile
+from kvvmm.measure.timer import TimedDriver, copy_vs_malloc, rotated
 from kvvmm.measure.workload import BENCH_WORKLOAD, Workload
 from kvvmm.units import GiB, MiB
 
@@ -32,7 +33,7 @@ GAP_S = 0.020
 
 #: Look-ahead per buffer for the pooled growth: 4 decode steps of one buffer (a step grows
 #: each buffer by 4096 tokens x 2 KiB = 8 MiB), so a background job that misses a gap or two
-#: still leaves steps in hand. On the sim (bench/bench_sim.py, 20 ms gaps, stepped pool)
+#: still leaves steps in hand. On the sim (bench/sim/bench_sim.py, 20 ms gaps, stepped pool)
 #: every look-ahead from 16 MiB up keeps the decode path clear (0 ms blocked; the thread's
 #: work takes at most 4.9 ms of a gap), and its cost is about buffers x look-ahead at the
 #: worst step: peak over-commit 16.6 GB with no pool (the policy's own), 17.7 / 18.8 / 20.9 /
@@ -157,8 +158,8 @@ def _elastic_round(drv: Any, w: Workload, *, lookahead_bytes: int | None, gap_s:
         res: dict[str, Any] = {
             "pool": pool is not None, "lookahead_bytes": lookahead_bytes or 0,
             "blocked_ms": round(sum(blocked) * 1e3, 3),
-            "step_p50_us": round(_pct(blocked, 0.5) * 1e6, 1),
-            "step_p99_us": round(_pct(blocked, 0.99) * 1e6, 1),
+            "step_p50_us": round(percentile(blocked, 0.5) * 1e6, 1),
+            "step_p99_us": round(percentile(blocked, 0.99) * 1e6, 1),
             "step_max_us": round(max(blocked) * 1e6, 1),
             "steps_over_target": sum(b * 1e6 > STEP_TARGET_US for b in blocked),
             "noop_step_after_gap_us_median": round(statistics.median(noop) * 1e6, 1),

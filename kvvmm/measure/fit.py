@@ -15,7 +15,8 @@ from kvvmm.hardware.interp import Log2Curve
 from kvvmm.hardware.overhead import sim_costs
 from kvvmm.hardware.profiles import FORMAT, profile_from_data
 from kvvmm.measure.plan import Plan, plan_from_dict
-from kvvmm.measure.timer import TimedDriver, _tmean, _us
+from kvvmm.measure.stats import mean_us, trimmed_mean
+from kvvmm.measure.timer import TimedDriver
 from kvvmm.policy import parse_policy
 from kvvmm.units import GiB, MiB
 
@@ -50,7 +51,7 @@ def _in_context(rounds: Sequence[Mapping[str, Mapping[int, Sequence[float]]]],
         sizes = sorted({mib for got in rounds for mib in got.get(op, {})})
         pts = []
         for mib in sizes:
-            per_round = [_tmean(got[op][mib]) for got in rounds if got.get(op, {}).get(mib)]
+            per_round = [trimmed_mean(got[op][mib]) for got in rounds if got.get(op, {}).get(mib)]
             n = sum(len(got[op][mib]) for got in rounds if got.get(op, {}).get(mib))
             pts.append([mib, round(statistics.median(per_round) * 1e6, 3), n])
         points[op] = pts
@@ -59,8 +60,8 @@ def _in_context(rounds: Sequence[Mapping[str, Mapping[int, Sequence[float]]]],
                  "mapping covered): the median over rounds of each round's trimmed mean"),
         "points": points,
         "rounds": len(rounds),
-        "drift": {spec: {op: {"first_quarter_us": _us(v["first"]) if v["first"] else None,
-                              "last_quarter_us": _us(v["last"]) if v["last"] else None}
+        "drift": {spec: {op: {"first_quarter_us": mean_us(v["first"]) if v["first"] else None,
+                              "last_quarter_us": mean_us(v["last"]) if v["last"] else None}
                          for op, v in row.items()}
                   for spec, row in drift.items()},
     }
@@ -136,8 +137,8 @@ def first_touch_in_context(data: Mapping[str, Any], plan: Plan) -> dict[str, dic
     µs of its 80.5 on the shipped H200). Replayed on the simulator with and without the
     section, the same calls as on the GPU; per size, the growth calls of every policy pooled
     (as one round of the in-context points pools them) and the extra taken as the points are
-    (``_tmean``, the slowest 2% left out: with it, without it). Empty when the profile does
-    not model first touch.
+    (:func:`~kvvmm.measure.stats.trimmed_mean`, the slowest 2% left out: with it, without
+    it). Empty when the profile does not model first touch.
     """
     from kvvmm.driver.sim import SimDriver
 
@@ -167,10 +168,10 @@ def first_touch_in_context(data: Mapping[str, Any], plan: Plan) -> dict[str, dic
                 row = got.setdefault(op, {}).setdefault(size // MiB, ([], []))
                 row[0].append(on)
                 row[1].append(off)
-    # The points' own estimator (_tmean: the slowest 2% left out), not the plain mean: where
+    # The points' own estimator (trimmed_mean: the slowest 2% left out), not the plain mean: where
     # fewer than 2% of a size's calls enter fresh VA (Exact's 8 MiB steps, 1 in 64), the
     # point left those calls out, and taking their extra out again under-counted the size.
-    out = {op: {mib: round(max(0.0, _tmean(on) - _tmean(off)) * 1e6, 3)
+    out = {op: {mib: round(max(0.0, trimmed_mean(on) - trimmed_mean(off)) * 1e6, 3)
                 for mib, (on, off) in by.items()} for op, by in got.items()}
     return {op: {mib: us for mib, us in by.items() if us > 0} for op, by in out.items()}
 

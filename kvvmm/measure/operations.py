@@ -12,7 +12,8 @@ from typing import Any
 
 from kvvmm.measure.fit import _in_context, _line
 from kvvmm.measure.plan import Ctx
-from kvvmm.measure.timer import _tmean, _us, rotated, wrapper_cost_s
+from kvvmm.measure.stats import mean_us, trimmed_mean
+from kvvmm.measure.timer import rotated, wrapper_cost_s
 from kvvmm.policy import parse_policy
 from kvvmm.units import MiB
 
@@ -107,11 +108,11 @@ def library(ctx: Ctx) -> dict[str, Any]:
         views.clear()
         arena.close()
     work: dict[str, tuple[float, float]] = {
-        "arena.commit": _line([(k, _tmean(v)) for k, v in commit.items()]),
-        "arena.decommit": _line([(k, _tmean(v)) for k, v in decommit.items()]),
-        "arena.close": _line([(m, _tmean(v)) for m, v in close.items()]),
-        "arena.open": (_tmean(opens), 0.0),
-        "arena.tensor": (_tmean(view_us), 0.0),
+        "arena.commit": _line([(k, trimmed_mean(v)) for k, v in commit.items()]),
+        "arena.decommit": _line([(k, trimmed_mean(v)) for k, v in decommit.items()]),
+        "arena.close": _line([(m, trimmed_mean(v)) for m, v in close.items()]),
+        "arena.open": (trimmed_mean(opens), 0.0),
+        "arena.tensor": (trimmed_mean(view_us), 0.0),
     }
 
     def arena_us(op: str, units: int) -> float:
@@ -157,30 +158,31 @@ def library(ctx: Ctx) -> dict[str, Any]:
                     pages.append(us - arena_us("arena.commit", _creates(calls)))
         finally:
             owner.close()
-    noop_us = _tmean(noop) if noop else 0.0
+    noop_us = trimmed_mean(noop) if noop else 0.0
     per_buffer = {
         "owner.open": o_open, "owner.close": o_close,
         "owner.ensure_prefix": [noop_us],
         # a growing step is an ensure_prefix (its check) plus the growth itself
         "owner.grow": [u - noop_us for u in grow] if grow else [],
         # finalize = its check + owner.grow + the arena's commit
-        "owner.resize": ([u - _tmean(grow) + noop_us for u in resize]
+        "owner.resize": ([u - trimmed_mean(grow) + noop_us for u in resize]
                          if resize and grow else []),
         "owner.pages": pages,
     }
     for op, vals in per_buffer.items():
         if vals:
-            work[op] = (0.0, max(0.0, _tmean(vals) / buffers))
+            work[op] = (0.0, max(0.0, trimmed_mean(vals) / buffers))
     return {
         "wrapper_us_per_call": round(wrap_s * 1e6, 3),
         "buffers": buffers,
         "work": {op: {"fixed": round(f, 3), "per_unit": round(u, 4), "unit": WORK_UNITS[op]}
                  for op, (f, u) in sorted(work.items())},
         "samples": {
-            "arena.commit_by_handles": {k: _us([x / 1e6 for x in v]) for k, v in commit.items()},
-            "arena.decommit_by_mappings": {k: _us([x / 1e6 for x in v])
+            "arena.commit_by_handles": {k: mean_us([x / 1e6 for x in v])
+                                        for k, v in commit.items()},
+            "arena.decommit_by_mappings": {k: mean_us([x / 1e6 for x in v])
                                            for k, v in decommit.items()},
-            "arena.close_by_mappings": {m: _us([x / 1e6 for x in v]) for m, v in close.items()},
+            "arena.close_by_mappings": {m: mean_us([x / 1e6 for x in v]) for m, v in close.items()},
             "noop_steps": len(noop), "growing_steps": len(grow),
         },
     }

@@ -37,13 +37,17 @@ from functools import partial
 from typing import Any
 
 from kvvmm.arena import Arena
+from kvvmm.checks import number_arg
 from kvvmm.driver.base import Driver
 from kvvmm.driver.sim import SimDriver
 from kvvmm.errors import ArgumentError
 from kvvmm.hardware import DeviceProfile, profile_from_data
-from kvvmm.hardware.spread import figures_of, median_factor, ratios, scaled, spread_section
+from kvvmm.hardware.spread import figures_of, scaled
 from kvvmm.measure.fit import MIN_CONTEXT_CALLS, net_in_context
 from kvvmm.measure.plan import Plan
+from kvvmm.measure.spread import median_factor, ratios, spread_section
+from kvvmm.measure.stats import Measurement
+from kvvmm.measure.timer import CallTimes, time_handle_calls
 from kvvmm.units import MiB
 
 __all__ = ["CALL_SIZES_MIB", "MEASURED", "REFERENCES", "library_probe", "quick_refresh",
@@ -68,57 +72,28 @@ _HANDLE_OPS = _OPS[:5]
 Clock = Callable[[], float]  #: µs, monotonic
 
 
-def _trimmed(xs: list[float]) -> float:
-    """Mean of the middle 80% (a few slow calls of a busy host are not the card's cost)."""
-    s = sorted(xs)
-    k = len(s) // 10
-    mid = s[k:len(s) - k] or s
-    return sum(mid) / len(mid)
-
-
 def _per_call(d: Driver, clock: Clock, sizes: tuple[int, ...], reps: int,
               deadline: float) -> tuple[dict[str, dict[int, float]], dict[str, list[float]]]:
     """µs per call by op and size; and per op, each block of reps' mean over the whole's."""
     total = sum(sizes) * MiB
     base = d.reserve(total)
-    place, off = {}, 0
+    places, off = {}, 0
     for s in sizes:
-        place[s] = base + off
+        places[s * MiB] = base + off
         off += s * MiB
-    t: dict[str, dict[int, list[float]]] = {op: {s: [] for s in sizes} for op in _HANDLE_OPS}
+    times = CallTimes(places)
     rng = random.Random(27)
     try:
-        for r in range(reps + 1):  # the first round warms up and touches every region
-            order = list(sizes)
-            rng.shuffle(order)
-            handles = {}
-            for s in order:
-                t0 = clock()
-                h = d.create(s * MiB)
-                t1 = clock()
-                d.map(place[s], s * MiB, h)
-                t2 = clock()
-                d.set_access(place[s], s * MiB)
-                t3 = clock()
-                handles[s] = h
-                if r:
-                    t["create"][s].append(t1 - t0)
-                    t["map"][s].append(t2 - t1)
-                    t["set_access"][s].append(t3 - t2)
-            rng.shuffle(order)
-            for s in order:
-                t0 = clock()
-                d.unmap(place[s], s * MiB)
-                t1 = clock()
-                d.release(handles.pop(s))
-                t2 = clock()
-                if r:
-                    t["unmap"][s].append(t1 - t0)
-                    t["release"][s].append(t2 - t1)
+        # the first round warms up and touches every region
+        time_handle_calls(d, places, clock, rng, None)
+        for r in range(1, reps + 1):
+            time_handle_calls(d, places, clock, rng, times)
             if r >= 5 and time.monotonic() > deadline:
                 break
     finally:
         d.free(base, total)
+    t: dict[str, dict[int, list[float]]] = {
+        op: {s // MiB: v for s, v in by.items()} for op, by in times.samples.items()}
     for op in ("reserve", "free"):
         t[op] = {s: [] for s in RESERVE_SIZES_MIB}
     for _ in range(max(3, reps // 4)):
@@ -130,7 +105,9 @@ def _per_call(d: Driver, clock: Clock, sizes: tuple[int, ...], reps: int,
             t2 = clock()
             t["reserve"][s].append(t1 - t0)
             t["free"][s].append(t2 - t1)
-    means = {op: {s: _trimmed(v) for s, v in by.items() if v} for op, by in t.items()}
+    # the middle 80%: a few slow calls of a busy host are not the card's cost
+    means = {op: {s: Measurement.of(v).trimmed_mean(high=0.1, low=0.1) for s, v in by.items() if v}
+             for op, by in t.items()}
     rounds: dict[str, list[float]] = {}
     for op, by in t.items():
         n = min(len(v) for v in by.values())
@@ -177,20 +154,16 @@ def _first_touch(d: Driver, clock: Clock, region_bytes: int, regions: int) -> di
             for op in ("map", "set_access")}
 
 
-def _cold_calls(d: Driver, clock: Clock, rounds: int, gap_s: float) -> dict[str, float]:
-    """µs more for the first call of each kind after a ``gap_s`` pause than for the calls
-    after it (reserve and free: than in a round made at once after): ``rounds`` pauses.
-
-    A simulator does not sleep: it is told of the pause (:meth:`SimDriver.pause`).
-    """
+def _cold_calls(d: Driver, clock: Clock, pause: Callable[[float], None], rounds: int,
+                gap_s: float) -> dict[str, float]:
+    """µs more for the first call of each kind after a ``gap_s`` pause (``pause(gap_s)``)
+    than for the calls after it (reserve and free: than in a round made at once after):
+    ``rounds`` pauses."""
     g = d.granularity()
     first: dict[str, list[float]] = {op: [] for op in _OPS}
     later: dict[str, list[float]] = {op: [] for op in _OPS}
     for _ in range(rounds):
-        if isinstance(d, SimDriver):
-            d.pause(gap_s)
-        else:
-            time.sleep(gap_s)
+        pause(gap_s)
         for warm in (False, True):
             t: dict[str, list[float]] = {op: [] for op in _OPS}
             t0 = clock()
@@ -370,10 +343,11 @@ def _references(old: Mapping[str, Any], reference: str) -> dict[str, dict[str, f
 
 
 def quick_refresh(driver: Driver, old: Mapping[str, Any], *, clock: Clock,
-                  sizes_mib: tuple[int, ...] = CALL_SIZES_MIB, reps: int = 30,
-                  regions: int = 16, time_limit_s: float = 45.0,
-                  date: str | None = None, reference: str | None = None,
-                  in_context: bool = True, sync: Callable[[], None] = lambda: None,
+                  pause: Callable[[float], None] = time.sleep, settle_s: float = 0.3,
+                  reference: str = "isolated", sizes_mib: tuple[int, ...] = CALL_SIZES_MIB,
+                  reps: int = 30, regions: int = 16, time_limit_s: float = 45.0,
+                  date: str | None = None, in_context: bool = True,
+                  sync: Callable[[], None] = lambda: None,
                   ) -> dict[str, Any]:
     """Measure the drift-prone figures on ``driver`` and return ``old`` refreshed.
 
@@ -381,12 +355,17 @@ def quick_refresh(driver: Driver, old: Mapping[str, Any], *, clock: Clock,
         driver: the card's driver (CUDA), or any driver with a ``clock`` (a simulator).
         old: the full profile's data (:func:`~kvvmm.hardware.profile_data`).
         clock: µs now (CUDA: the wall clock; a simulator: its ``clock_us``).
+        pause: lets ``seconds`` pass outside the driver, for the cold calls (CUDA:
+            ``time.sleep``; a simulator: its ``pause``, since it does not sleep).
+        settle_s: the pause before each in-context growth (a simulator has nothing to
+            settle: 0).
+        reference: what the per-call timings are compared with (see :func:`refresh_from`):
+            ``"isolated"`` (a card's tight loop) or ``"points"`` (a simulator charges the
+            points).
         sizes_mib, reps: the per-call section's handle sizes and rounds (it stops early,
             after 5 rounds at least, once ``time_limit_s`` is spent).
         regions: untouched regions the first-touch section maps into.
         date: the refreshed profile's date (default: now, UTC).
-        reference: what the per-call timings are compared with (see :func:`refresh_from`);
-            default ``"points"`` on a simulator, ``"isolated"`` on any other driver.
         in_context: also time the calls inside two short decode growths and their closes
             (:func:`in_context_calls`, a few seconds on an H200): where a size was called
             often enough there, that is its group's factor (like for like with the points).
@@ -395,7 +374,7 @@ def quick_refresh(driver: Driver, old: Mapping[str, Any], *, clock: Clock,
         The refreshed profile's data (schema-checked), as :func:`refresh_from` makes it.
     Raises:
         ArgumentError: ``old`` has no call costs to refresh (a new card: run the full
-            calibrate), or an unknown ``reference``.
+            calibrate), an unknown ``reference``, or a ``settle_s`` below 0.
         DriverError: a driver call failed (what this made is given back first).
     """
     base = figures_of(old)
@@ -403,10 +382,9 @@ def quick_refresh(driver: Driver, old: Mapping[str, Any], *, clock: Clock,
         raise ArgumentError("profile", old.get("key", "?"),
                             "a full profile with call_costs (a new card needs the full "
                             "kvvmm calibrate first)")
-    if reference is None:
-        reference = "points" if isinstance(driver, SimDriver) else "isolated"
     if reference not in REFERENCES:
         raise ArgumentError("reference", reference, f"one of {', '.join(REFERENCES)}")
+    number_arg("settle_s", settle_s, lo=0.0, unit="seconds")
     started = time.monotonic()
     deadline = started + time_limit_s
     means, rounds = _per_call(driver, clock, tuple(sizes_mib), reps, deadline)
@@ -416,14 +394,13 @@ def quick_refresh(driver: Driver, old: Mapping[str, Any], *, clock: Clock,
         ft_new = _first_touch(driver, clock, region, regions)
     cold: dict[str, float] = {}
     if base.get("cold_calls"):
-        cold = _cold_calls(driver, clock, rounds=4,
+        cold = _cold_calls(driver, clock, pause, rounds=4,
                            gap_s=float(old["cold_calls"].get("gap_ms", 50.0)) / 1e3)
     library: dict[str, Any] = {}
     if "library_work_us" in base:  # the calls inside the probe timed where they run
         lp = library_probe(driver, clock, time_calls=True)
         library = {"measured_us": lp["wall"], "calls_timed_us": lp["calls"]}
-    settle = 0.0 if isinstance(driver, SimDriver) else 0.3  # a simulator has nothing to settle
-    ic = in_context_calls(driver, clock, sync=sync, settle_s=settle) if in_context else {}
+    ic = in_context_calls(driver, clock, sync=sync, settle_s=settle_s) if in_context else {}
     raw = {"per_call_us": {op: {str(s): round(v, 3) for s, v in by.items()}
                            for op, by in means.items()},
            "in_context_us": ic, "in_context_policies": list(CONTEXT_POLICIES) if ic else [],

@@ -3,20 +3,23 @@ statistics the sections report."""
 
 from __future__ import annotations
 
-import math
+import contextlib
+import random
 import statistics
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
 from kvvmm.driver.base import Driver
 from kvvmm.driver.wrapper import DriverWrapper
+from kvvmm.measure.stats import Measurement
 
 T = TypeVar("T")
 
-__all__ = ["TimedDriver", "copy_tb_s", "copy_vs_malloc", "rotated", "wrapper_cost_s"]
+__all__ = ["HANDLE_CALLS", "CallTimes", "TimedDriver", "copy_tb_s", "copy_vs_malloc", "rotated",
+           "time_handle_calls", "wrapper_cost_s"]
 
 #: Where each timed VMM call has its size (a release is timed by its handle's size).
 _SIZE_AT = {"reserve": 0, "free": 1, "create": 0, "map": 1, "unmap": 1, "set_access": 1}
@@ -76,12 +79,6 @@ def _timed(fn: Callable[[], Any], reps: int) -> list[float]:
         fn()
         out.append(time.perf_counter() - t0)
     return out
-
-
-def _pct(xs: list[float], q: float) -> float:
-    """The nearest-rank ``q`` quantile (p99 of 122 steps: the second largest)."""
-    s = sorted(xs)
-    return s[max(0, min(len(s) - 1, math.ceil(q * len(s)) - 1))]
 
 
 class TimedDriver(DriverWrapper):
@@ -182,30 +179,111 @@ def wrapper_cost_s(td: TimedDriver, n: int = 2000) -> float:
     return max(0.0, statistics.median(out))
 
 
-def _tmean(xs: Sequence[float], trim: float = 0.02) -> float:
-    """The mean without the slowest ``trim`` of the values (at least none dropped).
-
-    What the simulator sums must be a mean, not a median: a growth is the sum of thousands
-    of calls and operations, and their costs are skewed (a garbage collection, an
-    interrupt), so medians of the parts under-predict the whole. The slowest 2% are left
-    out so that one 10 ms stall in 200 reps does not move a figure by 50 µs.
-    """
-    v = sorted(xs)
-    keep = max(1, len(v) - int(len(v) * trim))
-    return statistics.fmean(v[:keep])
-
-
-def _us(xs: Sequence[float]) -> float:
-    """µs, from seconds: the trimmed mean (:func:`_tmean`)."""
-    return round(_tmean(xs) * 1e6, 3)
-
-
-def _median_us(xs: Sequence[float]) -> float:
-    return round(statistics.median(xs) * 1e6, 3)
-
-
 def rotated(items: list[T], r: int) -> list[T]:
     """``items`` turned by ``r`` places: round ``r`` of rounds that alternate what they time
     starts each round with the next one, so every variant sees the card in every state."""
     n = len(items)
     return items[r % n:] + items[:r % n]
+
+
+#: The handle calls the timing loop times, in the order one rep makes them.
+HANDLE_CALLS = ("create", "map", "set_access", "unmap", "release")
+
+
+class CallTimes:
+    """What the timing loop appends: each handle call's samples by size (bytes)."""
+
+    __slots__ = ("samples",)
+
+    def __init__(self, sizes: Iterable[int]) -> None:
+        sizes = tuple(sizes)
+        self.samples: dict[str, dict[int, list[float]]] = {
+            op: {s: [] for s in sizes} for op in HANDLE_CALLS}
+
+    def measurement(self, op: str, size: int) -> Measurement:
+        """Every sample of ``op`` at ``size`` (at least one rep timed)."""
+        return Measurement.of(self.samples[op][size])
+
+    def reps(self, size: int) -> int:
+        """How many reps timed ``size``."""
+        return len(self.samples["create"][size])
+
+
+def time_handle_calls(d: Driver, places: Mapping[int, int], clock: Callable[[], float],
+                      rng: random.Random, into: CallTimes | None) -> None:
+    """One rep of the call-timing loop ``kvvmm bench``, ``kvvmm calibrate`` and the quick
+    refresh share: every size created, mapped and given access (sizes in a fresh ``rng``
+    order), then every size unmapped, then every size released, each phase in a fresh order.
+
+    Phases, as an owner's calls come: its decommit and close unmap a run, then release, so
+    a release is timed after other unmaps, not right after its own. Only the calls sit
+    between two clock readings (the loop is the tight loop ``kvvmm bench`` compares with raw
+    cuda-python); the bookkeeping is outside them.
+
+    Args:
+        d: the driver whose calls are timed.
+        places: handle size (bytes) -> the VA it is mapped at (reserved by the caller).
+        clock: now, in the unit the samples are kept in.
+        rng: the order's source.
+        into: where the times go (None: a warm-up rep, nothing kept).
+    Raises:
+        DriverError: a call failed; what this rep made is given back first.
+    """
+    order = list(places)
+    rng.shuffle(order)
+    handles: dict[int, int] = {}
+    s = h = -1
+    try:
+        for s in order:
+            va = places[s]
+            t0 = clock()
+            h = d.create(s)
+            t1 = clock()
+            d.map(va, s, h)
+            t2 = clock()
+            d.set_access(va, s)
+            t3 = clock()
+            handles[s] = h
+            if into is not None:
+                got = into.samples
+                got["create"][s].append(t1 - t0)
+                got["map"][s].append(t2 - t1)
+                got["set_access"][s].append(t3 - t2)
+        rng.shuffle(order)
+        for s in order:
+            va = places[s]
+            t0 = clock()
+            d.unmap(va, s)  # CudaDriver synchronizes first
+            t1 = clock()
+            if into is not None:
+                into.samples["unmap"][s].append(t1 - t0)
+        rng.shuffle(order)
+        for s in order:
+            h = handles[s]
+            t0 = clock()
+            d.release(h)
+            t1 = clock()
+            del handles[s]
+            if into is not None:
+                into.samples["release"][s].append(t1 - t0)
+    except BaseException:
+        _give_back(d, places, handles, s, h)
+        raise
+
+
+def _give_back(d: Driver, places: Mapping[int, int], handles: Mapping[int, int],
+               size: int, in_flight: int) -> None:
+    """Unmap and release what a failed rep still holds: ``handles``, and the handle made at
+    ``size`` whose map or access failed (each step may already be undone: its own error is
+    not the one to report)."""
+    from kvvmm.errors import KvvmmError
+
+    left = dict(handles)
+    if in_flight >= 0 and size in places and in_flight not in left.values():
+        left[size] = in_flight
+    for s, h in left.items():
+        if s in places:
+            with contextlib.suppress(KvvmmError):
+                d.unmap(places[s], s)
+        with contextlib.suppress(KvvmmError):
+            d.release(h)

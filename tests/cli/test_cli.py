@@ -358,7 +358,7 @@ def test_bench_hands_its_arguments_to_kvvmm_bench(monkeypatch: pytest.MonkeyPatc
 def test_the_seed_script_is_taken_where_it_is_named(tmp_path: Path) -> None:
     from kvvmm.measure.bench import find_seed_script
 
-    script = ROOT / "bench" / "seed_side_by_side.py"
+    script = ROOT / "bench" / "seed" / "seed_side_by_side.py"
     assert find_seed_script(str(script)) == script
     with pytest.raises(FileNotFoundError, match="--seed-script"):
         find_seed_script(str(tmp_path / "seed_side_by_side.py"))
@@ -370,7 +370,7 @@ def test_without_a_named_seed_script_none_is_looked_for(
     from kvvmm.errors import ArgumentError
     from kvvmm.measure.bench import find_seed_script, main
 
-    monkeypatch.chdir(ROOT)  # ./bench/seed_side_by_side.py is here, and still not taken
+    monkeypatch.chdir(ROOT)  # ./bench/seed/seed_side_by_side.py is here, and still not taken
     with pytest.raises(ArgumentError, match="--seed-script"):
         find_seed_script(None)
     seed = ROOT / "kv_vmm_backing_seed.py"  # never opened: the script is refused first

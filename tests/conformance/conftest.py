@@ -1,7 +1,8 @@
 """SGLang's own pools on kvvmm: the conformance suite's process (issue 24).
 
 Run by ``tests/integrations/test_sglang_conformance_cpu.py`` (host driver, in CI) and by
-``bench/h200_session.sh sglang`` (CUDA, with the seed beside kvvmm) as its own pytest process:
+``bench/device/h200_session.sh sglang`` (CUDA, with the seed beside kvvmm) as its own pytest
+process:
 the stand-ins it installs for SGLang's GPU stack (``standins.py``) must not reach the rest of
 the suite. ``KVVMM_SGLANG_DIR`` names the unpacked sglang wheel (``make sglang`` makes
 ``.venv/sglang-0.5.23``); ``KVVMM_CONFORMANCE_OUT``, if set, is a JSON file the observations
@@ -79,7 +80,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     """On CUDA, leave without running the interpreter's teardown: SGLang's own owner (the
     seed) hands torch pointers from a pluggable allocator it has closed by then, and torch's
     caching allocator aborts freeing them at exit ("invalid device pointer"), after every
-    test has reported. Known of the seed (bench/seed_side_by_side.py runs it in a child for
+    test has reported. Known of the seed (bench/seed/seed_side_by_side.py runs it in a child for
     that reason); the exit status stays pytest's."""
     if CUDA:
         sys.stdout.flush()

@@ -17,7 +17,7 @@ hardware without a test failing:
   answered there. A row naming one of its cases (``h200=``) must expect that answer, and
   every case it recorded has a row.
 - ``bench/results/h200-cuda-rules.json``: what raw CUDA (cuda-python, no kvvmm) answered to
-  each probe of ``bench/probes/probe_cuda_rules.py``. :data:`PROBES` replays each probe on the
+  each probe of ``bench/cuda_rules/probe_cuda_rules.py``. :data:`PROBES` replays each probe on the
   simulator: it must answer as the H200 did, except where kvvmm deliberately refuses more
   than raw CUDA (:data:`STRICTER`: each of those is a refusal the CudaDriver itself made on
   the H200, by its recording). Probes the simulator cannot express are listed with the
@@ -407,7 +407,7 @@ def kvvmm_on_h200() -> dict[str, Any]:
 
 @cache
 def raw_cuda_on_h200() -> dict[str, Any]:
-    """What raw CUDA answered per probe on an H200 (bench/probes/probe_cuda_rules.py)."""
+    """What raw CUDA answered per probe on an H200 (bench/cuda_rules/probe_cuda_rules.py)."""
     data: dict[str, Any] = json.loads(find_result("h200-cuda-rules.json").read_text())
     return data
 
@@ -440,8 +440,8 @@ def test_the_h200_profile_holds_the_memory_the_h200_reported() -> None:
     assert SimDriver(profile="h200").mem_info()[1] == profile.capacity_bytes
 
 
-#: Each probe of bench/probes/probe_cuda_rules.py, as the same calls for the simulator. A comment
-#: after a call names the answer it recorded; calls without one are setup (the probe's
+#: Each probe of bench/cuda_rules/probe_cuda_rules.py, as the same calls for the simulator. A
+#: comment after a call names the answer it recorded; calls without one are setup (the probe's
 #: ``must_*``) and must be accepted. Sizes in granules (G), as the probe's keys are.
 PROBES: dict[str, str] = {
     "reserve_misaligned_size": """

@@ -3,7 +3,6 @@ item 1: the lab predicted the default policy at 0.97x while the H200 measured 0.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -24,12 +23,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _collect_script():  # type: ignore[no-untyped-def]
-    spec = importlib.util.spec_from_file_location(
-        "collect_growth_bandwidth", ROOT / "bench" / "collect_growth_bandwidth.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    from kvvmm.measure import growth_bandwidth
+
+    return growth_bandwidth
 
 
 def test_the_h200_profile_ships_every_committed_growth_run_by_policy() -> None:

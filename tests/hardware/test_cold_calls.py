@@ -85,7 +85,7 @@ def test_a_devices_first_call_of_each_kind_costs_its_premium_the_next_its_second
 def test_the_call_after_a_cold_one_pays_the_measured_share_of_what_that_one_paid() -> None:
     """bench/results/h200-startup*.json: request-ranges+deferred's startup, 12 rounds on an
     H200: the second create, map and set_access after a pause cost 0.30-0.40, 0.14-0.27 and
-    0.25-0.33 (one 0.65) of the premium more than warm (bench/cold_second.py)."""
+    0.25-0.33 (one 0.65) of the premium more than warm (kvvmm/measure/coldtail.py)."""
     data = _h200()
     sec = data["cold_calls"]["second"]
     assert set(sec) == {"create", "map", "set_access"}
@@ -110,10 +110,9 @@ def test_the_call_after_a_cold_one_pays_the_measured_share_of_what_that_one_paid
 
 
 def test_the_shipped_second_shares_are_what_the_committed_startup_probes_give() -> None:
-    import runpy
+    from kvvmm.measure import coldtail
 
-    mod = runpy.run_path(str(Path(__file__).resolve().parents[2] / "bench" / "cold_second.py"))
-    got = mod["second_shares"]()
+    got = coldtail.second_shares()
     assert got["second"] == _h200()["cold_calls"]["second"]
     assert all(len(v) == 12 for v in got["rounds"].values())
 
@@ -320,7 +319,8 @@ def test_the_quick_refresh_measures_the_premiums_on_a_sim_as_the_profile_charges
 ) -> None:
     old = _h200()
     sim = SimDriver(profile_from_data(old))
-    new = quick_refresh(sim, old, clock=lambda: sim.clock_us, reps=5, regions=2,
+    new = quick_refresh(sim, old, clock=lambda: sim.clock_us, pause=sim.pause, settle_s=0.0,
+                        reference="points", reps=5, regions=2,
                         in_context=False, date="2026-12-03")
     assert new["refreshed"]["factors"]["cold_calls"] == pytest.approx(1.0, rel=1e-3)
     assert new["refreshed"]["factor_from"]["cold_calls"] == "measured"
@@ -344,3 +344,22 @@ def test_a_fresh_owners_startup_on_the_sim_pays_one_premium_per_call_kind() -> N
     premium = sum(cold.premium_us[e.op] for e in startup)
     assert r.startup_driver_s * 1e6 == pytest.approx(sum(e.sim_us for e in startup))
     assert r.startup_driver_s * 1e6 > premium
+
+
+def test_the_quick_refresh_waits_with_the_pause_it_is_given_on_any_driver() -> None:
+    # a simulator behind a wrapper is no SimDriver: the refresh cannot tell, and must not ask
+    from kvvmm.driver.faults import FaultyDriver
+
+    old = _h200()
+    sim = SimDriver(profile_from_data(old))
+    paused: list[float] = []
+
+    def pause(seconds: float) -> None:
+        paused.append(seconds)
+        sim.pause(seconds)
+
+    new = quick_refresh(FaultyDriver(sim), old, clock=lambda: sim.clock_us, pause=pause,
+                        settle_s=0.0, reference="points", reps=5, regions=2,
+                        in_context=False, date="2026-12-03")
+    assert paused and all(s == old["cold_calls"]["gap_ms"] / 1e3 for s in paused)
+    assert new["refreshed"]["factors"]["cold_calls"] == pytest.approx(1.0, rel=1e-3)

@@ -6,8 +6,6 @@ more; with 1.6 GiB released, nothing)."""
 from __future__ import annotations
 
 import copy
-import importlib.util
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -142,15 +140,8 @@ def test_the_band_moves_the_premium_with_its_spread() -> None:
 
 
 def test_the_fidelity_benchmarks_sim_side_pauses_one_device_where_the_gpu_sleeps() -> None:
-    spec = importlib.util.spec_from_file_location("_bench_fidelity",
-                                                  ROOT / "bench" / "bench_fidelity.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["_bench_fidelity"] = mod
-    try:
-        spec.loader.exec_module(mod)
-    finally:
-        del sys.modules["_bench_fidelity"]
+    from kvvmm.measure import fidelity as mod
+
     d = SimDriver("h200")
     make = mod.settled(d, mod.SETTLE_S)
     _warm(d)

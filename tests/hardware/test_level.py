@@ -34,19 +34,16 @@ from kvvmm.hardware.spread import (
     WORKLOAD_LEVEL,
     compose_level,
     figures_of,
-    level_group,
     level_notes,
     level_of,
-    level_section,
-    quantiles,
-    session_levels,
 )
+from kvvmm.measure.spread import level_group, level_section, quantiles, session_levels
 from kvvmm.policy import Chunked, Exact
 from kvvmm.units import MiB
 from kvvmm.workload.bands import Band, band_notes, growth_bands, workload_bands
 
 SMALL_GROWTH = {"model": "llama-3.1-8b", "layers": 2, "tokens": 4096, "step_tokens": 512}
-#: A scenario name of each group, as bench/bench_fidelity.py names them.
+#: A scenario name of each group, as kvvmm/measure/fidelity.py names them.
 SCENARIOS = {"construct": ["construct"],
              "growth": ["growth:default", "growth:exact", "growth:chunked:32"],
              "finalize": ["finalize"],

@@ -1,15 +1,13 @@
 """The fidelity benchmark's bands (issue 27): ``in_band`` per scenario, and ``--score``.
 
-``bench/bench_fidelity.py --score`` scores a profile's bands against measured runs of other
+``python -m kvvmm.measure.fidelity --score`` scores a profile's bands against measured runs of other
 sessions and days. On fixture runs whose medians are known to lie inside (the point itself)
 or outside (ten times it) every band, the score says so per scenario, per run and overall.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -21,12 +19,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def fidelity() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_fidelity",
-                                                  ROOT / "bench" / "bench_fidelity.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["bench_fidelity"] = mod
-    spec.loader.exec_module(mod)
+    from kvvmm.measure import fidelity as mod
+
     return mod
 
 

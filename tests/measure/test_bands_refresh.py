@@ -18,9 +18,10 @@ import pytest
 from kvvmm.driver.sim import SimDriver
 from kvvmm.errors import ArgumentError
 from kvvmm.hardware import get_profile, load_profile, profile_data, profile_from_data
-from kvvmm.hardware.spread import figures_of, ratios, scaled
+from kvvmm.hardware.spread import figures_of, scaled
 from kvvmm.measure import calibrate
 from kvvmm.measure.refresh import FOLLOWS, MEASURED, quick_refresh, refresh_from
+from kvvmm.measure.spread import ratios
 
 #: Several scalings of the measured groups: all together (a slower or faster day), each
 #: its own way (a driver update that slowed creates only), and far from 1.
@@ -35,6 +36,11 @@ SCALINGS: list[dict[str, float]] = [
      "call_costs.free": 0.9, "first_touch": 1.8, "library_work_us": 0.7},
 ]
 
+
+
+def _on_sim(d: SimDriver) -> dict[str, Any]:
+    """How a refresh tells time on a simulator: its clock, its pause, nothing to settle."""
+    return {"clock": lambda: float(d.clock_us), "pause": d.pause, "settle_s": 0.0}
 
 def _old() -> dict[str, Any]:
     return copy.deepcopy(dict(profile_data(get_profile("h200"))))
@@ -58,7 +64,7 @@ def test_a_quick_refresh_recovers_a_scaled_simulator(
     old = _old()
     truth = _truth(old, scaling)
     d = SimDriver(profile_from_data(truth, where="scaled h200"))
-    new = quick_refresh(d, old, clock=lambda: float(d.clock_us), reps=8,
+    new = quick_refresh(d, old, **_on_sim(d), reference="points", reps=8,
                         date="2026-12-03T12:00:00+00:00", in_context=in_context)
     from_ = new["refreshed"]["factor_from"]
     assert ("in context" in from_.values()) == in_context
@@ -79,7 +85,7 @@ def test_a_refresh_of_an_unchanged_card_nets_its_growth_calls_of_first_touch() -
     # the sim at the shipped profile, refreshed against itself, reads no change.
     old = _old()
     d = SimDriver(profile_from_data(old, where="h200"))
-    new = quick_refresh(d, old, clock=lambda: float(d.clock_us), reps=5,
+    new = quick_refresh(d, old, **_on_sim(d), reference="points", reps=5,
                         date="2026-12-03T12:00:00+00:00")
     ref = new["refreshed"]
     touch = ref["first_touch_in_context_us"]
@@ -97,7 +103,7 @@ def test_a_refresh_keeps_the_old_figures_as_history_and_its_spread_covers_them()
     old = _old()
     truth = _truth(old, dict.fromkeys(MEASURED, 0.75))
     d = SimDriver(profile_from_data(truth, where="faster day"))
-    new = quick_refresh(d, old, clock=lambda: float(d.clock_us), reps=6)
+    new = quick_refresh(d, old, **_on_sim(d), reference="points", reps=6)
     hist = new["spread"]["history"]
     assert len(hist) == len(old["spread"]["history"]) + 1
     assert hist[-1]["figures"] == figures_of(old)
@@ -135,7 +141,7 @@ def test_calibrate_quick_profile_without_a_gpu_says_so_in_one_line(
 def test_a_refreshed_profile_written_to_a_file_loads(tmp_path: Path) -> None:
     old = _old()
     d = SimDriver(profile_from_data(_truth(old, dict.fromkeys(MEASURED, 1.1)), where="t"))
-    new = quick_refresh(d, old, clock=lambda: float(d.clock_us), reps=5)
+    new = quick_refresh(d, old, **_on_sim(d), reference="points", reps=5)
     p = tmp_path / "h200-refreshed.json"
     p.write_text(json.dumps(new), encoding="utf-8")
     assert load_profile(p).key == "h200"
@@ -159,7 +165,7 @@ def test_on_a_card_the_tight_loop_is_compared_with_the_isolated_figures(f: float
     old = _old()
     assert old["call_costs"]["isolated_points"]
     d = SimDriver(profile_from_data(_card_like(old, f), where="card-like"))
-    new = quick_refresh(d, old, clock=lambda: float(d.clock_us), reps=6, reference="isolated",
+    new = quick_refresh(d, old, **_on_sim(d), reps=6, reference="isolated",
                         in_context=False)  # the sim charges in context what it charges alone
     for op in ("create", "map", "set_access", "unmap", "release"):
         assert new["refreshed"]["factors"][f"call_costs.{op}"] == pytest.approx(f, rel=0.03), op
@@ -177,7 +183,7 @@ def test_on_a_card_the_tight_loop_is_compared_with_the_isolated_figures(f: float
 def test_a_refresh_is_repeatable_from_its_record_without_a_driver() -> None:
     old = _old()
     d = SimDriver(profile_from_data(_truth(old, dict.fromkeys(MEASURED, 0.8)), where="t"))
-    new = quick_refresh(d, old, clock=lambda: float(d.clock_us), reps=5,
+    new = quick_refresh(d, old, **_on_sim(d), reference="points", reps=5,
                         date="2026-12-03T12:00:00+00:00")
     again = refresh_from(old, new["refreshed"]["raw"], date="2026-12-03T12:00:00+00:00")
     assert again["refreshed"]["factors"] == new["refreshed"]["factors"]

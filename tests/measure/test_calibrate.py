@@ -306,9 +306,9 @@ def test_calibrate_is_a_subcommand_whose_help_needs_no_gpu(
 def test_the_fidelity_benchmark_predicts_every_scenario_in_sim_only_mode(tmp_path: Path) -> None:
     profile = _write(tmp_path, build_profile(_meas(), META, FULL))
     out = tmp_path / "fidelity.json"
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_fidelity.py"),
-                           "--sim-only", "--small", "--profile", str(profile), "--out",
-                           str(out)], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, "-m", "kvvmm.measure.fidelity", "--sim-only",
+                           "--small", "--profile", str(profile), "--out",
+                           str(out)], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     res = json.loads(out.read_text())
     assert res["mode"] == "sim-only" and res["profile"]["key"] == "testgpu"
@@ -533,8 +533,7 @@ def test_a_large_first_mapping_pays_per_region_it_enters_or_once_as_calibrate_fo
 def test_crossval_scores_each_profile_against_each_measured_run_and_rescore_keeps_figures(
     tmp_path: Path,
 ) -> None:
-    sys.path.insert(0, str(ROOT / "bench"))
-    import bench_fidelity as bf
+    from kvvmm.measure import fidelity as bf
 
     wl = replace(bf.SMALL, workload_s=0.0, elastic_pages=0)
     pred = bf.predict("h200", wl)

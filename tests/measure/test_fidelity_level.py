@@ -1,4 +1,4 @@
-"""``bench/fidelity_level.py``: the session level fitted from fidelity runs, scored leaving
+"""``kvvmm.measure.level``: the session level fitted from fidelity runs, scored leaving
 each session out (issue 27).
 
 Fixture runs planted at known multiples of the sim's point, in sessions by their dates: runs
@@ -9,38 +9,30 @@ others only, so a session beyond all the others stays outside its band (as the H
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
 
+from kvvmm.measure import fidelity
+
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _load(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
 
 
 @pytest.fixture(scope="module")
 def fl() -> ModuleType:
-    _load("bench_fidelity")
-    return _load("fidelity_level")
+    from kvvmm.measure import level
+
+    return level
 
 
 @pytest.fixture(scope="module")
 def small(fl: ModuleType) -> Any:
     from dataclasses import replace
 
-    return replace(sys.modules["bench_fidelity"].SMALL, workload_s=0.0, policies=("default",))
+    return replace(fidelity.SMALL, workload_s=0.0, policies=("default",))
 
 
 def _run(path: Path, date: str, predicted: dict[str, list[float]], scale: float) -> str:
@@ -54,7 +46,7 @@ def _run(path: Path, date: str, predicted: dict[str, list[float]], scale: float)
 
 def test_sessions_pool_runs_minutes_apart_and_each_is_scored_on_the_others_level(
         fl: ModuleType, small: Any, tmp_path: Path) -> None:
-    pred = sys.modules["bench_fidelity"].predict("h200", small)
+    pred = fidelity.predict("h200", small)
     plan = [("a1", "2026-12-01T12:22:00+00:00", 1.0), ("a2", "2026-12-01T12:40:00+00:00", 1.0),
             ("b", "2026-12-02T09:00:00+00:00", 2.5), ("c", "2026-12-03T09:00:00+00:00", 0.4),
             ("d", "2026-12-04T09:00:00+00:00", 2.5)]
@@ -79,7 +71,7 @@ def test_sessions_pool_runs_minutes_apart_and_each_is_scored_on_the_others_level
     # b and d in, c out: two of the three sessions other than the calibration's
     assert got["other_sessions_than_calibration"]["after"]["share"] == pytest.approx(2 / 3,
                                                                                    abs=1e-4)
-    # the level fitted on every session is the one collect_spread writes, and it loads
+    # the level fitted on every session is the one kvvmm calibrate rebuild writes, and it loads
     lv = got["level_every_session"]
     assert {s["session"] for s in lv["sessions"]} == set(got["sessions"])
     from kvvmm.hardware import profile_from_data
@@ -107,7 +99,7 @@ def test_sessions_pool_runs_minutes_apart_and_each_is_scored_on_the_others_level
 
 def test_with_level_composes_each_scenario_with_its_group_and_no_rows_change_nothing(
         fl: ModuleType) -> None:
-    bf = sys.modules["bench_fidelity"]
+    bf = fidelity
     bands = {"growth:exact": [8.0, 10.0, 12.0], "construct": [8.0, 10.0, 12.0],
              "workload:prefix:decode": [1.0, 2.0, 3.0]}
     assert bf.with_level(bands, {}) == bands

@@ -351,3 +351,80 @@ def test_import_kvvmm_loads_no_torch_plotly_ipywidgets_or_cuda() -> None:
 
 def test_import_kvvmm_works_where_torch_plotly_ipywidgets_and_cuda_are_missing() -> None:
     assert _import_kvvmm_in_a_fresh_process(block=True) == []
+
+
+# -- the calibration's wall, and tests that load scripts -------------------------------------
+
+
+def test_nothing_below_measure_imports_it() -> None:
+    """The calibration workshop (kvvmm.measure) measures and fits; the library only reads
+    what it wrote (kvvmm/hardware's data and models): no module outside the measure layer
+    and the command line above it imports kvvmm.measure, not even inside a function."""
+    modules = package_modules()
+    known = set(modules)
+    found = []
+    for module, path in modules.items():
+        if layer_of(module) in ("measure", "cli"):
+            continue
+        for imp in imports_of(module, path.read_text(encoding="utf-8"), known,
+                              path.name == "__init__.py"):
+            if imp.target == "kvvmm.measure" or imp.target.startswith("kvvmm.measure."):
+                found.append(f"{module}:{imp.line} imports {imp.target}")
+    assert not found, "below measure, kvvmm.measure is imported:\n" + "\n".join(found)
+
+
+#: Calls that run or load a file by its path instead of importing a module.
+_BY_PATH = frozenset(("spec_from_file_location", "run_path", "run_module", "exec_module"))
+
+
+def loads_bench_by_path(source: str) -> list[int]:
+    """Lines of ``source`` where a function (or the module body) loads a file by path
+    (``importlib.util.spec_from_file_location``, ``runpy``) and names ``bench`` (a path part
+    or a path string under it): a benchmark is run as a user runs it, in its own process,
+    and what calibrates is imported from ``kvvmm.measure``."""
+    tree = ast.parse(source)
+    scopes: list[ast.AST] = [tree, *(n for n in ast.walk(tree)
+                                     if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef))]
+    found = []
+    for scope in scopes:
+        body = scope.body if isinstance(scope, ast.Module) else [scope]
+        nodes = [n for stmt in body for n in ast.walk(stmt)]
+        if isinstance(scope, ast.Module):  # the module's own statements, not its functions'
+            nodes = [n for stmt in body
+                     if not isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef)
+                     for n in ast.walk(stmt)]
+        calls = [n for n in nodes if isinstance(n, ast.Call)
+                 and ((isinstance(n.func, ast.Attribute) and n.func.attr in _BY_PATH)
+                      or (isinstance(n.func, ast.Name) and n.func.id in _BY_PATH))]
+        names_bench = any(isinstance(n, ast.Constant) and isinstance(n.value, str)
+                          and (n.value == "bench" or n.value.startswith("bench/")
+                               or "/bench/" in n.value)
+                          for n in nodes)
+        if calls and names_bench:
+            found += [c.lineno for c in calls]
+    return sorted(set(found))
+
+
+@pytest.mark.parametrize(("source", "flagged"), [
+    ('import importlib.util\ndef f(root):\n'
+     '    return importlib.util.spec_from_file_location("m", root / "bench" / "x.py")', True),
+    ('import runpy\ndef f():\n    return runpy.run_path("bench/sleep/bench_sleep.py")', True),
+    ('import importlib.util\nfrom pathlib import Path\n'
+     'spec = importlib.util.spec_from_file_location("b", Path("bench") / "x.py")', True),
+    ('import importlib.util\ndef f(root):\n'
+     '    return importlib.util.spec_from_file_location("m", root / "notebooks" / "b.py")',
+     False),
+    ('import subprocess, sys\ndef f():\n'
+     '    return subprocess.run([sys.executable, "bench/sim/bench_sim.py"])', False),
+])
+def test_the_by_path_scan_flags_what_loads_a_bench_script(source: str, flagged: bool) -> None:
+    assert bool(loads_bench_by_path(source)) is flagged
+
+
+def test_no_test_loads_a_bench_script_by_its_path() -> None:
+    tests = ROOT / "tests"
+    found = [f"{p.relative_to(ROOT)}:{line}"
+             for p in sorted(tests.rglob("*.py"))
+             for line in loads_bench_by_path(p.read_text(encoding="utf-8"))]
+    assert not found, ("a test loads a bench script by its path; run it as a user does "
+                       "(subprocess) or import what it tests from kvvmm:\n" + "\n".join(found))

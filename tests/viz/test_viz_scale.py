@@ -161,7 +161,7 @@ def test_a_thousand_buffers_and_a_hundred_thousand_mappings_draw_fast() -> None:
         fig = va_map(snap)
         took = time.perf_counter() - t0
         assert isinstance(fig, go.Figure)
-        assert took < 1.5, (buffers, each, took)  # bench/bench_viz.py holds the real target
+        assert took < 1.5, (buffers, each, took)  # bench/viz/bench_viz.py holds the real target
     assert fig.layout.meta["mode"] == "bars"  # 40 x 250 = 10k mappings: still bars
 
 

@@ -1,0 +1,103 @@
+"""The cold call's tail: how much of a cold call's premium the next call of its kind still
+pays, from the committed H200 startup probes (``cold_calls.second`` of the shipped profile,
+written by ``kvvmm calibrate rebuild``).
+
+The sim charged a pause's cold premium to the first call of each kind only (docs/FIDELITY.md,
+"Cold calls"), and request-ranges+deferred's startup, the one startup that makes a second
+create, map and set_access after the first (the reserve's refill, a 50 MiB handle), read
+1.33x the sim's point over the committed fidelity runs. A startup probe (``probe_startup.py``,
+since removed: bench/results/README.md) timed every call of that startup on the H200, 12
+rounds in two files (``h200-startup.json``, ``h200-startup-cold.json``, 2026-12-03): in every
+round the second create cost 45-55 µs, the second set_access 69-104, the second map 7-36,
+against 17, 47 and 3 µs that the profile charges the same calls warm. Per round, the second
+call's excess over the profile's warm cost of it, over the profile's premium for its kind;
+per kind, the median over the rounds (``second``). The maps of ``h200-startup.json`` ran on a
+host whose warm maps cost 10 µs, not the profile's 2-3 (its prefix startup's median map: 10.4
+to 10.9 µs), so their excess is taken over that run's own warm map (the median map of the
+prefix startups in the same file) instead.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from kvvmm.hardware import get_profile, sim_costs
+from kvvmm.measure.results import results_dir
+
+#: The startup probes' results, inside the results folder.
+RUNS = ("h200-startup.json", "h200-startup-cold.json")
+STARTUP = "request-ranges+deferred"
+OPS = ("create", "map", "set_access")
+
+
+def _warm_map_us(run: dict[str, Any]) -> float:
+    """The run's own warm map: the median map of its prefix startups (160 maps each)."""
+    meds = [m["by_op"]["map"]["median_us"] for order in run["orders"].values()
+            for m in order["prefix"]["measured"]]
+    return float(statistics.median(meds))
+
+
+def second_shares(profile: Any = "h200", results: Path | None = None,
+                  runs: tuple[str, ...] = RUNS) -> dict[str, Any]:
+    """Per kind, the median over the rounds of (second call - its warm cost) / premium.
+
+    Args:
+        profile: the profile whose warm costs and premiums the excess is taken over (a key,
+            a path or a :class:`~kvvmm.hardware.DeviceProfile`).
+        results: the results folder (default: the checkout's).
+        runs: the probe files inside it.
+    Returns:
+        ``{"second": {kind: share}, "rounds": {kind: [share per round]}}``.
+    """
+    results = results_dir() if results is None else results
+    prof = get_profile(profile)
+    costs = sim_costs(prof)
+    cold = costs.cold
+    assert cold is not None, "the profile models no cold calls"
+    rows: dict[str, list[float]] = {op: [] for op in OPS}
+    for path in runs:
+        run = json.loads((results / path).read_text(encoding="utf-8"))
+        map_warm = _warm_map_us(run)
+        for order in run["orders"].values():
+            for m in order[STARTUP]["measured"]:
+                seen: dict[str, int] = {}
+                for c in m["first_calls"]:
+                    op = c["op"]
+                    seen[op] = seen.get(op, 0) + 1
+                    if op not in rows or seen[op] != 2:
+                        continue
+                    warm = costs.calls(op, int(c["size"]))
+                    if op == "map":
+                        warm = max(warm, map_warm)
+                    rows[op].append(round((float(c["us"]) - warm) / cold.premium_us[op], 4))
+    return {"second": {op: round(max(0.0, min(1.0, statistics.median(v))), 3)
+                       for op, v in rows.items() if v},
+            "rounds": {op: v for op, v in rows.items()}}
+
+
+SOURCE = ("kvvmm calibrate rebuild (kvvmm.measure.coldtail) on bench/results/h200-startup.json "
+          "and h200-startup-cold.json (a startup probe on an H200, 2026-12-03, 12 rounds): "
+          "request-ranges+deferred's startup makes a cold create, map and set_access, then a "
+          "second of each at once (a 50 MiB handle); per kind, the median over the rounds of the "
+          "second call's excess over this profile's warm cost of it (the map: over the run's "
+          "own warm map) over this profile's premium; the other kinds were not measured "
+          "(nothing)")
+
+
+def with_second(section: Mapping[str, Any], second: Mapping[str, float]) -> dict[str, Any]:
+    """The ``cold_calls`` section with ``second`` (and its source) after ``partial_source``,
+    the rest in its order; old shares are replaced, never kept beside the new ones."""
+    new: dict[str, Any] = {}
+    for k, v in section.items():
+        if k in ("second", "second_source"):
+            continue
+        new[k] = v
+        if k == "partial_source":
+            new["second"], new["second_source"] = dict(second), SOURCE
+    if "second" not in new:
+        new["second"], new["second_source"] = dict(second), SOURCE
+    return new

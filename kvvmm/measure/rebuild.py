@@ -1,0 +1,124 @@
+"""``kvvmm calibrate rebuild [--check]``: the shipped H200 profile remade from the committed
+measurements.
+
+The shipped ``kvvmm/hardware/data/h200.json`` holds two kinds of figures. The measured ones
+(per-call costs, first touch, library work, cold-call premiums, idle release) come from a
+``kvvmm calibrate`` run and the card's probes, and are kept as the file has them. Every figure
+*derived* from committed results is remade here, in this order (each step reads the profile
+the steps before it made):
+
+1. ``bandwidth.growth``: every committed growth-bandwidth run (``h200-growth-bandwidth.json``)
+   with how its copy lies over handles, from the same growth on the sim
+   (:mod:`kvvmm.measure.growth_bandwidth`);
+2. ``cold_calls.second``: the share of the cold premium the second call of a kind pays, from
+   the startup probes (:mod:`kvvmm.measure.coldtail`);
+3. ``spread`` (figures and history): the calibrations kept and the settled growth rounds
+   (:mod:`kvvmm.measure.spread`);
+4. ``spread.level``: every committed fidelity run against the sim on the profile of steps
+   1-3 (:func:`kvvmm.measure.spread.compute_level`).
+
+The results are read from the checkout's ``bench/results`` (or ``--results DIR``:
+:mod:`kvvmm.measure.results`); a wheel ships none. ``--check`` changes nothing and exits 1
+when the shipped file differs from the rebuild (the test suite runs it); ``--collect`` first
+reads the growth-bandwidth runs again from git history into their results file (a clone
+with history).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from kvvmm.errors import KvvmmError
+from kvvmm.hardware import profile_from_data
+from kvvmm.measure import coldtail, growth_bandwidth, spread
+from kvvmm.measure.results import results_dir, shipped_profile_path
+
+__all__ = ["dump", "main", "rebuild"]
+
+
+def dump(data: Any) -> str:
+    """JSON as the repo keeps its profiles and results (indent 1, ASCII, a final newline)."""
+    return json.dumps(data, indent=1, ensure_ascii=True) + "\n"
+
+
+def _read(path: Path) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    return data
+
+
+def rebuild(shipped: Mapping[str, Any], results: Path,
+            collected: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The profile ``shipped`` with every derived section remade from ``results``.
+
+    Args:
+        shipped: the profile as the package has it (its measured sections are kept).
+        results: the committed results folder.
+        collected: the growth-bandwidth runs (default: as ``results`` has them).
+    Returns:
+        A new profile (``shipped`` is not changed); it loads (checked by the schema).
+    Raises:
+        ArgumentError: a committed run that the rebuild cannot use.
+        ProfileError: the rebuilt profile breaks the schema.
+    """
+    data = copy.deepcopy(dict(shipped))
+    if collected is None:
+        collected = _read(results / growth_bandwidth.COLLECTED)
+    data["bandwidth"]["growth"] = growth_bandwidth.profile_section(collected)
+    shares = coldtail.second_shares(profile_from_data(data, where="the rebuilt profile"),
+                                    results)
+    data["cold_calls"] = coldtail.with_second(data["cold_calls"], shares["second"])
+    data["spread"] = spread.compute(data, results)
+    data["spread"]["level"] = spread.compute_level(data, results)
+    profile_from_data(data, where="the rebuilt profile")  # it loads, or this raises
+    return data
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``kvvmm calibrate rebuild``: 0 written or up to date, 1 drifted
+    (``--check``), 2 an error."""
+    ap = argparse.ArgumentParser(prog="kvvmm calibrate rebuild", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--check", action="store_true",
+                    help="change nothing; exit 1 if a shipped file differs from the rebuild")
+    ap.add_argument("--results", default=None,
+                    help="the committed results folder (default: the checkout's bench/results)")
+    ap.add_argument("--collect", action="store_true",
+                    help="first read the growth-bandwidth runs from git history again")
+    args = ap.parse_args(argv)
+    target = shipped_profile_path("h200")
+    try:
+        results = results_dir(args.results)
+        wanted: dict[Path, str] = {}
+        collected = growth_bandwidth.collect(results) if args.collect else None
+        if collected is not None:
+            wanted[results / growth_bandwidth.COLLECTED] = dump(collected)
+        # everything is computed before anything is written: a failure leaves both files
+        wanted[target] = dump(rebuild(_read(target), results, collected))
+    except (KvvmmError, OSError, ValueError) as e:
+        print(f"kvvmm calibrate rebuild: error: {type(e).__name__}: {e}", file=sys.stderr)
+        return 2
+    drift = [p for p, text in wanted.items()
+             if not p.exists() or p.read_text(encoding="utf-8") != text]
+    if args.check:
+        for p in drift:
+            print(f"{p} differs from the rebuild (kvvmm calibrate rebuild writes it)")
+        if not drift:
+            print("the shipped profile is what the committed results rebuild")
+        return 1 if drift else 0
+    for p in drift:
+        p.write_text(wanted[p], encoding="utf-8")
+        print(f"wrote {p}")
+    if not drift:
+        print("the shipped profile is what the committed results rebuild: nothing written")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
+
