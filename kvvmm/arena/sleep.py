@@ -126,7 +126,7 @@ class SleepMixin(_ArenaState):
         if store is not None:
             self._copy(plan, store, "save")
         try:
-            given = self._give_back(plan)  # a failed unmap maps every run back, bytes intact
+            given = self._give_back(plan, "sleep")  # a failed unmap maps every run back
         except BaseException:
             if store is not None:
                 store.drop()
