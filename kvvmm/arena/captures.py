@@ -32,9 +32,10 @@ ConflictHook = Callable[["Capture", str, tuple[tuple[int, int], ...]],
                         Sequence[tuple[int, int]] | None]
 
 
-@dataclass(eq=False, slots=True)
+@dataclass(frozen=True, eq=False, slots=True)
 class Capture:
-    """One consumer's record of the VA it baked in (compared by identity).
+    """One consumer's record of the VA it baked in (compared by identity; only its arena's
+    registry changes it: its ranges when the consumer re-registers, ``live`` at release).
 
     Attributes:
         name: shown in every refusal (``"decode-bs8"``, ``"nccl:tp-allreduce"``).
@@ -151,7 +152,7 @@ class CaptureRegistry:
     def _drop(self, cap: Capture) -> None:
         self._live.remove(cap)
         self.fixed -= cap.fixed_capacity
-        cap.live = False
+        object.__setattr__(cap, "live", False)
 
     def _refuse(self, cap: Capture, op: str, spans: tuple[tuple[int, int], ...],
                 hit: tuple[int, int], why: str,
@@ -167,7 +168,7 @@ class CaptureRegistry:
                 if not new:  # it keeps nothing: its registration ends here
                     self._drop(cap)
                     return
-                cap.ranges = new
+                object.__setattr__(cap, "ranges", new)
                 left = again(cap)
                 if left is None:
                     return

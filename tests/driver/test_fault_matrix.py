@@ -406,8 +406,7 @@ def test_a_tensor_alive_at_interpreter_exit_is_not_unmapped_under_it() -> None:
         hook = []
         atexit.register(lambda: hook[0]())  # runs after weakref's own exit hook
         from kvvmm.arena import Arena
-        from kvvmm.arena.reclaim import HeldMemoryReleaser
-from kvvmm.driver.host import HostDriver
+        from kvvmm.driver.host import HostDriver
         G = 2 << 20
         d = HostDriver(capacity_bytes=1 << 30)
         a = Arena(d, reserve_bytes=4 * G)
