@@ -17,6 +17,7 @@ __all__ = [
     "AsleepError",
     "BackupError",
     "BusyError",
+    "CaptureConflictError",
     "ClosedError",
     "CollectiveError",
     "DriverArgumentError",
@@ -137,6 +138,30 @@ class SleepRefusedError(KvvmmError):
     awake, for ``wake()``), or it holds adopted handles (memory another process shares: give
     them back first). The message names which.
     """
+
+
+class CaptureConflictError(KvvmmError):
+    """An operation would unmap, move or grow memory a live capture baked in; nothing changed.
+
+    A CUDA graph, an NCCL or RDMA registration or a kernel's bounds recorded the range (or
+    the capacity) with :meth:`~kvvmm.arena.Arena.record_capture`. Release the capture (or
+    recapture after the change) first. ``capture`` is its name, ``op`` the refused operation,
+    ``start`` and ``end`` the VA ``[start, end)`` it would have touched.
+    """
+
+    def __init__(self, capture: str, op: str, start: int, end: int, detail: str) -> None:
+        self.capture = capture
+        self.op = op
+        self.start = start
+        self.end = end
+        self.detail = detail
+        super().__init__(f"{op} refused: it would touch [{start:#x}, {end:#x}), which the live "
+                         f"capture {capture!r} baked in ({detail}); release that capture "
+                         f"first, or recapture after the {op}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.capture, self.op, self.start, self.end, self.detail),
+                self.__dict__)
 
 
 class BackupError(KvvmmError):

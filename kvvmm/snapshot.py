@@ -94,6 +94,12 @@ class ArenaSnapshot:
     #: asleep: the mappings a wake makes again (same offsets, sizes and ids), sorted by
     #: offset, for a lab to draw where the memory comes back; () while awake
     asleep_mappings: tuple[MappingInfo, ...] = ()
+    #: the live captures' names (graphs, registrations: ``Arena.record_capture``), oldest
+    #: first; a decommit, sleep or close under one of them is refused
+    captures: tuple[str, ...] = ()
+    #: creates tried once more after the cache releaser (torch's cache) handed memory back
+    #: (``Arena.reclaim_stats`` has the rest)
+    oom_retries: int = 0
 
     @property
     def unbacked_bytes(self) -> int:

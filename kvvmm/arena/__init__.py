@@ -7,6 +7,9 @@
   :mod:`~kvvmm.arena.sleep` (sleep and wake: every handle given back, the VA kept), whose
   bytes :mod:`~kvvmm.arena.backup` keeps (pinned host memory, or a file through mmap);
 - :mod:`~kvvmm.arena.transaction`: the undo stack every multi-step change runs in;
+- :mod:`~kvvmm.arena.captures`: what baked the arena's VA in (graphs, registrations), and
+  the unmaps it refuses; :mod:`~kvvmm.arena.reclaim`: cache releasers (torch's cache) asked
+  before an out-of-memory create is tried once more, and torch's allocator capped;
 - :mod:`~kvvmm.arena.views`: :class:`ViewLease` and the tensors over the VA;
 - :mod:`~kvvmm.arena.mempool`: ``Arena.pool``, a ``torch.cuda.MemPool`` over the reservation;
 - ``_dlpack``: device tensors through DLPack, with no compilation; its :func:`device_tensor`

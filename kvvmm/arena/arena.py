@@ -34,8 +34,10 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from kvvmm.arena.captures import CaptureRegistry, CapturesMixin
 from kvvmm.arena.holes import HolesMixin
 from kvvmm.arena.pool import register_arena
+from kvvmm.arena.reclaim import CacheReleaser, releaser_for
 from kvvmm.arena.records import (
     DecommitResult,
     RangeResult,
@@ -79,12 +81,11 @@ __all__ = ["MAX_RESERVE_BYTES", "Arena", "DecommitResult", "RangeResult", "Sleep
 MAX_RESERVE_BYTES = 1 << 48
 
 
-
 #: each arena's tag for a shared HandlePool (unique in the process)
 _POOL_TAGS = itertools.count(1)
 
 
-class Arena(HolesMixin, SharingMixin, SleepMixin):
+class Arena(HolesMixin, SharingMixin, SleepMixin, CapturesMixin):
     """One VA reservation with bump allocation, commit/decommit and tensor views.
 
     Args:
@@ -98,6 +99,8 @@ class Arena(HolesMixin, SharingMixin, SleepMixin):
         pool: a :class:`~kvvmm.arena.pool.HandlePool` of the same driver: commits take
             handles from it (and only map), decommits give handles back to it (up to its
             cap), an out-of-memory create draws it down first. None: create and release.
+        cache_releaser, retry_on_oom: hands cached memory back when a create runs out (then
+            tried once more), and the opt-out: :func:`~kvvmm.arena.reclaim.releaser_for`.
     Raises:
         ArgumentError: ``driver`` not a driver, or ``reserve_bytes`` not a positive int.
         OutOfRangeError: ``reserve_bytes`` above :data:`MAX_RESERVE_BYTES`; nothing reserved.
@@ -107,6 +110,7 @@ class Arena(HolesMixin, SharingMixin, SleepMixin):
     def __init__(
         self, driver: Driver, *, reserve_bytes: int, device: int | None = None,
         name: str = "arena", trace: Trace | None = None, pool: HandlePool | None = None,
+        cache_releaser: CacheReleaser | None = None, retry_on_oom: bool = True,
     ) -> None:
         check_driver(driver)
         int_arg("reserve_bytes", reserve_bytes, lo=1, hi=MAX_RESERVE_BYTES,
@@ -120,6 +124,7 @@ class Arena(HolesMixin, SharingMixin, SleepMixin):
         self._cond = threading.Condition(self._lock)
         if pool is not None and getattr(pool, "driver", None) is not driver:
             raise ArgumentError("pool", pool, "a HandlePool of this arena's driver")
+        self._releaser = releaser_for(driver, cache_releaser, retry_on_oom)
         self._handle_pool: HandlePool | None = pool
         self.pool_tag = next(_POOL_TAGS)
         # allocation offset -> [start, end) (allocation-relative) the pool's thread is backing
@@ -133,6 +138,7 @@ class Arena(HolesMixin, SharingMixin, SleepMixin):
         self.granularity = driver.granularity()
         self.reserved_bytes = align_up(reserve_bytes, self.granularity)
         self.base = driver.reserve(self.reserved_bytes, self.granularity)
+        self._captures = CaptureRegistry(self.name, self.base, self.base + self.reserved_bytes)
         self.cursor_bytes = 0
         self._allocs: list[_Alloc] = []
         self._by_offset: dict[int, _Alloc] = {}
@@ -528,6 +534,7 @@ class Arena(HolesMixin, SharingMixin, SleepMixin):
             peer_devices=self.peer_devices,
             pool_bytes=0 if self._handle_pool is None else self._handle_pool.held_bytes,
             asleep_bytes=self.asleep_bytes, asleep_mappings=self._asleep_mappings(),
+            captures=tuple(c.name for c in self._captures.live), oom_retries=self._reclaim.retries,
         )
 
     @_locked
@@ -548,6 +555,7 @@ class Arena(HolesMixin, SharingMixin, SleepMixin):
             if self._leftover:
                 self._release_leftover()
             return
+        self._captures.check_close()  # a live capture still uses the VA: nothing changes
         self._closed = True
         if self._pool is not None:
             self._drop_pool()

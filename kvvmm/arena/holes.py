@@ -73,9 +73,14 @@ class HolesMixin(_ArenaState):
                 return 0
             plan = [self._check_range("prepare_ranges", o, s, n) for o, s, n in requests]
             booked: list[tuple[_Alloc, int, int]] = []
+            fixed = self._captures.fixed  # a fixed capacity: skip what would grow past it
             for a, lo, hi in plan:
                 mine = self._inflight.setdefault(a.offset, [])
+                va = self.base + a.offset
                 for s, e in self._gaps(a, lo, hi):
+                    if fixed and self._captures.blocks_growth((va + s, va + e),
+                                                              (va, va + a.size)):
+                        continue
                     if not _overlaps(mine, s, e):
                         mine.append((s, e))
                         booked.append((a, s, e))
@@ -181,7 +186,7 @@ class HolesMixin(_ArenaState):
             got = drop.setdefault(a.offset, [])
             got += [m for m in mine if all(m is not x for x in got)]
         self._give_back([(self._by_offset[o], sorted(ms, key=lambda m: m.offset))
-                         for o, ms in drop.items() if ms])
+                         for o, ms in drop.items() if ms], "decommit_range")
         out = []
         seen: set[int] = set()
         for (a, lo, hi), mine, kept in zip(plan, inside, cut, strict=True):

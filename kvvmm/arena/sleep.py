@@ -131,7 +131,7 @@ class SleepMixin(_ArenaState):
             self._sync_device()
             if store is not None:
                 self._copy(plan, store, "save")
-            given = self._give_back(plan)  # a failed unmap maps every run back, bytes intact
+            given = self._give_back(plan, "sleep")  # a failed unmap maps all back, bytes intact
         except BaseException:
             if store is not None:  # unbound again: the failed sleep changed nothing
                 unbind_backup(store, self, "")

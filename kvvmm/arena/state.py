@@ -18,6 +18,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
+from kvvmm.arena.reclaim import ReclaimStats
 from kvvmm.arena.records import (
     _Alloc,
     _discard,
@@ -44,7 +45,9 @@ from kvvmm.errors import (
 from kvvmm.record.trace import Trace
 
 if TYPE_CHECKING:
+    from kvvmm.arena.captures import CaptureRegistry
     from kvvmm.arena.pool import HandlePool
+    from kvvmm.arena.reclaim import CacheReleaser
 
 # One logger for the whole arena, under the name it always had.
 log = logging.getLogger("kvvmm.arena.arena")
@@ -117,6 +120,11 @@ class _ArenaState:
     _arena_id: int
     #: what a sleeping arena remembers (:mod:`~kvvmm.arena.sleep`); None while awake
     _sleeping: _Sleep | None = None
+    #: what baked the arena's VA in (:mod:`~kvvmm.arena.captures`)
+    _captures: CaptureRegistry
+    #: asked to hand cached memory back when a create runs out (:mod:`~kvvmm.arena.reclaim`)
+    _releaser: CacheReleaser | None
+    _reclaim: ReclaimStats = ReclaimStats()  # frozen: replaced, never changed in place
 
     # -- basics -------------------------------------------------------------------------
 
@@ -198,7 +206,10 @@ class _ArenaState:
         """A handle of ``size``: the pool's if it holds one, else a create.
 
         Memory pressure: an out-of-memory create draws the pool down first (its idle
-        handles are memory nobody maps) and is tried once more.
+        handles are memory nobody maps) and is tried once more; still out of memory, the
+        cache releaser hands back what it holds free (torch's cache) and the create is tried
+        once more again (:meth:`_create_after_release`). Every commit path (prefix, range,
+        look-ahead, wake) makes its handles here.
         """
         pool = self._handle_pool
         if pool is not None:
@@ -207,10 +218,51 @@ class _ArenaState:
                 return h
         try:
             return self.driver.create(size)
-        except DriverOutOfMemoryError:
+        except DriverOutOfMemoryError as e:
             if pool is None or not pool.trim(size):
-                raise
+                return self._create_after_release(size, e)
+        try:
             return self.driver.create(size)
+        except DriverOutOfMemoryError as e:
+            return self._create_after_release(size, e)
+
+    def _create_after_release(self, size: int, err: DriverOutOfMemoryError) -> int:
+        """After a create ran out of memory: ask the cache releaser (torch's cache, on CUDA)
+        to hand back what it holds free, and try the create once more (only if it handed
+        something back). Runs inside the caller's transaction: if this create fails too,
+        the commit unwinds as it would have. Re-raises the first error when there is no
+        releaser or it freed nothing.
+        """
+        from dataclasses import replace
+
+        releaser = self._releaser
+        if releaser is None:
+            raise err
+        freed = max(0, releaser.release_cached(size))
+        with self._lock:  # the look-ahead makes handles with the lock free: count under it
+            st = self._reclaim
+            self._reclaim = replace(st, releases=st.releases + 1,
+                                    released_bytes=st.released_bytes + freed,
+                                    retries=st.retries + (freed > 0))
+        if not freed:
+            raise err
+        try:
+            h = self.driver.create(size)
+        except DriverOutOfMemoryError as again:
+            with self._lock:
+                st = self._reclaim
+                self._reclaim = replace(st, retries_failed=st.retries_failed + 1)
+            again.add_note(f"arena {self.name!r}: tried once more after the cache released "
+                           f"{freed} bytes; still out of memory")
+            raise
+        log.info("arena %r: a create of %d bytes succeeded after the cache released %d "
+                 "bytes", self.name, size, freed)
+        return h
+
+    @property
+    def reclaim_stats(self) -> ReclaimStats:
+        """What this arena's out-of-memory retries did (releases asked, bytes, retries)."""
+        return self._reclaim
 
     def _back_gap(self, a: _Alloc, s: int, e: int, undo: Transaction,
                   new: list[_Map] | None = None) -> int:
@@ -269,6 +321,12 @@ class _ArenaState:
 
     def _commit_ranges(self, plan: Sequence[tuple[_Alloc, int, int]], op: str) -> int:
         self._wait_inflight(plan)
+        if self._captures.fixed:  # before any driver call: a capacity a capture baked in
+            base = self.base
+            self._captures.check_grow(
+                [(base + a.offset + s, base + a.offset + e)
+                 for a, lo, hi in plan for s, e in self._gaps(a, lo, hi)],
+                [(base + a.offset, base + a.offset + a.size) for a, _, _ in plan])
         undo = Transaction()
         added = 0
         first: dict[int, int] = {}  # id(allocation) -> its first place in the plan
@@ -300,13 +358,21 @@ class _ArenaState:
 
     # -- giving back --------------------------------------------------------------------
 
-    def _give_back(self, plan: Sequence[tuple[_Alloc, list[_Map]]]) -> dict[int, int]:
+    def _give_back(self, plan: Sequence[tuple[_Alloc, list[_Map]]],
+                   op: str = "decommit") -> dict[int, int]:
         """Unmap ``plan``'s mappings (sorted per allocation) in runs; forget them.
 
         One unmap per run of adjacent mappings (CUDA unmaps several whole mappings in one
         call). A failed unmap maps every run unmapped before it back (same handles, same
-        bytes). The handles wait in ``_gone`` for :meth:`_release_gone`.
+        bytes). The handles wait in ``_gone`` for :meth:`_release_gone`. Every unmap of the
+        arena passes here, so here a live capture of the VA refuses it (``op`` names the
+        operation), before the first driver call.
         """
+        if self._captures:
+            base = self.base
+            self._captures.check_unmap(op, [(base + r[0].offset,
+                                             base + r[-1].offset + r[-1].size)
+                                            for _a, ms in plan for r in _runs(ms)])
         d = self.driver
         undo = Transaction()
         try:

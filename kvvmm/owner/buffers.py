@@ -27,13 +27,16 @@ import math
 import threading
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from kvvmm.arena import Arena, DecommitResult
 from kvvmm.arena.arena import MAX_RESERVE_BYTES, RangeResult, SleepResult, check_driver
 from kvvmm.arena.backup import Backup
+from kvvmm.arena.captures import Capture, ConflictHook
 from kvvmm.arena.pool import HandlePool
+from kvvmm.arena.reclaim import CacheReleaser
 from kvvmm.checks import int_arg, is_int
 from kvvmm.driver.base import Driver, work_hook
 from kvvmm.dtypes import dtype_itemsize, dtype_name
@@ -134,6 +137,9 @@ class KvBufferOwner:
             handle sizes): topped up to the whole look-ahead once less than half of it is
             left (a job every few steps, with larger handles, not one per step); counted as
             over-commit. 0 (default): no look-ahead.
+        cache_releaser, retry_on_oom: when a commit's create runs out of memory, what hands
+            cached memory back (default: torch's cache on CUDA) before one more try, and
+            the opt-out (as for :class:`~kvvmm.arena.Arena`); counted in the snapshot.
     Raises:
         ArgumentError, OutOfRangeError, UnknownDtypeError: bad arguments or descs that
             disagree with each other or with ``dtype``/``page_size``/``reserved_tokens``,
@@ -155,6 +161,8 @@ class KvBufferOwner:
         trace: Trace | None = None,
         pool: HandlePool | None = None,
         lookahead_bytes: int = 0,
+        cache_releaser: CacheReleaser | None = None,
+        retry_on_oom: bool = True,
     ) -> None:
         check_driver(driver)
         if pool is not None and not isinstance(pool, HandlePool):
@@ -233,7 +241,8 @@ class KvBufferOwner:
         # thread calls others: the page set and the mirror change under this lock.
         self._slots_lock = threading.RLock()
         self.arena = Arena(driver, reserve_bytes=total, device=device, name=name,
-                           trace=trace, pool=pool)
+                           trace=trace, pool=pool, cache_releaser=cache_releaser,
+                           retry_on_oom=retry_on_oom)
         self._pool = self.arena.handle_pool  # fixed for the arena's life
         # The simulator's hook for the library's own work (None on real drivers): each
         # public operation tells it once, with the buffers it walks (the arena's part is the
@@ -981,6 +990,38 @@ class KvBufferOwner:
             finally:
                 self._sync_backed()
 
+    # -- captures (kvvmm.owner.captures) ----------------------------------------------------
+
+    def capturing(self, name: str, *, keep: bool = False, fixed_capacity: bool = False,
+                  survives_sleep: bool = False, on_conflict: ConflictHook | None = None
+                  ) -> AbstractContextManager[Capture]:
+        """A ``with`` block around a CUDA graph capture: every mapping now is recorded as
+        capture ``name`` until the block ends (``keep``: until :meth:`release_capture`);
+        an unmap under it is refused naming it. See :func:`kvvmm.owner.captures.capturing`.
+        """
+        from kvvmm.owner.captures import capturing
+
+        return capturing(self, name, keep=keep, fixed_capacity=fixed_capacity,
+                         survives_sleep=survives_sleep, on_conflict=on_conflict)
+
+    def record_capture(self, name: str, ranges: Iterable[tuple[int, int]] | None = None, *,
+                       fixed_capacity: bool = False, survives_sleep: bool = False,
+                       on_conflict: ConflictHook | None = None) -> Capture:
+        """Record a consumer (an NCCL or RDMA registration, a graph) of ``ranges`` (default:
+        every mapping now), owned by this owner. See :func:`kvvmm.owner.captures.record`."""
+        from kvvmm.owner.captures import record
+
+        return record(self, name, ranges, fixed_capacity=fixed_capacity,
+                      survives_sleep=survives_sleep, on_conflict=on_conflict)
+
+    def release_capture(self, capture: Capture) -> None:
+        """Release a capture this owner recorded.
+
+        Raises:
+            ArgumentError: not a live capture this owner recorded; nothing changed.
+        """
+        self.arena.release_capture(capture, by=self)
+
     # -- state ----------------------------------------------------------------------------
 
     @property
@@ -1033,6 +1074,7 @@ class KvBufferOwner:
         if self._closed:
             self.arena.close()  # retries a failed release, else a no-op
             return
+        self.arena.check_close()  # a live capture: refused before anything changes
         self._charge("owner.close")
         # Drop our tensors first, so the arena is not kept waiting for views we hold.
         self.tensors = []

@@ -365,11 +365,10 @@ class DistributedOwner:
         try:
             if self.owner.closed:
                 raise ClosedError(f"KvBufferOwner: {op} after close()")
-            pool = self.owner.arena.handle_pool
             for off, start, size in plan():
-                # The arena's handle pool first (a handle made ahead costs no create now).
-                got = pool.take(size, self.owner.arena.pool_tag) if pool is not None else None
-                h = self.owner.arena.driver.create(size) if got is None else got
+                # The arena's handle pool first (a handle made ahead costs no create now),
+                # then a create, retried once after the pool or the cache releases memory.
+                h = self.owner.arena._new_handle(size)
                 p = _Prepared(off, start, h, size)
                 prepared.append(p)
                 live.append(p)

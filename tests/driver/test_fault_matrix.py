@@ -41,6 +41,7 @@ from kvvmm import (
     SimDriver,
     mha_token_major,
 )
+from kvvmm.arena.reclaim import HeldMemoryReleaser
 from kvvmm.driver.base import CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_OUT_OF_MEMORY, Driver
 from kvvmm.driver.host import HostDriver
 from kvvmm.policy import default_policy
@@ -91,8 +92,11 @@ def make_owner(kind: str, policy: object, op: str = "") -> tuple[KvBufferOwner, 
     drv = FaultyDriver(inner_driver(kind))
     descs = mha_token_major(layers=1, kv_heads=4, head_dim=64, reserved_tokens=RESERVED,
                             page_size=PAGE, dtype="bfloat16")
+    # No retry after an out-of-memory create (on CUDA torch's cache would be emptied and the
+    # create tried again, past the injected fault): the retry has rows of its own below.
     owner = KvBufferOwner(driver=drv, dtype="bfloat16", page_size=PAGE,
-                          reserved_tokens=RESERVED, descs=descs, policy=policy)  # type: ignore[arg-type]
+                          reserved_tokens=RESERVED, descs=descs, policy=policy,  # type: ignore[arg-type]
+                          retry_on_oom=False)
     # Several mappings per buffer, so shrink and close have several calls to fail.
     for n in (3000, 9000, 17000):
         owner.ensure_prefix(n)
@@ -444,3 +448,101 @@ def test_two_threads_allocating_never_get_the_same_offset() -> None:
     assert len({a.offset for a in snap.allocations}) == 10_000
     snap.check()
     arena.close()
+
+
+# -- a commit retried after a cache released its memory ---------------------------------------
+
+
+class _LateCache:
+    """The cache releaser of an owner whose memory a fake cache fills after slot 0."""
+
+    cache: HeldMemoryReleaser | None = None
+    calls = 0
+
+    def release_cached(self, need_bytes: int) -> int:
+        self.calls += 1
+        return 0 if self.cache is None else self.cache.release_cached(need_bytes)
+
+
+RETRIED: dict[str, Callable[[KvBufferOwner], object]] = {
+    "ensure_prefix": lambda o: o.ensure_prefix(30_000),
+    "commit_pages": lambda o: o.commit_pages(HOLE_PAGES),
+    "commit_slots": lambda o: o.commit_slots([(24_000, 25_024), (28_800, 29_824)]),
+    "wake": lambda o: o.wake(),
+}
+CAPACITY = 64 << 20
+
+
+def _full_owner(kind: str, op: str) -> tuple[KvBufferOwner, FaultyDriver, _LateCache]:
+    inner: Driver = (SimDriver("h200", capacity_bytes=CAPACITY) if kind == "sim"
+                     else HostDriver(capacity_bytes=CAPACITY))
+    drv = FaultyDriver(inner)
+    late = _LateCache()
+    descs = mha_token_major(layers=1, kv_heads=4, head_dim=64, reserved_tokens=RESERVED,
+                            page_size=PAGE, dtype="bfloat16")
+    owner = KvBufferOwner(driver=drv, dtype="bfloat16", page_size=PAGE,
+                          reserved_tokens=RESERVED, descs=descs, policy=Exact(),
+                          cache_releaser=late)
+    for n in (3000, 9000, 17000):
+        owner.ensure_prefix(n)
+    if op == "wake":
+        owner.sleep()
+    # The cache takes all the memory left, on the inner driver (its calls are not the op's).
+    late.cache = HeldMemoryReleaser(inner, CAPACITY - inner.stats().physical_bytes)
+    return owner, drv, late
+
+
+def _holds_only_what_is_mapped_and_cached(owner: KvBufferOwner, drv: FaultyDriver,
+                                          late: _LateCache) -> bool:
+    """Nothing leaked: the driver holds the owner's mappings and the cache's handles."""
+    snap, st = owner.snapshot().arena, drv.stats()
+    assert late.cache is not None
+    cached = late.cache.held_bytes
+    return (st.handles == len(snap.mappings) + cached // G
+            and st.physical_bytes == snap.backed_bytes + cached)
+
+
+@pytest.mark.parametrize("kind", [p for p in driver_params(("sim", "host"))])
+@pytest.mark.parametrize("op", list(RETRIED))
+def test_a_failure_at_any_call_of_a_commit_retried_after_the_cache_released_is_undone(
+    kind: str, op: str
+) -> None:
+    owner, drv, late = _full_owner(kind, op)
+    before = len(drv.calls)
+    RETRIED[op](owner)  # the first create runs out, the cache releases, the create again
+    calls, done = drv.calls[before:], owner.snapshot()
+    assert late.calls == 1 and done.arena.oom_retries == 1
+    assert calls[:2] == ["create", "create"], calls
+    owner.close()
+    assert late.cache is not None and late.cache.close() == 0
+    assert drv.stats().clean
+    for pos, call in enumerate(calls, start=1):
+        for error in ERRORS:
+            owner, drv, late = _full_owner(kind, op)
+            snap = owner.snapshot()
+            drv.arm(Fault("*", nth=pos, error=error))
+            where = f"{op}: call {pos}/{len(calls)} ({call}) failing with {error}"
+            failed = True
+            try:
+                RETRIED[op](owner)
+                failed = False
+            except DriverError as err:
+                assert err.call == call, where
+                assert owner.snapshot().arena.mappings == snap.arena.mappings, where
+                assert owner.snapshot().arena.asleep_bytes == snap.arena.asleep_bytes, where
+                assert _holds_only_what_is_mapped_and_cached(owner, drv, late), where
+                # once per create that ran out (the first, and an injected one), never a loop
+                assert late.calls <= 1 + (call == "create" and error == CUDA_ERROR_OUT_OF_MEMORY)
+            else:  # only an out-of-memory create that the release and the retry covered
+                assert pos <= 2 and error == CUDA_ERROR_OUT_OF_MEMORY, where
+                assert late.calls == 1, where
+                assert owner.snapshot().arena.mappings == done.arena.mappings, where
+            drv.disarm()
+            if failed:
+                RETRIED[op](owner)  # the same operation now succeeds
+            assert owner.snapshot().arena.mappings == done.arena.mappings, where
+            assert late.calls <= 2, where  # the redo asks only if nothing was released yet
+            owner.close()
+            assert late.cache is not None
+            late.cache.close()
+            assert drv.stats().clean, where
