@@ -60,7 +60,7 @@ def _ledger_side(path: Path, sc: Scenario) -> tuple[dict[str, int], bool]:
         ts = {h.name: led.register(h.name, limit_bytes=h.limit * MiB) for h in sc.holders}
         for h in sc.holders:
             ts[h.name].charge(h.booked * MiB)
-        asker = led.register("asker", limit_bytes=sc.asker_limit * MiB, shed_wait_s=0.3)
+        asker = led.register("asker", limit_bytes=sc.asker_limit * MiB, shed_wait_s=0.5)
         if sc.asker_booked:
             asker.charge(sc.asker_booked * MiB)
         seen: list[tuple[str, int]] = []
