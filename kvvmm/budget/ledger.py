@@ -14,7 +14,8 @@ and checked on every read (never mapped: a truncated file cannot fault), its loc
 at most ``lock_timeout_s``. A ``fork``'s child gets its own open file (it would share the
 parent's lock otherwise) and may not use the parent's tenants: it registers its own.
 
-Rules (the lab models the same; docs/BUDGET.md states them):
+Rules (:mod:`kvvmm.budget.rules` holds them, and the lab calls the same functions;
+docs/BUDGET.md states them):
 
 - a charge of ``n`` bytes fits when ``backed + n <= limit`` (the tenant's own) and
   ``sum(backed of every tenant) + n <= budget`` (the GPU's);
@@ -78,6 +79,7 @@ from kvvmm.budget.ledger_file import (
     resolve_group,
 )
 from kvvmm.budget.liveness import alive, start_ticks
+from kvvmm.budget.rules import TenantState, refusal, shed_plan
 from kvvmm.checks import int_arg, seconds_arg
 from kvvmm.errors import ArgumentError, BusyError, ClosedError, OutOfRangeError
 
@@ -497,10 +499,9 @@ class Ledger:
         backed = q[BACKED + s]
         limit = q[LIMIT + s]
         free = q[H_BUDGET] - sum(q[BACKED:BACKED + SLOTS])
-        if backed + n > limit:
-            return ("limit", limit, backed, max(free, 0))
-        if n > free:
-            return ("budget", limit, backed, max(free, 0))
+        reason = refusal(TenantState("", s, limit, backed), n, free_bytes=free)
+        if reason is not None:
+            return (reason, limit, backed, max(free, 0))
         self._put(q, BACKED + s, backed + n, "charge")
         return None
 
@@ -567,24 +568,17 @@ class Ledger:
 
     def _post_shed(self, q: memoryview, free: int, n: int, *, exclude: int,
                    deadline_ns: int) -> dict[tuple[int, int], int]:
-        """Ask the others for the shortfall, the most backed first; return what was asked
-        of whom (``{(slot, pid): bytes}``) so that it can be withdrawn."""
-        short = n - free
-        order = sorted((s for s in range(SLOTS)
-                        if s != exclude and q[STATE + s] == LIVE and q[BACKED + s]),
-                       key=lambda s: (-q[BACKED + s], s))
+        """Ask the others for the shortfall in the order :func:`~kvvmm.budget.rules.shed_plan`
+        gives; return what was asked of whom (``{(slot, pid): bytes}``) so that it can be
+        withdrawn."""
+        others = (TenantState("", s, q[LIMIT + s], q[BACKED + s], q[SHED + s])
+                  for s in range(SLOTS) if s != exclude and q[STATE + s] == LIVE)
         asked: dict[tuple[int, int], int] = {}
-        for s in order:
-            if short <= 0:
-                break
-            room = q[BACKED + s] - q[SHED + s]
-            add = min(max(room, 0), short)
-            if add <= 0:
-                continue
+        for ask in shed_plan(others, n - free):
+            s, add = ask.index, ask.nbytes
             self._put(q, SHED + s, q[SHED + s] + add, "shed")
             self._put(q, SHED_DL + s, max(q[SHED_DL + s], deadline_ns), "shed")
             asked[(s, q[PID + s])] = add
-            short -= add
         self._bump(q)
         return asked
 

@@ -27,11 +27,12 @@ is at that instant of simulated time.
 2. *Per-tenant limit*: a tenant never holds more than its ``limit_bytes`` (default: the budget;
    a static tenant's limit is its share). Past it the request is refused at once, nobody is
    asked to shed.
-3. *Shed order*: when the budget lacks room, the other tenants are asked, in ``shed_order``
-   (``"most-idle"``: the one with the most idle backing first; ``"listed"``: in the order
-   given), to give back idle backing only: memory no request uses, so no work is lost. A
-   ``"static"`` tenant, or one whose ``answer`` is ``"reject"``, gives nothing. Each gives
-   what is still missing (whole granules) or all it can, whichever is less.
+3. *Shed order*: when the budget lacks room, the shortfall is asked of the other tenants as
+   the shipped ledger asks it (:func:`kvvmm.budget.rules.shed_plan`: the most backed first,
+   ties by position, each for at most what it backs, until the shortfall is covered). Each
+   gives back idle backing only, up to what it was asked (whole granules): memory no request
+   uses, so no work is lost. A ``"static"`` tenant, or one whose ``answer`` is ``"reject"``,
+   is asked like any other and gives nothing (it does not answer, as in the ledger).
 4. *Deadline*: the asking stops once the sheds' driver time reaches ``deadline_s``; the
    requester waits for that time (it is added to its next step, as a stall). If the room is
    still not there, the request is refused: an admission waits in the queue (and is dropped
@@ -50,9 +51,9 @@ whole within ``patience_s`` is refused and its held bytes go back.
 
 What it leaves out: bandwidth (every tenant's KV reads at cudaMalloc speed), a handle pool,
 sleep of a whole idle tenant (a sleeping tenant's backing is all idle backing here, and it
-sheds as such), and the cross-process ledger (:mod:`kvvmm.budget` on branch ``budget`` builds
-that one on a real GPU; its rules are these). Everything is a pure function of its inputs:
-the same arguments give the same result.
+sheds as such), and the cross-process ledger itself (:mod:`kvvmm.budget.ledger`; what fits
+and who is asked are the same functions, :mod:`kvvmm.budget.rules`). Everything is a pure
+function of its inputs: the same arguments give the same result.
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ from bisect import bisect_right
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass, replace
 
+from kvvmm.budget.rules import Ask, TenantState, refusal, shed_plan
 from kvvmm.checks import int_arg, seconds_arg
 from kvvmm.driver import open_driver
 from kvvmm.errors import ArgumentError
@@ -79,15 +81,13 @@ from kvvmm.workload.serving import (
     StepTimeModel,
 )
 
-__all__ = ["ANSWERS", "SHED_ORDERS", "TENANT_STRATEGIES", "Demand", "DemandResult", "Rules",
+__all__ = ["ANSWERS", "TENANT_STRATEGIES", "Demand", "DemandResult", "Rules",
            "Tenant", "TenantResult", "TenantsRun", "compare_tenants", "run_tenants", "shifted"]
 
 #: how a tenant backs its pages (see the module docstring)
 TENANT_STRATEGIES = ("static", "elastic")
 #: what a tenant does when another needs memory
 ANSWERS = ("reject", "shed", "preempt")
-#: who is asked to shed first
-SHED_ORDERS = ("most-idle", "listed")
 
 _MiB = 1 << 20
 
@@ -160,13 +160,10 @@ class Rules:
 
     budget_bytes: int  #: the GPU's KV budget every tenant shares
     deadline_s: float = 0.005  #: sheds' driver time one request may wait for, seconds
-    shed_order: str = "most-idle"  #: one of :data:`SHED_ORDERS`
 
     def __post_init__(self) -> None:
         int_arg("budget_bytes", self.budget_bytes, lo=1, unit="bytes")
         seconds_arg("deadline_s", self.deadline_s)
-        if self.shed_order not in SHED_ORDERS:
-            raise ArgumentError("shed_order", self.shed_order, f"one of {SHED_ORDERS}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -276,7 +273,7 @@ class TenantsRun:
 
     def summary(self) -> dict[str, object]:
         return {"budget_bytes": self.rules.budget_bytes, "deadline_ms": self.rules.deadline_s
-                * 1e3, "shed_order": self.rules.shed_order, "gpu": self.gpu,
+                * 1e3, "gpu": self.gpu,
                 "peak_total_bytes": self.peak_total_bytes, "over_budget": self.over_budget,
                 "tenants": [t.summary() for t in self.tenants],
                 "demands": [d.summary() for d in self.demands]}
@@ -614,28 +611,38 @@ class _Arbiter:
                 self._feed(d)
         self.record(self.now_s)
 
+    def state(self, live: _Live) -> TenantState:
+        """``live`` as the budget rules see it (the lab's requests are answered at once: none
+        stands between two grants)."""
+        return TenantState(live.spec.name, live.index, live.limit, live.backed)
+
+    def plan(self, live: _Live, short_bytes: int) -> tuple[Ask, ...]:
+        """Whom ``live``'s shortfall is asked of, in order, and how much of each."""
+        return shed_plan((self.state(lv) for lv in self.lives if lv is not live), short_bytes)
+
     def grant(self, live: _Live, need: int, now_s: float) -> bool:
         """Whether ``live`` may back ``need`` more bytes now (asking others to shed)."""
         self.now_s = now_s
-        if live.backed + need > live.limit:
+        free = self.free()
+        reason = refusal(self.state(live), need, free_bytes=free)
+        if reason is None:
+            return True
+        if reason == "limit":
             live.refused += 1
             return False
-        short = need - self.free()
-        if short <= 0:
-            return True
         live.asked += 1
-        others = [lv for lv in self.lives if lv is not live and lv.spec.answer != "reject"
-                  and lv.spec.strategy != "static" and lv.idle]
-        if self.rules.shed_order == "most-idle":
-            others.sort(key=lambda lv: (-len(lv.idle), lv.index))
+        short = need - free
         spent = 0.0
-        for lv in others:
+        for ask in self.plan(live, short):
+            lv = self.lives[ask.index]
             if short <= 0 or spent >= self.rules.deadline_s:
                 break
+            if lv.spec.answer == "reject":
+                continue  # asked, does not answer
             before = lv.pending_s
             lv._account()
             t0 = lv.pending_s
-            given = lv.give_back(short)
+            given = lv.give_back(min(ask.nbytes, short))
             lv._account()
             spent += lv.pending_s - t0
             lv.pending_s = before + (lv.pending_s - t0)
@@ -701,7 +708,6 @@ def run_tenants(
     demands: Sequence[Demand] = (),
     gpu: str = "h200",
     deadline_s: float = 0.005,
-    shed_order: str = "most-idle",
     config: ServingConfig | None = None,
     sample_s: float = 1.0,
 ) -> TenantsRun:
@@ -712,7 +718,7 @@ def run_tenants(
         budget_bytes: the KV budget they share (the sim driver's capacity), bytes.
         demands: scripted tenants taking a step of the budget (issue 28 item 3).
         gpu: the GPU profile (the sim's costs, the step time model).
-        deadline_s, shed_order: the arbiter's rules (:class:`Rules`).
+        deadline_s: the arbiter's deadline (:class:`Rules`).
         config: the engines' knobs (default: :class:`ServingConfig` with ``max_wait_s=30``:
             a queue can wait on another tenant's memory, so served requests count against
             a timeout); its ``slot_order`` must be ``"lowest"``.
@@ -723,7 +729,7 @@ def run_tenants(
         ArgumentError: a bad argument (no tenants, a name twice, a limit with no room for a
             page, ``slot_order`` other than lowest, ...).
     """
-    rules = Rules(budget_bytes=budget_bytes, deadline_s=deadline_s, shed_order=shed_order)
+    rules = Rules(budget_bytes=budget_bytes, deadline_s=deadline_s)
     if not tenants:
         raise ArgumentError("tenants", list(tenants), "at least one Tenant")
     for t in tenants:
