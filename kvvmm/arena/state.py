@@ -376,13 +376,13 @@ class _ArenaState:
         d = self.driver
         undo = Transaction()
         try:
-            for _a, ms in plan:
+            for a, ms in plan:
                 for run in _runs(ms):
                     start, end = run[0].offset, run[-1].offset + run[-1].size
                     d.unmap(self.base + start, end - start)
                     for m in run:
                         undo.push(f"map back handle {m.hid} at offset {m.offset}",
-                                  self._map_back, m)
+                                  self._map_back_or_forget, a, m)
         except BaseException as e:  # a Ctrl-C between unmaps must not lose the bytes either
             undo.unwind(e)
             raise
@@ -410,6 +410,36 @@ class _ArenaState:
         """Map a handle back where it was (undo of an unmap: the handle kept its bytes)."""
         self.driver.map(self.base + m.offset, m.size, m.handle)
         self._set_access(self.base + m.offset, m.size)
+
+    def _map_back_or_forget(self, a: _Alloc, m: _Map) -> None:
+        """Undo one unmap of :meth:`_give_back`; where it fails, forget the mapping.
+
+        The books must never list VA as mapped that the driver does not map: a caller that
+        trusts them (RangeBacking's cache, a tensor over the range) would hand out memory that
+        faults. So a mapping whose map-back fails leaves the books, its handle waits with the
+        leftovers (released by the next decommit or close), and the error says what was lost.
+        """
+        try:
+            self.driver.map(self.base + m.offset, m.size, m.handle)
+        except BaseException:
+            self._forget(a, m)
+            raise
+        try:
+            self._set_access(self.base + m.offset, m.size)
+        except BaseException:
+            try:  # mapped but unreachable: take it off again so the books stay true
+                self.driver.unmap(self.base + m.offset, m.size)
+            except Exception as e:  # still mapped: the books keep it, and say so
+                e.add_note(f"handle {m.hid} stays mapped at offset {m.offset} without access")
+                raise
+            self._forget(a, m)
+            raise
+
+    def _forget(self, a: _Alloc, m: _Map) -> None:
+        """Take a mapping the driver no longer has out of the books; keep its handle."""
+        _discard(a, [m])
+        a.backed -= m.size
+        self._leftover.append((m.handle, m.size))
 
     @property
     def unreleased_bytes(self) -> int:

@@ -228,10 +228,10 @@ def test_a_driver_call_failing_in_any_path_leaves_the_books_equal_to_the_mapping
     executor, reserve, high, first, step = PATHS[path]
     cases: list[list[Fault]] = [[Fault("*", nth=k)] for k in range(1, _calls_of(kind, path) + 1)]
     cases += [[Fault(c, nth=None)] for c in ("release", "unmap", "map", "create", "set_access")]
-    if path != "reclaim-scattered":  # (there an unmap's undo failing in turn leaves the
-        # arena listing a mapping the driver no longer has: the arena's to fix)
-        cases += [[Fault("unmap", nth=1), Fault("map", nth=1)],  # an undo failing in turn
-                  [Fault("map", nth=1), Fault("unmap", nth=1)]]
+    cases += [[Fault("unmap", nth=1), Fault("map", nth=1)],  # an undo failing in turn
+              [Fault("map", nth=1), Fault("unmap", nth=1)],
+              [Fault("unmap", nth=2), Fault("map", nth=1)],  # the map-back of a unit apart
+              [Fault("unmap", nth=2), Fault("set_access", nth=1)]]
     for faults in cases:
         with _setup(kind, executor, reserve, high) as (drv, owner, backing):
             live = _prepare(backing, first)
