@@ -381,7 +381,7 @@ def test_without_a_named_seed_script_none_is_looked_for(
 @pytest.mark.parametrize("command", ["plan", "replay"])
 def test_gpu_help_says_a_profile_file_is_taken_and_the_output_names_the_file_used(
         command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """Calibrate-then-predict is visible (issue 26, item 5): --gpu's help names profile files
+    """Calibrate-then-predict is visible: --gpu's help names profile files
     and `kvvmm calibrate`, and the output says which profile ran: key, card, date, path."""
     from kvvmm.cli import main
     from kvvmm.hardware import profile_summary

@@ -1,6 +1,6 @@
 """Fault matrix: every driver call of commit, decommit, ensure_prefix, finalize, shrink,
 close, (issue 19, holes) commit_range, decommit_range, commit_pages, decommit_pages and
-release_beyond, and (issue 28) sleep and wake, failing.
+release_beyond, and sleep and wake, failing.
 
 It runs on the simulator and the host driver, and where a GPU is usable on the CUDA driver
 with its hot calls in C (``cuda-c``) and in Python (``cuda-python``): the kinds of
@@ -270,7 +270,7 @@ def test_a_failure_at_any_call_leaves_nothing_leaked_every_byte_and_the_snapshot
     calls, done = count_calls(kind, op, policy)
     free0 = device_free_bytes(kind)
     assert len(calls) >= 2, f"{op} made too few calls to test: {calls}"
-    if op in GIVING_BACK:  # unmap everything first, release after (issue 18 item 5)
+    if op in GIVING_BACK:  # unmap everything first, release after
         assert calls.index("release") > max(i for i, c in enumerate(calls) if c == "unmap")
     for pos, call in enumerate(calls, start=1):
         for error in ERRORS:

@@ -1,4 +1,4 @@
-"""kvvmm.integrations.sglang runs SGLang's own call sequence on the host driver (issue 15).
+"""kvvmm.integrations.sglang runs SGLang's own call sequence on the host driver.
 
 SGLang's descriptors are stood in for by a small duck-typed class (``SglDesc``: the four fields
 SGLang's ``KvBufferDesc`` has, nothing else), built the way SGLang's pools build them: MHA one

@@ -220,7 +220,7 @@ def test_a_report_with_a_range_strategy_adds_its_allocators_table_with_one_row_e
     assert all(len(line) <= TERMINAL_COLUMNS for line in rep.text().splitlines())
 
 
-# -- figures: one colour per strategy, lines that coincide both visible (issue 26, item 7) --
+# -- figures: one colour per strategy, lines that coincide both visible --
 
 
 def test_every_strategy_has_a_colour_of_its_own_and_coinciding_pairs_differ_in_dash() -> None:

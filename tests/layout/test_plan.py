@@ -416,7 +416,7 @@ def test_a_budget_too_small_says_how_it_was_computed() -> None:
 
 def test_weights_are_counted_in_the_dtype_the_models_config_ships_them_in() -> None:
     """DeepSeek-V3's config quantizes its weights to fp8 (e4m3): 8 x H200 hold them, as they
-    do in practice; counted in bf16 they would not (issue 26, item 7)."""
+    do in practice; counted in bf16 they would not."""
     from kvvmm.layout import load_model
 
     assert load_model("deepseek-v3").weights_dtype == "float8_e4m3fn"

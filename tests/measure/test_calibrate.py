@@ -1,5 +1,5 @@
 """kvvmm calibrate's pure parts, profiles by name or path, the sim charging a profile's costs,
-and the fidelity benchmark's sim side, all on CPU (issue 14)."""
+and the fidelity benchmark's sim side, all on CPU."""
 
 from __future__ import annotations
 

@@ -49,7 +49,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 #: Azure's trace next to this checkout, if there: the server's copy of the notebooks lies in a
-#: temporary folder, so notebook 06 is told where it is (issue 26, item 2).
+#: temporary folder, so notebook 06 is told where it is.
 TRACE = find_trace(start=NOTEBOOKS)
 TRACE_MINUTES = os.environ.get("KVVMM_TRACE_MINUTES", "10")
 
@@ -146,7 +146,7 @@ def page(browser: Any, lab_server: LabServer,
     Each test gets its own workspace (``?reset``: nothing restored from an earlier page)
     and its kernels are shut down after it.
     """
-    # The laptop size the lab must fit (issue 12, item 3); element screenshots still show a
+    # The laptop size the lab must fit; element screenshots still show a
     # whole panel, taller than the window or not.
     context = browser.new_context(viewport={"width": 1280, "height": 800})
     pg = context.new_page()
@@ -416,7 +416,7 @@ _WIDTHS_JS = """(root) => {
 
 
 def _fills_cell(panel: Any, why: str, share: float = 0.9) -> None:
-    """The figure is drawn at least ``share`` of its cell's width (issue 12, item 3).
+    """The figure is drawn at least ``share`` of its cell's width.
 
     A FigureWidget draws before it is in the page and, left alone, stays at plotly's
     default 700 px in a cell of 850 px (at 1280) or more; the panel's fit widget relayouts

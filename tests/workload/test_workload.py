@@ -1,4 +1,4 @@
-"""The workload lab (issue 13): loaders, the fitted generator, the serving model, strategies."""
+"""The workload lab: loaders, the fitted generator, the serving model, strategies."""
 
 from __future__ import annotations
 
