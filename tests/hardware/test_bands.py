@@ -122,7 +122,7 @@ def test_a_nan_spread_in_the_file_text_is_refused_by_field(tmp_path: Path) -> No
     assert "spread.figures" in e.value.field and "p10" in e.value.field
 
 
-# -- a profile built by hand (issue 25: it bypassed the schema) ----------------------------
+# -- a profile built by hand (it bypassed the schema) ----------------------------
 
 BAD_FIELDS: list[tuple[str, dict[str, Any]]] = [
     ("granularity_bytes", {"granularity_bytes": 3 * MiB}),

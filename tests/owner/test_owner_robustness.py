@@ -1,4 +1,4 @@
-"""Issue 18, arena / owner / policy part: bad construction refused early and typed, descs that
+"""Arena, owner and policy robustness: bad construction refused early and typed, descs that
 disagree with the owner refused naming the wrong argument, decommits that say what they kept,
 and a decommit whose release fails after its unmaps.
 """
@@ -284,7 +284,7 @@ def test_a_failed_map_back_after_a_failed_unmap_is_attached_as_a_note() -> None:
 
 
 def test_the_default_policy_over_commits_relative_to_what_is_backed() -> None:
-    # Issue 12 item 11: Chunked(128 MiB) backed 128 MiB per buffer for a 19 MiB prefix.
+    # Chunked(128 MiB) backed 128 MiB per buffer for a 19 MiB prefix.
     p = default_policy()
     need = 19 * MiB + 300 * 1024
     backed = 0

@@ -390,7 +390,7 @@ def _fits(panel: Any, why: str) -> None:
 
 def _tables_fit(root: Any, why: str, *, least: int) -> None:
     """Every results table under ``root`` (``kvvmm.viz._common.Table.html``) fits its cell
-    with no scrolling, and no header is cut (issue 26, item 6: at 1280 px 06's 18-column
+    with no scrolling, and no header is cut (at 1280 px 06's 18-column
     table wrapped every row, GrowthLab cut "driver time" to "driv")."""
     found = root.evaluate("""(root) => {
       const out = [];
@@ -435,7 +435,7 @@ def _fills_cell(panel: Any, why: str, share: float = 0.9) -> None:
 
 def test_saving_in_jupyterlab_leaves_the_checkout_clean(
         page: tuple[Any, ConsoleErrors], checkout: Path, lab_server: LabServer) -> None:
-    # Issue 12, item 4: autosave rewrote the tracked 03_growth.ipynb and broke `make test`.
+    # Autosave rewrote the tracked 03_growth.ipynb and broke `make test`.
     pg, errors = page
     with screenshot_on_exit(pg, "03_growth-page"):
         tab = NotebookTab.open(pg, "03_growth.ipynb", timeout_ms=OPEN_MS)
@@ -463,7 +463,7 @@ def test_saving_in_jupyterlab_leaves_the_checkout_clean(
 
 def test_the_failures_notebooks_panel_shows_its_error_after_run_all(
         page: tuple[Any, ConsoleErrors]) -> None:
-    # Issue 12, item 2: the 04 section meant to show an error showed a closed arena.
+    # The 04 section meant to show an error showed a closed arena.
     pg, errors = page
     with screenshot_on_exit(pg, "04_failures-page"):
         tab = NotebookTab.open(pg, "04_failures.ipynb", timeout_ms=OPEN_MS)
@@ -482,7 +482,7 @@ def test_the_failures_notebooks_panel_shows_its_error_after_run_all(
 
 def test_the_workloads_notebook_says_which_traffic_it_ran_and_hands_the_trace_to_its_lab(
         page: tuple[Any, ConsoleErrors]) -> None:
-    # Issue 26, item 2: 06 ran a generated slice even with the real hour at hand.
+    # 06 ran a generated slice even with the real hour at hand.
     pg, errors = page
     with screenshot_on_exit(pg, "06_workloads-page"):
         tab = NotebookTab.open(pg, "06_workloads.ipynb", timeout_ms=OPEN_MS)
