@@ -48,7 +48,7 @@ ext:
 # the suite runs the first TRACE_MINUTES of it (empty: the whole hour). The browser test's
 # Run All of 06 reads the same setting.
 TRACE_MINUTES ?= 5
-# The slowest tests, in every run's log (issue 23, part 5).
+# The slowest tests, in every run's log.
 TEST_DURATIONS ?= 25
 
 test: venv sglang

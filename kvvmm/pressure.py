@@ -1,5 +1,5 @@
 """Memory pressure as a poll: how close the device is to an out-of-memory create, and what
-an engine could give back, before an allocation fails (issue 28 item 3, the poll only).
+an engine could give back, before an allocation fails.
 
 :func:`poll` asks the driver how much memory is free (``mem_info``: the device's own answer,
 every process counted) and compares it with two watermarks the engine chooses; it adds up what

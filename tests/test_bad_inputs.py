@@ -380,7 +380,7 @@ PLAIN_CASES = [
          "no-such-model", "llama-3.1-8b"),
     Case("itemsize-of-none", lambda c: dtype_itemsize(None), UnknownDtypeError, None,
          "bfloat16"),
-    # Issue 23 part 5: these raised bare ValueErrors (or let a bool or infinity through).
+    # These raised bare ValueErrors (or let a bool or infinity through).
     Case("align-up-alignment-zero", lambda c: align_up(4096, 0), ArgumentError, 0, "> 0"),
     Case("align-down-value-negative", lambda c: align_down(-1, 4096), ArgumentError, -1, ">= 0"),
     Case("policy-spec-unknown", lambda c: parse_policy("fixed:3"), ArgumentError, "fixed:3",
@@ -463,7 +463,7 @@ _HAND_CHECK = re.compile(
 
 
 def test_no_hand_written_bool_then_int_check_is_left_in_kvvmm() -> None:
-    # Issue 23 part 5: 55 such checks, each a little different, went through kvvmm.checks
+    # 55 such checks, each a little different, went through kvvmm.checks
     # (is_int, int_arg, is_number, number_arg). checks.py is where the test lives;
     # errors.py sits below checks (checks imports it), so its one message helper keeps its own.
     assert _HAND_CHECK.search("if isinstance(n, bool) or not\n        isinstance(n, int):")

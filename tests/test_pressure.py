@@ -1,4 +1,4 @@
-"""The pressure poll (issue 28 item 3): levels from the driver's free memory and two
+"""The pressure poll: levels from the driver's free memory and two
 watermarks, what the pools could trim and what a sleep of the owners would give back."""
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from pathlib import Path
 from kvvmm.cli.common import _err, show
 from kvvmm.driver import DRIVER_ENV
 
-# DRIVER_ENV lives in kvvmm.driver since 0.3 (notebook_driver_kind reads it); still here.
+# DRIVER_ENV lives in kvvmm.driver (notebook_driver_kind reads it); re-exported here.
 __all__ = ["DRIVER_ENV", "find_notebooks", "is_root", "lab_command"]
 
 Launcher = Callable[[Sequence[str], Mapping[str, str]], int]

@@ -70,7 +70,7 @@ class DeviceProfile:
     digest: str = ""
 
     def __post_init__(self) -> None:
-        # A profile made by hand meets the same schema as one read from a file (issue 25):
+        # A profile made by hand meets the same schema as one read from a file:
         # a 3 MiB granularity or a 0-byte device is refused here, not at the first reserve.
         where = f"DeviceProfile(key={self.key!r})" if isinstance(self.key, str) \
             else "DeviceProfile(...)"

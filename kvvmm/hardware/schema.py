@@ -29,7 +29,7 @@ from kvvmm.units import MiB
 __all__ = ["FORMAT", "MAX_DEPTH", "SCHEMA", "VERSIONS", "parse", "validate"]
 
 FORMAT = "kvvmm-hardware-profile"
-#: Format versions this reader understands: 1 (0.1's files), 2 (``kvvmm calibrate``'s, which
+#: Format versions this reader understands: 1 (the first format), 2 (``kvvmm calibrate``'s, which
 #: adds sections; a version-1 reader never needed them).
 VERSIONS = (1, 2)
 

@@ -69,7 +69,7 @@ Later upstream calls (the lazy-backing owner): ``release_beyond(n)`` (give back 
 past the first ``n`` slots' prefix, as upstream), ``bytes_per_token()`` (rounded up as
 upstream), ``backed_tokens`` (O(1): the most tokens usable with nothing to back).
 
-Releasing memory occupation (SGLang's ``--enable-memory-saver``, issue 28): SGLang's
+Releasing memory occupation (SGLang's ``--enable-memory-saver``): SGLang's
 ``release_memory_occupation`` calls ``memory_saver_adapter.pause("kv_cache")`` (then flushes
 its radix cache) and ``resume_memory_occupation`` calls ``resume("kv_cache")``; with
 torch_memory_saver those give the KV pool's memory back and take it again at the same VA.

@@ -15,7 +15,7 @@ Sections (each a key of the JSON result):
   default policy three rounds back to back as well; then finalize to 1M tokens; driver
   calls, handles, over-commit, copy bandwidth of the owner's tensors vs cudaMalloc tensors
   of the same size (median of 21 alternations).
-- ``elastic_growth`` (issue 19): the default policy's growth of those 64 buffers without
+- ``elastic_growth``: the default policy's growth of those 64 buffers without
   and with a HandlePool + look-ahead (``LOOKAHEAD_BYTES``), ``GAP_S`` slept between steps
   (standing for the decode step's GPU time, an assumption stated in the JSON), settled and
   back to back, plus a look-ahead sweep: what ``ensure_prefix`` blocks for (total, p50/p99
@@ -381,7 +381,7 @@ def run(out_dir: str, seed_file: str | None, device: int = 0,
         ("owner construction", owner), ("growth, rotated rounds", growth_rounds),
         *[(f"finalize and bandwidth {p}", functools.partial(growth, p)) for p in policies],
         ("cudaMalloc of the same bytes", malloc),
-        # issue 19, after the sections above so their figures stay comparable with earlier
+        # the elastic sections come last so the figures above stay comparable with earlier
         # runs (nothing before them has held a pool's thread or a look-ahead's memory)
         ("elastic growth, pool vs none", elastic), ("single-page map/unmap", pages),
         ("bandwidth with holes", holes_bandwidth),

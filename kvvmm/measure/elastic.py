@@ -1,4 +1,4 @@
-"""Issue 19: elastic backing (holes, the handle pool, the look-ahead), timed.
+"""Elastic backing (holes, the handle pool, the look-ahead), timed.
 
 Every function here takes any driver (sim, host, CUDA) and a Workload, so tests run them
 on the sim and host drivers with small sizes (tests/measure/test_bench_elastic.py); only
@@ -46,7 +46,7 @@ LOOKAHEAD_BYTES = 32 * MiB
 LOOKAHEAD_SWEEP = (16 * MiB, 32 * MiB, 64 * MiB, 128 * MiB)
 
 
-#: The decode path's per-step target (issue 19).
+#: The decode path's per-step target.
 STEP_TARGET_US = 50.0
 
 
@@ -452,8 +452,8 @@ def elastic_bandwidth(drv: Any, w: Workload = BENCH_WORKLOAD, *, nbytes: int = 1
 
 
 def elastic_targets(res: dict[str, Any]) -> dict[str, Any]:
-    """Issue 19's targets from the elastic sections of ``res`` (those present): a bool per
-    target and the figures it was judged on."""
+    """The decode-path targets from the elastic sections of ``res`` (those present): a bool
+    per target and the figures it was judged on."""
     out: dict[str, Any] = {}
     eg = res.get("elastic_growth")
     if eg is not None:

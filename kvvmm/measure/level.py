@@ -19,7 +19,7 @@ of one hour; across sessions the H200 moved further, most scenarios together (20
    times the group's p10, high times its p90, where they pass 1), and that session's runs
    are scored: in band
    before (per-call band) and after (composed), per run and overall, and over the runs of
-   sessions other than the calibration's (the issue's target: >= 90% of a run's scenarios);
+   sessions other than the calibration's (the target: >= 90% of a run's scenarios);
 5. compares every scenario's band width, ``(high - low) / mid``, with the card's own spread
    across runs (``(p90 - p10) / p50`` of the runs' medians) plus 0.10, beside the narrowest
    band that holds both the sim's point and the runs' p10-p90 (the point's offset from the

@@ -315,7 +315,7 @@ class KvBufferOwner:
             la = self._lookahead
             if la:  # nothing to ask of the look-ahead while span + la / 2 <= backed (or the
                 # buffer is backed to its limit); its job then tops up to span + la: with a
-                # one-buffer layout every step used to queue a job for one step's bytes
+                # one-buffer layout would otherwise queue a job every step for its bytes
                 half = la // 2
                 for (tpr, rb), b, limit in zip(self._rows, backed, self._limits, strict=True):
                     if b < limit:

@@ -1,6 +1,6 @@
 """RangeBacking: elastic KV memory per request, with the driver work off the decode thread.
 
-Measured on an H200 (issue 31): committing a request page by page over a per-layer owner is
+Measured on an H200: committing a request page by page over a per-layer owner is
 ``2 x layers`` mappings per page at ~80-110 us each, milliseconds per request on the decode
 thread. The cost is in the number of mappings and in where they run. This module removes
 both:

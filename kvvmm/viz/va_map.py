@@ -252,7 +252,7 @@ def va_map(
     if view == "heatmap":
         return _heatmap(snapshot, arena, rows, groups, title, bins)
     # A handful of rows: the true layout (offsets from the arena base). More rows: each from
-    # its own start, else every band is a sliver of the width (the diagonal of issue 12).
+    # its own start, else every band is a sliver of the width (a diagonal).
     if align == "auto":
         align = "arena" if len(rows) <= 4 else "start"
     return _bars(snapshot, arena, rows, groups, title, mode="bars", align=align)

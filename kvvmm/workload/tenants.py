@@ -40,7 +40,7 @@ is at that instant of simulated time.
    its own engine's most recently admitted request (the serving model's recompute
    preemption). Nothing else is ever taken from a tenant to make room for another.
 
-**A scripted demand** (:class:`Demand`, issue 28 item 3) is a second tenant that takes a step of
+**A scripted demand** (:class:`Demand`) is a second tenant that takes a step of
 memory at time ``at_s`` (another engine starting, say) and holds it. Each serving tenant
 answers it by its ``answer``: ``"reject"`` (nothing is given: the demand gets the free budget
 or is refused at once), ``"shed"`` (idle backing at once, then every granule that empties as
@@ -716,7 +716,7 @@ def run_tenants(
     Args:
         tenants: the engines (at least one; names unique, demands' too).
         budget_bytes: the KV budget they share (the sim driver's capacity), bytes.
-        demands: scripted tenants taking a step of the budget (issue 28 item 3).
+        demands: scripted tenants taking a step of the budget.
         gpu: the GPU profile (the sim's costs, the step time model).
         deadline_s: the arbiter's deadline (:class:`Rules`).
         config: the engines' knobs (default: :class:`ServingConfig` with ``max_wait_s=30``:
@@ -854,9 +854,9 @@ def compare_tenants(
 
     Without ``demand``: ``"alone <name>"`` (each tenant by itself on the whole budget, all of
     it backed: the whole card), ``"static"`` (every tenant static on an equal share) and
-    ``"elastic"`` (every tenant elastic on the whole budget, sharing it). With ``demand``
-    (issue 28 item 3): the tenants elastic, with the demand taking its step, once per answer
-    (``"reject"``, ``"shed"``, ``"preempt"``).
+    ``"elastic"`` (every tenant elastic on the whole budget, sharing it). With ``demand``:
+    the tenants elastic, with the demand taking its step, once per answer (``"reject"``,
+    ``"shed"``, ``"preempt"``).
     """
     runs: dict[str, TenantsRun] = {}
     kw = {"budget_bytes": budget_bytes, "gpu": gpu, "deadline_s": deadline_s,

@@ -209,8 +209,8 @@ print(f"its allocator: {rr['admits']:.0f} admissions, {rr['split_admits']:.0f} g
       f"({rr['fragmentation_max']:.2%} at worst)")
 
 # %% [markdown]
-# The deferred strategy is the one a serving engine would adopt. The elastic-serving issue
-# set it three targets (`LIMITS` below: the memory it holds per byte requests use, its
+# The deferred strategy is the one a serving engine would adopt. It has three targets
+# (`LIMITS` below: the memory it holds per byte requests use, its
 # decode-path driver time over prefix growth's, its worst step); the cell prints what this
 # run gave against each and whether it is met, and the checks hold the two that are met on
 # every traffic this notebook runs. The driver-time one depends on the traffic (what is left
@@ -219,7 +219,7 @@ print(f"its allocator: {rr['admits']:.0f} admissions, {rr['split_admits']:.0f} g
 
 # %%
 LIMITS = {"held / used": 1.3, "decode-path driver time / prefix growth's": 2.0,
-          "worst step, ms": 5.0}  # the most the elastic-serving issue allows
+          "worst step, ms": 5.0}  # the most each target allows
 print("targets:", "; ".join(f"{name} <= {most:g}" for name, most in LIMITS.items()))
 
 # %% tags=["nbval-ignore-output"]

@@ -1,4 +1,4 @@
-"""Sleep and wake (issue 28): every handle given back with the VA kept, and back again.
+"""Sleep and wake: every handle given back with the VA kept, and back again.
 
 On the simulator and the host driver: what a sleep gives back, that a wake restores the
 snapshot and the owner's bookkeeping exactly, the bytes of each backup (host driver: real

@@ -1,5 +1,5 @@
 """The budget broker in one process: the ledger's rules, owners that book every byte they back,
-faults that leave nothing over-booked or leaked, live limits, shedding, bad input (issue 29).
+faults that leave nothing over-booked or leaked, live limits, shedding, bad input.
 
 Tenants of one process here use one Ledger object each (each its own open file, so the
 file lock excludes them as it excludes processes); tests/budget/test_budget_processes.py runs real

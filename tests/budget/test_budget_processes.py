@@ -1,6 +1,6 @@
 """The budget broker across real processes (spawned): nothing double-booked under concurrent
 commits, a tenant killed mid-commit (or holding the ledger's lock) reclaimed, shedding served
-and refused at the deadline, limits changed live from the command line (issue 29).
+and refused at the deadline, limits changed live from the command line.
 
 Each child owns an arena on the host driver (real memory: memfds) through a BudgetedDriver;
 the parent samples the ledger while they run.

@@ -64,7 +64,7 @@ def test_map_of_a_file_that_is_not_a_trace_exits_2_with_one_line(
     assert err.startswith("kvvmm map: error: TraceFormatError") and err.count("\n") == 1
 
 
-# Issue 18 item 8: the trace's name went into the page unescaped.
+# The trace's name went into the page unescaped.
 @pytest.mark.parametrize("name", ["<img src=x onerror=alert(1)>.json",
                                   "\"><svg onload=alert('q')>.json"])
 def test_map_escapes_the_trace_name_in_the_page(tmp_path: Path, name: str) -> None:
@@ -91,7 +91,7 @@ BROKEN_TRACES = {
 }
 
 
-# Issue 18 item 9: a broken trace must end in one line and exit 2, never a traceback.
+# A broken trace must end in one line and exit 2, never a traceback.
 @pytest.mark.parametrize("text", list(BROKEN_TRACES.values()), ids=list(BROKEN_TRACES))
 def test_map_of_a_broken_trace_exits_2_with_one_line_and_no_traceback(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str,
@@ -352,7 +352,7 @@ def test_bench_hands_its_arguments_to_kvvmm_bench(monkeypatch: pytest.MonkeyPatc
     assert seen == [["--out", "x.json", "--help"], ["--out", "y"]]
 
 
-# -- the seed's script (issue 23: the package does not look for it in a checkout) ---------
+# -- the seed's script (the package does not look for it in a checkout) ---------
 
 
 def test_the_seed_script_is_taken_where_it_is_named(tmp_path: Path) -> None:
@@ -381,7 +381,7 @@ def test_without_a_named_seed_script_none_is_looked_for(
 @pytest.mark.parametrize("command", ["plan", "replay"])
 def test_gpu_help_says_a_profile_file_is_taken_and_the_output_names_the_file_used(
         command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """Calibrate-then-predict is visible (issue 26, item 5): --gpu's help names profile files
+    """Calibrate-then-predict is visible: --gpu's help names profile files
     and `kvvmm calibrate`, and the output says which profile ran: key, card, date, path."""
     from kvvmm.cli import main
     from kvvmm.hardware import profile_summary

@@ -1,6 +1,6 @@
 """The lab's working folder: copies of the tracked notebooks, made once, never overwritten.
 
-Issue 12, item 4: JupyterLab's autosave rewrote the tracked ``03_growth.ipynb``; the lab now
+JupyterLab's autosave rewrote the tracked ``03_growth.ipynb``; the lab now
 opens copies in an ignored folder that :func:`kvvmm.cli.workspace.prepare_workspace` fills.
 """
 

@@ -1,4 +1,4 @@
-"""SGLang's own pools on kvvmm: the conformance suite's process (issue 24).
+"""SGLang's own pools on kvvmm: the conformance suite's process.
 
 Run by ``tests/integrations/test_sglang_conformance_cpu.py`` (host driver, in CI) and by
 ``bench/device/h200_session.sh sglang`` (CUDA, with the seed beside kvvmm) as its own pytest

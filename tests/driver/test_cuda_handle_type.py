@@ -1,4 +1,4 @@
-"""CudaDriver's handle-type choice (issue 24), checked where there is no GPU.
+"""CudaDriver's handle-type choice, checked where there is no GPU.
 
 ``handle_type=`` is checked before CUDA is touched, so it is testable on any machine. The
 choice itself (``_pick_handle_type``) is a function of the probe it is given: here the probe

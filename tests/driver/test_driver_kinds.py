@@ -1,4 +1,4 @@
-"""One list of driver kinds, and every place that offers a kind offers that list (issue 23.5)."""
+"""One list of driver kinds, and every place that offers a kind offers that list."""
 
 from __future__ import annotations
 

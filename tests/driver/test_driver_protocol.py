@@ -1,4 +1,4 @@
-"""The driver protocol's optional calls (issue 23, part 2): declared on ``Driver`` with no-op
+"""The driver protocol's optional calls: declared on ``Driver`` with no-op
 defaults, so the arena and owner call them without looking them up."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 18, the driver part: nothing a caller types or a peer process does crashes, corrupts or
+"""Drivers under hostile input: nothing a caller types or a peer process does crashes, corrupts or
 silently changes a driver's memory.
 
 - every size, address, alignment, handle, fd and device a driver cannot take is refused with a

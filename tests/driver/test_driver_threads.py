@@ -1,4 +1,4 @@
-"""Issue 18: drivers are thread safe. Several arenas on one sim or host driver, used from
+"""Drivers are thread safe. Several arenas on one sim or host driver, used from
 several threads at once, leave the driver's book consistent: no KeyError, no "already mapped",
 no leaked handle or reservation, every snapshot's conservation check holds. Two threads
 releasing one handle are raced on the CUDA driver too (both paths), where a GPU is usable.

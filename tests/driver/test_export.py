@@ -1,4 +1,4 @@
-"""Handles between processes: export as a POSIX file descriptor, import elsewhere (issue 7).
+"""Handles between processes: export as a POSIX file descriptor, import elsewhere.
 
 On the host driver the descriptor is the memfd itself: a *spawned* child receives it over a
 pipe (SCM_RIGHTS: ``multiprocessing.reduction.send_handle`` / ``recv_handle``), imports it,

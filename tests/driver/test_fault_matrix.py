@@ -1,6 +1,6 @@
 """Fault matrix: every driver call of commit, decommit, ensure_prefix, finalize, shrink,
-close, (issue 19, holes) commit_range, decommit_range, commit_pages, decommit_pages and
-release_beyond, and (issue 28) sleep and wake, failing.
+close, (holes) commit_range, decommit_range, commit_pages, decommit_pages and
+release_beyond, and sleep and wake, failing.
 
 It runs on the simulator and the host driver, and where a GPU is usable on the CUDA driver
 with its hot calls in C (``cuda-c``) and in Python (``cuda-python``): the kinds of
@@ -82,7 +82,7 @@ def device_free_bytes(kind: str) -> int | None:
 HOLE_PAGES = (1500, 1800, 2100)
 #: Operations that start from an owner with HOLE_PAGES committed.
 WITH_HOLES = {"decommit_range", "decommit_pages", "release_beyond", "decommit_slots"}
-#: Operations that start from an owner asleep (issue 28: its bytes in a host backup).
+#: Operations that start from an owner asleep (its bytes in a host backup).
 ASLEEP = {"wake", "wake_host"}
 #: HOLE_PAGES as token-slot ranges, for the slot-range calls.
 HOLE_SLOTS = [(p * PAGE, (p + 1) * PAGE) for p in HOLE_PAGES]
@@ -151,7 +151,7 @@ OPS: dict[str, Callable[[KvBufferOwner], object]] = {
     "release_beyond": lambda o: o.release_beyond(2_000),
     "commit_slots": lambda o: o.commit_slots([(24_000, 25_024), (28_800, 29_824)]),
     "decommit_slots": lambda o: o.decommit_slots(HOLE_SLOTS),
-    # issue 28: a failed sleep leaves the owner awake with its bytes; a failed wake leaves it
+    # A failed sleep leaves the owner awake with its bytes; a failed wake leaves it
     # asleep, its backup intact (tests/arena/test_sleep.py checks the backup's bytes after it)
     "sleep": lambda o: o.sleep(),
     "sleep_host": lambda o: o.sleep("host"),
@@ -270,7 +270,7 @@ def test_a_failure_at_any_call_leaves_nothing_leaked_every_byte_and_the_snapshot
     calls, done = count_calls(kind, op, policy)
     free0 = device_free_bytes(kind)
     assert len(calls) >= 2, f"{op} made too few calls to test: {calls}"
-    if op in GIVING_BACK:  # unmap everything first, release after (issue 18 item 5)
+    if op in GIVING_BACK:  # unmap everything first, release after
         assert calls.index("release") > max(i for i, c in enumerate(calls) if c == "unmap")
     for pos, call in enumerate(calls, start=1):
         for error in ERRORS:
@@ -330,7 +330,7 @@ def test_a_failed_finalize_keeps_the_bytes_already_written_on_the_host_driver() 
 
 
 def test_a_shrink_whose_second_unmap_fails_keeps_every_byte_of_every_buffer() -> None:
-    # Issue 18 item 5: buffer 0's range was unmapped before the failure and used to come
+    # Buffer 0's range was unmapped before the failure and used to come
     # back with fresh memory (zeros under a prefix the owner still reported). Now the same
     # handles are mapped back: every byte of every buffer is as written.
     owner, drv = make_owner("host", Exact())

@@ -1,4 +1,4 @@
-"""`kvvmm calibrate --quick` on the GPU writes a complete profile the simulator loads (issue 14).
+"""`kvvmm calibrate --quick` on the GPU writes a complete profile the simulator loads.
 
 Run in a child process (as the other GPU examples): a crash in CUDA must not take the test
 session with it, and the child sees the same environment a user's shell does.

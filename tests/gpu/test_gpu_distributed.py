@@ -1,4 +1,4 @@
-"""Collective KV resizes on CUDA under NCCL: a world of one rank on one GPU (issue 16).
+"""Collective KV resizes on CUDA under NCCL: a world of one rank on one GPU.
 
 The rank runs in a process of its own (``kvvmm.owner.distributed.spawn``, backend NCCL, 127.0.0.1),
 so a crash cannot take the test session with it. It builds a CudaDriver owner, wraps it in a

@@ -1,5 +1,5 @@
-"""Issue 19 on the CUDA driver (both fast paths, via the ``cuda`` fixture): the handle pool and
-its look-ahead, with bytes checked through torch. Holes and page calls run on CUDA in
+"""Elastic backing on the CUDA driver (both fast paths, via the ``cuda`` fixture): the handle
+pool and its look-ahead, with bytes checked through torch. Holes and page calls run on CUDA in
 tests/owner/test_elastic.py (its ``driver`` fixture's ``cuda-c`` kind), beside the sim and host."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Handles between processes on a real GPU: POSIX file descriptors (issue 7).
+"""Handles between processes on a real GPU: POSIX file descriptors.
 
 A parent makes exportable handles (``CudaDriver(handle_type="posix_fd")``), writes through a torch
 tensor over its arena, exports the handles and sends the descriptors to a *spawned* child

@@ -1,4 +1,4 @@
-"""CudaDriver's handle-type probe on a real card (issue 24): what SGLang 0.5.23 picks, kvvmm picks.
+"""CudaDriver's handle-type probe on a real card: what SGLang 0.5.23 picks, kvvmm picks.
 
 Whether this card takes FABRIC handles is asked of CUDA directly here (cuda-python, no kvvmm:
 a ``cuMemCreate`` of one recommended granule with ``CU_MEM_HANDLE_TYPE_FABRIC``), then:

@@ -1,4 +1,4 @@
-"""driver_for and notebook_driver_kind on a real card (issue 23.5): a profile names the sim, not
+"""driver_for and notebook_driver_kind on a real card: a profile names the sim, not
 the GPU; a notebook about real memory gets the CUDA driver where a GPU is usable."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Peer access and tensor-parallel ranks on real GPUs (issue 7).
+"""Peer access and tensor-parallel ranks on real GPUs.
 
 Most of this needs two GPUs (one arena's memory read and written by the other GPU; one
 spawned process per GPU): those tests skip on a one-GPU machine, saying so. On one GPU the

@@ -1,4 +1,4 @@
-"""Issue 18 on a GPU: the CUDA driver, both paths (C fast path and Python), keeps its book
+"""Robustness on a GPU: the CUDA driver, both paths (C fast path and Python), keeps its book
 consistent under threads and refuses close() while a reservation is pinned. Its answers to
 every argument it cannot take are compared with sim's and host's in
 tests/driver/test_driver_robustness.py, and two threads releasing one handle are raced in

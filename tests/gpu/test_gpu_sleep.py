@@ -1,4 +1,4 @@
-"""Sleep and wake on a GPU (issue 28): contents through pinned host memory and a file, the
+"""Sleep and wake on a GPU: contents through pinned host memory and a file, the
 device's memory given back, a CUDA graph captured before the sleep replayed after the wake bit
 for bit, the refusal during capture, zeros read while asleep with ``zero_page``, a failed wake
 retried, and the wake's time against a plain host-to-device copy of the same bytes.

@@ -1,4 +1,4 @@
-"""Sleep and wake of the owners above the arena, on a GPU (issue 28): SGLang's path and the
+"""Sleep and wake of the owners above the arena, on a GPU: SGLang's path and the
 collective one.
 
 - SGLang's ``release_memory_occupation`` on kvvmm: a ``KvVmmBufferOwner`` on CUDA, a CUDA

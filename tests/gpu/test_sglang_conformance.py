@@ -1,4 +1,4 @@
-"""The seed and kvvmm's SGLang adapter, side by side through SGLang's call sequence (issue 15).
+"""The seed and kvvmm's SGLang adapter, side by side through SGLang's call sequence.
 
 For MHA (one pool) and hybrid SWA (two pools, two owners alive at once), each pool gets a seed
 owner (``kv_vmm_backing_seed.KvVmmBufferOwner``) and an adapter owner

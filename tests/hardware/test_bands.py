@@ -1,8 +1,8 @@
-"""Fidelity as ranges (issue 27): spreads in profiles, bands from them, and where they show.
+"""Fidelity as ranges: spreads in profiles, bands from them, and where they show.
 
 A profile may carry each cost figure's spread (``spread``: p10/p50/p90 per figure group over
 rounds and calibrations kept, and those calibrations' figures); the schema refuses a bad one
-by file and field, a hand-built :class:`DeviceProfile` meets the schema too (issue 25), and
+by file and field, a hand-built :class:`DeviceProfile` meets the schema too, and
 every band the sim reports is ordered ``low <= mid <= high``.
 """
 
@@ -122,7 +122,7 @@ def test_a_nan_spread_in_the_file_text_is_refused_by_field(tmp_path: Path) -> No
     assert "spread.figures" in e.value.field and "p10" in e.value.field
 
 
-# -- a profile built by hand (issue 25: it bypassed the schema) ----------------------------
+# -- a profile built by hand (it bypassed the schema) ----------------------------
 
 BAD_FIELDS: list[tuple[str, dict[str, Any]]] = [
     ("granularity_bytes", {"granularity_bytes": 3 * MiB}),

@@ -1,5 +1,5 @@
-"""The interleaved bandwidth curve is fitted to the owner's measured growth runs (issue 26,
-item 1: the lab predicted the default policy at 0.97x while the H200 measured 0.99x)."""
+"""The interleaved bandwidth curve is fitted to the owner's measured growth runs (with the
+plain curve the lab predicted the default policy at 0.97x; the H200 measured 0.99x)."""
 
 from __future__ import annotations
 
@@ -122,7 +122,7 @@ def test_the_lab_names_the_policy_the_runs_name_on_the_measured_workload() -> No
     answer = least_over_commit(results)
     assert answer is not None and answer.policy == by_runs.policy
     assert f"with the least over-commit: {answer.policy}" in format_growth(results)
-    # The design document gives the same answer (issue 26: the two had disagreed).
+    # The design document gives the same answer (the two had disagreed).
     docs = " ".join((ROOT / "docs" / "MEASUREMENTS.md").read_text(encoding="utf-8").split())
     assert f"keeps >= 0.99x with the least over-commit: `{answer.policy}`" in docs
 

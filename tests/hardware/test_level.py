@@ -1,4 +1,4 @@
-"""The session level (issue 27): how far the card's whole level moved between sessions.
+"""The session level: how far the card's whole level moved between sessions.
 
 A profile's ``spread.level`` holds, per scenario group, p10/p50/p90 over sessions of each
 session's *measured / the sim's point*. Four classes of behaviour:

@@ -1,4 +1,4 @@
-"""kvvmm.integrations.sglang runs SGLang's own call sequence on the host driver (issue 15).
+"""kvvmm.integrations.sglang runs SGLang's own call sequence on the host driver.
 
 SGLang's descriptors are stood in for by a small duck-typed class (``SglDesc``: the four fields
 SGLang's ``KvBufferDesc`` has, nothing else), built the way SGLang's pools build them: MHA one
@@ -299,7 +299,7 @@ def test_install_after_the_seed_was_imported_replaces_it_and_warns(
     assert sys.modules[name] is seed and parent.kv_vmm_backing is seed  # type: ignore[attr-defined]
 
 
-# -- the four defects of issue 24, each as a class of inputs --------------------------------
+# -- the adapter's four defects, each as a class of inputs ---------------------------------
 
 
 class UpstreamModel:
@@ -489,7 +489,7 @@ def test_the_cuda_driver_is_opened_with_the_granularity_asked_recommended_by_def
 def test_the_cuda_driver_is_opened_with_the_handle_type_asked_auto_by_default_as_sglang(
         monkeypatch: pytest.MonkeyPatch, make_driver: Callable[..., Any],
         handle_type: str) -> None:
-    # Issue 24: SGLang 0.5.23's own owner probes FABRIC, then POSIX fd, then none
+    # SGLang 0.5.23's own owner probes FABRIC, then POSIX fd, then none
     # (make_device_allocation_prop's "auto"); the seed asked for no shareable handle.
     asked: list[dict[str, Any]] = []
 

@@ -1,4 +1,4 @@
-"""SGLang 0.5.23's own pool classes on kvvmm, on the host driver (issue 24's suite, in CI).
+"""SGLang 0.5.23's own pool classes on kvvmm, on the host driver (the conformance suite, in CI).
 
 The suite (``tests/conformance/``) runs in a pytest process of its own: it stands in for
 SGLang's GPU stack (``tests/conformance/standins.py``), which must not reach the rest of this

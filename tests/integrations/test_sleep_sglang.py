@@ -1,4 +1,4 @@
-"""SGLang's release/resume of memory occupation on kvvmm (issue 28), on the host driver.
+"""SGLang's release/resume of memory occupation on kvvmm, on the host driver.
 
 SGLang 0.5.23's ``release_memory_occupation`` calls ``memory_saver_adapter.pause("kv_cache")``
 and flushes its radix cache; ``resume_memory_occupation`` calls ``resume("kv_cache")``. Here:

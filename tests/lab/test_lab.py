@@ -290,7 +290,7 @@ def test_the_layout_explorer_shows_bad_input_and_keeps_the_last_plan() -> None:
 
 
 def test_a_refused_change_marks_the_layout_explorers_plan_stale() -> None:
-    # Issue 12, item 2: an error over a plan of other inputs must say the plan is stale.
+    # An error over a plan of other inputs must say the plan is stale.
     ex = LayoutExplorer()
     assert not ex.stale and ex.error.value == ""
     ex.tp.value = 3
@@ -318,7 +318,7 @@ def test_the_arena_lab_shows_the_chosen_policys_over_commit() -> None:
 
 
 def test_panels_lay_controls_out_to_wrap_and_figures_to_fill_the_cell() -> None:
-    # Issue 12, item 3: at 1280 px LayoutExplorer's driver dropdown was off-screen.
+    # At 1280 px LayoutExplorer's driver dropdown was off-screen.
     for panel in (ArenaLab(), LayoutExplorer(), GrowthLab()):
         rows = [c for c in panel.widget.children if isinstance(c, widgets.Box)
                 and c.layout.flex_flow == "row wrap"]
@@ -327,7 +327,7 @@ def test_panels_lay_controls_out_to_wrap_and_figures_to_fill_the_cell() -> None:
 
 
 def test_every_panel_ends_in_the_widget_that_fits_its_figure_to_the_cell() -> None:
-    # Issue 12, item 3: the FigureWidget drew at plotly's default 700 px in wider cells,
+    # The FigureWidget drew at plotly's default 700 px in wider cells,
     # measured before its view was in the page; the fit widget relayouts it once it is.
     for panel in (ArenaLab(), LayoutExplorer(), GrowthLab()):
         fit = panel.widget.children[-1]
@@ -384,7 +384,7 @@ def test_the_growth_lab_runs_the_default_and_three_policies_and_draws_them() -> 
 
 
 def test_the_growth_lab_shows_progress_and_disables_run_while_it_runs() -> None:
-    # Issue 12, item 5: a 70B run took ~15 s with no sign of life.
+    # A 70B run took ~15 s with no sign of life.
     lab = GrowthLab(layers=1, tokens=4096, step_tokens=256)
     seen: list[tuple[bool, int, str]] = []
     lab.progress.observe(lambda ch: seen.append(
@@ -399,7 +399,7 @@ def test_the_growth_lab_shows_progress_and_disables_run_while_it_runs() -> None:
 
 
 def test_the_growth_lab_shows_each_policys_over_commit_next_to_it() -> None:
-    # Issue 12, item 11: the default's cost, where the policy is chosen, before any Run.
+    # The default's cost, where the policy is chosen, before any Run.
     lab = GrowthLab(layers=4, tokens=32768, step_tokens=256)
     assert "at worst" in lab.default_cost.value  # whatever the default is now
     assert "at worst 12.0 MiB" in lab.exact_cost.value
@@ -448,7 +448,7 @@ def test_the_growth_lab_works_on_the_host_driver() -> None:
 
 
 def test_displaying_a_panel_resends_the_whole_figure_to_new_views() -> None:
-    # Regression (issue 5's browser test): LayoutExplorer changes its FigureWidget before it
+    # Regression (found by the browser test): LayoutExplorer changes its FigureWidget before it
     # is shown, and the copy plotly keeps for new views held `marker: undefined` entries that
     # made plotly.js draw nothing. Showing the panel must resend the figure as it is now.
     panel = LayoutExplorer()
@@ -497,7 +497,7 @@ def test_growth_cost_predicts_what_decode_growth_measures_on_a_real_owner() -> N
 
 def test_the_workload_lab_runs_a_trace_file_it_is_given_and_the_generator_without(
         tmp_path: Path) -> None:
-    # Issue 26, item 2: WorkloadLab could take a trace file and nothing said so.
+    # WorkloadLab could take a trace file and nothing said so.
     from kvvmm.lab import WorkloadLab
     from kvvmm.workload import generate, save_jsonl
 

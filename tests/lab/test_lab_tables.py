@@ -1,6 +1,6 @@
 """Tables fit where they are read: 100 columns in a terminal, a notebook cell at 1280 px.
 
-Issue 26, item 6: at a 1280 px window every row of notebook 06's 18-column results table
+At a 1280 px window every row of notebook 06's 18-column results table
 wrapped onto two lines, GrowthLab cut "driver time" to "driv", and ``kvvmm replay``'s table
 was ~230 characters wide. Every table a command prints must fit :data:`TERMINAL_COLUMNS`;
 every table a panel shows is an HTML table whose headers are whole (they wrap at spaces,
@@ -171,7 +171,7 @@ def test_the_growth_lab_shows_its_results_in_html_tables_with_whole_headers(
     lab = GrowthLab(**{"layers": 2, "tokens": 4096, "step_tokens": 512, **driver_kw})
     assert lab.run(), lab.error_text
     tables = _check_panel(lab, tables=2)
-    assert "driver time" in tables[0]["header"]  # issue 26: the panel read "driv"
+    assert "driver time" in tables[0]["header"]  # the panel once read "driv"
 
 
 @pytest.mark.parametrize("model,tp", [("llama-3.1-70b", 8), ("deepseek-v3", 8),
@@ -220,7 +220,7 @@ def test_a_report_with_a_range_strategy_adds_its_allocators_table_with_one_row_e
     assert all(len(line) <= TERMINAL_COLUMNS for line in rep.text().splitlines())
 
 
-# -- figures: one colour per strategy, lines that coincide both visible (issue 26, item 7) --
+# -- figures: one colour per strategy, lines that coincide both visible --
 
 
 def test_every_strategy_has_a_colour_of_its_own_and_coinciding_pairs_differ_in_dash() -> None:

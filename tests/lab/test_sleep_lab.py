@@ -1,4 +1,4 @@
-"""ArenaLab's Sleep and Wake (issue 28), without a browser (``.click()``, trait values).
+"""ArenaLab's Sleep and Wake, without a browser (``.click()``, trait values).
 
 For a KV owner and a bare arena, each backup choice: a sleep gives every byte back and the
 map and summary say asleep (what a wake backs, at the same VA); a wake draws the same map as

@@ -85,7 +85,7 @@ def test_the_buffers_of_a_shipped_model_add_up_to_its_bytes_per_token(key: str) 
 def test_every_shipped_model_file_says_where_its_figures_come_from(key: str) -> None:
     path = Path(__file__).parents[2] / "kvvmm" / "layout" / "models" / f"{key}.json"
     data = json.loads(path.read_text(encoding="utf-8"))
-    # Issue 12 item 9: the public config it comes from, "repo: file", and nothing else.
+    # The public config it comes from, "repo: file", and nothing else.
     assert data["_source"] == f"{data['_name']}: config.json"
     assert "/" in data["_name"]  # a Hugging Face repo id
     assert data["_name"] in data["hf_id"]

@@ -164,7 +164,7 @@ def test_weights_of_every_shipped_model_are_within_2_percent_of_the_published_si
 
 
 def test_llama_70b_on_eight_h200s_leaves_room_for_weights_and_headroom() -> None:
-    # Before issue 12: the whole card less 4 GiB, 3.56M tokens, no room for the weights.
+    # Not the whole card less 4 GiB (3.56M tokens), which leaves no room for the weights.
     p = plan(gpu="h200", model="llama-3.1-70b", tp=8)
     cap = PROFILES["h200"].capacity_bytes
     assert p.weights_bytes is not None and 16 * GiB < p.weights_bytes < 17 * GiB
@@ -416,7 +416,7 @@ def test_a_budget_too_small_says_how_it_was_computed() -> None:
 
 def test_weights_are_counted_in_the_dtype_the_models_config_ships_them_in() -> None:
     """DeepSeek-V3's config quantizes its weights to fp8 (e4m3): 8 x H200 hold them, as they
-    do in practice; counted in bf16 they would not (issue 26, item 7)."""
+    do in practice; counted in bf16 they would not."""
     from kvvmm.layout import load_model
 
     assert load_model("deepseek-v3").weights_dtype == "float8_e4m3fn"
@@ -450,7 +450,7 @@ def test_the_plan_table_fits_100_columns_and_says_where_over_budget_bytes_come_f
             else ("on top of the explicit budget" in text)
 
 
-# -- plan_smallest_tp: the smallest TP at which a model fits (notebook 02's, issue 23.5) -------
+# -- plan_smallest_tp: the smallest TP at which a model fits (notebook 02's) -------
 
 
 def test_a_model_that_fits_one_gpu_is_planned_at_tp_one_as_plan_plans_it() -> None:

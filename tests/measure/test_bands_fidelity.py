@@ -1,4 +1,4 @@
-"""The fidelity benchmark's bands (issue 27): ``in_band`` per scenario, and ``--score``.
+"""The fidelity benchmark's bands: ``in_band`` per scenario, and ``--score``.
 
 ``python -m kvvmm.measure.fidelity --score`` scores a profile's bands against measured runs of other
 sessions and days. On fixture runs whose medians are known to lie inside (the point itself)

@@ -1,4 +1,4 @@
-"""``kvvmm calibrate --quick --profile``: a one-minute refresh of a full profile (issue 27).
+"""``kvvmm calibrate --quick --profile``: a one-minute refresh of a full profile.
 
 On a simulator whose costs are the shipped profile's scaled (each measured figure group by
 its own factor), a quick refresh of the shipped profile recovers the scaling: every measured

@@ -92,7 +92,7 @@ def test_bandwidth_with_holes_runs_on_real_bytes_and_the_targets_read_every_sect
 
 
 def test_one_timed_driver_counts_vmm_calls_by_thread_and_records_inside_a_block() -> None:
-    # Issue 23: bench's and calibrate's wrappers became one; each command's use still holds.
+    # Bench's and calibrate's wrappers became one; each command's use still holds.
     td = timer.TimedDriver(SimDriver("h200"))
     g = td.granularity()
     va = td.reserve(2 * g)

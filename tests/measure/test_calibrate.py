@@ -1,5 +1,5 @@
 """kvvmm calibrate's pure parts, profiles by name or path, the sim charging a profile's costs,
-and the fidelity benchmark's sim side, all on CPU (issue 14)."""
+and the fidelity benchmark's sim side, all on CPU."""
 
 from __future__ import annotations
 
@@ -568,7 +568,7 @@ class _ArgCountingSim(SimDriver):
 
 
 def test_the_timed_driver_passes_set_access_on_with_the_arguments_it_got() -> None:
-    # Issue 23: calibrate's wrapper passed devices=None on as a third argument, and
+    # Calibrate's wrapper passed devices=None on as a third argument, and
     # CudaDriver's C fast path hands any third argument to the slower Python path, so the
     # library and growth sections timed a set_access that owners never pay.
     from kvvmm.measure.calibrate import TimedDriver
@@ -628,7 +628,7 @@ def test_a_policy_spelling_out_of_the_policys_bounds_names_the_bound_and_the_spe
 
 
 def test_the_full_calibration_grows_what_kvvmm_bench_grows() -> None:
-    # Issue 23: one workload definition; calibrate's plan only picks tokens and steps.
+    # One workload definition; calibrate's plan only picks tokens and steps.
     from kvvmm.measure.workload import BENCH_WORKLOAD
 
     assert FULL.workload == BENCH_WORKLOAD
@@ -638,8 +638,8 @@ def test_the_full_calibration_grows_what_kvvmm_bench_grows() -> None:
 
 def test_in_context_points_are_net_of_the_first_touch_the_sim_charges_on_its_own() -> None:
     """A growth call entering fresh VA pays the first-touch extra inside its in-context time;
-    the sim charges that extra separately, so the fit takes it out of the points (issue 27:
-    Geometric(2, 1 GiB)'s 512 MiB chunks, each the first in its 512 MiB region)."""
+    the sim charges that extra separately, so the fit takes it out of the points
+    (Geometric(2, 1 GiB)'s 512 MiB chunks, each the first in its 512 MiB region)."""
     from kvvmm.hardware import profile_data
     from kvvmm.measure.fit import first_touch_in_context, net_first_touch
 

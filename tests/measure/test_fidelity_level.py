@@ -1,5 +1,5 @@
 """``kvvmm.measure.level``: the session level fitted from fidelity runs, scored leaving
-each session out (issue 27).
+each session out.
 
 Fixture runs planted at known multiples of the sim's point, in sessions by their dates: runs
 minutes apart pool into one session; each session is scored with a level fitted from the

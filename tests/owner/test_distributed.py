@@ -1,4 +1,4 @@
-"""Collective KV resizes on torch.distributed (gloo on 127.0.0.1): every rank or none (issue 16).
+"""Collective KV resizes on torch.distributed (gloo on 127.0.0.1): every rank or none.
 
 Each world is spawned once (a module fixture: a spawn costs a second or two a world) and runs
 its scenarios in order on every rank; the tests then read what each rank saw. A world of 2

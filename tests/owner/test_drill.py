@@ -1,4 +1,4 @@
-"""kvvmm.owner.drill: notebook 08's TP world, as a package function every rank runs (issue 23.5).
+"""kvvmm.owner.drill: notebook 08's TP world, as a package function every rank runs.
 
 Each world is spawned once (a module fixture; a spawn costs a second or two a world): the
 notebook's own (two ranks, rank 1's third map fails), one where rank 0's second create

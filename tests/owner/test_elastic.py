@@ -1,4 +1,4 @@
-"""Elastic backing (issue 19): holes anywhere, page-granular owner calls, the handle pool and
+"""Elastic backing: holes anywhere, page-granular owner calls, the handle pool and
 the look-ahead, on the sim and host drivers (real bytes on the host), and the arena and page
 calls on the CUDA driver too (the ``driver`` fixture's ``cuda-c`` kind: real bytes through
 torch on the GPU; skipped without one)."""

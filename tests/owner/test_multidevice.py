@@ -1,4 +1,4 @@
-"""Several devices: a simulated node of N GPUs, peer access rules, per-device owners (issue 7).
+"""Several devices: a simulated node of N GPUs, peer access rules, per-device owners.
 
 A :class:`SimNode` is N simulated GPUs sharing one VA space; set access for peers follows
 CUDA's rules (a device the process sees, with a peer path to the memory's device, on whole
@@ -128,7 +128,7 @@ def test_a_peer_of_the_node_may_be_given_access_to_mapped_va() -> None:
 
 
 def test_set_access_for_a_device_outside_the_node_is_invalid_value_as_on_an_h200() -> None:
-    # Raw cuMemSetAccess on a one-GPU H200 answers INVALID_VALUE for device 1 (issue 7).
+    # Raw cuMemSetAccess on a one-GPU H200 answers INVALID_VALUE for device 1.
     d0 = SimNode(devices=2).driver(0)
     va = d0.reserve(8 * G)
     mapped(d0, va, 2 * G)

@@ -1,4 +1,4 @@
-"""Issue 18, arena / owner / policy part: bad construction refused early and typed, descs that
+"""Arena, owner and policy robustness: bad construction refused early and typed, descs that
 disagree with the owner refused naming the wrong argument, decommits that say what they kept,
 and a decommit whose release fails after its unmaps.
 """
@@ -132,7 +132,7 @@ def test_row_bytes_that_are_no_whole_number_of_elements_are_blamed_on_the_desc()
 
 
 def test_a_page_size_other_than_the_page_major_descs_hold_is_blamed_on_page_size() -> None:
-    # Regression (issue 18): this used to be blamed on reserved_tokens.
+    # Regression: this used to be blamed on reserved_tokens.
     err = refused(ArgumentError, "page_size", descs=paged_descs(16), page_size=32)
     assert "16" in str(err)
 
@@ -189,7 +189,7 @@ def test_an_owner_on_the_host_driver_can_write_every_slot_it_reports_backed() ->
     o.ensure_prefix(1000)
     for t in o.tensors:
         t[:o.prefix_tokens].fill_(1.0)
-    del t  # a live view pins the VA: drv.close() refuses while it lives (issue 18)
+    del t  # a live view pins the VA: drv.close() refuses while it lives
     o.close()
     drv.close()
 
@@ -284,7 +284,7 @@ def test_a_failed_map_back_after_a_failed_unmap_is_attached_as_a_note() -> None:
 
 
 def test_the_default_policy_over_commits_relative_to_what_is_backed() -> None:
-    # Issue 12 item 11: Chunked(128 MiB) backed 128 MiB per buffer for a 19 MiB prefix.
+    # Chunked(128 MiB) backed 128 MiB per buffer for a 19 MiB prefix.
     p = default_policy()
     need = 19 * MiB + 300 * 1024
     backed = 0

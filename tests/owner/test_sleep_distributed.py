@@ -1,4 +1,4 @@
-"""Collective sleep and wake (issue 28): every rank of a process group sleeps, or none does.
+"""Collective sleep and wake: every rank of a process group sleeps, or none does.
 
 One gloo world of 2 on the host driver (real bytes), spawned once for the module. Each rank
 grows its owner collectively (so its memory is a collective's prepared handles: a sleep must

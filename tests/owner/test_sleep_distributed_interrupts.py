@@ -1,5 +1,5 @@
 """A collective sleep or wake interrupted (Ctrl-C, SystemExit: not an Exception) at its
-agreement or its confirmation leaves the rank as the call found it (issue 28): awake with
+agreement or its confirmation leaves the rank as the call found it: awake with
 its mappings after an interrupted sleep, asleep after an interrupted wake. One gloo rank in
 this process, on the simulator (as tests/owner/test_distributed_interrupts.py)."""
 

@@ -1,4 +1,4 @@
-"""TpOwners.sleep / wake (issue 28): one transaction over every rank of a process.
+"""TpOwners.sleep / wake: one transaction over every rank of a process.
 
 A tiny two-layer model at TP 2 and 3, on the simulator (one SimNode) and on host drivers
 (real bytes). Every backup round-trips; a refusal on any rank changes nothing anywhere; and

@@ -1,4 +1,4 @@
-"""Hostile and broken traces (issue 18, items 8 and 9): refused with a TraceFormatError.
+"""Hostile and broken traces: refused with a TraceFormatError.
 
 A trace comes from elsewhere: another machine, another version, a person with an editor, or
 someone who means harm. Loading one checks it against the format; every malformed input ends
@@ -63,7 +63,7 @@ def valid_doc() -> Doc:
         ("decommit_range", {"offset": 0, "start": 2 * G, "nbytes": G}),
         ("grant_access", {"devices": [1]}),
         ("adopt", {"offset": 0, "nbytes": G}),
-        ("sleep", {"backup": "none", "nbytes": G}),  # issue 28: sleep/wake are recorded
+        ("sleep", {"backup": "none", "nbytes": G}),  # sleep/wake are recorded
         ("wake", {"nbytes": G}),
         ("close", {}),
     ]

@@ -1,4 +1,4 @@
-"""bench/ (its scripts and probes) uses kvvmm's public names only (issue 23, part 1).
+"""bench/ (its scripts and probes) uses kvvmm's public names only.
 
 A bench script that imports ``kvvmm.arena._dlpack`` or calls an owner's ``_all_reduce_min``
 breaks when the package moves its insides, and measures what no user can call. So every

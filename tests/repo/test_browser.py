@@ -49,7 +49,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 #: Azure's trace next to this checkout, if there: the server's copy of the notebooks lies in a
-#: temporary folder, so notebook 06 is told where it is (issue 26, item 2).
+#: temporary folder, so notebook 06 is told where it is.
 TRACE = find_trace(start=NOTEBOOKS)
 TRACE_MINUTES = os.environ.get("KVVMM_TRACE_MINUTES", "10")
 
@@ -146,7 +146,7 @@ def page(browser: Any, lab_server: LabServer,
     Each test gets its own workspace (``?reset``: nothing restored from an earlier page)
     and its kernels are shut down after it.
     """
-    # The laptop size the lab must fit (issue 12, item 3); element screenshots still show a
+    # The laptop size the lab must fit; element screenshots still show a
     # whole panel, taller than the window or not.
     context = browser.new_context(viewport={"width": 1280, "height": 800})
     pg = context.new_page()
@@ -390,7 +390,7 @@ def _fits(panel: Any, why: str) -> None:
 
 def _tables_fit(root: Any, why: str, *, least: int) -> None:
     """Every results table under ``root`` (``kvvmm.viz._common.Table.html``) fits its cell
-    with no scrolling, and no header is cut (issue 26, item 6: at 1280 px 06's 18-column
+    with no scrolling, and no header is cut (at 1280 px 06's 18-column
     table wrapped every row, GrowthLab cut "driver time" to "driv")."""
     found = root.evaluate("""(root) => {
       const out = [];
@@ -416,7 +416,7 @@ _WIDTHS_JS = """(root) => {
 
 
 def _fills_cell(panel: Any, why: str, share: float = 0.9) -> None:
-    """The figure is drawn at least ``share`` of its cell's width (issue 12, item 3).
+    """The figure is drawn at least ``share`` of its cell's width.
 
     A FigureWidget draws before it is in the page and, left alone, stays at plotly's
     default 700 px in a cell of 850 px (at 1280) or more; the panel's fit widget relayouts
@@ -435,7 +435,7 @@ def _fills_cell(panel: Any, why: str, share: float = 0.9) -> None:
 
 def test_saving_in_jupyterlab_leaves_the_checkout_clean(
         page: tuple[Any, ConsoleErrors], checkout: Path, lab_server: LabServer) -> None:
-    # Issue 12, item 4: autosave rewrote the tracked 03_growth.ipynb and broke `make test`.
+    # Autosave rewrote the tracked 03_growth.ipynb and broke `make test`.
     pg, errors = page
     with screenshot_on_exit(pg, "03_growth-page"):
         tab = NotebookTab.open(pg, "03_growth.ipynb", timeout_ms=OPEN_MS)
@@ -463,7 +463,7 @@ def test_saving_in_jupyterlab_leaves_the_checkout_clean(
 
 def test_the_failures_notebooks_panel_shows_its_error_after_run_all(
         page: tuple[Any, ConsoleErrors]) -> None:
-    # Issue 12, item 2: the 04 section meant to show an error showed a closed arena.
+    # The 04 section meant to show an error showed a closed arena.
     pg, errors = page
     with screenshot_on_exit(pg, "04_failures-page"):
         tab = NotebookTab.open(pg, "04_failures.ipynb", timeout_ms=OPEN_MS)
@@ -482,7 +482,7 @@ def test_the_failures_notebooks_panel_shows_its_error_after_run_all(
 
 def test_the_workloads_notebook_says_which_traffic_it_ran_and_hands_the_trace_to_its_lab(
         page: tuple[Any, ConsoleErrors]) -> None:
-    # Issue 26, item 2: 06 ran a generated slice even with the real hour at hand.
+    # 06 ran a generated slice even with the real hour at hand.
     pg, errors = page
     with screenshot_on_exit(pg, "06_workloads-page"):
         tab = NotebookTab.open(pg, "06_workloads.ipynb", timeout_ms=OPEN_MS)

@@ -1,4 +1,4 @@
-"""kvvmm.viz at real-model and synthetic scale (issue 12): the VA map stays readable from 1 to
+"""kvvmm.viz at real-model and synthetic scale: the VA map stays readable from 1 to
 1,000 buffers and 100,000 mappings, figures of plans draw, and figures save to files."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Tenants sharing one simulated GPU's budget (kvvmm.workload.tenants): issue 29 part 2 and
-issue 28 item 3. Small workloads, so the file runs in seconds."""
+"""Tenants sharing one simulated GPU's budget (kvvmm.workload.tenants), with
+scripted demands. Small workloads, so the file runs in seconds."""
 
 from __future__ import annotations
 

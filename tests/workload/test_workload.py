@@ -1,4 +1,4 @@
-"""The workload lab (issue 13): loaders, the fitted generator, the serving model, strategies."""
+"""The workload lab: loaders, the fitted generator, the serving model, strategies."""
 
 from __future__ import annotations
 
@@ -123,7 +123,7 @@ def test_find_trace_returns_a_path_a_user_names_and_refuses_one_that_is_not_a_fi
 
 def test_find_trace_looks_next_to_the_repository_root_and_finds_nothing_elsewhere(
         tmp_path: Path) -> None:
-    # Issue 26, item 2: notebook 06 runs the real trace when ../shared holds it.
+    # Notebook 06 runs the real trace when ../shared holds it.
     repo = tmp_path / "clone"
     (repo / "notebooks").mkdir(parents=True)
     (repo / "pyproject.toml").write_text("", encoding="utf-8")
@@ -184,7 +184,7 @@ def test_generator_arguments_are_checked() -> None:
 
 
 def test_a_bool_is_not_a_rate_scale_or_a_hysteresis() -> None:
-    # Issue 23 part 5: both took True as 1 (the only number checks that did not refuse bool).
+    # Both took True as 1 (the only number checks that did not refuse bool).
     with pytest.raises(ArgumentError, match=r"^rate_scale=True is invalid: must be a number in "
                                             r"\(0, 1e6\]$"):
         generate(rate_scale=True)
