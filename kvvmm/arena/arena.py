@@ -7,9 +7,8 @@ change is a transaction: if any driver call fails, the calls before it are undon
 leaks, the snapshot is as it was, and the error is re-raised with any failure of the undo
 attached as a note.
 
-Tensors over the VA need no compilation: ``meta`` tensors on the simulator, ``frombuffer``
-over host memory, DLPack over device memory. A tensor keeps its arena alive, and ``close()``
-never unmaps memory that a live tensor can reach: it waits for the last one to go.
+Tensors over the VA: ``meta`` on the simulator, ``frombuffer`` over host memory, DLPack over
+device memory. A tensor keeps its arena alive; ``close()`` waits for the last one to go.
 
 Several devices: ``grant_access(devices)`` lets peers (other GPUs of the process) read and
 write what the arena backs, now and in every later commit; ``tensor(..., device=peer)`` is
@@ -17,12 +16,11 @@ the peer's view of the same VA. Between processes: ``export_handles(offset)`` gi
 file descriptors for an allocation's handles, and another process backs an allocation of its
 own arena with them (``driver.import_handle`` then ``adopt``).
 
-The class is built from parts, one idea a module: :mod:`~kvvmm.arena.records` (the result
-records and the live state), :mod:`~kvvmm.arena.state` (the shared state, the lock and the
-backing transactions), :mod:`~kvvmm.arena.holes` (range commits and decommits) and
-:mod:`~kvvmm.arena.sharing` (peers and other processes). This module keeps construction,
-allocation, prefix commit/decommit, tensors, leases, the pool, snapshot and close, and
-re-exports the public names of the parts.
+The class is built from parts, one idea a module: ``records`` (the result records and the
+live state), ``state`` (the shared state, the lock, the backing transactions), ``holes``
+(range commits and decommits), ``sharing`` (peers, other processes), ``captures`` and
+``reclaim``. This module keeps construction, allocation, prefix commit/decommit, tensors,
+leases, the pool, snapshot and close, and re-exports the public names of the parts.
 """
 
 from __future__ import annotations

@@ -42,6 +42,7 @@ from kvvmm.budget.errors import (
     LedgerLockTimeoutError,
     LedgerUntrustedError,
 )
+from kvvmm.checks import is_int
 from kvvmm.errors import ArgumentError
 
 __all__ = ["FILE_BYTES", "MAX_BYTES", "NAME_BYTES", "SLOTS", "LedgerFile", "check_image",
@@ -219,7 +220,7 @@ def resolve_group(group: str | int | None) -> int | None:
     """
     if group is None:
         return None
-    if isinstance(group, bool) or not isinstance(group, (str, int)):
+    if not (isinstance(group, str) or is_int(group)):
         raise ArgumentError("group", group, "a group name, a gid or None")
     try:
         if isinstance(group, str):
