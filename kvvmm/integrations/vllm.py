@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvvmm.arena import Transaction, device_tensor
-from kvvmm.arena.backup import Backup, make_backup
+from kvvmm.arena.backup import Backup, HostBackup, make_backup
 from kvvmm.arena.sleep import SleepResult
 from kvvmm.driver.base import (
     CUDA_ERROR_INVALID_DEVICE,
@@ -325,12 +325,10 @@ class KvvmmVmmDriver:
     def consolidate(self, base: int, segment: tuple[int, int]) -> SegmentBacking:
         """Back one segment with one physical allocation, keeping its bytes, VA and vLLM's ids.
 
-        One allocation of the segment's size is made while the old ones stay mapped (the
-        footprint doubles for the copy), the bytes go through host memory and back (as in
-        sleep), the old mappings are replaced at the same VA (access as before) and released.
-        vLLM's handle ids stay valid: its release of one is bookkeeping, and the segment's
-        memory goes when vLLM has unmapped every chunk of it. The simulator holds no bytes:
-        nothing to keep, it only remaps. Already one allocation: nothing is done.
+        A new allocation of the segment's size is made while the old ones stay mapped (double
+        footprint), the bytes go to host memory and back (as in sleep), the old chunks are
+        replaced at the same VA, access as before, and released. vLLM's ids stay valid: its
+        memory goes when vLLM has unmapped every chunk. The simulator: nothing to keep.
 
         Args:
             base: a reservation's base pointer.
@@ -347,14 +345,11 @@ class KvvmmVmmDriver:
         with self._lock:
             before = self.backing(base, [segment])[0]  # checks base and segment
             r, (off, n) = self._res[base], segment
-            if r.asleep is not None:
-                raise AsleepError(f"consolidate({base:#x}) refused: the reservation is asleep; "
-                                  "wake() first. Nothing changed")
+            self._awake("consolidate", base)  # refused while asleep
             va0 = base + off
             olds = sorted((va, m, hid) for va, (m, hid) in r.maps.items()
                           if va < va0 + n and va + m > va0)
-            if n == 0 or any(va < va0 or va + m > va0 + n for va, m, _ in olds) \
-                    or before.backed_bytes != n:
+            if not n or before.backed_bytes != n or sum(m for _, m, _ in olds) != n:
                 raise ArgumentError("segment", segment, "wholly mapped, in whole chunks",
                                     f"mapped there: {[(va - base, m) for va, m, _ in olds]}")
             if len(olds) == 1:
@@ -363,7 +358,7 @@ class KvvmmVmmDriver:
                 raise StateError(f"consolidate({base:#x}): a chunk's handle was released "
                                  "while mapped; nothing changed")
             self._release_leftovers()
-            store = make_backup("host", None)
+            store = HostBackup()  # pinned on CUDA, as sleep's default
             self._sync()
             self._copy(olds, store, save=True, op="consolidate")
             undo = Transaction()
@@ -392,21 +387,15 @@ class KvvmmVmmDriver:
             store.drop()
             wid = next(self._ids)
             self._handles[wid] = _Handle(inner, vas={va0}, own=True)
-            for va, _, _ in olds:
-                del r.maps[va]
-            r.maps[va0] = (n, wid)
             for va, m, hid in olds:
-                h = self._handles[hid]
-                if h.own:  # an earlier consolidation's: its chunks move to the new one
-                    del self._handles[hid]
-                    for pva, (pn, phid, w) in list(r.pieces.items()):
-                        if w == va:
-                            r.pieces[pva] = (pn, phid, va0)
-                            self._handles[phid].whole = wid
-                else:
-                    r.pieces[va] = (m, hid, va0)
-                    h.whole = wid
+                del r.maps[va]
+                h = self._handles.pop(hid) if self._handles[hid].own else self._handles[hid]
+                r.pieces.update({va: (m, hid, va0)} if not h.own else {  # earlier consolidation's
+                    p: (pn, ph, va0) for p, (pn, ph, w) in r.pieces.items() if w == va})
                 self._leftover.append(h.inner)
+            r.maps[va0] = (n, wid)
+            for ph in (ph for _, ph, w in r.pieces.values() if w == va0):
+                self._handles[ph].whole = wid
             self._release_leftovers("the consolidation stands")
             return self.backing(base, [segment])[0]
 
