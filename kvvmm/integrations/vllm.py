@@ -252,6 +252,9 @@ class KvvmmVmmDriver:
         with self._lock, _vllm_errors():
             h = self._handle("map", handle)
             r = self._awake("map", ptr)
+            if h.whole:  # its driver handle is gone: the bytes live in the segment's one
+                raise driver_error("map", {"handle": handle}, CUDA_ERROR_INVALID_VALUE,
+                                   "its chunk is part of a consolidated segment now")
             self.driver.map(ptr, size, h.inner)
             if r is not None:
                 r.maps[ptr] = (size, handle)
@@ -604,8 +607,8 @@ class KvvmmVmmDriver:
                 self.driver.release(self._leftover[0])
                 self._leftover.pop(0)
         except Exception as e:
-            e.add_note(f"{stands}{'; ' if stands else ''}free_reserved or consolidate "
-                       "retries the release")
+            e.add_note(f"{stands}{'; ' if stands else ''}consolidate, free_reserved or the "
+                       "unmap of a consolidated segment retries the release")
             raise
 
     def _unmap_pieces(self, r: _Reservation, ptr: int, size: int) -> bool:

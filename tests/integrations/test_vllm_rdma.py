@@ -122,6 +122,10 @@ def test_a_failed_release_of_an_old_chunk_keeps_the_consolidation_and_free_retri
     faulty.disarm()
     assert adapter.backing(et.base_ptr, segments(et))[0].allocations == 1
     assert all(torch.equal(a, b) for a, b in zip(before, contents(et), strict=True))
+    assert host.stats().handles == 1 + 2 + 3  # the new one, two old ones kept, segment 1's
+    adapter.consolidate(et.base_ptr, segments(et)[1])  # retries the release first
+    assert host.stats().handles == 2
+    assert all(torch.equal(a, b) for a, b in zip(before, contents(et), strict=True))
     et.free()
     assert host.stats().clean
 
@@ -174,3 +178,27 @@ def test_on_the_simulator_it_remaps_with_nothing_to_keep(
     assert adapter.consolidate(et.base_ptr, segments(et)[1]).allocations == 1
     et.free()
     assert sim.stats().clean
+
+
+def test_after_a_consolidation_a_chunks_id_maps_nowhere_else_and_unmaps_whole_chunks_only(
+        vllm: types.SimpleNamespace, make_driver: Any) -> None:
+    host = make_driver("host")
+    adapter = kv.install(host)
+    et = grown(vllm, fill=False)
+    adapter.consolidate(et.base_ptr, segments(et)[0])
+    snap, stats = adapter.snapshot(et.base_ptr), host.stats()
+    hid, off, size = et._buffer._handles[0]
+    spare = et.base_ptr + et.segment_offsets[1] + 20 * MiB
+    with pytest.raises(RuntimeError, match=r"^GPU driver error 1:.*consolidated segment"):
+        adapter.map(spare, size, hid)
+    for ptr, n in [(et.base_ptr + off, size + 2 * MiB), (et.base_ptr + off + 2 * MiB, size)]:
+        with pytest.raises(RuntimeError, match=r"^GPU driver error 1:"):
+            adapter.unmap(ptr, n)
+    assert adapter.snapshot(et.base_ptr) == snap and host.stats() == stats
+    adapter.unmap(et.base_ptr + off, size)  # one chunk: the segment's memory stays mapped
+    assert host.stats().physical_bytes == stats.physical_bytes
+    assert adapter.backing(et.base_ptr, segments(et))[0].allocations == 1
+    et._buffer._handles.pop(0)
+    adapter.release(hid)
+    et.free()
+    assert host.stats().clean
