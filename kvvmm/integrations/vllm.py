@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvvmm.arena import Transaction, device_tensor
-from kvvmm.arena.backup import Backup, make_backup
+from kvvmm.arena.backup import Backup, HostBackup, make_backup
 from kvvmm.arena.sleep import SleepResult
 from kvvmm.driver.base import (
     CUDA_ERROR_INVALID_DEVICE,
@@ -42,8 +42,10 @@ from kvvmm.errors import (
     AsleepError,
     BackupError,
     DriverError,
+    DriverOutOfMemoryError,
     KvvmmError,
     SleepRefusedError,
+    StateError,
 )
 from kvvmm.snapshot import AllocationInfo, ArenaSnapshot, MappingInfo
 
@@ -121,6 +123,8 @@ class _Handle:
     inner: int
     released: bool = False  # vLLM released it (its memory stays while mapped)
     vas: set[int] = field(default_factory=set)  # where it is mapped
+    whole: int = 0  # consolidated: the id of kvvmm's own handle that now holds its bytes
+    own: bool = False  # kvvmm's own (a consolidated segment's): vLLM never saw its id
 
 
 @dataclass(slots=True, eq=False)
@@ -131,6 +135,8 @@ class _Reservation:
     maps: dict[int, tuple[int, int]] = field(default_factory=dict)  # va -> (size, handle id)
     peers: set[int] = field(default_factory=set)  # other devices given access
     asleep: _Asleep | None = None
+    # vLLM's chunks inside a consolidated mapping: va -> (size, vLLM's id, the mapping's va)
+    pieces: dict[int, tuple[int, int, int]] = field(default_factory=dict)
 
 
 @dataclass(slots=True, eq=False)
@@ -180,6 +186,7 @@ class KvvmmVmmDriver:
         self._bases: list[int] = []  # sorted
         self._handles: dict[int, _Handle] = {}
         self._ids = itertools.count(1)
+        self._leftover: list[int] = []  # driver handles a consolidation failed to release
 
     # -- vLLM's VmmDriver ------------------------------------------------------------------
 
@@ -217,6 +224,7 @@ class KvvmmVmmDriver:
         """Give back the reservation at ``ptr`` (nothing mapped in it)."""
         with self._lock, _vllm_errors():
             r = self._awake("free_reserved", ptr)
+            self._release_leftovers()
             self.driver.free(ptr, size)
             if r is not None and self._res.pop(ptr, None) is not None:
                 self._bases.remove(ptr)
@@ -244,6 +252,9 @@ class KvvmmVmmDriver:
         with self._lock, _vllm_errors():
             h = self._handle("map", handle)
             r = self._awake("map", ptr)
+            if h.whole:  # its driver handle is gone: the bytes live in the segment's one
+                raise driver_error("map", {"handle": handle}, CUDA_ERROR_INVALID_VALUE,
+                                   "its chunk is part of a consolidated segment now")
             self.driver.map(ptr, size, h.inner)
             if r is not None:
                 r.maps[ptr] = (size, handle)
@@ -264,6 +275,8 @@ class KvvmmVmmDriver:
         """Unmap ``[ptr, ptr + size)``: whole mappings only."""
         with self._lock, _vllm_errors():
             r = self._awake("unmap", ptr)
+            if r is not None and self._unmap_pieces(r, ptr, size):
+                return
             self.driver.unmap(ptr, size)
             for va in [va for va in (r.maps if r else ()) if ptr <= va < ptr + size]:
                 hid = r.maps.pop(va)[1]  # type: ignore[union-attr]
@@ -277,7 +290,8 @@ class KvvmmVmmDriver:
             h = self._handle("release", handle)
             for va in h.vas:
                 self._awake("release", va)
-            self.driver.release(h.inner)
+            if not h.whole:  # a consolidated chunk's bytes go with its segment's mapping
+                self.driver.release(h.inner)
             h.released = True
             if not h.vas:
                 del self._handles[handle]
@@ -310,6 +324,83 @@ class KvvmmVmmDriver:
                 backed = sum(min(e, end) - max(o, off) for o, e in hits)
                 out.append(SegmentBacking(off, seg[1], len(hits), backed))
             return tuple(out)
+
+    def consolidate(self, base: int, segment: tuple[int, int]) -> SegmentBacking:
+        """Back one segment with one physical allocation, keeping its bytes, VA and vLLM's ids.
+
+        A new allocation of the segment's size is made while the old ones stay mapped (double
+        footprint), the bytes go to host memory and back (as in sleep), the old chunks are
+        replaced at the same VA, access as before, and released. vLLM's ids stay valid: its
+        memory goes when vLLM has unmapped every chunk. The simulator: nothing to keep.
+
+        Args:
+            base: a reservation's base pointer.
+            segment: ``(offset, size_bytes)`` from ``base``, as for :meth:`backing`.
+        Returns:
+            The segment's :class:`SegmentBacking` now (one allocation: ``rdma_ready``).
+        Raises:
+            ArgumentError: an unknown base, or a segment not wholly mapped in whole chunks.
+            AsleepError: the reservation is asleep. StateError: a chunk's handle was released
+                while mapped (it could not be mapped back on failure).
+            DriverOutOfMemoryError: no room for the new allocation (its note names the bytes).
+            DriverError, BackupError: a step failed; the old mappings and bytes are back.
+        """
+        with self._lock:
+            before = self.backing(base, [segment])[0]  # checks base and segment
+            r, (off, n) = self._res[base], segment
+            self._awake("consolidate", base)  # refused while asleep
+            va0 = base + off
+            olds = sorted((va, m, hid) for va, (m, hid) in r.maps.items()
+                          if va < va0 + n and va + m > va0)
+            if not n or before.backed_bytes != n or sum(m for _, m, _ in olds) != n:
+                raise ArgumentError("segment", segment, "wholly mapped, in whole chunks",
+                                    f"mapped there: {[(va - base, m) for va, m, _ in olds]}")
+            if len(olds) == 1:
+                return before
+            if any(self._handles[hid].released for _, _, hid in olds):
+                raise StateError(f"consolidate({base:#x}): a chunk's handle was released "
+                                 "while mapped; nothing changed")
+            self._release_leftovers()
+            store = HostBackup()  # pinned on CUDA, as sleep's default
+            self._sync()
+            self._copy(olds, store, save=True, op="consolidate")
+            undo = Transaction()
+            try:
+                try:
+                    inner = self.driver.create(n)
+                except DriverOutOfMemoryError as e:
+                    e.add_note(f"consolidate needs {n} bytes more while the segment's "
+                               f"{len(olds)} allocations stay mapped for the copy")
+                    raise
+                undo.push(f"release {inner}", self.driver.release, inner)
+                for va, m, hid in olds:
+                    self.driver.unmap(va, m)
+                    undo.push(f"access {va:#x}", self._access, r, va, m)
+                    undo.push(f"map {va:#x} back", self.driver.map, va, m,
+                              self._handles[hid].inner)
+                self.driver.map(va0, n, inner)
+                undo.push(f"unmap {va0:#x}", self.driver.unmap, va0, n)
+                self._access(r, va0, n)
+                self._copy([(va0, n, 0)], store, save=False, op="consolidate")
+            except BaseException as e:
+                undo.unwind(e)
+                store.drop()
+                raise
+            undo.commit()
+            store.drop()
+            wid = next(self._ids)
+            self._handles[wid] = _Handle(inner, vas={va0}, own=True)
+            for va, m, hid in olds:
+                del r.maps[va]
+                h = self._handles.pop(hid) if self._handles[hid].own else self._handles[hid]
+                r.pieces.update({va: (m, hid, va0)} if not h.own else {  # earlier consolidation's
+                    p: (pn, ph, va0) for p, (pn, ph, w) in r.pieces.items() if w == va})
+                self._leftover.append(h.inner)
+            r.maps[va0] = (n, wid)
+            for ph in (ph for _, ph, w in r.pieces.values() if w == va0):
+                self._handles[ph].whole = wid
+            self._release_leftovers("the consolidation stands")
+            return self.backing(base, [segment])[0]
 
     def snapshot(self, base: int, name: str = "vllm") -> ArenaSnapshot:
         """The reservation at ``base`` as an arena snapshot, which ``kvvmm.viz`` draws.
@@ -373,9 +464,7 @@ class KvvmmVmmDriver:
             group = _Asleep([(r, sorted((va, n, hid) for va, (n, hid) in r.maps.items()))
                              for _, r in picked], store, [])
             flat = group.maps
-            torch = sys.modules.get("torch")  # never import it just to ask
-            if self.driver.memory is MemoryKind.DEVICE and torch and torch.cuda.is_initialized():
-                torch.cuda.synchronize(self.driver.device)  # vLLM's work on the VA is done
+            self._sync()
             if store is not None:
                 self._copy(flat, store, save=True)
             undo = Transaction()
@@ -383,7 +472,7 @@ class KvvmmVmmDriver:
                 for va, n, hid in flat:
                     self.driver.unmap(va, n)
                     # Undone newest first: access after the map (the same handle: bytes kept).
-                    undo.push(f"access {va:#x}", self.driver.set_access, va, n)
+                    undo.push(f"access {va:#x}", self._access, r, va, n)
                     undo.push(f"map {va:#x} back", self.driver.map, va, n,
                               self._handles[hid].inner)
             except BaseException as e:
@@ -443,9 +532,7 @@ class KvvmmVmmDriver:
                     undo.push(f"release {inner}", self.driver.release, inner)
                     self.driver.map(va, n, inner)
                     undo.push(f"unmap {va:#x}", self.driver.unmap, va, n)
-                    self.driver.set_access(va, n)
-                    if r.peers:
-                        self.driver.set_access(va, n, sorted(r.peers))
+                    self._access(r, va, n)
                     made.append((hid, inner))
             if group.backup is not None:
                 self._copy(group.maps, group.backup, save=False)
@@ -473,7 +560,7 @@ class KvvmmVmmDriver:
 
     def _handle(self, call: str, hid: object) -> _Handle:
         h = self._handles.get(hid) if type(hid) is int else None
-        if h is None or h.released:
+        if h is None or h.released or h.own:
             raise driver_error(call, {"handle": hid} if type(hid) is int else {},
                                CUDA_ERROR_INVALID_VALUE, "not a live handle this driver made")
         return h
@@ -503,7 +590,52 @@ class KvvmmVmmDriver:
             raise ArgumentError("bases", bases, "a sequence of base pointers, or None")
         return [(b, self._reservation(b)) for b in dict.fromkeys(bases)]
 
-    def _copy(self, maps: Sequence[tuple[int, int, int]], store: Backup, *, save: bool) -> None:
+    def _sync(self) -> None:
+        torch = sys.modules.get("torch")  # never import it just to ask
+        if self.driver.memory is MemoryKind.DEVICE and torch and torch.cuda.is_initialized():
+            torch.cuda.synchronize(self.driver.device)  # vLLM's work on the VA is done
+
+    def _access(self, r: _Reservation, va: int, n: int) -> None:
+        self.driver.set_access(va, n)
+        if r.peers:
+            self.driver.set_access(va, n, sorted(r.peers))
+
+    def _release_leftovers(self, stands: str = "") -> None:
+        """Release the driver handles a consolidation or unmap left; a failure keeps them."""
+        try:
+            while self._leftover:
+                self.driver.release(self._leftover[0])
+                self._leftover.pop(0)
+        except Exception as e:
+            e.add_note(f"{stands}{'; ' if stands else ''}consolidate, free_reserved or the "
+                       "unmap of a consolidated segment retries the release")
+            raise
+
+    def _unmap_pieces(self, r: _Reservation, ptr: int, size: int) -> bool:
+        """vLLM's unmap of chunks of a consolidated segment; False: none in the range."""
+        hit = [va for va in r.pieces if ptr <= va < ptr + size]
+        if not hit:
+            return False
+        wva = r.pieces[hit[0]][2]
+        if ptr not in r.pieces or sum(r.pieces[v][0] for v in hit) != size or any(
+                r.pieces[v][2] != wva for v in hit):
+            raise driver_error("unmap", {"ptr": ptr, "size": size}, CUDA_ERROR_INVALID_VALUE,
+                               "not whole chunks of one consolidated segment")
+        n, wid = r.maps[wva]
+        if all(v in hit for v, (_, _, w) in r.pieces.items() if w == wva):
+            self.driver.unmap(wva, n)  # the last of its chunks: the memory goes
+            del r.maps[wva]
+            self._leftover.append(self._handles.pop(wid).inner)
+        for va in hit:
+            hid = r.pieces.pop(va)[1]
+            self._handles[hid].vas.discard(va)
+            if self._handles[hid].released and not self._handles[hid].vas:
+                del self._handles[hid]
+        self._release_leftovers("the unmap stands")
+        return True
+
+    def _copy(self, maps: Sequence[tuple[int, int, int]], store: Backup, *, save: bool,
+              op: str = "sleep") -> None:
         """Copy every mapping's bytes out to ``store`` or back, at consecutive positions."""
         import torch
 
@@ -531,8 +663,9 @@ class KvvmmVmmDriver:
             if isinstance(e, KvvmmError):
                 raise
             what = "copy-out to" if save else "copy back from"
-            raise BackupError(f"vLLM sleep: the {what} the {store.kind} backup failed: {e!r}; "
-                              + ("nothing changed" if save else "still asleep")) from e
+            raise BackupError(f"vLLM {op}: the {what} the {store.kind} backup failed: {e!r}; "
+                              + ("still asleep" if op == "sleep" and not save
+                                 else "nothing changed")) from e
         finally:
             views.clear()
 
