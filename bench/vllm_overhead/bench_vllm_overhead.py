@@ -36,6 +36,7 @@ from typing import Any
 
 import kvvmm
 from kvvmm.integrations.vllm import KvvmmVmmDriver
+from kvvmm.measure.stats import percentile
 
 ROOT = Path(__file__).resolve().parents[2]
 #: The calls one cycle makes, in its order.
@@ -78,17 +79,10 @@ def cycle(drv: Any, size: int, device: int, out: dict[str, list[int]]) -> None:
         out[name].append(b - a)
 
 
-def percentile(values: Sequence[int], q: float) -> float:
-    """The q-th percentile (nearest rank) of ``values``."""
-    s = sorted(values)
-    rank = max(1, -(-int(q * len(s)) // 100))
-    return float(s[min(rank, len(s)) - 1])
-
-
 def summarize(ns: dict[str, list[int]]) -> dict[str, dict[str, float]]:
     """Per call: median and p99 in microseconds."""
-    return {c: {"median_us": round(percentile(v, 50) / 1e3, 3),
-                "p99_us": round(percentile(v, 99) / 1e3, 3)} for c, v in ns.items()}
+    return {c: {"median_us": round(percentile(v, 0.5) / 1e3, 3),
+                "p99_us": round(percentile(v, 0.99) / 1e3, 3)} for c, v in ns.items()}
 
 
 def ratio(a: float, b: float) -> float | None:
@@ -116,6 +110,14 @@ def drivers(kind: str, device: int) -> Iterator[tuple[dict[str, Any], str, dict[
             ours = KvvmmVmmDriver(inner)
             ours.ensure_context(device)
             yield {"vllm": theirs, "kvvmm": ours}, _card(device), skipped
+            return
+        if kind == "host-pair":  # the side-by-side half without a GPU: two host adapters
+            pair = {}
+            for name in ("vllm", "kvvmm"):
+                inner = kvvmm.open_driver("host", capacity_bytes=512 << 20)
+                stack.callback(inner.close)
+                pair[name] = KvvmmVmmDriver(inner)
+            yield pair, "host-pair", skipped
             return
         inner = kvvmm.open_driver("host")
         stack.callback(inner.close)
@@ -151,23 +153,22 @@ def _versions() -> dict[str, str | None]:
     return out
 
 
-Opener = Callable[[str, int], Any]
 
 
 def run(kind: str, sizes_mib: Sequence[int], rounds: int, warmup: int, device: int,
-        progress: Callable[[str], None] = lambda s: None,
-        opener: Opener = drivers) -> dict[str, Any]:
+        progress: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
     """Time every call of every driver, alternating; the result as JSON-ready data.
 
-    ``opener(kind, device)`` is the context manager giving the drivers (default
-    :func:`drivers`; a test gives two host ones to run the comparison without a GPU)."""
-    with opener(kind, device) as (drvs, card, skipped):
+    ``kind`` ``host-pair`` times two host adapters as the pair (the comparison's control flow
+    without a GPU; its tests run it so)."""
+    with drivers(kind, device) as (drvs, card, skipped):
         names = list(drvs)
         gran = next(iter(drvs.values())).granularity(device)
         per_size: dict[str, Any] = {}
         for mib in sizes_mib:
             size = -(-mib * MiB // gran) * gran
             ns: dict[str, dict[str, list[int]]] = {n: {c: [] for c in CALLS} for n in names}
+            first_rounds: list[str] = []  # who went when in rounds 0 and 1 (they alternate)
             scratch: dict[str, list[int]] = {c: [] for c in CALLS}  # warmup: thrown away
             for n in names:
                 for _ in range(warmup):
@@ -177,10 +178,12 @@ def run(kind: str, sizes_mib: Sequence[int], rounds: int, warmup: int, device: i
                 for r in range(rounds):
                     for n in (names if r % 2 == 0 else names[::-1]):
                         cycle(drvs[n], size, device, ns[n])
+                        if r < 2:
+                            first_rounds.append(n)
             finally:
                 gc.enable()
             stats = {n: summarize(ns[n]) for n in names}
-            row: dict[str, Any] = {"size_bytes": size, **stats}
+            row: dict[str, Any] = {"size_bytes": size, "order": first_rounds, **stats}
             if "vllm" in stats:
                 row["ratio_median"] = {c: ratio(stats["kvvmm"][c]["median_us"],
                                                 stats["vllm"][c]["median_us"]) for c in CALLS}
@@ -227,7 +230,9 @@ def report(result: dict[str, Any]) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True, help="the JSON file to write")
-    p.add_argument("--driver", choices=("auto", "cuda", "host"), default="auto")
+    p.add_argument("--driver", choices=("auto", "cuda", "host", "host-pair"), default="auto",
+                   help="host-pair: two host adapters side by side (the comparison's control "
+                        "flow, no figure)")
     p.add_argument("--sizes", type=int, nargs="+", default=[2, 8, 32, 128],
                    help="sizes in MiB (rounded up to the granularity)")
     p.add_argument("--rounds", type=int, default=2000)
