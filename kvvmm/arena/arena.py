@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvvmm.arena.captures import CaptureRegistry, CapturesMixin
 from kvvmm.arena.holes import HolesMixin
-from kvvmm.arena.pool import register_arena
+from kvvmm.arena.pool import PoolTag, register_arena
 from kvvmm.arena.reclaim import CacheReleaser, releaser_for
 from kvvmm.arena.records import (
     DecommitResult,
@@ -124,7 +124,7 @@ class Arena(HolesMixin, SharingMixin, SleepMixin, CapturesMixin):
             raise ArgumentError("pool", pool, "a HandlePool of this arena's driver")
         self._releaser = releaser_for(driver, cache_releaser, retry_on_oom)
         self._handle_pool: HandlePool | None = pool
-        self.pool_tag = next(_POOL_TAGS)
+        self.pool_tag = PoolTag(next(_POOL_TAGS))
         # allocation offset -> [start, end) (allocation-relative) the pool's thread is backing
         self._inflight: dict[int, list[tuple[int, int]]] = {}
         self.inflight_waits = 0  #: times a commit or decommit waited for an in-flight range

@@ -56,7 +56,7 @@ from kvvmm.units import GiB
 if TYPE_CHECKING:
     from kvvmm.arena.state import _ArenaState
 
-__all__ = ["HandlePool", "PoolStats", "handle_holder", "live_pools", "register_arena"]
+__all__ = ["HandlePool", "PoolStats", "PoolTag", "handle_holder", "live_pools", "register_arena"]
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +85,23 @@ class PoolStats:
 
 _ARENAS: weakref.WeakSet[_ArenaState] = weakref.WeakSet()
 _ARENAS_LOCK = threading.Lock()
+class PoolTag:
+    """An arena's identity in a shared :class:`HandlePool`: whose bytes an idle handle holds.
+
+    An object, not a number, so that only who holds the arena can name it: a counted int could
+    be guessed, and a caller naming another arena's tag would take that arena's idle handles,
+    bytes and all.
+    """
+
+    __slots__ = ("number",)
+
+    def __init__(self, number: int) -> None:
+        self.number = number
+
+    def __repr__(self) -> str:
+        return f"PoolTag({self.number})"
+
+
 _POOLS: weakref.WeakSet[HandlePool] = weakref.WeakSet()
 _POOLS_LOCK = threading.Lock()
 
@@ -163,7 +180,7 @@ class HandlePool:
         self.retain_bytes = retain_bytes
         self.share_across_owners = share_across_owners
         # handle -> the owner (an arena's pool_tag) whose bytes it holds; absent: fresh
-        self._written: dict[int, int] = {}
+        self._written: dict[int, PoolTag] = {}
         self._want = want
         self._lock = threading.Lock()  # guards the lists only; never held across a driver call
         # Who waits for the thread (drain) waits on _wake; the thread itself waits on _kick,
@@ -202,12 +219,14 @@ class HandlePool:
         """Memory of idle handles (created, mapped nowhere): "held by the pool"."""
         return self._held
 
-    def take(self, size: int, owner: int | None = None) -> int | None:
+    def take(self, size: int, owner: PoolTag | None = None) -> int | None:
         """An idle handle of exactly ``size`` bytes, or None (never waits).
 
         ``owner`` (an arena's :attr:`~kvvmm.arena.Arena.pool_tag`): unless the pool shares
         across owners, only a fresh handle or one ``owner`` itself gave back is handed out.
         """
+        if owner is not None and type(owner) is not PoolTag:
+            raise ArgumentError("owner", owner, "an arena's pool_tag (a PoolTag) or None")
         with self._lock:
             got = self._idle.get(size)
             if not got:
@@ -229,7 +248,7 @@ class HandlePool:
         self._poke()  # a refill may be due
         return h
 
-    def give(self, handle: int, size: int, owner: int | None = None) -> bool:
+    def give(self, handle: int, size: int, owner: PoolTag | None = None) -> bool:
         """Keep an unmapped ``handle`` for reuse if it fits under the cap; False: release it.
 
         ``owner``: whose bytes the handle holds (see :meth:`take`): an arena's
@@ -247,6 +266,8 @@ class HandlePool:
             if not is_int(handle):
                 raise ArgumentError("handle", handle, "an int (a handle of the pool's driver)")
             int_arg("size", size, lo=1, unit="bytes")
+        if owner is not None and type(owner) is not PoolTag:
+            raise ArgumentError("owner", owner, "an arena's pool_tag (a PoolTag) or None")
         if size <= 0 or size % self._gran:
             raise ArgumentError("size", size, f"a positive multiple of the granularity "
                                               f"{self._gran} (the handle's size)")

@@ -46,7 +46,7 @@ from kvvmm.record.trace import Trace
 
 if TYPE_CHECKING:
     from kvvmm.arena.captures import CaptureRegistry
-    from kvvmm.arena.pool import HandlePool
+    from kvvmm.arena.pool import HandlePool, PoolTag
     from kvvmm.arena.reclaim import CacheReleaser
 
 # One logger for the whole arena, under the name it always had.
@@ -89,7 +89,7 @@ class _ArenaState:
     _handle_pool: HandlePool | None
     #: who this arena is to a shared HandlePool: handles it gives back hold its bytes, and
     #: the pool hands them to no other arena (unless it shares across owners)
-    pool_tag: int
+    pool_tag: PoolTag
     _inflight: dict[int, list[tuple[int, int]]]
     inflight_waits: int
     _gone: list[tuple[int, int]]

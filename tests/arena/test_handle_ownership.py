@@ -174,3 +174,34 @@ def test_a_pool_refuses_a_callers_handle_an_arena_maps_or_another_pool_holds(
     pool.close()
     other.close()
     assert drv.stats().clean
+
+
+@pytest.mark.parametrize("forged", [1, 2, 7, True, "a", None])
+def test_another_arenas_idle_bytes_in_a_shared_pool_are_not_taken_by_naming_its_tag(
+        drv: Driver, forged: Any) -> None:
+    """An arena's tag is an object only its holder can name: a number (a counter's guess), a
+    bool or a string is refused, and a fresh or foreign tag takes nothing another wrote."""
+    g = drv.granularity()
+    pool = HandlePool(drv, threaded=False, retain_bytes=8 * g)
+    a = Arena(drv, reserve_bytes=4 * g, name="a", pool=pool)
+    a.commit(a.allocate(2 * g), g)
+    a.decommit(0, 0)  # the handle goes idle in the pool, holding a's bytes
+    assert pool.held_bytes == g
+    if forged is None:  # nobody's: only fresh handles
+        assert pool.take(g, None) is None
+    else:
+        with pytest.raises(ArgumentError, match="pool_tag"):
+            pool.take(g, forged)
+        h = drv.create(g)
+        with pytest.raises(ArgumentError, match="pool_tag"):
+            pool.give(h, g, forged)
+        drv.release(h)
+    b = Arena(drv, reserve_bytes=4 * g, name="b", pool=pool)
+    assert pool.take(g, b.pool_tag) is None  # another arena's tag takes nothing of a's
+    assert pool.held_bytes == g
+    h = pool.take(g, a.pool_tag)  # a itself may take it back
+    assert h is not None
+    drv.release(h)
+    b.close()
+    a.close()
+    pool.close()
