@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from kvvmm.arena.state import _ArenaState, _locked
-from kvvmm.checks import is_int
+from kvvmm.checks import bool_arg, is_int
 from kvvmm.errors import ArgumentError, CaptureConflictError
 
 __all__ = ["Capture", "CaptureRegistry", "CapturesMixin", "ConflictHook"]
@@ -121,9 +121,8 @@ class CaptureRegistry:
         if any(c.name == name for c in self._live):
             raise ArgumentError("name", name, f"unique among the live captures of arena "
                                               f"{self._name!r}")
-        for flag, v in (("fixed_capacity", fixed_capacity), ("survives_sleep", survives_sleep)):
-            if not isinstance(v, bool):
-                raise ArgumentError(flag, v, "a bool")
+        bool_arg("fixed_capacity", fixed_capacity, limit="a bool")
+        bool_arg("survives_sleep", survives_sleep, limit="a bool")
         if on_conflict is not None and not callable(on_conflict):
             raise ArgumentError("on_conflict", on_conflict, "a callable or None")
         if by is None:

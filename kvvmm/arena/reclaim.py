@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from kvvmm.checks import int_arg
+from kvvmm.checks import bool_arg, int_arg
 from kvvmm.driver.base import Driver, MemoryKind
 from kvvmm.errors import ArgumentError
 
@@ -112,8 +112,7 @@ def releaser_for(driver: Driver, cache_releaser: object,
     Raises:
         ArgumentError: ``cache_releaser`` not a releaser, or ``retry_on_oom`` not a bool.
     """
-    if not isinstance(retry_on_oom, bool):
-        raise ArgumentError("retry_on_oom", retry_on_oom, "a bool")
+    bool_arg("retry_on_oom", retry_on_oom, limit="a bool")
     if cache_releaser is not None and not isinstance(cache_releaser, CacheReleaser):
         raise ArgumentError("cache_releaser", cache_releaser,
                             "an object with release_cached(need_bytes) -> int, or None")

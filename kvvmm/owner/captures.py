@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from kvvmm.arena.captures import Capture, ConflictHook
-from kvvmm.errors import ArgumentError
+from kvvmm.checks import bool_arg
 
 if TYPE_CHECKING:
     from kvvmm.owner.buffers import KvBufferOwner
@@ -65,8 +65,7 @@ def capturing(owner: KvBufferOwner, name: str, *, keep: bool = False,
             in it and replayed later), until ``owner.release_capture``.
         Others: as :func:`record`.
     """
-    if not isinstance(keep, bool):
-        raise ArgumentError("keep", keep, "a bool")
+    bool_arg("keep", keep, limit="a bool")
     cap = record(owner, name, fixed_capacity=fixed_capacity, survives_sleep=survives_sleep,
                  on_conflict=on_conflict)
     try:
