@@ -12,11 +12,9 @@ recommits zeros), and every refusal reaches vLLM as the RuntimeError its CudaVmm
 from __future__ import annotations
 
 import types
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from integrations.test_vllm_reference import accelerator_stub, vllm_dir, vllm_loaded
 
 from kvvmm.driver.faults import Fault, FaultyDriver
 from kvvmm.driver.wrapper import DriverWrapper
@@ -27,17 +25,6 @@ from kvvmm.units import MiB
 from kvvmm.viz import describe
 
 G = 2 * MiB
-
-
-@pytest.fixture
-def vllm() -> Iterator[types.SimpleNamespace]:
-    """vLLM's modules loaded, torch.accelerator stood in for; the adapter uninstalled after."""
-    with vllm_loaded(vllm_dir()) as v, accelerator_stub() as calls:
-        v.accelerator = calls
-        try:
-            yield v
-        finally:
-            kv.uninstall()
 
 
 def granules_of(snapshot: Any, granule: int) -> set[int]:

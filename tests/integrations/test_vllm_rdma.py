@@ -7,25 +7,15 @@ adapter's ``consolidate`` keeps them, the VA and vLLM's handle ids, as one trans
 from __future__ import annotations
 
 import types
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from integrations.test_vllm_reference import accelerator_stub, vllm_dir, vllm_loaded
+from integrations.conftest import contents
 
 from kvvmm.driver.faults import Fault, FaultyDriver
 from kvvmm.errors import ArgumentError, AsleepError, DriverError, DriverOutOfMemoryError
 from kvvmm.integrations import vllm as kv
 from kvvmm.units import MiB
-
-
-@pytest.fixture
-def vllm() -> Iterator[types.SimpleNamespace]:
-    with vllm_loaded(vllm_dir()) as v, accelerator_stub():
-        try:
-            yield v
-        finally:
-            kv.uninstall()
 
 
 def grown(v: types.SimpleNamespace, *, fill: bool = True) -> Any:
@@ -44,10 +34,6 @@ def grown(v: types.SimpleNamespace, *, fill: bool = True) -> Any:
 
 def segments(et: Any) -> list[tuple[int, int]]:
     return [(off, et.bytes_per_segment) for off in et.segment_offsets]
-
-
-def contents(et: Any) -> list[Any]:
-    return [et.segment_view(i).clone() for i in range(et.num_segments)]
 
 
 def test_a_consolidated_segment_is_one_allocation_with_its_bytes_and_vllm_carries_on(

@@ -8,25 +8,15 @@ with the bytes copied back, so vLLM's views, pointers and handle records stay tr
 from __future__ import annotations
 
 import types
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from integrations.test_vllm_reference import accelerator_stub, vllm_dir, vllm_loaded
+from integrations.conftest import contents
 
 from kvvmm.driver.faults import Fault, FaultyDriver
 from kvvmm.errors import AsleepError, DriverError, SleepRefusedError
 from kvvmm.integrations import vllm as kv
 from kvvmm.units import MiB
-
-
-@pytest.fixture
-def vllm() -> Iterator[types.SimpleNamespace]:
-    with vllm_loaded(vllm_dir()) as v, accelerator_stub():
-        try:
-            yield v
-        finally:
-            kv.uninstall()
 
 
 def filled(v: types.SimpleNamespace, nbytes: int, segments: int = 2) -> Any:
@@ -40,10 +30,6 @@ def filled(v: types.SimpleNamespace, nbytes: int, segments: int = 2) -> Any:
         view = et.segment_view(i)
         view.copy_((torch.arange(view.numel()) * (i + 3) % 251).to(torch.uint8))
     return et
-
-
-def contents(et: Any) -> list[Any]:
-    return [et.segment_view(i).clone() for i in range(et.num_segments)]
 
 
 def test_kv_bytes_are_equal_after_sleep_and_wake_under_vllms_tensor(
