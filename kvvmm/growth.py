@@ -8,6 +8,7 @@ runs it; :func:`kvvmm.viz.format_growth` and :func:`kvvmm.viz.growth_figure` sho
 
 from __future__ import annotations
 
+import itertools
 import re
 import time
 from collections import Counter
@@ -98,10 +99,7 @@ def decode_growth(
     For each policy a fresh driver (``driver``: a kind, or a factory returning a driver)
     gets a :class:`~kvvmm.owner.KvBufferOwner` of ``reserved_tokens``, which then
     runs ``ensure_prefix(step_tokens)``, ``ensure_prefix(2 * step_tokens)``, ... up to
-    ``tokens``; the owner is closed after. Driver calls are counted from the handles the
-    growth added (each new handle is one ``create``, one ``map`` and one ``set_access``:
-    :meth:`~kvvmm.arena.Arena.commit_many` extends a buffer by exactly one handle), not
-    traced: a :class:`~kvvmm.record.TracingDriver` cost a third of a llama-3.1-70b run.
+    ``tokens``; the owner is closed after.
 
     Args:
         policies: growth policies to compare.
@@ -130,41 +128,56 @@ def decode_growth(
     steps = [*range(step_tokens, tokens, step_tokens), tokens]
     needed_at = _needed_fn(descs, page_size)
     needed = [needed_at(n) for n in steps]  # the same for every policy
-    total, done = len(steps) * len(policies), 0
-    out = []
-    for policy in policies:
-        drv = driver() if callable(driver) else driver_for(driver, profile=profile)
-        owner = KvBufferOwner(driver=drv, dtype=dtype, page_size=page_size,
-                              reserved_tokens=reserved, descs=descs, policy=policy)
-        try:
-            handles0 = owner.snapshot().handles
-            clock0 = drv.clock_us  # the sim's simulated time
-            backed = []
-            t0 = time.perf_counter()
-            for n in steps:
-                owner.ensure_prefix(n)
-                backed.append(owner.backed_bytes)
-                done += 1
-                if progress is not None:
-                    progress(done, total)
-            wall = time.perf_counter() - t0
-            sim_us = drv.clock_us - clock0
-            snap = owner.snapshot()
-        finally:
-            owner.close()
-        sizes = [m.size_bytes for m in snap.arena.mappings]
-        out.append(GrowthResult(
-            policy=str(policy), driver=drv.kind, buffers=len(descs), handles=len(sizes),
-            driver_calls=3 * (snap.handles - handles0), min_handle_bytes=min(sizes),
-            max_handle_bytes=max(sizes), handle_bytes=tuple(sizes),
-            backed_bytes=snap.backed_bytes, needed_bytes=needed[-1],
-            max_over_commit_bytes=max(b - n for b, n in zip(backed, needed, strict=True)),
-            predicted_tb_s=predicted_bandwidth_tb_s(sizes, interleaved=len(descs) > 1),
-            predicted_ratio=predicted_ratio(sizes, interleaved=len(descs) > 1),
-            sim_us=sim_us, wall_s=wall, tokens=tuple(steps),
-            backed_by_step=tuple(backed), needed_by_step=tuple(needed),
-        ))
-    return out
+    total, done = len(steps) * len(policies), itertools.count(1)
+
+    def tick() -> None:
+        if progress is not None:
+            progress(next(done), total)
+
+    return [_grow(policy, driver() if callable(driver) else driver_for(driver, profile=profile),
+                  descs, steps, needed, dtype=dtype, page_size=page_size, reserved=reserved,
+                  tick=tick)
+            for policy in policies]
+
+
+def _grow(policy: GrowthPolicy, drv: Driver, descs: list[KvBufferDesc], steps: list[int],
+          needed: list[int], *, dtype: str, page_size: int, reserved: int,
+          tick: Callable[[], None]) -> GrowthResult:
+    """One policy's growth on its own owner over ``drv``, closed after; ``tick`` per step.
+
+    Driver calls are counted from the handles the growth added (each new handle is one
+    ``create``, one ``map`` and one ``set_access``: :meth:`~kvvmm.arena.Arena.commit_many`
+    extends a buffer by exactly one handle), not traced: a
+    :class:`~kvvmm.record.TracingDriver` cost a third of a llama-3.1-70b run.
+    """
+    owner = KvBufferOwner(driver=drv, dtype=dtype, page_size=page_size,
+                          reserved_tokens=reserved, descs=descs, policy=policy)
+    try:
+        handles0 = owner.snapshot().handles
+        clock0 = drv.clock_us  # the sim's simulated time
+        backed = []
+        t0 = time.perf_counter()
+        for n in steps:
+            owner.ensure_prefix(n)
+            backed.append(owner.backed_bytes)
+            tick()
+        wall = time.perf_counter() - t0
+        sim_us = drv.clock_us - clock0
+        snap = owner.snapshot()
+    finally:
+        owner.close()
+    sizes = [m.size_bytes for m in snap.arena.mappings]
+    return GrowthResult(
+        policy=str(policy), driver=drv.kind, buffers=len(descs), handles=len(sizes),
+        driver_calls=3 * (snap.handles - handles0), min_handle_bytes=min(sizes),
+        max_handle_bytes=max(sizes), handle_bytes=tuple(sizes),
+        backed_bytes=snap.backed_bytes, needed_bytes=needed[-1],
+        max_over_commit_bytes=max(b - n for b, n in zip(backed, needed, strict=True)),
+        predicted_tb_s=predicted_bandwidth_tb_s(sizes, interleaved=len(descs) > 1),
+        predicted_ratio=predicted_ratio(sizes, interleaved=len(descs) > 1),
+        sim_us=sim_us, wall_s=wall, tokens=tuple(steps),
+        backed_by_step=tuple(backed), needed_by_step=tuple(needed),
+    )
 
 
 def least_over_commit(results: Sequence[GrowthResult], *,

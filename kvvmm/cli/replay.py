@@ -53,7 +53,7 @@ from kvvmm.workload import (
     load_workload,
     run_workload,
 )
-from kvvmm.workload.run import Progress, tqdm_progress
+from kvvmm.workload.run import Progress, RunOptions, tqdm_progress
 from kvvmm.workload.tenants import Demand, Tenant, compare_tenants, run_tenants, shifted
 
 __all__ = ["MAX_SECONDS", "MAX_TENANTS", "TenantSpec", "add_replay_parser", "parse_tenants",
@@ -365,7 +365,6 @@ def replay_command(args: argparse.Namespace) -> int:
         return _tenants_command(args)
     if args.trace is None:
         return _fail("give a TRACE (a .csv, a .jsonl, or 'generated') or --tenants")
-    pause_scale = 1.0 if args.real_time else None  # the replay and its bands alike
     stem = "generated" if args.trace == "generated" else Path(args.trace).stem
     try:
         out = _output(args, f"{stem}-replay.html")
@@ -385,13 +384,15 @@ def replay_command(args: argparse.Namespace) -> int:
                 wl = wl.first(args.seconds)
         if not len(wl):
             return _fail(f"trace {args.trace!r} has no requests")
+        # the replay's and its bands' options alike
+        opts = RunOptions(model=args.model, gpu=args.gpu, tp=args.tp,
+                          pool_tokens=args.pool_tokens,
+                          config=ServingConfig(slot_order=args.slot_order),
+                          pause_scale=1.0 if args.real_time else None)
         bar, report = _progress_bar("replay")
         try:
-            cmp = run_workload(wl, args.strategy or list(STRATEGIES), model=args.model,
-                               gpu=args.gpu, tp=args.tp, driver=args.driver,
-                               pool_tokens=args.pool_tokens,
-                               config=ServingConfig(slot_order=args.slot_order),
-                               pause_scale=pause_scale, progress=report)
+            cmp = run_workload(wl, args.strategy or list(STRATEGIES), options=opts,
+                               driver=args.driver, progress=report)
         finally:
             if bar is not None:
                 bar.close()
@@ -408,10 +409,7 @@ def replay_command(args: argparse.Namespace) -> int:
         bar, report = _progress_bar("bands (p10, p90)")
         try:
             bands = workload_bands(wl, [r.strategy for r in cmp.results], gpu=args.gpu,
-                                   mid=cmp, model=args.model, tp=args.tp,
-                                   pool_tokens=args.pool_tokens,
-                                   config=ServingConfig(slot_order=args.slot_order),
-                                   pause_scale=pause_scale, progress=report)
+                                   mid=cmp, options=opts, progress=report)
         except Exception as e:  # the point figures stand; the bands say why they are missing
             return _fail(f"the bands could not be run ({type(e).__name__}: {e})")
         finally:

@@ -91,23 +91,21 @@ class LayoutExplorer(_Panel):
         return self._run(self._update)
 
     def _update(self) -> None:
-        from kvvmm.layout import plan
+        from kvvmm.layout import PlanOptions, plan
         from kvvmm.viz import format_plan
 
         budget = number_arg("budget GiB", self.budget_gib.value, lo=0,
                             limit=">= 0 (0: automatic)")
-        rt = self.reserved_tokens.value
-        p = plan(gpu=self.gpu.value, model=self.model.value, dtype=self.dtype.value,
-                 page_size=self.page_size.value, tp=self.tp.value, layout=self.layout.value,
-                 budget_bytes=int(budget * GiB) if budget else None,
-                 reserved_tokens=rt if rt else None)
+        o = PlanOptions(dtype=self.dtype.value, page_size=self.page_size.value, tp=self.tp.value,
+                        layout=self.layout.value, budget_bytes=int(budget * GiB) or None,
+                        reserved_tokens=self.reserved_tokens.value or None)
+        p = plan(gpu=self.gpu.value, model=self.model.value, options=o)
         full = p.pools[0]
-        descs = full_pool_descs(self.model.value, layout=self.layout.value,
-                            reserved_tokens=full.reserved_tokens, page_size=self.page_size.value,
-                            dtype=self.dtype.value, tp=self.tp.value)
+        descs = full_pool_descs(self.model.value, layout=o.layout, page_size=o.page_size,
+                                reserved_tokens=full.reserved_tokens, dtype=o.dtype, tp=o.tp)
         kind = self.driver.value
         drv = _open(kind, self.gpu.value)
-        owner = KvBufferOwner(driver=drv, dtype=self.dtype.value, page_size=self.page_size.value,
+        owner = KvBufferOwner(driver=drv, dtype=o.dtype, page_size=o.page_size,
                               reserved_tokens=full.reserved_tokens, descs=descs,
                               name=f"{self.model.value} ({full.name} pool)")
         try:
@@ -116,7 +114,7 @@ class LayoutExplorer(_Panel):
             snap = owner.snapshot()
         finally:
             owner.close()
-        itemsize = dtype_itemsize(self.dtype.value)
+        itemsize = dtype_itemsize(o.dtype)
         text = "\n".join([
             format_plan(p), "",
             f"{full.name} pool buffers:", describe_descs(descs, itemsize),

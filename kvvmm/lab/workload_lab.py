@@ -14,6 +14,7 @@ from kvvmm.viz.workload import workload_figure, workload_report
 from kvvmm.workload import (
     SLOT_ORDERS,
     STRATEGIES,
+    RunOptions,
     ServingConfig,
     Workload,
     WorkloadComparison,
@@ -133,13 +134,11 @@ class WorkloadLab(_Panel):
 
     def _run_all(self) -> None:
         wl, names = self.workload(), list(self.strategies.value)
-        cfg = ServingConfig(slot_order=self.order.value)
-        scale = 1.0 if self.real_time.value else None
-        cmp = run_workload(wl, names, model=self.model.value, gpu=self.gpu.value,
-                           tp=self.tp.value, config=cfg, pause_scale=scale,
-                           progress=self._reporter("strategies"))
-        bands = workload_bands(wl, names, gpu=self.gpu.value, mid=cmp, model=self.model.value,
-                               tp=self.tp.value, config=cfg, pause_scale=scale,
+        opts = RunOptions(model=self.model.value, gpu=self.gpu.value, tp=self.tp.value,
+                          config=ServingConfig(slot_order=self.order.value),
+                          pause_scale=1.0 if self.real_time.value else None)
+        cmp = run_workload(wl, names, options=opts, progress=self._reporter("strategies"))
+        bands = workload_bands(wl, names, gpu=self.gpu.value, mid=cmp, options=opts,
                                progress=self._reporter("bands (p10, p90)"))
         self.comparison, self.bands = cmp, bands
         # HTML tables, one per kind of figure: the one 18-column text table wrapped every

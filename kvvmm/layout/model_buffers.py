@@ -98,25 +98,23 @@ def model_descs(
             f"{len(m.sliding_layers)} of its {m.num_layers} layers slide; "
             "use hybrid_swa_descs() for its full and sliding-window pools",
         )
-    if m.is_mla and layout in ("interleaved", "block_interleaved"):
-        assert m.kv_lora_rank is not None and m.qk_rope_head_dim is not None
-        cross = layer_interleaved if layout == "interleaved" else block_interleaved
-        return cross(layers=m.num_layers, kv_heads=1,
-                                 head_dim=m.kv_lora_rank + m.qk_rope_head_dim,
-                                 reserved_tokens=reserved_tokens, page_size=page_size,
-                                 dtype=dtype, kv=1)
     if m.is_mla:
-        assert m.kv_lora_rank is not None and m.qk_rope_head_dim is not None
-        return mla(
-            layers=m.num_layers,
-            kv_lora_rank=m.kv_lora_rank,
-            qk_rope_head_dim=m.qk_rope_head_dim,
-            reserved_tokens=reserved_tokens,
-            page_size=page_size,
-            dtype=dtype,
-            layout=layout,
-        )
+        return _mla_descs(m, layout, reserved_tokens, page_size, dtype)
     return _gqa_descs(m.num_layers, m, layout, reserved_tokens, page_size, dtype, tp)
+
+
+def _mla_descs(m: ModelConfig, layout: str, reserved_tokens: int, page_size: int,
+               dtype: object) -> list[KvBufferDesc]:
+    """An MLA model's buffers: one latent per layer (:func:`mla`), or all layers in one
+    (the latent as ``kv=1`` with one "head" of the latent width)."""
+    assert m.kv_lora_rank is not None and m.qk_rope_head_dim is not None
+    if layout in ("interleaved", "block_interleaved"):
+        cross = layer_interleaved if layout == "interleaved" else block_interleaved
+        return cross(layers=m.num_layers, kv_heads=1, head_dim=m.kv_lora_rank + m.qk_rope_head_dim,
+                     reserved_tokens=reserved_tokens, page_size=page_size, dtype=dtype, kv=1)
+    return mla(layers=m.num_layers, kv_lora_rank=m.kv_lora_rank,
+               qk_rope_head_dim=m.qk_rope_head_dim, reserved_tokens=reserved_tokens,
+               page_size=page_size, dtype=dtype, layout=layout)
 
 
 def swa_reserved_tokens_default(model: ModelLike, *, reserved_tokens: int, page_size: int) -> int:

@@ -77,7 +77,7 @@ class ModelConfig:
                 f"a divisor of num_attention_heads={self.num_attention_heads}",
                 where,
             )
-        for field in ("kv_lora_rank", "qk_rope_head_dim", "sliding_window"):
+        for field in ("kv_lora_rank", "qk_rope_head_dim", "sliding_window", "parameter_count"):
             value = getattr(self, field)
             if value is not None and (not is_int(value) or value <= 0):
                 raise ArgumentError(field, value, "an int > 0 or None", where)
@@ -89,42 +89,36 @@ class ModelConfig:
                 f"{where}: kv_lora_rank={self.kv_lora_rank!r}",
             )
         if self.layer_types is not None:
-            types: object = self.layer_types
-            if isinstance(types, (str, bytes)) or not isinstance(types, Sequence):
-                raise ArgumentError("layer_types", types, "a sequence of layer type names", where)
-            types = tuple(types)
-            if len(types) != self.num_layers:
-                raise ArgumentError(
-                    "layer_types",
-                    f"<{len(types)} entries>",
-                    f"one entry per layer ({self.num_layers})",
-                    where,
-                )
-            for t in types:
-                if t not in _LAYER_TYPES:
-                    raise ArgumentError(
-                        "layer_types", t, f"one of {list(_LAYER_TYPES)} per layer", where
-                    )
-            if SLIDING_ATTENTION in types and self.sliding_window is None:
-                raise ArgumentError(
-                    "sliding_window", None, "an int > 0 when any layer is sliding_attention", where
-                )
-            if SLIDING_ATTENTION in types and self.kv_lora_rank is not None:
-                raise ArgumentError(
-                    "layer_types",
-                    "sliding_attention",
-                    "full_attention only for an MLA model (kvvmm has no MLA sliding pool)",
-                    where,
-                )
-            object.__setattr__(self, "layer_types", types)
+            object.__setattr__(self, "layer_types", self._checked_layer_types(where))
         if not isinstance(self.source, str):
             raise ArgumentError("source", self.source, "a str", where)
-        if self.parameter_count is not None and (
-            not is_int(self.parameter_count) or self.parameter_count <= 0
-        ):
+
+    def _checked_layer_types(self, where: str) -> tuple[str, ...]:
+        """``layer_types`` as a tuple: one known type per layer, a window for the sliding
+        ones, none for an MLA model."""
+        types: object = self.layer_types
+        if isinstance(types, (str, bytes)) or not isinstance(types, Sequence):
+            raise ArgumentError("layer_types", types, "a sequence of layer type names", where)
+        types = tuple(types)
+        if len(types) != self.num_layers:
+            raise ArgumentError("layer_types", f"<{len(types)} entries>",
+                                f"one entry per layer ({self.num_layers})", where)
+        for t in types:
+            if t not in _LAYER_TYPES:
+                raise ArgumentError("layer_types", t, f"one of {list(_LAYER_TYPES)} per layer",
+                                    where)
+        if SLIDING_ATTENTION in types and self.sliding_window is None:
             raise ArgumentError(
-                "parameter_count", self.parameter_count, "an int > 0 or None", where
+                "sliding_window", None, "an int > 0 when any layer is sliding_attention", where
             )
+        if SLIDING_ATTENTION in types and self.kv_lora_rank is not None:
+            raise ArgumentError(
+                "layer_types",
+                "sliding_attention",
+                "full_attention only for an MLA model (kvvmm has no MLA sliding pool)",
+                where,
+            )
+        return types
 
     @property
     def is_mla(self) -> bool:

@@ -65,8 +65,8 @@ it does: its weights per rank fit the device and leave room for a page of KV.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from kvvmm.checks import bool_arg, int_arg, number_arg
@@ -108,6 +108,7 @@ __all__ = [
     "VLLM_WARMUP_RESERVE_FRACTION",
     "HandleCount",
     "Plan",
+    "PlanOptions",
     "PlanRequest",
     "PoolPlan",
     "default_policies",
@@ -219,117 +220,168 @@ def _plain(value: Any) -> Any:
     return value
 
 
-# -- the planner: resolve the request, compute the budget, fit tokens, build pools ----------
+# -- the planner: check the options, resolve the request, compute the budget, fit tokens,
+# build pools ---------------------------------------------------------------------------------
+
+
+def _int(lo: int, unit: str, *, none: bool = False) -> dict[str, Callable[[str, Any], Any]]:
+    """A field's check: an int >= ``lo`` (or None, with ``none``)."""
+    def check(name: str, value: Any) -> int | None:
+        return None if none and value is None else int_arg(name, value, lo=lo, unit=unit)
+    return {"check": check}
+
+
+def _share(name: str, value: Any) -> float | None:
+    return None if value is None else number_arg(name, value, lo=0, hi=1, lo_open=True,
+                                                 limit="a float in (0, 1]")
+
+
+def _one_of(choices: Sequence[str]) -> dict[str, Callable[[str, Any], Any]]:
+    def check(name: str, value: Any) -> str:
+        if value not in choices:
+            raise ArgumentError(name, value, f"one of {list(choices)}")
+        return str(value)
+    return {"check": check}
+
+
+_DTYPE = {"check": lambda name, value: dtype_name(value)}
+_OPT_DTYPE = {"check": lambda name, value: None if value is None else dtype_name(value)}
 
 
 @dataclass(frozen=True, slots=True)
-class PlanRequest:
-    """What :func:`plan` was asked, checked and resolved (profile and model loaded)."""
+class PlanOptions:
+    """Every option of :func:`plan` but the GPU and the model, each checked at construction.
+
+    One field per option, with its default and its check (in the field's metadata): a bad
+    value raises :class:`~kvvmm.errors.ArgumentError` (or ``OutOfRangeError``,
+    ``UnknownDtypeError``) naming it and its limit, and so do options that exclude each
+    other. ``plan(gpu=..., model=..., page_size=32)`` builds one from its keywords;
+    ``plan(gpu=..., model=..., options=opts)`` takes one built before (the CLI's, a lab's).
+    """
+
+    #: KV dtype: a name or a torch dtype (kept as the name)
+    dtype: str = field(default="bfloat16", metadata=_DTYPE)
+    #: tokens per page, > 0; the planned tokens are a multiple of it
+    page_size: int = field(default=DEFAULT_PAGE_SIZE, metadata=_int(1, "tokens"))
+    #: tensor-parallel size; every figure is per rank
+    tp: int = field(default=1, metadata=_int(1, "tensor-parallel ranks"))
+    #: the KV budget, alone; ``None``: SGLang's ``max(0, free - headroom) + backed``
+    budget_bytes: int | None = field(default=None, metadata=_int(0, "bytes", none=True))
+    #: memory kept back for activations, CUDA graphs and the allocator (``None``:
+    #: ``capacity * (1 - mem_fraction_static)``); not with ``mem_fraction_static``
+    headroom_bytes: int | None = field(default=None, metadata=_int(0, "bytes", none=True))
+    #: free memory after weights and graph capture, in ``[0, capacity]``, as the engine
+    #: measures it (``None``: the capacity less the weights per rank)
+    free_bytes: int | None = field(default=None, metadata=_int(0, "bytes", none=True))
+    #: KV memory already backed when ``free_bytes`` was read (SGLang adds it back: the
+    #: slot-0 page is part of the pool, not lost memory)
+    backed_bytes: int = field(default=0, metadata=_int(0, "bytes"))
+    #: ``"token_major"`` or ``"page_major"``
+    layout: str = field(default="token_major", metadata=_one_of(("token_major", "page_major")))
+    #: growth policies whose handle counts to report: one, several, or None
+    #: (:func:`default_policies`); kept as a tuple
+    policy: tuple[GrowthPolicy, ...] = field(default_factory=default_policies,
+                                             metadata={"check": lambda n, v: check_policies(v)})
+    #: tokens added per growth step in the handle simulation
+    decode_step_tokens: int = field(default=4096, metadata=_int(1, "tokens"))
+    #: the full pool's upper bound for the VA, >= the planned tokens (``None``: those)
+    reserved_tokens: int | None = field(default=None, metadata=_int(1, "tokens", none=True))
+    #: hybrid models: the sliding pool's capacity (``None``: one sequence's window,
+    #: :func:`~kvvmm.layout.swa_reserved_tokens_default`)
+    swa_reserved_tokens: int | None = field(default=None,
+                                            metadata=_int(1, "tokens", none=True))
+    #: count padded pages and granularity rounding against the budget (the module
+    #: docstring says which invariant each choice keeps)
+    count_overhead: bool = field(default=False,
+                                 metadata={"check": lambda n, v: bool_arg(n, v, limit="a bool")})
+    #: SGLang's share of the device for weights + KV, in (0, 1] (``None``:
+    #: :data:`DEFAULT_MEM_FRACTION_STATIC`); not with ``headroom_bytes``
+    mem_fraction_static: float | None = field(default=None, metadata={"check": _share})
+    #: dtype the weights are counted in (``None``: the model's own, as its config says: fp8
+    #: for DeepSeek-V3, else its ``torch_dtype``; bf16 when unknown)
+    weights_dtype: str | None = field(default=None, metadata=_OPT_DTYPE)
+    #: cap on the full pool's tokens, >= ``page_size`` (SGLang's option); the budget is
+    #: capped at what the capped tokens cost
+    max_total_tokens: int | None = field(default=None, metadata=_int(1, "tokens", none=True))
+    #: whose sizing rule the budget follows (:data:`ENGINES`): ``"sglang"``'s post-capture
+    #: ``free - headroom + backed``, or ``"vllm"``'s extensible KV cache (:func:`vllm_kv_bytes`)
+    engine: str = field(default="sglang", metadata=_one_of(ENGINES))
+    #: ``engine="vllm"``: the share of the device the instance may use, in (0, 1]
+    #: (``None``: :data:`VLLM_GPU_MEMORY_UTILIZATION`)
+    gpu_memory_utilization: float | None = field(default=None, metadata={"check": _share})
+    #: ``engine="vllm"``: the activations' transient peak vLLM measured (its log's
+    #: "allocated at peak"; ``None``: 0, the margin floor alone)
+    activation_peak_bytes: int | None = field(default=None,
+                                              metadata=_int(0, "bytes", none=True))
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            if "check" in f.metadata:
+                object.__setattr__(self, f.name, f.metadata["check"](f.name, getattr(self, f.name)))
+        self._check_together()
+
+    def _check_together(self) -> None:
+        """Refuse options that exclude each other: the other engine's, and what an explicit
+        budget or a headroom replaces."""
+        theirs, why = ((("headroom_bytes", "mem_fraction_static"),
+                        "vLLM keeps back its measured margin and peak, not a share; pass "
+                        "activation_peak_bytes") if self.engine == "vllm" else
+                       (("gpu_memory_utilization", "activation_peak_bytes"),
+                        "it is vLLM's option; pass engine='vllm'"))
+        for name in theirs:
+            if getattr(self, name) is not None:
+                raise ArgumentError(name, getattr(self, name), f"None with engine={self.engine!r}",
+                                    why)
+        replaced = (self.free_bytes, self.headroom_bytes, self.mem_fraction_static,
+                    self.gpu_memory_utilization, self.activation_peak_bytes)
+        if self.budget_bytes is not None and (any(v is not None for v in replaced)
+                                              or self.backed_bytes):
+            raise ArgumentError("budget_bytes", self.budget_bytes, "given alone",
+                                "it replaces free_bytes - headroom_bytes + backed_bytes; pass "
+                                "one or the other")
+        if self.headroom_bytes is not None and self.mem_fraction_static is not None:
+            raise ArgumentError("headroom_bytes", self.headroom_bytes,
+                                "given without mem_fraction_static",
+                                "the headroom is total * (1 - mem_fraction_static); pass one or "
+                                "the other")
+
+    @classmethod
+    def build(cls, base: PlanOptions | None = None, **changes: Any) -> PlanOptions:
+        """``base`` (default: every default) with ``changes``, checked.
+
+        Raises:
+            ArgumentError: naming ``option``: a name that is no field; or a bad value.
+        """
+        names = [f.name for f in fields(cls)]
+        for k in changes:
+            if k not in names:
+                raise ArgumentError("option", k, f"one of {names}")
+        return cls(**changes) if base is None else replace(base, **changes)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlanRequest(PlanOptions):
+    """What :func:`plan` was asked: the options, the device's profile and the model loaded,
+    and ``weights_dtype`` resolved (never ``None``)."""
 
     profile: DeviceProfile  #: the device
     model: ModelConfig  #: the model's attention geometry
-    dtype: str  #: KV dtype (torch name)
     itemsize: int  #: bytes per KV element
-    page_size: int  #: tokens per page
-    tp: int  #: tensor-parallel size
-    layout: str  #: ``"token_major"`` or ``"page_major"``
-    policies: tuple[GrowthPolicy, ...]  #: growth policies whose handles to count
-    decode_step_tokens: int  #: tokens per growth step in the handle simulation
-    reserved_tokens: int | None  #: the full pool's upper bound (``None``: the planned tokens)
-    swa_reserved_tokens: int | None  #: the sliding pool's capacity (``None``: the default)
-    count_overhead: bool  #: count padding and granularity rounding against the budget
-    budget_bytes: int | None  #: an explicit budget (``None``: computed)
-    free_bytes: int | None  #: free memory after weights and capture (``None``: derived)
-    headroom_bytes: int | None  #: memory kept back (``None``: from ``mem_fraction_static``)
-    mem_fraction_static: float | None  #: weights + KV share of the device (``None``: default)
-    backed_bytes: int  #: KV memory already backed when ``free_bytes`` was read
-    weights_dtype: str  #: the weights' dtype
-    max_total_tokens: int | None  #: cap on the full pool's tokens (``None``: none)
-    engine: str = "sglang"  #: whose sizing rule (:data:`ENGINES`)
-    gpu_memory_utilization: float | None = None  #: vLLM's option (``None``: its default)
-    activation_peak_bytes: int | None = None  #: vLLM's measured transient peak (``None``: 0)
 
     @classmethod
-    def resolve(cls, **options: Any) -> PlanRequest:
-        """Check :func:`plan`'s keyword arguments and load the profile and the model.
+    def resolve(cls, gpu: str | DeviceProfile, model: ModelLike,
+                options: PlanOptions) -> PlanRequest:
+        """Load the profile and the model beside the checked ``options``.
 
         Raises:
-            ArgumentError, OutOfRangeError, UnknownDtypeError: as :func:`plan` documents.
+            ArgumentError: an unknown gpu or model.
         """
-        o = {**_DEFAULTS, **options}
-        name = dtype_name(o["dtype"])
-        if o["layout"] not in ("token_major", "page_major"):
-            raise ArgumentError("layout", o["layout"], "one of ['token_major', 'page_major']")
-        bool_arg("count_overhead", o["count_overhead"], limit="a bool")
-        if o["engine"] not in ENGINES:
-            raise ArgumentError("engine", o["engine"], f"one of {list(ENGINES)}")
-        util = o["gpu_memory_utilization"]
-        if util is not None:
-            number_arg("gpu_memory_utilization", util, lo=0, hi=1, lo_open=True,
-                       limit="a float in (0, 1]")
-        mfs = o["mem_fraction_static"]
-        if mfs is not None:
-            number_arg("mem_fraction_static", mfs, lo=0, hi=1, lo_open=True,
-                       limit="a float in (0, 1]")
-        model = load_model(o["model"])
-        return cls(
-            profile=get_profile(o["gpu"]),
-            model=model,
-            dtype=name,
-            itemsize=dtype_itemsize(name),
-            page_size=int_arg("page_size", o["page_size"], lo=1, unit="tokens"),
-            tp=int_arg("tp", o["tp"], lo=1, unit="tensor-parallel ranks"),
-            layout=o["layout"],
-            policies=check_policies(o["policy"]),
-            decode_step_tokens=int_arg(
-                "decode_step_tokens", o["decode_step_tokens"], lo=1, unit="tokens"
-            ),
-            reserved_tokens=_opt_int("reserved_tokens", o["reserved_tokens"], 1, "tokens"),
-            swa_reserved_tokens=_opt_int(
-                "swa_reserved_tokens", o["swa_reserved_tokens"], 1, "tokens"
-            ),
-            count_overhead=o["count_overhead"],
-            budget_bytes=_opt_int("budget_bytes", o["budget_bytes"], 0, "bytes"),
-            free_bytes=_opt_int("free_bytes", o["free_bytes"], 0, "bytes"),
-            headroom_bytes=_opt_int("headroom_bytes", o["headroom_bytes"], 0, "bytes"),
-            mem_fraction_static=None if mfs is None else float(mfs),
-            backed_bytes=int_arg("backed_bytes", o["backed_bytes"], lo=0, unit="bytes"),
-            weights_dtype=dtype_name(o["weights_dtype"] if o["weights_dtype"] is not None
-                                     else (model.weights_dtype or "bfloat16")),
-            max_total_tokens=_opt_int("max_total_tokens", o["max_total_tokens"], 1, "tokens"),
-            engine=o["engine"],
-            gpu_memory_utilization=None if util is None else float(util),
-            activation_peak_bytes=_opt_int("activation_peak_bytes", o["activation_peak_bytes"],
-                                           0, "bytes"),
-        )
+        cfg = load_model(model)
+        given = {f.name: getattr(options, f.name) for f in fields(PlanOptions)}
+        given["weights_dtype"] = options.weights_dtype or cfg.weights_dtype or "bfloat16"
+        return cls(**given, profile=get_profile(gpu), model=cfg,
+                   itemsize=dtype_itemsize(options.dtype))
 
-
-#: :func:`plan`'s keyword defaults, in one place for :meth:`PlanRequest.resolve`.
-_DEFAULTS: dict[str, Any] = dict(
-    dtype="bfloat16",
-    page_size=DEFAULT_PAGE_SIZE,
-    tp=1,
-    budget_bytes=None,
-    headroom_bytes=None,
-    free_bytes=None,
-    backed_bytes=0,
-    layout="token_major",
-    policy=None,
-    decode_step_tokens=4096,
-    reserved_tokens=None,
-    swa_reserved_tokens=None,
-    count_overhead=False,
-    mem_fraction_static=None,
-    weights_dtype=None,
-    max_total_tokens=None,
-    engine="sglang",
-    gpu_memory_utilization=None,
-    activation_peak_bytes=None,
-)
-
-
-def _opt_int(name: str, value: object, lo: int, unit: str) -> int | None:
-    return None if value is None else int_arg(name, value, lo=lo, unit=unit)
 
 
 @dataclass(frozen=True, slots=True)
@@ -347,29 +399,12 @@ def _budget(req: PlanRequest) -> _Budget:
     """The KV budget: explicit, or SGLang's post-capture ``max(0, free - headroom) + backed``."""
     cap, key = req.profile.capacity_bytes, req.profile.key
     weights = weights_bytes_per_rank(req.model, req.weights_dtype, req.tp)
-    _check_engine_options(req)
-    if req.budget_bytes is not None:
-        given = (req.free_bytes, req.headroom_bytes, req.mem_fraction_static,
-                 req.gpu_memory_utilization, req.activation_peak_bytes)
-        if any(v is not None for v in given) or req.backed_bytes:
-            raise ArgumentError(
-                "budget_bytes",
-                req.budget_bytes,
-                "given alone",
-                "it replaces free_bytes - headroom_bytes + backed_bytes; pass one or the other",
-            )
+    if req.budget_bytes is not None:  # given alone: PlanOptions saw to it
         if req.budget_bytes > cap:
             raise OutOfRangeError(
                 "budget_bytes", req.budget_bytes, f"<= {cap} ({key}'s capacity, bytes)"
             )
         return _Budget(req.budget_bytes, weights, None, None, None, "explicit", ())
-    if req.headroom_bytes is not None and req.mem_fraction_static is not None:
-        raise ArgumentError(
-            "headroom_bytes",
-            req.headroom_bytes,
-            "given without mem_fraction_static",
-            "the headroom is total * (1 - mem_fraction_static); pass one or the other",
-        )
     free, notes = _free_after_weights(req, weights)
     if req.engine == "vllm":
         return _vllm_budget(req, weights, free, notes)
@@ -378,32 +413,10 @@ def _budget(req: PlanRequest) -> _Budget:
         mfs = req.mem_fraction_static or DEFAULT_MEM_FRACTION_STATIC
     head = round(cap * (1 - mfs)) if mfs is not None else req.headroom_bytes or 0
     backed = req.backed_bytes
-    if free + backed > cap:
-        raise OutOfRangeError(
-            "backed_bytes",
-            backed,
-            f"<= {cap - free} (capacity {cap} - free_bytes {free})",
-            "backed memory is not free memory: free + backed cannot exceed the device",
-        )
     how = f"free {fmt_bytes(free)} - headroom {fmt_bytes(head)} + backed {fmt_bytes(backed)}"
     if req.free_bytes is None and weights is not None:
         how += f" (free = capacity {fmt_bytes(cap)} - weights {fmt_bytes(weights)})"
     return _Budget(max(0, free - head) + backed, weights, mfs, free, head, how, notes)
-
-
-def _check_engine_options(req: PlanRequest) -> None:
-    """Refuse an option of the other engine's sizing rule, before anything is computed."""
-    if req.engine == "vllm":
-        for name in ("headroom_bytes", "mem_fraction_static"):
-            if getattr(req, name) is not None:
-                raise ArgumentError(name, getattr(req, name), "None with engine='vllm'",
-                                    "vLLM keeps back its measured margin and peak, not a "
-                                    "share; pass activation_peak_bytes")
-        return
-    for name in ("gpu_memory_utilization", "activation_peak_bytes"):
-        if getattr(req, name) is not None:
-            raise ArgumentError(name, getattr(req, name), "None with engine='sglang'",
-                                "it is vLLM's option; pass engine='vllm'")
 
 
 def vllm_kv_bytes(*, init_free_bytes: int, free_bytes: int, committed_bytes: int,
@@ -474,10 +487,6 @@ def _vllm_budget(req: PlanRequest, weights: int | None, free: int,
                  notes: tuple[str, ...]) -> _Budget:
     """vLLM's budget on a device with nothing else on it: it started with all of it free."""
     cap, backed = req.profile.capacity_bytes, req.backed_bytes
-    if free + backed > cap:
-        raise OutOfRangeError(
-            "backed_bytes", backed, f"<= {cap - free} (capacity {cap} - free_bytes {free})",
-            "backed memory is not free memory: free + backed cannot exceed the device")
     util = req.gpu_memory_utilization or VLLM_GPU_MEMORY_UTILIZATION
     peak = req.activation_peak_bytes or 0
     requested = int(cap * util)
@@ -492,18 +501,20 @@ def _vllm_budget(req: PlanRequest, weights: int | None, free: int,
 
 
 def _free_after_weights(req: PlanRequest, weights: int | None) -> tuple[int, tuple[str, ...]]:
-    """Free memory after weights: measured (``free_bytes``), or the device less the weights."""
+    """Free memory after weights: measured (``free_bytes``), or the device less the weights;
+    with the notes to warn of. The backed memory must fit beside it."""
     cap, key = req.profile.capacity_bytes, req.profile.key
+    notes: tuple[str, ...] = ()
     if req.free_bytes is not None:
         if req.free_bytes > cap:
             raise OutOfRangeError("free_bytes", req.free_bytes, f"<= {cap} ({key}'s capacity)")
-        return req.free_bytes, ()  # measured: the weights are already out of it
-    if weights is None:
-        return cap, (
+        free = req.free_bytes  # measured: the weights are already out of it
+    elif weights is None:
+        free, notes = cap, (
             f"{req.model.name}'s config lacks hidden_size, intermediate_size or vocab_size: "
             "its weights are not counted, free = the whole device; pass --free-bytes",
         )
-    if weights >= cap:
+    elif weights >= cap:
         need = -(-weights * req.tp // cap)
         raise OutOfRangeError(
             "tp",
@@ -513,7 +524,13 @@ def _free_after_weights(req: PlanRequest, weights: int | None) -> tuple[int, tup
             f"{req.tp}, the device has {fmt_bytes(cap)}; raise tp, pass a smaller "
             "weights_dtype, or pass free_bytes measured after loading",
         )
-    return cap - weights, ()
+    else:
+        free = cap - weights
+    if free + req.backed_bytes > cap:
+        raise OutOfRangeError(
+            "backed_bytes", req.backed_bytes, f"<= {cap - free} (capacity {cap} - free_bytes "
+            f"{free})", "backed memory is not free memory: free + backed cannot exceed the device")
+    return free, notes
 
 
 def _pool_descs(
@@ -664,7 +681,7 @@ def _build_pools(req: PlanRequest, s: _Sizing) -> tuple[PoolPlan, ...]:
             page=req.page_size,
             gran=req.profile.granularity_bytes,
             step=req.decode_step_tokens,
-            policies=req.policies,
+            policies=req.policy,
         )
         for (name, n_layers, bpt, budget, tokens, reserved), pool_descs in zip(
             sized, descs, strict=True
@@ -689,7 +706,7 @@ def plan_request(req: PlanRequest) -> Plan:
         tp=req.tp,
         layout=req.layout,
         count_overhead=req.count_overhead,
-        weights_dtype=req.weights_dtype,
+        weights_dtype=str(req.weights_dtype),  # resolved: PlanRequest.resolve
         weights_bytes=budget.weights_bytes,
         mem_fraction_static=budget.mem_fraction_static,
         free_bytes=budget.free_bytes,
@@ -737,108 +754,28 @@ def _warnings(pools: Sequence[PoolPlan]) -> tuple[str, ...]:
     return tuple(out)
 
 
-def plan(
-    *,
-    gpu: str | DeviceProfile,
-    model: ModelLike,
-    dtype: object = "bfloat16",
-    page_size: int = DEFAULT_PAGE_SIZE,
-    tp: int = 1,
-    budget_bytes: int | None = None,
-    headroom_bytes: int | None = None,
-    free_bytes: int | None = None,
-    backed_bytes: int = 0,
-    layout: str = "token_major",
-    policy: GrowthPolicy | Sequence[GrowthPolicy] | None = None,
-    decode_step_tokens: int = 4096,
-    reserved_tokens: int | None = None,
-    swa_reserved_tokens: int | None = None,
-    count_overhead: bool = False,
-    mem_fraction_static: float | None = None,
-    weights_dtype: object = None,
-    max_total_tokens: int | None = None,
-    engine: str = "sglang",
-    gpu_memory_utilization: float | None = None,
-    activation_peak_bytes: int | None = None,
-) -> Plan:
+def plan(*, gpu: str | DeviceProfile, model: ModelLike, options: PlanOptions | None = None,
+         **changes: Any) -> Plan:
     """Plan a KV cache for ``model`` on one rank of ``gpu``: tokens, VA, backing, handles.
 
     Args:
         gpu: device profile key (``"h100"``, ``"h200"``, ``"b200"``, ``"gb300"``) or profile.
         model: a :class:`~kvvmm.layout.ModelConfig`, a shipped model key, a config path or dict.
-        dtype: KV dtype (name or torch dtype).
-        page_size: tokens per page, > 0; ``tokens`` is a multiple of it.
-        tp: tensor-parallel size; figures are per rank.
-        budget_bytes: the KV budget in bytes; give it alone, or leave it ``None`` to compute
-            SGLang's ``max(0, free_bytes - headroom_bytes) + backed_bytes``.
-        headroom_bytes: memory kept back for activations, CUDA graphs and the allocator, >= 0
-            (default ``capacity * (1 - mem_fraction_static)``).
-        free_bytes: free device memory after weights and graph capture, in
-            ``[0, capacity]``, as the engine measures it (default: the capacity less the
-            model's weights per rank; graphs and activations come out of the headroom).
-        backed_bytes: KV memory already backed when ``free_bytes`` was read, >= 0 (SGLang
-            adds it back: the slot-0 page is part of the pool, not lost memory).
-        layout: ``"token_major"`` or ``"page_major"``.
-        policy: growth policies whose handle counts to report (default
-            :func:`default_policies`).
-        decode_step_tokens: tokens added per growth step in the handle simulation, > 0.
-        reserved_tokens: the full pool's upper bound for the VA reservation, >= ``tokens``
-            (default ``tokens``).
-        swa_reserved_tokens: hybrid models: the sliding pool's capacity (default one
-            sequence's window, :func:`~kvvmm.layout.swa_reserved_tokens_default`).
-        count_overhead: count padded pages and granularity rounding against the budget (see
-            the module docstring for the invariant each choice keeps).
-        mem_fraction_static: the share of the device's memory for weights + KV, in (0, 1]
-            (SGLang's option; default :data:`DEFAULT_MEM_FRACTION_STATIC`); not with
-            ``headroom_bytes``.
-        weights_dtype: dtype the weights are counted in (default: the model's own, as its
-            config says: fp8 for DeepSeek-V3, else its ``torch_dtype``; bf16 when unknown).
-        max_total_tokens: cap on the full pool's tokens, >= ``page_size`` (SGLang's option);
-            the budget is capped at what the capped tokens cost.
-        engine: whose sizing rule the budget follows (:data:`ENGINES`): ``"sglang"``'s
-            post-capture ``free - headroom + backed``, or ``"vllm"``'s extensible KV cache
-            (:func:`vllm_kv_bytes`, on a device it started with all to itself).
-        gpu_memory_utilization: ``engine="vllm"``: the share of the device the instance may
-            use, in (0, 1] (default :data:`VLLM_GPU_MEMORY_UTILIZATION`).
-        activation_peak_bytes: ``engine="vllm"``: the activations' transient peak vLLM
-            measured (its log's "allocated at peak"), >= 0 (default 0: the margin floor alone).
+        options: the other options (default :class:`PlanOptions`'s defaults).
+        changes: :class:`PlanOptions` fields by name (``page_size=32, tp=8``), over
+            ``options``; each field's comment there says what it means and its limit.
     Returns:
         The :class:`Plan`.
     Raises:
-        ArgumentError: a bad option (unknown gpu, model, layout or policy; a size that is not
-            an int in range; ``budget_bytes`` given with the figures it replaces, or
-            ``headroom_bytes`` with ``mem_fraction_static``; an option of the other engine's
-            rule; ``tp`` not fitting the KV heads; a model with no full-attention layer).
+        ArgumentError: a bad option (:class:`PlanOptions`: an unknown name, a size that is
+            not an int in range, options that exclude each other); an unknown gpu or model;
+            ``tp`` not fitting the KV heads; a model with no full-attention layer.
         OutOfRangeError: a budget or memory figure outside the device, weights larger than
             the device (named ``tp``), a budget too small for one page, ``reserved_tokens``
             below the planned tokens, ``max_total_tokens`` under one page.
         UnknownDtypeError: unknown dtype.
     """
-    return plan_request(
-        PlanRequest.resolve(
-            gpu=gpu,
-            model=model,
-            dtype=dtype,
-            page_size=page_size,
-            tp=tp,
-            budget_bytes=budget_bytes,
-            headroom_bytes=headroom_bytes,
-            free_bytes=free_bytes,
-            backed_bytes=backed_bytes,
-            layout=layout,
-            policy=policy,
-            decode_step_tokens=decode_step_tokens,
-            reserved_tokens=reserved_tokens,
-            swa_reserved_tokens=swa_reserved_tokens,
-            count_overhead=count_overhead,
-            mem_fraction_static=mem_fraction_static,
-            weights_dtype=weights_dtype,
-            max_total_tokens=max_total_tokens,
-            engine=engine,
-            gpu_memory_utilization=gpu_memory_utilization,
-            activation_peak_bytes=activation_peak_bytes,
-        )
-    )
+    return plan_request(PlanRequest.resolve(gpu, model, PlanOptions.build(options, **changes)))
 
 
 def plan_smallest_tp(
@@ -857,7 +794,8 @@ def plan_smallest_tp(
         model: model config, key, path or dict, as :func:`plan` takes it.
         tps: TP sizes to try, each an int >= 1 (tried from the smallest; default
             :data:`TP_SIZES`).
-        options: :func:`plan`'s other keyword arguments (not ``tp``).
+        options: :func:`plan`'s other keyword arguments (``options=`` and
+            :class:`PlanOptions` fields but ``tp``).
     Returns:
         The :class:`Plan` at the smallest TP that fits.
     Raises:

@@ -21,6 +21,7 @@ from kvvmm.workload.requests import (
     save_jsonl,
 )
 from kvvmm.workload.run import (
+    RunOptions,
     RunSetup,
     StrategyResult,
     Timeline,
@@ -62,6 +63,7 @@ __all__ = [
     "PostCaptureFinalize",
     "PrefixGrowth",
     "Request",
+    "RunOptions",
     "RunSetup",
     "ServingConfig",
     "ServingModel",

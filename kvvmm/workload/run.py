@@ -14,17 +14,23 @@ a few hundred per hour of traffic), so a run's trace can be replayed on a fresh 
 from __future__ import annotations
 
 import bisect
+import functools
 import heapq
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Protocol, runtime_checkable
 
-from kvvmm.checks import int_arg, number_arg
-from kvvmm.driver import Driver, SimDriver, driver_for
+from kvvmm.checks import bool_arg, int_arg, number_arg
+from kvvmm.driver import Driver, MemoryKind, driver_for
 from kvvmm.errors import ArgumentError
-from kvvmm.hardware import H200_BANDWIDTH, get_profile, predicted_bandwidth_tb_s
+from kvvmm.hardware import (
+    H200_BANDWIDTH,
+    DeviceProfile,
+    get_profile,
+    predicted_bandwidth_tb_s,
+)
 from kvvmm.hardware.bandwidth import predicted_mix_tb_s
 from kvvmm.layout import KvBufferDesc, full_pool_descs, plan
 from kvvmm.owner import KvBufferOwner
@@ -34,7 +40,7 @@ from kvvmm.workload.requests import Request, Workload, as_workload
 from kvvmm.workload.serving import ServingConfig, ServingModel, ServingStats, StepTimeModel
 from kvvmm.workload.strategies import LeaseAllocator, Strategy, make_strategy
 
-__all__ = ["Progress", "RunSetup", "StrategyResult", "Timeline", "WorkloadComparison",
+__all__ = ["Progress", "RunOptions", "RunSetup", "StrategyResult", "Timeline", "WorkloadComparison",
            "run_workload", "tqdm_progress"]
 
 _PLAIN_TB_S = H200_BANDWIDTH.reference_tb_s("plain") or 4.19
@@ -506,23 +512,25 @@ Progress = Callable[[float, float], None]
 _REPORT_EVERY = 2048
 
 
-def _run_reporting(serving: ServingModel, wl: Workload, hooks: _Hooks, progress: Progress,
-                   base: float, span: float, total: float) -> ServingStats:
-    """``serving.run(wl, hooks)``, telling ``progress`` the serving time reached now and then
-    (``base`` plus it, at most ``base + span``), and ``base + span`` at the end."""
+def _run_reporting(serving: ServingModel, wl: Workload, hooks: _Hooks,
+                   report: Callable[[float], None] | None, span: float) -> ServingStats:
+    """``serving.run(wl, hooks)``, telling ``report`` the serving time reached now and then
+    (at most ``span``), and ``span`` at the end."""
+    if report is None:
+        return serving.run(wl, hooks)
     steps = serving.steps(wl, hooks)
     n = 0
     while True:
         try:
             now = next(steps)
         except StopIteration as done:
-            progress(base + span, total)
+            report(span)
             stats: ServingStats = done.value
             return stats
         n += 1
         if n == _REPORT_EVERY:
             n = 0
-            progress(base + min(now, span), total)
+            report(min(now, span))
 
 
 def tqdm_progress(desc: str, *, unit: str = "s") -> tuple[Any, Progress]:
@@ -567,23 +575,115 @@ def _time_mean(t: Sequence[float], v: Sequence[int], end: float) -> float:
     return total / span if span > 0 else float(v[-1])
 
 
+@dataclass(frozen=True, slots=True)
+class RunOptions:
+    """Every option of :func:`run_workload` but the workload and the strategies, checked at
+    construction; ``run_workload(wl, tp=4)`` builds one from its keywords."""
+
+    model: str = "llama-3.1-70b"  #: the model (a shipped key)
+    gpu: str = "h200"  #: the GPU profile: the sim's, the planner's, the step model's
+    tp: int = 8  #: tensor-parallel size (the run serves one rank: the ranks are alike)
+    dtype: str = "bfloat16"  #: the KV dtype
+    #: ``"sim"`` (with ``gpu``'s profile), ``"host"``, ``"cuda"``, or a zero-argument factory
+    driver: str | Callable[[], Driver] = "sim"
+    config: ServingConfig = field(default_factory=ServingConfig)  #: engine knobs (None: default)
+    step_model: StepTimeModel | None = None  #: None: :meth:`StepTimeModel.for_model`
+    #: the KV pool's tokens on one rank, >= 2 pages, rounded down to whole pages (None: what
+    #: the planner fits on ``gpu``)
+    pool_tokens: int | None = None
+    sample_s: float = 1.0  #: simulated seconds between timeline samples (> 0: ServingModel's)
+    record: bool = False  #: keep each run's trace (and the arena's final snapshot) for replay
+    #: write a token slot of every page handed out (first and last buffer) where the VA
+    #: reaches memory (host, CUDA), so an unbacked page faults at once
+    touch: bool = False
+    #: host seconds between driver calls per serving second, told to a driver whose calls go
+    #: cold only when told (the sim's :meth:`~kvvmm.driver.sim.SimDriver.pause`): ``1.0`` for
+    #: an engine serving in real time, a replay's wall over serving time to predict that
+    #: replay on a real driver; None: as warm as back to back (docs/FIDELITY.md)
+    pause_scale: float | None = None
+    #: ``progress(done, total)`` while the strategies run, in serving seconds (``total``: the
+    #: strategies times the workload's span); :func:`tqdm_progress` makes one
+    progress: Progress | None = None
+
+    def __post_init__(self) -> None:
+        if self.config is None:  # what run_workload(config=None) has always meant
+            object.__setattr__(self, "config", ServingConfig())
+        int_arg("tp", self.tp, lo=1, unit="tensor-parallel ranks")
+        if self.pool_tokens is not None:
+            _pool_tokens(self.pool_tokens, self.config.page_size)
+        bool_arg("record", self.record)
+        bool_arg("touch", self.touch)
+        if self.pause_scale is not None:
+            number_arg("pause_scale", self.pause_scale, lo=0.0,
+                       limit="a finite number >= 0 or None")
+
+    @classmethod
+    def build(cls, base: RunOptions | None = None, **changes: Any) -> RunOptions:
+        """``base`` (None: the defaults) with ``changes``; ArgumentError for an unknown name."""
+        names = [f.name for f in fields(cls)]
+        for k in changes:
+            if k not in names:
+                raise ArgumentError("option", k, f"one of {names}")
+        return cls(**changes) if base is None else replace(base, **changes)
+
+
+@runtime_checkable
+class _ColdCalls(Protocol):
+    """A driver whose calls go cold over host time only when told it passed (the sim)."""
+
+    def pause(self, seconds: float) -> None: ...
+
+
+def _pool_tokens(tokens: object, page_size: int) -> int:
+    return int_arg("pool_tokens", tokens, lo=2 * page_size,
+                   limit=f"an int >= 2 pages ({2 * page_size} tokens)")
+
+
+@dataclass(frozen=True, slots=True)
+class _Shared:
+    """What every strategy's run of one comparison shares."""
+
+    options: RunOptions
+    setup: RunSetup
+    profile: DeviceProfile
+    descs: Callable[[str], list[KvBufferDesc]]  #: the pool's buffers in a layout
+    span: float  #: serving seconds a strategy's progress counts up to: its last arrival's
+
+
+def _shared(wl: Workload, o: RunOptions) -> _Shared:
+    """The pool every owner is built over: its tokens (planned unless given, in whole pages),
+    its buffers in each layout (built on first use), its page's bytes, the step model."""
+    prof, ps = get_profile(o.gpu), o.config.page_size
+    sm = o.step_model
+    if sm is None:
+        sm = StepTimeModel.for_model(o.model, prof.key, tp=o.tp, dtype=o.dtype)
+    tokens = o.pool_tokens
+    if tokens is None:
+        tokens = _pool_tokens(plan(gpu=prof, model=o.model, dtype=o.dtype, page_size=ps,
+                                   tp=o.tp).tokens, ps)
+    tokens = tokens // ps * ps
+
+    @functools.cache
+    def descs(layout: str) -> list[KvBufferDesc]:
+        return full_pool_descs(o.model, layout=layout, reserved_tokens=tokens, page_size=ps,
+                               dtype=o.dtype, tp=o.tp)
+
+    first = descs("token_major")
+    setup = RunSetup(model=o.model, gpu=prof.key, tp=o.tp, dtype=o.dtype, page_size=ps,
+                     pool_tokens=tokens, buffers=len(first),
+                     page_bytes=sum(d.row_bytes * ps // d.tokens_per_row for d in first),
+                     config=o.config, step_model=sm, workload=wl.source, requests=len(wl),
+                     pause_scale=o.pause_scale)
+    span = max(wl.requests[-1].arrival_s if len(wl) else 0.0, 1e-9)
+    return _Shared(o, setup, prof, descs, span)
+
+
 def run_workload(
     workload: Workload | Sequence[Request],
     strategies: Sequence[str | Strategy | Callable[[], Strategy]] = ("static", "prefix"),
     *,
-    model: str = "llama-3.1-70b",
-    gpu: str = "h200",
-    tp: int = 8,
-    dtype: str = "bfloat16",
-    driver: str | Callable[[], Driver] = "sim",
-    config: ServingConfig | None = None,
-    step_model: StepTimeModel | None = None,
-    pool_tokens: int | None = None,
-    sample_s: float = 1.0,
-    record: bool = False,
-    touch: bool = False,
-    pause_scale: float | None = None,
-    progress: Progress | None = None,
+    options: RunOptions | None = None,
+    **changes: Any,
 ) -> WorkloadComparison:
     """Serve ``workload`` once per strategy, each on a fresh driver and owner.
 
@@ -591,143 +691,137 @@ def run_workload(
         workload: the requests (a :class:`Workload` or a sequence in arrival order).
         strategies: names (:data:`~kvvmm.workload.strategies.STRATEGIES`), strategy objects
             (each used once) or zero-argument factories.
-        model, gpu, tp, dtype: the model (a shipped key), the GPU profile, tensor-parallel
-            size, the KV dtype.
-        driver: ``"sim"`` (with ``gpu``'s profile), ``"host"``, ``"cuda"``, or a factory.
-        config: the engine's knobs (default :class:`ServingConfig`).
-        step_model: step time model (default :meth:`StepTimeModel.for_model`).
-        pool_tokens: the KV pool's tokens on one rank (default: what the planner fits on
-            ``gpu``), rounded down to whole pages.
-        sample_s: simulated seconds between timeline samples.
-        record: keep each run's trace (and the arena's final snapshot) for replay.
-        touch: write a token slot of every page handed out, in the first and last buffer
-            (real tensors: host, CUDA), so an unbacked page faults at once.
-        pause_scale: on the sim, host seconds that pass between driver calls per second of
-            serving time, so a call after a pause pays its share of the cold-call premium
-            (:meth:`~kvvmm.driver.sim.SimDriver.pause`): ``1.0`` for an engine serving in real
-            time (what its calls would cost); a replay's wall time over its serving time to
-            predict that replay on a real driver (whose loop runs the serving clock ~100x
-            faster, so its calls are 1-2 ms apart: partly cold); None, as warm as back to back.
-            Real drivers ignore it (their calls go cold by themselves).
-        progress: called as ``progress(done, total)`` while the strategies run, in serving
-            seconds (``total``: the strategies times the workload's span), for a progress
-            bar (:func:`tqdm_progress` makes one).
+        options: the model, GPU, driver, engine knobs and the rest (default
+            :class:`RunOptions`'s defaults).
+        changes: :class:`RunOptions` fields by name (``model=..., tp=4``), over ``options``;
+            each field's comment there says what it means.
     Returns:
         A :class:`WorkloadComparison`.
     Raises:
-        ArgumentError: a bad argument (unknown strategy, model, gpu, a pool of < 2 pages).
+        ArgumentError: a bad argument (an unknown option, strategy, model, gpu, a pool of
+            < 2 pages).
         DriverError: a driver call failed (out of memory, say).
     """
     wl = as_workload(workload)
-    if pause_scale is not None:
-        number_arg("pause_scale", pause_scale, lo=0.0, limit="a finite number >= 0 or None")
-    cfg = ServingConfig() if config is None else config
-    prof = get_profile(gpu)
-    sm = StepTimeModel.for_model(model, prof.key, tp=tp, dtype=dtype) if step_model is None \
-        else step_model
-    ps = cfg.page_size
-    if pool_tokens is None:
-        pool_tokens = plan(gpu=prof, model=model, dtype=dtype, page_size=ps, tp=tp).tokens
-    int_arg("pool_tokens", pool_tokens, lo=2 * ps, limit=f"an int >= 2 pages ({2 * ps} tokens)")
-    pool_pages = pool_tokens // ps
-    tokens = pool_pages * ps
-    descs_of: dict[str, list[KvBufferDesc]] = {}
+    o = RunOptions.build(options, **changes)
+    shared = _shared(wl, o)
+    results = []
+    for i, spec in enumerate(strategies):
+        report = None if o.progress is None else functools.partial(
+            _report, o.progress, i * shared.span, shared.span * len(strategies))
+        results.append(_run_one(spec, wl, shared, report))
+    return WorkloadComparison(setup=shared.setup, results=tuple(results))
 
-    def layout_descs(layout: str) -> list[KvBufferDesc]:
-        if layout not in descs_of:
-            descs_of[layout] = full_pool_descs(model, layout=layout, reserved_tokens=tokens,
-                                               page_size=ps, dtype=dtype, tp=tp)
-        return descs_of[layout]
 
-    descs = layout_descs("token_major")
-    page_bytes = sum(d.row_bytes * ps // d.tokens_per_row for d in descs)
-    setup = RunSetup(model=model, gpu=prof.key, tp=tp, dtype=dtype, page_size=ps,
-                     pool_tokens=tokens, buffers=len(descs), page_bytes=page_bytes, config=cfg,
-                     step_model=sm, workload=wl.source, requests=len(wl),
-                     pause_scale=pause_scale)
-    results: list[StrategyResult] = []
-    # serving seconds a strategy's progress counts up to: its last arrival's time
-    span = max(wl.requests[-1].arrival_s if len(wl) else 0.0, 1e-9)
-    total = span * len(strategies)
-    for spec in strategies:
-        strat = (make_strategy(spec) if isinstance(spec, str)
-                 else spec if isinstance(spec, Strategy) else spec())
-        inner = driver() if callable(driver) else driver_for(driver, profile=prof)
-        tracer = TracingDriver(inner, Trace())
-        # On the tracer, so the pool's creates and releases are in the trace (and replay).
-        hpool = strat.make_pool(tracer)
-        sdescs = layout_descs(strat.layout)
+def _report(progress: Progress, base: float, total: float, now: float) -> None:
+    progress(base + now, total)  # a strategy's serving time, after the strategies before it
+
+
+def _run_one(spec: str | Strategy | Callable[[], Strategy], wl: Workload, shared: _Shared,
+             report: Callable[[float], None] | None) -> StrategyResult:
+    """One strategy's run on its own driver, owner and (if it has one) handle pool; all
+    three closed whatever happens."""
+    o = shared.options
+    strat = (make_strategy(spec) if isinstance(spec, str)
+             else spec if isinstance(spec, Strategy) else spec())
+    inner = o.driver() if callable(o.driver) else driver_for(o.driver, profile=shared.profile)
+    tracer = TracingDriver(inner, Trace())
+    # On the tracer, so the pool's creates and releases are in the trace (and replay).
+    hpool = strat.make_pool(tracer)
+    try:
+        owner = KvBufferOwner(driver=tracer, dtype=o.dtype, page_size=o.config.page_size,
+                              reserved_tokens=shared.setup.pool_tokens,
+                              descs=shared.descs(strat.layout), policy=strat.policy,
+                              name=f"kv-{strat.name}", trace=tracer.trace, pool=hpool)
+    except BaseException:
+        if hpool is not None:
+            hpool.close()
+        raise
+    try:
+        served = _serve(strat, owner, tracer, inner, wl, shared, report)
+    finally:
         try:
-            owner = KvBufferOwner(driver=tracer, dtype=dtype, page_size=ps,
-                                  reserved_tokens=tokens, descs=sdescs, policy=strat.policy,
-                                  name=f"kv-{strat.name}", trace=tracer.trace, pool=hpool)
-        except BaseException:
-            if hpool is not None:
-                hpool.close()
-            raise
-        try:
-            strat.bind(owner, pool_pages=pool_pages)
-            hooks = _Hooks(strat, owner, tracer, page_bytes, inner.granularity(),
-                           inner.kind == "sim", touch and inner.kind != "sim")
-            if pause_scale is not None and isinstance(inner, SimDriver):
-                hooks.pause, hooks.pause_scale = inner.pause, pause_scale
-            allocator = strat.make_allocator(hooks.executor)
-            hooks.allocator = allocator
-            strat.prepare()
-            strat.start()
-            hooks.account()
-            hooks.waited_s = hooks.background_s = hooks.worker_until = 0.0
-            # the constructor's slot-0 calls and prepare/start: everything before serving
-            startup_s = sum((e.sim_us if hooks.sim else e.wall_us)
-                            for e in tracer.trace.events) * 1e-6
-            serving = ServingModel(cfg, sm, pool_pages=pool_pages, sample_s=sample_s,
-                                   allocator=allocator)
-            t0 = time.perf_counter()
-            if progress is None:
-                stats = serving.run(wl, hooks)
-            else:
-                stats = _run_reporting(serving, wl, hooks, progress, len(results) * span,
-                                       span, total)
-            wall = time.perf_counter() - t0
-            hooks.sample(stats.end_s, stats.steps, 0, 1, 0, 0)
-            snap = owner.arena.snapshot()
-            trace = None
-            if record:
-                tr = tracer.trace
-                trace = Trace(meta=dict(tr.meta), events=list(tr.events), ops=list(tr.ops),
-                              arenas=tr.arenas)
+            strat.close()
+            owner.close()
         finally:
-            try:
-                strat.close()
-                owner.close()
-            finally:
-                if hpool is not None:  # after the owner: its close gives handles back to it
-                    hpool.close()
-        tl = hooks.timeline()
-        stalls = sorted(stats.stall_steps)
-        sizes = [m.size_bytes for m in snap.mappings]
-        results.append(StrategyResult(
-            strategy=strat.name, driver=inner.kind, serving=stats, timeline=tl,
-            reserved_bytes=snap.reserved_bytes, startup_driver_s=startup_s,
-            decode_driver_s=hooks.driver_s, driver_calls=hooks.calls,
-            decode_driver_calls=hooks.decode_calls,
-            peak_backed_bytes=max(tl.backed_bytes),
-            mean_backed_bytes=_time_mean(tl.t_s, tl.backed_bytes, stats.end_s),
-            mean_used_bytes=_time_mean(tl.t_s, tl.used_bytes, stats.end_s),
-            peak_elastic_bytes=max(tl.elastic_bytes),
-            mean_elastic_bytes=_time_mean(tl.t_s, tl.elastic_bytes, stats.end_s),
-            peak_pool_bytes=max(tl.pool_held_bytes),
-            mean_pool_bytes=_time_mean(tl.t_s, tl.pool_held_bytes, stats.end_s),
-            elastic_maps=hooks.elastic_maps, elastic_unmaps=hooks.elastic_unmaps,
-            p50_stall_s=_percentile_with_zeros(stalls, stats.steps, 50),
-            p99_stall_s=_percentile_with_zeros(stalls, stats.steps, 99),
-            max_stall_s=stalls[-1] if stalls else 0.0, stalled_steps=len(stalls),
-            used_over_backed=hooks.used_over_backed,
-            conservation_errors=hooks.conservation_errors, final_handles=hooks.handles,
-            predicted_tb_s=predicted_bandwidth_tb_s(sizes, interleaved=len(sdescs) > 1)
-            if sizes else 0.0,
-            wall_s=wall, final_snapshot=snap, trace=trace,
-            background_driver_s=hooks.background_s, layout=strat.layout,
-            ranges=allocator.range_stats() if isinstance(allocator, LeaseAllocator) else {}))
-    return WorkloadComparison(setup=setup, results=tuple(results))
+            if hpool is not None:  # after the owner: its close gives handles back to it
+                hpool.close()
+    return _result(strat, inner.kind, served, interleaved=len(owner.descs) > 1)
 
+
+@dataclass(frozen=True, slots=True)
+class _Served:
+    """What one strategy's serving left, read before its owner closed (times in seconds)."""
+
+    hooks: _Hooks
+    allocator: object
+    stats: ServingStats
+    startup_s: float
+    wall_s: float
+    snapshot: ArenaSnapshot
+    trace: Trace | None
+
+
+def _serve(strat: Strategy, owner: KvBufferOwner, tracer: TracingDriver, inner: Driver,
+           wl: Workload, shared: _Shared, report: Callable[[float], None] | None) -> _Served:
+    """Bind the strategy to the owner, start it, and serve the workload through its hooks."""
+    o, setup = shared.options, shared.setup
+    pool_pages = setup.pool_tokens // setup.page_size
+    strat.bind(owner, pool_pages=pool_pages)
+    sim = inner.kind == "sim"  # which clock prices a call: the sim's, or the wall's
+    hooks = _Hooks(strat, owner, tracer, setup.page_bytes, inner.granularity(), sim,
+                   o.touch and inner.memory is not MemoryKind.NONE)
+    if o.pause_scale is not None and isinstance(inner, _ColdCalls):
+        hooks.pause, hooks.pause_scale = inner.pause, o.pause_scale
+    allocator = strat.make_allocator(hooks.executor)
+    hooks.allocator = allocator
+    strat.prepare()
+    strat.start()
+    hooks.account()
+    hooks.waited_s = hooks.background_s = hooks.worker_until = 0.0
+    # the constructor's slot-0 calls and prepare/start: everything before serving
+    startup_s = sum((e.sim_us if sim else e.wall_us) for e in tracer.trace.events) * 1e-6
+    serving = ServingModel(o.config, setup.step_model, pool_pages=pool_pages,
+                           sample_s=o.sample_s, allocator=allocator)
+    t0 = time.perf_counter()
+    stats = _run_reporting(serving, wl, hooks, report, shared.span)
+    wall = time.perf_counter() - t0
+    hooks.sample(stats.end_s, stats.steps, 0, 1, 0, 0)
+    trace = None
+    if o.record:
+        tr = tracer.trace
+        trace = Trace(meta=dict(tr.meta), events=list(tr.events), ops=list(tr.ops),
+                      arenas=tr.arenas)
+    return _Served(hooks, allocator, stats, startup_s, wall, owner.arena.snapshot(), trace)
+
+
+def _result(strat: Strategy, driver: str, s: _Served, *, interleaved: bool) -> StrategyResult:
+    """The strategy's result: its timeline, the means over time, the stalls, the bandwidth."""
+    hooks, stats, snap = s.hooks, s.stats, s.snapshot
+    tl = hooks.timeline()
+    stalls = sorted(stats.stall_steps)
+    sizes = [m.size_bytes for m in snap.mappings]
+    end = stats.end_s
+    return StrategyResult(
+        strategy=strat.name, driver=driver, serving=stats, timeline=tl,
+        reserved_bytes=snap.reserved_bytes, startup_driver_s=s.startup_s,
+        decode_driver_s=hooks.driver_s, driver_calls=hooks.calls,
+        decode_driver_calls=hooks.decode_calls,
+        peak_backed_bytes=max(tl.backed_bytes),
+        mean_backed_bytes=_time_mean(tl.t_s, tl.backed_bytes, end),
+        mean_used_bytes=_time_mean(tl.t_s, tl.used_bytes, end),
+        peak_elastic_bytes=max(tl.elastic_bytes),
+        mean_elastic_bytes=_time_mean(tl.t_s, tl.elastic_bytes, end),
+        peak_pool_bytes=max(tl.pool_held_bytes),
+        mean_pool_bytes=_time_mean(tl.t_s, tl.pool_held_bytes, end),
+        elastic_maps=hooks.elastic_maps, elastic_unmaps=hooks.elastic_unmaps,
+        p50_stall_s=_percentile_with_zeros(stalls, stats.steps, 50),
+        p99_stall_s=_percentile_with_zeros(stalls, stats.steps, 99),
+        max_stall_s=stalls[-1] if stalls else 0.0, stalled_steps=len(stalls),
+        used_over_backed=hooks.used_over_backed,
+        conservation_errors=hooks.conservation_errors, final_handles=hooks.handles,
+        predicted_tb_s=predicted_bandwidth_tb_s(sizes, interleaved=interleaved)
+        if sizes else 0.0,
+        wall_s=s.wall_s, final_snapshot=snap, trace=s.trace,
+        background_driver_s=hooks.background_s, layout=strat.layout,
+        ranges=s.allocator.range_stats() if isinstance(s.allocator, LeaseAllocator) else {})

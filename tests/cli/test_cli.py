@@ -142,6 +142,18 @@ def test_plan_prints_the_plan_as_a_table(capsys: pytest.CaptureFixture[str]) -> 
     assert "tokens" in out and "Chunked(64.0 MiB)" in out
 
 
+def test_every_plan_flag_but_the_gpu_the_model_and_json_is_an_option_of_the_record() -> None:
+    # The command hands plan() the flags named as PlanOptions' fields: a flag named
+    # otherwise would be dropped without a word.
+    from dataclasses import fields
+
+    from kvvmm.layout import PlanOptions
+
+    sub = next(a for a in cli._parser()._actions if a.dest == "cmd")
+    flags = {a.dest for a in sub.choices["plan"]._actions} - {"help", "gpu", "model", "json"}
+    assert flags and flags <= {f.name for f in fields(PlanOptions)}
+
+
 def test_plan_json_parses_and_carries_the_plan(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["plan", "--model", "qwen2.5-7b", "--page-size", "64", "--dtype", "fp16",
                      "--json"]) == 0

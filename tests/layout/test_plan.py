@@ -16,6 +16,7 @@ from kvvmm.layout import (
     LARGE_TOKENS,
     TP_SIZES,
     Plan,
+    PlanOptions,
     PoolPlan,
     default_policies,
     hybrid_swa_descs,
@@ -387,6 +388,9 @@ BAD_PLANS: list[tuple[str, dict[str, Any], type[KvvmmError], str]] = [
     ("sliding pool beyond the full pool", {"model": "gpt-oss-120b", "budget_bytes": GiB,
                                            "swa_reserved_tokens": 20_000}, OutOfRangeError,
      "swa_reserved_tokens"),
+    ("an option plan does not have", {"pages": 16}, ArgumentError, "option"),
+    ("vLLM's option under SGLang's rule", {"activation_peak_bytes": GiB}, ArgumentError,
+     "activation_peak_bytes"),
     ("every layer sliding", {"model": {"num_hidden_layers": 2, "num_attention_heads": 4,
                                        "head_dim": 8, "sliding_window": 8,
                                        "layer_types": ["sliding_attention"] * 2}},
@@ -405,6 +409,28 @@ def test_bad_plan_options_raise_a_typed_error_naming_the_option(
         plan(**{**_OK, **options})
     assert isinstance(e.value, ArgumentError) and e.value.name == name
     assert "must be" in str(e.value)
+
+
+@pytest.mark.parametrize(("options", "name"), [
+    ({"page_size": 0}, "page_size"), ({"dtype": "float64"}, "dtype"),
+    ({"budget_bytes": GiB, "backed_bytes": 1}, "budget_bytes"),
+    ({"engine": "vllm", "mem_fraction_static": 0.8}, "mem_fraction_static"),
+])
+def test_the_options_record_refuses_a_bad_option_before_any_device_or_model_is_read(
+    options: dict[str, Any], name: str
+) -> None:
+    with pytest.raises(ArgumentError) as e:
+        PlanOptions(**options)
+    assert e.value.name == name
+
+
+def test_keywords_change_the_options_record_plan_is_given() -> None:
+    base = PlanOptions(page_size=32, tp=2)
+    assert base.policy == default_policies() and base.dtype == "bfloat16"
+    p = plan(gpu="h200", model="llama-3.1-70b", options=base, tp=4)
+    assert (p.page_size, p.tp) == (32, 4)
+    assert p == plan(gpu="h200", model="llama-3.1-70b", page_size=32, tp=4)
+    assert base.tp == 2  # the record given is not changed
 
 
 def test_a_budget_too_small_says_how_it_was_computed() -> None:

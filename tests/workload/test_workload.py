@@ -17,6 +17,7 @@ from kvvmm.workload import (
     PageElastic,
     PrefixGrowth,
     Request,
+    RunOptions,
     ServingConfig,
     SlotAllocator,
     Strategy,
@@ -453,6 +454,23 @@ def test_unknown_strategies_and_tiny_pools_are_refused() -> None:
         run_workload(small_workload(), ["elastic"], **SMALL)  # type: ignore[arg-type]
     with pytest.raises(ArgumentError, match="pool_tokens"):
         run_workload(small_workload(), ["static"], model="llama-3.1-8b", pool_tokens=16)
+
+
+def test_the_options_record_refuses_an_unknown_option_and_a_bad_flag_by_name() -> None:
+    with pytest.raises(ArgumentError) as e:
+        run_workload(small_workload(), ["static"], pool_token=4096)
+    assert e.value.name == "option" and e.value.value == "pool_token"
+    with pytest.raises(ArgumentError, match="touch"):
+        RunOptions(touch=1)  # type: ignore[arg-type]
+
+
+def test_keywords_change_the_options_record_run_workload_is_given() -> None:
+    wl = small_workload(seconds=3.0)
+    base = RunOptions(model="qwen2.5-7b", tp=1, pool_tokens=4096)
+    a = run_workload(wl, ["prefix"], options=base, pool_tokens=8192).results[0]
+    b = run_workload(wl, ["prefix"], model="qwen2.5-7b", tp=1, pool_tokens=8192).results[0]
+    assert a.summary() | {"wall_s": 0} == b.summary() | {"wall_s": 0}
+    assert a.reserved_bytes > run_workload(wl, ["prefix"], options=base).results[0].reserved_bytes
 
 
 @needs_trace
