@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from kvvmm.cli.common import profile_line
 from kvvmm.hardware import profile_summary
 
 
@@ -22,7 +23,6 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({**p.to_dict(), "profile": used}, indent=2))
     else:
-        print(f"profile: {used['key']} ({used['card']}, measured {used['date']}; "
-              f"{used['path']})")
+        print(profile_line(used))
         print(format_plan(p))
     return 0
