@@ -16,13 +16,13 @@ import plotly.graph_objects as go
 
 from kvvmm.checks import int_arg
 from kvvmm.driver.base import CALLS
-from kvvmm.errors import ArgumentError
-from kvvmm.hardware import H200_BANDWIDTH, BandwidthTable, DeviceProfile, profile_label
+from kvvmm.errors import ArgumentError, KvvmmError
+from kvvmm.hardware import H200_BANDWIDTH, BandwidthTable, DeviceProfile
 from kvvmm.hardware.bandwidth import BANDWIDTH_TARGET
 from kvvmm.record.trace import Trace
 from kvvmm.snapshot import ArenaSnapshot, OwnerSnapshot
 from kvvmm.units import fmt_bytes
-from kvvmm.viz._common import _arena_of, _count, _unit
+from kvvmm.viz._common import _arena_of, _count, _unit, profile_words
 
 if TYPE_CHECKING:
     from kvvmm.growth import GrowthResult
@@ -109,8 +109,7 @@ def timeline(trace: Trace, *, x: str = "time",
     # Decades only: plotly's default log ticks (2, 5 between decades) crowd a short axis.
     fig.update_yaxes(title_text=cost_kind, type="log", dtick=1, tickformat="~s", row=2, col=1)
     n_calls = len(trace.driver_calls())
-    sub = (f"<br><sub>simulated µs from profile {html.escape(profile_label(profile))}</sub>"
-           if simulated and profile is not None else "")
+    sub = f"<br><sub>{html.escape(_simulated_from(trace, profile))}</sub>" if simulated else ""
     fig.update_layout(
         title={"text": f"{_count(n_calls, 'driver call')}, peak {fmt_bytes(peak)} backed "
                        f"({trace.meta.get('driver', '?')}, {trace.meta.get('device_name', '?')})"
@@ -402,12 +401,24 @@ def growth_figure(results: Sequence[GrowthResult], *,
     return fig
 
 
+def _simulated_from(trace: Trace, profile: str | DeviceProfile | None) -> str:
+    """Whose costs a simulated timeline's µs are: ``profile``, else the one its trace
+    recorded (``meta["profile"]``, a key: a profile read from a file is named, not read)."""
+    key = profile if profile is not None else trace.meta.get("profile")
+    if key is None:
+        return "simulated µs; profile not recorded"
+    try:
+        return f"simulated µs from profile {profile_words(key)}"
+    except (KvvmmError, OSError):
+        return f"simulated µs from profile {key} (not shipped: pass it to name its costs)"
+
+
 def _growth_title(results: Sequence[GrowthResult], profile: str | DeviceProfile | None,
                   predicted: Sequence[GrowthResult] | None) -> str:
     """Which profile the driver times are simulated with; measured next to predicted."""
     if profile is None:
         return ""
-    label = html.escape(profile_label(profile))
+    label = html.escape(profile_words(profile))
     if predicted is not None:
         pairs = ", ".join(f"{html.escape(r.policy)} {r.wall_s * 1e3:.1f} / {p.sim_us / 1e3:.1f}"
                           for r, p in zip(results, predicted, strict=True))

@@ -13,12 +13,12 @@ from typing import TYPE_CHECKING
 
 from kvvmm.driver.base import DriverStats
 from kvvmm.errors import ArgumentError
-from kvvmm.hardware import DeviceProfile, profile_label
+from kvvmm.hardware import DeviceProfile
 from kvvmm.hardware.bandwidth import BANDWIDTH_TARGET, BandwidthTable
 from kvvmm.layout import KvBufferDesc, Plan
 from kvvmm.snapshot import ArenaSnapshot, OwnerSnapshot
 from kvvmm.units import fmt_bytes, fmt_range
-from kvvmm.viz._common import Report, Table, _arena_of, _count, _table
+from kvvmm.viz._common import Report, Table, _arena_of, _count, _table, profile_words
 
 if TYPE_CHECKING:
     from kvvmm.growth import GrowthResult
@@ -89,11 +89,12 @@ def describe_stats(stats: DriverStats, *, profile: str | DeviceProfile | None = 
     Returns:
         ``"1 reservation (40.0 MiB), 4 handles, 4 mappings (8.0 MiB), physical 8.0 MiB"``
         or ``"clean: no reservation, handle, mapping or memory held"``, plus
-        ``" (sim profile h200 (NVIDIA H200, 2026-11-29))"`` with a profile.
+        ``" (sim profile h200 (NVIDIA H200, 2026-12-01); costs: h200, measured on an H200;
+        capacity: h200)"`` with a profile.
     """
     if not isinstance(stats, DriverStats):
         raise ArgumentError("stats", type(stats).__name__, "a DriverStats (driver.stats())")
-    tail = "" if profile is None else f" (sim profile {profile_label(profile)})"
+    tail = "" if profile is None else f" (sim profile {profile_words(profile)})"
     if stats.clean:
         return "clean: no reservation, handle, mapping or memory held" + tail
     return (f"{_count(stats.reservations, 'reservation')} ({fmt_bytes(stats.reserved_bytes)}), "
@@ -312,7 +313,7 @@ def growth_report(results: Sequence[GrowthResult], *,
                if best is not None else "none of these")]
     if profile is not None and (predicted is not None or any(r.sim_us for r in results)):
         what = "predicted" if predicted is not None else "driver time"
-        tail.append(f"{what}: simulated with profile {profile_label(profile)}")
+        tail.append(f"{what}: simulated with profile {profile_words(profile)}")
     return Report(lead=lead, tables=(Table("", tuple(head), tuple(tuple(r) for r in rows)),
                                      ratios), tail=tuple(tail))
 
