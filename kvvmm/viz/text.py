@@ -128,8 +128,17 @@ def format_plan(p: Plan) -> str:
     Returns:
         Lines of text: the inputs, the budget, one row per pool, one row per policy.
     """
+    out = [*_plan_head(p), "", *_pool_table(p), "",
+           f"handles while growing by {p.decode_step_tokens:,}-token decode steps, then finalize",
+           *_handles_table(p)]
+    out += [f"warning: {w}" for w in p.warnings]
+    return "\n".join(out)
+
+
+def _plan_head(p: Plan) -> list[str]:
+    """The plan's inputs, its budget term by term, and what it reserves and backs."""
     counted = "padding and granularity counted" if p.count_overhead else "token slots only"
-    out = [
+    return [
         f"{p.model} on {p.gpu_name} ({p.gpu}): {p.dtype}, page {p.page_size}, tp {p.tp}, "
         f"{p.layout}",
         f"granularity     {fmt_bytes(p.granularity_bytes)}",
@@ -142,55 +151,25 @@ def format_plan(p: Plan) -> str:
         f", granularity waste {fmt_bytes(p.granularity_waste_bytes)}"
         f", over budget {fmt_bytes(p.over_budget_bytes)})",
         *_over_budget_lines(p),
-        "",
     ]
-    pool_rows = [
-        [
-            q.name,
-            str(q.num_layers),
-            str(q.num_buffers),
-            fmt_bytes(q.bytes_per_token),
-            f"{q.tokens:,}",
-            fmt_bytes(q.budget_bytes),
-            fmt_bytes(q.final_backed_bytes),
-            fmt_bytes(q.granularity_waste_bytes),
-            fmt_bytes(q.va_reserve_bytes),
-        ]
-        for q in p.pools
-    ]
-    out += _table(
-        [
-            "pool",
-            "layers",
-            "buffers",
-            "per token",
-            "tokens",
-            "budget",
-            "backed",
-            "gran waste",
-            "VA",
-        ],
-        pool_rows,
-    )
-    out += [
-        "",
-        f"handles while growing by {p.decode_step_tokens:,}-token decode steps, then finalize",
-    ]
-    out += _table(
-        ["policy", "handles", "smallest", "largest", "backed"],
-        [
-            [
-                h.policy,
-                f"{h.handles:,}",
-                fmt_bytes(h.min_handle_bytes),
-                fmt_bytes(h.max_handle_bytes),
-                fmt_bytes(h.backed_bytes),
-            ]
-            for h in p.handles
-        ],
-    )
-    out += [f"warning: {w}" for w in p.warnings]
-    return "\n".join(out)
+
+
+def _pool_table(p: Plan) -> list[str]:
+    """One row per pool (full attention, sliding window)."""
+    rows = [[q.name, str(q.num_layers), str(q.num_buffers), fmt_bytes(q.bytes_per_token),
+             f"{q.tokens:,}", fmt_bytes(q.budget_bytes), fmt_bytes(q.final_backed_bytes),
+             fmt_bytes(q.granularity_waste_bytes), fmt_bytes(q.va_reserve_bytes)]
+            for q in p.pools]
+    return _table(["pool", "layers", "buffers", "per token", "tokens", "budget", "backed",
+                   "gran waste", "VA"], rows)
+
+
+def _handles_table(p: Plan) -> list[str]:
+    """One row per growth policy: the handles it makes and what it backs."""
+    return _table(["policy", "handles", "smallest", "largest", "backed"],
+                  [[h.policy, f"{h.handles:,}", fmt_bytes(h.min_handle_bytes),
+                    fmt_bytes(h.max_handle_bytes), fmt_bytes(h.backed_bytes)]
+                   for h in p.handles])
 
 
 def _over_budget_lines(p: Plan) -> list[str]:
