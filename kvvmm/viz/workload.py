@@ -284,10 +284,14 @@ _NO_STALL_MS = 1e-3
 
 
 def _padded_log_range(xs: Sequence[float], pad: float = 0.35) -> list[float] | None:
-    """The x range (log10 ms) of points at ``xs`` with room either side for their labels."""
+    """The x range (log10 ms) of points at ``xs`` with room either side for their labels:
+    ``pad`` decades, less when the points lie close (first tokens within 10% of each
+    other: a wide pad squeezed them onto one spot), a twentieth of a decade at least."""
     if not xs:
         return None
-    return [math.log10(min(xs)) - pad, math.log10(max(xs)) + pad]
+    lo, hi = math.log10(min(xs)), math.log10(max(xs))
+    pad = min(pad, max(0.05, 0.5 * (hi - lo)))
+    return [lo - pad, hi + pad]
 
 
 def _log_y(y: float) -> float:
@@ -305,25 +309,31 @@ def _label_place(text: str, x: float, y: float, side: str,
     """Where a point's label goes: (textposition, line breaks that push it out, its box).
 
     ``x``, ``y``: the point as shares of the axes; ``boxes``: labels already placed, in
-    the same shares. The first of above, below, a line further above, further below, ...
-    whose box overlaps none of them and stays on the plot; when every one overlaps, the
-    nearest that stays on the plot.
+    the same shares. The first of above, below (leaning to ``side``, then to the other
+    sides that stay on the plot), a line further above, further below, ... whose box
+    overlaps none of them and stays on the plot; when every one overlaps, the nearest
+    that stays on the plot.
     """
     w = _text_px(text, 12) / _TRADE_PX[0]
     line, gap = 15 / _TRADE_PX[1], 6 / _TRADE_PX[1]
-    x0 = {"left": x - w, "right": x, "center": x - w / 2}[side]
+    starts = {"left": x - w, "right": x, "center": x - w / 2}
+    # the side asked for first; the others only where the label stays between the axes
+    sides = [side, *(s for s in ("center", "right", "left")
+                     if s != side and starts[s] >= -0.02 and starts[s] + w <= 1.02)]
     first: tuple[str, str, tuple[float, float, float, float]] | None = None
     for k in range(4):
         for vert in ("top", "bottom"):
             lo = y + gap + k * line if vert == "top" else y - gap - (k + 1) * line
-            box = (x0, x0 + w, lo, lo + line)
-            tried = (f"{vert} {side}", "<br>" * k, box)
             if lo < -0.03 or lo + line > 1.15:  # off the plot: under its x axis, over its top
                 continue
-            first = first or tried
-            if not any(box[0] < b[1] and b[0] < box[1] and box[2] < b[3] and b[2] < box[3]
-                       for b in boxes):
-                return tried
+            for sd in sides:
+                box = (starts[sd], starts[sd] + w, lo, lo + line)
+                tried = (f"{vert} {sd}", "<br>" * k, box)
+                first = first or tried
+                if not any(box[0] < b[1] and b[0] < box[1] and box[2] < b[3] and b[2] < box[3]
+                           for b in boxes):
+                    return tried
+    x0 = starts[side]
     return first or (f"top {side}", "", (x0, x0 + w, y + gap, y + gap + line))
 
 
@@ -462,8 +472,8 @@ def tradeoff_figures(cmp: WorkloadComparison | None, *,
     line = costs_line(cmp, profile)
     fig.update_layout(title=f"memory held against decode stall and first-token delay (bottom "
                             f"left is best){_sub(line)}",
-                      height=420, autosize=True, showlegend=False, plot_bgcolor="white",
-                      margin={"l": 10, "r": 10, "t": 90, "b": 40},
+                      height=440, autosize=True, showlegend=False, plot_bgcolor="white",
+                      margin={"l": 10, "r": 10, "t": 110, "b": 40},
                       meta={"kvvmm": "workload-tradeoffs", "costs": line})
     return fig
 
