@@ -14,7 +14,7 @@ import os
 import re
 import shutil
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import NoReturn
@@ -25,7 +25,7 @@ from kvvmm.units import MAX_BYTES, parse_size
 
 __all__ = ["HELP_COLUMNS", "MAX_LINE", "MAX_PATH_CHARS", "MAX_TOKENS", "MAX_TP", "CliParser",
            "HelpFormatter", "float_text", "help_columns", "int_type", "number_type", "one_line",
-           "output_path", "parse_bytes", "path_type", "show", "size_type"]
+           "output_path", "parse_bytes", "path_type", "profile_line", "show", "size_type"]
 
 #: Help is laid out for at most this many columns, however wide the terminal says it is.
 HELP_COLUMNS = 100
@@ -51,6 +51,17 @@ def show(text: object) -> str:
     if s.isprintable():
         return s
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in s)
+
+
+def profile_line(used: Mapping[str, object]) -> str:
+    """The line a command prints first: which profile ran and whose figures it predicts
+    with, from :func:`kvvmm.hardware.profile_summary`:
+    ``"profile: h100 (NVIDIA H100 80GB HBM3; shipped); costs: h200, measured on an H200;
+    capacity: h100"``."""
+    date = str(used["date"])
+    when = "" if date == "not stated" else f", {date}"
+    return (f"profile: {used['key']} ({used['card']}{when}; {show(used['path'])}); "
+            f"{used['label']}")
 
 
 def one_line(msg: str, limit: int = MAX_LINE) -> str:

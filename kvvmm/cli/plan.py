@@ -6,6 +6,7 @@ import argparse
 import json
 from dataclasses import fields
 
+from kvvmm.cli.common import profile_line
 from kvvmm.hardware import profile_summary
 
 
@@ -20,7 +21,6 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({**p.to_dict(), "profile": used}, indent=2))
     else:
-        print(f"profile: {used['key']} ({used['card']}, measured {used['date']}; "
-              f"{used['path']})")
+        print(profile_line(used))
         print(format_plan(p))
     return 0

@@ -18,6 +18,7 @@ at the CLI layer (it writes reports through :mod:`kvvmm.viz`); ``kvvmm.cli`` wir
 from __future__ import annotations
 
 import argparse
+import html
 import json
 import math
 import sys
@@ -35,6 +36,7 @@ from kvvmm.cli.common import (
     one_line,
     output_path,
     path_type,
+    profile_line,
     show,
     size_type,
 )
@@ -48,6 +50,7 @@ from kvvmm.workload import (
     STRATEGIES,
     ServingConfig,
     Workload,
+    WorkloadComparison,
     find_trace,
     generate,
     load_workload,
@@ -219,11 +222,6 @@ def _output(args: argparse.Namespace, default: str) -> Path:
     return output_path(default if args.output is None else args.output, _OUTPUTS)
 
 
-def _profile_line(used: dict[str, str]) -> str:
-    return (f"profile: {used['key']} ({used['card']}, measured {used['date']}; "
-            f"{used['path']})")
-
-
 def _trace_path(trace: str) -> Path:
     """The file a tenant's TRACE names (``conv``: Azure's conversation trace), checked."""
     path = find_trace() if trace == "conv" else Path(trace)
@@ -336,12 +334,12 @@ def _tenants_command(args: argparse.Namespace) -> int:
     from kvvmm.viz import save_figure
     from kvvmm.viz.tenants import format_tenants, tenants_figure
 
-    print(_profile_line(used))
+    print(profile_line(used))
     print(format_tenants(runs))
     last = "elastic" if "elastic" in runs else next(iter(runs))
     try:
-        written = save_figure(tenants_figure(runs[last], title=f"kvvmm replay --tenants: {last}"),
-                              out)
+        title = f"kvvmm replay --tenants: {last}<br><sub>{html.escape(used['label'])}</sub>"
+        written = save_figure(tenants_figure(runs[last], title=title), out)
         print(f"wrote {show(written)}")
     except (KvvmmError, OSError) as e:
         return _fail(f"{type(e).__name__}: {e}")
@@ -353,6 +351,114 @@ def _progress_bar(desc: str) -> tuple[Any, Progress | None]:
     if not sys.stderr.isatty():
         return None, None
     return tqdm_progress(desc)
+
+
+class _Refused(Exception):
+    """Input refused with a message of its own (printed as it is, exit 2)."""
+
+
+def _read_workload(args: argparse.Namespace) -> Workload:
+    """The trace ``args`` names, cut to ``--seconds``, or the generated workload.
+
+    Raises:
+        _Refused: not a file, or no requests.
+        KvvmmError, ValueError, OSError: a bad trace or a bad ``--seconds``.
+    """
+    if args.seconds is not None and args.trace != "generated":  # the generator says its own
+        _check_seconds(args.seconds)
+    if args.trace == "generated":
+        wl = generate(seed=args.seed, duration_s=600.0 if args.seconds is None else args.seconds)
+    else:
+        if not Path(args.trace).is_file():
+            raise _Refused(f"trace {args.trace!r} is not a file (a .csv, a .jsonl, or "
+                           f"'generated')")
+        wl = load_workload(args.trace)
+        if args.seconds is not None:
+            wl = wl.first(args.seconds)
+    if not len(wl):
+        raise _Refused(f"trace {args.trace!r} has no requests")
+    return wl
+
+
+def _options(args: argparse.Namespace) -> RunOptions:
+    """What the replay and its bands run with, from the command line."""
+    return RunOptions(model=args.model, gpu=args.gpu, tp=args.tp, pool_tokens=args.pool_tokens,
+                      config=ServingConfig(slot_order=args.slot_order),
+                      pause_scale=1.0 if args.real_time else None)
+
+
+def _replay(args: argparse.Namespace, wl: Workload, opts: RunOptions) -> WorkloadComparison:
+    """Every strategy asked for over ``wl``, with a progress bar on a terminal."""
+    bar, report = _progress_bar("replay")
+    try:
+        return run_workload(wl, args.strategy or list(STRATEGIES), options=opts,
+                            driver=args.driver, progress=report)
+    finally:
+        if bar is not None:
+            bar.close()
+
+
+def _bands(args: argparse.Namespace, wl: Workload, cmp: WorkloadComparison,
+           opts: RunOptions) -> dict[str, Any]:
+    """The p10-p90 bands of every timed figure (sim only; none with ``--no-bands``)."""
+    if args.driver != "sim" or args.no_bands:
+        return {}
+    from kvvmm.workload.bands import workload_bands
+
+    bar, report = _progress_bar("bands (p10, p90)")
+    try:
+        return dict(workload_bands(wl, [r.strategy for r in cmp.results], gpu=args.gpu,
+                                   mid=cmp, options=opts, progress=report))
+    finally:
+        if bar is not None:
+            bar.close()
+
+
+def _json(args: argparse.Namespace, cmp: WorkloadComparison, bands: dict[str, Any],
+          used: dict[str, Any]) -> str:
+    """The summary as strict JSON: the setup, the profile and whose figures the times
+    are (``profile.label``), each strategy's row with its bands."""
+    from kvvmm.workload.bands import BAND_QUANTILES, band_notes
+
+    s = cmp.setup
+    results: list[dict[str, Any]] = [dict(r) for r in cmp.summary()]
+    for row in results:
+        if row["strategy"] in bands:
+            row["bands"] = {k: b.as_list() for k, b in bands[str(row["strategy"])].items()}
+    band = {"quantiles": list(BAND_QUANTILES), "fields": "[low, mid, high] per timed figure",
+            "notes": band_notes(args.gpu)} if bands else None
+    return json.dumps(_strict({"model": s.model, "gpu": s.gpu, "profile": used,
+                               "costs": used["label"], "tp": s.tp,
+                               "pool_tokens": s.pool_tokens, "requests": s.requests,
+                               "workload": s.workload, "slot_order": s.config.slot_order,
+                               "band": band, "results": results}), indent=1, allow_nan=False)
+
+
+def _report(args: argparse.Namespace, cmp: WorkloadComparison, bands: dict[str, Any],
+            used: dict[str, Any], out: Path, stem: str) -> int:
+    """Print the tables (and the bands'), write the figure: HTML, and PNG with ``--png``."""
+    from kvvmm.viz import save_figure
+    from kvvmm.viz.workload import format_workload, workload_figure
+
+    prof = get_profile(args.gpu)
+    print(profile_line(used))
+    print(format_workload(cmp, profile=prof))
+    fig = workload_figure(cmp, profile=prof)
+    if bands:
+        from kvvmm.viz.bands import add_decode_bands, format_workload_bands
+        from kvvmm.workload.bands import band_notes
+
+        print(format_workload_bands(bands, band_notes(args.gpu)))
+        add_decode_bands(fig, cmp, bands)
+    # text only: the placement stays; the costs line stays under the new title
+    fig.update_layout(title_text=f"kvvmm replay: {stem}<br>{fig.layout.title.text or ''}")
+    try:
+        print(f"wrote {show(save_figure(fig, out))}")
+        if args.png and out.suffix.lower() != ".png":
+            print(f"wrote {show(save_figure(fig, out.with_suffix('.png')))}")
+    except (KvvmmError, OSError) as e:
+        return _fail(f"{type(e).__name__}: {e}")
+    return 0
 
 
 def replay_command(args: argparse.Namespace) -> int:
@@ -370,86 +476,22 @@ def replay_command(args: argparse.Namespace) -> int:
         out = _output(args, f"{stem}-replay.html")
         used = profile_summary(args.gpu)
         load_model(args.model)
-        if args.seconds is not None and args.trace != "generated":  # the generator says its own
-            _check_seconds(args.seconds)
-        if args.trace == "generated":
-            wl = generate(seed=args.seed,
-                          duration_s=600.0 if args.seconds is None else args.seconds)
-        else:
-            if not Path(args.trace).is_file():
-                return _fail(f"trace {args.trace!r} is not a file (a .csv, a .jsonl, or "
-                             f"'generated')")
-            wl = load_workload(args.trace)
-            if args.seconds is not None:
-                wl = wl.first(args.seconds)
-        if not len(wl):
-            return _fail(f"trace {args.trace!r} has no requests")
-        # the replay's and its bands' options alike
-        opts = RunOptions(model=args.model, gpu=args.gpu, tp=args.tp,
-                          pool_tokens=args.pool_tokens,
-                          config=ServingConfig(slot_order=args.slot_order),
-                          pause_scale=1.0 if args.real_time else None)
-        bar, report = _progress_bar("replay")
-        try:
-            cmp = run_workload(wl, args.strategy or list(STRATEGIES), options=opts,
-                               driver=args.driver, progress=report)
-        finally:
-            if bar is not None:
-                bar.close()
+        wl = _read_workload(args)
+        opts = _options(args)  # the replay's and its bands' options alike
+        cmp = _replay(args, wl, opts)
+    except _Refused as e:
+        return _fail(str(e))
     except (KvvmmError, ValueError, OSError) as e:
         return _fail(f"{type(e).__name__}: {e}")
     except Exception as e:
         # Input this deep inside is still input: one line and exit 2, never a traceback
         # Named as what it is, so a bug still shows its class.
         return _fail(f"the input could not be replayed ({type(e).__name__}: {e})")
-    bands: dict[str, Any] = {}
-    if args.driver == "sim" and not args.no_bands:
-        from kvvmm.workload.bands import workload_bands
-
-        bar, report = _progress_bar("bands (p10, p90)")
-        try:
-            bands = workload_bands(wl, [r.strategy for r in cmp.results], gpu=args.gpu,
-                                   mid=cmp, options=opts, progress=report)
-        except Exception as e:  # the point figures stand; the bands say why they are missing
-            return _fail(f"the bands could not be run ({type(e).__name__}: {e})")
-        finally:
-            if bar is not None:
-                bar.close()
-    if args.json:
-        from kvvmm.workload.bands import BAND_QUANTILES, band_notes
-
-        s = cmp.setup
-        results: list[dict[str, Any]] = [dict(r) for r in cmp.summary()]
-        for row in results:
-            if row["strategy"] in bands:
-                row["bands"] = {k: b.as_list() for k, b in bands[str(row["strategy"])].items()}
-        print(json.dumps(_strict({"model": s.model, "gpu": s.gpu, "profile": used, "tp": s.tp,
-                                  "pool_tokens": s.pool_tokens, "requests": s.requests,
-                                  "workload": s.workload, "slot_order": s.config.slot_order,
-                                  "band": {"quantiles": list(BAND_QUANTILES),
-                                           "fields": "[low, mid, high] per timed figure",
-                                           "notes": band_notes(args.gpu)} if bands else None,
-                                  "results": results}), indent=1, allow_nan=False))
-        return 0
-    from kvvmm.viz import save_figure
-    from kvvmm.viz.workload import format_workload, workload_figure
-
-    text = format_workload(cmp)
-    print(_profile_line(used))
-    print(text)
-    if bands:
-        from kvvmm.viz.bands import add_decode_bands, format_workload_bands
-        from kvvmm.workload.bands import band_notes
-
-        print(format_workload_bands(bands, band_notes(args.gpu)))
-    fig = workload_figure(cmp)
-    if bands:
-        add_decode_bands(fig, cmp, bands)
-    fig.update_layout(title_text=f"kvvmm replay: {stem}")  # text only: the placement stays
     try:
-        print(f"wrote {show(save_figure(fig, out))}")
-        if args.png and out.suffix.lower() != ".png":
-            print(f"wrote {show(save_figure(fig, out.with_suffix('.png')))}")
-    except (KvvmmError, OSError) as e:
-        return _fail(f"{type(e).__name__}: {e}")
-    return 0
+        bands = _bands(args, wl, cmp, opts)
+    except Exception as e:  # the point figures stand; the bands say why they are missing
+        return _fail(f"the bands could not be run ({type(e).__name__}: {e})")
+    if args.json:
+        print(_json(args, cmp, bands, used))
+        return 0
+    return _report(args, cmp, bands, used, out, stem)

@@ -28,12 +28,15 @@ from kvvmm.hardware.profiles import (
     GPU_HELP,
     PROFILES,
     DeviceProfile,
+    Provenance,
     get_profile,
     load_profile,
     profile_data,
     profile_from_data,
     profile_label,
     profile_summary,
+    provenance,
+    provenance_label,
 )
 
 __all__ = [
@@ -51,6 +54,7 @@ __all__ = [
     "GrowthPoint",
     "Log2Curve",
     "PostReleaseSlowdown",
+    "Provenance",
     "RatioBand",
     "SimCosts",
     "default_cost_model",
@@ -63,5 +67,7 @@ __all__ = [
     "profile_from_data",
     "profile_label",
     "profile_summary",
+    "provenance",
+    "provenance_label",
     "sim_costs",
 ]

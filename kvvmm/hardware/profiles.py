@@ -21,6 +21,7 @@ import functools
 import hashlib
 import json
 import os
+import re
 import stat
 import threading
 from collections.abc import Mapping
@@ -41,12 +42,15 @@ __all__ = [
     "PROFILES",
     "VERSIONS",
     "DeviceProfile",
+    "Provenance",
     "get_profile",
     "load_profile",
     "profile_data",
     "profile_from_data",
     "profile_label",
     "profile_summary",
+    "provenance",
+    "provenance_label",
 ]
 
 #: Largest profile file read, in bytes (the biggest shipped one is ~40 KiB). A bigger file
@@ -303,9 +307,113 @@ GPU_HELP = ("device profile: a shipped key (h100, h200, b200, gb300, h200-calibr
             "(default: %(default)s)")
 
 
-def profile_summary(profile: str | os.PathLike[str] | DeviceProfile) -> dict[str, str]:
-    """Which profile a command used, for its output: key, card, date, and the file's
-    absolute path (``"shipped"`` for one that comes with kvvmm)."""
+#: The profile whose call costs a profile without its own borrows (what the simulator
+#: charges on it: :func:`kvvmm.hardware.overhead.sim_costs`, :mod:`kvvmm.hardware.cost`).
+COSTS_FROM = "h200"
+
+
+@dataclass(frozen=True, slots=True)
+class Provenance:
+    """Whose figures a profile predicts with: its call costs' and its capacity's.
+
+    A profile without measured call costs (``h100``, ``b200``, ``gb300`` as shipped)
+    borrows the H200's: the simulator charges the H200's calls on it, and every output
+    that predicts from it says so (:meth:`label`).
+    """
+
+    profile: str  #: the profile's key
+    costs: str  #: key of the profile whose call costs it uses (``profile`` when its own)
+    #: the card its call costs were measured on, as the data names it (``"NVIDIA H200"``);
+    #: "" when the data does not say
+    measured_on: str
+    costs_date: str  #: when the call costs were measured (ISO date), "" when not stated
+    capacity: str  #: key of the profile whose capacity and granularity it uses (its own)
+
+    @property
+    def borrowed(self) -> bool:
+        """True when the call costs are another profile's."""
+        return self.costs != self.profile
+
+    def label(self) -> str:
+        """``"costs: h200, measured on an H200; capacity: h100"``: the one string every
+        prediction, table, chart and JSON names its figures' card with."""
+        return f"costs: {self.costs}, {_measured(self.measured_on)}; capacity: {self.capacity}"
+
+    def as_dict(self) -> dict[str, str | bool]:
+        """For JSON: the fields, ``borrowed`` and the :meth:`label`."""
+        return {"costs": self.costs, "borrowed": self.borrowed,
+                "costs_measured_on": self.measured_on or "not stated",
+                "costs_date": self.costs_date or "not stated", "capacity": self.capacity,
+                "label": self.label()}
+
+
+# "on NVIDIA H200", "on an H200", "on a B200": where a section's source names its card
+_ON_CARD = re.compile(r"\bon (?:an? )?((?:NVIDIA )?[A-Z]{1,3}\d{2,4}\w*)")
+
+
+def _short_card(card: str) -> str:
+    """``"NVIDIA H100 80GB HBM3"`` -> ``"H100"``: the chip, as people name it."""
+    words = card.removeprefix("NVIDIA ").split()
+    return words[0] if words else card
+
+
+def _measured(card: str) -> str:
+    if not card:
+        return "measured on a card not stated"
+    short = _short_card(card)
+    # "an H200", "an M60", "a B200", "a GB300": the article goes by how the letter sounds
+    article = "an" if short[:1].upper() in "AEFHILMNORSX" else "a"
+    return f"measured on {article} {short}"
+
+
+def _own_costs(data: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """A profile's own ``call_costs``, or None when it borrows :data:`COSTS_FROM`'s: the
+    same test :func:`kvvmm.hardware.overhead.sim_costs` makes before charging a call."""
+    cc = data.get("call_costs")
+    if isinstance(cc, Mapping) and isinstance(cc.get("points"), Mapping):
+        return cc
+    return None
+
+
+def _costs_card(data: Mapping[str, Any], cc: Mapping[str, Any]) -> str:
+    """The card ``cc`` (a profile's call costs) was measured on: the calibration's record
+    of the card, else the card the section's source names, else ""."""
+    on = data.get("measured_on")
+    if isinstance(on, Mapping) and isinstance(on.get("card"), str) and on["card"]:
+        return str(on["card"])
+    found = _ON_CARD.search(str(cc.get("source", "")))
+    return found.group(1) if found else ""
+
+
+def provenance(profile: str | os.PathLike[str] | DeviceProfile) -> Provenance:
+    """Whose call costs and capacity ``profile`` predicts with (:class:`Provenance`).
+
+    Raises:
+        ArgumentError, ProfileError, OSError: as :func:`get_profile`.
+    """
     p = get_profile(profile)
-    return {"key": p.key, "card": p.name, "date": p.date[:10] if p.date else "unknown",
-            "path": p.path or "shipped"}
+    data = profile_data(p)
+    cc = _own_costs(data)
+    costs, lender = p.key, data
+    if cc is None:
+        costs, lender = COSTS_FROM, shipped_data()[COSTS_FROM]
+        cc = _own_costs(lender) or {}
+    date = str(lender.get("date", "")) if lender is not data else p.date
+    return Provenance(profile=p.key, costs=costs, measured_on=_costs_card(lender, cc),
+                      costs_date=date[:10], capacity=p.key)
+
+
+def provenance_label(profile: str | os.PathLike[str] | DeviceProfile) -> str:
+    """:meth:`Provenance.label` of ``profile``: ``"costs: h200, measured on an H200;
+    capacity: h100"``."""
+    return provenance(profile).label()
+
+
+def profile_summary(profile: str | os.PathLike[str] | DeviceProfile) -> dict[str, Any]:
+    """Which profile a command used, for its output: key, card, date, the file's absolute
+    path (``"shipped"`` for one that comes with kvvmm), and whose figures it predicts with
+    (:meth:`Provenance.as_dict`: ``costs``, ``borrowed``, ``costs_measured_on``,
+    ``costs_date``, ``capacity``, ``label``)."""
+    p = get_profile(profile)
+    return {"key": p.key, "card": p.name, "date": p.date[:10] if p.date else "not stated",
+            "path": p.path or "shipped", **provenance(p).as_dict()}

@@ -7,6 +7,8 @@ changes a driver.
 - :mod:`~kvvmm.viz.figures`: call timeline, handle sizes, bandwidth by handle size, growth;
 - :mod:`~kvvmm.viz.plans`: capacity plans as figures (tokens by TP, waste, handles);
 - :mod:`~kvvmm.viz.text`: the text reports notebooks print and nbval compares;
+- :mod:`~kvvmm.viz.workload`: replays' memory, stalls, first tokens and trade-offs, each
+  naming whose call costs its times are (:func:`costs_line`);
 - :mod:`~kvvmm.viz.export`: :func:`save_figure` to HTML, PNG, SVG or PDF.
 """
 
@@ -38,10 +40,13 @@ from kvvmm.viz.va_map import (
     va_map,
 )
 from kvvmm.viz.workload import (
+    costs_line,
+    first_token_figure,
     format_workload,
     held_over_used,
     stall_figure,
     tradeoff_figure,
+    tradeoff_figures,
     workload_figure,
     workload_memory_figure,
     workload_report,
@@ -55,9 +60,11 @@ __all__ = [
     "ExportError",
     "bandwidth_by_handle_size",
     "bandwidth_fit_figure",
+    "costs_line",
     "describe",
     "describe_descs",
     "describe_stats",
+    "first_token_figure",
     "format_bandwidth_fit",
     "format_growth",
     "format_plan",
@@ -72,6 +79,7 @@ __all__ = [
     "timeline",
     "tokens_by_tp",
     "tradeoff_figure",
+    "tradeoff_figures",
     "va_map",
     "waste_by_model",
     "workload_figure",

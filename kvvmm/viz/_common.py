@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvvmm.errors import ArgumentError
+from kvvmm.hardware import DeviceProfile, profile_label, provenance_label
 from kvvmm.snapshot import ArenaSnapshot, OwnerSnapshot
 from kvvmm.units import GiB, KiB, MiB
 
@@ -24,6 +25,13 @@ def _arena_of(snapshot: object) -> ArenaSnapshot:
         return snapshot
     raise ArgumentError("snapshot", type(snapshot).__name__,
                         "an ArenaSnapshot or OwnerSnapshot (from .snapshot())")
+
+
+def profile_words(profile: str | DeviceProfile) -> str:
+    """How a simulated figure names what it predicts from: the profile, and whose costs
+    and capacity (``"h100 (NVIDIA H100 80GB HBM3); costs: h200, measured on an H200;
+    capacity: h100"``: :func:`kvvmm.hardware.provenance_label`)."""
+    return f"{profile_label(profile)}; {provenance_label(profile)}"
 
 
 def _unit(nbytes: int) -> tuple[int, str]:

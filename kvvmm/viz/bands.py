@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import plotly.graph_objects as go
 
-from kvvmm.hardware import DeviceProfile, get_profile
+from kvvmm.hardware import DeviceProfile, get_profile, provenance
 from kvvmm.viz._common import _table
 
 if TYPE_CHECKING:
@@ -109,6 +109,8 @@ def add_decode_bands(fig: go.Figure, cmp: WorkloadComparison,
     for tr in fig.data:
         if getattr(tr, "mode", None) != "markers+text" or tr.name not in names:
             continue
+        if (tr.meta or {}).get("trade", "decode") != "decode":  # a first-token panel's point
+            continue
         b = bands.get(names[tr.name], {}).get("decode_driver_ms")
         if b is None or not tr.x:
             continue
@@ -122,21 +124,27 @@ def add_decode_bands(fig: go.Figure, cmp: WorkloadComparison,
 
 
 def profile_age_line(profile: str | DeviceProfile, today: datetime.date | None = None) -> str:
-    """How old a profile's figures are, and the one-minute refresh for a GPU user.
+    """How old the call costs a profile predicts with are, whose they are, and the
+    one-minute refresh for a GPU user.
 
-    ``"profile h200: measured 2026-12-01, 2 days ago; on a GPU, refresh it in about a
-    minute: kvvmm calibrate --quick --profile h200 --out h200-refreshed.json"``.
+    ``"profile h100: costs measured 2026-12-01, 2 days ago (costs: h200, measured on an
+    H200; capacity: h100); on a GPU, refresh it in about a minute: kvvmm calibrate --quick
+    --profile h100 --out h100-refreshed.json"`` (a profile with costs of its own:
+    ``"profile h200: measured 2026-12-01, ..."``).
     """
     p = get_profile(profile)
+    prov = provenance(p)
     name = p.path or p.key
     stem = os.path.splitext(os.path.basename(name))[0]
     fix = (f"on a GPU, refresh it in about a minute: kvvmm calibrate --quick --profile "
            f"{name} --out {stem}-refreshed.json")
+    what = "costs measured" if prov.borrowed else "measured"
+    whose = f"({prov.label()})"
     try:
-        when = datetime.date.fromisoformat(p.date[:10])
+        when = datetime.date.fromisoformat(prov.costs_date)
     except ValueError:
-        return f"profile {p.key}: measured on an unknown date; {fix}"
+        return f"profile {p.key}: {what} on an unknown date {whose}; {fix}"
     days = ((today or datetime.date.today()) - when).days
     age = "today" if days == 0 else f"{days} day{'s' if days != 1 else ''} ago" \
         if days > 0 else "in the future (a wrong clock?)"
-    return f"profile {p.key}: measured {when.isoformat()}, {age}; {fix}"
+    return f"profile {p.key}: {what} {when.isoformat()}, {age} {whose}; {fix}"

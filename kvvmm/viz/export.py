@@ -80,6 +80,17 @@ def save_figure(fig: go.Figure, path: str | os.PathLike[str], *, width: int | No
     if suffix not in _IMAGE:
         raise ArgumentError("path", str(path),
                             f"a file ending in one of {[*_HTML, *_IMAGE]}")
+    _write_image(fig, out, _IMAGE[suffix], _kaleido_browser(out), width or 1280,
+                 height or fig.layout.height or 600)
+    return out
+
+
+def _kaleido_browser(out: Path) -> str:
+    """The browser kaleido (>= 1.0) draws ``out`` with.
+
+    Raises:
+        ExportError: kaleido missing or older than 1.0, or no Chrome/Chromium found.
+    """
     try:
         import kaleido  # type: ignore[import-untyped]  # untyped, optional
     except ImportError as e:
@@ -96,6 +107,16 @@ def save_figure(fig: go.Figure, path: str | os.PathLike[str], *, width: int | No
             f"saving {out.name} needs Chrome or Chromium for kaleido: install it "
             "(apt-get install chromium) or set BROWSER_PATH to its executable; or save to "
             ".html instead")
+    return browser
+
+
+def _write_image(fig: go.Figure, out: Path, fmt: str, browser: str, width: int,
+                 height: int) -> None:
+    """``fig`` drawn by kaleido in ``browser`` as ``fmt`` at ``width`` x ``height`` px.
+
+    Raises:
+        ExportError: kaleido could not draw it (the browser did not start, ...).
+    """
     # kaleido (through choreographer) reads BROWSER_PATH when it starts a browser; set it
     # only when unset, and only for this call.
     had = "BROWSER_PATH" in os.environ
@@ -103,12 +124,10 @@ def save_figure(fig: go.Figure, path: str | os.PathLike[str], *, width: int | No
     try:
         import plotly.io as pio
 
-        h = height or fig.layout.height or 600
-        pio.write_image(fig, out, format=_IMAGE[suffix], width=width or 1280, height=h)
+        pio.write_image(fig, out, format=fmt, width=width, height=height)
     except (RuntimeError, OSError) as e:
         raise ExportError(f"kaleido could not draw {out.name} with {browser}: {e}; check "
                           "that the browser starts, or save to .html instead") from e
     finally:
         if not had:
             os.environ.pop("BROWSER_PATH", None)
-    return out

@@ -16,13 +16,13 @@ import plotly.graph_objects as go
 
 from kvvmm.checks import int_arg
 from kvvmm.driver.base import CALLS
-from kvvmm.errors import ArgumentError
-from kvvmm.hardware import H200_BANDWIDTH, BandwidthTable, DeviceProfile, profile_label
+from kvvmm.errors import ArgumentError, KvvmmError
+from kvvmm.hardware import H200_BANDWIDTH, BandwidthTable, DeviceProfile
 from kvvmm.hardware.bandwidth import BANDWIDTH_TARGET
 from kvvmm.record.trace import Trace
 from kvvmm.snapshot import ArenaSnapshot, OwnerSnapshot
 from kvvmm.units import fmt_bytes
-from kvvmm.viz._common import _arena_of, _count, _unit
+from kvvmm.viz._common import _arena_of, _count, _unit, profile_words
 
 if TYPE_CHECKING:
     from kvvmm.growth import GrowthResult
@@ -54,6 +54,35 @@ def timeline(trace: Trace, *, x: str = "time",
     if x not in ("time", "seq"):
         raise ArgumentError("x", x, "'time' or 'seq'")
     simulated = any(e.sim_us for e in trace.events)
+    xs, backed = _timeline_xy(trace, x, simulated)
+    peak = max(backed, default=0)
+    unit, unit_name = _unit(max(peak, 1))
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08,
+                        row_heights=[0.55, 0.45])
+    _backed_traces(fig, trace, xs, [b / unit for b in backed], unit_name)
+    cost_kind = "simulated µs" if simulated else "wall µs"
+    _call_traces(fig, trace, xs, simulated, cost_kind)
+    xtitle = f"cumulative {cost_kind}" if x == "time" else "event number"
+    fig.update_xaxes(title_text=xtitle, row=2, col=1)
+    fig.update_yaxes(title_text=f"backed ({unit_name})", row=1, col=1)
+    # Decades only: plotly's default log ticks (2, 5 between decades) crowd a short axis.
+    fig.update_yaxes(title_text=cost_kind, type="log", dtick=1, tickformat="~s", row=2, col=1)
+    n_calls = len(trace.driver_calls())
+    sub = f"<br><sub>{html.escape(_simulated_from(trace, profile))}</sub>" if simulated else ""
+    fig.update_layout(
+        title={"text": f"{_count(n_calls, 'driver call')}, peak {fmt_bytes(peak)} backed "
+                       f"({trace.meta.get('driver', '?')}, {trace.meta.get('device_name', '?')})"
+                       + sub,
+               "font": {"size": 14}},
+        height=520, autosize=True, margin={"l": 10, "r": 10, "t": 60, "b": 40},
+        plot_bgcolor="white",
+        meta={"kvvmm": "timeline", "unit_bytes": unit, "x": x, "simulated": simulated},
+    )
+    return fig
+
+
+def _timeline_xy(trace: Trace, x: str, simulated: bool) -> tuple[list[float], list[int]]:
+    """Each event's x (its cumulative cost, µs, or its number) and the bytes mapped after it."""
     clock = 0.0
     xs: list[float] = []
     backed: list[int] = []
@@ -66,11 +95,13 @@ def timeline(trace: Trace, *, x: str = "time",
             size = int(e.args.get("size", 0))
             mapped += size if e.op == "map" else -size
         backed.append(mapped)
-    peak = max(backed, default=0)
-    unit, unit_name = _unit(max(peak, 1))
-    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08,
-                        row_heights=[0.55, 0.45])
-    fig.add_trace(go.Scatter(name="backed", x=xs, y=[b / unit for b in backed],
+    return xs, backed
+
+
+def _backed_traces(fig: go.Figure, trace: Trace, xs: list[float], ys: list[float],
+                   unit_name: str) -> None:
+    """The top row: backed bytes as a step line, and the arena operations on it."""
+    fig.add_trace(go.Scatter(name="backed", x=xs, y=ys,
                              mode="lines", line={"shape": "hv", "color": "#2f9e44"},
                              hovertemplate=f"%{{y:.4g}} {unit_name}<extra>backed</extra>"),
                   row=1, col=1)
@@ -79,11 +110,15 @@ def timeline(trace: Trace, *, x: str = "time",
     notes = [(bisect_left(seqs, o.seq) - 1, o) for o in trace.ops]
     fig.add_trace(go.Scatter(
         name="arena ops", x=[xs[i] if i >= 0 else 0.0 for i, _ in notes],
-        y=[backed[i] / unit if i >= 0 else 0.0 for i, _ in notes],
+        y=[ys[i] if i >= 0 else 0.0 for i, _ in notes],
         mode="markers", marker={"symbol": "circle-open", "size": 8, "color": "#495057"},
         hovertext=[f"#{o.seq} arena {o.arena} {o.op} {_short_args(o.args)}" for _, o in notes],
         hovertemplate="%{hovertext}<extra></extra>"), row=1, col=1)
-    cost_kind = "simulated µs" if simulated else "wall µs"
+
+
+def _call_traces(fig: go.Figure, trace: Trace, xs: list[float], simulated: bool,
+                 cost_kind: str) -> None:
+    """The bottom row: each call's cost, one trace per call kind, failed calls as crosses."""
     for op in CALLS:
         evs = [(i, e) for i, e in enumerate(trace.events) if e.op == op and e.error is None]
         if not evs:
@@ -103,24 +138,6 @@ def timeline(trace: Trace, *, x: str = "time",
         hovertext=[f"#{e.seq} {e.op}({_short_args(e.args)}): {e.error}" for _, e in failed],
         hovertemplate="%{hovertext}<extra>failed</extra>", showlegend=bool(failed)),
         row=2, col=1)
-    xtitle = f"cumulative {cost_kind}" if x == "time" else "event number"
-    fig.update_xaxes(title_text=xtitle, row=2, col=1)
-    fig.update_yaxes(title_text=f"backed ({unit_name})", row=1, col=1)
-    # Decades only: plotly's default log ticks (2, 5 between decades) crowd a short axis.
-    fig.update_yaxes(title_text=cost_kind, type="log", dtick=1, tickformat="~s", row=2, col=1)
-    n_calls = len(trace.driver_calls())
-    sub = (f"<br><sub>simulated µs from profile {html.escape(profile_label(profile))}</sub>"
-           if simulated and profile is not None else "")
-    fig.update_layout(
-        title={"text": f"{_count(n_calls, 'driver call')}, peak {fmt_bytes(peak)} backed "
-                       f"({trace.meta.get('driver', '?')}, {trace.meta.get('device_name', '?')})"
-                       + sub,
-               "font": {"size": 14}},
-        height=520, autosize=True, margin={"l": 10, "r": 10, "t": 60, "b": 40},
-        plot_bgcolor="white",
-        meta={"kvvmm": "timeline", "unit_bytes": unit, "x": x, "simulated": simulated},
-    )
-    return fig
 
 
 def _short_args(args: Mapping[str, Any]) -> str:
@@ -198,33 +215,13 @@ def bandwidth_by_handle_size(table: BandwidthTable | None = None) -> go.Figure:
     """
     table = H200_BANDWIDTH if table is None else table
     ref = table.reference_tb_s("plain")
-    fig = go.Figure()
-    for inter, name, color in ((False, "VMM handles", "#2f9e44"),
-                               (True, "interleaved with other buffers", "#f08c00")):
-        ps = sorted((p for p in table.points if p.handle_bytes is not None
-                     and p.interleaved == inter), key=lambda p: p.handle_bytes or 0)
-        if not ps:
-            continue
-        fig.add_trace(go.Bar(
-            name=name, x=[fmt_bytes(p.handle_bytes or 0) for p in ps], y=[p.tb_s for p in ps],
-            marker={"color": color},
-            # Each bar says how it compares with cudaMalloc: with the axis from 0 the bars
-            # look alike, and the ratio is the figure's point.
-            text=[f"{p.tb_s / ref:.2f}×" if ref else f"{p.tb_s:.2f}" for p in ps],
-            textposition="inside", insidetextanchor="end", textfont={"color": "white"},
-            error_y={"type": "data", "symmetric": False,
-                     "array": [max(p.runs_tb_s) - p.tb_s for p in ps],
-                     "arrayminus": [p.tb_s - min(p.runs_tb_s) for p in ps]},
-            hovertext=[f"{p.label}: {p.tb_s:.3f} TB/s (runs {', '.join(map(str, p.runs_tb_s))})"
-                       for p in ps],
-            hovertemplate="%{hovertext}<extra></extra>",
-        ))
-    refs = [p for p in table.points if p.handle_bytes is None]
+    fig = go.Figure(_handle_bars(table, ref))
     order = sorted({fmt_bytes(p.handle_bytes) for p in table.points
                     if p.handle_bytes is not None},
                    key=lambda s: next(p.handle_bytes or 0 for p in table.points
                                       if p.handle_bytes is not None
                                       and fmt_bytes(p.handle_bytes) == s))
+    refs = [p for p in table.points if p.handle_bytes is None]
     for p, dash in zip(refs, ("dash", "dot", "dashdot", "longdash", "solid"), strict=False):
         fig.add_trace(go.Scatter(
             name=f"{p.label} {p.tb_s:.2f}", x=[order[0], order[-1]] if order else [0, 1],
@@ -248,6 +245,32 @@ def bandwidth_by_handle_size(table: BandwidthTable | None = None) -> go.Figure:
         meta={"kvvmm": "bandwidth_by_handle_size", "source": table.source},
     )
     return fig
+
+
+def _handle_bars(table: BandwidthTable, ref: float | None) -> list[go.Bar]:
+    """A bar per handle size, plain and interleaved series, error bars spanning the runs."""
+    bars = []
+    for inter, name, color in ((False, "VMM handles", "#2f9e44"),
+                               (True, "interleaved with other buffers", "#f08c00")):
+        ps = sorted((p for p in table.points if p.handle_bytes is not None
+                     and p.interleaved == inter), key=lambda p: p.handle_bytes or 0)
+        if not ps:
+            continue
+        bars.append(go.Bar(
+            name=name, x=[fmt_bytes(p.handle_bytes or 0) for p in ps], y=[p.tb_s for p in ps],
+            marker={"color": color},
+            # Each bar says how it compares with cudaMalloc: with the axis from 0 the bars
+            # look alike, and the ratio is the figure's point.
+            text=[f"{p.tb_s / ref:.2f}×" if ref else f"{p.tb_s:.2f}" for p in ps],
+            textposition="inside", insidetextanchor="end", textfont={"color": "white"},
+            error_y={"type": "data", "symmetric": False,
+                     "array": [max(p.runs_tb_s) - p.tb_s for p in ps],
+                     "arrayminus": [p.tb_s - min(p.runs_tb_s) for p in ps]},
+            hovertext=[f"{p.label}: {p.tb_s:.3f} TB/s (runs {', '.join(map(str, p.runs_tb_s))})"
+                       for p in ps],
+            hovertemplate="%{hovertext}<extra></extra>",
+        ))
+    return bars
 
 
 def bandwidth_fit_figure(table: BandwidthTable | None = None) -> go.Figure:
@@ -338,6 +361,23 @@ def growth_figure(results: Sequence[GrowthResult], *,
     peak = max((max([*r.backed_by_step, *r.needed_by_step], default=0) for r in results),
                default=0)
     unit, unit_name = _unit(max(peak, 1))
+    _growth_lines(fig, results, unit, unit_name)
+    _ratio_panel(fig, results)
+    fig.update_xaxes(title_text="tokens", row=1, col=1)
+    fig.update_yaxes(title_text=f"backed ({unit_name})", rangemode="tozero", row=1, col=1)
+    fig.update_layout(height=460, autosize=True, margin={"l": 10, "r": 10, "t": 60, "b": 40},
+                      legend={"orientation": "h", "yanchor": "top", "y": -0.32, "x": 0},
+                      plot_bgcolor="white", meta={"kvvmm": "growth", "unit_bytes": unit})
+    title = _growth_title(results, profile, predicted)
+    if title:
+        fig.update_layout(title={"text": title, "font": {"size": 13}},
+                          margin={"l": 10, "r": 10, "t": 90, "b": 40})
+    return fig
+
+
+def _growth_lines(fig: go.Figure, results: Sequence[GrowthResult], unit: int,
+                  unit_name: str) -> None:
+    """The left panel: what was needed, and each policy's backing, per step."""
     if results:
         r0 = results[0]
         fig.add_trace(go.Scatter(name="needed", x=list(r0.tokens),
@@ -350,7 +390,11 @@ def growth_figure(results: Sequence[GrowthResult], *,
                                  hovertemplate=f"%{{y:.4g}} {unit_name} at %{{x:,}} tokens"
                                                "<extra>%{fullData.name}</extra>"),
                       row=1, col=1)
-    ref = H200_BANDWIDTH.reference_tb_s("plain")
+
+
+def _ratio_panel(fig: go.Figure, results: Sequence[GrowthResult]) -> None:
+    """The right panel: each policy's predicted ratio to cudaMalloc with its band, against
+    cudaMalloc and the target line."""
     # Policy names are long ("Geometric(2, 256.0 MiB, min 8.0 MiB)"): one argument a line,
     # so the bars' labels stay horizontal and inside the figure at 1280 px.
     policies = [html.escape(r.policy).replace("(", "<br>(").replace(", ", ",<br>")
@@ -375,6 +419,7 @@ def growth_figure(results: Sequence[GrowthResult], *,
         hovertemplate="%{hovertext}<extra></extra>"), row=1, col=2)
     xs = policies or [""]
     ends = [xs[0], xs[-1]]
+    ref = H200_BANDWIDTH.reference_tb_s("plain")
     malloc = f"cudaMalloc ({ref:.2f} TB/s)" if ref is not None else "cudaMalloc"
     fig.add_trace(go.Scatter(name=malloc, x=ends, y=[1.0, 1.0], mode="lines",
                              line={"dash": "dash", "color": "#e8590c"}), row=1, col=2)
@@ -385,21 +430,23 @@ def growth_figure(results: Sequence[GrowthResult], *,
     lo = min([BANDWIDTH_TARGET, *(r.predicted_ratio.low for r in results)])
     hi = max([1.0, *(r.predicted_ratio.high for r in results)])
     pad = (hi - lo) * 0.12
-    fig.update_xaxes(title_text="tokens", row=1, col=1)
-    fig.update_yaxes(title_text=f"backed ({unit_name})", rangemode="tozero", row=1, col=1)
     fig.update_yaxes(title_text="× cudaMalloc (H200 runs, fitted)",
                      range=[lo - pad, hi + pad], row=1, col=2)
     # Room right of the last marker for its label (a category axis ends half a slot past it).
     fig.update_xaxes(tickangle=0, tickfont={"size": 10}, row=1, col=2,
                      range=[-0.5, max(1, len(results)) - 0.5 + 0.9])
-    fig.update_layout(height=460, autosize=True, margin={"l": 10, "r": 10, "t": 60, "b": 40},
-                      legend={"orientation": "h", "yanchor": "top", "y": -0.32, "x": 0},
-                      plot_bgcolor="white", meta={"kvvmm": "growth", "unit_bytes": unit})
-    title = _growth_title(results, profile, predicted)
-    if title:
-        fig.update_layout(title={"text": title, "font": {"size": 13}},
-                          margin={"l": 10, "r": 10, "t": 90, "b": 40})
-    return fig
+
+
+def _simulated_from(trace: Trace, profile: str | DeviceProfile | None) -> str:
+    """Whose costs a simulated timeline's µs are: ``profile``, else the one its trace
+    recorded (``meta["profile"]``, a key: a profile read from a file is named, not read)."""
+    key = profile if profile is not None else trace.meta.get("profile")
+    if key is None:
+        return "simulated µs; profile not recorded"
+    try:
+        return f"simulated µs from profile {profile_words(key)}"
+    except (KvvmmError, OSError):
+        return f"simulated µs from profile {key} (not shipped: pass it to name its costs)"
 
 
 def _growth_title(results: Sequence[GrowthResult], profile: str | DeviceProfile | None,
@@ -407,7 +454,7 @@ def _growth_title(results: Sequence[GrowthResult], profile: str | DeviceProfile 
     """Which profile the driver times are simulated with; measured next to predicted."""
     if profile is None:
         return ""
-    label = html.escape(profile_label(profile))
+    label = html.escape(profile_words(profile))
     if predicted is not None:
         pairs = ", ".join(f"{html.escape(r.policy)} {r.wall_s * 1e3:.1f} / {p.sim_us / 1e3:.1f}"
                           for r, p in zip(results, predicted, strict=True))

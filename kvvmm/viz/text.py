@@ -13,12 +13,12 @@ from typing import TYPE_CHECKING
 
 from kvvmm.driver.base import DriverStats
 from kvvmm.errors import ArgumentError
-from kvvmm.hardware import DeviceProfile, profile_label
+from kvvmm.hardware import DeviceProfile
 from kvvmm.hardware.bandwidth import BANDWIDTH_TARGET, BandwidthTable
 from kvvmm.layout import KvBufferDesc, Plan
 from kvvmm.snapshot import ArenaSnapshot, OwnerSnapshot
 from kvvmm.units import fmt_bytes, fmt_range
-from kvvmm.viz._common import Report, Table, _arena_of, _count, _table
+from kvvmm.viz._common import Report, Table, _arena_of, _count, _table, profile_words
 
 if TYPE_CHECKING:
     from kvvmm.growth import GrowthResult
@@ -89,11 +89,12 @@ def describe_stats(stats: DriverStats, *, profile: str | DeviceProfile | None = 
     Returns:
         ``"1 reservation (40.0 MiB), 4 handles, 4 mappings (8.0 MiB), physical 8.0 MiB"``
         or ``"clean: no reservation, handle, mapping or memory held"``, plus
-        ``" (sim profile h200 (NVIDIA H200, 2026-11-29))"`` with a profile.
+        ``" (sim profile h200 (NVIDIA H200, 2026-12-01); costs: h200, measured on an H200;
+        capacity: h200)"`` with a profile.
     """
     if not isinstance(stats, DriverStats):
         raise ArgumentError("stats", type(stats).__name__, "a DriverStats (driver.stats())")
-    tail = "" if profile is None else f" (sim profile {profile_label(profile)})"
+    tail = "" if profile is None else f" (sim profile {profile_words(profile)})"
     if stats.clean:
         return "clean: no reservation, handle, mapping or memory held" + tail
     return (f"{_count(stats.reservations, 'reservation')} ({fmt_bytes(stats.reserved_bytes)}), "
@@ -127,8 +128,17 @@ def format_plan(p: Plan) -> str:
     Returns:
         Lines of text: the inputs, the budget, one row per pool, one row per policy.
     """
+    out = [*_plan_head(p), "", *_pool_table(p), "",
+           f"handles while growing by {p.decode_step_tokens:,}-token decode steps, then finalize",
+           *_handles_table(p)]
+    out += [f"warning: {w}" for w in p.warnings]
+    return "\n".join(out)
+
+
+def _plan_head(p: Plan) -> list[str]:
+    """The plan's inputs, its budget term by term, and what it reserves and backs."""
     counted = "padding and granularity counted" if p.count_overhead else "token slots only"
-    out = [
+    return [
         f"{p.model} on {p.gpu_name} ({p.gpu}): {p.dtype}, page {p.page_size}, tp {p.tp}, "
         f"{p.layout}",
         f"granularity     {fmt_bytes(p.granularity_bytes)}",
@@ -141,55 +151,25 @@ def format_plan(p: Plan) -> str:
         f", granularity waste {fmt_bytes(p.granularity_waste_bytes)}"
         f", over budget {fmt_bytes(p.over_budget_bytes)})",
         *_over_budget_lines(p),
-        "",
     ]
-    pool_rows = [
-        [
-            q.name,
-            str(q.num_layers),
-            str(q.num_buffers),
-            fmt_bytes(q.bytes_per_token),
-            f"{q.tokens:,}",
-            fmt_bytes(q.budget_bytes),
-            fmt_bytes(q.final_backed_bytes),
-            fmt_bytes(q.granularity_waste_bytes),
-            fmt_bytes(q.va_reserve_bytes),
-        ]
-        for q in p.pools
-    ]
-    out += _table(
-        [
-            "pool",
-            "layers",
-            "buffers",
-            "per token",
-            "tokens",
-            "budget",
-            "backed",
-            "gran waste",
-            "VA",
-        ],
-        pool_rows,
-    )
-    out += [
-        "",
-        f"handles while growing by {p.decode_step_tokens:,}-token decode steps, then finalize",
-    ]
-    out += _table(
-        ["policy", "handles", "smallest", "largest", "backed"],
-        [
-            [
-                h.policy,
-                f"{h.handles:,}",
-                fmt_bytes(h.min_handle_bytes),
-                fmt_bytes(h.max_handle_bytes),
-                fmt_bytes(h.backed_bytes),
-            ]
-            for h in p.handles
-        ],
-    )
-    out += [f"warning: {w}" for w in p.warnings]
-    return "\n".join(out)
+
+
+def _pool_table(p: Plan) -> list[str]:
+    """One row per pool (full attention, sliding window)."""
+    rows = [[q.name, str(q.num_layers), str(q.num_buffers), fmt_bytes(q.bytes_per_token),
+             f"{q.tokens:,}", fmt_bytes(q.budget_bytes), fmt_bytes(q.final_backed_bytes),
+             fmt_bytes(q.granularity_waste_bytes), fmt_bytes(q.va_reserve_bytes)]
+            for q in p.pools]
+    return _table(["pool", "layers", "buffers", "per token", "tokens", "budget", "backed",
+                   "gran waste", "VA"], rows)
+
+
+def _handles_table(p: Plan) -> list[str]:
+    """One row per growth policy: the handles it makes and what it backs."""
+    return _table(["policy", "handles", "smallest", "largest", "backed"],
+                  [[h.policy, f"{h.handles:,}", fmt_bytes(h.min_handle_bytes),
+                    fmt_bytes(h.max_handle_bytes), fmt_bytes(h.backed_bytes)]
+                   for h in p.handles])
 
 
 def _over_budget_lines(p: Plan) -> list[str]:
@@ -312,7 +292,7 @@ def growth_report(results: Sequence[GrowthResult], *,
                if best is not None else "none of these")]
     if profile is not None and (predicted is not None or any(r.sim_us for r in results)):
         what = "predicted" if predicted is not None else "driver time"
-        tail.append(f"{what}: simulated with profile {profile_label(profile)}")
+        tail.append(f"{what}: simulated with profile {profile_words(profile)}")
     return Report(lead=lead, tables=(Table("", tuple(head), tuple(tuple(r) for r in rows)),
                                      ratios), tail=tuple(tail))
 

@@ -230,21 +230,11 @@ def va_map(
             values above.
     """
     arena = _arena_of(snapshot)
-    if view not in _VIEWS:
-        raise ArgumentError("view", view, f"one of {list(_VIEWS)}")
-    for name, value in (("max_rows", max_rows), ("bins", bins)):
-        int_arg(name, value, lo=1, limit="an int >= 1")
-    if align not in ("auto", "arena", "start"):
-        raise ArgumentError("align", align, "one of ['auto', 'arena', 'start']")
-    if heatmap is not None and view == "auto":
-        view = "heatmap" if heatmap else "bars"
+    view = _checked_view(view, heatmap, max_rows, bins, align)
     rows = _with_holes(_rows(snapshot), arena)
     if buffer is not None:
-        chosen = [r for r in rows if r.name == buffer]
-        if not chosen:
-            raise ArgumentError("buffer", buffer, f"one of {[r.name for r in rows][:8]}"
-                                + (" ..." if len(rows) > 8 else ""))
-        return _bars(snapshot, arena, chosen, [], title, mode="buffer", align="start")
+        return _bars(snapshot, arena, _buffer_row(rows, buffer), [], title, mode="buffer",
+                     align="start")
     rows, groups = _grouped(rows, group_by)
     if view == "auto":
         big = len(rows) > max_rows or len(arena.mappings) > HEATMAP_THRESHOLD
@@ -256,6 +246,30 @@ def va_map(
     if align == "auto":
         align = "arena" if len(rows) <= 4 else "start"
     return _bars(snapshot, arena, rows, groups, title, mode="bars", align=align)
+
+
+def _checked_view(view: str, heatmap: bool | None, max_rows: int, bins: int,
+                  align: str) -> str:
+    """:func:`va_map`'s options checked; the view asked for (``heatmap``, the older switch,
+    read into it)."""
+    if view not in _VIEWS:
+        raise ArgumentError("view", view, f"one of {list(_VIEWS)}")
+    for name, value in (("max_rows", max_rows), ("bins", bins)):
+        int_arg(name, value, lo=1, limit="an int >= 1")
+    if align not in ("auto", "arena", "start"):
+        raise ArgumentError("align", align, "one of ['auto', 'arena', 'start']")
+    if heatmap is not None and view == "auto":
+        return "heatmap" if heatmap else "bars"
+    return view
+
+
+def _buffer_row(rows: list[_Row], buffer: str) -> list[_Row]:
+    """The one row named ``buffer`` (the drill-down), or an error naming a few there are."""
+    chosen = [r for r in rows if r.name == buffer]
+    if not chosen:
+        raise ArgumentError("buffer", buffer, f"one of {[r.name for r in rows][:8]}"
+                            + (" ..." if len(rows) > 8 else ""))
+    return chosen
 
 
 def _default_title(arena: ArenaSnapshot, what: str | None = None) -> tuple[str, str]:
@@ -309,48 +323,45 @@ def _band_px(fig: go.Figure) -> int:
     return _ROW_PX * _legend_rows(names) + 4 if names else 0
 
 
-def _bars(snapshot: Snapshot, arena: ArenaSnapshot, rows: list[_Row], groups: list[_Group],
-          title: str | None, *, mode: str, align: str) -> go.Figure:
-    """One band per row, one bar per handle (the ``bars`` and ``buffer`` views)."""
-    base = arena.base
-    row_of = {r.name: i for i, r in enumerate(rows)}
-    origin = {r.name: (0 if align == "arena" else r.offset) for r in rows}
-    if align == "arena":
-        span = arena.reserved_bytes
-    else:
-        span = max((r.size_bytes for r in rows), default=arena.reserved_bytes)
-    unit, unit_name = _unit(span)
-    slack = arena.reserved_bytes - arena.cursor_bytes
-    names = [f"{html.escape(r.name)}  <b>{_pct(r.backed_bytes, r.size_bytes)}</b>"
-             for r in rows]
-    slack_row = len(rows)
-    show_slack = align == "arena" and mode == "bars" and (slack > 0 or not rows)
-    if show_slack:
-        names.append("slack")
-    n_rows = len(names)
+def _rng(base: int, start: int, end: int) -> str:
+    """An absolute ``[start, end)`` and its size, for a hover."""
+    return f"{fmt_range(base + start, base + end)}<br>{fmt_bytes(end - start)}"
 
-    def rng(start: int, end: int) -> str:
-        return f"{fmt_range(base + start, base + end)}<br>{fmt_bytes(end - start)}"
 
-    ms: Sequence[MappingInfo] = (arena.mappings if mode == "bars" and align == "arena"
-                                 else [m for m in arena.mappings if m.allocation in row_of])
-    esc = {r.name: html.escape(r.name) for r in rows}
+@dataclass(frozen=True, slots=True)
+class _BarFrame:
+    """Where the bars view draws: each row's band and x origin, the axis unit."""
+
+    base: int  #: the arena's base address
+    row_of: dict[str, int]  #: row name -> its band
+    origin: dict[str, int]  #: row name -> the offset its x is measured from
+    unit: int  #: bytes per x unit
+    n_rows: int  #: bands, slack's included
+
+
+def _backed_trace(f: _BarFrame, ms: Sequence[MappingInfo]) -> go.Bar:
+    """One bar per handle, alternate handles in two greens."""
+    esc = {name: html.escape(name) for name in f.row_of}
     dark, light = _COLORS["backed"]
     # Numeric colours on a two-step scale, and arrays rather than lists: plotly validates a
     # list of colour strings one regex at a time (docs/MEASUREMENTS.md §11).
-    traces: list[Any] = [go.Bar(
+    return go.Bar(
         name="backed", orientation="h", width=0.8,
-        y=_array([row_of[m.allocation] for m in ms]),
-        base=_array([(m.offset - origin[m.allocation]) / unit for m in ms]),
-        x=_array([m.size_bytes / unit for m in ms]),
+        y=_array([f.row_of[m.allocation] for m in ms]),
+        base=_array([(m.offset - f.origin[m.allocation]) / f.unit for m in ms]),
+        x=_array([m.size_bytes / f.unit for m in ms]),
         marker={"color": _array([m.handle_id % 2 for m in ms]), "cmin": 0, "cmax": 1,
                 "colorscale": [[0, dark], [1, light]], "line_width": 0},
         hovertext=_array([f"{esc[m.allocation]}: handle #{m.handle_id}<br>"
-                          f"{rng(m.offset, m.end)}" for m in ms], text=True),
+                          f"{_rng(f.base, m.offset, m.end)}" for m in ms], text=True),
         hovertemplate="%{hovertext}<extra>backed</extra>",
         showlegend=True,
-    )]
-    # Unbacked inside the span, then padding past it: each row's unbacked tail in two parts.
+    )
+
+
+def _unbacked_traces(f: _BarFrame, rows: list[_Row], arena: ArenaSnapshot,
+                     show_slack: bool) -> list[go.Bar]:
+    """Unbacked inside each row's span, padding past it, and the slack past the cursor."""
     unb: list[tuple[int, int, int, str]] = []
     pad: list[tuple[int, int, int, str]] = []
     for i, r in enumerate(rows):  # holes too: every unbacked piece, split at the span's end
@@ -363,27 +374,36 @@ def _bars(snapshot: Snapshot, arena: ArenaSnapshot, rows: list[_Row], groups: li
                 pad.append((i, max(lo, span_end), end, r.name))
     slack_pieces: list[tuple[int, int, int, str]] = []
     if show_slack:
-        slack_pieces = [(slack_row, arena.cursor_bytes if rows else 0, arena.reserved_bytes,
+        slack_pieces = [(len(rows), arena.cursor_bytes if rows else 0, arena.reserved_bytes,
                          "slack")]
-    for label, pieces in (("unbacked", unb), ("padding", pad), ("slack", slack_pieces)):
-        traces.append(go.Bar(
-            name=label, orientation="h", width=0.8 if label != "slack" else 0.5,
-            y=[p[0] for p in pieces],
-            base=[(p[1] - origin.get(p[3], 0)) / unit for p in pieces],
-            x=[(p[2] - p[1]) / unit for p in pieces],
-            marker={"color": _COLORS[label], "line_width": 0.5, "line_color": "#adb5bd"},
-            hovertext=[f"{html.escape(p[3])}: {label}<br>{rng(p[1], p[2])}" for p in pieces],
-            hovertemplate=f"%{{hovertext}}<extra>{label}</extra>",
-            showlegend=bool(pieces),
-        ))
+    return [go.Bar(
+        name=label, orientation="h", width=0.8 if label != "slack" else 0.5,
+        y=[p[0] for p in pieces],
+        base=[(p[1] - f.origin.get(p[3], 0)) / f.unit for p in pieces],
+        x=[(p[2] - p[1]) / f.unit for p in pieces],
+        marker={"color": _COLORS[label], "line_width": 0.5, "line_color": "#adb5bd"},
+        hovertext=[f"{html.escape(p[3])}: {label}<br>{_rng(f.base, p[1], p[2])}"
+                   for p in pieces],
+        hovertemplate=f"%{{hovertext}}<extra>{label}</extra>",
+        showlegend=bool(pieces),
+    ) for label, pieces in (("unbacked", unb), ("padding", pad), ("slack", slack_pieces))]
+
+
+def _cursor_trace(f: _BarFrame, arena: ArenaSnapshot, show: bool) -> go.Scatter:
+    """The cursor as a dashed line across every band (empty when not shown)."""
     c = arena.cursor_bytes
-    cursor_x = [c / unit, c / unit] if align == "arena" and mode == "bars" else []
-    traces.append(go.Scatter(
-        name="cursor", mode="lines", x=cursor_x, y=[-0.5, n_rows - 0.5] if cursor_x else [],
+    cursor_x = [c / f.unit, c / f.unit] if show else []
+    return go.Scatter(
+        name="cursor", mode="lines", x=cursor_x, y=[-0.5, f.n_rows - 0.5] if cursor_x else [],
         line={"color": _COLORS["cursor"], "width": 2, "dash": "dash"},
-        hovertext=[f"cursor at offset {fmt_bytes(c)} ({base + c:#x})"] * len(cursor_x),
+        hovertext=[f"cursor at offset {fmt_bytes(c)} ({f.base + c:#x})"] * len(cursor_x),
         hovertemplate="%{hovertext}<extra>cursor</extra>", showlegend=bool(cursor_x),
-    ))
+    )
+
+
+def _mark_traces(f: _BarFrame, rows: list[_Row]) -> list[go.Scatter]:
+    """Each row's slot-0 page, prefix and final spans, as marks at their ends."""
+    traces = []
     for label, attr, symbol in (("slot-0 page", "page0_bytes", "triangle-down"),
                                 ("prefix", "prefix_bytes", "line-ns-open"),
                                 ("final", "final_bytes", "diamond")):
@@ -391,26 +411,56 @@ def _bars(snapshot: Snapshot, arena: ArenaSnapshot, rows: list[_Row], groups: li
                  if getattr(r, attr) is not None]
         traces.append(go.Scatter(
             name=label, mode="markers", y=[m[0] for m in marks],
-            x=[(m[1] - origin[rows[m[0]].name] + m[2]) / unit for m in marks],
-            marker={"symbol": symbol, "size": 11 if n_rows <= 16 else 7,
+            x=[(m[1] - f.origin[rows[m[0]].name] + m[2]) / f.unit for m in marks],
+            marker={"symbol": symbol, "size": 11 if f.n_rows <= 16 else 7,
                     "color": _COLORS[label], "line": {"width": 2, "color": _COLORS[label]}},
-            hovertext=[f"{esc[rows[m[0]].name]}: {label} span<br>{rng(m[1], m[1] + m[2])}"
-                       for m in marks],
+            hovertext=[f"{html.escape(rows[m[0]].name)}: {label} span<br>"
+                       f"{_rng(f.base, m[1], m[1] + m[2])}" for m in marks],
             cliponaxis=False,  # a mark at either end of the axis is drawn whole
             hovertemplate=f"%{{hovertext}}<extra>{label}</extra>",
             showlegend=bool(marks),
         ))
-    fig = go.Figure(data=traces)
+    return traces
+
+
+def _bars_title(title: str | None, mode: str, rows: list[_Row], arena: ArenaSnapshot,
+                handles: int) -> tuple[str, str]:
+    """The given title, the drilled-down buffer's, or the arena's."""
     if title is not None:
-        text = (html.escape(title), "")
-    elif mode == "buffer":
-        r = rows[0]
-        text = (f"{html.escape(r.name)} in {html.escape(arena.name)}: "
-                f"{fmt_bytes(r.backed_bytes)} backed of {fmt_bytes(r.size_bytes)} "
-                f"({_pct(r.backed_bytes, r.size_bytes)}) in {_count(len(ms), 'handle')}",
-                f"{fmt_range(base + r.offset, base + r.offset + r.size_bytes)}")
+        return (html.escape(title), "")
+    if mode != "buffer":
+        return _default_title(arena)
+    r, base = rows[0], arena.base
+    return (f"{html.escape(r.name)} in {html.escape(arena.name)}: "
+            f"{fmt_bytes(r.backed_bytes)} backed of {fmt_bytes(r.size_bytes)} "
+            f"({_pct(r.backed_bytes, r.size_bytes)}) in {_count(handles, 'handle')}",
+            f"{fmt_range(base + r.offset, base + r.offset + r.size_bytes)}")
+
+
+def _bars(snapshot: Snapshot, arena: ArenaSnapshot, rows: list[_Row], groups: list[_Group],
+          title: str | None, *, mode: str, align: str) -> go.Figure:
+    """One band per row, one bar per handle (the ``bars`` and ``buffer`` views)."""
+    base = arena.base
+    row_of = {r.name: i for i, r in enumerate(rows)}
+    if align == "arena":
+        span = arena.reserved_bytes
     else:
-        text = _default_title(arena)
+        span = max((r.size_bytes for r in rows), default=arena.reserved_bytes)
+    unit, unit_name = _unit(span)
+    slack = arena.reserved_bytes - arena.cursor_bytes
+    names = [f"{html.escape(r.name)}  <b>{_pct(r.backed_bytes, r.size_bytes)}</b>"
+             for r in rows]
+    show_slack = align == "arena" and mode == "bars" and (slack > 0 or not rows)
+    if show_slack:
+        names.append("slack")
+    n_rows = len(names)
+    f = _BarFrame(base, row_of, {r.name: (0 if align == "arena" else r.offset) for r in rows},
+                  unit, n_rows)
+    ms: Sequence[MappingInfo] = (arena.mappings if mode == "bars" and align == "arena"
+                                 else [m for m in arena.mappings if m.allocation in row_of])
+    fig = go.Figure(data=[_backed_trace(f, ms), *_unbacked_traces(f, rows, arena, show_slack),
+                          _cursor_trace(f, arena, align == "arena" and mode == "bars"),
+                          *_mark_traces(f, rows)])
     x_title = (f"offset from arena base ({unit_name}); base {base:#x}" if align == "arena"
                else f"offset inside each {'buffer' if mode == 'bars' else 'allocation'} "
                     f"({unit_name})")
@@ -420,7 +470,8 @@ def _bars(snapshot: Snapshot, arena: ArenaSnapshot, rows: list[_Row], groups: li
                "line": {"color": "#868e96", "width": 1}} for g in groups[1:]
               if any(len(h.rows) > 1 for h in groups)][:64]
     per_row = 34 if n_rows <= 4 else 26 if n_rows <= 16 else 18
-    _layout(fig, text, max(90, min(1250, per_row * n_rows + 28)),
+    _layout(fig, _bars_title(title, mode, rows, arena, len(ms)),
+            max(90, min(1250, per_row * n_rows + 28)),
             {"kvvmm": "va_map", "mode": mode, "align": align, "unit_bytes": unit,
              "base": base, "rows": [r.name for r in rows]}, band_px=_band_px(fig))
     fig.update_layout(
@@ -461,40 +512,30 @@ def _heat_row(r: _Row, c0s: Sequence[int], width: int) -> list[float | None]:
     return line + [None] * (ncols - used)
 
 
-def _heatmap(snapshot: Snapshot, arena: ArenaSnapshot, rows: list[_Row],
-             groups: list[_Group], title: str | None, bins: int) -> go.Figure:
-    """Backed fraction per (row, column), rows from their own start; groups summarised."""
-    from plotly.subplots import make_subplots
+def _heat_text(rows: list[_Row], c0s: Sequence[int], width: int, base: int) -> Any:
+    """Per-cell hover (absolute ranges) while it stays cheap to build and send; else None."""
+    if len(rows) * len(c0s) > 50_000:
+        return None
 
-    base = arena.base
-    span = max((r.size_bytes for r in rows), default=arena.reserved_bytes)
-    unit, unit_name = _unit(span)
-    width = max(1, -(-span // bins))
-    ncols = -(-span // width)
-    c0s = [c * width for c in range(ncols)]
-    z = [_heat_row(r, c0s, width) for r in rows]
-    n = len(rows)
-    cells = n * ncols
-    # Per-cell hover (absolute ranges) while it stays cheap to build and send.
-    text: Any = None
-    if cells <= 50_000:
-        def cell(r: _Row, c0: int) -> str:
-            if c0 >= r.size_bytes:
-                return ""
-            c1 = min(c0 + width, r.size_bytes)
-            return (f"{html.escape(r.name)} {_pct(r.backed_bytes, r.size_bytes)} backed<br>"
-                    f"{fmt_range(base + r.offset + c0, base + r.offset + c1)}<br>"
-                    f"{fmt_bytes(c1 - c0)}")
+    def cell(r: _Row, c0: int) -> str:
+        if c0 >= r.size_bytes:
+            return ""
+        c1 = min(c0 + width, r.size_bytes)
+        return (f"{html.escape(r.name)} {_pct(r.backed_bytes, r.size_bytes)} backed<br>"
+                f"{fmt_range(base + r.offset + c0, base + r.offset + c1)}<br>"
+                f"{fmt_bytes(c1 - c0)}")
 
-        text = _array([[cell(r, c0) for c0 in c0s] for r in rows], text=True)
-    y = list(range(n))
-    # A gap between the panels wide enough for the last x tick of the map and the first of
-    # the summary ("700" and "0" read "7000" at 2%).
-    fig = make_subplots(rows=1, cols=2, column_widths=[0.76, 0.24], horizontal_spacing=0.055,
-                        shared_yaxes=False)
-    fig.add_trace(go.Heatmap(
-        name="backed", z=_array(z, floats=True), x=_array([(c + width / 2) / unit for c in c0s]),
-        y=y, zmin=0, zmax=1, text=text,
+    return _array([[cell(r, c0) for c0 in c0s] for r in rows], text=True)
+
+
+def _heat_trace(rows: list[_Row], c0s: Sequence[int], width: int, unit: int, unit_name: str,
+                base: int) -> go.Heatmap:
+    """The map: each row's backed fraction per column, from its own start."""
+    text = _heat_text(rows, c0s, width, base)
+    return go.Heatmap(
+        name="backed", z=_array([_heat_row(r, c0s, width) for r in rows], floats=True),
+        x=_array([(c + width / 2) / unit for c in c0s]),
+        y=list(range(len(rows))), zmin=0, zmax=1, text=text,
         colorscale=[[0, _COLORS["unbacked"]], [1, _COLORS["backed"][0]]],
         # Horizontal, in the band under the plot (right of the legend): never over the title.
         colorbar={"orientation": "h", "lenmode": "pixels", "len": 200, "thickness": 10,
@@ -506,11 +547,15 @@ def _heatmap(snapshot: Snapshot, arena: ArenaSnapshot, rows: list[_Row],
         hovertemplate=("%{text}<br>cell backed %{z:.0%}<extra></extra>" if text is not None
                        else f"row %{{y}}<br>offset %{{x:.4g}} {unit_name}<br>"
                             "cell backed %{z:.0%}<extra></extra>"),
-        xgap=0, ygap=1 if n <= 200 else 0, showscale=True,
-    ), row=1, col=1)
-    # The categories of VA_MAP_TRACES the heatmap has no place for stay as empty traces, so
-    # every view keeps the same leading trace names.
-    # The prefix and final marks still fit: one small tick per row.
+        xgap=0, ygap=1 if len(rows) <= 200 else 0, showscale=True,
+    )
+
+
+def _heat_marks(fig: go.Figure, rows: list[_Row], unit: int, base: int) -> None:
+    """The rest of :data:`VA_MAP_TRACES`: the prefix and final marks (one small tick per
+    row), and empty traces for the categories the heatmap has no place for, so every view
+    keeps the same leading trace names."""
+    n = len(rows)
     for label in VA_MAP_TRACES[1:]:
         attr = {"prefix": "prefix_bytes", "final": "final_bytes"}.get(label)
         marks = [(i, getattr(r, attr)) for i, r in enumerate(rows)
@@ -528,20 +573,19 @@ def _heatmap(snapshot: Snapshot, arena: ArenaSnapshot, rows: list[_Row],
             hovertemplate=f"%{{hovertext}}<extra>{label}</extra>", showlegend=bool(marks),
             cliponaxis=False,
         ), row=1, col=1)
-    # One label per group, thinned so labels stay >= ~14 px apart.
-    plot_px = max(238, min(978, 4 * n + 48)) if n > 60 else max(238, 9 * n + 48)
-    stride = max(1, -(-14 * len(groups) // max(plot_px, 1)))
-    shown = groups[::stride]
-    tickvals = [(g.rows[0] + g.rows[-1]) / 2 for g in shown]
 
-    def group_pct(g: _Group) -> str:
-        return _pct(sum(rows[i].backed_bytes for i in g.rows),
-                    sum(rows[i].size_bytes for i in g.rows))
 
-    ticktext = [f"{g.label(rows)}  <b>{group_pct(g)}</b>" for g in shown]
-    # Summary: each group's reserved and backed bytes, and slack beyond the cursor.
-    gu, gname = _unit(max((sum(rows[i].size_bytes for i in g.rows) for g in groups),
-                          default=1))
+@dataclass(frozen=True, slots=True)
+class _Summary:
+    """The heatmap's right panel: each group's reserved and backed bytes, and the slack."""
+
+    labels: list[str]
+    reserved: list[int]
+    backed: list[int]
+    slack: int  #: reserved past the cursor (its bar is the last; none when 0)
+
+
+def _summary(rows: list[_Row], groups: list[_Group], arena: ArenaSnapshot) -> _Summary:
     labels = [f"{html.escape(g.name)} ({len(g.rows)})" for g in groups]
     reserved = [sum(rows[i].size_bytes for i in g.rows) for g in groups]
     backed = [sum(rows[i].backed_bytes for i in g.rows) for g in groups]
@@ -550,10 +594,12 @@ def _heatmap(snapshot: Snapshot, arena: ArenaSnapshot, rows: list[_Row],
         labels.append("slack")
         reserved.append(slack)
         backed.append(0)
-    # Each bar's backed fraction as its text, inside its end when the bar is long enough
-    # (white on green), else just past it: never over the group labels, which sit in a right
-    # margin of their own. Only while every bar is tall enough for a line of text.
-    with_text = plot_px >= 16 * len(labels)
+    return _Summary(labels, reserved, backed, slack)
+
+
+def _summary_traces(fig: go.Figure, sm: _Summary, gu: int, with_text: bool) -> None:
+    """The summary's bars: reserved behind, backed over it with its fraction as text."""
+    labels, reserved, backed = sm.labels, sm.reserved, sm.backed
     fig.add_trace(go.Bar(
         name="group reserved", orientation="h", y=labels, x=[v / gu for v in reserved],
         marker={"color": _COLORS["unbacked"], "line_width": 0.5, "line_color": "#adb5bd"},
@@ -561,6 +607,9 @@ def _heatmap(snapshot: Snapshot, arena: ArenaSnapshot, rows: list[_Row],
                                                                           strict=True)],
         hovertemplate="%{hovertext}<extra></extra>", showlegend=False, width=0.7,
     ), row=1, col=2)
+    # Each bar's backed fraction as its text, inside its end when the bar is long enough
+    # (white on green), else just past it: never over the group labels, which sit in a right
+    # margin of their own. Only while every bar is tall enough for a line of text.
     long = [b >= 0.45 * max(reserved) for b in backed]
     fig.add_trace(go.Bar(
         name="group backed", orientation="h", y=labels, x=[v / gu for v in backed],
@@ -574,9 +623,49 @@ def _heatmap(snapshot: Snapshot, arena: ArenaSnapshot, rows: list[_Row],
                    for lb, b, r in zip(labels, backed, reserved, strict=True)],
         hovertemplate="%{hovertext}<extra></extra>", showlegend=False,
     ), row=1, col=2)
+
+
+def _group_ticks(rows: list[_Row], groups: list[_Group], plot_px: int
+                 ) -> tuple[int, list[float], list[str]]:
+    """One label per group on the map, thinned so labels stay >= ~14 px apart: the stride,
+    the tick positions and texts (each group's name and backed fraction)."""
+    stride = max(1, -(-14 * len(groups) // max(plot_px, 1)))
+    shown = groups[::stride]
+
+    def group_pct(g: _Group) -> str:
+        return _pct(sum(rows[i].backed_bytes for i in g.rows),
+                    sum(rows[i].size_bytes for i in g.rows))
+
+    return (stride, [(g.rows[0] + g.rows[-1]) / 2 for g in shown],
+            [f"{g.label(rows)}  <b>{group_pct(g)}</b>" for g in shown])
+
+
+def _heatmap(snapshot: Snapshot, arena: ArenaSnapshot, rows: list[_Row],
+             groups: list[_Group], title: str | None, bins: int) -> go.Figure:
+    """Backed fraction per (row, column), rows from their own start; groups summarised."""
+    from plotly.subplots import make_subplots
+
+    base = arena.base
+    span = max((r.size_bytes for r in rows), default=arena.reserved_bytes)
+    unit, unit_name = _unit(span)
+    width = max(1, -(-span // bins))
+    c0s = [c * width for c in range(-(-span // width))]
+    n = len(rows)
+    # A gap between the panels wide enough for the last x tick of the map and the first of
+    # the summary ("700" and "0" read "7000" at 2%).
+    fig = make_subplots(rows=1, cols=2, column_widths=[0.76, 0.24], horizontal_spacing=0.055,
+                        shared_yaxes=False)
+    fig.add_trace(_heat_trace(rows, c0s, width, unit, unit_name, base), row=1, col=1)
+    _heat_marks(fig, rows, unit, base)
+    plot_px = max(238, min(978, 4 * n + 48)) if n > 60 else max(238, 9 * n + 48)
+    stride, tickvals, ticktext = _group_ticks(rows, groups, plot_px)
+    gu, gname = _unit(max((sum(rows[i].size_bytes for i in g.rows) for g in groups),
+                          default=1))
+    sm = _summary(rows, groups, arena)
+    _summary_traces(fig, sm, gu, with_text=plot_px >= 16 * len(sm.labels))
     # The summary's labels: the same groups as the map's (thinned alike), and slack.
-    right_ticks = [labels[i] for i in range(0, len(groups), stride)]
-    if slack > 0:
+    right_ticks = [sm.labels[i] for i in range(0, len(groups), stride)]
+    if sm.slack > 0:
         right_ticks.append("slack")
     right_px = 18 + int(max((_text_px(t, 12) for t in right_ticks), default=0))
     shapes = [{"type": "line", "xref": "x domain", "x0": 0, "x1": 1, "yref": "y",
@@ -597,11 +686,11 @@ def _heatmap(snapshot: Snapshot, arena: ArenaSnapshot, rows: list[_Row],
                      range=[0, span / unit], automargin=True, row=1, col=1)
     fig.update_yaxes(tickvals=tickvals, ticktext=ticktext, range=[n - 0.5, -0.5],
                      showgrid=False, automargin=True, ticklabelstandoff=6, row=1, col=1)
-    top = max(reserved, default=1) / gu
     fig.update_xaxes(title_text=f"backed of reserved ({gname})", row=1, col=2, showgrid=True,
-                     gridcolor="#f1f3f5", range=[0, 1.08 * top], automargin=True)
+                     gridcolor="#f1f3f5", range=[0, 1.08 * max(sm.reserved, default=1) / gu],
+                     automargin=True)
     fig.update_yaxes(autorange="reversed", side="right", automargin=True, row=1, col=2,
                      showticklabels=True, tickmode="array", tickvals=right_ticks,
                      ticktext=right_ticks, type="category", categoryorder="array",
-                     categoryarray=labels, tickfont={"size": 12})
+                     categoryarray=sm.labels, tickfont={"size": 12})
     return fig

@@ -137,7 +137,8 @@ def test_plan_prints_the_plan_as_a_table(capsys: pytest.CaptureFixture[str]) -> 
     first, rest = out.split("\n", 1)
     from kvvmm.hardware import profile_summary
     date = profile_summary("h200")["date"]
-    assert first == f"profile: h200 (NVIDIA H200, measured {date}; shipped)"
+    assert first == (f"profile: h200 (NVIDIA H200, {date}; shipped); costs: h200, measured on "
+                     "an H200; capacity: h200")
     assert rest == expected + "\n"
     assert "tokens" in out and "Chunked(64.0 MiB)" in out
 
@@ -416,5 +417,6 @@ def test_gpu_help_says_a_profile_file_is_taken_and_the_output_names_the_file_use
     if command == "replay":
         assert json.loads(out)["profile"] == used
     else:
-        assert out.splitlines()[0] == (f"profile: h200 (NVIDIA H200, measured "
-                                       f"{used['date']}; {prof.resolve()})")
+        assert out.splitlines()[0] == (f"profile: h200 (NVIDIA H200, {used['date']}; "
+                                       f"{prof.resolve()}); costs: h200, measured on an H200; "
+                                       "capacity: h200")

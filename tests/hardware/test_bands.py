@@ -298,8 +298,10 @@ def test_the_workload_lab_draws_the_decode_band_as_error_bars() -> None:
     lab = WorkloadLab(seconds=8.0, strategies=("prefix", "page-elastic"))
     assert lab.run(), lab.error_text
     assert set(lab.bands) == {"prefix", "page-elastic"}
-    bars = {t.name: t.error_x for t in lab.figure.data
-            if getattr(t, "mode", None) == "markers+text"}
+    points = [t for t in lab.figure.data if getattr(t, "mode", None) == "markers+text"]
+    bars = {t.name: t.error_x for t in points if t.meta["trade"] == "decode"}
+    # the first-token panel's points carry no decode band
+    assert all(t.error_x.array is None for t in points if t.meta["trade"] != "decode")
     for name, figs in lab.bands.items():
         b = figs["decode_driver_ms"]
         assert bars[name].array[0] == pytest.approx(b.high - b.mid)
@@ -314,4 +316,10 @@ def test_the_profile_age_line_says_how_old_and_names_the_quick_refresh() -> None
     line = profile_age_line("h200", today=datetime.date(2026, 12, 3))
     assert "measured 2026-12-01, 2 days ago" in line
     assert "kvvmm calibrate --quick --profile h200" in line
-    assert "unknown date" in profile_age_line(DeviceProfile("x", "X", 1 << 30, 2 * MiB, "s"))
+    # a profile with no costs of its own is as old as the costs it borrows (issue 48)
+    borrowed = profile_age_line(DeviceProfile("x", "X", 1 << 30, 2 * MiB, "s"),
+                                today=datetime.date(2026, 12, 3))
+    assert "costs measured 2026-12-01, 2 days ago (costs: h200, measured on an H200; " \
+           "capacity: x)" in borrowed
+    undated = {k: v for k, v in profile_data("h200").items() if k != "date"}
+    assert "unknown date" in profile_age_line(profile_from_data(undated))

@@ -197,7 +197,7 @@ def test_a_report_prints_as_text_and_shows_as_html_in_a_notebook() -> None:
 
     rep = workload_report(cmp)
     assert isinstance(rep, Report) and str(rep) == format_workload(cmp) == rep.text()
-    assert rep._repr_html_().count("<table") == len(rep.tables) == 3
+    assert rep._repr_html_().count("<table") == len(rep.tables) == 4  # + what requests waited
     assert all(len(line) <= TERMINAL_COLUMNS for line in rep.text().splitlines())
 
 
@@ -208,8 +208,8 @@ def test_a_report_with_a_range_strategy_adds_its_allocators_table_with_one_row_e
                        ["prefix", "request-ranges", "request-ranges+deferred"],
                        model="llama-3.1-8b", tp=1, pause_scale=1.0)
     rep = workload_report(cmp)
-    assert len(rep.tables) == 4
-    ranges = rep.tables[3]
+    assert len(rep.tables) == 5
+    ranges = rep.tables[4]
     assert [row[0] for row in ranges.rows] == ["request-ranges", "request-ranges+deferred"]
     for row, r in zip(ranges.rows, cmp.results[1:], strict=True):
         assert row[1] == f"{r.ranges['deferred_admits']:,} of {r.ranges['admits']:,}"
