@@ -447,7 +447,7 @@ def score(profile: str, results: Sequence[str], wl: Workload | None = None,
     """
     from kvvmm.hardware import profile_data
     from kvvmm.hardware.spread import level_of
-    from kvvmm.measure.spread import quantiles
+    from kvvmm.measure.stats import quantiles
 
     wl = wl or Workload()
     prof = get_profile(profile)

@@ -59,7 +59,8 @@ from kvvmm.hardware import get_profile, profile_label
 from kvvmm.hardware.spread import LEVEL_GROUPS
 from kvvmm.measure import fidelity as bf
 from kvvmm.measure.results import results_dir
-from kvvmm.measure.spread import level_group, level_section, quantiles, session_levels
+from kvvmm.measure.spread import level_group, level_section, session_levels
+from kvvmm.measure.stats import quantiles
 
 #: Every committed H200 fidelity run with measured medians per scenario (bench/results/README.md).
 #: ``bench/results/h200-fidelity.json`` is the same file as ``fidelity-runs/1222-fidelity.json``.

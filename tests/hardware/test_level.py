@@ -37,7 +37,8 @@ from kvvmm.hardware.spread import (
     level_notes,
     level_of,
 )
-from kvvmm.measure.spread import level_group, level_section, quantiles, session_levels
+from kvvmm.measure.spread import level_group, level_section, session_levels
+from kvvmm.measure.stats import quantiles
 from kvvmm.policy import Chunked, Exact
 from kvvmm.units import MiB
 from kvvmm.workload.bands import Band, band_notes, growth_bands, workload_bands
