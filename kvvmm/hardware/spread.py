@@ -27,10 +27,11 @@ The card also moves as a whole between sessions (another machine, another day), 
 the calibrations kept show: the **session level**. ``spread.level`` holds, per scenario group
 (:data:`LEVEL_GROUPS`: construction, growth, finalize, close, page commits, the workload's
 startup and decode), the quantiles over sessions of each session's factor *measured / the
-sim's point* (fitted by :mod:`kvvmm.measure.spread`), and the sessions' factors
-themselves. It is not a cost figure: the sim never charges it; a band is composed with it
-afterwards (:func:`compose_level`). A profile without the section has no level: its bands
-are the per-call ones, exactly as before.
+sim's point* (fitted from the GPU runs of 2026-12-01 to 12-04 and kept as shipped since that
+scoring was retired: docs/FIDELITY.md), and the sessions' factors themselves. It is not a
+cost figure: the sim never charges it; a band is composed with it afterwards
+(:func:`compose_level`). A profile without the section has no level: its bands are the
+per-call ones, exactly as before.
 """
 
 from __future__ import annotations
