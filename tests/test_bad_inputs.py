@@ -45,7 +45,7 @@ from kvvmm.driver import Driver
 from kvvmm.dtypes import dtype_itemsize
 from kvvmm.growth import decode_growth
 from kvvmm.layout import hybrid_swa_descs, load_model, model_descs
-from kvvmm.measure.spread import quantiles
+from kvvmm.measure.stats import quantiles
 from kvvmm.policy import parse_policy
 from kvvmm.units import GiB, MiB, align_down, align_up
 

@@ -5,7 +5,7 @@
 # kv_vmm_backing.py as kv_vmm_backing_seed.py), .data (Azure's conversation trace CSV).
 #
 #   bash bench/device/h200_session.sh tests   # tests/gpu + the CUDA contract rows, then kvvmm bench
-#   bash bench/device/h200_session.sh rest    # calibrate, fidelity, workload replay, distributed
+#   bash bench/device/h200_session.sh rest    # calibrate, workload replay, distributed
 #   bash bench/device/h200_session.sh elastic # every GPU test, per-request cost beside kvcached
 #                                      # (.peers: its sdist), the 64 x 122 growth by layout
 #   bash bench/device/h200_session.sh sglang  # SGLang 0.5.23's pools on kvvmm and on its own owner
@@ -17,7 +17,7 @@
 #   bash bench/device/h200_session.sh short   # what one call of a short device budget holds (< 10 min):
 #                                      # the steps with the kernel gap, the replay of prefix and
 #                                      # request-ranges+deferred (.data, what admit-when-ready
-#                                      # changed), then bench/device/h200_bands.sh
+#                                      # changed)
 #   ROUNDS=3 STRATEGIES="prefix request-ranges+deferred" TAG=-a bash bench/device/h200_session.sh ranges
 #                                      # the range strategies on the trace, CUDA beside the sim
 set -u
@@ -64,8 +64,6 @@ case $part in
       --seed-script bench/seed/seed_side_by_side.py --out "$R" ;;
   rest)
     step 150 calibrate python3 -m kvvmm calibrate --out "$R/h200-calibrated.json"
-    step 170 fidelity python3 -m kvvmm.measure.fidelity --profile "$R/h200-calibrated.json" \
-      --out "$R/h200-fidelity.json"
     step 170 workload python3 bench/workload/bench_workload_gpu.py \
       --trace .data/AzureLLMInferenceTrace_conv.csv --seconds 600 --out "$R/h200-workload.json"
     step 60 distributed python3 bench/distributed/bench_distributed.py --driver cuda --backend nccl \
@@ -82,7 +80,7 @@ case $part in
     gpu_tests 60 200
     step 260 growth-steps python3 bench/growth/bench_growth_steps.py --rounds 3 --gap both \
       --out "$R/h200-growth-steps.json" ;;
-  short)  # the growth steps and the range replay, then the bands session (its own script)
+  short)  # the growth steps and the range replay
     nvidia-smi > "$R/nvidia-smi.txt" 2>&1
     # the growth first: of the two, the one only an H200 run settles (the replay's figures
     # held on two H100 loans); a call cut short still brings it back
@@ -90,11 +88,7 @@ case $part in
       --out "$R/h200-growth-steps-kernel.json"
     step 100 workload-ranges python3 bench/workload/bench_workload_gpu.py \
       --trace .data/AzureLLMInferenceTrace_conv.csv --seconds 600 --strategy prefix \
-      --strategy request-ranges+deferred --rounds 3 --out "$R/h200-workload-ranges.json"
-    snap="$OUT/results-short.tgz"  # (set before the line below rebinds OUT)
-    OUT="$R/bands" NO_SCORE=1 SNAP_TGZ="$snap" SNAP_DIR="$R" \
-      bash bench/device/h200_bands.sh  # the scoring is CPU work: do it here
-    ;;
+      --strategy request-ranges+deferred --rounds 3 --out "$R/h200-workload-ranges.json" ;;
   sglang)  # SGLang 0.5.23's own pools on kvvmm beside its own owner (.sglang-min: the wheel's
            # sglang/ without the kernels and model code, which the suite stands in for)
     nvidia-smi > "$R/nvidia-smi.txt" 2>&1

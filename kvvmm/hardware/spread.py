@@ -27,10 +27,11 @@ The card also moves as a whole between sessions (another machine, another day), 
 the calibrations kept show: the **session level**. ``spread.level`` holds, per scenario group
 (:data:`LEVEL_GROUPS`: construction, growth, finalize, close, page commits, the workload's
 startup and decode), the quantiles over sessions of each session's factor *measured / the
-sim's point* (fitted by :mod:`kvvmm.measure.spread`), and the sessions' factors
-themselves. It is not a cost figure: the sim never charges it; a band is composed with it
-afterwards (:func:`compose_level`). A profile without the section has no level: its bands
-are the per-call ones, exactly as before.
+sim's point* (fitted from the GPU runs of 2026-12-01 to 12-04 and kept as shipped since that
+scoring was retired: docs/FIDELITY.md), and the sessions' factors themselves. It is not a
+cost figure: the sim never charges it; a band is composed with it afterwards
+(:func:`compose_level`). A profile without the section has no level: its bands are the
+per-call ones, exactly as before.
 """
 
 from __future__ import annotations
@@ -41,15 +42,23 @@ import textwrap
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from kvvmm.hardware.schema import SPREAD_GROUPS
+
 __all__ = ["CALLS", "GROUPS", "LEVEL_GROUPS", "QUANTILES", "WORKLOAD_LEVEL", "at_quantile",
            "compose_level", "factor_at", "figures_of", "level_notes", "level_of", "scaled",
            "spread_notes"]
 
 #: The driver calls whose curves a profile carries (``call_costs.points.<call>``).
 CALLS = ("create", "map", "set_access", "unmap", "release", "reserve", "free")
-#: Every figure group a spread may name, in a fixed order.
-GROUPS = (*(f"call_costs.{c}" for c in CALLS), "set_access_per_mapping", "unmap_per_mapping",
-          "first_touch", "cold_calls", "idle_release", "library_work_us", "library_overhead_us")
+#: Every figure group a spread may name, in a fixed order (the schema's list).
+GROUPS = SPREAD_GROUPS
+#: The groups whose figures are named numbers in one object of the profile: the group's own
+#: section, or the named object inside it, and the numbers' names (None: all of them).
+_NAMED: dict[str, tuple[str | None, tuple[str, ...] | None]] = {
+    "first_touch": (None, ("map_us", "set_access_us")),
+    "cold_calls": ("premium_us", None),
+    "idle_release": (None, ("create_us_per_gib",)),
+}
 #: The quantiles a spread stores, by name.
 QUANTILES = (("p10", 0.1), ("p50", 0.5), ("p90", 0.9))
 
@@ -60,6 +69,22 @@ def _fmt_mib(mib: float) -> str:
 
 def _pairs_to_labels(points: Iterable[Sequence[float]]) -> dict[str, float]:
     return {_fmt_mib(float(mib)): float(v) for mib, v in points}
+
+
+def _named(data: Mapping[str, Any], group: str) -> Any:
+    """The object holding a :data:`_NAMED` group's numbers in ``data`` (``{}``: none)."""
+    inner, _ = _NAMED[group]
+    sec = data.get(group)
+    if inner is not None and isinstance(sec, Mapping):
+        sec = sec.get(inner)
+    return sec if isinstance(sec, Mapping) else {}
+
+
+def _names(named: Mapping[str, Any], group: str) -> list[str]:
+    """The names of a :data:`_NAMED` group's numbers that ``named`` holds, in its order
+    (declared names in the declared order)."""
+    keys = _NAMED[group][1]
+    return list(named) if keys is None else [k for k in keys if k in named]
 
 
 def figures_of(data: Mapping[str, Any]) -> dict[str, dict[str, float]]:
@@ -78,19 +103,11 @@ def figures_of(data: Mapping[str, Any]) -> dict[str, dict[str, float]]:
         sec = data.get(name)
         if isinstance(sec, Mapping) and sec.get("points"):
             out[name] = _pairs_to_labels(sec["points"])
-    ft = data.get("first_touch")
-    if isinstance(ft, Mapping):
-        vals = {k: float(ft[k]) for k in ("map_us", "set_access_us") if k in ft}
+    for group in _NAMED:
+        named = _named(data, group)
+        vals = {str(k): float(named[k]) for k in _names(named, group)}
         if vals:
-            out["first_touch"] = vals
-    cold = data.get("cold_calls")
-    if isinstance(cold, Mapping) and isinstance(cold.get("premium_us"), Mapping):
-        vals = {str(k): float(v) for k, v in cold["premium_us"].items()}
-        if vals:
-            out["cold_calls"] = vals
-    idle = data.get("idle_release")
-    if isinstance(idle, Mapping) and "create_us_per_gib" in idle:
-        out["idle_release"] = {"create_us_per_gib": float(idle["create_us_per_gib"])}
+            out[group] = vals
     lw = data.get("library_work_us")
     if isinstance(lw, Mapping):
         vals = {}
@@ -149,21 +166,10 @@ def scaled(data: Mapping[str, Any], factors: Mapping[str, float]) -> dict[str, A
                 for key in ("points", "isolated_points"):
                     if sec.get(key):
                         sec[key] = _scale_pairs(sec[key], f)
-        elif group == "first_touch":
-            sec = out.get(group)
-            if isinstance(sec, dict):
-                for k in ("map_us", "set_access_us"):
-                    if k in sec:
-                        sec[k] = round(float(sec[k]) * f, 4)
-        elif group == "cold_calls":
-            sec = out.get(group)
-            if isinstance(sec, dict) and isinstance(sec.get("premium_us"), dict):
-                sec["premium_us"] = {k: round(float(v) * f, 4)
-                                     for k, v in sec["premium_us"].items()}
-        elif group == "idle_release":
-            sec = out.get(group)
-            if isinstance(sec, dict) and "create_us_per_gib" in sec:
-                sec["create_us_per_gib"] = round(float(sec["create_us_per_gib"]) * f, 4)
+        elif group in _NAMED:
+            named = _named(out, group)
+            for k in _names(named, group):
+                named[k] = round(float(named[k]) * f, 4)
         elif group == "library_work_us":
             sec = out.get(group)
             if isinstance(sec, dict):

@@ -11,15 +11,14 @@ them) and never imports it. The commands:
   :mod:`~kvvmm.measure.plan`) and fitted into a hardware profile (:mod:`~kvvmm.measure.fit`);
   ``--quick --profile`` refreshes one (:mod:`~kvvmm.measure.refresh`).
 - ``kvvmm calibrate rebuild [--check]`` (:mod:`~kvvmm.measure.rebuild`): the shipped H200
-  profile's derived sections remade from the committed results (:mod:`~kvvmm.measure.results`
-  finds them): the growth bandwidth (:mod:`~kvvmm.measure.growth_bandwidth`), the cold call's
-  tail (:mod:`~kvvmm.measure.coldtail`), the spread and the session level
-  (:mod:`~kvvmm.measure.spread`, over the fidelity runs of :mod:`~kvvmm.measure.fidelity`,
-  scored by :mod:`~kvvmm.measure.level`).
+  profile's derived figures remade from the committed results (:mod:`~kvvmm.measure.results`
+  finds them): the growth bandwidth (:mod:`~kvvmm.measure.growth_bandwidth`) and the cold
+  call's tail (:mod:`~kvvmm.measure.coldtail`); its spread (the bands) is kept as shipped.
 
 What they share, defined once (and what the ``bench/`` scripts import):
 
-- :mod:`kvvmm.measure.stats`: one measurement record and one percentile;
+- :mod:`kvvmm.measure.stats`: one measurement record, one percentile, and the spread
+  section a refresh writes;
 - :mod:`kvvmm.measure.timer`: the call-timing loop (:func:`time_handle_calls`), the driver
   wrapper that times every call (:class:`TimedDriver`) and the copy timer;
 - :mod:`kvvmm.measure.workload`: the decode growth timed (:class:`Workload`,

@@ -1,11 +1,12 @@
 """The cold call's tail: how much of a cold call's premium the next call of its kind still
-pays, from the committed H200 startup probes (``cold_calls.second`` of the shipped profile,
-written by ``kvvmm calibrate rebuild``).
+pays, from the committed H200 startup probes. This module is the home of that figure: the
+``second`` shares of the profile's ``cold_calls`` section, written by
+``kvvmm calibrate rebuild`` (:func:`with_second_shares`).
 
 The sim charged a pause's cold premium to the first call of each kind only (docs/FIDELITY.md,
 "Cold calls"), and request-ranges+deferred's startup, the one startup that makes a second
 create, map and set_access after the first (the reserve's refill, a 50 MiB handle), read
-1.33x the sim's point over the committed fidelity runs. A startup probe (``probe_startup.py``,
+1.33x the sim's point over the GPU runs of the time. A startup probe (``probe_startup.py``,
 since removed: bench/results/README.md) timed every call of that startup on the H200, 12
 rounds in two files (``h200-startup.json``, ``h200-startup-cold.json``, 2026-12-03): in every
 round the second create cost 45-55 µs, the second set_access 69-104, the second map 7-36,
@@ -19,15 +20,18 @@ prefix startups in the same file) instead.
 
 from __future__ import annotations
 
+import copy
 import json
 import statistics
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from kvvmm.hardware import get_profile, sim_costs
+from kvvmm.hardware import get_profile, profile_from_data, sim_costs
 from kvvmm.measure.results import results_dir
 
+#: The profile section the premiums and the shares live in.
+SECTION = "cold_calls"
 #: The startup probes' results, inside the results folder.
 RUNS = ("h200-startup.json", "h200-startup-cold.json")
 STARTUP = "request-ranges+deferred"
@@ -89,8 +93,9 @@ SOURCE = ("kvvmm calibrate rebuild (kvvmm.measure.coldtail) on bench/results/h20
 
 
 def with_second(section: Mapping[str, Any], second: Mapping[str, float]) -> dict[str, Any]:
-    """The ``cold_calls`` section with ``second`` (and its source) after ``partial_source``,
-    the rest in its order; old shares are replaced, never kept beside the new ones."""
+    """The cold premium's section (:data:`SECTION`) with ``second`` (and its source) after
+    ``partial_source``, the rest in its order; old shares are replaced, never kept beside the
+    new ones."""
     new: dict[str, Any] = {}
     for k, v in section.items():
         if k in ("second", "second_source"):
@@ -101,3 +106,12 @@ def with_second(section: Mapping[str, Any], second: Mapping[str, float]) -> dict
     if "second" not in new:
         new["second"], new["second_source"] = dict(second), SOURCE
     return new
+
+
+def with_second_shares(data: Mapping[str, Any], results: Path) -> dict[str, Any]:
+    """A copy of the profile ``data`` with its second-call shares remade from ``results``,
+    over ``data``'s own warm costs and premiums (:func:`second_shares`)."""
+    shares = second_shares(profile_from_data(data, where="the rebuilt profile"), results)
+    out = copy.deepcopy(dict(data))
+    out[SECTION] = with_second(out[SECTION], shares["second"])
+    return out

@@ -1,21 +1,19 @@
 """``kvvmm calibrate rebuild [--check]``: the shipped H200 profile remade from the committed
 measurements.
 
-The shipped ``kvvmm/hardware/data/h200.json`` holds two kinds of figures. The measured ones
-(per-call costs, first touch, library work, cold-call premiums, idle release) come from a
-``kvvmm calibrate`` run and the card's probes, and are kept as the file has them. Every figure
-*derived* from committed results is remade here, in this order (each step reads the profile
-the steps before it made):
+The shipped ``kvvmm/hardware/data/h200.json`` holds two kinds of figures. Most are kept as
+the file has them: the measured ones (per-call costs, first touch, library work, the cold
+premiums, idle release), from a ``kvvmm calibrate`` run and the card's probes, and the
+``spread`` section (the bands' figures, history and session level: fitted from the
+committed GPU runs until that scoring was retired, docs/FIDELITY.md). Two figures are
+*derived* from committed results and remade here, in this order (the second reads the
+profile the first made):
 
-1. ``bandwidth.growth``: every committed growth-bandwidth run (``h200-growth-bandwidth.json``)
+1. the growth bandwidth: every committed growth-bandwidth run (``h200-growth-bandwidth.json``)
    with how its copy lies over handles, from the same growth on the sim
    (:mod:`kvvmm.measure.growth_bandwidth`);
-2. ``cold_calls.second``: the share of the cold premium the second call of a kind pays, from
-   the startup probes (:mod:`kvvmm.measure.coldtail`);
-3. ``spread`` (figures and history): the calibrations kept and the settled growth rounds
-   (:mod:`kvvmm.measure.spread`);
-4. ``spread.level``: every committed fidelity run against the sim on the profile of steps
-   1-3 (:func:`kvvmm.measure.spread.compute_level`).
+2. the share of the cold premium the second call of a kind pays, from the startup probes
+   (:mod:`kvvmm.measure.coldtail`).
 
 The results are read from the checkout's ``bench/results`` (or ``--results DIR``:
 :mod:`kvvmm.measure.results`); a wheel ships none. ``--check`` changes nothing and exits 1
@@ -36,7 +34,7 @@ from typing import Any
 
 from kvvmm.errors import KvvmmError
 from kvvmm.hardware import profile_from_data
-from kvvmm.measure import coldtail, growth_bandwidth, spread
+from kvvmm.measure import coldtail, growth_bandwidth
 from kvvmm.measure.results import results_dir, shipped_profile_path
 
 __all__ = ["dump", "main", "rebuild"]
@@ -54,10 +52,10 @@ def _read(path: Path) -> dict[str, Any]:
 
 def rebuild(shipped: Mapping[str, Any], results: Path,
             collected: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The profile ``shipped`` with every derived section remade from ``results``.
+    """The profile ``shipped`` with its derived figures remade from ``results``.
 
     Args:
-        shipped: the profile as the package has it (its measured sections are kept).
+        shipped: the profile as the package has it (everything else is kept).
         results: the committed results folder.
         collected: the growth-bandwidth runs (default: as ``results`` has them).
     Returns:
@@ -70,11 +68,7 @@ def rebuild(shipped: Mapping[str, Any], results: Path,
     if collected is None:
         collected = _read(results / growth_bandwidth.COLLECTED)
     data["bandwidth"]["growth"] = growth_bandwidth.profile_section(collected)
-    shares = coldtail.second_shares(profile_from_data(data, where="the rebuilt profile"),
-                                    results)
-    data["cold_calls"] = coldtail.with_second(data["cold_calls"], shares["second"])
-    data["spread"] = spread.compute(data, results)
-    data["spread"]["level"] = spread.compute_level(data, results)
+    data = coldtail.with_second_shares(data, results)
     profile_from_data(data, where="the rebuilt profile")  # it loads, or this raises
     return data
 

@@ -45,8 +45,7 @@ from kvvmm.hardware import DeviceProfile, profile_from_data
 from kvvmm.hardware.spread import figures_of, scaled
 from kvvmm.measure.fit import MIN_CONTEXT_CALLS, net_in_context
 from kvvmm.measure.plan import Plan
-from kvvmm.measure.spread import median_factor, ratios, spread_section
-from kvvmm.measure.stats import Measurement
+from kvvmm.measure.stats import Measurement, median_factor, ratios, spread_section
 from kvvmm.measure.timer import CallTimes, time_handle_calls
 from kvvmm.units import MiB
 

@@ -6,19 +6,28 @@ mean (what the simulator sums: docs/MEASUREMENTS.md), a percentile, the spread. 
 are one function, :func:`percentile`, in its two conventions: the nearest rank (a p99 of 122
 steps is the second largest, a sample that was seen) and linear between order statistics
 (the p10 / p50 / p90 of a profile's spread, which may fall between samples).
+
+A profile's ``spread`` section (read by :mod:`kvvmm.hardware.spread`) is written here too, by
+``kvvmm calibrate --quick --profile``: :func:`ratios` of one calibration's figures to
+another's, pooled into :func:`quantiles` by :func:`spread_section`.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from kvvmm.checks import is_number, number_arg
 from kvvmm.errors import ArgumentError
+from kvvmm.hardware.interp import Log2Curve
+from kvvmm.hardware.spread import CALLS, GROUPS, QUANTILES, figures_of
+from kvvmm.units import MiB
 
-__all__ = ["Measurement", "mean_us", "median_us", "percentile", "trimmed_mean"]
+__all__ = ["Measurement", "mean_us", "median_factor", "median_us", "percentile", "quantiles",
+           "ratios", "spread_section", "trimmed_mean"]
 
 
 def percentile(samples: Sequence[float], q: float, *, interpolate: bool = False) -> float:
@@ -125,3 +134,101 @@ def mean_us(samples: Iterable[float]) -> float:
 def trimmed_mean(samples: Iterable[float]) -> float:
     """:meth:`Measurement.trimmed_mean` of ``samples``, in their unit."""
     return Measurement.of(samples).trimmed_mean()
+
+
+# -- a profile's spread ----------------------------------------------------------------------
+
+#: Groups whose figures are curves by handle size (labels are MiB; ratios interpolate).
+_CURVES = frozenset((*(f"call_costs.{c}" for c in CALLS), "set_access_per_mapping",
+                     "unmap_per_mapping"))
+#: Most calibrations a history keeps (the oldest go first).
+MAX_HISTORY = 16
+
+
+def quantiles(samples: Sequence[float]) -> dict[str, float]:
+    """p10 / p50 / p90 of ``samples`` (linear between order statistics; one sample: a point).
+
+    Raises:
+        ArgumentError: no samples, or one that is not a finite number > 0.
+    """
+    xs = list(samples)
+    if not xs or not all(is_number(x) and x > 0 for x in xs):
+        raise ArgumentError("samples", xs[:8], "a non-empty list of finite ratios > 0")
+    return {name: round(percentile(xs, q, interpolate=True), 4) for name, q in QUANTILES}
+
+
+def median_factor(factors: Mapping[str, float]) -> float:
+    """The median of the groups' factors (1 when there are none)."""
+    return statistics.median(factors.values()) if factors else 1.0
+
+
+def _curve_of(labels: Mapping[str, float]) -> Log2Curve:
+    return Log2Curve.from_points([(max(1, round(float(k) * MiB)), v) for k, v in labels.items()])
+
+
+def ratios(base: Mapping[str, Mapping[str, float]], other: Mapping[str, Mapping[str, float]],
+           ) -> dict[str, list[float]]:
+    """Per group, ``other / base`` at each of ``base``'s labels both can say.
+
+    A curve is read at ``base``'s sizes (``other`` interpolated in log2 size, flat past its
+    ends); other groups pair labels by name. A figure of 0 or below on either side (nothing
+    to scale, a fitted residual, a term a fit dropped) gives no ratio.
+    """
+    out: dict[str, list[float]] = {}
+    for group, b in base.items():
+        o = other.get(group)
+        if not o:
+            continue
+        got: list[float] = []
+        if group in _CURVES:
+            curve = _curve_of(o)
+            for k, v in b.items():
+                r = curve(float(k) * MiB) / v if v > 0 else 0.0
+                if r > 0:
+                    got.append(r)
+        else:
+            for k, v in b.items():
+                if v > 0 and k in o and o[k] > 0:
+                    got.append(o[k] / v)
+        if got:
+            out[group] = got
+    return out
+
+
+def spread_section(data: Mapping[str, Any], *, history: Sequence[Mapping[str, Any]] = (),
+                   rounds: Mapping[str, Sequence[float]] | None = None,
+                   source: str) -> dict[str, Any]:
+    """A ``spread`` section for ``data``'s figures: quantiles over the history and rounds.
+
+    The profile's own figures count as one calibration (a ratio of 1 at each).
+
+    Args:
+        data: the profile the factors are relative to.
+        history: earlier calibrations' figures (``{"date", "source", "figures"}``), kept in
+            the section as they are (the newest :data:`MAX_HISTORY`).
+        rounds: per group, ratios of single rounds to their mean (a calibration's own
+            round-to-round spread), pooled with the history's ratios.
+        source: how the samples were taken, for the section's ``source``.
+    Returns:
+        The section (``figures`` holds only groups with at least one sample).
+    """
+    base = figures_of(data)
+    # This profile's own calibration is one of those kept: a ratio of 1 at each figure.
+    pooled: dict[str, list[float]] = {g: [1.0] * len(v) for g, v in base.items()}
+    for entry in history:
+        figs = entry.get("figures")
+        if isinstance(figs, Mapping):
+            for g, got in ratios(base, figs).items():
+                pooled[g].extend(got)
+    for g, rs in (rounds or {}).items():
+        if g in pooled:
+            pooled[g].extend(float(r) for r in rs if math.isfinite(r) and r > 0)
+    figures = {g: quantiles(rs) | {"samples": len(rs)} for g, rs in pooled.items() if rs}
+    return {
+        "unit": "each figure group's quantiles (p10, p50, p90) over the rounds and the "
+                "calibrations kept, as multiples of the figure this profile carries; a group "
+                "not listed is a point (factor 1)",
+        "source": source,
+        "figures": {g: figures[g] for g in GROUPS if g in figures},
+        "history": [dict(h) for h in list(history)[-MAX_HISTORY:]],
+    }

@@ -82,5 +82,5 @@ class Workload:
                 "grow_to_tokens": self.grow_to_tokens, "steps": self.steps}
 
 
-#: What ``kvvmm bench`` grows (and ``kvvmm calibrate``'s full plan, ``bench_fidelity.py``).
+#: What ``kvvmm bench`` grows (and ``kvvmm calibrate``'s full plan).
 BENCH_WORKLOAD = Workload()

@@ -128,8 +128,8 @@ growth_figure(results, profile=PROFILE, predicted=predicted)
 # One profile gives one number per policy, and the card does not: the same growth measured
 # minutes apart moved by 10-50%, and a day later the shipped profile over-predicted most
 # growths by about 30% (`docs/FIDELITY.md`). The H200 profile carries each cost figure's
-# **spread**: its p10, p50 and p90 over the rounds and the calibrations kept, computed by
-# `kvvmm calibrate rebuild` from the committed measurements. A band runs the same growth on
+# **spread**: its p10, p50 and p90 over the rounds and the calibrations kept, computed from
+# the committed measurements (kept as shipped since). A band runs the same growth on
 # the sim three times, with every figure at its p10, as it is, and at its p90
 # (`DeviceProfile.at(q)`), and reports [low, mid, high]. All figures move together, as the
 # card's did between runs: the band is not a joint distribution of independent costs.
@@ -138,10 +138,10 @@ growth_figure(results, profile=PROFILE, predicted=predicted)
 # of the machine) the whole card moved further: 0.64-0.8x the sim on one day, up to 1.5x on
 # another. The profile also carries that **session level** per scenario group (construct,
 # growth, finalize, close, elastic, startup, decode): the p10-p90 over the sessions measured
-# of *measured / the sim's point*, from `kvvmm calibrate rebuild`. A growth band is
-# widened by the `growth` level where it passes 1 (`level=False` gives the per-call band
-# alone). How often a measured run from a session left out of the fit lands inside, and how
-# wide the bands are against the card's own spread: `bench/results/fidelity-level.json`
+# of *measured / the sim's point*. A growth band is widened by the `growth` level where it
+# passes 1 (`level=False` gives the per-call band alone). How often a measured run from a
+# session left out of the fit landed inside, and how wide the bands were against the card's
+# own spread, when that scoring stopped: `bench/results/fidelity-level.json`
 # (`docs/FIDELITY.md`).
 
 # %%

@@ -25,7 +25,7 @@ from kvvmm.errors import ArgumentError, ProfileError
 from kvvmm.hardware import DeviceProfile, get_profile, load_profile, profile_data, profile_from_data
 from kvvmm.hardware.profiles import shipped_data
 from kvvmm.hardware.spread import GROUPS, figures_of, scaled
-from kvvmm.measure.spread import quantiles, ratios, spread_section
+from kvvmm.measure.stats import quantiles, ratios, spread_section
 from kvvmm.policy import Chunked, Exact
 from kvvmm.units import MiB
 from kvvmm.workload.bands import Band, band_notes, band_profiles, growth_bands

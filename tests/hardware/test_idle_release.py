@@ -137,14 +137,3 @@ def test_the_band_moves_the_premium_with_its_spread() -> None:
     assert lo is not None and hi is not None and H200 is not None
     assert lo.create_us_per_gib == pytest.approx(H200.create_us_per_gib * spread["p10"], rel=1e-3)
     assert hi.create_us_per_gib == pytest.approx(H200.create_us_per_gib * spread["p90"], rel=1e-3)
-
-
-def test_the_fidelity_benchmarks_sim_side_pauses_one_device_where_the_gpu_sleeps() -> None:
-    from kvvmm.measure import fidelity as mod
-
-    d = SimDriver("h200")
-    make = mod.settled(d, mod.SETTLE_S)
-    _warm(d)
-    _release(d, 64)
-    assert make() is d and make() is d
-    assert d._cost.idle_premium_us == pytest.approx(64 * H200.create_us_per_gib if H200 else 0)

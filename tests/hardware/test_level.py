@@ -7,8 +7,8 @@ session's *measured / the sim's point*. Four classes of behaviour:
   moves each end by exactly the row's factor where that factor passes 1;
 - an absent section changes nothing: the cost figures, the per-call bands and the notes of a
   profile without ``spread.level`` are those of today, and ``level=False`` gives them too;
-- the fit: sessions planted with known levels (pooled over several runs, each scenario
-  scattered around its group's level) give those levels back, and their quantiles;
+- the shipped level is the quantiles of the sessions it lists (kept as measured: the fit
+  from the GPU runs is retired, docs/FIDELITY.md);
 - the schema: a malformed level is one :class:`ProfileError` naming the field and the value.
 """
 
@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import copy
 import json
-import math
-import random
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +23,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvvmm.errors import ArgumentError, ProfileError
+from kvvmm.errors import ProfileError
 from kvvmm.hardware import get_profile, load_profile, profile_data, profile_from_data
 from kvvmm.hardware import schema as schema_mod
 from kvvmm.hardware.profiles import shipped_data
@@ -37,20 +35,12 @@ from kvvmm.hardware.spread import (
     level_notes,
     level_of,
 )
-from kvvmm.measure.spread import level_group, level_section, quantiles, session_levels
+from kvvmm.measure.stats import quantiles
 from kvvmm.policy import Chunked, Exact
 from kvvmm.units import MiB
 from kvvmm.workload.bands import Band, band_notes, growth_bands, workload_bands
 
 SMALL_GROWTH = {"model": "llama-3.1-8b", "layers": 2, "tokens": 4096, "step_tokens": 512}
-#: A scenario name of each group, as kvvmm/measure/fidelity.py names them.
-SCENARIOS = {"construct": ["construct"],
-             "growth": ["growth:default", "growth:exact", "growth:chunked:32"],
-             "finalize": ["finalize"],
-             "close": ["close_grown:default", "close_grown:exact", "close_fresh"],
-             "elastic": ["elastic:commit_pages", "elastic:decommit_pages"],
-             "startup": ["workload:static:startup", "workload:prefix+shrink:startup"],
-             "decode": ["workload:prefix:decode", "workload:page-elastic+pool:decode"]}
 
 
 def _h200() -> dict[str, Any]:
@@ -158,89 +148,6 @@ def test_the_shipped_notes_name_the_level_in_lines_a_table_can_show() -> None:
     assert max(len(n) for n in notes) <= 100
 
 
-# -- the fit -------------------------------------------------------------------------------
-
-
-def _planted(levels: dict[str, dict[str, float]], runs_per_session: int,
-             ) -> tuple[dict[str, dict[str, float]], dict[str, str]]:
-    """Runs whose ratios scatter around their session's level: the scenarios of a group of
-    three at level x 0.9, x 1 and x 1/0.9 (in turn from run to run), so the median over a
-    session is the level itself; a group of one or two scenarios at the level."""
-    ratios: dict[str, dict[str, float]] = {}
-    session_of: dict[str, str] = {}
-    for s, by in levels.items():
-        for k in range(runs_per_session):
-            run = f"{s}-run{k}"
-            session_of[run] = s
-            rows: dict[str, float] = {}
-            for g, lv in by.items():
-                names = SCENARIOS[g]
-                for i, name in enumerate(names):
-                    f = (0.9, 1.0, 1 / 0.9)[(i + k) % 3] if len(names) == 3 else 1.0
-                    rows[name] = lv * f
-            ratios[run] = rows
-    return ratios, session_of
-
-
-def test_every_fidelity_scenario_name_has_its_group_and_counts_have_none() -> None:
-    for g, names in SCENARIOS.items():
-        for n in names:
-            assert level_group(n) == g, n
-    for n in ("workload:prefix:calls", "workload:prefix", "growth", "parity", "elastic"):
-        assert level_group(n) is None, n
-
-
-@pytest.mark.parametrize("runs_per_session", [1, 3])
-def test_planted_session_levels_are_recovered_exactly(runs_per_session: int) -> None:
-    rng = random.Random(7)
-    levels = {f"s{i}": {g: round(rng.uniform(0.5, 1.6), 3) for g in LEVEL_GROUPS}
-              for i in range(5)}
-    ratios, session_of = _planted(levels, runs_per_session)
-    got = session_levels(ratios, session_of)
-    for s, by in levels.items():
-        for g, lv in by.items():
-            assert got[s][g] == pytest.approx(lv, abs=1e-3), (s, g)
-    sec = level_section(got, source="planted")
-    for g in LEVEL_GROUPS:
-        want = quantiles([levels[s][g] for s in levels])
-        for q in ("p10", "p50", "p90"):
-            assert sec["groups"][g][q] == pytest.approx(want[q], abs=2e-3), (g, q)
-        assert sec["groups"][g]["sessions"] == 5
-    profile_from_data(_without_level() | {"spread": _h200()["spread"] | {"level": sec}},
-                      where="planted level")  # it meets the schema
-
-
-def test_the_fit_recovers_a_planted_log_normal_level_spread_over_many_sessions() -> None:
-    rng = random.Random(11)
-    sigma = {"growth": 0.15, "close": 0.3, "finalize": 0.05}
-    levels = {f"s{i}": {g: math.exp(rng.gauss(0.0, sd)) for g, sd in sigma.items()}
-              for i in range(400)}
-    ratios, session_of = _planted(levels, 1)
-    sec = level_section(session_levels(ratios, session_of), source="planted")
-    for g, sd in sigma.items():
-        row = sec["groups"][g]
-        assert row["p10"] == pytest.approx(math.exp(-1.2816 * sd), rel=0.05), g
-        assert row["p90"] == pytest.approx(math.exp(1.2816 * sd), rel=0.05), g
-        assert row["p50"] == pytest.approx(1.0, abs=0.05), g
-
-
-def test_runs_of_one_session_pool_and_a_session_left_out_leaves_its_level_out() -> None:
-    ratios = {"a1": {"growth:default": 0.6}, "a2": {"growth:exact": 0.8},
-              "a3": {"growth:exact": 0.7}, "b1": {"growth:default": 1.4}}
-    session_of = {"a1": "A", "a2": "A", "a3": "A", "b1": "B"}
-    assert session_levels(ratios, session_of) == {"A": {"growth": 0.7}, "B": {"growth": 1.4}}
-    only_b = session_levels({k: v for k, v in ratios.items() if session_of[k] != "A"},
-                            session_of)
-    assert only_b == {"B": {"growth": 1.4}}
-
-
-def test_a_level_of_an_unknown_group_or_a_bad_factor_is_refused_when_fitted() -> None:
-    with pytest.raises(ArgumentError):
-        level_section({"s": {"warp": 1.0}}, source="x")
-    with pytest.raises(ArgumentError):
-        level_section({"s": {"growth": 0.0}}, source="x")
-
-
 # -- the shipped level --------------------------------------------------------------------
 
 
@@ -254,7 +161,7 @@ def test_the_shipped_level_is_the_quantiles_of_the_sessions_it_lists() -> None:
         assert row["sessions"] == sum(g in s["factors"] for s in sessions)
 
 
-def test_the_schema_and_the_fit_name_the_same_groups() -> None:
+def test_the_schema_and_the_band_lookup_name_the_same_groups() -> None:
     assert schema_mod.LEVEL_GROUPS == LEVEL_GROUPS
 
 

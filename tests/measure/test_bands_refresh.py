@@ -21,7 +21,7 @@ from kvvmm.hardware import get_profile, load_profile, profile_data, profile_from
 from kvvmm.hardware.spread import figures_of, scaled
 from kvvmm.measure import calibrate
 from kvvmm.measure.refresh import FOLLOWS, MEASURED, quick_refresh, refresh_from
-from kvvmm.measure.spread import ratios
+from kvvmm.measure.stats import ratios
 
 #: Several scalings of the measured groups: all together (a slower or faster day), each
 #: its own way (a driver update that slowed creates only), and far from 1.

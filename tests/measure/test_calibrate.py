@@ -1,10 +1,9 @@
-"""kvvmm calibrate's pure parts, profiles by name or path, the sim charging a profile's costs,
-and the fidelity benchmark's sim side, all on CPU."""
+"""kvvmm calibrate's pure parts, profiles by name or path, and the sim charging a profile's
+costs, all on CPU."""
 
 from __future__ import annotations
 
 import json
-import math
 import subprocess
 import sys
 from dataclasses import replace
@@ -300,29 +299,6 @@ def test_calibrate_is_a_subcommand_whose_help_needs_no_gpu(
     assert "--quick" in capsys.readouterr().out
 
 
-# -- the fidelity benchmark's sim side ---------------------------------------------------
-
-
-def test_the_fidelity_benchmark_predicts_every_scenario_in_sim_only_mode(tmp_path: Path) -> None:
-    profile = _write(tmp_path, build_profile(_meas(), META, FULL))
-    out = tmp_path / "fidelity.json"
-    proc = subprocess.run([sys.executable, "-m", "kvvmm.measure.fidelity", "--sim-only",
-                           "--small", "--profile", str(profile), "--out",
-                           str(out)], capture_output=True, text=True, timeout=300, cwd=ROOT)
-    assert proc.returncode == 0, proc.stderr
-    res = json.loads(out.read_text())
-    assert res["mode"] == "sim-only" and res["profile"]["key"] == "testgpu"
-    assert res["profile"]["label"].startswith("testgpu (NVIDIA Test GPU, 2026-12-01")
-    sc = res["scenarios"]
-    assert {"construct", "growth:default", "growth:exact", "finalize", "close_fresh",
-            "elastic:commit_pages", "elastic:decommit_pages", "workload:prefix:decode",
-            "workload:prefix:calls"} <= set(sc)
-    assert all(s["predicted_us"] > 0 for n, s in sc.items() if not n.startswith("workload:"))
-    assert sc["workload:prefix:decode"]["predicted_us"] > 0
-    assert sc["workload:static:decode"]["predicted_us"] == 0  # backed up front: no stalls
-    assert "ratio" not in sc["construct"] and res["skipped"] == {}
-
-
 # -- the lab names what it predicts from -------------------------------------------------
 
 
@@ -528,31 +504,6 @@ def test_a_large_first_mapping_pays_per_region_it_enters_or_once_as_calibrate_fo
     sim.set_access(va, 2 * GiB)
     calls = costs.calls("map", 2 * GiB) + costs.access_us([2 * GiB])
     assert sim.clock_us - t0 == pytest.approx(calls + times * 25.0)
-
-
-def test_crossval_scores_each_profile_against_each_measured_run_and_rescore_keeps_figures(
-    tmp_path: Path,
-) -> None:
-    from kvvmm.measure import fidelity as bf
-
-    wl = replace(bf.SMALL, workload_s=0.0, elastic_pages=0)
-    pred = bf.predict("h200", wl)
-    runs = []
-    for i, factor in enumerate((1.0, 1.5)):  # the card as the sim says, and 1.5x slower
-        meas = {n: [v[0] * factor * f for f in (0.97, 1.0, 1.03)] for n, v in pred.items()}
-        res = {"scenarios": bf.compare(pred, meas)}
-        bf.summarize(res)
-        path = tmp_path / f"run{i}.json"
-        path.write_text(json.dumps(res))
-        runs.append(str(path))
-    got = bf.crossval(["h200"], runs, wl)
-    same, slow = got["pairs"]["h200 on run0.json"], got["pairs"]["h200 on run1.json"]
-    assert same["within"] == same["timed"] > 0 and slow["within"] == 0
-    assert slow["median_abs_log_ratio"] == pytest.approx(math.log(1.5), abs=1e-3)
-    assert got["mean_median_abs_log_ratio"]["h200"] == pytest.approx(math.log(1.5) / 2, abs=1e-3)
-    before = json.loads(Path(runs[1]).read_text())
-    again = bf.rescore(runs[1])
-    assert again["scenarios"] == before["scenarios"] and again["within_count"].startswith("0 of")
 
 
 class _ArgCountingSim(SimDriver):

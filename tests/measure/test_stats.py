@@ -11,8 +11,7 @@ import pytest
 from kvvmm.driver.faults import Fault, FaultyDriver
 from kvvmm.driver.sim import SimDriver
 from kvvmm.errors import ArgumentError, DriverError
-from kvvmm.measure.spread import quantiles
-from kvvmm.measure.stats import Measurement, percentile
+from kvvmm.measure.stats import Measurement, percentile, quantiles
 from kvvmm.measure.timer import HANDLE_CALLS, CallTimes, time_handle_calls
 from kvvmm.units import MiB
 
