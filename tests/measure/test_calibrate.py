@@ -316,7 +316,8 @@ def test_growth_text_and_figure_name_the_profile_their_sim_times_come_from() -> 
     results = _growth()
     text = format_growth(results, profile="h200")
     assert text.splitlines()[-1] == ("driver time: simulated with profile h200 "
-                                     "(NVIDIA H200, 2026-12-01)")
+                                     "(NVIDIA H200, 2026-12-01); costs: h200, measured on "
+                                     "an H200; capacity: h200")
     title = growth_figure(results, profile="h200").layout.title.text
     assert "h200 (NVIDIA H200, 2026-12-01)" in title
     assert format_growth(results) == "\n".join(text.splitlines()[:-1])  # unchanged without
@@ -343,7 +344,8 @@ def test_describe_stats_and_the_timeline_name_the_sims_profile() -> None:
     sim = SimDriver("h200")
     sim.reserve(2 * MiB)
     assert describe_stats(sim.stats(), profile=sim.profile).endswith(
-        "(sim profile h200 (NVIDIA H200, 2026-12-01))")
+        "(sim profile h200 (NVIDIA H200, 2026-12-01); costs: h200, measured on an H200; "
+        "capacity: h200)")
     drv = TracingDriver(SimDriver("h200"))
     drv.reserve(2 * MiB)
     fig = timeline(drv.trace, profile="h200")
