@@ -27,9 +27,11 @@ It writes one ``kvvmm-hardware-profile`` JSON (``--out``, default ``<card>-profi
 every section, so a run cut short still leaves a loadable profile (``calibration.complete`` is
 false and ``calibration.errors`` says what failed); ``SimDriver(profile=PATH)`` loads it.
 ``--quick`` measures fewer sizes and one round (about a minute); ``--quick --profile EXISTING``
-refreshes an existing full profile instead (:mod:`kvvmm.measure.refresh`: the drift-prone
-figures measured in well under a minute, the rest rescaled, the old figures kept as history
-for the bands). Without a usable GPU it says so in one line and exits 2.
+refreshes an existing profile instead (:mod:`kvvmm.measure.refresh`: the drift-prone
+figures measured in well under a minute with these same sections, the rest rescaled, the
+old figures kept as history for the bands; a profile of capacity only, such as the shipped
+h100, refreshes the H200's costs under its own capacity). Without a usable GPU it says so
+in one line and exits 2.
 
 ``kvvmm calibrate rebuild [--check]`` needs no GPU: it remakes the shipped H200 profile's
 derived sections from the committed results (:mod:`kvvmm.measure.rebuild`).
@@ -56,7 +58,7 @@ from kvvmm.driver.base import Driver
 from kvvmm.errors import DriverUnavailableError, KvvmmError
 from kvvmm.measure.calls import (
     access_multi,
-    cold_calls,
+    cold_premium,
     first_touch,
     per_call,
     post_release,
@@ -74,7 +76,7 @@ __all__ = ["FULL", "QUICK", "Plan", "TimedDriver", "build_profile", "fit_library
 #: The sections, in the order they run: (its key in the profile's raw data, the function).
 SECTIONS: tuple[tuple[str, Callable[[Ctx], dict[str, Any]]], ...] = (
     ("per_call", per_call), ("reserve_free", reserve_free), ("access_multi", access_multi),
-    ("first_touch", first_touch), ("cold_calls", cold_calls), ("library", library),
+    ("first_touch", first_touch), ("cold_premium", cold_premium), ("library", library),
     ("growth", growth),
     ("bandwidth", bandwidth), ("post_release", post_release),
 )
@@ -279,8 +281,8 @@ def refresh_main(profile: str, out: str | None, device: int = 0) -> int:
         return 2
     r = data["refreshed"]
     print(json.dumps({"path": data["path"], "seconds": r["seconds"], "from_date": r["from_date"],
-                      "factors": r["factors"], "history": len(data["spread"]["history"])},
-                     indent=1))
+                      "sources": r["sources"], "factors": r["factors"],
+                      "history": len(data["spread"]["history"])}, indent=1))
     return 0
 
 
@@ -302,11 +304,13 @@ def main(argv: list[str] | None = None) -> int:
                     help="fewer sizes, one round (~1 min); with --profile: refresh that "
                          "profile instead (kvvmm.measure.refresh)")
     ap.add_argument("--profile", default=None,
-                    help="with --quick: an existing full profile (a .json, or a shipped key "
-                         "such as h200) to refresh: the drift-prone figures measured "
-                         "(per-call costs by size, first touch, library work) in under a "
-                         "minute, the rest rescaled, the old figures kept as the bands' "
-                         "history; written to --out (default <profile>-refreshed.json)")
+                    help="with --quick: an existing profile (a .json, or a shipped key such "
+                         "as h200 or h100) to refresh: the drift-prone figures measured "
+                         "(per-call costs by size, first touch, cold premium, library work) "
+                         "in under a minute, the rest rescaled, the old figures kept as the "
+                         "bands' history; a profile of capacity only refreshes the h200's "
+                         "costs under its own capacity; written to --out (default "
+                         "<profile>-refreshed.json)")
     ap.add_argument("--device", type=int, default=0)
     ap.add_argument("--key", default=None, help="the profile's key (default: from the card)")
     ap.add_argument("--sections", default=None,

@@ -488,7 +488,7 @@ def build_profile(meas: Mapping[str, Any], meta: Mapping[str, Any], plan: Plan) 
                           "size, those per mapping, the other sizes times their ratio"
                           if factor is not None else "")),
         }
-    cold = meas.get("cold_calls")
+    cold = meas.get("cold_premium")
     if cold and isinstance(cold.get("premium_us"), Mapping):
         prem = {op: max(0.0, float(v)) for op, v in cold["premium_us"].items()}
         warm = sum(float(v) for v in cold["later_us"].values())
