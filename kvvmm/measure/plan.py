@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from kvvmm.measure.timer import TimedDriver
@@ -97,7 +97,6 @@ class Ctx:
     plan: Plan
     sync: Callable[[], None]
     cuda: bool  #: a GPU (bandwidth and the post-release probe need one)
-    log: Callable[[str], None] = field(default=lambda _: None)
     clock: Callable[[], float] = time.perf_counter  #: seconds now
     pause: Callable[[float], None] = time.sleep  #: lets that many seconds pass
 

@@ -3,24 +3,13 @@
 A full calibration takes minutes and measures what rarely changes (bandwidth, the shape of
 each curve by size); what drifts between sessions and days is the level of the per-call
 costs, the first-touch extra, the cold premium and the library's own work
-(docs/FIDELITY.md). This measures those, on the driver at hand, with the full calibration's
-own sections (:mod:`kvvmm.measure.calls`, shortened by the plan :func:`refresh_plan`), and
-rescales the existing profile:
-
-- **per call** (create, map, set_access, unmap, release) at a few handle sizes, all in one
-  reservation already touched (no first-touch extra in them), interleaved in a seeded order
-  (:func:`~kvvmm.measure.calls.call_times`), and reserve and free of 1 and 64 GiB
-  (:func:`~kvvmm.measure.calls.reserve_times`); each group's factor is the median over the
-  sizes of measured / profile;
-- **first touch**: one granule into each of several untouched regions, then one beside each
-  (:func:`~kvvmm.measure.calls.touch_times`); the extra (fresh minus beside) over the
-  profile's;
-- **cold premium**: the first call of each kind after the profile's pause, against the calls
-  after it (:func:`~kvvmm.measure.calls.cold_premium`), over the profile's;
-- **library work**: an arena's open, commit of 8 handles, decommit and close, timed whole;
-  the work is that time minus what the *refreshed* call costs charge for the same calls
-  (the same operations run on a simulator with the refreshed calls and no library work),
-  over the same for the old profile.
+(docs/FIDELITY.md). This measures those on the driver at hand with the full calibration's
+own sections (:mod:`kvvmm.measure.calls`: ``call_times`` at a few handle sizes,
+``reserve_times``, ``touch_times``, ``cold_premium``) on a plan cut to a minute
+(:func:`refresh_plan`), and rescales the existing profile: each group's factor is the median
+over the sizes of measured / profile. The **library work** is an arena's open, commit of 8
+handles, decommit and close, timed whole (:func:`library_probe`), less what the *refreshed*
+call costs charge for the same calls, over the same for the old profile.
 
 Measured groups take their factor; the rest follow their call (``set_access_per_mapping``
 with ``set_access``, ``unmap_per_mapping`` with ``unmap``) or the median factor (older
