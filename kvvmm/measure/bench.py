@@ -40,6 +40,7 @@ one. What the figures have shown so far, and why the sections are timed as they 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import functools
 import json
@@ -49,11 +50,12 @@ import random
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from kvvmm.errors import ArgumentError
+from kvvmm.driver.base import Driver
+from kvvmm.errors import ArgumentError, DriverUnavailableError, KvvmmError
 from kvvmm.measure.elastic import (
     GAP_S,
     LOOKAHEAD_BYTES,
@@ -77,71 +79,79 @@ __all__ = ["BENCH_WORKLOAD", "GAP_S", "LOOKAHEAD_BYTES", "LOOKAHEAD_SWEEP", "SEE
 SEED_SCRIPT = Path("bench") / "seed" / "seed_side_by_side.py"
 
 
+def _raw_rep(d: Any, prop: Any, acc: Any, size: int, va: int, t: dict[str, list[float]],
+             ) -> None:
+    """One rep of the raw cuda-python calls at ``va`` (with the error check any caller
+    needs), each call's seconds appended to ``t["raw_<call>"]``."""
+    ok, pc = d.CUresult.CUDA_SUCCESS, time.perf_counter
+    t0 = pc()
+    err, h = d.cuMemCreate(size, prop, 0)
+    if err != ok:
+        raise RuntimeError(err)
+    t1 = pc()
+    if d.cuMemMap(va, size, 0, h, 0)[0] != ok:
+        raise RuntimeError("map")
+    t2 = pc()
+    if d.cuMemSetAccess(va, size, [acc], 1)[0] != ok:
+        raise RuntimeError("access")
+    t3 = pc()
+    if d.cuCtxSynchronize()[0] != ok:
+        raise RuntimeError("sync")
+    t4 = pc()
+    if d.cuMemUnmap(va, size)[0] != ok:
+        raise RuntimeError("unmap")
+    t5 = pc()
+    if d.cuMemRelease(h)[0] != ok:
+        raise RuntimeError("release")
+    t6 = pc()
+    for k, v in (("create", t1 - t0), ("map", t2 - t1), ("set_access", t3 - t2),
+                 ("unmap", t5 - t4), ("unmap_sync", t5 - t3), ("release", t6 - t5)):
+        t[f"raw_{k}"].append(v)
+
+
+def _raw_props(d: Any, device: int) -> tuple[Any, Any]:
+    """cuda-python's allocation properties and access descriptor for ``device``."""
+    prop = d.CUmemAllocationProp()
+    prop.type = d.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+    prop.location.type = d.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+    prop.location.id = device
+    acc = d.CUmemAccessDesc()
+    acc.location.type = d.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+    acc.location.id = device
+    acc.flags = d.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+    return prop, acc
+
+
+#: The calls :func:`_per_call` sets side by side (``unmap_sync``: unmap with its synchronize).
+_SIDE_BY_SIDE = ("create", "map", "set_access", "unmap_sync", "release")
+
+
 def _per_call(drv_mod: Any, cd: Any, cd_py: Any | None = None) -> dict[str, Any]:
     """Raw cuda-python vs CudaDriver, per call, interleaved rep by rep (order shuffled).
 
     ``cd`` is the CudaDriver as it runs by default (its hot calls in C when ``_cudafast`` is
     built); ``cd_py``, when given, one with every call in Python (``KVVMM_CUDA_FASTPATH=0``),
     timed in the same reps so the two ratios compare on the same card at the same moment.
+    Each driver's rep is the shared timing loop (:func:`time_handle_calls`: one size, create,
+    map, set access, unmap with its synchronize, release), the raw calls' rep its twin.
     """
     d = drv_mod
-    ok = d.CUresult.CUDA_SUCCESS
-    prop = d.CUmemAllocationProp()
-    prop.type = d.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
-    prop.location.type = d.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
-    prop.location.id = cd.device
-    acc = d.CUmemAccessDesc()
-    acc.location.type = d.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
-    acc.location.id = cd.device
-    acc.flags = d.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+    prop, acc = _raw_props(d, cd.device)
     drivers = [("kvvmm", cd)] + ([("kvvmm_python", cd_py)] if cd_py is not None else [])
-    ops = ("create", "map", "set_access", "unmap_sync", "release")
     out: dict[str, Any] = {}
-    pc = time.perf_counter
     for size, reps in ((2 * MiB, 300), (32 * MiB, 300), (512 * MiB, 90)):
         raw_va = int(_ck(d.cuMemAddressReserve(size, 0, 0, 0)))
         k_vas = [(w, drv, drv.reserve(size)) for w, drv in drivers]
-        t: dict[str, list[float]] = {f"raw_{op}": [] for op in (*ops, "unmap")}
-        for w, _ in drivers:
-            t.update({f"{w}_{op}": [] for op in ops})
-
-        def raw_rep(size: int = size, raw_va: int = raw_va,
-                    t: dict[str, list[float]] = t) -> None:
-            # the raw calls, with the error check any caller needs
-            t0 = pc()
-            err, h = d.cuMemCreate(size, prop, 0)
-            if err != ok:
-                raise RuntimeError(err)
-            t1 = pc()
-            if d.cuMemMap(raw_va, size, 0, h, 0)[0] != ok:
-                raise RuntimeError("map")
-            t2 = pc()
-            if d.cuMemSetAccess(raw_va, size, [acc], 1)[0] != ok:
-                raise RuntimeError("access")
-            t3 = pc()
-            if d.cuCtxSynchronize()[0] != ok:
-                raise RuntimeError("sync")
-            t4 = pc()
-            if d.cuMemUnmap(raw_va, size)[0] != ok:
-                raise RuntimeError("unmap")
-            t5 = pc()
-            if d.cuMemRelease(h)[0] != ok:
-                raise RuntimeError("release")
-            t6 = pc()
-            for k, v in (("create", t1 - t0), ("map", t2 - t1), ("set_access", t3 - t2),
-                         ("unmap", t5 - t4), ("unmap_sync", t5 - t3), ("release", t6 - t5)):
-                t[f"raw_{k}"].append(v)
-
+        t: dict[str, list[float]] = {f"raw_{op}": [] for op in (*_SIDE_BY_SIDE, "unmap")}
         # A fresh random order each rep (seeded): what one call costs depends on the call
         # before it, so every runner must follow every other as often. Turning a fixed order
         # is not enough: it keeps who follows whom (docs/MEASUREMENTS.md, "Per-call costs").
         rng = random.Random(size)
-        # each driver's rep is the shared timing loop (one size: create, map, set access,
-        # unmap with its synchronize, release, back to back), the raw calls' rep its twin
         times = {w: CallTimes((size,)) for w, _, _ in k_vas}
-        runners: list[Callable[[], None]] = [raw_rep]
-        runners += [functools.partial(time_handle_calls, drv, {size: k_va}, pc, rng, times[w])
-                    for w, drv, k_va in k_vas]
+        runners: list[Callable[[], None]] = [
+            functools.partial(_raw_rep, d, prop, acc, size, raw_va, t),
+            *(functools.partial(time_handle_calls, drv, {size: k_va}, time.perf_counter, rng,
+                                times[w]) for w, drv, k_va in k_vas)]
         for _ in range(reps):
             rng.shuffle(runners)
             for run_one in runners:
@@ -155,7 +165,7 @@ def _per_call(drv_mod: Any, cd: Any, cd_py: Any | None = None) -> dict[str, Any]
         row: dict[str, Any] = {k: median_us(v) for k, v in t.items() if v}
         for w, _ in drivers:
             row[f"ratio_{w}_over_raw"] = {
-                op: round(row[f"{w}_{op}"] / row[f"raw_{op}"], 3) for op in ops}
+                op: round(row[f"{w}_{op}"] / row[f"raw_{op}"], 3) for op in _SIDE_BY_SIDE}
         out[f"{size // MiB}MiB"] = row
     return out
 
@@ -237,8 +247,156 @@ def _tqdm() -> Any:
 
 
 def _card_slug(card: str) -> str:
-    """``"NVIDIA H200"`` -> ``"h200"``: the card's part of a result's file name."""
-    return card.lower().replace("nvidia ", "").strip().replace(" ", "-")
+    """``"NVIDIA H200"`` -> ``"h200"``: the card's part of a result's file name, and the key
+    of the profile calibrate makes of it (``"gpu"`` for a card with no name)."""
+    return card.lower().replace("nvidia ", "").strip().replace(" ", "-") or "gpu"
+
+
+@contextlib.contextmanager
+def _card(device: int) -> Iterator[tuple[Driver, Callable[[], None]]]:
+    """GPU ``device``'s CudaDriver (closed after the block) and how to wait for the device.
+
+    Raises:
+        DriverUnavailableError: no usable GPU.
+    """
+    from kvvmm.driver.cuda import CudaDriver
+
+    try:
+        import torch
+    except ImportError as e:
+        raise DriverUnavailableError(f"torch is not installed ({e})") from None
+    if not torch.cuda.is_available():
+        raise DriverUnavailableError("torch.cuda.is_available() is False")
+    torch.cuda.init()  # type: ignore[no-untyped-call]
+    torch.empty(1, device=f"cuda:{device}")
+    cd = CudaDriver(device=device)
+    try:
+        yield cd, lambda: torch.cuda.synchronize(device)
+    finally:
+        try:
+            cd.close()
+        except KvvmmError as e:  # what is written stands; what the driver holds goes at exit
+            print(f"kvvmm: warning: closing the driver: {e}", file=sys.stderr)
+
+
+def _policies() -> list[Any]:
+    """The growth policies timed, the default first (each once)."""
+    from kvvmm.policy import Chunked, Exact, Geometric, default_policy
+
+    return list({str(p): p for p in (default_policy(), Exact(), Chunked(64 * MiB),
+                                     Chunked(128 * MiB), Chunked(256 * MiB),
+                                     Geometric(2.0, 256 * MiB))}.values())
+
+
+def _header(cd: Any, device: int, w: Workload) -> dict[str, Any]:
+    """The result's card, versions, date, memory and workload."""
+    import importlib.metadata as md
+
+    import torch
+    from cuda.bindings import driver as d
+
+    from kvvmm._version import __version__
+    from kvvmm.policy import default_policy
+
+    free, total = cd.mem_info()
+    return {
+        "benchmark": "kvvmm bench (gpu)",
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "card": torch.cuda.get_device_name(device),
+        "versions": {"torch": torch.__version__, "cuda_bindings": md.version("cuda-bindings"),
+                     "driver": int(_ck(d.cuDriverGetVersion())), "kvvmm": __version__,
+                     "python": platform.python_version()},
+        "mem_total_bytes": total, "mem_free_bytes": free,
+        "granularity_min": cd.granularity_min,
+        "granularity_recommended": cd.granularity_recommended,
+        "workload": {"buffers": w.buffers, "kv_heads": w.kv_heads, "head_dim": w.head_dim,
+                     "page_size": w.page_size, "reserved_tokens": w.reserved_tokens,
+                     "step_tokens": w.step_tokens, "grow_to_tokens": w.grow_to_tokens,
+                     "finalize_tokens": w.finalize_tokens},
+        "default_policy": str(default_policy()),
+    }
+
+
+def _per_call_section(cd: Any, device: int) -> dict[str, Any]:
+    """``per_call`` (:func:`_per_call`), with a second CudaDriver whose every call is in
+    Python timed beside the default one; and whether the default has its C path."""
+    from cuda.bindings import driver as d
+
+    from kvvmm.driver.cuda import CudaDriver
+
+    old = os.environ.get("KVVMM_CUDA_FASTPATH")
+    os.environ["KVVMM_CUDA_FASTPATH"] = "0"
+    try:
+        cd_py = CudaDriver(device=device)  # every call in Python, timed beside the default
+    finally:
+        if old is None:
+            del os.environ["KVVMM_CUDA_FASTPATH"]
+        else:
+            os.environ["KVVMM_CUDA_FASTPATH"] = old
+    try:
+        return {"fast_path": cd.fast_path, "per_call": _per_call(d, cd, cd_py)}
+    finally:
+        cd_py.close()
+
+
+def _ms(ctor: list[float], close: list[float]) -> dict[str, float]:
+    return {"ctor_ms_median": median_us(ctor) / 1e3, "ctor_ms_max": round(max(ctor) * 1e3, 3),
+            "close_ms_median": median_us(close) / 1e3}
+
+
+def _construction(cd: Any, w: Workload) -> dict[str, Any]:
+    """``arena`` (a 64 GiB reservation) and ``owner`` (the workload's buffers): ms to make
+    and to close."""
+    from kvvmm.arena import Arena
+    from kvvmm.owner import KvBufferOwner
+
+    Arena(cd, reserve_bytes=64 * GiB).close()  # warm-up: the first reserve costs more
+    arenas: list[Arena] = []
+    ctor = _timed(lambda: arenas.append(Arena(cd, reserve_bytes=64 * GiB)), 10)
+    close = _timed(lambda: arenas.pop().close(), 10)
+    owners: list[KvBufferOwner] = []
+    octor = _timed(lambda: owners.append(KvBufferOwner(
+        driver=cd, dtype="bfloat16", page_size=w.page_size, reserved_tokens=w.reserved_tokens,
+        descs=w.descs())), 5)
+    reserved = owners[0].arena.reserved_bytes
+    oclose = _timed(lambda: owners.pop().close(), 5)
+    return {"arena": {"reserve_bytes": 64 * GiB} | _ms(ctor, close),
+            "owner": {"buffers": w.buffers, "reserved_bytes": reserved} | _ms(octor, oclose)}
+
+
+def _malloc_ms(nbytes: int, device: int) -> float:
+    """ms of one cudaMalloc (``torch.empty``) of ``nbytes``."""
+    import torch
+
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    big = torch.empty(nbytes, dtype=torch.uint8, device=f"cuda:{device}")
+    torch.cuda.synchronize()
+    ms = round((time.perf_counter() - t0) * 1e3, 2)
+    del big
+    torch.cuda.empty_cache()
+    return ms
+
+
+def _growth_sections(cd: Any, res: dict[str, Any]) -> list[tuple[str, Callable[[], None]]]:
+    """The rotated rounds of every policy, then per policy its finalize and bandwidth."""
+    policies = _policies()
+    rounds: dict[str, list[float]] = {}
+    b2b: list[float] = []
+
+    def growth_rounds() -> None:
+        rounds.update(grow_rounds(cd, policies))
+        b2b.extend(back_to_back(cd, policies[0]))
+        res["growth"] = []
+
+    def growth(p: Any) -> None:
+        g = policy_growth(cd, p, rounds[str(p)])
+        if p is policies[0]:
+            g["grow_ms_back_to_back"] = b2b
+        res["growth"].append(g)
+
+    return [("growth, rotated rounds", growth_rounds),
+            *[(f"finalize and bandwidth {p}", functools.partial(growth, p)) for p in policies]]
 
 
 def run(out_dir: str, seed_file: str | None, device: int = 0,
@@ -259,146 +417,20 @@ def run(out_dir: str, seed_file: str | None, device: int = 0,
         FileNotFoundError: ``seed_file`` is given and the seed's script is not found.
         ImportError: tqdm is missing.
     """
-    import importlib.metadata as md
-
-    from kvvmm._version import __version__
-
     # All three checked before minutes of measuring, not after them.
     seed = _check_seed_file(seed_file) if seed_file else None
     script = find_seed_script(seed_script) if seed else None
     tqdm = _tqdm()
-    from kvvmm.policy import Chunked, Exact, Geometric, default_policy
-
-    policies = [default_policy(), Exact(), Chunked(64 * MiB), Chunked(128 * MiB),
-                Chunked(256 * MiB), Geometric(2.0, 256 * MiB)]
-    unique: dict[str, Any] = {}
-    for p in policies:
-        unique.setdefault(str(p), p)
-    policies = list(unique.values())
-
-    import torch
-    from cuda.bindings import driver as d
-
-    from kvvmm.arena import Arena
-    from kvvmm.driver.cuda import CudaDriver
-    from kvvmm.owner import KvBufferOwner
-
-    torch.cuda.init()  # type: ignore[no-untyped-call]
-    torch.empty(1, device=f"cuda:{device}")
-    cd = CudaDriver(device=device)
-    w = BENCH_WORKLOAD
-    free, total = cd.mem_info()
-    res: dict[str, Any] = {
-        "benchmark": "kvvmm bench (gpu)",
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "card": torch.cuda.get_device_name(device),
-        "versions": {"torch": torch.__version__, "cuda_bindings": md.version("cuda-bindings"),
-                     "driver": int(_ck(d.cuDriverGetVersion())), "kvvmm": __version__,
-                     "python": platform.python_version()},
-        "mem_total_bytes": total, "mem_free_bytes": free,
-        "granularity_min": cd.granularity_min,
-        "granularity_recommended": cd.granularity_recommended,
-        "workload": {"buffers": w.buffers, "kv_heads": w.kv_heads, "head_dim": w.head_dim,
-                     "page_size": w.page_size, "reserved_tokens": w.reserved_tokens,
-                     "step_tokens": w.step_tokens, "grow_to_tokens": w.grow_to_tokens,
-                     "finalize_tokens": w.finalize_tokens},
-        "default_policy": str(default_policy()),
-    }
-
-    def per_call() -> None:
-        old = os.environ.get("KVVMM_CUDA_FASTPATH")
-        os.environ["KVVMM_CUDA_FASTPATH"] = "0"
-        try:
-            cd_py = CudaDriver(device=device)  # every call in Python, timed beside the default
-        finally:
-            if old is None:
-                del os.environ["KVVMM_CUDA_FASTPATH"]
-            else:
-                os.environ["KVVMM_CUDA_FASTPATH"] = old
-        res["fast_path"] = cd.fast_path
-        res["per_call"] = _per_call(d, cd, cd_py)
-        cd_py.close()
-
-    def arena() -> None:
-        Arena(cd, reserve_bytes=64 * GiB).close()  # warm-up: the first reserve costs more
-        arenas: list[Arena] = []
-        ctor = _timed(lambda: arenas.append(Arena(cd, reserve_bytes=64 * GiB)), 10)
-        close = _timed(lambda: arenas.pop().close(), 10)
-        res["arena"] = {"reserve_bytes": 64 * GiB, "ctor_ms_median": median_us(ctor) / 1e3,
-                        "ctor_ms_max": round(max(ctor) * 1e3, 3),
-                        "close_ms_median": median_us(close) / 1e3}
-
-    def owner() -> None:
-        owners: list[KvBufferOwner] = []
-
-        def make_owner() -> None:
-            owners.append(KvBufferOwner(driver=cd, dtype="bfloat16", page_size=w.page_size,
-                                        reserved_tokens=w.reserved_tokens, descs=w.descs()))
-
-        octor = _timed(make_owner, 5)
-        reserved = owners[0].arena.reserved_bytes
-        oclose = _timed(lambda: owners.pop().close(), 5)
-        res["owner"] = {"buffers": w.buffers, "reserved_bytes": reserved,
-                        "ctor_ms_median": median_us(octor) / 1e3,
-                        "ctor_ms_max": round(max(octor) * 1e3, 3),
-                        "close_ms_median": median_us(oclose) / 1e3}
-
-    rounds: dict[str, list[float]] = {}
-    b2b: list[float] = []
-
-    def growth_rounds() -> None:
-        rounds.update(grow_rounds(cd, policies))
-        b2b.extend(back_to_back(cd, policies[0]))
-        res["growth"] = []
-
-    def growth(p: Any) -> None:
-        g = policy_growth(cd, p, rounds[str(p)])
-        if p is policies[0]:
-            g["grow_ms_back_to_back"] = b2b
-        res["growth"].append(g)
-
-    def malloc() -> None:
-        nbytes = res["growth"][0]["backed_after_finalize_bytes"]
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        big = torch.empty(nbytes, dtype=torch.uint8, device=f"cuda:{device}")
-        torch.cuda.synchronize()
-        res["cudaMalloc_same_bytes_ms"] = round((time.perf_counter() - t0) * 1e3, 2)
-        del big
-        torch.cuda.empty_cache()
-
-    def elastic() -> None:
-        res["elastic_growth"] = elastic_growth(cd)
-
-    def pages() -> None:
-        res["page_ops"] = page_ops(cd)
-
-    def holes_bandwidth() -> None:
-        res["elastic_bandwidth"] = elastic_bandwidth(cd)
-
-    sections: list[tuple[str, Callable[[], None]]] = [
-        ("per-call costs", per_call), ("arena construction", arena),
-        ("owner construction", owner), ("growth, rotated rounds", growth_rounds),
-        *[(f"finalize and bandwidth {p}", functools.partial(growth, p)) for p in policies],
-        ("cudaMalloc of the same bytes", malloc),
-        # the elastic sections come last so the figures above stay comparable with earlier
-        # runs (nothing before them has held a pool's thread or a look-ahead's memory)
-        ("elastic growth, pool vs none", elastic), ("single-page map/unmap", pages),
-        ("bandwidth with holes", holes_bandwidth),
-    ]
-    if seed is not None and script is not None:
-        seed_path, script_path = seed, script
-
-        def seed_side_by_side() -> None:
-            res["seed"] = _seed(seed_path, script_path)
-
-        sections.append(("seed (SGLang arena) in a subprocess", seed_side_by_side))
-    # One step of the bar per section, on stderr: stdout is the summary.
-    with tqdm(total=len(sections), file=sys.stderr, unit="section", dynamic_ncols=True) as bar:
-        for label, section in sections:
-            bar.set_description_str(label)
-            section()
-            bar.update()
+    with _card(device) as (cd, _):
+        res = _header(cd, device, BENCH_WORKLOAD)
+        sections = _sections(cd, device, res, (seed, script) if seed and script else None)
+        # One step of the bar per section, on stderr: stdout is the summary.
+        with tqdm(total=len(sections), file=sys.stderr, unit="section",
+                  dynamic_ncols=True) as bar:
+            for label, section in sections:
+                bar.set_description_str(label)
+                section()
+                bar.update()
     res["targets"] = _targets(res)
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, f"{_card_slug(res['card'])}-kvvmm-bench.json")
@@ -406,6 +438,28 @@ def run(out_dir: str, seed_file: str | None, device: int = 0,
         json.dump(res, f, indent=1)
     res["path"] = path
     return res
+
+
+def _sections(cd: Any, device: int, res: dict[str, Any], seed: tuple[str, Path] | None,
+              ) -> list[tuple[str, Callable[[], None]]]:
+    """Every section in the order it runs: its label, and what fills its part of ``res``."""
+    w = BENCH_WORKLOAD
+    sections: list[tuple[str, Callable[[], None]]] = [
+        ("per-call costs", lambda: res.update(_per_call_section(cd, device))),
+        ("arena and owner construction", lambda: res.update(_construction(cd, w))),
+        *_growth_sections(cd, res),
+        ("cudaMalloc of the same bytes", lambda: res.update(cudaMalloc_same_bytes_ms=_malloc_ms(
+            res["growth"][0]["backed_after_finalize_bytes"], device))),
+        # the elastic sections come last so the figures above stay comparable with earlier
+        # runs (nothing before them has held a pool's thread or a look-ahead's memory)
+        ("elastic growth, pool vs none", lambda: res.update(elastic_growth=elastic_growth(cd))),
+        ("single-page map/unmap", lambda: res.update(page_ops=page_ops(cd))),
+        ("bandwidth with holes", lambda: res.update(elastic_bandwidth=elastic_bandwidth(cd))),
+    ]
+    if seed is not None:
+        sections.append(("seed (SGLang arena) in a subprocess",
+                         lambda: res.update(seed=_seed(*seed))))
+    return sections
 
 
 def _targets(res: dict[str, Any]) -> dict[str, Any]:

@@ -27,9 +27,11 @@ It writes one ``kvvmm-hardware-profile`` JSON (``--out``, default ``<card>-profi
 every section, so a run cut short still leaves a loadable profile (``calibration.complete`` is
 false and ``calibration.errors`` says what failed); ``SimDriver(profile=PATH)`` loads it.
 ``--quick`` measures fewer sizes and one round (about a minute); ``--quick --profile EXISTING``
-refreshes an existing full profile instead (:mod:`kvvmm.measure.refresh`: the drift-prone
-figures measured in well under a minute, the rest rescaled, the old figures kept as history
-for the bands). Without a usable GPU it says so in one line and exits 2.
+refreshes an existing profile instead (:mod:`kvvmm.measure.refresh`: the drift-prone
+figures measured in well under a minute with these same sections, the rest rescaled, the
+old figures kept as history for the bands; a profile of capacity only, such as the shipped
+h100, refreshes the H200's costs under its own capacity). Without a usable GPU it says so
+in one line and exits 2.
 
 ``kvvmm calibrate rebuild [--check]`` needs no GPU: it remakes the shipped H200 profile's
 derived sections from the committed results (:mod:`kvvmm.measure.rebuild`).
@@ -54,9 +56,10 @@ from typing import Any
 
 from kvvmm.driver.base import Driver
 from kvvmm.errors import DriverUnavailableError, KvvmmError
+from kvvmm.measure.bench import _card, _card_slug, _tqdm
 from kvvmm.measure.calls import (
     access_multi,
-    cold_calls,
+    cold_premium,
     first_touch,
     per_call,
     post_release,
@@ -74,14 +77,10 @@ __all__ = ["FULL", "QUICK", "Plan", "TimedDriver", "build_profile", "fit_library
 #: The sections, in the order they run: (its key in the profile's raw data, the function).
 SECTIONS: tuple[tuple[str, Callable[[Ctx], dict[str, Any]]], ...] = (
     ("per_call", per_call), ("reserve_free", reserve_free), ("access_multi", access_multi),
-    ("first_touch", first_touch), ("cold_calls", cold_calls), ("library", library),
+    ("first_touch", first_touch), ("cold_premium", cold_premium), ("library", library),
     ("growth", growth),
     ("bandwidth", bandwidth), ("post_release", post_release),
 )
-
-
-def _card_key(card: str) -> str:
-    return card.lower().replace("nvidia ", "").strip().replace(" ", "-") or "gpu"
 
 
 def _nvidia_driver() -> str:
@@ -116,7 +115,7 @@ def _meta(driver: Driver, cuda: bool, key: str | None) -> dict[str, Any]:
     gran = driver.granularity_min
     return {
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "card": card, "key": key or _card_key(card),
+        "card": card, "key": key or _card_slug(card),
         "driver": _nvidia_driver() if cuda else "none", "cuda_runtime": cuda_v,
         "torch": torch_v, "cuda_bindings": version("cuda-bindings"), "kvvmm": __version__,
         "python": platform.python_version(), "capacity_bytes": total,
@@ -159,10 +158,7 @@ def measure(driver: Driver, plan: Plan, *, out: str, key: str | None = None,
                                "seconds": dict(seconds),
                                "wall_s": round(time.perf_counter() - started, 1),
                                "raw": meas}
-        tmp = f"{out}.part"
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=1)
-        os.replace(tmp, out)  # never a half-written profile at ``out``
+        _write_json(out, data)
         return data
 
     for name, fn in SECTIONS:
@@ -180,6 +176,14 @@ def measure(driver: Driver, plan: Plan, *, out: str, key: str | None = None,
     return write(not errors)
 
 
+def _write_json(path: str, data: Any) -> None:
+    """``data`` to ``path`` through a ``.part`` file: never a half-written file at ``path``."""
+    tmp = f"{path}.part"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=1)
+    os.replace(tmp, path)
+
+
 def run(*, out: str | None, quick: bool, device: int = 0, key: str | None = None,
         sections: Sequence[str] | None = None) -> dict[str, Any]:
     """Calibrate the GPU ``device`` (CudaDriver) and write the profile; see the module docstring.
@@ -187,25 +191,13 @@ def run(*, out: str | None, quick: bool, device: int = 0, key: str | None = None
     Raises:
         DriverUnavailableError: no usable GPU.
     """
-    from kvvmm.driver.cuda import CudaDriver
-
-    try:
-        import torch
-    except ImportError as e:
-        raise DriverUnavailableError(f"torch is not installed ({e})") from None
-    if not torch.cuda.is_available():
-        raise DriverUnavailableError("torch.cuda.is_available() is False")
-    from kvvmm.measure.bench import _tqdm
-
     tqdm = _tqdm()
-    torch.cuda.init()  # type: ignore[no-untyped-call]
-    torch.empty(1, device=f"cuda:{device}")
-    cd = CudaDriver(device=device)
-    plan = QUICK if quick else FULL
-    card = _card_key(torch.cuda.get_device_name(device))
-    path = out or f"{key or card}-profile.json"
     names = [n for n, _ in SECTIONS if sections is None or n in sections]
-    with tqdm(total=len(names), file=sys.stderr, unit="section", dynamic_ncols=True) as bar:
+    with _card(device) as (cd, sync), tqdm(total=len(names), file=sys.stderr, unit="section",
+                                          dynamic_ncols=True) as bar:
+        import torch
+
+        path = out or f"{key or _card_slug(torch.cuda.get_device_name(device))}-profile.json"
         started: list[str] = []
 
         def progress(label: str) -> None:  # called as each section starts
@@ -215,14 +207,10 @@ def run(*, out: str | None, quick: bool, device: int = 0, key: str | None = None
             bar.set_description_str(label)
 
         try:
-            data = measure(cd, plan, out=path, key=key, sections=sections, cuda=True,
-                           sync=lambda: torch.cuda.synchronize(device), progress=progress)
+            data = measure(cd, QUICK if quick else FULL, out=path, key=key, sections=sections,
+                           cuda=True, sync=sync, progress=progress)
         finally:
             bar.update(len(names) - bar.n)
-    try:
-        cd.close()
-    except KvvmmError as e:  # the profile is written; what the driver still holds goes at exit
-        print(f"kvvmm calibrate: warning: closing the driver: {e}", file=sys.stderr)
     data["path"] = path
     return data
 
@@ -234,35 +222,23 @@ def refresh(profile: str, out: str | None, device: int = 0) -> dict[str, Any]:
         DriverUnavailableError: no usable GPU.
         ProfileError, OSError: ``profile`` cannot be read.
     """
-    from kvvmm.driver.cuda import CudaDriver
     from kvvmm.hardware import get_profile, profile_data
     from kvvmm.measure.refresh import quick_refresh
 
     old = dict(profile_data(get_profile(profile)))  # refused before the GPU is touched
-    try:
-        import torch
-    except ImportError as e:
-        raise DriverUnavailableError(f"torch is not installed ({e})") from None
-    if not torch.cuda.is_available():
-        raise DriverUnavailableError("torch.cuda.is_available() is False")
-    torch.empty(1, device=f"cuda:{device}")
-    cd = CudaDriver(device=device)
-    try:
-        data = quick_refresh(cd, old, clock=lambda: time.perf_counter() * 1e6,
-                             sync=lambda: torch.cuda.synchronize(device))
-    finally:
-        try:
-            cd.close()
-        except KvvmmError as e:
-            print(f"kvvmm calibrate: warning: closing the driver: {e}", file=sys.stderr)
-    stem = os.path.splitext(os.path.basename(profile))[0]
-    path = out or f"{stem}-refreshed.json"
-    tmp = f"{path}.part"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=1)
-    os.replace(tmp, path)
+    with _card(device) as (cd, sync):
+        data = quick_refresh(cd, old, clock=lambda: time.perf_counter() * 1e6, sync=sync)
+    path = out or f"{os.path.splitext(os.path.basename(profile))[0]}-refreshed.json"
+    _write_json(path, data)
     data["path"] = path
     return data
+
+
+def _no_gpu(e: DriverUnavailableError) -> int:
+    """The one line ``kvvmm calibrate`` prints without a usable GPU; its exit status."""
+    one = str(e).replace("\n", " ")
+    print(f"kvvmm calibrate: needs a CUDA GPU; none is usable here ({one})", file=sys.stderr)
+    return 2
 
 
 def refresh_main(profile: str, out: str | None, device: int = 0) -> int:
@@ -270,18 +246,40 @@ def refresh_main(profile: str, out: str | None, device: int = 0) -> int:
     try:
         data = refresh(profile, out, device)
     except DriverUnavailableError as e:
-        one = str(e).replace("\n", " ")
-        print(f"kvvmm calibrate: needs a CUDA GPU; none is usable here ({one})",
-              file=sys.stderr)
-        return 2
+        return _no_gpu(e)
     except (KvvmmError, OSError, ImportError) as e:
         print(f"kvvmm calibrate: error: {type(e).__name__}: {e}", file=sys.stderr)
         return 2
     r = data["refreshed"]
     print(json.dumps({"path": data["path"], "seconds": r["seconds"], "from_date": r["from_date"],
-                      "factors": r["factors"], "history": len(data["spread"]["history"])},
-                     indent=1))
+                      "sources": r["sources"], "factors": r["factors"],
+                      "history": len(data["spread"]["history"])}, indent=1))
     return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    """``kvvmm calibrate``'s options."""
+    ap = argparse.ArgumentParser(prog="kvvmm calibrate", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=None,
+                    help="profile JSON to write (default: <card>-profile.json); rewritten "
+                         "after every section")
+    ap.add_argument("--quick", action="store_true",
+                    help="fewer sizes, one round (~1 min); with --profile: refresh that "
+                         "profile instead (kvvmm.measure.refresh)")
+    ap.add_argument("--profile", default=None,
+                    help="with --quick: an existing profile (a .json, or a shipped key such "
+                         "as h200 or h100) to refresh: the drift-prone figures measured "
+                         "(per-call costs by size, first touch, cold premium, library work) "
+                         "in under a minute, the rest rescaled, the old figures kept as the "
+                         "bands' history; a profile of capacity only refreshes the h200's "
+                         "costs under its own capacity; written to --out (default "
+                         "<profile>-refreshed.json)")
+    ap.add_argument("--device", type=int, default=0)
+    ap.add_argument("--key", default=None, help="the profile's key (default: from the card)")
+    ap.add_argument("--sections", default=None,
+                    help=f"comma-separated subset of {','.join(n for n, _ in SECTIONS)}")
+    return ap
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -293,25 +291,7 @@ def main(argv: list[str] | None = None) -> int:
         from kvvmm.measure import rebuild
 
         return rebuild.main(argv[1:])
-    ap = argparse.ArgumentParser(prog="kvvmm calibrate", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default=None,
-                    help="profile JSON to write (default: <card>-profile.json); rewritten "
-                         "after every section")
-    ap.add_argument("--quick", action="store_true",
-                    help="fewer sizes, one round (~1 min); with --profile: refresh that "
-                         "profile instead (kvvmm.measure.refresh)")
-    ap.add_argument("--profile", default=None,
-                    help="with --quick: an existing full profile (a .json, or a shipped key "
-                         "such as h200) to refresh: the drift-prone figures measured "
-                         "(per-call costs by size, first touch, library work) in under a "
-                         "minute, the rest rescaled, the old figures kept as the bands' "
-                         "history; written to --out (default <profile>-refreshed.json)")
-    ap.add_argument("--device", type=int, default=0)
-    ap.add_argument("--key", default=None, help="the profile's key (default: from the card)")
-    ap.add_argument("--sections", default=None,
-                    help=f"comma-separated subset of {','.join(n for n, _ in SECTIONS)}")
-    args = ap.parse_args(argv)
+    args = _parser().parse_args(argv)
     if args.profile is not None:
         if not args.quick:
             print("kvvmm calibrate: error: --profile refreshes a profile, with --quick (the "
@@ -327,10 +307,7 @@ def main(argv: list[str] | None = None) -> int:
         data = run(out=args.out, quick=args.quick, device=args.device, key=args.key,
                    sections=sections)
     except DriverUnavailableError as e:
-        one = str(e).replace("\n", " ")
-        print(f"kvvmm calibrate: needs a CUDA GPU; none is usable here ({one})",
-              file=sys.stderr)
-        return 2
+        return _no_gpu(e)
     except ImportError as e:  # tqdm (a kvvmm dependency) or cuda-python missing
         print(f"kvvmm calibrate: error: {e} ({' '.join(getattr(e, '__notes__', []))})",
               file=sys.stderr)

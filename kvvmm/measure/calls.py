@@ -1,96 +1,117 @@
 """``kvvmm calibrate``'s driver-call sections: µs per call by size, reserve and free, one call
 over several mappings, the first map into a region, the first call of each kind after a
-pause, creates after a large release.
+pause (the cold premium), creates after a large release.
 
 Each takes a :class:`~kvvmm.measure.plan.Ctx` and calls the driver itself (not the timing
-wrapper): these are the calls alone, as the simulator charges them.
+wrapper): these are the calls alone, as the simulator charges them. Time is the context's
+clock and pause, so the quick refresh (:mod:`kvvmm.measure.refresh`) measures with the same
+functions (:func:`call_times`, :func:`reserve_times`, :func:`touch_times`,
+:func:`cold_premium`) on a card or a simulator.
 """
 
 from __future__ import annotations
 
+import itertools
+import math
 import random
 import statistics
 import time
+from collections.abc import Callable
 from typing import Any
 
 from kvvmm.driver.base import Driver
-from kvvmm.hardware.schema import COLD_CALLS as SCHEMA_COLD_CALLS
+from kvvmm.hardware.schema import COLD_CALLS
 from kvvmm.measure.plan import Ctx
 from kvvmm.measure.stats import mean_us, median_us, trimmed_mean
 from kvvmm.measure.timer import HANDLE_CALLS, CallTimes, time_handle_calls
 from kvvmm.units import GiB, MiB
 
-__all__ = ["access_multi", "cold_calls", "first_touch", "per_call", "post_release",
-           "reserve_free"]
+__all__ = ["COLD_CALLS", "access_multi", "call_times", "cold_premium", "first_touch", "per_call",
+           "post_release", "reserve_free", "reserve_times", "touch_times"]
 
 
-def per_call(ctx: Ctx) -> dict[str, Any]:
-    """µs per call by handle size, in ONE reservation (as an owner's calls are), each size at
-    its own place in it; per rep, every size is created, mapped and given access, then every
-    size unmapped, then every size released, each phase in a fresh seeded random order.
+def call_times(ctx: Ctx) -> CallTimes:
+    """Every create, map, set_access, unmap and release timed by handle size, in ONE
+    reservation (as an owner's calls are), each size at its own place in it; per rep, every
+    size is created, mapped and given access, then every size unmapped, then every size
+    released, each phase in a fresh seeded random order (:func:`time_handle_calls`).
 
     One reservation: CudaDriver keeps the last reservation's range for its map check, so
     maps spread over several reservations (as before) timed a miss an owner never pays
     (9.3 µs against 1.8 µs). Phases: an owner's decommit and close unmap a run, then
-    release, so a release is timed after other unmaps, not right after its own.
+    release, so a release is timed after other unmaps, not right after its own. The plan's
+    ``call_limit_s`` stops the reps early (each size timed at least 5 times).
     """
-    d = ctx.td.inner
-    p = ctx.plan
+    d, p = ctx.td.inner, ctx.plan
     sizes = [s * MiB for s in p.call_sizes_mib]
-    places: dict[int, int] = {}
-    total = 0
-    for s in sizes:
-        places[s] = total
-        total += s
+    total = sum(sizes)
     base = d.reserve(total)
-    places = {s: base + off for s, off in places.items()}
+    places = dict(zip(sizes, itertools.accumulate(sizes, initial=base), strict=False))
     left = dict(zip(sizes, p.call_reps, strict=True))
     times = CallTimes(sizes)
-    pc = time.perf_counter
     rng = random.Random(14)
+    stop = time.monotonic() + p.call_limit_s if p.call_limit_s > 0 else math.inf
     try:
         for _ in range(2):  # warm-up: the first calls of a size cost more
-            time_handle_calls(d, places, pc, rng, None)
+            time_handle_calls(d, places, ctx.clock, rng, None)
         while any(left.values()):
             now = {s: va for s, va in places.items() if left[s] > 0}
             for s in now:
                 left[s] -= 1
-            time_handle_calls(d, now, pc, rng, times)
+            time_handle_calls(d, now, ctx.clock, rng, times)
+            if time.monotonic() > stop and min(map(times.reps, sizes)) >= 5:
+                break
     finally:
         d.free(base, total)
+    return times
+
+
+def per_call(ctx: Ctx) -> dict[str, Any]:
+    """µs per call by handle size (:func:`call_times`): the trimmed mean, the reps, the
+    median."""
+    times = call_times(ctx)
     out: dict[str, Any] = {}
-    for s in sizes:
-        ms = {op: times.measurement(op, s) for op in HANDLE_CALLS}
-        out[f"{s // MiB}MiB"] = ({op: m.mean_us() for op, m in ms.items()}
-                                 | {"reps": times.reps(s)}
-                                 | {"median": {op: m.median_us() for op, m in ms.items()}})
+    for mib in ctx.plan.call_sizes_mib:
+        ms = {op: times.measurement(op, mib * MiB) for op in HANDLE_CALLS}
+        out[f"{mib}MiB"] = ({op: m.mean_us() for op, m in ms.items()}
+                            | {"reps": times.reps(mib * MiB)}
+                            | {"median": {op: m.median_us() for op, m in ms.items()}})
     return out
 
 
-def reserve_free(ctx: Ctx) -> dict[str, Any]:
-    """µs per reserve and per free by reservation size (sizes in a seeded random order)."""
-    d = ctx.td.inner
-    p = ctx.plan
-    t: dict[int, dict[str, list[float]]] = {g: {"reserve": [], "free": []} for g in p.reserve_gib}
+def reserve_times(ctx: Ctx) -> dict[str, dict[int, list[float]]]:
+    """Every reserve and free timed, by op and reservation size in GiB (the plan's
+    ``reserve_gib``, in a fresh seeded order each rep)."""
+    d, p, clock = ctx.td.inner, ctx.plan, ctx.clock
+    t: dict[str, dict[int, list[float]]] = {op: {g: [] for g in p.reserve_gib}
+                                            for op in ("reserve", "free")}
     rng = random.Random(15)
     d.free(d.reserve(GiB), GiB)  # warm-up
     for _ in range(p.reserve_reps):
         order = list(p.reserve_gib)
         rng.shuffle(order)
         for g in order:
-            t0 = time.perf_counter()
+            t0 = clock()
             va = d.reserve(g * GiB)
-            t1 = time.perf_counter()
+            t1 = clock()
             d.free(va, g * GiB)
-            t2 = time.perf_counter()
-            t[g]["reserve"].append(t1 - t0)
-            t[g]["free"].append(t2 - t1)
+            t2 = clock()
+            t["reserve"][g].append(t1 - t0)
+            t["free"][g].append(t2 - t1)
+    return t
+
+
+def reserve_free(ctx: Ctx) -> dict[str, Any]:
+    """µs per reserve and per free by reservation size (:func:`reserve_times`), and per
+    mem_info."""
+    t = reserve_times(ctx)
     mem = []
     for _ in range(200):
-        t0 = time.perf_counter()
-        d.mem_info()
-        mem.append(time.perf_counter() - t0)
-    return {"sizes": {f"{g}GiB": {k: mean_us(v) for k, v in row.items()} for g, row in t.items()},
+        t0 = ctx.clock()
+        ctx.td.inner.mem_info()
+        mem.append(ctx.clock() - t0)
+    return {"sizes": {f"{g}GiB": {op: mean_us(by[g]) for op, by in t.items()}
+                      for g in ctx.plan.reserve_gib},
             "mem_info_us": mean_us(mem)}
 
 
@@ -109,17 +130,17 @@ def access_multi(ctx: Ctx) -> dict[str, Any]:
             for rep in range(ctx.plan.access_reps * 2):
                 for i, h in enumerate(hs):
                     d.map(va + i * size, size, h)
-                t0 = time.perf_counter()
+                t0 = ctx.clock()
                 if rep % 2 == 0:
                     d.set_access(va, size * k)
                 else:
                     for i in range(k):
                         d.set_access(va + i * size, size)
-                dt = time.perf_counter() - t0
+                dt = ctx.clock() - t0
                 (one if rep % 2 == 0 else many).append(dt)
-                t0 = time.perf_counter()
+                t0 = ctx.clock()
                 d.unmap(va, size * k)  # one call over the k mappings (synchronizes once)
-                unmaps.append(time.perf_counter() - t0)
+                unmaps.append(ctx.clock() - t0)
         finally:
             for h in hs:
                 d.release(h)
@@ -136,49 +157,33 @@ def access_multi(ctx: Ctx) -> dict[str, Any]:
     return out
 
 
-#: The calls of one round of :func:`cold_calls`, in the order they are made (the calls a
-#: profile's cold premium may name).
-COLD_CALLS = SCHEMA_COLD_CALLS
-
-
-def _calls_round(d: Any, n: int) -> dict[str, list[float]]:
+def _calls_round(d: Driver, n: int, clock: Callable[[], float]) -> dict[str, list[float]]:
     """reserve 64 GiB, ``n`` x (create a granule, map it a GiB apart, set_access), unmap and
-    release each, free: every call's seconds, by kind, in order."""
+    release each, free: every call's time, by kind (:data:`COLD_CALLS`), in order."""
     g = d.granularity()
-    pc = time.perf_counter
     t: dict[str, list[float]] = {op: [] for op in COLD_CALLS}
-    t0 = pc()
-    va = d.reserve(64 * GiB, GiB)
-    t["reserve"].append(pc() - t0)
+
+    def timed(op: str, fn: Callable[..., Any], *args: Any) -> Any:
+        t0 = clock()
+        out = fn(*args)
+        t[op].append(clock() - t0)
+        return out
+
+    va = timed("reserve", d.reserve, 64 * GiB, GiB)
     hs: list[int] = []
     mapped: list[int] = []
     try:
         for i in range(n):
-            t0 = pc()
-            h = d.create(g)
-            t1 = pc()
-            hs.append(h)
-            d.map(va + i * GiB, g, h)
-            t2 = pc()
+            hs.append(timed("create", d.create, g))
+            timed("map", d.map, va + i * GiB, g, hs[-1])
             mapped.append(va + i * GiB)
-            d.set_access(va + i * GiB, g)
-            t3 = pc()
-            t["create"].append(t1 - t0)
-            t["map"].append(t2 - t1)
-            t["set_access"].append(t3 - t2)
+            timed("set_access", d.set_access, va + i * GiB, g)
         while mapped:
-            t0 = pc()
-            d.unmap(mapped[0], g)
-            t["unmap"].append(pc() - t0)
+            timed("unmap", d.unmap, mapped[0], g)
             mapped.pop(0)
         while hs:
-            t0 = pc()
-            d.release(hs[0])
-            t["release"].append(pc() - t0)
+            timed("release", d.release, hs[0])
             hs.pop(0)
-        t0 = pc()
-        d.free(va, 64 * GiB)
-        t["free"].append(pc() - t0)
     except BaseException:
         for m in mapped:
             d.unmap(m, g)
@@ -186,13 +191,14 @@ def _calls_round(d: Any, n: int) -> dict[str, list[float]]:
             d.release(h)
         d.free(va, 64 * GiB)
         raise
+    timed("free", d.free, va, 64 * GiB)
     return t
 
 
-def cold_calls(ctx: Ctx) -> dict[str, Any]:
-    """The first call of each kind after a pause against the calls after it.
+def cold_premium(ctx: Ctx) -> dict[str, Any]:
+    """The first call of each kind after a pause against the calls after it: the cold premium.
 
-    Each of ``cold_rounds`` rounds: a ``cold_gap_s`` sleep, one round of calls (reserve,
+    Each of ``cold_rounds`` rounds: a ``cold_gap_s`` pause, one round of calls (reserve,
     4 x create / map / set_access, unmaps, releases, free), then at once a second, warm round.
     A call kind's premium is the median of its cold rounds' first calls minus the median of
     every later call of that kind in both rounds; reserve and free, one per round, are set
@@ -204,20 +210,21 @@ def cold_calls(ctx: Ctx) -> dict[str, Any]:
     20 ms a create pays 0.19 / 0.41 / 0.81 of it: bench/results/h200-cold-gaps.json).
     """
     p = ctx.plan
-    out = _cold_rounds(ctx.td.inner, p.cold_rounds, p.cold_gap_s)
-    out["partial_us"] = {f"{gap * 1e3:g}": _cold_rounds(ctx.td.inner, p.cold_rounds, gap)
-                         ["premium_us"] for gap in p.cold_partial_s if gap < p.cold_gap_s}
+    out = _cold_rounds(ctx, p.cold_gap_s)
+    out["partial_us"] = {f"{gap * 1e3:g}": _cold_rounds(ctx, gap)["premium_us"]
+                         for gap in p.cold_partial_s if gap < p.cold_gap_s}
     return out
 
 
-def _cold_rounds(d: Driver, rounds: int, gap_s: float) -> dict[str, Any]:
-    """``rounds`` times: a ``gap_s`` sleep, a round of calls, at once a warm one."""
+def _cold_rounds(ctx: Ctx, gap_s: float) -> dict[str, Any]:
+    """``cold_rounds`` times: a ``gap_s`` pause, a round of calls, at once a warm one."""
+    d, rounds = ctx.td.inner, ctx.plan.cold_rounds
     first: dict[str, list[float]] = {op: [] for op in COLD_CALLS}
     later: dict[str, list[float]] = {op: [] for op in COLD_CALLS}
     for _ in range(rounds):
-        time.sleep(gap_s)
-        cold = _calls_round(d, 4)
-        warm = _calls_round(d, 4)
+        ctx.pause(gap_s)
+        cold = _calls_round(d, 4, ctx.clock)
+        warm = _calls_round(d, 4, ctx.clock)
         for op in COLD_CALLS:
             first[op].append(cold[op][0])
             later[op] += cold[op][1:] + (warm[op] if op in ("reserve", "free") else warm[op][1:])
@@ -231,68 +238,74 @@ def _cold_rounds(d: Driver, rounds: int, gap_s: float) -> dict[str, Any]:
     return out
 
 
-def first_touch(ctx: Ctx) -> dict[str, Any]:
+def _map_timed(d: Driver, clock: Callable[[], float], va: int, size: int, h: int,
+               into: dict[str, list[float]]) -> None:
+    """Map ``h`` at ``va`` and give it access, each call's time appended to ``into``."""
+    t0 = clock()
+    d.map(va, size, h)
+    t1 = clock()
+    d.set_access(va, size)
+    t2 = clock()
+    into["map"].append(t1 - t0)
+    into["set_access"].append(t2 - t1)
+
+
+def touch_times(ctx: Ctx) -> tuple[dict[str, dict[str, list[float]]], list[float]]:
     """map and set_access of one granule handle into VA of a reservation that no mapping has
-    touched yet (the first in its 1 GiB region) against one beside a mapping of the same
-    region, and one half a region away (is the region smaller?). A fresh reservation each
-    rep: whatever the driver sets up for a region may last until the reservation is freed.
+    touched yet (``fresh``: the first in its 1 GiB region) against one beside a mapping of
+    the same region (``beside``), and one half a region away (``half_away``: is the region
+    smaller?), in the plan's ``touch_regions`` regions of ``touch_reps`` fresh reservations
+    (whatever the driver sets up for a region may last until its reservation is freed).
+    By case and op, every call's time; and every unmap's.
+    """
+    d, clock = ctx.td.inner, ctx.clock
+    g = d.granularity()
+    n = ctx.plan.touch_regions
+    cases = {"fresh": 0, "beside": g, "half_away": GiB // 2}
+    got: dict[str, dict[str, list[float]]] = {c: {"map": [], "set_access": []} for c in cases}
+    unmaps: list[float] = []
+    for _ in range(ctx.plan.touch_reps):
+        va0 = d.reserve(n * GiB, GiB)
+        hs: list[int] = []
+        try:
+            for case, off in cases.items():
+                for i in range(n):
+                    hs.append(d.create(g))
+                    _map_timed(d, clock, va0 + i * GiB + off, g, hs[-1], got[case])
+            for off in cases.values():
+                for i in range(n):
+                    t0 = clock()
+                    d.unmap(va0 + i * GiB + off, g)
+                    unmaps.append(clock() - t0)
+        finally:
+            for h in hs:
+                d.release(h)
+            d.free(va0, n * GiB)
+    return got, unmaps
+
+
+def first_touch(ctx: Ctx) -> dict[str, Any]:
+    """The first-touch extra (:func:`touch_times`, means per case), and whether a large
+    mapping pays it per region it enters or once: 2 GiB handles mapped into fresh VA, then
+    again where they were (touched).
 
     An owner's construction maps slot 0 of every buffer, each buffer in its own gigabytes
     of VA, and page commits far apart land in untouched regions too; decode growth mostly
     maps beside what it mapped before.
     """
     d = ctx.td.inner
-    g = d.granularity()
-    n, reps = 32, 3
-    pc = time.perf_counter
-    got: dict[str, dict[str, list[float]]] = {
-        case: {"map": [], "set_access": []} for case in ("fresh", "beside", "half_away")}
-    unmaps: list[float] = []
-    for _ in range(reps):
-        va0 = d.reserve(n * GiB, GiB)
+    got, unmaps = touch_times(ctx)
+    big = 2 * GiB
+    big_t: dict[str, dict[str, list[float]]] = {c: {"map": [], "set_access": []}
+                                                for c in ("fresh", "again")}
+    for _ in range(ctx.plan.touch_reps):
+        va0 = d.reserve(4 * big, GiB)
         hs: list[int] = []
         try:
-            for case, off in (("fresh", 0), ("beside", g), ("half_away", GiB // 2)):
-                for i in range(n):
-                    h = d.create(g)
-                    hs.append(h)
-                    va = va0 + i * GiB + off
-                    t0 = pc()
-                    d.map(va, g, h)
-                    t1 = pc()
-                    d.set_access(va, g)
-                    t2 = pc()
-                    got[case]["map"].append(t1 - t0)
-                    got[case]["set_access"].append(t2 - t1)
-            for case_off in (0, g, GiB // 2):
-                for i in range(n):
-                    t0 = pc()
-                    d.unmap(va0 + i * GiB + case_off, g)
-                    unmaps.append(pc() - t0)
-        finally:
-            for h in hs:
-                d.release(h)
-            d.free(va0, n * GiB)
-    # A large mapping enters several regions: is the extra paid per region or per mapping?
-    # The same 2 GiB handles mapped into fresh VA, then again where they were (touched).
-    big = 2 * GiB
-    big_t: dict[str, dict[str, list[float]]] = {
-        case: {"map": [], "set_access": []} for case in ("fresh", "again")}
-    for _ in range(reps):
-        va0 = d.reserve(4 * big, GiB)
-        hs = []
-        try:
             hs = [d.create(big) for _ in range(2)]
-            for case in ("fresh", "again"):
+            for case in big_t:
                 for i, h in enumerate(hs):
-                    va = va0 + 2 * i * big
-                    t0 = pc()
-                    d.map(va, big, h)
-                    t1 = pc()
-                    d.set_access(va, big)
-                    t2 = pc()
-                    big_t[case]["map"].append(t1 - t0)
-                    big_t[case]["set_access"].append(t2 - t1)
+                    _map_timed(d, ctx.clock, va0 + 2 * i * big, big, h, big_t[case])
                 for i in range(len(hs)):
                     d.unmap(va0 + 2 * i * big, big)
         finally:
@@ -302,7 +315,7 @@ def first_touch(ctx: Ctx) -> dict[str, Any]:
     out: dict[str, Any] = {case: {op: mean_us(v) for op, v in row.items()}
                            for case, row in got.items()}
     out["unmap_us"] = mean_us(unmaps)
-    out["samples_per_case"] = n * reps
+    out["samples_per_case"] = ctx.plan.touch_regions * ctx.plan.touch_reps
     out["big_mib"] = big // MiB
     out["big"] = {case: {op: mean_us(v) for op, v in row.items()} for case, row in big_t.items()}
     return out
@@ -320,18 +333,18 @@ def post_release(ctx: Ctx) -> dict[str, Any]:
     def creates() -> list[float]:
         hs, ts = [], []
         for _ in range(n):
-            t0 = time.perf_counter()
+            t0 = ctx.clock()
             hs.append(d.create(size))
-            ts.append(time.perf_counter() - t0)
+            ts.append(ctx.clock() - t0)
         for h in hs:
             d.release(h)
         return ts
 
     reps = []
     for _ in range(plan.slow_repeats):
-        time.sleep(plan.settle_s)
+        ctx.pause(plan.settle_s)
         settled = creates()
-        time.sleep(plan.settle_s)
+        ctx.pause(plan.settle_s)
         # Backed and mapped as an owner's memory is, then given back as its close does.
         va = d.reserve(release)
         hs = [d.create(big) for _ in range(release // big)]
@@ -349,6 +362,6 @@ def post_release(ctx: Ctx) -> dict[str, Any]:
                      "settled_median_us": median_us(settled), "after_median_us": median_us(after),
                      "ratio_of_means": round(statistics.fmean(after) / statistics.fmean(settled),
                                              4)})
-    time.sleep(plan.settle_s)
+    ctx.pause(plan.settle_s)
     return {"released_bytes": release, "create_bytes": size, "creates": n, "repeats": reps}
 

@@ -7,16 +7,18 @@ on the sim and host drivers with small sizes (tests/measure/test_bench_elastic.p
 
 from __future__ import annotations
 
+import functools
 import random
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from kvvmm.measure.growth import SETTLE_S
 from kvvmm.measure.stats import percentile
 from kvvmm.measure.timer import TimedDriver, copy_vs_malloc, rotated
 from kvvmm.measure.workload import BENCH_WORKLOAD, Workload
+from kvvmm.policy import default_policy
 from kvvmm.units import GiB, MiB
 
 __all__ = ["GAP_S", "LOOKAHEAD_BYTES", "LOOKAHEAD_SWEEP", "STEP_TARGET_US", "elastic_bandwidth",
@@ -98,6 +100,45 @@ def kernel_gap(device: int = 0) -> Callable[[float], None]:
     return gap
 
 
+def _steps(owner: Any, w: Workload, pause: Callable[[float], None], gap_s: float,
+           ) -> tuple[list[float], list[int]]:
+    """The decode growth, ``gap_s`` spent before each step: seconds each ``ensure_prefix``
+    blocked for, and the over-commit after each (bytes backed beyond the prefix)."""
+    blocked: list[float] = []
+    over_steps: list[int] = []
+    pc = time.perf_counter
+    for n in w.decode_steps():
+        t0 = pc()
+        owner.ensure_prefix(n)
+        blocked.append(pc() - t0)
+        # over-commit at every step, not only at the end: where the growth stops decides
+        # whether the policy's next extension was taken early (not timed)
+        over_steps.append(owner.backed_bytes - sum(d.prefix_span_bytes(n, w.page_size)
+                                                   for d in owner.descs))
+        pause(gap_s)
+    return blocked, over_steps
+
+
+def _floor(owner: Any, w: Workload, pause: Callable[[float], None], gap_s: float,
+           ) -> tuple[list[float], list[float]]:
+    """The floor under a step: ensure_prefix with nothing to back, after a gap: a few
+    comparisons, run cold after the gap (tens of µs on a CPU that idles in it, a few µs in a
+    tight loop): it bounds what p50/p99 can show. Beside it, after the same gap, an empty
+    function's call: what the host charges any call then. Seconds of each, 10 times."""
+    noop, empty = [], []
+    pc = time.perf_counter
+    for _ in range(10):
+        pause(gap_s)
+        t0 = pc()
+        owner.ensure_prefix(w.grow_to_tokens)
+        noop.append(pc() - t0)
+        pause(gap_s)
+        t0 = pc()
+        _empty()
+        empty.append(pc() - t0)
+    return noop, empty
+
+
 def _elastic_round(drv: Any, w: Workload, *, lookahead_bytes: int | None, gap_s: float,
                    sleep: Callable[[float], None] = time.sleep,
                    gap: Callable[[float], None] | None = None) -> dict[str, Any]:
@@ -115,47 +156,21 @@ def _elastic_round(drv: Any, w: Workload, *, lookahead_bytes: int | None, gap_s:
     pause = sleep if gap is None else gap
     td = TimedDriver(drv)
     pool = HandlePool(td) if lookahead_bytes is not None else None
-    descs = w.descs()
-    owner = w.owner(td, descs=descs, pool=pool, lookahead_bytes=lookahead_bytes or 0)
+    owner = w.owner(td, pool=pool, lookahead_bytes=lookahead_bytes or 0)
     try:
         td.reset()
         owner.ensure_prefix(0)
         pause(gap_s)
-        blocked: list[float] = []
-        over_steps: list[int] = []
-        pc = time.perf_counter
-        for n in range(w.step_tokens, w.grow_to_tokens + 1, w.step_tokens):
-            t0 = pc()
-            owner.ensure_prefix(n)
-            blocked.append(pc() - t0)
-            # over-commit at every step, not only at the end: where the growth stops decides
-            # whether the policy's next extension was taken early (not timed)
-            over_steps.append(owner.backed_bytes - sum(d.prefix_span_bytes(n, w.page_size)
-                                                       for d in descs))
-            pause(gap_s)
+        blocked, over_steps = _steps(owner, w, pause, gap_s)
         if pool is not None:
             pool.drain(timeout_s=30)  # the last look-ahead's driver time counts too
-        driver_fg, driver_bg = td.fg_s, td.bg_s
-        calls_fg, calls_bg = td.fg_calls, td.bg_calls
-        # The floor under a step: ensure_prefix with nothing to back, after a gap: a few
-        # comparisons, run cold after the gap (tens of µs on a CPU that idles in it, a few
-        # µs in a tight loop): it bounds what p50/p99 can show. Beside it, after the same
-        # gap, an empty function's call: what the host charges any call then.
-        noop, empty = [], []
-        for _ in range(10):
-            pause(gap_s)
-            t0 = pc()
-            owner.ensure_prefix(w.grow_to_tokens)
-            noop.append(pc() - t0)
-            pause(gap_s)
-            t0 = pc()
-            _empty()
-            empty.append(pc() - t0)
+        fg, bg, calls_fg, calls_bg = td.fg_s, td.bg_s, td.fg_calls, td.bg_calls
+        noop, empty = _floor(owner, w, pause, gap_s)
         snap = owner.snapshot()
-        need = sum(d.prefix_span_bytes(w.steps * w.step_tokens, w.page_size) for d in descs)
-        over = [b.backed_bytes - b.prefix_bytes for b in snap.buffers]
+        need = sum(d.prefix_span_bytes(w.steps * w.step_tokens, w.page_size)
+                   for d in owner.descs)
         pstats = pool.stats() if pool is not None else None
-        res: dict[str, Any] = {
+        return {
             "pool": pool is not None, "lookahead_bytes": lookahead_bytes or 0,
             "blocked_ms": round(sum(blocked) * 1e3, 3),
             "step_p50_us": round(percentile(blocked, 0.5) * 1e6, 1),
@@ -164,16 +179,16 @@ def _elastic_round(drv: Any, w: Workload, *, lookahead_bytes: int | None, gap_s:
             "steps_over_target": sum(b * 1e6 > STEP_TARGET_US for b in blocked),
             "noop_step_after_gap_us_median": round(statistics.median(noop) * 1e6, 1),
             "empty_call_after_gap_us_median": round(statistics.median(empty) * 1e6, 1),
-            "driver_ms": round((driver_fg + driver_bg) * 1e3, 3),
-            "driver_decode_path_ms": round(driver_fg * 1e3, 3),
-            "driver_background_ms": round(driver_bg * 1e3, 3),
-            "driver_calls_decode_path": calls_fg,
-            "driver_calls_background": calls_bg,
+            "driver_ms": round((fg + bg) * 1e3, 3),
+            "driver_decode_path_ms": round(fg * 1e3, 3),
+            "driver_background_ms": round(bg * 1e3, 3),
+            "driver_calls_decode_path": calls_fg, "driver_calls_background": calls_bg,
             "inflight_waits": owner.arena.inflight_waits,
             "handles_after_growth": snap.handles,
             "backed_after_growth_bytes": snap.arena.backed_bytes,
             "overcommit_bytes": snap.arena.backed_bytes - need,
-            "max_overcommit_per_buffer": max(over),
+            "max_overcommit_per_buffer": max(b.backed_bytes - b.prefix_bytes
+                                             for b in snap.buffers),
             "overcommit_peak_bytes": max(over_steps),
             "overcommit_mean_bytes": int(statistics.fmean(over_steps)),
             "pool_held_bytes": pool.held_bytes if pool is not None else 0,
@@ -184,7 +199,6 @@ def _elastic_round(drv: Any, w: Workload, *, lookahead_bytes: int | None, gap_s:
         owner.close()
         if pool is not None:
             pool.close()
-    return res
 
 
 def _summary(rounds: list[dict[str, Any]]) -> dict[str, Any]:
@@ -208,6 +222,36 @@ def _ratio(a: float, b: float) -> float | None:
     return round(a / b, 3) if b > 0 else None
 
 
+def _assumptions(gap_s: float, gap: Callable[[float], None] | None,
+                 settle_s: float) -> dict[str, Any]:
+    """What the elastic growth assumes, stated in its result."""
+    slept = gap is None
+    return {
+        "gap_s_between_steps": gap_s,
+        "gap": "time.sleep" if slept else str(getattr(gap, "kind", "custom")),
+        "gap_stands_for": "the GPU time of one decode step (Llama-3.1-8B-class on one "
+                          "H200, ~20 ms), " + (
+                              "slept with time.sleep (the decode thread's CPU idles)"
+                              if slept else
+                              "a kernel that long with the host waiting in a CUDA "
+                              "synchronize (it spins), as an engine's decode thread "
+                              "waits") +
+                          ": the pool's thread works during it as it would while a "
+                          "server's GPU decodes",
+        "blocked": "wall time of ensure_prefix on the decode thread, summed over steps",
+        "driver_time": "every VMM driver call timed by a wrapper (TimedDriver), on the "
+                       "decode thread and on the pool's thread",
+        "primed": "ensure_prefix(0) one gap before the first step (a server makes its "
+                  "cache, captures graphs, then decodes); its cost is not in blocked",
+        "settle_s_before_settled_rounds": settle_s,
+    }
+
+
+#: What the look-ahead sweep keeps of each round.
+_SWEPT = ("lookahead_bytes", "blocked_ms", "step_p50_us", "step_p99_us", "driver_ms",
+          "overcommit_bytes", "max_overcommit_per_buffer", "overcommit_peak_bytes")
+
+
 def elastic_growth(drv: Any, w: Workload = BENCH_WORKLOAD, *, gap_s: float = GAP_S,
                    lookahead_bytes: int = LOOKAHEAD_BYTES,
                    sweep: tuple[int, ...] = LOOKAHEAD_SWEEP, rounds: int = 3,
@@ -225,40 +269,19 @@ def elastic_growth(drv: Any, w: Workload = BENCH_WORKLOAD, *, gap_s: float = GAP
     waiting in a synchronize, as an engine's decode thread waits); ``sleep`` always spends
     the settling pauses.
     """
+    grow = functools.partial(_elastic_round, drv, w, gap_s=gap_s, sleep=sleep, gap=gap)
     variants: list[tuple[str, int | None]] = [("without_pool", None),
                                               ("with_pool", lookahead_bytes)]
     settled: dict[str, list[dict[str, Any]]] = {k: [] for k, _ in variants}
     for r in range(rounds):
         for key, la in rotated(variants, r):
             sleep(settle_s)
-            settled[key].append(_elastic_round(drv, w, lookahead_bytes=la, gap_s=gap_s,
-                                               sleep=sleep, gap=gap))
-    out: dict[str, Any] = {
-        "workload": w.as_dict(), "policy": _default_policy_name(),
-        "assumptions": {
-            "gap_s_between_steps": gap_s,
-            "gap": "time.sleep" if gap is None else str(getattr(gap, "kind", "custom")),
-            "gap_stands_for": "the GPU time of one decode step (Llama-3.1-8B-class on one "
-                              "H200, ~20 ms), " + (
-                                  "slept with time.sleep (the decode thread's CPU idles)"
-                                  if gap is None else
-                                  "a kernel that long with the host waiting in a CUDA "
-                                  "synchronize (it spins), as an engine's decode thread "
-                                  "waits") +
-                              ": the pool's thread works during it as it would while a "
-                              "server's GPU decodes",
-            "blocked": "wall time of ensure_prefix on the decode thread, summed over steps",
-            "driver_time": "every VMM driver call timed by a wrapper (TimedDriver), on the "
-                           "decode thread and on the pool's thread",
-            "primed": "ensure_prefix(0) one gap before the first step (a server makes its "
-                      "cache, captures graphs, then decodes); its cost is not in blocked",
-            "settle_s_before_settled_rounds": settle_s,
-        },
-    }
+            settled[key].append(grow(lookahead_bytes=la))
+    out: dict[str, Any] = {"workload": w.as_dict(), "policy": str(default_policy()),
+                           "assumptions": _assumptions(gap_s, gap, settle_s)}
     for key, la in variants:
         sleep(settle_s)
-        b2b = [_elastic_round(drv, w, lookahead_bytes=la, gap_s=gap_s, sleep=sleep, gap=gap)
-               for _ in range(rounds + 1)][1:]
+        b2b = [grow(lookahead_bytes=la) for _ in range(rounds + 1)][1:]
         s, b = _summary(settled[key]), _summary(b2b)
         out[key] = {"lookahead_bytes": la or 0, "settled": s, "back_to_back": b,
                     "back_to_back_over_settled_blocked": _ratio(b["blocked_ms_median"],
@@ -267,34 +290,25 @@ def elastic_growth(drv: Any, w: Workload = BENCH_WORKLOAD, *, gap_s: float = GAP
                                                                s["driver_ms_median"])}
     # What the look-ahead costs in over-commit: against the policy alone, at the end of the
     # growth and at its worst step (the end alone can flatter either).
-    base_over = statistics.median(r["overcommit_bytes"] for r in settled["without_pool"])
-    base_peak = statistics.median(r["overcommit_peak_bytes"] for r in settled["without_pool"])
-    chosen = statistics.median(r["overcommit_bytes"] for r in settled["with_pool"])
-    chosen_peak = statistics.median(r["overcommit_peak_bytes"] for r in settled["with_pool"])
-    out["with_pool"]["lookahead_overcommit_bytes"] = int(chosen - base_over)
-    out["with_pool"]["lookahead_overcommit_peak_bytes"] = int(chosen_peak - base_peak)
+    base = {k: statistics.median(r[k] for r in settled["without_pool"])
+            for k in ("overcommit_bytes", "overcommit_peak_bytes")}
+
+    def beyond(row: Mapping[str, Any]) -> dict[str, int]:
+        return {f"lookahead_{k}": int(row[k] - v) for k, v in base.items()}
+
+    out["with_pool"] |= beyond({k: statistics.median(r[k] for r in settled["with_pool"])
+                                for k in base})
     rows = []
     for la in sweep:
         if la == lookahead_bytes:
             row = settled["with_pool"][0]
         else:
             sleep(settle_s)
-            row = _elastic_round(drv, w, lookahead_bytes=la, gap_s=gap_s, sleep=sleep, gap=gap)
-        rows.append({k: row[k] for k in (
-            "lookahead_bytes", "blocked_ms", "step_p50_us", "step_p99_us", "driver_ms",
-            "overcommit_bytes", "max_overcommit_per_buffer", "overcommit_peak_bytes")}
-            | {"lookahead_overcommit_bytes": int(row["overcommit_bytes"] - base_over),
-               "lookahead_overcommit_peak_bytes": int(row["overcommit_peak_bytes"] - base_peak)})
+            row = grow(lookahead_bytes=la)
+        rows.append({k: row[k] for k in _SWEPT} | beyond(row))
     out["lookahead_sweep"] = rows
-    out["without_pool_overcommit_bytes"] = int(base_over)
-    out["without_pool_overcommit_peak_bytes"] = int(base_peak)
+    out |= {f"without_pool_{k}": int(v) for k, v in base.items()}
     return out
-
-
-def _default_policy_name() -> str:
-    from kvvmm.policy import default_policy
-
-    return str(default_policy())
 
 
 def _us_stats(xs: list[float], per: int) -> dict[str, float]:
@@ -302,6 +316,27 @@ def _us_stats(xs: list[float], per: int) -> dict[str, float]:
     med, mean = statistics.median(xs) * 1e6, statistics.fmean(xs) * 1e6
     return {"us_median": round(med, 1), "us_mean": round(mean, 1),
             "us_max": round(max(xs) * 1e6, 1), "us_per_mapping_median": round(med / per, 1)}
+
+
+def _cycles(td: TimedDriver, ops: Mapping[str, Callable[..., Any]], items: list[tuple[Any, ...]],
+            rng: random.Random, per: int) -> dict[tuple[str, int], dict[str, float]]:
+    """Two cycles of each op of ``ops`` (commit, then decommit) over ``items`` (each op's
+    arguments) one at a time, in a fresh shuffled order each: µs per op (:func:`_us_stats`,
+    ``per`` mappings an op) and the decode path's driver calls per item, by (op, cycle)."""
+    out: dict[tuple[str, int], dict[str, float]] = {}
+    pc = time.perf_counter
+    for cycle in (1, 2):
+        for op, fn in ops.items():
+            rng.shuffle(items)
+            c0 = td.fg_calls
+            ts = []
+            for args in items:
+                t0 = pc()
+                fn(*args)
+                ts.append(pc() - t0)
+            out[op, cycle] = _us_stats(ts, per) | {
+                "driver_calls_per_page": round((td.fg_calls - c0) / len(items), 1)}
+    return out
 
 
 def page_ops(drv: Any, w: Workload = BENCH_WORKLOAD, *, pages: int = 16,
@@ -319,53 +354,100 @@ def page_ops(drv: Any, w: Workload = BENCH_WORKLOAD, *, pages: int = 16,
     from kvvmm.arena.pool import HandlePool
 
     rng = random.Random(seed)
-    pc = time.perf_counter
     out: dict[str, Any] = {"pages": pages, "granules": granules}
     for pooled in (False, True):
         td = TimedDriver(drv)
         pool = HandlePool(td, threaded=False) if pooled else None
-        descs = w.descs()
-        owner = w.owner(td, descs=descs, pool=pool)
+        owner = w.owner(td, pool=pool)
         gran = owner.arena.granularity
-        page_bytes = descs[0].prefix_span_bytes(w.page_size, w.page_size)
-        per_granule = max(1, gran // page_bytes)
-        ids = [owner.pages // 2 + i * per_granule for i in range(pages)]
-        row: dict[str, Any] = {}
+        page_bytes = owner.descs[0].prefix_span_bytes(w.page_size, w.page_size)
+        ids = [([owner.pages // 2 + i * max(1, gran // page_bytes)],) for i in range(pages)]
         try:
-            for cycle in (1, 2):
-                for op in ("commit", "decommit"):
-                    rng.shuffle(ids)
-                    fn = owner.commit_pages if op == "commit" else owner.decommit_pages
-                    c0 = td.fg_calls
-                    ts = []
-                    for p in ids:
-                        t0 = pc()
-                        fn([p])
-                        ts.append(pc() - t0)
-                    row[f"owner_{op}_page_cycle{cycle}"] = _us_stats(ts, len(descs)) | {
-                        "driver_calls_per_page": round((td.fg_calls - c0) / len(ids), 1)}
+            got = _cycles(td, {"commit": owner.commit_pages, "decommit": owner.decommit_pages},
+                          ids, rng, len(owner.descs))
         finally:
             owner.close()
+        row = {f"owner_{op}_page_cycle{c}": v for (op, c), v in got.items()}
         arena = Arena(td, reserve_bytes=4 * granules * gran, pool=pool)
         try:
             off = arena.allocate(4 * granules * gran, "x")
-            starts = [(granules + 2 * i) * gran for i in range(granules)]  # the middle half
-            for cycle in (1, 2):
-                for op in ("commit", "decommit"):
-                    rng.shuffle(starts)
-                    afn = arena.commit_range if op == "commit" else arena.decommit_range
-                    ts = []
-                    for s in starts:
-                        t0 = pc()
-                        afn(off, s, gran)
-                        ts.append(pc() - t0)
-                    row[f"arena_{op}_granule_cycle{cycle}"] = _us_stats(ts, 1)
+            # the middle half
+            starts = [(off, (granules + 2 * i) * gran, gran) for i in range(granules)]
+            got = _cycles(td, {"commit": arena.commit_range, "decommit": arena.decommit_range},
+                          starts, rng, 1)
         finally:
             arena.close()
             if pool is not None:
                 pool.close()
+        row |= {f"arena_{op}_granule_cycle{c}": {k: v[k] for k in v
+                                                 if k != "driver_calls_per_page"}
+                for (op, c), v in got.items()}
         out["with_pool" if pooled else "without_pool"] = row
     return out
+
+
+def _holes(drv: Any, w: Workload, pool: Any, *, nbytes: int, lookahead_bytes: int,
+           rng: random.Random, bw: Callable[[Any, Any], dict[str, Any]]) -> dict[str, Any]:
+    """``owner_with_holes`` of :func:`elastic_bandwidth`."""
+    owner = w.owner(drv, pool=pool, lookahead_bytes=lookahead_bytes)
+    try:
+        for n in w.decode_steps():
+            owner.ensure_prefix(n)
+            pool.run_once()  # the background's work, stepped: sizes do not depend on timing
+        gran = owner.arena.granularity
+        page_bytes = owner.descs[0].prefix_span_bytes(w.page_size, w.page_size)
+        per_granule = max(1, gran // page_bytes)
+        first = owner.snapshot().buffers[0].backed_bytes // page_bytes + per_granule
+        ids = list(range(first, owner.pages, 4 * per_granule))[:32]
+        rng.shuffle(ids)
+        owner.commit_pages(ids)
+        gone = ids[::2]
+        rng.shuffle(gone)
+        owner.decommit_pages(gone)
+        snap = owner.snapshot()
+        i = 2 if len(owner.descs) >= 4 else 0  # layer 1's K and V, as the growth section copies
+        prefix = min(b.prefix_bytes for b in snap.buffers[i:i + 2])
+        elems = min(nbytes, prefix // gran * gran) // 2
+        src = owner.tensors[i].view(-1)[:elems]
+        dst = owner.tensors[i + 1].view(-1)[:elems]
+        r = bw(src, dst)
+        del src, dst
+        return r | {"copy_bytes": 2 * elems, "holes": len(ids) - len(gone),
+                    "handles": snap.handles, "lookahead_bytes": lookahead_bytes}
+    finally:
+        owner.close()
+
+
+def _out_of_order(drv: Any, pool: Any, *, size: int, nbytes: int, rng: random.Random,
+                  bw: Callable[[Any, Any], dict[str, Any]]) -> dict[str, Any]:
+    """``ranges_out_of_order`` / ``granules_out_of_order`` of :func:`elastic_bandwidth`: an
+    allocation of 2 x ``nbytes`` backed in ``size`` ranges out of order, half of them given
+    back and backed again in other orders; one half copied to the other."""
+    import torch
+
+    from kvvmm.arena import Arena
+
+    arena = Arena(drv, reserve_bytes=2 * nbytes, pool=pool)
+    try:
+        off = arena.allocate(2 * nbytes, "x")
+        starts = list(range(0, 2 * nbytes, size))
+        rng.shuffle(starts)
+        arena.commit_ranges([(off, s, size) for s in starts])
+        half = starts[::2]
+        rng.shuffle(half)
+        for s in half:
+            arena.decommit_range(off, s, size)
+        rng.shuffle(half)
+        for s in half:
+            arena.commit_range(off, s, size)
+        a = arena.tensor(off, (nbytes // 2,), torch.bfloat16)
+        b = arena.tensor(off + nbytes, (nbytes // 2,), torch.bfloat16)
+        r = bw(a, b)
+        del a, b
+        return r | {"handle_bytes": size, "handles": len(arena.snapshot().mappings),
+                    "copy_bytes": nbytes}
+    finally:
+        arena.close()
 
 
 def elastic_bandwidth(drv: Any, w: Workload = BENCH_WORKLOAD, *, nbytes: int = 1 * GiB,
@@ -385,69 +467,20 @@ def elastic_bandwidth(drv: Any, w: Workload = BENCH_WORKLOAD, *, nbytes: int = 1
       backing gives): 2 MiB handles, which copy at ~0.86x whatever their order
       (docs/MEASUREMENTS.md §4); reported, not held to the target.
     """
-    import torch
-
-    from kvvmm.arena import Arena
     from kvvmm.arena.pool import HandlePool
 
     bw = bw_pair or copy_vs_malloc
     rng = random.Random(seed)
-    out: dict[str, Any] = {}
     pool = HandlePool(drv, threaded=False)
-    descs = w.descs()
-    owner = w.owner(drv, descs=descs, pool=pool, lookahead_bytes=lookahead_bytes)
     try:
-        for n in range(w.step_tokens, w.grow_to_tokens + 1, w.step_tokens):
-            owner.ensure_prefix(n)
-            pool.run_once()  # the background's work, stepped: sizes do not depend on timing
-        gran = owner.arena.granularity
-        page_bytes = descs[0].prefix_span_bytes(w.page_size, w.page_size)
-        per_granule = max(1, gran // page_bytes)
-        first = owner.snapshot().buffers[0].backed_bytes // page_bytes + per_granule
-        ids = [p for p in range(first, owner.pages, 4 * per_granule)][:32]
-        rng.shuffle(ids)
-        owner.commit_pages(ids)
-        gone = ids[::2]
-        rng.shuffle(gone)
-        owner.decommit_pages(gone)
-        snap = owner.snapshot()
-        i = 2 if len(descs) >= 4 else 0  # layer 1's K and V, as the growth section copies
-        prefix = min(b.prefix_bytes for b in snap.buffers[i:i + 2])
-        elems = min(nbytes, prefix // gran * gran) // 2
-        src = owner.tensors[i].view(-1)[:elems]
-        dst = owner.tensors[i + 1].view(-1)[:elems]
-        r = bw(src, dst)
-        del src, dst
-        out["owner_with_holes"] = r | {
-            "copy_bytes": 2 * elems, "holes": len(ids) - len(gone),
-            "handles": snap.handles, "lookahead_bytes": lookahead_bytes}
+        out = {"owner_with_holes": _holes(drv, w, pool, nbytes=nbytes,
+                                          lookahead_bytes=lookahead_bytes, rng=rng, bw=bw)}
+        for key, size in (("ranges_out_of_order", chunk_bytes),
+                          ("granules_out_of_order", pool.driver.granularity())):
+            out[key] = _out_of_order(drv, pool, size=min(size, nbytes), nbytes=nbytes,
+                                     rng=rng, bw=bw)
     finally:
-        owner.close()
-    for key, size in (("ranges_out_of_order", chunk_bytes),
-                      ("granules_out_of_order", pool.driver.granularity())):
-        size = min(size, nbytes)
-        arena = Arena(drv, reserve_bytes=2 * nbytes, pool=pool)
-        try:
-            off = arena.allocate(2 * nbytes, "x")
-            starts = list(range(0, 2 * nbytes, size))
-            rng.shuffle(starts)
-            arena.commit_ranges([(off, s, size) for s in starts])
-            half = starts[::2]
-            rng.shuffle(half)
-            for s in half:
-                arena.decommit_range(off, s, size)
-            rng.shuffle(half)
-            for s in half:
-                arena.commit_range(off, s, size)
-            a = arena.tensor(off, (nbytes // 2,), torch.bfloat16)
-            b = arena.tensor(off + nbytes, (nbytes // 2,), torch.bfloat16)
-            r = bw(a, b)
-            del a, b
-            out[key] = r | {"handle_bytes": size, "handles": len(arena.snapshot().mappings),
-                            "copy_bytes": nbytes}
-        finally:
-            arena.close()
-    pool.close()
+        pool.close()
     return out
 
 

@@ -140,7 +140,6 @@ def first_touch_in_context(data: Mapping[str, Any], plan: Plan) -> dict[str, dic
     (:func:`~kvvmm.measure.stats.trimmed_mean`, the slowest 2% left out: with it, without
     it). Empty when the profile does not model first touch.
     """
-    from kvvmm.driver.sim import SimDriver
 
     ft = data.get("first_touch")
     if not isinstance(ft, Mapping) or ft.get("modelled") is not True:
@@ -149,16 +148,8 @@ def first_touch_in_context(data: Mapping[str, Any], plan: Plan) -> dict[str, dic
                                  "granularity_bytes", "source", "date") if k in data}
 
     def grow_calls(with_touch: bool, spec: str) -> list[tuple[str, int, float]]:
-        prof = profile_from_data(base | ({"first_touch": dict(ft)} if with_touch else {}),
-                                 where="first touch in context")
-        sim = SimDriver(prof)
-        td = TimedDriver(sim, clock=lambda: sim.clock_us / 1e6)
-        owner = plan.workload.owner(td, parse_policy(spec))
-        with td.record() as calls:
-            for n in plan.workload.decode_steps():
-                owner.ensure_prefix(n)
-        owner.close()
-        return list(calls)
+        touch = {"first_touch": dict(ft)} if with_touch else {}
+        return list(_sim_calls(base | touch, plan, spec)["grow"])
 
     got: dict[str, dict[int, tuple[list[float], list[float]]]] = {}
     for spec in plan.policies:
@@ -230,11 +221,11 @@ def net_calibration(data: Mapping[str, Any],
 def _sim_calls(data: Mapping[str, Any], plan: Plan, spec: str,
                grow: bool = True) -> dict[str, Any]:
     """The driver calls of one growth scenario (``grow=False``: an owner made and closed),
-    replayed on the simulator: the same sequence as on the GPU."""
+    replayed on the simulator: the same sequence as on the GPU, each timed by its clock."""
     from kvvmm.driver.sim import SimDriver
 
-    prof = profile_from_data(data, where="calibration in progress")
-    td = TimedDriver(SimDriver(prof))
+    sim = SimDriver(profile_from_data(data, where="calibration in progress"))
+    td = TimedDriver(sim, clock=lambda: sim.clock_us / 1e6)
     with td.record() as ctor_calls:
         owner = plan.workload.owner(td, parse_policy(spec))
     with td.record() as grow_calls:
@@ -273,6 +264,31 @@ def _merge_sizes(points: Mapping[float, Sequence[float]], within: float = 1.5
              round(statistics.fmean([u for _, u in g]), 3)] for g in groups]
 
 
+def _residual_row(data: Mapping[str, Any], plan: Plan, spec: str,
+                  row: Mapping[str, Any]) -> dict[str, Any] | None:
+    """One policy's growth (or a fresh owner's close) against its calls replayed on the
+    simulator: µs per create (per unmap) measured beyond what the calls charge, each at
+    the median handle size; None when there is nothing to fit."""
+    fresh = bool(row.get("fresh"))
+    if not row.get("close_us") if fresh else not row.get("grow_us"):
+        return None
+    sim = _sim_calls(data, plan, plan.policies[0] if fresh else spec, grow=not fresh)
+    r: dict[str, Any] = {"policy": row["policy"]}
+    parts = (("close", "unmap", "close_us"),) if fresh else (
+        ("grow", "create", "grow_us"), ("close", "unmap", "close_us"))
+    for part, op, key in parts:
+        sizes = [c[1] for c in sim[part] if c[0] == op]
+        meas, pred = statistics.median(row[key]), _charge(data, sim[part])
+        r[f"{op}s"] = len(sizes)
+        r[f"{part}_measured_us"] = meas
+        if not fresh:
+            r[f"{part}_calls_us"] = round(pred, 1)
+        if sizes:
+            r[f"us_per_{op}"] = round((meas - pred) / len(sizes), 3)
+            r[f"{op}_median_mib"] = statistics.median(sizes) / MiB
+    return r if not fresh or r["unmaps"] else None
+
+
 def fit_library_overhead(data: Mapping[str, Any], growth_m: Mapping[str, Any],
                          library_m: Mapping[str, Any] | None, plan: Plan) -> dict[str, Any]:
     """``library_overhead_us``: µs per create and per unmap the sim adds for kvvmm's own work.
@@ -282,51 +298,19 @@ def fit_library_overhead(data: Mapping[str, Any], growth_m: Mapping[str, Any],
     / unmaps; the median over the policies is what the sim charges. The arena's and owner's
     work per operation (``library_m``) is kept beside it as measured.
     """
-    per_create, per_unmap, rows = [], [], {}
-    by_size: dict[str, dict[float, list[float]]] = {"create": {}, "unmap": {}}
-    for spec, row in growth_m.items():
-        if row.get("fresh") and row.get("close_us"):
-            sim = _sim_calls(data, plan, plan.policies[0], grow=False)
-            sizes = [c[1] for c in sim["close"] if c[0] == "unmap"]
-            if sizes:
-                meas = statistics.median(row["close_us"])
-                us = round((meas - _charge(data, sim["close"])) / len(sizes), 3)
-                mib = statistics.median(sizes) / MiB
-                rows[spec] = {"policy": row["policy"], "unmaps": len(sizes),
-                              "close_measured_us": meas, "us_per_unmap": us,
-                              "unmap_median_mib": mib}
-                by_size["unmap"].setdefault(mib, []).append(us)
-            continue
-        if not row.get("grow_us"):
-            continue
-        sim = _sim_calls(data, plan, spec)
-        create_sizes = [c[1] for c in sim["grow"] if c[0] == "create"]
-        unmap_sizes = [c[1] for c in sim["close"] if c[0] == "unmap"]
-        creates, unmaps = len(create_sizes), len(unmap_sizes)
-        grow_pred = _charge(data, sim["grow"])
-        close_pred = _charge(data, sim["close"])
-        grow_meas = statistics.median(row["grow_us"])
-        close_meas = statistics.median(row["close_us"])
-        r: dict[str, Any] = {"policy": row["policy"], "creates": creates, "unmaps": unmaps,
-                             "grow_measured_us": grow_meas, "grow_calls_us": round(grow_pred, 1),
-                             "close_measured_us": close_meas,
-                             "close_calls_us": round(close_pred, 1)}
-        if creates:
-            r["us_per_create"] = round((grow_meas - grow_pred) / creates, 3)
-            r["create_median_mib"] = statistics.median(create_sizes) / MiB
-            per_create.append(r["us_per_create"])
-            by_size["create"].setdefault(r["create_median_mib"], []).append(r["us_per_create"])
-        if unmaps:
-            r["us_per_unmap"] = round((close_meas - close_pred) / unmaps, 3)
-            r["unmap_median_mib"] = statistics.median(unmap_sizes) / MiB
-            per_unmap.append(r["us_per_unmap"])
-            by_size["unmap"].setdefault(r["unmap_median_mib"], []).append(r["us_per_unmap"])
-        rows[spec] = r
+    rows = {spec: r for spec, row in growth_m.items()
+            if (r := _residual_row(data, plan, spec, row)) is not None}
     per_call: dict[str, float] = {}
-    if per_create:
-        per_call["create"] = round(statistics.median(per_create), 3)
-    if per_unmap:
-        per_call["unmap"] = round(statistics.median(per_unmap), 3)
+    by_size: dict[str, dict[float, list[float]]] = {"create": {}, "unmap": {}}
+    for op in by_size:
+        for r in rows.values():
+            if f"us_per_{op}" in r:
+                by_size[op].setdefault(r[f"{op}_median_mib"], []).append(r[f"us_per_{op}"])
+        # a fresh owner's close is a size of the curve, not a policy's residual
+        grown = [r[f"us_per_{op}"] for spec, r in rows.items()
+                 if f"us_per_{op}" in r and not growth_m[spec].get("fresh")]
+        if grown:
+            per_call[op] = round(statistics.median(grown), 3)
     # Each policy's handles lie around one size (Exact: a step's bytes; Chunked: its chunk),
     # so the residuals give the overhead by handle size: what the calls cost more in a growth
     # than alone depends on the size, as the calls themselves do.
@@ -371,6 +355,171 @@ def _cold_shares(premium: Mapping[str, float],
     return out
 
 
+def _first_touch_section(ft: Mapping[str, Any], how: str) -> dict[str, Any]:
+    """``first_touch``: the extra of a map (set_access) into an untouched region, the region's
+    size, and whether a large mapping pays it per region it enters or once."""
+    extra = {op: round(ft["fresh"][op] - ft["beside"][op], 3) for op in ("map", "set_access")}
+    half = sum(ft["half_away"][op] - ft["beside"][op] for op in extra)
+    whole = sum(extra.values())
+    region = GiB // 2 if whole > 0 and half > 0.5 * whole else GiB
+    per = "region"
+    if "big" in ft:  # per region entered, or once per mapping? the closer of the two
+        big_extra = sum(ft["big"]["fresh"][op] - ft["big"]["again"][op] for op in extra)
+        regions = ft["big_mib"] * MiB // region
+        if abs(big_extra - whole) < abs(big_extra - whole * regions):
+            per = "mapping"
+    return {
+        "unit": "µs more for a map (set_access) whose mapping is the first in its region",
+        "region_mib": region // MiB,
+        "per": per,
+        "map_us": max(0.0, extra["map"]), "set_access_us": max(0.0, extra["set_access"]),
+        "modelled": whole > 0.2 * sum(ft["beside"][op] for op in extra),
+        "source": (f"{how}: one granule mapped into each of 32 untouched 1 GiB regions of a "
+                   f"fresh reservation, then one beside each, then one half a region away "
+                   f"({ft['samples_per_case']} per case, means); the extra is fresh minus "
+                   f"beside; the region is 512 MiB when half a region away costs over half "
+                   f"the extra; modelled when the extra is over 20% of the calls. Paid per "
+                   f"region a mapping enters or once per mapping: whichever is closer to "
+                   f"what 2 GiB handles cost more mapped into fresh VA than mapped again"),
+        "measured": dict(ft),
+    }
+
+
+def _call_costs_section(meas: Mapping[str, Any], data: Mapping[str, Any],
+                        ic: Mapping[str, Any], plan: Plan, how: str,
+                        driver_kind: object) -> dict[str, Any]:
+    """``call_costs``: the isolated points by size, and in-context ones (net of first touch:
+    :func:`first_touch_in_context`) where kvvmm's operations made calls of a size."""
+    pc, rf = meas.get("per_call"), meas.get("reserve_free")
+    points: dict[str, Any] = {}
+    if pc:
+        for op in ("create", "map", "set_access", "unmap", "release"):
+            points[op] = _points(pc, op)
+    if rf:
+        for op in ("reserve", "free"):
+            points[op] = sorted([int(k.removesuffix("GiB")) * 1024, float(row[op])]
+                                for k, row in rf["sizes"].items())
+    # The growth calls that entered fresh VA paid the first-touch extra, which the sim
+    # charges on its own: the points are net of it (first_touch_in_context).
+    ic_points, touch = net_in_context(ic.get("points", {}), data, plan)
+    factors: dict[str, float | None] = {}
+    isolated = {op: list(pts) for op, pts in points.items()}
+    if ic_points:
+        for op in list(points):
+            points[op], factors[op] = with_context(points[op], ic_points.get(op, []))
+    reps = dict(zip(plan.call_sizes_mib, plan.call_reps, strict=True))
+    source = (f"{how}: mean per call (slowest 2% left out) through the "
+              f"{driver_kind} driver (unmap with the synchronize CudaDriver "
+              f"does first), all sizes in one reservation, interleaved in a fresh seeded "
+              f"order each rep; reps per size {reps}")
+    if ic_points:
+        source += (f". Where kvvmm's own operations made calls of a size (an owner's "
+                   f"construction, decode growth and close per policy, calls timed inside "
+                   f"them, at least {MIN_CONTEXT_CALLS} per size), those are the points; "
+                   f"other sizes are the isolated ones times the op's in-context ratio "
+                   f"(context_factor)"
+                   + ("; map and set_access points net of the first-touch extra the "
+                      "growth calls that entered fresh VA paid (the sim charges it on "
+                      "its own: first_touch_in_context)" if touch else ""))
+    cc: dict[str, Any] = {
+        "unit": "microseconds per call by handle size in MiB: [[MiB, us], ...]",
+        "source": source, "points": points, "isolated_points": isolated,
+        "context_factor": factors,
+    }
+    if rf:
+        cc["mem_info_us"] = float(rf["mem_info_us"])
+        cc["mem_info_source"] = f"{how}: median of 200 mem_info calls"
+    return cc
+
+
+def _per_mapping_sections(am: Mapping[str, Any], ic: Mapping[str, Any], plan: Plan,
+                          how: str) -> dict[str, Any]:
+    """``set_access_per_mapping`` and (where measured) ``unmap_per_mapping``: one call over
+    k mappings, per mapping; the unmaps in context where grown owners' closes made them."""
+    out: dict[str, Any] = {"set_access_per_mapping": {
+        "unit": "µs per mapping covered by one set_access call, by mapping size in MiB",
+        "points": sorted([int(r["mapping_mib"]), float(r["one_call_per_mapping_us"])]
+                         for r in am.values()),
+        "source": (f"{how}: one set_access over k fresh mappings, divided by k (median of "
+                   f"{plan.access_reps} reps), beside k calls of one mapping each"),
+        "measured": dict(am),
+    }}
+    if not all("unmap_per_mapping_us" in r for r in am.values()):
+        return out
+    iso = sorted([int(r["mapping_mib"]), float(r["unmap_per_mapping_us"])] for r in am.values())
+    pts, factor = with_context(iso, ic.get("points", {}).get("unmap_per_mapping", []))
+    out["unmap_per_mapping"] = {
+        "unit": "µs per mapping covered by one unmap call, by mapping size in MiB",
+        "points": pts,
+        "isolated_points": iso,
+        "context_factor": factor,
+        "source": (f"{how}: one unmap (with CudaDriver's synchronize) over k fresh "
+                   f"mappings, divided by k (mean of {2 * plan.access_reps} reps)"
+                   + ("; where the closes of grown owners unmapped runs of one mapping "
+                      "size, those per mapping, the other sizes times their ratio"
+                      if factor is not None else "")),
+    }
+    return out
+
+
+def _cold_section(cold: Mapping[str, Any], how: str) -> dict[str, Any]:
+    """The profile's cold premium: µs more per call kind after a pause, modelled when the
+    premiums sum to over 20% of the warm calls, with the shares after shorter pauses."""
+    prem = {op: max(0.0, float(v)) for op, v in cold["premium_us"].items()}
+    warm = sum(float(v) for v in cold["later_us"].values())
+    sec: dict[str, Any] = {
+        "unit": ("µs more for the first call of each kind after a pause (on a simulated "
+                 "device: its first call of each kind, and the first after "
+                 "SimDriver.pause of at least gap_ms; after shorter pauses, the share "
+                 "partial gives)"),
+        "gap_ms": float(cold["gap_ms"]),
+        "premium_us": prem,
+        "modelled": sum(prem.values()) > 0.2 * warm,
+        "source": (f"{how}: {cold['rounds']} rounds of a {cold['gap_ms']:g} ms sleep, one "
+                   f"round of calls (reserve, 4 x create / map / set_access, unmaps, releases, "
+                   f"free), then a warm round at once; the premium is the cold rounds' "
+                   f"first call's median minus the median of the later calls (reserve, "
+                   f"free: the warm rounds'); modelled when the premiums sum to over 20% "
+                   f"of the calls' warm costs"),
+        "measured": dict(cold),
+    }
+    partial = _cold_shares(prem, cold.get("partial_us") or {})
+    if partial:
+        sec["partial"] = partial
+        sec["partial_source"] = (
+            f"{how}: the same rounds after each shorter pause, its premium over the "
+            f"{cold['gap_ms']:g} ms one's, per call: [[pause ms, share], ...]")
+    return sec
+
+
+def _library_sections(meas: Mapping[str, Any], data: Mapping[str, Any], plan: Plan,
+                      how: str) -> dict[str, Any]:
+    """``library_work_us`` (per operation), ``library_overhead_us`` (the per-call residual
+    fitted to the growths) and ``growth_measured``, from what was measured of them."""
+    out: dict[str, Any] = {}
+    lib = meas.get("library")
+    if lib and isinstance(lib.get("work"), Mapping):
+        out["library_work_us"] = {
+            **{op: dict(row) for op, row in lib["work"].items()},
+            "unit": ("µs of kvvmm's own work per arena/owner operation: fixed + per_unit x "
+                     "units (the unit named per operation)"),
+            "source": (f"{how}: wall time of each operation minus the driver calls it made "
+                       f"(timed inside a wrapper driver, less the wrapper's cost per call), "
+                       f"fitted over 1, 8 and 32 handles or mappings for the arena's; the "
+                       f"owner's per buffer beyond the arena operations it makes (the arena "
+                       f"charges those), median over reps"),
+            "samples": dict(lib.get("samples", {})),
+        }
+    if meas.get("growth"):
+        lo = fit_library_overhead({**data, **out}, meas["growth"], lib, plan)
+        out["library_overhead_us"] = lo | {"source": f"{how}. " + lo["source"]}
+        out["growth_measured"] = dict(meas["growth"])
+    elif lib:
+        out["library_overhead_us"] = {"per_call": {}, "measured": dict(lib),
+                                      "source": f"{how}: growth not measured, nothing fitted"}
+    return out
+
+
 def build_profile(meas: Mapping[str, Any], meta: Mapping[str, Any], plan: Plan) -> dict[str, Any]:
     """The ``kvvmm-hardware-profile`` JSON from what has been measured so far.
 
@@ -389,153 +538,20 @@ def build_profile(meas: Mapping[str, Any], meta: Mapping[str, Any], plan: Plan) 
         "date": date[:10],
         "measured_on": dict(meta),
     }
+    ic = (meas.get("growth") or {}).get("in_context") or {}
+    ic = ic if isinstance(ic, Mapping) else {}
     ft = meas.get("first_touch")
     if ft and "fresh" in ft:
-        extra = {op: round(ft["fresh"][op] - ft["beside"][op], 3) for op in ("map", "set_access")}
-        half = sum(ft["half_away"][op] - ft["beside"][op] for op in extra)
-        whole = sum(extra.values())
-        region = GiB // 2 if whole > 0 and half > 0.5 * whole else GiB
-        per = "region"
-        if "big" in ft:  # per region entered, or once per mapping? the closer of the two
-            big_extra = sum(ft["big"]["fresh"][op] - ft["big"]["again"][op] for op in extra)
-            regions = ft["big_mib"] * MiB // region
-            if abs(big_extra - whole) < abs(big_extra - whole * regions):
-                per = "mapping"
-        data["first_touch"] = {
-            "unit": "µs more for a map (set_access) whose mapping is the first in its region",
-            "region_mib": region // MiB,
-            "per": per,
-            "map_us": max(0.0, extra["map"]), "set_access_us": max(0.0, extra["set_access"]),
-            "modelled": whole > 0.2 * sum(ft["beside"][op] for op in extra),
-            "source": (f"{how}: one granule mapped into each of 32 untouched 1 GiB regions of a "
-                       f"fresh reservation, then one beside each, then one half a region away "
-                       f"({ft['samples_per_case']} per case, means); the extra is fresh minus "
-                       f"beside; the region is 512 MiB when half a region away costs over half "
-                       f"the extra; modelled when the extra is over 20% of the calls. Paid per "
-                       f"region a mapping enters or once per mapping: whichever is closer to "
-                       f"what 2 GiB handles cost more mapped into fresh VA than mapped again"),
-            "measured": dict(ft),
-        }
-    pc, rf = meas.get("per_call"), meas.get("reserve_free")
-    if pc or rf:
-        points: dict[str, Any] = {}
-        if pc:
-            for op in ("create", "map", "set_access", "unmap", "release"):
-                points[op] = _points(pc, op)
-        if rf:
-            for op in ("reserve", "free"):
-                points[op] = sorted([int(k.removesuffix("GiB")) * 1024, float(row[op])]
-                                    for k, row in rf["sizes"].items())
-        ic = (meas.get("growth") or {}).get("in_context") or {}
-        # The growth calls that entered fresh VA paid the first-touch extra, which the sim
-        # charges on its own: the points are net of it (first_touch_in_context).
-        ic_points, touch = net_in_context(
-            ic.get("points", {}) if isinstance(ic, Mapping) else {}, data, plan)
-        factors: dict[str, float | None] = {}
-        isolated = {op: list(pts) for op, pts in points.items()}
-        if ic_points:
-            for op in list(points):
-                points[op], factors[op] = with_context(points[op], ic_points.get(op, []))
-        reps = dict(zip(plan.call_sizes_mib, plan.call_reps, strict=True))
-        source = (f"{how}: mean per call (slowest 2% left out) through the "
-                  f"{meta.get('driver_kind')} driver (unmap with the synchronize CudaDriver "
-                  f"does first), all sizes in one reservation, interleaved in a fresh seeded "
-                  f"order each rep; reps per size {reps}")
-        if ic_points:
-            source += (f". Where kvvmm's own operations made calls of a size (an owner's "
-                       f"construction, decode growth and close per policy, calls timed inside "
-                       f"them, at least {MIN_CONTEXT_CALLS} per size), those are the points; "
-                       f"other sizes are the isolated ones times the op's in-context ratio "
-                       f"(context_factor)"
-                       + ("; map and set_access points net of the first-touch extra the "
-                          "growth calls that entered fresh VA paid (the sim charges it on "
-                          "its own: first_touch_in_context)" if touch else ""))
-        cc: dict[str, Any] = {
-            "unit": "microseconds per call by handle size in MiB: [[MiB, us], ...]",
-            "source": source,
-            "points": points,
-            "isolated_points": isolated,
-            "context_factor": factors,
-        }
-        if rf:
-            cc["mem_info_us"] = float(rf["mem_info_us"])
-            cc["mem_info_source"] = f"{how}: median of 200 mem_info calls"
-        data["call_costs"] = cc
-    am = meas.get("access_multi")
-    if am:
-        data["set_access_per_mapping"] = {
-            "unit": "µs per mapping covered by one set_access call, by mapping size in MiB",
-            "points": sorted([int(r["mapping_mib"]), float(r["one_call_per_mapping_us"])]
-                             for r in am.values()),
-            "source": (f"{how}: one set_access over k fresh mappings, divided by k (median of "
-                       f"{plan.access_reps} reps), beside k calls of one mapping each"),
-            "measured": dict(am),
-        }
-    if am and all("unmap_per_mapping_us" in r for r in am.values()):
-        iso = sorted([int(r["mapping_mib"]), float(r["unmap_per_mapping_us"])]
-                     for r in am.values())
-        ic = (meas.get("growth") or {}).get("in_context") or {}
-        ctx_pts = ic.get("points", {}).get("unmap_per_mapping", []) if ic else []
-        pts, factor = with_context(iso, ctx_pts)
-        data["unmap_per_mapping"] = {
-            "unit": "µs per mapping covered by one unmap call, by mapping size in MiB",
-            "points": pts,
-            "isolated_points": iso,
-            "context_factor": factor,
-            "source": (f"{how}: one unmap (with CudaDriver's synchronize) over k fresh "
-                       f"mappings, divided by k (mean of {2 * plan.access_reps} reps)"
-                       + ("; where the closes of grown owners unmapped runs of one mapping "
-                          "size, those per mapping, the other sizes times their ratio"
-                          if factor is not None else "")),
-        }
-    cold = meas.get("cold_calls")
+        data["first_touch"] = _first_touch_section(ft, how)
+    if meas.get("per_call") or meas.get("reserve_free"):
+        data["call_costs"] = _call_costs_section(meas, data, ic, plan, how,
+                                                 meta.get("driver_kind"))
+    if meas.get("access_multi"):
+        data |= _per_mapping_sections(meas["access_multi"], ic, plan, how)
+    cold = meas.get("cold_premium")
     if cold and isinstance(cold.get("premium_us"), Mapping):
-        prem = {op: max(0.0, float(v)) for op, v in cold["premium_us"].items()}
-        warm = sum(float(v) for v in cold["later_us"].values())
-        data["cold_calls"] = {
-            "unit": ("µs more for the first call of each kind after a pause (on a simulated "
-                     "device: its first call of each kind, and the first after "
-                     "SimDriver.pause of at least gap_ms; after shorter pauses, the share "
-                     "partial gives)"),
-            "gap_ms": float(cold["gap_ms"]),
-            "premium_us": prem,
-            "modelled": sum(prem.values()) > 0.2 * warm,
-            "source": (f"{how}: {cold['rounds']} rounds of a {cold['gap_ms']:g} ms sleep, one "
-                       f"round of calls (reserve, 4 x create / map / set_access, unmaps, releases, "
-                       f"free), then a warm round at once; the premium is the cold rounds' "
-                       f"first call's median minus the median of the later calls (reserve, "
-                       f"free: the warm rounds'); modelled when the premiums sum to over 20% "
-                       f"of the calls' warm costs"),
-            "measured": dict(cold),
-        }
-        partial = _cold_shares(prem, cold.get("partial_us") or {})
-        if partial:
-            data["cold_calls"]["partial"] = partial
-            data["cold_calls"]["partial_source"] = (
-                f"{how}: the same rounds after each shorter pause, its premium over the "
-                f"{cold['gap_ms']:g} ms one's, per call: [[pause ms, share], ...]")
-    lib = meas.get("library")
-    if lib and isinstance(lib.get("work"), Mapping):
-        data["library_work_us"] = {
-            **{op: dict(row) for op, row in lib["work"].items()},
-            "unit": ("µs of kvvmm's own work per arena/owner operation: fixed + per_unit x "
-                     "units (the unit named per operation)"),
-            "source": (f"{how}: wall time of each operation minus the driver calls it made "
-                       f"(timed inside a wrapper driver, less the wrapper's cost per call), "
-                       f"fitted over 1, 8 and 32 handles or mappings for the arena's; the "
-                       f"owner's per buffer beyond the arena operations it makes (the arena "
-                       f"charges those), median over reps"),
-            "samples": dict(lib.get("samples", {})),
-        }
-    if meas.get("growth"):
-        data["library_overhead_us"] = fit_library_overhead(data, meas["growth"],
-                                                           meas.get("library"), plan)
-        data["library_overhead_us"]["source"] = f"{how}. " + data["library_overhead_us"][
-            "source"]
-        data["growth_measured"] = dict(meas["growth"])
-    elif meas.get("library"):
-        data["library_overhead_us"] = {"per_call": {}, "measured": dict(meas["library"]),
-                                       "source": f"{how}: growth not measured, nothing fitted"}
+        data["cold_calls"] = _cold_section(cold, how)
+    data |= _library_sections(meas, data, plan, how)
     bw = meas.get("bandwidth")
     if bw and "runs" in bw:
         data["bandwidth"] = {"unit": "TB/s of a 1 GiB bf16 copy, one entry per run",
@@ -547,7 +563,5 @@ def build_profile(meas: Mapping[str, Any], meta: Mapping[str, Any], plan: Plan) 
     pr = meas.get("post_release")
     if pr and pr.get("repeats"):
         v = slowdown_verdict(pr)
-        v["source"] = f"{how}: " + v["source"]
-        data["post_release_slowdown"] = v
+        data["post_release_slowdown"] = v | {"source": f"{how}: " + v["source"]}
     return data
-

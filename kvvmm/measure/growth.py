@@ -51,23 +51,22 @@ def grow_rounds(cd: Any, policies: list[Any], rounds: int = 3,
     for r in range(rounds):
         for p in rotated(policies, r):
             time.sleep(SETTLE_S)
-            owner, _, secs = grow(cd, p, w)
-            owner.close()
-            runs[str(p)].append(round(secs * 1e3, 2))
+            runs[str(p)].append(_grow_ms(cd, p, w))
     return runs
+
+
+def _grow_ms(cd: Any, policy: Any, w: Workload) -> float:
+    owner, _, secs = grow(cd, policy, w)
+    owner.close()
+    return round(secs * 1e3, 2)
 
 
 def back_to_back(cd: Any, policy: Any, rounds: int = 3,
                   w: Workload = BENCH_WORKLOAD) -> list[float]:
     """Growth times with no pause: each growth starts right after the previous owner (64 GiB
     backed) closed."""
-    out = []
     time.sleep(SETTLE_S)
-    for _ in range(rounds + 1):
-        owner, _, secs = grow(cd, policy, w)
-        owner.close()
-        out.append(round(secs * 1e3, 2))
-    return out[1:]  # the first one started settled
+    return [_grow_ms(cd, policy, w) for _ in range(rounds + 1)][1:]  # the first: settled
 
 
 def policy_growth(cd: Any, policy: Any, rounds: list[float],

@@ -4,8 +4,9 @@ what every section gets (:class:`Ctx`)."""
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from kvvmm.measure.timer import TimedDriver
@@ -45,6 +46,11 @@ class Plan:
     cold_gap_s: float = 0.05  #: the pause before each cold round
     #: shorter pauses, each timed as ``cold_gap_s`` is: the share of the premium they give
     cold_partial_s: tuple[float, ...] = (0.001, 0.005, 0.02)
+    touch_regions: int = 32  #: untouched 1 GiB regions the first-touch section maps into
+    touch_reps: int = 3  #: fresh reservations of those regions
+    #: seconds after which the per-call section stops its reps (each size timed at least 5
+    #: times); 0: every rep of ``call_reps``
+    call_limit_s: float = 0.0
 
     @property
     def workload(self) -> Workload:
@@ -83,13 +89,16 @@ QUICK = replace(
 
 @dataclass(slots=True)
 class Ctx:
-    """What every section gets: the driver (wrapped), the plan, how to wait for the device."""
+    """What every section gets: the driver (wrapped), the plan, how to wait for the device,
+    and how time is told (a card: the wall clock and a sleep; a simulator: its clock and its
+    ``pause``, so the same sections measure either)."""
 
     td: TimedDriver
     plan: Plan
     sync: Callable[[], None]
     cuda: bool  #: a GPU (bandwidth and the post-release probe need one)
-    log: Callable[[str], None] = field(default=lambda _: None)
+    clock: Callable[[], float] = time.perf_counter  #: seconds now
+    pause: Callable[[float], None] = time.sleep  #: lets that many seconds pass
 
 
 def plan_dict(plan: Plan) -> dict[str, Any]:

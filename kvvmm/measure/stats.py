@@ -2,7 +2,7 @@
 
 A :class:`Measurement` keeps every sample it was made from (so a report can show the rounds
 as well as the figure), and gives the figures the sections report: the median, the trimmed
-mean (what the simulator sums: docs/MEASUREMENTS.md), a percentile, the spread. Percentiles
+mean (what the simulator sums: docs/MEASUREMENTS.md), the p99. Percentiles
 are one function, :func:`percentile`, in its two conventions: the nearest rank (a p99 of 122
 steps is the second largest, a sample that was seen) and linear between order statistics
 (the p10 / p50 / p90 of a profile's spread, which may fall between samples).
@@ -97,20 +97,10 @@ class Measurement:
         kept = v[lo:hi] or v
         return statistics.fmean(kept)
 
-    def percentile(self, q: float) -> float:
-        """The nearest-rank ``q`` quantile (:func:`percentile`)."""
-        return percentile(self.samples, q)
-
     @property
     def p99(self) -> float:
         """The nearest-rank 99th percentile."""
         return percentile(self.samples, 0.99)
-
-    @property
-    def spread(self) -> float:
-        """(p90 - p10) / p50, the quantiles linear between samples (0 for one sample)."""
-        p10, p50, p90 = (percentile(self.samples, q, interpolate=True) for q in (0.1, 0.5, 0.9))
-        return (p90 - p10) / p50 if p50 else 0.0
 
     def median_us(self) -> float:
         """The median in µs, of samples in seconds (3 decimals)."""

@@ -19,7 +19,7 @@ from kvvmm.errors import ArgumentError, ProfileError
 from kvvmm.hardware import get_profile, profile_data, profile_from_data
 from kvvmm.hardware.overhead import sim_costs
 from kvvmm.hardware.spread import figures_of, scaled
-from kvvmm.measure.calls import COLD_CALLS, cold_calls
+from kvvmm.measure.calls import COLD_CALLS, cold_premium
 from kvvmm.measure.fit import build_profile
 from kvvmm.measure.plan import FULL, QUICK, Ctx
 from kvvmm.measure.refresh import quick_refresh
@@ -271,7 +271,7 @@ def test_calibrates_section_times_a_cold_round_against_warm_calls_and_the_profil
     plan = replace(FULL, cold_rounds=2, cold_gap_s=0.0)
     d = HostDriver()
     try:
-        got = cold_calls(Ctx(TimedDriver(d), plan, lambda: None, cuda=False))
+        got = cold_premium(Ctx(TimedDriver(d), plan, lambda: None, cuda=False))
     finally:
         d.close()
     assert set(got["premium_us"]) == set(COLD_CALLS) == set(OPS)
@@ -279,7 +279,7 @@ def test_calibrates_section_times_a_cold_round_against_warm_calls_and_the_profil
     for op in OPS:
         assert got["premium_us"][op] == pytest.approx(got["first_us"][op] - got["later_us"][op],
                                                       abs=1e-3)
-    data = build_profile({"cold_calls": got}, META, plan)
+    data = build_profile({"cold_premium": got}, META, plan)
     sec = data["cold_calls"]
     assert sec["gap_ms"] == 0.0 and sec["source"] and sec["measured"]["rounds"] == 2
     assert all(v >= 0 for v in sec["premium_us"].values())  # a negative premium is noise
@@ -297,7 +297,7 @@ def test_calibrate_times_the_shorter_pauses_and_the_profile_keeps_rising_shares_
     plan = replace(FULL, cold_rounds=2, cold_gap_s=0.004, cold_partial_s=(0.002, 0.001, 0.01))
     d = HostDriver()
     try:
-        got = cold_calls(Ctx(TimedDriver(d), plan, lambda: None, cuda=False))
+        got = cold_premium(Ctx(TimedDriver(d), plan, lambda: None, cuda=False))
     finally:
         d.close()
     assert sorted(got["partial_us"]) == ["1", "2"]  # 10 ms is not shorter than the gap
@@ -306,12 +306,12 @@ def test_calibrate_times_the_shorter_pauses_and_the_profile_keeps_rising_shares_
     got["premium_us"] = dict.fromkeys(OPS, 10.0) | {"free": 0.0}
     got["partial_us"] = {"1": dict.fromkeys(OPS, 4.0), "2": dict.fromkeys(OPS, 3.0),
                          "3": dict.fromkeys(OPS, 25.0)}
-    sec = build_profile({"cold_calls": got}, META, plan)["cold_calls"]
+    sec = build_profile({"cold_premium": got}, META, plan)["cold_calls"]
     assert "free" not in sec["partial"] and sec["partial_source"]
     for op in set(OPS) - {"free"}:
         assert sec["partial"][op] == [[1.0, 0.4], [2.0, 0.4], [3.0, 1.0]], op
     path = tmp_path / "card.json"
-    path.write_text(json.dumps(build_profile({"cold_calls": got}, META, plan)), encoding="utf-8")
+    path.write_text(json.dumps(build_profile({"cold_premium": got}, META, plan)), encoding="utf-8")
     get_profile(path)  # the schema takes the shares
 
 

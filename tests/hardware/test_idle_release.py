@@ -37,7 +37,7 @@ def _create_us(d: SimDriver) -> float:
 
 def _warm(d: SimDriver) -> float:
     _create_us(d)  # cold
-    _create_us(d)  # the call after a cold one pays its share of that (cold_calls.second)
+    _create_us(d)  # the call after a cold one pays its share of the cold premium too
     return _create_us(d)
 
 

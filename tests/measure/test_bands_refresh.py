@@ -118,18 +118,69 @@ def test_a_refresh_keeps_the_old_figures_as_history_and_its_spread_covers_them()
     assert "level" in old["spread"] and "level" not in new["spread"]
 
 
-def test_a_profile_without_call_costs_is_refused_for_a_refresh() -> None:
-    data = copy.deepcopy(dict(profile_data(get_profile("h100"))))
-    with pytest.raises(ArgumentError, match="full kvvmm calibrate"):
-        quick_refresh(SimDriver("h100"), data, clock=lambda: 0.0)
+def _capacity_only(key: str) -> dict[str, Any]:
+    data = copy.deepcopy(dict(profile_data(get_profile(key))))
+    assert "call_costs" not in data  # capacity only: the sim charges it the H200's costs
+    return data
+
+
+def _borrowed(new: dict[str, Any], own: dict[str, Any]) -> None:
+    """``new`` is ``own`` refreshed from the H200's costs, and says so."""
+    ref = new["refreshed"]
+    assert ref["costs_from"] == "h200"
+    assert ref["sources"] == f"costs: h200, measured; capacity: {own['key']}"
+    for k in ("key", "name", "capacity_bytes", "granularity_bytes", "source"):
+        assert new[k] == own[k], k
+    assert ref["from_date"] == _old()["date"]
+    assert new["spread"]["history"][-1]["source"].endswith("(h200)")
+    prof = profile_from_data(new, where="refreshed h100")
+    assert prof.capacity_bytes == own["capacity_bytes"]
+
+
+@pytest.mark.parametrize("key", ["h100", "b200"])
+def test_a_profile_of_capacity_only_is_refreshed_from_the_h200s_costs_on_the_sim(
+        key: str) -> None:
+    # the sim charges a capacity-only profile the H200's costs: refreshed against itself,
+    # the H200's figures come back unchanged, under the card's own capacity
+    own = _capacity_only(key)
+    d = SimDriver(key)
+    new = quick_refresh(d, own, **_on_sim(d), reference="points", reps=5, in_context=False,
+                        date="2026-12-07T12:00:00+00:00")
+    _borrowed(new, own)
+    for op in ("create", "map", "set_access", "unmap", "release", "reserve", "free"):
+        assert new["refreshed"]["factors"][f"call_costs.{op}"] == pytest.approx(1.0, rel=0.02)
+    for r in ratios(figures_of(_old()), figures_of(new))["call_costs.create"]:
+        assert r == pytest.approx(1.0, rel=0.02)
+    again = refresh_from(own, new["refreshed"]["raw"], date="2026-12-07T12:00:00+00:00")
+    assert again["refreshed"]["factors"] == new["refreshed"]["factors"]
+    assert d.mem_info()[0] == d.mem_info()[1]
+
+
+def test_a_profile_of_capacity_only_is_refreshed_on_the_host_driver() -> None:
+    import time
+
+    from kvvmm.driver.host import HostDriver
+
+    own = _capacity_only("h100")
+    d = HostDriver()
+    try:
+        new = quick_refresh(d, own, clock=lambda: time.perf_counter() * 1e6, settle_s=0.0,
+                            sizes_mib=(2, 8), reps=5, regions=2, in_context=False)
+    finally:
+        d.close()
+    _borrowed(new, own)
+    assert set(MEASURED) <= set(new["refreshed"]["factors"])
+    assert all(f > 0 for f in new["refreshed"]["factors"].values())
+    assert new["refreshed"]["raw"]["per_call_us"]["create"].keys() == {"2", "8"}
 
 
 def test_calibrate_quick_profile_without_a_gpu_says_so_in_one_line(
         capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    assert calibrate.main(["--quick", "--profile", "h200", "--out",
-                           str(tmp_path / "x.json")]) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0 and "GPU" in err
+    for key in ("h200", "h100"):  # h100: no call costs of its own, not refused for that
+        assert calibrate.main(["--quick", "--profile", key, "--out",
+                               str(tmp_path / "x.json")]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and "GPU" in err
     assert calibrate.main(["--profile", "h200"]) == 2
     assert "--quick" in capsys.readouterr().err
     bad = tmp_path / "bad.json"

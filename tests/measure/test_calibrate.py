@@ -182,7 +182,7 @@ def test_the_shipped_h200_profile_charges_its_call_costs_and_the_first_touch_onc
     expected = model("reserve", 64 * GiB) + first[1] + first[2]  # one region touched
     expected += sum(cold.premium_us[op] for op in ("reserve", "create", "map", "set_access",
                                                    "unmap", "release"))
-    # the second call of each kind pays its share of that (cold_calls.second), once
+    # the second call of each kind pays its share of that (the cold premium's second share), once
     expected += sum(cold.premium_us[op] * cold.second.get(op, 0.0)
                     for op in ("create", "map", "set_access", "unmap", "release"))
     for size in (2 * MiB, 6 * MiB, 512 * MiB):
