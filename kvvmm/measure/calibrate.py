@@ -67,7 +67,7 @@ from kvvmm.measure.calls import (
 )
 from kvvmm.measure.fit import build_profile, fit_library_overhead, slowdown_verdict
 from kvvmm.measure.operations import bandwidth, growth, library
-from kvvmm.measure.plan import FULL, QUICK, Ctx, Plan, plan_dict
+from kvvmm.measure.plan import FULL, QUICK, Ctx, Plan, fit_to_memory, plan_dict
 from kvvmm.measure.timer import TimedDriver
 
 __all__ = ["FULL", "QUICK", "Plan", "TimedDriver", "build_profile", "fit_library_overhead",
@@ -207,7 +207,8 @@ def run(*, out: str | None, quick: bool, device: int = 0, key: str | None = None
             bar.set_description_str(label)
 
         try:
-            data = measure(cd, QUICK if quick else FULL, out=path, key=key, sections=sections,
+            plan = fit_to_memory(QUICK if quick else FULL, cd.mem_info()[0])
+            data = measure(cd, plan, out=path, key=key, sections=sections,
                            cuda=True, sync=sync, progress=progress)
         finally:
             bar.update(len(names) - bar.n)

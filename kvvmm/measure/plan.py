@@ -87,6 +87,34 @@ QUICK = replace(
 )
 
 
+#: The share of the card's free memory the decode growth may back at its end (the policies'
+#: overshoot and the other sections' handles fit in the rest), and the finalize: a plan
+#: that needs more is cut to it; one within :data:`FITS_SHARE` of free memory runs as it is.
+GROWTH_SHARE, FINALIZE_SHARE, FITS_SHARE = 0.6, 0.75, 0.9
+
+
+def fit_to_memory(plan: Plan, free_bytes: int) -> Plan:
+    """``plan`` with its decode growth and finalize cut to what ``free_bytes`` holds.
+
+    The full plan grows bench's 64 buffers to 500k tokens and finalizes them at 1M (62.5 GiB
+    and 125 GiB backed): an H200 holds both, an H100 (80 GB) neither, and a section that
+    runs out of memory is lost. A size that does not fit is cut, in whole steps, to its share
+    of the free memory; the plan recorded in the profile says what was grown.
+    """
+    per_token, step = plan.workload.token_bytes_all, plan.step_tokens
+
+    def cut(tokens: int, share: float, fits: float) -> int:
+        if tokens * per_token <= free_bytes * fits:
+            return tokens
+        return max(int(free_bytes * share) // per_token // step * step, step)
+
+    grow = cut(plan.grow_to_tokens, GROWTH_SHARE, GROWTH_SHARE)
+    fin = cut(plan.finalize_tokens, FINALIZE_SHARE, FITS_SHARE) if plan.finalize_tokens else 0
+    if (grow, fin) == (plan.grow_to_tokens, plan.finalize_tokens):
+        return plan
+    return replace(plan, grow_to_tokens=grow, finalize_tokens=max(fin, grow) if fin else 0)
+
+
 @dataclass(slots=True)
 class Ctx:
     """What every section gets: the driver (wrapped), the plan, how to wait for the device,

@@ -72,6 +72,11 @@ class Workload:
         return 1 if self.layout == "interleaved" else 2 * self.layers
 
     @property
+    def token_bytes_all(self) -> int:
+        """Bytes one token takes in all the buffers together (K and V of every layer, bf16)."""
+        return 2 * self.layers * self.kv_heads * self.head_dim * 2
+
+    @property
     def steps(self) -> int:
         return self.grow_to_tokens // self.step_tokens
 
