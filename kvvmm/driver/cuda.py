@@ -182,6 +182,18 @@ class CudaDriver(ZeroPageMixin, PeerAccessMixin, SynchronizeMixin, FastPathMixin
     granularity_min = 0  #: set by the constructor (a plain attribute, as handle_type)
     fast_path = False  #: set by the constructor (a plain attribute, as handle_type)
 
+    # The hot calls are fields, not methods: each driver's own, chosen once at construction
+    # (_choose_hot_calls) from the C fast path's functions, the zero cover's methods
+    # (_zp_map, _zp_unmap) and the Python methods (_py_*). A slot's read is a C member
+    # lookup, so a call reaches C with no Python frame of ours.
+    __slots__ = ("create", "map", "release", "set_access", "unmap")
+    # Each takes the arguments of the protocol's call of its name (Driver.create, ...).
+    create: Callable[..., int]
+    release: Callable[..., None]
+    map: Callable[..., None]
+    unmap: Callable[..., None]
+    set_access: Callable[..., None]
+
     def __init__(
         self, *, device: int = 0, granularity: str | int = "minimum",
         zero_page: bool | int = False, handle_type: str = "none",
@@ -216,7 +228,29 @@ class CudaDriver(ZeroPageMixin, PeerAccessMixin, SynchronizeMixin, FastPathMixin
         self._set_granularity(granularity)
         if zero_page is not False:
             self._start_zero_page(zero_page)
-        self._start_fast_path()
+        self._choose_hot_calls()
+
+    def _choose_hot_calls(self) -> None:
+        """Set the five hot calls, once, before the driver is handed out.
+
+        C's when the fast path starts (:meth:`_start_fast_path`), the Python methods
+        otherwise; with the zero cover on, map and unmap are always the cover's (C knows
+        nothing of it), while create, release and set access (which sees real mappings
+        only) still run in C.
+        """
+        fast = self._start_fast_path()
+        if fast is not None:
+            self.create, self.release, self.set_access = (
+                fast.create, fast.release, fast.set_access)
+        else:
+            self.create, self.release, self.set_access = (
+                self._py_create, self._py_release, self._py_set_access)
+        if self._zero is not None:
+            self.map, self.unmap = self._zp_map, self._zp_unmap
+        elif fast is not None:
+            self.map, self.unmap = fast.map, fast.unmap
+        else:
+            self.map, self.unmap = self._py_map, self._py_unmap
 
     def _probe_handle_type(self, name: str) -> DriverError | None:
         """Try handle type ``name`` as SGLang 0.5.23 does: the granularity asked with it, then
@@ -478,8 +512,11 @@ class CudaDriver(ZeroPageMixin, PeerAccessMixin, SynchronizeMixin, FastPathMixin
         self._res_starts.remove(va)
         self._pins.forget(va)
 
+    # The hot calls in Python: the whole driver without the C fast path, and its slow path
+    # with it (C calls these for anything but the common valid case).
+
     @locked
-    def create(self, size: int) -> int:
+    def _py_create(self, size: int) -> int:
         (size,) = check_call_ints("create", size=size).values()
         if size <= 0 or size % self._gran:
             raise self._alignment_error("create", {"size": size})
@@ -498,7 +535,7 @@ class CudaDriver(ZeroPageMixin, PeerAccessMixin, SynchronizeMixin, FastPathMixin
         return handle
 
     @locked
-    def release(self, handle: int) -> None:
+    def _py_release(self, handle: int) -> None:
         (handle,) = check_call_ints("release", handle=handle).values()
         h = self._handles.pop(handle, None)  # taken out first: no other call can use it now
         if h is None:
@@ -512,7 +549,7 @@ class CudaDriver(ZeroPageMixin, PeerAccessMixin, SynchronizeMixin, FastPathMixin
             self._b.physical_bytes -= h.size
 
     @locked
-    def map(self, va: int, size: int, handle: int) -> None:
+    def _py_map(self, va: int, size: int, handle: int) -> None:
         va, size, handle = check_call_ints("map", va=va, size=size, handle=handle).values()
         h: Any = self._handles.get(handle)
         b = self._b
@@ -591,7 +628,7 @@ class CudaDriver(ZeroPageMixin, PeerAccessMixin, SynchronizeMixin, FastPathMixin
         return out
 
     @locked
-    def unmap(self, va: int, size: int) -> None:
+    def _py_unmap(self, va: int, size: int) -> None:
         va, size = check_call_ints("unmap", va=va, size=size).values()
         maps = self._maps
         m = maps.get(va)
@@ -608,7 +645,7 @@ class CudaDriver(ZeroPageMixin, PeerAccessMixin, SynchronizeMixin, FastPathMixin
             self._unmapped(h)
 
     @locked
-    def set_access(self, va: int, size: int, devices: Sequence[int] | None = None) -> None:
+    def _py_set_access(self, va: int, size: int, devices: Sequence[int] | None = None) -> None:
         va, size = check_call_ints("set_access", va=va, size=size).values()
         if devices is not None:
             self._set_access_for(va, size, devices)
@@ -620,14 +657,6 @@ class CudaDriver(ZeroPageMixin, PeerAccessMixin, SynchronizeMixin, FastPathMixin
         (err,) = self._cuMemSetAccess(va, size, self._access, 1)
         if err:  # CUDA_SUCCESS is 0: the cheapest test
             raise self._cuda_error("set_access", {"va": va, "size": size}, "cuMemSetAccess", err)
-
-    # The Python implementations, which the C fast path calls for anything but the common
-    # valid case (and which run every call when it is off).
-    _py_create = create
-    _py_release = release
-    _py_map = map
-    _py_unmap = unmap
-    _py_set_access = set_access
 
     # -- handles shared between processes -----------------------------------------------
 
