@@ -129,6 +129,34 @@ def _pick_handle_type(
     raise err
 
 
+def _find_device(drv: Any, device: int) -> tuple[Any, str, int] | str:
+    """``device``'s handle, name and the number of visible devices; or the problem, when
+    there is no usable GPU or it has no virtual memory management.
+
+    Raises:
+        ArgumentError: ``device`` is past the visible devices.
+    """
+    ok = drv.CUresult.CUDA_SUCCESS
+    err = drv.cuInit(0)[0]
+    if err != ok:
+        return f"cuInit failed with {_name(err)} (no usable GPU or driver)"
+    err, count = drv.cuDeviceGetCount()
+    if err != ok or count == 0:
+        return "no CUDA device is visible (CUDA_VISIBLE_DEVICES? a GPU machine?)"
+    if device >= count:
+        raise ArgumentError("device", device, f"in [0, {count}) (the visible devices)")
+    err, dev = drv.cuDeviceGet(device)
+    if err != ok:
+        return f"cuDeviceGet({device}) failed with {_name(err)}"
+    err, raw_name = drv.cuDeviceGetName(256, dev)
+    name = raw_name.split(b"\0", 1)[0].decode() if err == ok else f"cuda:{device}"
+    attr = drv.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
+    err, vmm = drv.cuDeviceGetAttribute(attr, dev)
+    if err != ok or not vmm:
+        return f"{name} (device {device}) does not support CUDA virtual memory management"
+    return dev, name, int(count)
+
+
 class CudaDriver(ZeroPageMixin, PeerAccessMixin, SynchronizeMixin, FastPathMixin, Driver):
     """CUDA VMM on a real GPU, in the device's primary context (torch's).
 
@@ -299,24 +327,11 @@ class CudaDriver(ZeroPageMixin, PeerAccessMixin, SynchronizeMixin, FastPathMixin
                 "`pip install cuda-python`"
             )
         int_arg("device", device, lo=0, limit="an int >= 0")
-        err = drv.cuInit(0)[0]
-        if err != drv.CUresult.CUDA_SUCCESS:
-            return f"cuInit failed with {_name(err)} (no usable GPU or driver)"
-        ok = err  # success as the bindings return it
-        err, count = drv.cuDeviceGetCount()
-        if err != ok or count == 0:
-            return "no CUDA device is visible (CUDA_VISIBLE_DEVICES? a GPU machine?)"
-        if device >= count:
-            raise ArgumentError("device", device, f"in [0, {count}) (the visible devices)")
-        err, dev = drv.cuDeviceGet(device)
-        if err != ok:
-            return f"cuDeviceGet({device}) failed with {_name(err)}"
-        err, raw_name = drv.cuDeviceGetName(256, dev)
-        name = raw_name.split(b"\0", 1)[0].decode() if err == ok else f"cuda:{device}"
-        attr = drv.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
-        err, vmm = drv.cuDeviceGetAttribute(attr, dev)
-        if err != ok or not vmm:
-            return f"{name} (device {device}) does not support CUDA virtual memory management"
+        found = _find_device(drv, device)
+        if isinstance(found, str):
+            return found
+        dev, name, count = found
+        ok = drv.CUresult.CUDA_SUCCESS
         # The primary context is the one torch (the runtime API) uses for this device.
         err, ctx = drv.cuDevicePrimaryCtxRetain(dev)
         if err != ok:
@@ -326,7 +341,17 @@ class CudaDriver(ZeroPageMixin, PeerAccessMixin, SynchronizeMixin, FastPathMixin
         err, cur = drv.cuCtxGetCurrent()
         if err == ok and int(cur) == 0:
             drv.cuCtxSetCurrent(ctx)
+        self._start_book(drv, device, name, dev, ctx, ok)
+        self._describe_memory(drv, device, exportable, int(count))
+        problem = self._query_granularity(drv)
+        if problem:
+            drv.cuDevicePrimaryCtxRelease(dev)
+        return problem
 
+    def _start_book(self, drv: Any, device: int, name: str, dev: Any, ctx: Any,
+                    ok: Any) -> None:
+        """The driver's identity, context, lock, the CUDA calls it makes bound once, and
+        its empty book."""
         self.device = device
         self.name = name
         self._dev = dev
@@ -336,7 +361,33 @@ class CudaDriver(ZeroPageMixin, PeerAccessMixin, SynchronizeMixin, FastPathMixin
         self._ok = ok
         self._lock = threading.RLock()
         self._pins = Pins()  # reservation start -> pins (views that reach it)
+        # Bound once: the hot calls read them from self without a module lookup.
+        self._cuMemMap = drv.cuMemMap
+        self._cuMemUnmap = drv.cuMemUnmap
+        self._cuMemCreate = drv.cuMemCreate
+        self._cuMemRelease = drv.cuMemRelease
+        self._cuMemSetAccess = drv.cuMemSetAccess
+        self._cuCtxSynchronize = drv.cuCtxSynchronize
+        self._cuCtxGetCurrent = drv.cuCtxGetCurrent
+        self._cuMemRetainAllocationHandle = drv.cuMemRetainAllocationHandle
+        self._cuStreamIsCapturing = drv.cuStreamIsCapturing
+        self._legacy = drv.CUstream(drv.CU_STREAM_LEGACY)
+        self._capture_none = drv.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE
+        self._implicit = drv.CUresult.CUDA_ERROR_STREAM_CAPTURE_IMPLICIT
+        self._res: dict[int, int] = {}  # reservation start -> size
+        self._res_starts: list[int] = []  # sorted reservation starts (for the slow lookup)
+        # Counters and the last map's reservation (see _PyBook); a _cudafast.Fast, holding
+        # the same ones, once the fast path is on.
+        self._b: Any = _PyBook()
+        self.fast_path = False  #: whether the hot calls run in C (_cudafast)
+        # Live handles only: a released handle that is still mapped lives on in _maps.
+        self._handles: dict[int, Any] = {}  # our handle id -> record (_Handle)
+        # Mapping start -> its handle; a mapping's size is its handle's (maps take whole ones).
+        self._maps: dict[int, Any] = {}
 
+    def _describe_memory(self, drv: Any, device: int, exportable: bool, count: int) -> None:
+        """What every create asks for (``CUmemAllocationProp``) and every set access gives
+        (read/write on this device)."""
         prop = drv.CUmemAllocationProp()
         prop.type = drv.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
         prop.location.type = drv.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
@@ -347,7 +398,7 @@ class CudaDriver(ZeroPageMixin, PeerAccessMixin, SynchronizeMixin, FastPathMixin
             )
         self.exportable = exportable
         self._posix_fd = drv.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
-        self._device_count = int(count)
+        self._device_count = count
         self._prop = prop
         acc = drv.CUmemAccessDesc()
         acc.location.type = drv.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
@@ -356,43 +407,21 @@ class CudaDriver(ZeroPageMixin, PeerAccessMixin, SynchronizeMixin, FastPathMixin
         self._access = [acc]
         self._access_lists: dict[tuple[int, ...], list[Any]] = {(device,): self._access}
         self._peer_ok: dict[int, bool] = {}  # device -> cuDeviceCanAccessPeer(device, ours)
+
+    def _query_granularity(self, drv: Any) -> str:
+        """Set the minimum and recommended granularities; return a problem, or ''."""
         flags = drv.CUmemAllocationGranularity_flags
+        ok = self._ok
         err, gmin = drv.cuMemGetAllocationGranularity(
-            prop, flags.CU_MEM_ALLOC_GRANULARITY_MINIMUM
+            self._prop, flags.CU_MEM_ALLOC_GRANULARITY_MINIMUM
         )
         err2, grec = drv.cuMemGetAllocationGranularity(
-            prop, flags.CU_MEM_ALLOC_GRANULARITY_RECOMMENDED
+            self._prop, flags.CU_MEM_ALLOC_GRANULARITY_RECOMMENDED
         )
         if err != ok or err2 != ok:
-            drv.cuDevicePrimaryCtxRelease(dev)
             return f"cuMemGetAllocationGranularity failed with {_name(err if err != ok else err2)}"
         self.granularity_min = int(gmin)
         self.granularity_recommended = int(grec)
-
-        # Bound once: the hot calls read them from self without a module lookup.
-        self._cuMemMap = drv.cuMemMap
-        self._cuMemUnmap = drv.cuMemUnmap
-        self._cuMemCreate = drv.cuMemCreate
-        self._cuMemRelease = drv.cuMemRelease
-        self._cuMemSetAccess = drv.cuMemSetAccess
-        self._cuCtxSynchronize = drv.cuCtxSynchronize
-        self._cuCtxGetCurrent = drv.cuCtxGetCurrent
-        self._cuMemRetainAllocationHandle = drv.cuMemRetainAllocationHandle
-
-        self._res: dict[int, int] = {}  # reservation start -> size
-        self._res_starts: list[int] = []  # sorted reservation starts (for the slow lookup)
-        # Counters and the last map's reservation (see _PyBook); a _cudafast.Fast, holding
-        # the same ones, once the fast path is on.
-        self._b: Any = _PyBook()
-        self.fast_path = False  #: whether the hot calls run in C (_cudafast)
-        self._legacy = drv.CUstream(drv.CU_STREAM_LEGACY)
-        self._cuStreamIsCapturing = drv.cuStreamIsCapturing
-        self._capture_none = drv.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE
-        self._implicit = drv.CUresult.CUDA_ERROR_STREAM_CAPTURE_IMPLICIT
-        # Live handles only: a released handle that is still mapped lives on in _maps.
-        self._handles: dict[int, Any] = {}  # our handle id -> record (_Handle)
-        # Mapping start -> its handle; a mapping's size is its handle's (maps take whole ones).
-        self._maps: dict[int, Any] = {}
         return ""
 
     def _set_granularity(self, granularity: str | int) -> None:
