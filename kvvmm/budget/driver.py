@@ -6,10 +6,11 @@ prepared handles) calls ``driver.create``, and every path that gives it back cal
 ``driver.release``. So the charge sits there, and nowhere else: no edit of the arena or the
 owner, and nothing added to the calls that make no memory.
 
-Not a :class:`~kvvmm.driver.wrapper.DriverWrapper` (a Python frame or two on every call):
-the wrapped driver's own bound methods (CudaDriver's C functions) are this object's
-attributes for every call but ``create``, ``release`` and ``mem_info``, so a map, an unmap
-or a set access costs exactly what it costs on the driver itself.
+A :class:`~kvvmm.driver.wrapper.DriverWrapper` that overrides ``create``, ``release`` and
+``mem_info``. Every other call is a field holding the wrapped driver's own bound method
+(CudaDriver's C functions), set at construction, in place of the wrapper's forwarding
+methods (a Python frame or two each): a map, an unmap or a set access costs exactly what it
+costs on the driver itself.
 
 Transactional: the charge comes before the create (a refusal creates nothing), a failed
 create is credited back, and a release is credited after the driver released it (a failed
@@ -25,13 +26,14 @@ from collections.abc import Callable
 
 from kvvmm.budget.tenant import Tenant
 from kvvmm.checks import is_int
-from kvvmm.driver.base import Driver, DriverStats, MemoryKind, check_driver
+from kvvmm.driver.base import Driver, DriverStats
+from kvvmm.driver.wrapper import DriverWrapper
 from kvvmm.errors import ArgumentError
 
 __all__ = ["BudgetedDriver"]
 
 
-class BudgetedDriver(Driver):
+class BudgetedDriver(DriverWrapper):
     """``inner`` with every create charged to ``tenant`` and every release credited.
 
     Args:
@@ -47,26 +49,37 @@ class BudgetedDriver(Driver):
     budget, whichever is less, so a plan or a pressure poll over this driver sees the budget.
     """
 
+    # The calls the budget does not see: fields, not methods, each the inner driver's bound
+    # method (set below), so no frame of ours is on them. Slots over DriverWrapper's
+    # forwarding methods; each takes the arguments of the protocol's call of its name.
+    __slots__ = ("export_handle", "free", "granularity", "import_handle", "map", "pin",
+                 "reserve", "set_access", "stats", "unmap", "unpin")
+    granularity: Callable[..., int]
+    reserve: Callable[..., int]
+    free: Callable[..., None]
+    map: Callable[..., None]
+    unmap: Callable[..., None]
+    set_access: Callable[..., None]
+    stats: Callable[..., DriverStats]
+    export_handle: Callable[..., int]
+    import_handle: Callable[..., int]
+    pin: Callable[..., None]
+    unpin: Callable[..., None]
+
     def __init__(self, inner: Driver, tenant: Tenant) -> None:
-        check_driver(inner, "inner")
+        super().__init__(inner)  # checks inner: a typed error, not an AttributeError
         if not isinstance(tenant, Tenant):
             raise ArgumentError("tenant", tenant, "a kvvmm.budget.Tenant (Ledger.register)")
-        self.inner = inner
         self.tenant = tenant
-        self.kind: str = inner.kind
-        self.device: int = inner.device
-        self.name: str = inner.name
-        self.memory: MemoryKind = inner.memory
         self._sizes: dict[int, int] = {}  # handle -> bytes charged, for handles made here
         self._lock = threading.Lock()
         self._create: Callable[[int], int] = inner.create
         self._release: Callable[[int], None] = inner.release
-        # The inner driver's bound methods as attributes: no frame of ours on these calls.
-        self.__dict__.update(
-            granularity=inner.granularity, reserve=inner.reserve, free=inner.free,
-            map=inner.map, unmap=inner.unmap, set_access=inner.set_access,
-            stats=inner.stats, export_handle=inner.export_handle,
-            import_handle=inner.import_handle, pin=inner.pin, unpin=inner.unpin)
+        self.granularity, self.stats = inner.granularity, inner.stats
+        self.reserve, self.free = inner.reserve, inner.free
+        self.map, self.unmap, self.set_access = inner.map, inner.unmap, inner.set_access
+        self.export_handle, self.import_handle = inner.export_handle, inner.import_handle
+        self.pin, self.unpin = inner.pin, inner.unpin
 
     def __repr__(self) -> str:
         return f"BudgetedDriver({self.inner!r}, tenant {self.tenant.name!r})"
@@ -100,31 +113,3 @@ class BudgetedDriver(Driver):
         """Bytes of the handles this driver created and has not released."""
         with self._lock:
             return sum(self._sizes.values())
-
-    # Declared for the protocol; the instance's attributes (the inner driver's) answer.
-    def granularity(self) -> int:
-        return self.inner.granularity()
-
-    def stats(self) -> DriverStats:
-        return self.inner.stats()
-
-    @property
-    def clock_us(self) -> float:
-        return self.inner.clock_us
-
-    @property
-    def handle_type(self) -> str:
-        """The inner driver's: the budget does not change what its handles are."""
-        return self.inner.handle_type
-
-    @property
-    def granularity_min(self) -> int:
-        return self.inner.granularity_min
-
-    @property
-    def fast_path(self) -> bool | None:
-        return self.inner.fast_path
-
-    @property  # the inner driver's bound method itself, so work_hook sees through
-    def library_work(self) -> Callable[[str, int], None]:  # type: ignore[override]
-        return self.inner.library_work

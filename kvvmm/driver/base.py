@@ -4,9 +4,10 @@ A driver is the narrow waist of kvvmm: a few methods over plain ints, one per CU
 point (``cuMemAddressReserve``, ``cuMemCreate``, ``cuMemMap``, ...). Three implementations
 exist (``SimDriver``, ``HostDriver``, ``CudaDriver``) plus wrappers on
 :class:`~kvvmm.driver.wrapper.DriverWrapper` (``FaultyDriver``, ``TracingDriver``,
-``TimedDriver``); everything above this layer is written against :class:`Driver` only. Its
-optional calls (``clock_us``, ``handle_type``, ``granularity_min``, ``fast_path``,
-``library_work``, ``pin``, ``unpin``, ``close``) have defaults that every driver inherits.
+``TimedDriver``, ``BudgetedDriver``); everything above this layer is written against
+:class:`Driver` only. Its optional calls (``clock_us``, ``handle_type``, ``granularity_min``,
+``fast_path``, ``library_work``, ``pin``, ``unpin``, ``close``) have defaults that every
+driver inherits.
 
 The rules (cuda.core's VMM design lists the driver behaviour they come from):
 

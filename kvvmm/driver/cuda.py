@@ -129,6 +129,34 @@ def _pick_handle_type(
     raise err
 
 
+def _find_device(drv: Any, device: int) -> tuple[Any, str, int] | str:
+    """``device``'s handle, name and the number of visible devices; or the problem, when
+    there is no usable GPU or it has no virtual memory management.
+
+    Raises:
+        ArgumentError: ``device`` is past the visible devices.
+    """
+    ok = drv.CUresult.CUDA_SUCCESS
+    err = drv.cuInit(0)[0]
+    if err != ok:
+        return f"cuInit failed with {_name(err)} (no usable GPU or driver)"
+    err, count = drv.cuDeviceGetCount()
+    if err != ok or count == 0:
+        return "no CUDA device is visible (CUDA_VISIBLE_DEVICES? a GPU machine?)"
+    if device >= count:
+        raise ArgumentError("device", device, f"in [0, {count}) (the visible devices)")
+    err, dev = drv.cuDeviceGet(device)
+    if err != ok:
+        return f"cuDeviceGet({device}) failed with {_name(err)}"
+    err, raw_name = drv.cuDeviceGetName(256, dev)
+    name = raw_name.split(b"\0", 1)[0].decode() if err == ok else f"cuda:{device}"
+    attr = drv.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
+    err, vmm = drv.cuDeviceGetAttribute(attr, dev)
+    if err != ok or not vmm:
+        return f"{name} (device {device}) does not support CUDA virtual memory management"
+    return dev, name, int(count)
+
+
 class CudaDriver(ZeroPageMixin, PeerAccessMixin, SynchronizeMixin, FastPathMixin, Driver):
     """CUDA VMM on a real GPU, in the device's primary context (torch's).
 
@@ -182,6 +210,18 @@ class CudaDriver(ZeroPageMixin, PeerAccessMixin, SynchronizeMixin, FastPathMixin
     granularity_min = 0  #: set by the constructor (a plain attribute, as handle_type)
     fast_path = False  #: set by the constructor (a plain attribute, as handle_type)
 
+    # The hot calls are fields, not methods: each driver's own, chosen once at construction
+    # (_choose_hot_calls) from the C fast path's functions, the zero cover's methods
+    # (_zp_map, _zp_unmap) and the Python methods (_py_*). A slot's read is a C member
+    # lookup, so a call reaches C with no Python frame of ours.
+    __slots__ = ("create", "map", "release", "set_access", "unmap")
+    # Each takes the arguments of the protocol's call of its name (Driver.create, ...).
+    create: Callable[..., int]
+    release: Callable[..., None]
+    map: Callable[..., None]
+    unmap: Callable[..., None]
+    set_access: Callable[..., None]
+
     def __init__(
         self, *, device: int = 0, granularity: str | int = "minimum",
         zero_page: bool | int = False, handle_type: str = "none",
@@ -216,7 +256,29 @@ class CudaDriver(ZeroPageMixin, PeerAccessMixin, SynchronizeMixin, FastPathMixin
         self._set_granularity(granularity)
         if zero_page is not False:
             self._start_zero_page(zero_page)
-        self._start_fast_path()
+        self._choose_hot_calls()
+
+    def _choose_hot_calls(self) -> None:
+        """Set the five hot calls, once, before the driver is handed out.
+
+        C's when the fast path starts (:meth:`_start_fast_path`), the Python methods
+        otherwise; with the zero cover on, map and unmap are always the cover's (C knows
+        nothing of it), while create, release and set access (which sees real mappings
+        only) still run in C.
+        """
+        fast = self._start_fast_path()
+        if fast is not None:
+            self.create, self.release, self.set_access = (
+                fast.create, fast.release, fast.set_access)
+        else:
+            self.create, self.release, self.set_access = (
+                self._py_create, self._py_release, self._py_set_access)
+        if self._zero is not None:
+            self.map, self.unmap = self._zp_map, self._zp_unmap
+        elif fast is not None:
+            self.map, self.unmap = fast.map, fast.unmap
+        else:
+            self.map, self.unmap = self._py_map, self._py_unmap
 
     def _probe_handle_type(self, name: str) -> DriverError | None:
         """Try handle type ``name`` as SGLang 0.5.23 does: the granularity asked with it, then
@@ -265,24 +327,11 @@ class CudaDriver(ZeroPageMixin, PeerAccessMixin, SynchronizeMixin, FastPathMixin
                 "`pip install cuda-python`"
             )
         int_arg("device", device, lo=0, limit="an int >= 0")
-        err = drv.cuInit(0)[0]
-        if err != drv.CUresult.CUDA_SUCCESS:
-            return f"cuInit failed with {_name(err)} (no usable GPU or driver)"
-        ok = err  # success as the bindings return it
-        err, count = drv.cuDeviceGetCount()
-        if err != ok or count == 0:
-            return "no CUDA device is visible (CUDA_VISIBLE_DEVICES? a GPU machine?)"
-        if device >= count:
-            raise ArgumentError("device", device, f"in [0, {count}) (the visible devices)")
-        err, dev = drv.cuDeviceGet(device)
-        if err != ok:
-            return f"cuDeviceGet({device}) failed with {_name(err)}"
-        err, raw_name = drv.cuDeviceGetName(256, dev)
-        name = raw_name.split(b"\0", 1)[0].decode() if err == ok else f"cuda:{device}"
-        attr = drv.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
-        err, vmm = drv.cuDeviceGetAttribute(attr, dev)
-        if err != ok or not vmm:
-            return f"{name} (device {device}) does not support CUDA virtual memory management"
+        found = _find_device(drv, device)
+        if isinstance(found, str):
+            return found
+        dev, name, count = found
+        ok = drv.CUresult.CUDA_SUCCESS
         # The primary context is the one torch (the runtime API) uses for this device.
         err, ctx = drv.cuDevicePrimaryCtxRetain(dev)
         if err != ok:
@@ -292,7 +341,17 @@ class CudaDriver(ZeroPageMixin, PeerAccessMixin, SynchronizeMixin, FastPathMixin
         err, cur = drv.cuCtxGetCurrent()
         if err == ok and int(cur) == 0:
             drv.cuCtxSetCurrent(ctx)
+        self._start_book(drv, device, name, dev, ctx, ok)
+        self._describe_memory(drv, device, exportable, int(count))
+        problem = self._query_granularity(drv)
+        if problem:
+            drv.cuDevicePrimaryCtxRelease(dev)
+        return problem
 
+    def _start_book(self, drv: Any, device: int, name: str, dev: Any, ctx: Any,
+                    ok: Any) -> None:
+        """The driver's identity, context, lock, the CUDA calls it makes bound once, and
+        its empty book."""
         self.device = device
         self.name = name
         self._dev = dev
@@ -302,7 +361,33 @@ class CudaDriver(ZeroPageMixin, PeerAccessMixin, SynchronizeMixin, FastPathMixin
         self._ok = ok
         self._lock = threading.RLock()
         self._pins = Pins()  # reservation start -> pins (views that reach it)
+        # Bound once: the hot calls read them from self without a module lookup.
+        self._cuMemMap = drv.cuMemMap
+        self._cuMemUnmap = drv.cuMemUnmap
+        self._cuMemCreate = drv.cuMemCreate
+        self._cuMemRelease = drv.cuMemRelease
+        self._cuMemSetAccess = drv.cuMemSetAccess
+        self._cuCtxSynchronize = drv.cuCtxSynchronize
+        self._cuCtxGetCurrent = drv.cuCtxGetCurrent
+        self._cuMemRetainAllocationHandle = drv.cuMemRetainAllocationHandle
+        self._cuStreamIsCapturing = drv.cuStreamIsCapturing
+        self._legacy = drv.CUstream(drv.CU_STREAM_LEGACY)
+        self._capture_none = drv.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE
+        self._implicit = drv.CUresult.CUDA_ERROR_STREAM_CAPTURE_IMPLICIT
+        self._res: dict[int, int] = {}  # reservation start -> size
+        self._res_starts: list[int] = []  # sorted reservation starts (for the slow lookup)
+        # Counters and the last map's reservation (see _PyBook); a _cudafast.Fast, holding
+        # the same ones, once the fast path is on.
+        self._b: Any = _PyBook()
+        self.fast_path = False  #: whether the hot calls run in C (_cudafast)
+        # Live handles only: a released handle that is still mapped lives on in _maps.
+        self._handles: dict[int, Any] = {}  # our handle id -> record (_Handle)
+        # Mapping start -> its handle; a mapping's size is its handle's (maps take whole ones).
+        self._maps: dict[int, Any] = {}
 
+    def _describe_memory(self, drv: Any, device: int, exportable: bool, count: int) -> None:
+        """What every create asks for (``CUmemAllocationProp``) and every set access gives
+        (read/write on this device)."""
         prop = drv.CUmemAllocationProp()
         prop.type = drv.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
         prop.location.type = drv.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
@@ -313,7 +398,7 @@ class CudaDriver(ZeroPageMixin, PeerAccessMixin, SynchronizeMixin, FastPathMixin
             )
         self.exportable = exportable
         self._posix_fd = drv.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
-        self._device_count = int(count)
+        self._device_count = count
         self._prop = prop
         acc = drv.CUmemAccessDesc()
         acc.location.type = drv.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
@@ -322,43 +407,21 @@ class CudaDriver(ZeroPageMixin, PeerAccessMixin, SynchronizeMixin, FastPathMixin
         self._access = [acc]
         self._access_lists: dict[tuple[int, ...], list[Any]] = {(device,): self._access}
         self._peer_ok: dict[int, bool] = {}  # device -> cuDeviceCanAccessPeer(device, ours)
+
+    def _query_granularity(self, drv: Any) -> str:
+        """Set the minimum and recommended granularities; return a problem, or ''."""
         flags = drv.CUmemAllocationGranularity_flags
+        ok = self._ok
         err, gmin = drv.cuMemGetAllocationGranularity(
-            prop, flags.CU_MEM_ALLOC_GRANULARITY_MINIMUM
+            self._prop, flags.CU_MEM_ALLOC_GRANULARITY_MINIMUM
         )
         err2, grec = drv.cuMemGetAllocationGranularity(
-            prop, flags.CU_MEM_ALLOC_GRANULARITY_RECOMMENDED
+            self._prop, flags.CU_MEM_ALLOC_GRANULARITY_RECOMMENDED
         )
         if err != ok or err2 != ok:
-            drv.cuDevicePrimaryCtxRelease(dev)
             return f"cuMemGetAllocationGranularity failed with {_name(err if err != ok else err2)}"
         self.granularity_min = int(gmin)
         self.granularity_recommended = int(grec)
-
-        # Bound once: the hot calls read them from self without a module lookup.
-        self._cuMemMap = drv.cuMemMap
-        self._cuMemUnmap = drv.cuMemUnmap
-        self._cuMemCreate = drv.cuMemCreate
-        self._cuMemRelease = drv.cuMemRelease
-        self._cuMemSetAccess = drv.cuMemSetAccess
-        self._cuCtxSynchronize = drv.cuCtxSynchronize
-        self._cuCtxGetCurrent = drv.cuCtxGetCurrent
-        self._cuMemRetainAllocationHandle = drv.cuMemRetainAllocationHandle
-
-        self._res: dict[int, int] = {}  # reservation start -> size
-        self._res_starts: list[int] = []  # sorted reservation starts (for the slow lookup)
-        # Counters and the last map's reservation (see _PyBook); a _cudafast.Fast, holding
-        # the same ones, once the fast path is on.
-        self._b: Any = _PyBook()
-        self.fast_path = False  #: whether the hot calls run in C (_cudafast)
-        self._legacy = drv.CUstream(drv.CU_STREAM_LEGACY)
-        self._cuStreamIsCapturing = drv.cuStreamIsCapturing
-        self._capture_none = drv.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE
-        self._implicit = drv.CUresult.CUDA_ERROR_STREAM_CAPTURE_IMPLICIT
-        # Live handles only: a released handle that is still mapped lives on in _maps.
-        self._handles: dict[int, Any] = {}  # our handle id -> record (_Handle)
-        # Mapping start -> its handle; a mapping's size is its handle's (maps take whole ones).
-        self._maps: dict[int, Any] = {}
         return ""
 
     def _set_granularity(self, granularity: str | int) -> None:
@@ -478,8 +541,11 @@ class CudaDriver(ZeroPageMixin, PeerAccessMixin, SynchronizeMixin, FastPathMixin
         self._res_starts.remove(va)
         self._pins.forget(va)
 
+    # The hot calls in Python: the whole driver without the C fast path, and its slow path
+    # with it (C calls these for anything but the common valid case).
+
     @locked
-    def create(self, size: int) -> int:
+    def _py_create(self, size: int) -> int:
         (size,) = check_call_ints("create", size=size).values()
         if size <= 0 or size % self._gran:
             raise self._alignment_error("create", {"size": size})
@@ -498,7 +564,7 @@ class CudaDriver(ZeroPageMixin, PeerAccessMixin, SynchronizeMixin, FastPathMixin
         return handle
 
     @locked
-    def release(self, handle: int) -> None:
+    def _py_release(self, handle: int) -> None:
         (handle,) = check_call_ints("release", handle=handle).values()
         h = self._handles.pop(handle, None)  # taken out first: no other call can use it now
         if h is None:
@@ -512,7 +578,7 @@ class CudaDriver(ZeroPageMixin, PeerAccessMixin, SynchronizeMixin, FastPathMixin
             self._b.physical_bytes -= h.size
 
     @locked
-    def map(self, va: int, size: int, handle: int) -> None:
+    def _py_map(self, va: int, size: int, handle: int) -> None:
         va, size, handle = check_call_ints("map", va=va, size=size, handle=handle).values()
         h: Any = self._handles.get(handle)
         b = self._b
@@ -591,7 +657,7 @@ class CudaDriver(ZeroPageMixin, PeerAccessMixin, SynchronizeMixin, FastPathMixin
         return out
 
     @locked
-    def unmap(self, va: int, size: int) -> None:
+    def _py_unmap(self, va: int, size: int) -> None:
         va, size = check_call_ints("unmap", va=va, size=size).values()
         maps = self._maps
         m = maps.get(va)
@@ -608,7 +674,7 @@ class CudaDriver(ZeroPageMixin, PeerAccessMixin, SynchronizeMixin, FastPathMixin
             self._unmapped(h)
 
     @locked
-    def set_access(self, va: int, size: int, devices: Sequence[int] | None = None) -> None:
+    def _py_set_access(self, va: int, size: int, devices: Sequence[int] | None = None) -> None:
         va, size = check_call_ints("set_access", va=va, size=size).values()
         if devices is not None:
             self._set_access_for(va, size, devices)
@@ -620,14 +686,6 @@ class CudaDriver(ZeroPageMixin, PeerAccessMixin, SynchronizeMixin, FastPathMixin
         (err,) = self._cuMemSetAccess(va, size, self._access, 1)
         if err:  # CUDA_SUCCESS is 0: the cheapest test
             raise self._cuda_error("set_access", {"va": va, "size": size}, "cuMemSetAccess", err)
-
-    # The Python implementations, which the C fast path calls for anything but the common
-    # valid case (and which run every call when it is off).
-    _py_create = create
-    _py_release = release
-    _py_map = map
-    _py_unmap = unmap
-    _py_set_access = set_access
 
     # -- handles shared between processes -----------------------------------------------
 

@@ -4,9 +4,10 @@ The hot calls (create, map, set access on this device, unmap, release) run in C 
 ``kvvmm/driver/_cudafast.c`` is built: it checks the same records in the same dicts as the
 Python methods, takes only the common valid case and hands anything else to them
 (``CudaDriver._py_*``). Here: the records both paths keep (a handle; the driver's counters),
-the lookup of libcuda's entry points C calls, the hand-over of the hot calls to C at
-construction (``KVVMM_CUDA_FASTPATH=0`` keeps them in Python), and the error C raises
-through. The design is "Cost and the C fast path" in docs/CUDA_DRIVER.md.
+the lookup of libcuda's entry points C calls, the start of the C path at construction
+(whose functions ``CudaDriver`` then takes as its hot calls; ``KVVMM_CUDA_FASTPATH=0`` keeps
+them in Python), and the error C raises through. The design is "Cost and the C fast path"
+in docs/CUDA_DRIVER.md.
 
 :class:`FastPathMixin` is one of ``CudaDriver``'s bases, not a driver of its own.
 """
@@ -108,29 +109,25 @@ class FastPathMixin:
         def _cuda_error(self, call: str, args: dict[str, int], fn: str,
                         err: Any) -> DriverError: ...
 
-    def _start_fast_path(self) -> None:
-        """Hand the hot calls to C (``_cudafast``) when it is built and libcuda's entry
-        points are found; ``KVVMM_CUDA_FASTPATH=0`` keeps them in Python."""
+    def _start_fast_path(self) -> Any:
+        """Start the C fast path (``_cudafast.Fast``, over this driver's own dicts) when it
+        is built and libcuda's entry points are found; return it, or None: the hot calls
+        stay in Python (``KVVMM_CUDA_FASTPATH=0`` asks for that). The caller
+        (``CudaDriver._choose_hot_calls``) makes its functions the driver's hot calls; the
+        ``_py_*`` methods stay the slow path C calls."""
         if _cudafast is None or os.environ.get("KVVMM_CUDA_FASTPATH", "1") == "0":
-            return
+            return None
         fns = _libcuda_functions()
         if fns is None:
-            return
+            return None
         # Called from __init__, before any call: the fresh book has nothing to carry over.
         fast = _cudafast.Fast(
             fns, self._ctx_int, int(self._prop.getPtr()), int(self._access[0].getPtr()),
             self._gran, self._handles, self._maps, self, _cudafast.Handle,
         )
         self._b = fast
-        # Instance attributes over the class's methods: a call reaches C with no Python
-        # frame. The class's methods stay the slow path (``_py_*``), called from C. With the
-        # zero cover on, map and unmap stay in Python (C knows nothing of the cover); create,
-        # release and set access (which sees only real mappings, ``_maps``) run in C.
-        calls = dict(create=fast.create, release=fast.release, set_access=fast.set_access)
-        if self._zero is None:
-            calls.update(map=fast.map, unmap=fast.unmap)
-        self.__dict__.update(calls)
         self.fast_path = True
+        return fast
 
     def _fast_failed(self, call: str, fn: str, args: tuple[int, ...], err: int) -> None:
         """Raise the DriverError for a CUDA call the C fast path made and CUDA refused."""

@@ -4,8 +4,8 @@
 book; this module makes those plans into CUDA calls, each multi-step change undoing itself
 when a call fails part way: the zero handles made and zeroed at construction, the cover of a
 new reservation and its removal before a free, and ``map`` / ``unmap`` with the cover on
-(instance attributes over the class's methods, so a driver with ``zero_page`` off never
-passes here). The design is "Zero page" in docs/CUDA_DRIVER.md.
+(the driver's hot calls when it is on, chosen at construction: a driver with ``zero_page``
+off never passes here). The design is "Zero page" in docs/CUDA_DRIVER.md.
 
 :class:`ZeroPageMixin` is one of ``CudaDriver``'s bases, not a driver of its own: it runs on
 the driver's state (its book, its bound CUDA calls, its lock) and its checks.
@@ -114,9 +114,7 @@ class ZeroPageMixin:
             raise
         self._zero = cover
         self._zraw = raws
-        self.zero_page = block
-        # Instance attributes over the class's map and unmap (the fast path leaves them).
-        self.__dict__.update(map=self._zp_map, unmap=self._zp_unmap)
+        self.zero_page = block  # CudaDriver._choose_hot_calls makes map and unmap ours
 
     def _zero_fill(self, raws: dict[int, int]) -> None:
         """Zero the zero handles once: cuMemCreate memory holds whatever it last held.

@@ -4,8 +4,12 @@
 (times them) are wrappers: each overrides :meth:`DriverWrapper._call`, the one place every
 protocol call (and ``pin``/``unpin``) passes, instead of forwarding each call by hand.
 
-A wrapper costs a Python frame or two per call, so none sits between the arena or owner and
-a driver in normal use: they are for tests, notebooks, recording and measuring.
+A wrapper costs a Python frame or two per call, so none of these sits between the arena or
+owner and a driver in normal use: they are for tests, notebooks, recording and measuring. A
+wrapper that must sit there (``BudgetedDriver``, which charges creates to a GPU's budget)
+overrides the calls it changes and declares the others as fields (``__slots__``) holding the
+inner driver's own bound methods, set in its constructor: those calls then cost what they
+cost on the driver itself.
 """
 
 from __future__ import annotations

@@ -112,9 +112,7 @@ class BudgetLab(_Panel):
                 led = Ledger(path, budget_bytes=budget_mib * MiB if i == 0 else None)
                 self.ledgers[name] = led
                 t = self.tenants[name] = led.register(name, shed_wait_s=0.0)
-                # BudgetedDriver's driver calls are the inner driver's bound methods, set
-                # as attributes: mypy sees only the base class's abstract declarations.
-                drv = BudgetedDriver(_open(driver, "h200"), t)  # type: ignore[abstract]
+                drv = BudgetedDriver(_open(driver, "h200"), t)
                 self.owners[name] = KvBufferOwner(
                     driver=drv, dtype="bfloat16", page_size=PAGE,
                     reserved_tokens=RESERVED_TOKENS, descs=descs, policy=Exact(), name=name)

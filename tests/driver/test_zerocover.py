@@ -437,6 +437,35 @@ def _open(fake: FakeCuda, zero_page: Any = True) -> Any:
     return CudaDriver(zero_page=zero_page)
 
 
+@pytest.mark.parametrize("zero_page", [False, True])
+@pytest.mark.parametrize("fast", [False, True])
+def test_the_hot_calls_are_chosen_once_c_where_it_runs_and_the_zero_cover_maps_and_unmaps(
+        fake: FakeCuda, monkeypatch: pytest.MonkeyPatch, fast: bool, zero_page: bool) -> None:
+    # Issue 47 item 7: fields set at construction, not a rewritten __dict__. C's functions
+    # are the calls themselves (no Python frame), except map and unmap with the zero cover.
+    import ctypes
+
+    from kvvmm.driver import cuda_fast
+
+    if fast:
+        _cudafast = pytest.importorskip("kvvmm.driver._cudafast")
+        # Addresses only: Fast stores them, and nothing here makes a hot call.
+        keep = [ctypes.CFUNCTYPE(ctypes.c_int)(lambda: 0) for _ in cuda_fast._FAST_FUNCTIONS]
+        fns = tuple(ctypes.cast(f, ctypes.c_void_p).value or 0 for f in keep)
+        monkeypatch.setattr(cuda_fast, "_libcuda_functions", lambda: fns)
+        monkeypatch.setenv("KVVMM_CUDA_FASTPATH", "1")
+    d = _open(fake, zero_page=zero_page)
+    assert d.fast_path is fast and "map" not in vars(d)
+    if fast:
+        assert isinstance(d._b, _cudafast.Fast)
+    for call in ("create", "release", "set_access", "map", "unmap"):
+        zero = zero_page and call in ("map", "unmap")
+        want = (getattr(d, f"_zp_{call}") if zero else getattr(d._b, call) if fast
+                else getattr(d, f"_py_{call}"))
+        assert getattr(d, call) == want, call
+    d.close()
+
+
 def _all_readable(fake: FakeCuda, d: Any) -> None:
     """Every granule of every reservation reads: zeros unless really mapped."""
     real = {s: h.size for s, h in d._maps.items()}
