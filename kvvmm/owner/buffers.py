@@ -35,9 +35,7 @@ from kvvmm.arena import Arena, DecommitResult
 from kvvmm.arena.arena import MAX_RESERVE_BYTES, RangeResult, SleepResult, check_driver
 from kvvmm.arena.backup import Backup
 from kvvmm.arena.captures import Capture, ConflictHook
-from kvvmm.arena.pool import HandlePool
-from kvvmm.arena.reclaim import CacheReleaser
-from kvvmm.checks import int_arg, is_int
+from kvvmm.checks import is_int
 from kvvmm.driver.base import Driver, work_hook
 from kvvmm.dtypes import dtype_itemsize, dtype_name
 from kvvmm.errors import ArgumentError, AsleepError, ClosedError, DriverError, OutOfRangeError
@@ -48,8 +46,8 @@ from kvvmm.layout.geometry import (
     check_itemsize,
     growth_targets,
 )
-from kvvmm.policy import Chunked, Exact, Geometric, GrowthPolicy, default_policy
-from kvvmm.record.trace import Trace
+from kvvmm.owner.options import OwnerOptions
+from kvvmm.policy import Chunked, Exact, Geometric, GrowthPolicy
 from kvvmm.snapshot import BufferInfo, OwnerSnapshot
 from kvvmm.units import align_up, fmt_bytes
 
@@ -126,20 +124,11 @@ class KvBufferOwner:
             the descs hold is allowed: the rest is VA, which costs no memory.
         descs: the buffers (:class:`~kvvmm.layout.KvBufferDesc`), K buffers first by
             convention; names must be unique.
-        policy: a growth policy *instance* for ``ensure_prefix`` (default:
-            :func:`~kvvmm.policy.default_policy`).
-        name: the arena's name.
-        trace: a :class:`~kvvmm.record.Trace` the arena records its operations in.
-        pool: a :class:`~kvvmm.arena.pool.HandlePool` of ``driver`` for the arena (commits
-            take its handles, decommits give handles back to it).
-        lookahead_bytes: with ``pool``: per buffer, keep up to this many bytes beyond the
-            ensured prefix backed ahead of need, on the pool's thread (with the policy's
-            handle sizes): topped up to the whole look-ahead once less than half of it is
-            left (a job every few steps, with larger handles, not one per step); counted as
-            over-commit. 0 (default): no look-ahead.
-        cache_releaser, retry_on_oom: when a commit's create runs out of memory, what hands
-            cached memory back (default: torch's cache on CUDA) before one more try, and
-            the opt-out (as for :class:`~kvvmm.arena.Arena`); counted in the snapshot.
+        options: how the owner backs (:class:`~kvvmm.owner.options.OwnerOptions`: growth
+            policy, arena name, trace, handle pool, look-ahead, out-of-memory handling);
+            default ``OwnerOptions()``.
+        **settings: the same fields as keywords (``policy=Chunked(...)``, ``pool=...``), as
+            before the record; not together with ``options``.
     Raises:
         ArgumentError, OutOfRangeError, UnknownDtypeError: bad arguments or descs that
             disagree with each other or with ``dtype``/``page_size``/``reserved_tokens``,
@@ -147,45 +136,29 @@ class KvBufferOwner:
         DriverError: reserving or backing slot 0 failed; nothing is left behind.
     """
 
-    def __init__(
-        self,
-        *,
-        driver: Driver,
-        device: int | None = None,
-        dtype: Any,
-        page_size: int | None = None,
-        reserved_tokens: int | None = None,
-        descs: Sequence[KvBufferDesc],
-        policy: GrowthPolicy | None = None,
-        name: str = "kv",
-        trace: Trace | None = None,
-        pool: HandlePool | None = None,
-        lookahead_bytes: int = 0,
-        cache_releaser: CacheReleaser | None = None,
-        retry_on_oom: bool = True,
-    ) -> None:
+    def __init__(self, *, driver: Driver, dtype: Any, descs: Sequence[KvBufferDesc],
+                 device: int | None = None, page_size: int | None = None,
+                 reserved_tokens: int | None = None, options: OwnerOptions | None = None,
+                 **settings: Any) -> None:
         check_driver(driver)
-        if pool is not None and not isinstance(pool, HandlePool):
-            raise ArgumentError("pool", pool, "a kvvmm.arena.pool.HandlePool or None")
-        int_arg("lookahead_bytes", lookahead_bytes, lo=0, unit="bytes")
-        if lookahead_bytes and pool is None:
-            raise ArgumentError("lookahead_bytes", lookahead_bytes,
-                                "0 without a pool (the look-ahead runs on the pool's thread)")
+        #: How this owner backs (the record it was made with, or one made of the keywords).
+        self.options = opts = OwnerOptions.of(options, settings)
+        self._lay_out(driver, dtype, descs, page_size, reserved_tokens)
+        self.policy: GrowthPolicy = opts.growth
+        self._init_state(opts.lookahead_bytes)
+        self._open(driver, device, opts)
+
+    def _lay_out(self, driver: Driver, dtype: Any, descs: Sequence[KvBufferDesc],
+                 page_size: int | None, reserved_tokens: int | None) -> None:
+        """Check the layout (dtype, page size, reserved tokens, descs: each against the
+        others) and work out each buffer's spans and limits; nothing reserved yet."""
         self.dtype = dtype_name(dtype)
         self.itemsize = dtype_itemsize(self.dtype)
         if page_size is not None:
             _tokens("page_size", page_size, lo=1, hi=None)
         if reserved_tokens is not None:
             _tokens("reserved_tokens", reserved_tokens, lo=1, hi=None)
-        if isinstance(descs, (str, bytes)) or not isinstance(descs, Sequence) or not descs:
-            raise ArgumentError("descs", descs, "a non-empty sequence of KvBufferDesc")
-        for i, d in enumerate(descs):
-            if not isinstance(d, KvBufferDesc):
-                raise ArgumentError(f"descs[{i}]", d, "a KvBufferDesc")
-        names = [d.name for d in descs]
-        if len(set(names)) != len(names):
-            dup = sorted({n for n in names if names.count(n) > 1})
-            raise ArgumentError("descs", dup, "buffers with unique names")
+        _check_descs(descs)
         self.descs: tuple[KvBufferDesc, ...] = tuple(descs)
         check_itemsize(self.descs, dtype, self.itemsize)
         self.page_size = agreed_page_size(self.descs, page_size)
@@ -194,7 +167,6 @@ class KvBufferOwner:
         #: The most ``ensure_prefix`` backs: every slot the tensors index up to the final span
         #: of ``reserved_tokens``, the padded page included (SGLang hands out its top page).
         self.max_prefix_tokens = self.reserved_tokens + self.page_size
-        self.policy: GrowthPolicy = _checked_policy(policy)
         gran = driver.granularity()
         self._spans = [d.reserved_span_bytes(self.itemsize) for d in self.descs]
         self._names = [d.name for d in self.descs]
@@ -208,17 +180,27 @@ class KvBufferOwner:
                 f"(256 TiB, the most an arena reserves)",
                 f"the {len(self.descs)} buffers need {total} bytes",
             )
+        # Decode growth calls ensure_prefix once per step for every buffer: keep what its
+        # fast path needs in plain lists (rows of each buffer) so a step with nothing to
+        # back costs one pass of ints.
+        self._rows = [(d.tokens_per_row, d.row_bytes) for d in self.descs]
+        # Bytes per page of each buffer: page_size token slots (tokens_per_row is 1 or the
+        # page size, so pages are equal runs of rows).
+        self._page_bytes = [self.page_size // tpr * rb if tpr > 1 else self.page_size * rb
+                            for tpr, rb in self._rows]
+        self.pages = min(s // pb for s, pb in zip(self._spans, self._page_bytes, strict=True))
+
+    def _init_state(self, lookahead_bytes: int) -> None:
+        """The owner's own state before anything is backed (see docs/DESIGN.md, "Where a
+        change to the owner's state goes": what is mapped is the arena's, read, not kept)."""
         self.prefix_tokens = 0
         self.final_tokens: int | None = None
         self._closed = False
-        # Decode growth calls ensure_prefix once per step for every buffer: keep what its
-        # fast path needs in plain lists (rows of each buffer, backed bytes mirrored from the
-        # arena after every change) so a step with nothing to back costs one pass of ints.
-        self._rows = [(d.tokens_per_row, d.row_bytes) for d in self.descs]
-        self._backed = [0] * len(self.descs)  # prefix bytes (backed contiguously from start)
-        # What the mirror covers, in tokens, kept with it by _sync_backed: ensure_prefix(n)
-        # with n <= _covered has nothing to back (O(1), however many buffers), and with
-        # n <= _ahead nothing to ask of the look-ahead either.
+        # Each buffer's backed prefix, read from the arena under the lock by _sync_backed
+        # after every change (never written otherwise), and what it covers, in tokens:
+        # ensure_prefix(n) with n <= _covered has nothing to back (O(1), however many
+        # buffers), and with n <= _ahead nothing to ask of the look-ahead either.
+        self._backed = [0] * len(self.descs)
         self._covered = 0
         self._ahead = -1
         # The decode step's fast path in one int: the most tokens ensure_prefix can be asked
@@ -229,20 +211,19 @@ class KvBufferOwner:
         # granule shared by several pages stays backed while any of them is committed
         # (refcounting by page, not refusing pages smaller than a granule).
         self._pages: set[int] = set()
-        # Bytes per page of each buffer: page_size token slots (tokens_per_row is 1 or the
-        # page size, so pages are equal runs of rows).
-        self._page_bytes = [self.page_size // tpr * rb if tpr > 1 else self.page_size * rb
-                            for tpr, rb in self._rows]
-        self.pages = min(s // pb for s, pb in zip(self._spans, self._page_bytes, strict=True))
         self._lookahead = lookahead_bytes
         self._ahead_queued = False
         self._ahead_n = 0  # the most tokens a look-ahead was asked for (its job reads it)
         # Slot-range calls may come from a backing thread (RangeBacking) while the engine's
-        # thread calls others: the page set and the mirror change under this lock.
+        # thread calls others: the page set and the backed prefixes change under this lock.
         self._slots_lock = threading.RLock()
-        self.arena = Arena(driver, reserve_bytes=total, device=device, name=name,
-                           trace=trace, pool=pool, cache_releaser=cache_releaser,
-                           retry_on_oom=retry_on_oom)
+
+    def _open(self, driver: Driver, device: int | None, opts: OwnerOptions) -> None:
+        """Reserve the arena, lay the buffers out in it, make their tensors and back slot 0's
+        page; on any failure the arena is closed again and nothing is left behind."""
+        self.arena = Arena(driver, reserve_bytes=sum(self._limits), device=device,
+                           name=opts.name, trace=opts.trace, pool=opts.pool,
+                           cache_releaser=opts.cache_releaser, retry_on_oom=opts.retry_on_oom)
         self._pool = self.arena.handle_pool  # fixed for the arena's life
         # The simulator's hook for the library's own work (None on real drivers): each
         # public operation tells it once, with the buffers it walks (the arena's part is the
@@ -1118,14 +1099,14 @@ def _tokens(name: str, value: object, *, lo: int, hi: int | None, what: str = ""
     return value
 
 
-def _checked_policy(policy: object) -> GrowthPolicy:
-    """The default for None; refuse a policy class (``Exact``, not ``Exact()``) and non-policies."""
-    if policy is None:
-        return default_policy()
-    if isinstance(policy, type):
-        raise ArgumentError("policy", policy, f"a policy instance such as {policy.__name__}() "
-                                              f"(the class was passed, not an instance)")
-    if not isinstance(policy, GrowthPolicy):
-        raise ArgumentError("policy", policy, "Exact(), Chunked(...), Geometric(...) or an "
-                                              "object with target_bytes(backed, need, limit, gran)")
-    return policy
+def _check_descs(descs: object) -> None:
+    """A non-empty sequence of KvBufferDesc with unique names."""
+    if isinstance(descs, (str, bytes)) or not isinstance(descs, Sequence) or not descs:
+        raise ArgumentError("descs", descs, "a non-empty sequence of KvBufferDesc")
+    for i, d in enumerate(descs):
+        if not isinstance(d, KvBufferDesc):
+            raise ArgumentError(f"descs[{i}]", d, "a KvBufferDesc")
+    names = [d.name for d in descs]
+    if len(set(names)) != len(names):
+        dup = sorted({n for n in names if names.count(n) > 1})
+        raise ArgumentError("descs", dup, "buffers with unique names")
