@@ -47,6 +47,7 @@ from kvvmm.layout.geometry import (
     growth_targets,
 )
 from kvvmm.owner.options import OwnerOptions
+from kvvmm.owner.prepared import PreparedBacking, prepare
 from kvvmm.policy import Chunked, Exact, Geometric, GrowthPolicy
 from kvvmm.snapshot import BufferInfo, OwnerSnapshot
 from kvvmm.units import align_up, fmt_bytes
@@ -305,15 +306,128 @@ class KvBufferOwner:
             self._quiet = (-1 if self._work is not None or self._closed or self.arena.asleep
                            else min(covered, ahead) if la else covered)
 
-    def sync_backed(self) -> None:
-        """Re-read each buffer's backed prefix from the arena after it was backed from outside.
+    def _resynced(self) -> None:
+        """:meth:`_sync_backed` unless closed (a prepared change's steps end with it)."""
+        if not self._closed and not self.arena.closed:
+            self._sync_backed()
 
-        The owner mirrors what its arena backs, for the decode path's fast check; code that
-        maps handles into the owner's arena itself (``Arena.adopt``, as a collective resize
-        in :mod:`kvvmm.owner.distributed` does) calls this afterwards so the mirror is true again.
+    # -- the owner's record, read (docs/DESIGN.md: what is mapped is the arena's) ----------
+
+    def mapped(self, i: int, lo: int = 0, hi: int | None = None) -> list[tuple[int, int]]:
+        """Buffer ``i``'s mappings that overlap ``[lo, hi)``, as ``(start, end)`` bytes from
+        the buffer's start, sorted: one per handle, as the arena records them (found by
+        bisection: costs the mappings found). ``hi`` defaults to the buffer's end."""
+        off = self._offsets[i]
+        return self.arena.mappings_over(off, lo, self._limits[i] if hi is None else hi)
+
+    def unbacked(self, i: int, lo: int, hi: int) -> list[tuple[int, int]]:
+        """The pieces of ``[lo, hi)`` (bytes from buffer ``i``'s start) no mapping covers."""
+        out, at = [], lo
+        for s, e in self.arena.mappings_over(self._offsets[i], lo, hi):
+            if s > at:
+                out.append((at, s))
+            at = max(at, e)
+        if at < hi:
+            out.append((at, hi))
+        return out
+
+    def slots_mapped(self, start: int, stop: int) -> str:
+        """``"all"``, ``"none"`` or ``"some"``: how much of token slots ``[start, stop)``
+        (page-aligned) is mapped, over every buffer, read under the owner's lock.
+
+        Raises:
+            ArgumentError, OutOfRangeError: a bad range (as :meth:`slot_ranges`).
         """
-        self._check_open("sync_backed")
-        self._sync_backed()
+        covered = total = 0
+        with self._slots_lock:  # no commit or decommit between the ranges and the reading
+            for off, lo, nbytes in self.slot_ranges([(start, stop)]):
+                total += nbytes
+                for a, b in self.arena.mappings_over(off, lo, lo + nbytes):
+                    covered += min(b, lo + nbytes) - max(a, lo)
+        return "all" if covered == total else "none" if covered == 0 else "some"
+
+    def finalize_bytes(self, n: int) -> int:
+        """Bytes this owner holds after ``finalize(n)`` (pure: nothing changes).
+
+        Raises:
+            ArgumentError, OutOfRangeError: bad ``n`` (as :meth:`finalize`).
+        """
+        self._check_open("finalize_bytes")
+        n = _tokens("n", n, lo=self.page_size, hi=self.reserved_tokens, what="page_size")
+        gran, total = self.arena.granularity, 0
+        for i, (d, off, limit) in enumerate(zip(self.descs, self._offsets, self._limits,
+                                                strict=True)):
+            need = min(align_up(d.final_span_bytes(n, self.page_size), gran), limit)
+            total += self.arena.backed_of(off) + sum(e - s for s, e in self.unbacked(i, 0, need))
+        return total
+
+    # -- a change in steps (kvvmm.owner.prepared: prepare, map, confirm or undo) ------------
+
+    def _grow_plan(self, spans: Sequence[int], policy: GrowthPolicy
+                   ) -> list[tuple[int, int, int]]:
+        """``(offset, start, nbytes)`` of each gap to back so that every buffer's prefix
+        reaches ``spans[i]`` (the policy grows it; pages backed beyond it are kept and
+        skipped), in VA order; checks every span first, as :meth:`_back`."""
+        prefixes = [self.arena.prefix_of(off) for off in self._offsets]
+        plan = []
+        for i, prefix, target in growth_targets(policy, self._names, spans, self._spans,
+                                                self._limits, prefixes,
+                                                self.arena.granularity):
+            off = self._offsets[i]
+            plan += [(off, s, e - s) for s, e in self.unbacked(i, prefix, target)]
+        return plan
+
+    def prepare_finalize(self, n: int) -> PreparedBacking:
+        """:meth:`finalize` by parts: check ``n`` and create the handles it would map (see
+        :mod:`kvvmm.owner.prepared`); ``confirm()`` sets :attr:`final_tokens`.
+
+        Raises:
+            As :meth:`finalize` (nothing made); DriverError: a create failed (those made
+            released).
+        """
+        self._check_open("finalize")
+        n = _tokens("n", n, lo=self.page_size, hi=self.reserved_tokens, what="page_size")
+        spans = [d.final_span_bytes(n, self.page_size) for d in self.descs]
+
+        def record() -> None:
+            self.final_tokens = n
+        with self._slots_lock:
+            return prepare(self, f"finalize({n})", self._grow_plan(spans, _EXACT),
+                           at_prefix=True, record=record)
+
+    def prepare_ensure_prefix(self, n: int) -> PreparedBacking:
+        """:meth:`ensure_prefix` by parts, with the owner's growth policy (see
+        :meth:`prepare_finalize`); ``confirm()`` raises :attr:`prefix_tokens` to ``n``."""
+        self._check_open("ensure_prefix")
+        n = _tokens("n", n, lo=0, hi=self.max_prefix_tokens, what="0", hi_name=PREFIX_BOUND)
+        spans = [-(-n // tpr) * rb for tpr, rb in self._rows]
+
+        def record() -> None:
+            self.prefix_tokens = max(self.prefix_tokens, n)
+        with self._slots_lock:
+            return prepare(self, f"ensure_prefix({n})", self._grow_plan(spans, self.policy),
+                           at_prefix=True, record=record)
+
+    def prepare_pages(self, pages: Iterable[int]) -> PreparedBacking:
+        """:meth:`commit_pages` by parts: each buffer's unbacked granules of the pages, one
+        handle each, mapped at its range; ``confirm()`` commits the pages (they join
+        :attr:`committed_pages` only then).
+
+        Raises:
+            As :meth:`commit_pages` (nothing made); DriverError: a create failed (those made
+            released).
+        """
+        self._check_open("commit_pages")
+        ids = self._check_pages(pages, "commit")
+
+        def record() -> None:
+            self._pages.update(ids)
+        with self._slots_lock:
+            plan = [(off, s, e - s) for i, off in enumerate(self._offsets)
+                    for lo, hi in _merged(self._page_granules(i, p) for p in ids)
+                    for s, e in self.unbacked(i, lo, hi)]
+            return prepare(self, f"commit_pages({len(ids)} pages)", plan, at_prefix=False,
+                           record=record)
 
     def ensure_prefix(self, n: int) -> int:
         """Back the first ``n`` token slots of every buffer (the growth policy sizes handles).
@@ -535,10 +649,8 @@ class KvBufferOwner:
     def page_ranges(self, pages: Iterable[int]) -> list[tuple[int, int, int]]:
         """The ``(offset, start, nbytes)`` ranges :meth:`commit_pages` asks its arena to back.
 
-        Pure: nothing changes. For code that backs the pages itself (a collective commit in
-        :mod:`kvvmm.owner.distributed` creates the handles on every rank before any is mapped, then
-        maps them with ``Arena.adopt_range`` and tells the owner with :meth:`note_pages`).
-        Each range is granule-aligned; parts of it may be backed already.
+        Pure: nothing changes. Each range is granule-aligned; parts of it may be backed
+        already (:meth:`prepare_pages` backs only the parts that are not).
 
         Raises:
             ArgumentError, OutOfRangeError: a bad page id (as :meth:`commit_pages`).
@@ -547,10 +659,11 @@ class KvBufferOwner:
         return self._ranges_of(self._check_pages(pages, "commit"))
 
     def note_pages(self, pages: Iterable[int], *, committed: bool = True) -> None:
-        """Record pages backed (or given back) from outside the owner, as :meth:`sync_backed`.
+        """Record pages as committed (or not) without backing or giving back anything.
 
-        ``committed=True``: every granule of the pages must be backed in every buffer (by
-        handles mapped into the arena, e.g. ``Arena.adopt_range`` of :meth:`page_ranges`);
+        ``committed=True``: every granule of the pages must be backed in every buffer
+        already (the arena's mappings are checked; :meth:`prepare_pages` is the way to back
+        them in steps);
         they join :attr:`committed_pages`, so :meth:`decommit_pages` refcounts their granules.
         ``committed=False``: the pages leave :attr:`committed_pages` whatever is backed (a
         collective decommit whose local unmap failed: the memory stays until the next
