@@ -23,7 +23,10 @@ both:
 Blocks are in exactly one of three states: leased (to a live lease), cached (free and
 mapped) or fresh (free and unmapped). The mapped ones are grouped in *units*, one per
 commit (what one handle per buffer backs): a unit is given back only when every block of it
-is cached, so a decommit always covers whole mappings.
+is cached, so a decommit always covers whole mappings. Which blocks are mapped, and in which
+units, is the owner's record (its arena's mappings, read through :meth:`KvBufferOwner.mapped
+<kvvmm.owner.KvBufferOwner.mapped>`), never a copy kept here; the backing keeps what the
+arena has no notion of: the leases, and which free blocks are cached or fresh.
 
 Threads: every public method may be called from the engine's thread; the driver calls run on
 the backing thread (``executor=None``), on the caller's (``"inline"``), or through a callable
@@ -39,7 +42,6 @@ are cached again, blocks the failure unmapped are fresh, and the error's notes s
 
 from __future__ import annotations
 
-import bisect
 import threading
 import weakref
 from collections import deque
@@ -232,9 +234,11 @@ class RangeBacking:
         self.high_blocks = max(self.reserve_blocks, high // self.block_bytes)
         self._cached = SlotRanges(self.blocks, first=self.first, free=False)
         self._fresh = SlotRanges(self.blocks, first=self.first)
-        self._units: dict[int, int] = {}  # mapped unit's first block -> blocks
-        self._starts: list[int] = []  # the mapped units' first blocks, sorted (a bisect finds
-        # the unit holding a block: no per-block index to keep, so a commit costs its pieces)
+        # What is mapped is the owner's record (its arena's mappings), read, never kept
+        # here: a unit is one mapping of the first buffer (one commit's handle), in blocks.
+        d0 = owner.descs[0]
+        self._unit_bytes = (bt // d0.tokens_per_row * d0.row_bytes if d0.tokens_per_row > 1
+                            else bt * d0.row_bytes)  # the first buffer's bytes of a block
         self._pending = 0  # blocks in queued or running commits
         self._refill_job: _Job | None = None  # the reserve refill queued or
         # running (one at a time); its blocks no admission has claimed (sorted pieces), and
@@ -591,10 +595,6 @@ class RangeBacking:
         self._pending -= sum(n for _, n in pieces)
         if ran:
             self._commits += 1
-        if err is None:
-            for s, n in pieces:
-                self._units[s] = n
-                bisect.insort(self._starts, s)
         if lease is None:  # a reserve refill (the one in flight)
             if err is not None:  # no other refill until the next call: no loop of failures
                 self._refill_failed = True
@@ -795,24 +795,18 @@ class RangeBacking:
             if excess <= 0:
                 return 0
             picked: list[tuple[int, int]] = []
-            starts, units = self._starts, self._units
             for start, length in reversed(self._cached.extents):
-                end = start + length
-                # the unit holding ``start`` (cached blocks are mapped), then those after it
-                i = max(bisect.bisect_right(starts, start) - 1, 0)
-                while i < len(starts) and starts[i] < end and excess > 0:
-                    u = starts[i]
-                    n = units[u]
-                    if u >= start and u + n <= end:
+                # the units (the owner's mappings) wholly inside the cached extent
+                for u, n in self._units_over(start, start + length):
+                    if excess <= 0:
+                        break
+                    if u >= start and u + n <= start + length:
                         picked.append((u, n))
                         excess -= n
-                    i += 1
                 if excess <= 0:
                     break
             for s, n in picked:
                 self._cached.take(s, n)
-                del units[s]
-                del starts[bisect.bisect_left(starts, s)]
         if not picked:
             return 0
         bt = self.block_tokens
@@ -822,8 +816,6 @@ class RangeBacking:
             mapped, unmapped = self._settle(picked, e, keep=True)
             with self._lock:
                 for s, n in mapped:
-                    self._units[s] = n
-                    bisect.insort(self._starts, s)
                     self._cached.free(s, n)
                 self._reclaims += len(unmapped)
                 for s, n in unmapped:
@@ -884,18 +876,19 @@ class RangeBacking:
         return mapped, unmapped
 
     def _mapped(self, piece: tuple[int, int]) -> str:
-        """``"all"``, ``"none"`` or ``"some"``: how much of ``piece``'s bytes the arena
-        maps, over every buffer."""
+        """``"all"``, ``"none"`` or ``"some"``: how much of ``piece``'s bytes the owner
+        maps, over every buffer (its record, read)."""
         bt = self.block_tokens
         s, n = piece
-        owner = self.owner
-        covered = total = 0
-        with owner._slots_lock:  # no commit or decommit between the ranges and the reading
-            for off, lo, nbytes in owner.slot_ranges([(s * bt, (s + n) * bt)]):
-                total += nbytes
-                for a, b in owner.arena.mappings_over(off, lo, lo + nbytes):
-                    covered += min(b, lo + nbytes) - max(a, lo)
-        return "all" if covered == total else "none" if covered == 0 else "some"
+        return self.owner.slots_mapped(s * bt, (s + n) * bt)
+
+    def _units_over(self, lo: int, hi: int) -> list[tuple[int, int]]:
+        """``(first block, blocks)`` of the mapped units that overlap blocks ``[lo, hi)``:
+        the first buffer's mappings, as the owner records them (a bisection: costs the
+        units found). Blocks are whole granules, so a unit's ends are block ends."""
+        ub = self._unit_bytes
+        return [(a // ub, -(-b // ub) - a // ub)
+                for a, b in self.owner.mapped(0, lo * ub, hi * ub)]
 
     # -- state -------------------------------------------------------------------------
 
@@ -912,7 +905,7 @@ class RangeBacking:
             return BackingStats(
                 leased_bytes=self._leased * bb, cached_bytes=self._cached.free_units * bb,
                 pending_bytes=self._pending * bb, fresh_bytes=self._fresh.free_units * bb,
-                units=len(self._units),
+                units=len(self._units_over(self.first, self.blocks)),
                 fragmentation=1.0 - largest / free if free else 0.0,
                 admits=self._admits, admits_ready=self._admits_ready,
                 commits=self._commits, reclaims=self._reclaims)
