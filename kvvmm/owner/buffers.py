@@ -391,22 +391,22 @@ class KvBufferOwner:
 
         def record() -> None:
             self.final_tokens = n
-        with self._slots_lock:
-            return prepare(self, f"finalize({n})", self._grow_plan(spans, _EXACT),
-                           at_prefix=True, record=record)
+        with self._slots_lock:  # the plan reads the mappings as one; the creates run after
+            plan = self._grow_plan(spans, _EXACT)
+        return prepare(self, f"finalize({n})", plan, at_prefix=True, record=record)
 
     def prepare_ensure_prefix(self, n: int) -> PreparedBacking:
         """:meth:`ensure_prefix` by parts, with the owner's growth policy (see
         :meth:`prepare_finalize`); ``confirm()`` raises :attr:`prefix_tokens` to ``n``."""
         self._check_open("ensure_prefix")
         n = _tokens("n", n, lo=0, hi=self.max_prefix_tokens, what="0", hi_name=PREFIX_BOUND)
-        spans = [-(-n // tpr) * rb for tpr, rb in self._rows]
+        spans = [d.prefix_span_bytes(n, self.page_size) for d in self.descs]
 
         def record() -> None:
             self.prefix_tokens = max(self.prefix_tokens, n)
         with self._slots_lock:
-            return prepare(self, f"ensure_prefix({n})", self._grow_plan(spans, self.policy),
-                           at_prefix=True, record=record)
+            plan = self._grow_plan(spans, self.policy)
+        return prepare(self, f"ensure_prefix({n})", plan, at_prefix=True, record=record)
 
     def prepare_pages(self, pages: Iterable[int]) -> PreparedBacking:
         """:meth:`commit_pages` by parts: each buffer's unbacked granules of the pages, one
@@ -426,8 +426,8 @@ class KvBufferOwner:
             plan = [(off, s, e - s) for i, off in enumerate(self._offsets)
                     for lo, hi in _merged(self._page_granules(i, p) for p in ids)
                     for s, e in self.unbacked(i, lo, hi)]
-            return prepare(self, f"commit_pages({len(ids)} pages)", plan, at_prefix=False,
-                           record=record)
+        return prepare(self, f"commit_pages({len(ids)} pages)", plan, at_prefix=False,
+                       record=record)
 
     def ensure_prefix(self, n: int) -> int:
         """Back the first ``n`` token slots of every buffer (the growth policy sizes handles).

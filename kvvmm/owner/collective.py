@@ -485,10 +485,23 @@ class DistributedOwner:
                 "agree"/"confirm" (a broken collective: this rank rolled back as for
                 "sleep"). The local failure is the ``__cause__``.
         """
-        o = self.owner
         code = _OPS["sleep"]
         what = f"sleep({backup!r})"
-        local: BaseException | None = None
+        store, local = self._prepare_sleep(backup, path)
+        kind = _BACKUP_CODES.get(backup, -1) if isinstance(backup, (str, type(None))) else -1
+        try:
+            self._agree_or_raise(what, code, kind, local)
+        except BaseException:
+            if store is not None:
+                store.drop()  # never opened: no file was made
+            raise
+        return self._sleep_and_confirm(what, code, kind, store, keep_pool)
+
+    def _prepare_sleep(self, backup: object, path: Any
+                       ) -> tuple[Backup | None, BaseException | None]:
+        """Step 1 of :meth:`sleep` (local, nothing changes): the backup made (not opened)
+        and this rank's refusal, if any (then no backup)."""
+        o = self.owner
         store: Backup | None = None
         try:
             if o.closed:
@@ -501,16 +514,17 @@ class DistributedOwner:
             if why is not None:
                 raise SleepRefusedError(why)
         except Exception as e:
-            local = e
-        if store is not None and local is not None:
-            store.drop()
-        kind = _BACKUP_CODES.get(backup, -1) if isinstance(backup, (str, type(None))) else -1
-        try:
-            self._agree_or_raise(what, code, kind, local)
-        except BaseException:
             if store is not None:
-                store.drop()  # never opened: no file was made
-            raise
+                store.drop()
+            return None, e
+        return store, None
+
+    def _sleep_and_confirm(self, what: str, code: int, kind: int, store: Backup | None,
+                           keep_pool: bool) -> SleepResult:
+        """Steps 3 and 4 of :meth:`sleep`: sleep this rank, then agree that every rank
+        slept; else wake the ranks that did."""
+        o = self.owner
+        local: BaseException | None = None
         slept = False
         try:
             result: SleepResult | None = None

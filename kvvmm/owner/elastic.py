@@ -188,27 +188,38 @@ class RangeBacking:
     def __init__(self, owner: KvBufferOwner, *, reserve_bytes: int = 0,
                  high_bytes: int | None = None,
                  executor: Executor | str | None = None) -> None:
-        if not isinstance(owner, KvBufferOwner):
-            raise ArgumentError("owner", owner, "a KvBufferOwner")
-        if owner.closed:
-            raise ClosedError("RangeBacking: the owner is closed")
-        if owner.asleep:
-            raise AsleepError("RangeBacking: the owner is asleep; call owner.wake() first")
-        for name, v in (("reserve_bytes", reserve_bytes), ("high_bytes", high_bytes)):
-            if v is not None:
-                int_arg(name, v, lo=0, unit="bytes")
-        if high_bytes is not None and high_bytes < reserve_bytes:
-            raise ArgumentError("high_bytes", high_bytes,
-                                f">= reserve_bytes ({reserve_bytes})")
-        if not (executor is None or (isinstance(executor, str) and executor == "inline")
-                or callable(executor)):
-            raise ArgumentError("executor", executor, "None, 'inline' or a callable "
-                                                      "executor(job, waited)")
-        if owner.committed_pages:
-            raise ArgumentError("owner", owner, "an owner with no pages committed beyond "
-                                "slot 0's (a RangeBacking leases every other slot; it has "
-                                f"{len(owner.committed_pages)} committed)")
+        _check_args(owner, reserve_bytes, high_bytes, executor)
         self.owner = owner
+        self._size_blocks(reserve_bytes, high_bytes)
+        self._init_state()
+        with _OWNERS_LOCK:  # two backings over one owner would lease the same slots twice
+            held = _OWNERS.get(owner)
+            other = held() if held is not None else None
+            if other is not None and not other._closed:
+                raise ArgumentError("owner", owner, "an owner no open RangeBacking leases "
+                                    "from (close the other one first)")
+            _OWNERS[owner] = weakref.ref(self)
+        self._thread: threading.Thread | None = None
+        if executor is None:
+            self._executor: Executor = self._submit
+            self._thread = threading.Thread(target=self._loop, name="kvvmm-range-backing",
+                                            daemon=True)
+            self._thread.start()
+        elif executor == "inline":
+            self._executor = _inline
+        else:
+            assert callable(executor)
+            self._executor = executor
+        try:
+            self._upkeep()
+        except BaseException:  # the executor refused the first refill: nothing is kept
+            self.close()
+            raise
+
+    def _size_blocks(self, reserve_bytes: int, high_bytes: int | None) -> None:
+        """Blocks (slot_block_tokens slots each), their bytes, and the reserve and high
+        marks in blocks; a mark past what the buffers lease or the device holds is refused."""
+        owner = self.owner
         bt = owner.slot_block_tokens()
         self.block_tokens = bt
         ps = owner.page_size
@@ -219,6 +230,11 @@ class RangeBacking:
                                                 f"{bt} slots (slot_block_tokens)")
         self.block_bytes = sum(rb * bt // tpr for tpr, rb in
                                ((d.tokens_per_row, d.row_bytes) for d in owner.descs))
+        # What is mapped is the owner's record (its arena's mappings), read, never kept
+        # here: a unit is one mapping of the first buffer (one commit's handle), in blocks.
+        d0 = owner.descs[0]
+        self._unit_bytes = (bt // d0.tokens_per_row * d0.row_bytes if d0.tokens_per_row > 1
+                            else bt * d0.row_bytes)  # the first buffer's bytes of a block
         # a size past what the buffers can lease (or the device hold) is a caller's mistake
         # (2**50 mapped ahead), not a wish to be met as far as it goes
         cap = (self.blocks - self.first) * self.block_bytes
@@ -232,13 +248,11 @@ class RangeBacking:
         self.reserve_blocks = -(-reserve_bytes // self.block_bytes)
         high = min(2 * reserve_bytes, limit) if high_bytes is None else high_bytes
         self.high_blocks = max(self.reserve_blocks, high // self.block_bytes)
+
+    def _init_state(self) -> None:
+        """Every block free and fresh, nothing queued, no lease."""
         self._cached = SlotRanges(self.blocks, first=self.first, free=False)
         self._fresh = SlotRanges(self.blocks, first=self.first)
-        # What is mapped is the owner's record (its arena's mappings), read, never kept
-        # here: a unit is one mapping of the first buffer (one commit's handle), in blocks.
-        d0 = owner.descs[0]
-        self._unit_bytes = (bt // d0.tokens_per_row * d0.row_bytes if d0.tokens_per_row > 1
-                            else bt * d0.row_bytes)  # the first buffer's bytes of a block
         self._pending = 0  # blocks in queued or running commits
         self._refill_job: _Job | None = None  # the reserve refill queued or
         # running (one at a time); its blocks no admission has claimed (sorted pieces), and
@@ -255,35 +269,12 @@ class RangeBacking:
         self._outstanding: set[_Job] = set()  # jobs given to the executor, not begun
         self._lock = threading.Lock()
         self._closed = False
-        with _OWNERS_LOCK:  # two backings over one owner would lease the same slots twice
-            held = _OWNERS.get(owner)
-            other = held() if held is not None else None
-            if other is not None and not other._closed:
-                raise ArgumentError("owner", owner, "an owner no open RangeBacking leases "
-                                    "from (close the other one first)")
-            _OWNERS[owner] = weakref.ref(self)
         self._admits = self._admits_ready = self._commits = self._reclaims = 0
         self._leased = 0
-        self._thread: threading.Thread | None = None
         self._jobs: deque[Callable[[], None]] = deque()
         self._wake = threading.Condition(self._lock)
         self._busy = False
         self._stolen = 0  # queued jobs a waiting caller took to run itself, still running
-        if executor is None:
-            self._executor: Executor = self._submit
-            self._thread = threading.Thread(target=self._loop, name="kvvmm-range-backing",
-                                            daemon=True)
-            self._thread.start()
-        elif executor == "inline":
-            self._executor = _inline
-        else:
-            assert callable(executor)
-            self._executor = executor
-        try:
-            self._upkeep()
-        except BaseException:  # the executor refused the first refill: nothing is kept
-            self.close()
-            raise
 
     def __repr__(self) -> str:
         s = self.stats()
@@ -387,6 +378,26 @@ class RangeBacking:
         return self._take(lease, tokens, admit=False)
 
     def _take(self, lease: Lease, tokens: int, *, admit: bool) -> bool:
+        taken = self._take_blocks(lease, tokens, admit)
+        if taken is None:
+            return False
+        undo, job = taken
+        try:
+            if job is not None:
+                self._executor(job, True)  # its end refills the reserve: not ahead of it
+            else:
+                self._upkeep()  # refill what the lease took from the reserve
+        except BaseException as e:  # the executor's: give back what was taken, then say so
+            self._untake(lease, undo, job, admit, e)
+            raise
+        return True
+
+    def _take_blocks(self, lease: Lease, tokens: int, admit: bool
+                     ) -> tuple[_Taken, _Job | None] | None:
+        """Under the lock: give ``lease`` the blocks ``tokens`` needs beyond its own, cached
+        first (its last range grown in place if it can), then the refill in flight, then
+        fresh ones with a commit job for them (not yet given to the executor). None when
+        its blocks already hold ``tokens``."""
         bt = self.block_tokens
         job: _Job | None = None
         with self._lock:
@@ -402,7 +413,7 @@ class RangeBacking:
             n = -(-tokens // bt) - lease.blocks
             if n <= 0:
                 lease._tokens = max(lease._tokens, tokens)
-                return False
+                return None
             cached, fresh = self._cached, self._fresh
             if n > cached.free_units + fresh.free_units:
                 raise RangesFullError("tokens", tokens,
@@ -441,15 +452,7 @@ class RangeBacking:
             lease._tokens = max(lease._tokens, tokens)
             if admit:
                 self._live[id(lease)] = lease
-        try:
-            if job is not None:
-                self._executor(job, True)  # its end refills the reserve: not ahead of it
-            else:
-                self._upkeep()  # refill what the lease took from the reserve
-        except BaseException as e:  # the executor's: give back what was taken, then say so
-            self._untake(lease, undo, job, admit, e)
-            raise
-        return True
+        return undo, job
 
     def _untake(self, lease: Lease, undo: _Taken, job: _Job | None, admit: bool,
                 err: BaseException) -> None:
@@ -942,6 +945,31 @@ class RangeBacking:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _check_args(owner: object, reserve_bytes: int, high_bytes: int | None,
+                executor: object) -> None:
+    """RangeBacking's arguments, each refused naming it; the owner open, awake, with no
+    pages committed beyond slot 0's."""
+    if not isinstance(owner, KvBufferOwner):
+        raise ArgumentError("owner", owner, "a KvBufferOwner")
+    if owner.closed:
+        raise ClosedError("RangeBacking: the owner is closed")
+    if owner.asleep:
+        raise AsleepError("RangeBacking: the owner is asleep; call owner.wake() first")
+    for name, v in (("reserve_bytes", reserve_bytes), ("high_bytes", high_bytes)):
+        if v is not None:
+            int_arg(name, v, lo=0, unit="bytes")
+    if high_bytes is not None and high_bytes < reserve_bytes:
+        raise ArgumentError("high_bytes", high_bytes, f">= reserve_bytes ({reserve_bytes})")
+    if not (executor is None or (isinstance(executor, str) and executor == "inline")
+            or callable(executor)):
+        raise ArgumentError("executor", executor, "None, 'inline' or a callable "
+                                                  "executor(job, waited)")
+    if owner.committed_pages:
+        raise ArgumentError("owner", owner, "an owner with no pages committed beyond "
+                            "slot 0's (a RangeBacking leases every other slot; it has "
+                            f"{len(owner.committed_pages)} committed)")
 
 
 def _inline(job: Callable[[], None], waited: bool) -> None:
