@@ -17,8 +17,9 @@ from kvvmm.owner.buffers import (
     ShrinkResult,
 )
 from kvvmm.owner.elastic import BackingStats, Lease, RangeBacking
+from kvvmm.owner.options import OwnerOptions
 from kvvmm.owner.views import layer_views, paged_layer_views
 
 __all__ = ["BackingStats", "BufferInfo", "Chunked", "Exact", "Geometric", "KvBufferOwner",
-           "Lease", "OwnerSnapshot", "RangeBacking", "ShrinkResult", "layer_views",
+           "Lease", "OwnerOptions", "OwnerSnapshot", "RangeBacking", "ShrinkResult", "layer_views",
            "paged_layer_views"]

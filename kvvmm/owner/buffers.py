@@ -35,9 +35,7 @@ from kvvmm.arena import Arena, DecommitResult
 from kvvmm.arena.arena import MAX_RESERVE_BYTES, RangeResult, SleepResult, check_driver
 from kvvmm.arena.backup import Backup
 from kvvmm.arena.captures import Capture, ConflictHook
-from kvvmm.arena.pool import HandlePool
-from kvvmm.arena.reclaim import CacheReleaser
-from kvvmm.checks import int_arg, is_int
+from kvvmm.checks import is_int
 from kvvmm.driver.base import Driver, work_hook
 from kvvmm.dtypes import dtype_itemsize, dtype_name
 from kvvmm.errors import ArgumentError, AsleepError, ClosedError, DriverError, OutOfRangeError
@@ -48,8 +46,9 @@ from kvvmm.layout.geometry import (
     check_itemsize,
     growth_targets,
 )
-from kvvmm.policy import Chunked, Exact, Geometric, GrowthPolicy, default_policy
-from kvvmm.record.trace import Trace
+from kvvmm.owner.options import OwnerOptions
+from kvvmm.owner.prepared import PreparedBacking, prepare
+from kvvmm.policy import Chunked, Exact, Geometric, GrowthPolicy
 from kvvmm.snapshot import BufferInfo, OwnerSnapshot
 from kvvmm.units import align_up, fmt_bytes
 
@@ -126,20 +125,11 @@ class KvBufferOwner:
             the descs hold is allowed: the rest is VA, which costs no memory.
         descs: the buffers (:class:`~kvvmm.layout.KvBufferDesc`), K buffers first by
             convention; names must be unique.
-        policy: a growth policy *instance* for ``ensure_prefix`` (default:
-            :func:`~kvvmm.policy.default_policy`).
-        name: the arena's name.
-        trace: a :class:`~kvvmm.record.Trace` the arena records its operations in.
-        pool: a :class:`~kvvmm.arena.pool.HandlePool` of ``driver`` for the arena (commits
-            take its handles, decommits give handles back to it).
-        lookahead_bytes: with ``pool``: per buffer, keep up to this many bytes beyond the
-            ensured prefix backed ahead of need, on the pool's thread (with the policy's
-            handle sizes): topped up to the whole look-ahead once less than half of it is
-            left (a job every few steps, with larger handles, not one per step); counted as
-            over-commit. 0 (default): no look-ahead.
-        cache_releaser, retry_on_oom: when a commit's create runs out of memory, what hands
-            cached memory back (default: torch's cache on CUDA) before one more try, and
-            the opt-out (as for :class:`~kvvmm.arena.Arena`); counted in the snapshot.
+        options: how the owner backs (:class:`~kvvmm.owner.options.OwnerOptions`: growth
+            policy, arena name, trace, handle pool, look-ahead, out-of-memory handling);
+            default ``OwnerOptions()``.
+        **settings: the same fields as keywords (``policy=Chunked(...)``, ``pool=...``), as
+            before the record; not together with ``options``.
     Raises:
         ArgumentError, OutOfRangeError, UnknownDtypeError: bad arguments or descs that
             disagree with each other or with ``dtype``/``page_size``/``reserved_tokens``,
@@ -147,45 +137,29 @@ class KvBufferOwner:
         DriverError: reserving or backing slot 0 failed; nothing is left behind.
     """
 
-    def __init__(
-        self,
-        *,
-        driver: Driver,
-        device: int | None = None,
-        dtype: Any,
-        page_size: int | None = None,
-        reserved_tokens: int | None = None,
-        descs: Sequence[KvBufferDesc],
-        policy: GrowthPolicy | None = None,
-        name: str = "kv",
-        trace: Trace | None = None,
-        pool: HandlePool | None = None,
-        lookahead_bytes: int = 0,
-        cache_releaser: CacheReleaser | None = None,
-        retry_on_oom: bool = True,
-    ) -> None:
+    def __init__(self, *, driver: Driver, dtype: Any, descs: Sequence[KvBufferDesc],
+                 device: int | None = None, page_size: int | None = None,
+                 reserved_tokens: int | None = None, options: OwnerOptions | None = None,
+                 **settings: Any) -> None:
         check_driver(driver)
-        if pool is not None and not isinstance(pool, HandlePool):
-            raise ArgumentError("pool", pool, "a kvvmm.arena.pool.HandlePool or None")
-        int_arg("lookahead_bytes", lookahead_bytes, lo=0, unit="bytes")
-        if lookahead_bytes and pool is None:
-            raise ArgumentError("lookahead_bytes", lookahead_bytes,
-                                "0 without a pool (the look-ahead runs on the pool's thread)")
+        #: How this owner backs (the record it was made with, or one made of the keywords).
+        self.options = opts = OwnerOptions.of(options, settings)
+        self._lay_out(driver, dtype, descs, page_size, reserved_tokens)
+        self.policy: GrowthPolicy = opts.growth
+        self._init_state(opts.lookahead_bytes)
+        self._open(driver, device, opts)
+
+    def _lay_out(self, driver: Driver, dtype: Any, descs: Sequence[KvBufferDesc],
+                 page_size: int | None, reserved_tokens: int | None) -> None:
+        """Check the layout (dtype, page size, reserved tokens, descs: each against the
+        others) and work out each buffer's spans and limits; nothing reserved yet."""
         self.dtype = dtype_name(dtype)
         self.itemsize = dtype_itemsize(self.dtype)
         if page_size is not None:
             _tokens("page_size", page_size, lo=1, hi=None)
         if reserved_tokens is not None:
             _tokens("reserved_tokens", reserved_tokens, lo=1, hi=None)
-        if isinstance(descs, (str, bytes)) or not isinstance(descs, Sequence) or not descs:
-            raise ArgumentError("descs", descs, "a non-empty sequence of KvBufferDesc")
-        for i, d in enumerate(descs):
-            if not isinstance(d, KvBufferDesc):
-                raise ArgumentError(f"descs[{i}]", d, "a KvBufferDesc")
-        names = [d.name for d in descs]
-        if len(set(names)) != len(names):
-            dup = sorted({n for n in names if names.count(n) > 1})
-            raise ArgumentError("descs", dup, "buffers with unique names")
+        _check_descs(descs)
         self.descs: tuple[KvBufferDesc, ...] = tuple(descs)
         check_itemsize(self.descs, dtype, self.itemsize)
         self.page_size = agreed_page_size(self.descs, page_size)
@@ -194,7 +168,6 @@ class KvBufferOwner:
         #: The most ``ensure_prefix`` backs: every slot the tensors index up to the final span
         #: of ``reserved_tokens``, the padded page included (SGLang hands out its top page).
         self.max_prefix_tokens = self.reserved_tokens + self.page_size
-        self.policy: GrowthPolicy = _checked_policy(policy)
         gran = driver.granularity()
         self._spans = [d.reserved_span_bytes(self.itemsize) for d in self.descs]
         self._names = [d.name for d in self.descs]
@@ -208,17 +181,27 @@ class KvBufferOwner:
                 f"(256 TiB, the most an arena reserves)",
                 f"the {len(self.descs)} buffers need {total} bytes",
             )
+        # Decode growth calls ensure_prefix once per step for every buffer: keep what its
+        # fast path needs in plain lists (rows of each buffer) so a step with nothing to
+        # back costs one pass of ints.
+        self._rows = [(d.tokens_per_row, d.row_bytes) for d in self.descs]
+        # Bytes per page of each buffer: page_size token slots (tokens_per_row is 1 or the
+        # page size, so pages are equal runs of rows).
+        self._page_bytes = [self.page_size // tpr * rb if tpr > 1 else self.page_size * rb
+                            for tpr, rb in self._rows]
+        self.pages = min(s // pb for s, pb in zip(self._spans, self._page_bytes, strict=True))
+
+    def _init_state(self, lookahead_bytes: int) -> None:
+        """The owner's own state before anything is backed (see docs/DESIGN.md, "Where a
+        change to the owner's state goes": what is mapped is the arena's, read, not kept)."""
         self.prefix_tokens = 0
         self.final_tokens: int | None = None
         self._closed = False
-        # Decode growth calls ensure_prefix once per step for every buffer: keep what its
-        # fast path needs in plain lists (rows of each buffer, backed bytes mirrored from the
-        # arena after every change) so a step with nothing to back costs one pass of ints.
-        self._rows = [(d.tokens_per_row, d.row_bytes) for d in self.descs]
-        self._backed = [0] * len(self.descs)  # prefix bytes (backed contiguously from start)
-        # What the mirror covers, in tokens, kept with it by _sync_backed: ensure_prefix(n)
-        # with n <= _covered has nothing to back (O(1), however many buffers), and with
-        # n <= _ahead nothing to ask of the look-ahead either.
+        # Each buffer's backed prefix, read from the arena under the lock by _sync_backed
+        # after every change (never written otherwise), and what it covers, in tokens:
+        # ensure_prefix(n) with n <= _covered has nothing to back (O(1), however many
+        # buffers), and with n <= _ahead nothing to ask of the look-ahead either.
+        self._backed = [0] * len(self.descs)
         self._covered = 0
         self._ahead = -1
         # The decode step's fast path in one int: the most tokens ensure_prefix can be asked
@@ -229,20 +212,19 @@ class KvBufferOwner:
         # granule shared by several pages stays backed while any of them is committed
         # (refcounting by page, not refusing pages smaller than a granule).
         self._pages: set[int] = set()
-        # Bytes per page of each buffer: page_size token slots (tokens_per_row is 1 or the
-        # page size, so pages are equal runs of rows).
-        self._page_bytes = [self.page_size // tpr * rb if tpr > 1 else self.page_size * rb
-                            for tpr, rb in self._rows]
-        self.pages = min(s // pb for s, pb in zip(self._spans, self._page_bytes, strict=True))
         self._lookahead = lookahead_bytes
         self._ahead_queued = False
         self._ahead_n = 0  # the most tokens a look-ahead was asked for (its job reads it)
         # Slot-range calls may come from a backing thread (RangeBacking) while the engine's
-        # thread calls others: the page set and the mirror change under this lock.
+        # thread calls others: the page set and the backed prefixes change under this lock.
         self._slots_lock = threading.RLock()
-        self.arena = Arena(driver, reserve_bytes=total, device=device, name=name,
-                           trace=trace, pool=pool, cache_releaser=cache_releaser,
-                           retry_on_oom=retry_on_oom)
+
+    def _open(self, driver: Driver, device: int | None, opts: OwnerOptions) -> None:
+        """Reserve the arena, lay the buffers out in it, make their tensors and back slot 0's
+        page; on any failure the arena is closed again and nothing is left behind."""
+        self.arena = Arena(driver, reserve_bytes=sum(self._limits), device=device,
+                           name=opts.name, trace=opts.trace, pool=opts.pool,
+                           cache_releaser=opts.cache_releaser, retry_on_oom=opts.retry_on_oom)
         self._pool = self.arena.handle_pool  # fixed for the arena's life
         # The simulator's hook for the library's own work (None on real drivers): each
         # public operation tells it once, with the buffers it walks (the arena's part is the
@@ -324,15 +306,128 @@ class KvBufferOwner:
             self._quiet = (-1 if self._work is not None or self._closed or self.arena.asleep
                            else min(covered, ahead) if la else covered)
 
-    def sync_backed(self) -> None:
-        """Re-read each buffer's backed prefix from the arena after it was backed from outside.
+    def _resynced(self) -> None:
+        """:meth:`_sync_backed` unless closed (a prepared change's steps end with it)."""
+        if not self._closed and not self.arena.closed:
+            self._sync_backed()
 
-        The owner mirrors what its arena backs, for the decode path's fast check; code that
-        maps handles into the owner's arena itself (``Arena.adopt``, as a collective resize
-        in :mod:`kvvmm.owner.distributed` does) calls this afterwards so the mirror is true again.
+    # -- the owner's record, read (docs/DESIGN.md: what is mapped is the arena's) ----------
+
+    def mapped(self, i: int, lo: int = 0, hi: int | None = None) -> list[tuple[int, int]]:
+        """Buffer ``i``'s mappings that overlap ``[lo, hi)``, as ``(start, end)`` bytes from
+        the buffer's start, sorted: one per handle, as the arena records them (found by
+        bisection: costs the mappings found). ``hi`` defaults to the buffer's end."""
+        off = self._offsets[i]
+        return self.arena.mappings_over(off, lo, self._limits[i] if hi is None else hi)
+
+    def unbacked(self, i: int, lo: int, hi: int) -> list[tuple[int, int]]:
+        """The pieces of ``[lo, hi)`` (bytes from buffer ``i``'s start) no mapping covers."""
+        out, at = [], lo
+        for s, e in self.arena.mappings_over(self._offsets[i], lo, hi):
+            if s > at:
+                out.append((at, s))
+            at = max(at, e)
+        if at < hi:
+            out.append((at, hi))
+        return out
+
+    def slots_mapped(self, start: int, stop: int) -> str:
+        """``"all"``, ``"none"`` or ``"some"``: how much of token slots ``[start, stop)``
+        (page-aligned) is mapped, over every buffer, read under the owner's lock.
+
+        Raises:
+            ArgumentError, OutOfRangeError: a bad range (as :meth:`slot_ranges`).
         """
-        self._check_open("sync_backed")
-        self._sync_backed()
+        covered = total = 0
+        with self._slots_lock:  # no commit or decommit between the ranges and the reading
+            for off, lo, nbytes in self.slot_ranges([(start, stop)]):
+                total += nbytes
+                for a, b in self.arena.mappings_over(off, lo, lo + nbytes):
+                    covered += min(b, lo + nbytes) - max(a, lo)
+        return "all" if covered == total else "none" if covered == 0 else "some"
+
+    def finalize_bytes(self, n: int) -> int:
+        """Bytes this owner holds after ``finalize(n)`` (pure: nothing changes).
+
+        Raises:
+            ArgumentError, OutOfRangeError: bad ``n`` (as :meth:`finalize`).
+        """
+        self._check_open("finalize_bytes")
+        n = _tokens("n", n, lo=self.page_size, hi=self.reserved_tokens, what="page_size")
+        gran, total = self.arena.granularity, 0
+        for i, (d, off, limit) in enumerate(zip(self.descs, self._offsets, self._limits,
+                                                strict=True)):
+            need = min(align_up(d.final_span_bytes(n, self.page_size), gran), limit)
+            total += self.arena.backed_of(off) + sum(e - s for s, e in self.unbacked(i, 0, need))
+        return total
+
+    # -- a change in steps (kvvmm.owner.prepared: prepare, map, confirm or undo) ------------
+
+    def _grow_plan(self, spans: Sequence[int], policy: GrowthPolicy
+                   ) -> list[tuple[int, int, int]]:
+        """``(offset, start, nbytes)`` of each gap to back so that every buffer's prefix
+        reaches ``spans[i]`` (the policy grows it; pages backed beyond it are kept and
+        skipped), in VA order; checks every span first, as :meth:`_back`."""
+        prefixes = [self.arena.prefix_of(off) for off in self._offsets]
+        plan = []
+        for i, prefix, target in growth_targets(policy, self._names, spans, self._spans,
+                                                self._limits, prefixes,
+                                                self.arena.granularity):
+            off = self._offsets[i]
+            plan += [(off, s, e - s) for s, e in self.unbacked(i, prefix, target)]
+        return plan
+
+    def prepare_finalize(self, n: int) -> PreparedBacking:
+        """:meth:`finalize` by parts: check ``n`` and create the handles it would map (see
+        :mod:`kvvmm.owner.prepared`); ``confirm()`` sets :attr:`final_tokens`.
+
+        Raises:
+            As :meth:`finalize` (nothing made); DriverError: a create failed (those made
+            released).
+        """
+        self._check_open("finalize")
+        n = _tokens("n", n, lo=self.page_size, hi=self.reserved_tokens, what="page_size")
+        spans = [d.final_span_bytes(n, self.page_size) for d in self.descs]
+
+        def record() -> None:
+            self.final_tokens = n
+        with self._slots_lock:  # the plan reads the mappings as one; the creates run after
+            plan = self._grow_plan(spans, _EXACT)
+        return prepare(self, f"finalize({n})", plan, at_prefix=True, record=record)
+
+    def prepare_ensure_prefix(self, n: int) -> PreparedBacking:
+        """:meth:`ensure_prefix` by parts, with the owner's growth policy (see
+        :meth:`prepare_finalize`); ``confirm()`` raises :attr:`prefix_tokens` to ``n``."""
+        self._check_open("ensure_prefix")
+        n = _tokens("n", n, lo=0, hi=self.max_prefix_tokens, what="0", hi_name=PREFIX_BOUND)
+        spans = [d.prefix_span_bytes(n, self.page_size) for d in self.descs]
+
+        def record() -> None:
+            self.prefix_tokens = max(self.prefix_tokens, n)
+        with self._slots_lock:
+            plan = self._grow_plan(spans, self.policy)
+        return prepare(self, f"ensure_prefix({n})", plan, at_prefix=True, record=record)
+
+    def prepare_pages(self, pages: Iterable[int]) -> PreparedBacking:
+        """:meth:`commit_pages` by parts: each buffer's unbacked granules of the pages, one
+        handle each, mapped at its range; ``confirm()`` commits the pages (they join
+        :attr:`committed_pages` only then).
+
+        Raises:
+            As :meth:`commit_pages` (nothing made); DriverError: a create failed (those made
+            released).
+        """
+        self._check_open("commit_pages")
+        ids = self._check_pages(pages, "commit")
+
+        def record() -> None:
+            self._pages.update(ids)
+        with self._slots_lock:
+            plan = [(off, s, e - s) for i, off in enumerate(self._offsets)
+                    for lo, hi in _merged(self._page_granules(i, p) for p in ids)
+                    for s, e in self.unbacked(i, lo, hi)]
+        return prepare(self, f"commit_pages({len(ids)} pages)", plan, at_prefix=False,
+                       record=record)
 
     def ensure_prefix(self, n: int) -> int:
         """Back the first ``n`` token slots of every buffer (the growth policy sizes handles).
@@ -554,10 +649,8 @@ class KvBufferOwner:
     def page_ranges(self, pages: Iterable[int]) -> list[tuple[int, int, int]]:
         """The ``(offset, start, nbytes)`` ranges :meth:`commit_pages` asks its arena to back.
 
-        Pure: nothing changes. For code that backs the pages itself (a collective commit in
-        :mod:`kvvmm.owner.distributed` creates the handles on every rank before any is mapped, then
-        maps them with ``Arena.adopt_range`` and tells the owner with :meth:`note_pages`).
-        Each range is granule-aligned; parts of it may be backed already.
+        Pure: nothing changes. Each range is granule-aligned; parts of it may be backed
+        already (:meth:`prepare_pages` backs only the parts that are not).
 
         Raises:
             ArgumentError, OutOfRangeError: a bad page id (as :meth:`commit_pages`).
@@ -566,10 +659,11 @@ class KvBufferOwner:
         return self._ranges_of(self._check_pages(pages, "commit"))
 
     def note_pages(self, pages: Iterable[int], *, committed: bool = True) -> None:
-        """Record pages backed (or given back) from outside the owner, as :meth:`sync_backed`.
+        """Record pages as committed (or not) without backing or giving back anything.
 
-        ``committed=True``: every granule of the pages must be backed in every buffer (by
-        handles mapped into the arena, e.g. ``Arena.adopt_range`` of :meth:`page_ranges`);
+        ``committed=True``: every granule of the pages must be backed in every buffer
+        already (the arena's mappings are checked; :meth:`prepare_pages` is the way to back
+        them in steps);
         they join :attr:`committed_pages`, so :meth:`decommit_pages` refcounts their granules.
         ``committed=False``: the pages leave :attr:`committed_pages` whatever is backed (a
         collective decommit whose local unmap failed: the memory stays until the next
@@ -1118,14 +1212,14 @@ def _tokens(name: str, value: object, *, lo: int, hi: int | None, what: str = ""
     return value
 
 
-def _checked_policy(policy: object) -> GrowthPolicy:
-    """The default for None; refuse a policy class (``Exact``, not ``Exact()``) and non-policies."""
-    if policy is None:
-        return default_policy()
-    if isinstance(policy, type):
-        raise ArgumentError("policy", policy, f"a policy instance such as {policy.__name__}() "
-                                              f"(the class was passed, not an instance)")
-    if not isinstance(policy, GrowthPolicy):
-        raise ArgumentError("policy", policy, "Exact(), Chunked(...), Geometric(...) or an "
-                                              "object with target_bytes(backed, need, limit, gran)")
-    return policy
+def _check_descs(descs: object) -> None:
+    """A non-empty sequence of KvBufferDesc with unique names."""
+    if isinstance(descs, (str, bytes)) or not isinstance(descs, Sequence) or not descs:
+        raise ArgumentError("descs", descs, "a non-empty sequence of KvBufferDesc")
+    for i, d in enumerate(descs):
+        if not isinstance(d, KvBufferDesc):
+            raise ArgumentError(f"descs[{i}]", d, "a KvBufferDesc")
+    names = [d.name for d in descs]
+    if len(set(names)) != len(names):
+        dup = sorted({n for n in names if names.count(n) > 1})
+        raise ArgumentError("descs", dup, "buffers with unique names")

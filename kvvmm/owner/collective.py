@@ -7,17 +7,23 @@ rank failed to back its share while the others kept theirs, the ranks' capacitie
 diverge, which an engine cannot serve with. :class:`DistributedOwner` wraps each rank's own
 :class:`~kvvmm.owner.KvBufferOwner` and makes every change collective, in four phases:
 
-1. **prepare** (local): check the arguments, compute each buffer's new backed size with the
-   owner's spans and growth policy, and *create* the handles, or take them from the arena's
-   handle pool (no map yet: nothing a tensor can reach has changed, and a handle that is
-   never mapped is simply released, or given back to the pool);
+1. **prepare** (local): the owner's own first step (``owner.prepare_finalize(n)`` and its
+   kin, :mod:`kvvmm.owner.prepared`) checks the arguments, computes each buffer's new
+   backed size with the owner's spans and growth policy, and *creates* the handles, or takes
+   them from the arena's handle pool (no map yet: nothing a tensor can reach has changed,
+   and a handle that is never mapped is simply released, or given back to the pool);
 2. **agree**: one ``all_reduce(MIN)`` of a small vector: every rank's success (0/1, one slot
    per rank, so all learn *which* rank failed) and the op and token count (as ``x`` and
    ``-x``, so MIN gives both the least and the most: ranks that asked for different changes
    abort too). Any failure: every rank releases what it prepared;
-3. **map**: ``Arena.adopt`` each prepared handle right after its buffer's backed prefix;
+3. **map**: the owner maps each prepared handle right after its buffer's backed prefix
+   (``PreparedBacking.map``; it undoes itself if a map fails);
 4. **confirm**: a second ``all_reduce(MIN)`` of the map results. Any failure: every rank
-   decommits back to the bytes it had before (the new handles lie wholly beyond them).
+   gives back exactly the handles it mapped (``PreparedBacking.undo``); else the change
+   becomes the owner's (``PreparedBacking.confirm``: its token counts, its pages).
+
+The collective owner never touches the arena beneath the owner: each layer calls only the
+next, so the owner's record (docs/DESIGN.md) is true after every step.
 
 So after a collective call either every rank holds the new backing, or every rank's bytes
 and snapshot are what they were, and every rank raises
@@ -38,8 +44,8 @@ agreement covers the arguments (every rank, same ``n``) before anything changes;
 own shrink fails is left as the owner leaves it (its unmaps undone), and every rank caps its
 token counts at ``n``, so capacities still agree (see :meth:`DistributedOwner.shrink`).
 
-Page commits (``commit_pages``) run the same four phases, mapping each handle at its own
-range (``Arena.adopt_range``) rather than after the prefix, and agree on the page set (its
+Page commits (``commit_pages``) run the same four phases (``owner.prepare_pages``),
+mapping each handle at its own range rather than after the prefix, and agree on the page set (its
 count and a checksum of the ids) instead of a token count; ``decommit_pages`` is agreed like
 ``shrink`` (a rank whose own decommit fails forgets the pages as committed all the same).
 
@@ -56,7 +62,6 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -69,11 +74,9 @@ from kvvmm.errors import (
     CollectiveError,
     SleepRefusedError,
 )
-from kvvmm.layout.geometry import growth_targets
-from kvvmm.owner.buffers import PREFIX_BOUND, KvBufferOwner, _tokens
-from kvvmm.policy import Exact, GrowthPolicy
+from kvvmm.owner.buffers import KvBufferOwner, _tokens
+from kvvmm.owner.prepared import PreparedBacking
 from kvvmm.snapshot import OwnerSnapshot, TpSnapshot
-from kvvmm.units import align_up
 
 __all__ = ["DistributedOwner"]
 
@@ -83,16 +86,6 @@ _OPS = {"ensure_prefix": 1, "finalize": 2, "shrink": 3, "budget": 4, "commit_pag
 
 #: A sleep's backup as the ranks agree on it (every rank keeps its bytes alike, or none).
 _BACKUP_CODES = {None: 0, "host": 1, "disk": 2}
-
-
-@dataclass(frozen=True, slots=True)
-class _Prepared:
-    """One handle created in prepare, for ``[start, start + size_bytes)`` of buffer ``offset``."""
-
-    offset: int
-    start: int  #: from the allocation's start
-    handle: int
-    size_bytes: int
 
 
 class _Broken(Exception):
@@ -143,16 +136,10 @@ class DistributedOwner:
         # NCCL reduces CUDA tensors only; every other backend here takes CPU ones.
         self._device = (torch.device("cuda", torch.cuda.current_device())
                         if "nccl" in backend else torch.device("cpu"))
-        snap = owner.snapshot()
-        # Offsets and limits never change for an owner: read them once, from its snapshot.
-        self._offsets = [b.offset for b in snap.buffers]
-        self._spans = [b.reserved_span_bytes for b in snap.buffers]
-        self._limits = [b.aligned_bytes for b in snap.buffers]
-        self._gran = owner.arena.granularity
 
     def __repr__(self) -> str:
         return (f"DistributedOwner(rank {self.rank} of {self.world_size}, "
-                f"{len(self._offsets)} buffers, final {self.owner.final_tokens})")
+                f"{len(self.owner.descs)} buffers, final {self.owner.final_tokens})")
 
     # -- collectives ------------------------------------------------------------------------
 
@@ -217,217 +204,77 @@ class DistributedOwner:
             why = f"ranks asked for different page sets of {got[2]} pages (their ids differ)"
         return failed, why
 
-    # -- planning (local) -------------------------------------------------------------------
-
-    def _check_tokens(self, n: object, lo: int, lo_name: str) -> int:
-        """``n`` checked as the owner checks it: ensure_prefix (lo 0) reaches the padded
-        page, the rest stop at reserved_tokens."""
-        o = self.owner
-        if lo == 0:
-            return _tokens("n", n, lo=0, hi=o.max_prefix_tokens, what=lo_name,
-                           hi_name=PREFIX_BOUND)
-        return _tokens("n", n, lo=lo, hi=o.reserved_tokens, what=lo_name)
-
-    def _gaps(self, off: int, lo: int, hi: int) -> list[tuple[int, int]]:
-        """Unbacked ``[start, end)`` pieces of ``[lo, hi)`` of the buffer at ``off``."""
-        out, at = [], lo
-        for s, e in self.owner.arena.mappings_of(off):
-            if e <= at or s >= hi:
-                continue
-            if s > at:
-                out.append((at, s))
-            at = max(at, e)
-        if at < hi:
-            out.append((at, hi))
-        return out
-
-    def _plan(self, spans: Sequence[int], policy: GrowthPolicy) -> list[tuple[int, int, int]]:
-        """``(offset, start, nbytes)`` of each gap to back, in VA order; checks every span first.
-
-        The same checks as the owner's own growth: a span beyond its reserved bytes is a
-        layout bug (never clamped), and a policy's answer is checked like any input. The
-        policy grows the contiguous backed prefix (a span is backed from slot 0); pages
-        already backed beyond it (holes between them) are kept and skipped.
-        """
-        owner = self.owner
-        prefixes = [owner.arena.prefix_of(off) for off in self._offsets]
-        plan = []
-        for i, prefix, target in growth_targets(policy, [d.name for d in owner.descs], spans,
-                                                self._spans, self._limits, prefixes,
-                                                self._gran):
-            off = self._offsets[i]
-            plan += [(off, s, e - s) for s, e in self._gaps(off, prefix, target)]
-        return plan
-
-    def _release(self, prepared: Sequence[_Prepared], err: BaseException | None) -> bool:
-        """Release handles that were never mapped; failures become notes on ``err``."""
-        clean = True
-        pool = self.owner.arena.handle_pool
-        for p in prepared:
-            try:
-                if pool is None or not pool.give(p.handle, p.size_bytes,
-                                                 self.owner.arena.pool_tag):
-                    self.owner.arena.driver.release(p.handle)
-            except Exception as e:  # keep releasing the others; say which one stayed
-                clean = False
-                if err is not None:
-                    err.add_note(f"rank {self.rank}: release(handle={p.handle}) of a prepared "
-                                 f"handle also failed: {e}")
-        return clean
-
-    def _unmap_back(self, adopted: Sequence[_Prepared], err: BaseException | None) -> bool:
-        """Give back exactly the handles this call mapped (pages backed before stay)."""
-        if not adopted:
-            return True
-        try:
-            self.owner.arena.decommit_ranges([(p.offset, p.start, p.size_bytes)
-                                              for p in adopted])
-        except Exception as e:  # the arena attached its own undo notes to e
-            if err is not None:
-                err.add_note(f"rank {self.rank}: rolling the maps back failed: {e}")
-                for note in getattr(e, "__notes__", []):
-                    err.add_note(note)
-            return False
-        return True
-
-    def _resync(self) -> None:
-        # The owner mirrors its arena's backed bytes for its decode fast path; handles
-        # adopted here bypass its own commit path, so its mirror must be read again.
-        self.owner.sync_backed()
-
     # -- the collective grow ----------------------------------------------------------------
 
-    def _grow(self, op: str, n: int, spans_of: Callable[[], list[int]],
-              policy: GrowthPolicy, lo: int, lo_name: str) -> int:
-        def plan() -> list[tuple[int, int, int]]:
-            self._check_tokens(n, lo, lo_name)
-            return self._plan(spans_of(), policy)
-
-        def adopt(p: _Prepared) -> None:
-            self.owner.arena.adopt(p.offset, p.handle, p.size_bytes, own=True)
-
-        n_ok = n if is_int(n) else -1
-        return self._back_all(op, f"{op}({n!r})", n_ok, 0, plan, adopt)
-
     def _back_all(self, op: str, what: str, n_ok: int, key: int,
-                  plan: Callable[[], list[tuple[int, int, int]]],
-                  adopt: Callable[[_Prepared], None]) -> int:
-        """Prepare, agree, map, confirm: the handles of ``plan()``, on every rank or none.
-
-        ``plan`` checks the arguments and names each gap to back; ``adopt`` maps one
-        prepared handle (at the prefix for a resize, at its range for pages).
-        """
-        prepared: list[_Prepared] = []
-        # What this call holds, kept at every step, so that an interrupt (Ctrl-C, SystemExit:
-        # not an Exception, so none of the steps' handlers sees it) undoes exactly it: handles
-        # made and not yet mapped, and handles mapped by this call.
-        live: list[_Prepared] = []
-        mapped: list[_Prepared] = []
-
-        def release(xs: Sequence[_Prepared], err: BaseException | None) -> bool:
-            xs = list(xs)
-            for x in xs:
-                if x in live:
-                    live.remove(x)
-            return self._release(xs, err)
-
-        def unmap_back(xs: Sequence[_Prepared], err: BaseException | None) -> bool:
-            ok = self._unmap_back(xs, err)
-            if ok:
-                for x in xs:
-                    if x in mapped:
-                        mapped.remove(x)
-            return ok
-
+                  prepare: Callable[[], PreparedBacking]) -> int:
+        """Prepare, agree, map, confirm: the owner's change ``prepare()`` makes (its own
+        steps, :mod:`kvvmm.owner.prepared`), on every rank or none."""
+        prepared: PreparedBacking | None = None
         try:
-            return self._back_all_steps(op, what, n_ok, key, plan, adopt, prepared, live,
-                                        mapped, release, unmap_back)
+            prepared, local = self._prepare_step(op, prepare)
+            self._agree_step(what, _OPS[op], n_ok, key, prepared, local)
+            if prepared is None:  # pragma: no cover - every rank prepared, or the agree raised
+                raise AssertionError("prepared")
+            return self._map_step(what, _OPS[op], n_ok, key, prepared)
         except BaseException as e:
-            if not isinstance(e, Exception):  # interrupted: undo what this call holds
-                self._release(list(live), e)
-                live.clear()
-                if mapped and self._unmap_back(list(mapped), e):
-                    mapped.clear()
-                self._resync()
+            if prepared is not None and not isinstance(e, Exception):
+                prepared.undo(e)  # interrupted (Ctrl-C, SystemExit): undo what this call holds
             raise
 
-    def _back_all_steps(self, op: str, what: str, n_ok: int, key: int,
-                        plan: Callable[[], list[tuple[int, int, int]]],
-                        adopt: Callable[[_Prepared], None], prepared: list[_Prepared],
-                        live: list[_Prepared], mapped: list[_Prepared],
-                        release: Callable[[Sequence[_Prepared], BaseException | None], bool],
-                        unmap_back: Callable[[Sequence[_Prepared], BaseException | None],
-                                             bool]) -> int:
-        """:meth:`_back_all`'s four steps; ``live`` and ``mapped`` follow every handle."""
-        code = _OPS[op]
-        local: BaseException | None = None
-        # 1. prepare: checks and creates; nothing any tensor can reach changes.
+    def _prepare_step(self, op: str, prepare: Callable[[], PreparedBacking]
+                      ) -> tuple[PreparedBacking | None, BaseException | None]:
+        """1. prepare: the owner checks and creates; nothing any tensor can reach changes."""
         try:
             if self.owner.closed:
                 raise ClosedError(f"KvBufferOwner: {op} after close()")
-            for off, start, size in plan():
-                # The arena's handle pool first (a handle made ahead costs no create now),
-                # then a create, retried once after the pool or the cache releases memory.
-                h = self.owner.arena._new_handle(size)
-                p = _Prepared(off, start, h, size)
-                prepared.append(p)
-                live.append(p)
-        except Exception as e:
-            local = e
-            release(prepared, e)
-            prepared.clear()
-        # 2. agree.
+            return prepare(), None
+        except Exception as e:  # the owner released what it made
+            return None, e
+
+    def _agree_step(self, what: str, code: int, n_ok: int, key: int,
+                    prepared: PreparedBacking | None, local: BaseException | None) -> None:
+        """2. agree: every rank prepared the same change; else every rank undoes and raises."""
         try:
             failed, why = self._agree(code, n_ok, ok=local is None, key=key)
         except _Broken as b:
             err = CollectiveError(what, "agree", f"the collective broke ({b})",
-                                  rolled_back=release(prepared, None))
+                                  rolled_back=prepared is None or prepared.undo(None))
             raise err from (local or b.__cause__)
         if failed or why:
-            clean = release(prepared, local)
+            clean = prepared is None or prepared.undo(local)
             reason = why or f"rank(s) {failed} failed to prepare"
             raise CollectiveError(what, "prepare", reason, failed_ranks=tuple(failed),
                                   rolled_back=clean) from local
-        # 3. map.
-        adopted: list[_Prepared] = []
+
+    def _map_step(self, what: str, code: int, n_ok: int, key: int,
+                  prepared: PreparedBacking) -> int:
+        """3. map, 4. confirm: every rank mapped, the change is the owners'; else every rank
+        gives back what it mapped."""
+        local: BaseException | None = None
         try:
-            for i, p in enumerate(prepared):
-                try:
-                    adopt(p)
-                except BaseException:
-                    release(prepared[i:], None)  # a failed adopt leaves it ours
-                    raise
-                live.remove(p)
-                mapped.append(p)
-                adopted.append(p)
-        except Exception as e:
+            prepared.map()
+        except Exception as e:  # the owner undid this change
             local = e
-        rolled = True
-        if local is not None:
-            rolled = unmap_back(adopted, local)
-            adopted = []
-        # 4. confirm.
+        rolled = prepared.rolled_back
         try:
             failed, _ = self._agree(code, n_ok, ok=local is None, key=key)
         except _Broken as b:
-            rolled = unmap_back(adopted, b) and rolled
-            self._resync()
+            rolled = prepared.undo(b) and rolled
             err = CollectiveError(what, "confirm", f"the collective broke ({b})",
                                   rolled_back=rolled)
             for note in getattr(b, "__notes__", []):
                 err.add_note(note)
             raise err from (local or b.__cause__)
         if failed:
-            rolled = unmap_back(adopted, local) and rolled
-            self._resync()
+            rolled = prepared.undo(local) and rolled
             err = CollectiveError(what, "map", f"rank(s) {failed} failed to map",
                                   failed_ranks=tuple(failed), rolled_back=rolled)
             for note in getattr(local, "__notes__", []):
                 err.add_note(note)
             raise err from local
-        mapped.clear()  # confirmed: the owner's now
-        self._resync()
-        return sum(p.size_bytes for p in prepared)
+        prepared.confirm()
+        return prepared.size_bytes
 
     # -- public collectives -----------------------------------------------------------------
 
@@ -443,12 +290,8 @@ class DistributedOwner:
                 map), the ranks disagree on ``n``, or a collective broke; every rank is as
                 it was (``rolled_back``), and the local failure is the ``__cause__``.
         """
-        o = self.owner
-        added = self._grow("finalize", n,
-                           lambda: [d.final_span_bytes(n, o.page_size) for d in o.descs],
-                           Exact(), o.page_size, "page_size")
-        o.final_tokens = n
-        return added
+        return self._back_all("finalize", f"finalize({n!r})", n if is_int(n) else -1, 0,
+                              lambda: self.owner.prepare_finalize(n))
 
     def ensure_prefix(self, n: int) -> int:
         """Collective :meth:`KvBufferOwner.ensure_prefix` (the owner's growth policy sizes handles).
@@ -460,12 +303,9 @@ class DistributedOwner:
         Raises:
             CollectiveError: as :meth:`finalize`.
         """
-        o = self.owner
-        added = self._grow("ensure_prefix", n,
-                           lambda: [d.prefix_span_bytes(n, o.page_size) for d in o.descs],
-                           o.policy, 0, "")
-        o.prefix_tokens = max(o.prefix_tokens, n)
-        return added
+        return self._back_all("ensure_prefix", f"ensure_prefix({n!r})",
+                              n if is_int(n) else -1, 0,
+                              lambda: self.owner.prepare_ensure_prefix(n))
 
     def shrink(self, n: int) -> int:
         """Collective :meth:`KvBufferOwner.shrink`: every rank gives back what lies beyond ``n``.
@@ -492,7 +332,7 @@ class DistributedOwner:
         try:
             if o.closed:
                 raise ClosedError("KvBufferOwner: shrink after close()")
-            self._check_tokens(n, o.page_size, "page_size")
+            _tokens("n", n, lo=o.page_size, hi=o.reserved_tokens, what="page_size")
         except Exception as e:
             local = e
         self._agree_or_raise(what, code, n_ok, local)
@@ -503,9 +343,7 @@ class DistributedOwner:
         except Exception as e:
             local = e
         if local is not None:  # capacities must agree even where the shrink did not happen
-            o.prefix_tokens = min(o.prefix_tokens, n)
-            if o.final_tokens is not None:
-                o.final_tokens = min(o.final_tokens, n)
+            o._cap_tokens(n)
         try:
             failed, _ = self._agree(code, n_ok, ok=local is None)
         except _Broken as b:
@@ -536,12 +374,12 @@ class DistributedOwner:
     def commit_pages(self, pages: Iterable[int]) -> int:
         """Collective :meth:`KvBufferOwner.commit_pages`: every rank backs the pages, or none.
 
-        Prepare works out each buffer's unbacked granules of the pages (the ranges the
-        owner's ``commit_pages`` would back) and creates their handles, or takes them from
-        the arena's pool; the ranks agree on success and on the page set (its count and a
-        checksum of the ids: ranks asked for different pages abort); then each handle is
-        mapped at its range (``Arena.adopt_range``) and, once every rank confirmed, the
-        pages are committed in the owner (:meth:`KvBufferOwner.note_pages`).
+        Prepare (:meth:`KvBufferOwner.prepare_pages`) works out each buffer's unbacked
+        granules of the pages (the ranges the owner's ``commit_pages`` would back) and
+        creates their handles, or takes them from the arena's pool; the ranks agree on
+        success and on the page set (its count and a checksum of the ids: ranks asked for
+        different pages abort); then each handle is mapped at its range and, once every
+        rank confirmed, the pages are committed in the owner.
 
         Args:
             pages: page ids in ``[0, owner.pages)``, the same set on every rank.
@@ -553,26 +391,18 @@ class DistributedOwner:
                 bytes and snapshot are as they were, the pages not committed
                 (``rolled_back``), and the local failure is the ``__cause__``.
         """
-        o = self.owner
         ids, n_ok, key, bad = self._page_ids("commit_pages", pages)
 
-        def plan() -> list[tuple[int, int, int]]:
+        def prepare() -> PreparedBacking:
             if bad is not None:
                 raise bad
-            out: list[tuple[int, int, int]] = []
-            for off, lo, n in o.page_ranges(ids):
-                out += [(off, s, e - s) for s, e in self._gaps(off, lo, lo + n)]
-            return out
+            return self.owner.prepare_pages(ids)
 
-        def adopt(p: _Prepared) -> None:
-            o.arena.adopt_range(p.offset, p.start, p.handle, p.size_bytes, own=True)
-
-        added = self._back_all("commit_pages", f"commit_pages({n_ok} pages)", n_ok, key,
-                               plan, adopt)
-        # Only now: a page marked committed on one rank and not another would let the
-        # ranks' decommits free different granules.
-        o.note_pages(ids)
-        return added
+        # The pages join the owner's committed pages only at the confirm: a page marked
+        # committed on one rank and not another would let the ranks' decommits free
+        # different granules.
+        return self._back_all("commit_pages", f"commit_pages({n_ok} pages)", n_ok, key,
+                              prepare)
 
     def decommit_pages(self, pages: Iterable[int]) -> int:
         """Collective :meth:`KvBufferOwner.decommit_pages`: every rank gives the pages back.
@@ -655,10 +485,23 @@ class DistributedOwner:
                 "agree"/"confirm" (a broken collective: this rank rolled back as for
                 "sleep"). The local failure is the ``__cause__``.
         """
-        o = self.owner
         code = _OPS["sleep"]
         what = f"sleep({backup!r})"
-        local: BaseException | None = None
+        store, local = self._prepare_sleep(backup, path)
+        kind = _BACKUP_CODES.get(backup, -1) if isinstance(backup, (str, type(None))) else -1
+        try:
+            self._agree_or_raise(what, code, kind, local)
+        except BaseException:
+            if store is not None:
+                store.drop()  # never opened: no file was made
+            raise
+        return self._sleep_and_confirm(what, code, kind, store, keep_pool)
+
+    def _prepare_sleep(self, backup: object, path: Any
+                       ) -> tuple[Backup | None, BaseException | None]:
+        """Step 1 of :meth:`sleep` (local, nothing changes): the backup made (not opened)
+        and this rank's refusal, if any (then no backup)."""
+        o = self.owner
         store: Backup | None = None
         try:
             if o.closed:
@@ -671,16 +514,17 @@ class DistributedOwner:
             if why is not None:
                 raise SleepRefusedError(why)
         except Exception as e:
-            local = e
-        if store is not None and local is not None:
-            store.drop()
-        kind = _BACKUP_CODES.get(backup, -1) if isinstance(backup, (str, type(None))) else -1
-        try:
-            self._agree_or_raise(what, code, kind, local)
-        except BaseException:
             if store is not None:
-                store.drop()  # never opened: no file was made
-            raise
+                store.drop()
+            return None, e
+        return store, None
+
+    def _sleep_and_confirm(self, what: str, code: int, kind: int, store: Backup | None,
+                           keep_pool: bool) -> SleepResult:
+        """Steps 3 and 4 of :meth:`sleep`: sleep this rank, then agree that every rank
+        slept; else wake the ranks that did."""
+        o = self.owner
+        local: BaseException | None = None
         slept = False
         try:
             result: SleepResult | None = None
@@ -837,13 +681,7 @@ class DistributedOwner:
 
     def finalize_bytes(self, n: int) -> int:
         """Bytes this owner holds after ``finalize(n)`` (local, pure: nothing changes)."""
-        o = self.owner
-        n = self._check_tokens(n, o.page_size, "page_size")
-        total = 0
-        for d, off, limit in zip(o.descs, self._offsets, self._limits, strict=True):
-            need = min(align_up(d.final_span_bytes(n, o.page_size), self._gran), limit)
-            total += o.arena.backed_of(off) + sum(e - s for s, e in self._gaps(off, 0, need))
-        return total
+        return self.owner.finalize_bytes(n)
 
     def fit_tokens(self, budget_bytes: int) -> int:
         """The most tokens ``finalize`` can back within ``budget_bytes`` (local, pure).

@@ -108,16 +108,8 @@ def collective_drill(
                           reserved_tokens=reserved_tokens, descs=descs)
     try:
         kv = DistributedOwner(owner, model=model, timeout_s=timeout_s)
-        before = owner.snapshot()
-        if rank == fail_rank:
-            drv.arm(fault)  # after the other ranks agreed: they have mappings to undo
-        error = cause = None
-        try:
-            kv.finalize(finalize_tokens)
-        except CollectiveError as e:
-            error = str(e)
-            cause = None if e.__cause__ is None else repr(e.__cause__)
-        unchanged = owner.snapshot() == before
+        error, cause, unchanged = _failing_finalize(
+            kv, drv, fault if rank == fail_rank else None, finalize_tokens)
         free, _ = drv.mem_info()  # this rank's own figure, for the checks
         own = max(0, free - headroom_bytes) + owner.backed_bytes
         budget = kv.budget_bytes(headroom_bytes=headroom_bytes)
@@ -130,3 +122,20 @@ def collective_drill(
                          backed_bytes=owner.backed_bytes, gathered=kv.gather_snapshot(dst=0))
     finally:
         owner.close()
+
+
+def _failing_finalize(kv: DistributedOwner, drv: FaultyDriver, fault: Fault | None,
+                      tokens: int) -> tuple[str | None, str | None, bool]:
+    """The drill's first finalize, ``fault`` armed on this rank's driver (None: not this
+    rank's): the CollectiveError's text and this rank's cause (None if it did not fail, or
+    not here), and whether the owner's snapshot after it is the one before."""
+    before = kv.owner.snapshot()
+    if fault is not None:
+        drv.arm(fault)  # after the other ranks agreed: they have mappings to undo
+    error = cause = None
+    try:
+        kv.finalize(tokens)
+    except CollectiveError as e:
+        error = str(e)
+        cause = None if e.__cause__ is None else repr(e.__cause__)
+    return error, cause, kv.owner.snapshot() == before

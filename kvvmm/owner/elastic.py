@@ -23,7 +23,10 @@ both:
 Blocks are in exactly one of three states: leased (to a live lease), cached (free and
 mapped) or fresh (free and unmapped). The mapped ones are grouped in *units*, one per
 commit (what one handle per buffer backs): a unit is given back only when every block of it
-is cached, so a decommit always covers whole mappings.
+is cached, so a decommit always covers whole mappings. Which blocks are mapped, and in which
+units, is the owner's record (its arena's mappings, read through :meth:`KvBufferOwner.mapped
+<kvvmm.owner.KvBufferOwner.mapped>`), never a copy kept here; the backing keeps what the
+arena has no notion of: the leases, and which free blocks are cached or fresh.
 
 Threads: every public method may be called from the engine's thread; the driver calls run on
 the backing thread (``executor=None``), on the caller's (``"inline"``), or through a callable
@@ -39,7 +42,6 @@ are cached again, blocks the failure unmapped are fresh, and the error's notes s
 
 from __future__ import annotations
 
-import bisect
 import threading
 import weakref
 from collections import deque
@@ -186,27 +188,38 @@ class RangeBacking:
     def __init__(self, owner: KvBufferOwner, *, reserve_bytes: int = 0,
                  high_bytes: int | None = None,
                  executor: Executor | str | None = None) -> None:
-        if not isinstance(owner, KvBufferOwner):
-            raise ArgumentError("owner", owner, "a KvBufferOwner")
-        if owner.closed:
-            raise ClosedError("RangeBacking: the owner is closed")
-        if owner.asleep:
-            raise AsleepError("RangeBacking: the owner is asleep; call owner.wake() first")
-        for name, v in (("reserve_bytes", reserve_bytes), ("high_bytes", high_bytes)):
-            if v is not None:
-                int_arg(name, v, lo=0, unit="bytes")
-        if high_bytes is not None and high_bytes < reserve_bytes:
-            raise ArgumentError("high_bytes", high_bytes,
-                                f">= reserve_bytes ({reserve_bytes})")
-        if not (executor is None or (isinstance(executor, str) and executor == "inline")
-                or callable(executor)):
-            raise ArgumentError("executor", executor, "None, 'inline' or a callable "
-                                                      "executor(job, waited)")
-        if owner.committed_pages:
-            raise ArgumentError("owner", owner, "an owner with no pages committed beyond "
-                                "slot 0's (a RangeBacking leases every other slot; it has "
-                                f"{len(owner.committed_pages)} committed)")
+        _check_args(owner, reserve_bytes, high_bytes, executor)
         self.owner = owner
+        self._size_blocks(reserve_bytes, high_bytes)
+        self._init_state()
+        with _OWNERS_LOCK:  # two backings over one owner would lease the same slots twice
+            held = _OWNERS.get(owner)
+            other = held() if held is not None else None
+            if other is not None and not other._closed:
+                raise ArgumentError("owner", owner, "an owner no open RangeBacking leases "
+                                    "from (close the other one first)")
+            _OWNERS[owner] = weakref.ref(self)
+        self._thread: threading.Thread | None = None
+        if executor is None:
+            self._executor: Executor = self._submit
+            self._thread = threading.Thread(target=self._loop, name="kvvmm-range-backing",
+                                            daemon=True)
+            self._thread.start()
+        elif executor == "inline":
+            self._executor = _inline
+        else:
+            assert callable(executor)
+            self._executor = executor
+        try:
+            self._upkeep()
+        except BaseException:  # the executor refused the first refill: nothing is kept
+            self.close()
+            raise
+
+    def _size_blocks(self, reserve_bytes: int, high_bytes: int | None) -> None:
+        """Blocks (slot_block_tokens slots each), their bytes, and the reserve and high
+        marks in blocks; a mark past what the buffers lease or the device holds is refused."""
+        owner = self.owner
         bt = owner.slot_block_tokens()
         self.block_tokens = bt
         ps = owner.page_size
@@ -217,6 +230,11 @@ class RangeBacking:
                                                 f"{bt} slots (slot_block_tokens)")
         self.block_bytes = sum(rb * bt // tpr for tpr, rb in
                                ((d.tokens_per_row, d.row_bytes) for d in owner.descs))
+        # What is mapped is the owner's record (its arena's mappings), read, never kept
+        # here: a unit is one mapping of the first buffer (one commit's handle), in blocks.
+        d0 = owner.descs[0]
+        self._unit_bytes = (bt // d0.tokens_per_row * d0.row_bytes if d0.tokens_per_row > 1
+                            else bt * d0.row_bytes)  # the first buffer's bytes of a block
         # a size past what the buffers can lease (or the device hold) is a caller's mistake
         # (2**50 mapped ahead), not a wish to be met as far as it goes
         cap = (self.blocks - self.first) * self.block_bytes
@@ -230,11 +248,11 @@ class RangeBacking:
         self.reserve_blocks = -(-reserve_bytes // self.block_bytes)
         high = min(2 * reserve_bytes, limit) if high_bytes is None else high_bytes
         self.high_blocks = max(self.reserve_blocks, high // self.block_bytes)
+
+    def _init_state(self) -> None:
+        """Every block free and fresh, nothing queued, no lease."""
         self._cached = SlotRanges(self.blocks, first=self.first, free=False)
         self._fresh = SlotRanges(self.blocks, first=self.first)
-        self._units: dict[int, int] = {}  # mapped unit's first block -> blocks
-        self._starts: list[int] = []  # the mapped units' first blocks, sorted (a bisect finds
-        # the unit holding a block: no per-block index to keep, so a commit costs its pieces)
         self._pending = 0  # blocks in queued or running commits
         self._refill_job: _Job | None = None  # the reserve refill queued or
         # running (one at a time); its blocks no admission has claimed (sorted pieces), and
@@ -251,35 +269,12 @@ class RangeBacking:
         self._outstanding: set[_Job] = set()  # jobs given to the executor, not begun
         self._lock = threading.Lock()
         self._closed = False
-        with _OWNERS_LOCK:  # two backings over one owner would lease the same slots twice
-            held = _OWNERS.get(owner)
-            other = held() if held is not None else None
-            if other is not None and not other._closed:
-                raise ArgumentError("owner", owner, "an owner no open RangeBacking leases "
-                                    "from (close the other one first)")
-            _OWNERS[owner] = weakref.ref(self)
         self._admits = self._admits_ready = self._commits = self._reclaims = 0
         self._leased = 0
-        self._thread: threading.Thread | None = None
         self._jobs: deque[Callable[[], None]] = deque()
         self._wake = threading.Condition(self._lock)
         self._busy = False
         self._stolen = 0  # queued jobs a waiting caller took to run itself, still running
-        if executor is None:
-            self._executor: Executor = self._submit
-            self._thread = threading.Thread(target=self._loop, name="kvvmm-range-backing",
-                                            daemon=True)
-            self._thread.start()
-        elif executor == "inline":
-            self._executor = _inline
-        else:
-            assert callable(executor)
-            self._executor = executor
-        try:
-            self._upkeep()
-        except BaseException:  # the executor refused the first refill: nothing is kept
-            self.close()
-            raise
 
     def __repr__(self) -> str:
         s = self.stats()
@@ -383,6 +378,26 @@ class RangeBacking:
         return self._take(lease, tokens, admit=False)
 
     def _take(self, lease: Lease, tokens: int, *, admit: bool) -> bool:
+        taken = self._take_blocks(lease, tokens, admit)
+        if taken is None:
+            return False
+        undo, job = taken
+        try:
+            if job is not None:
+                self._executor(job, True)  # its end refills the reserve: not ahead of it
+            else:
+                self._upkeep()  # refill what the lease took from the reserve
+        except BaseException as e:  # the executor's: give back what was taken, then say so
+            self._untake(lease, undo, job, admit, e)
+            raise
+        return True
+
+    def _take_blocks(self, lease: Lease, tokens: int, admit: bool
+                     ) -> tuple[_Taken, _Job | None] | None:
+        """Under the lock: give ``lease`` the blocks ``tokens`` needs beyond its own, cached
+        first (its last range grown in place if it can), then the refill in flight, then
+        fresh ones with a commit job for them (not yet given to the executor). None when
+        its blocks already hold ``tokens``."""
         bt = self.block_tokens
         job: _Job | None = None
         with self._lock:
@@ -398,7 +413,7 @@ class RangeBacking:
             n = -(-tokens // bt) - lease.blocks
             if n <= 0:
                 lease._tokens = max(lease._tokens, tokens)
-                return False
+                return None
             cached, fresh = self._cached, self._fresh
             if n > cached.free_units + fresh.free_units:
                 raise RangesFullError("tokens", tokens,
@@ -437,15 +452,7 @@ class RangeBacking:
             lease._tokens = max(lease._tokens, tokens)
             if admit:
                 self._live[id(lease)] = lease
-        try:
-            if job is not None:
-                self._executor(job, True)  # its end refills the reserve: not ahead of it
-            else:
-                self._upkeep()  # refill what the lease took from the reserve
-        except BaseException as e:  # the executor's: give back what was taken, then say so
-            self._untake(lease, undo, job, admit, e)
-            raise
-        return True
+        return undo, job
 
     def _untake(self, lease: Lease, undo: _Taken, job: _Job | None, admit: bool,
                 err: BaseException) -> None:
@@ -591,10 +598,6 @@ class RangeBacking:
         self._pending -= sum(n for _, n in pieces)
         if ran:
             self._commits += 1
-        if err is None:
-            for s, n in pieces:
-                self._units[s] = n
-                bisect.insort(self._starts, s)
         if lease is None:  # a reserve refill (the one in flight)
             if err is not None:  # no other refill until the next call: no loop of failures
                 self._refill_failed = True
@@ -795,24 +798,18 @@ class RangeBacking:
             if excess <= 0:
                 return 0
             picked: list[tuple[int, int]] = []
-            starts, units = self._starts, self._units
             for start, length in reversed(self._cached.extents):
-                end = start + length
-                # the unit holding ``start`` (cached blocks are mapped), then those after it
-                i = max(bisect.bisect_right(starts, start) - 1, 0)
-                while i < len(starts) and starts[i] < end and excess > 0:
-                    u = starts[i]
-                    n = units[u]
-                    if u >= start and u + n <= end:
+                # the units (the owner's mappings) wholly inside the cached extent
+                for u, n in self._units_over(start, start + length):
+                    if excess <= 0:
+                        break
+                    if u >= start and u + n <= start + length:
                         picked.append((u, n))
                         excess -= n
-                    i += 1
                 if excess <= 0:
                     break
             for s, n in picked:
                 self._cached.take(s, n)
-                del units[s]
-                del starts[bisect.bisect_left(starts, s)]
         if not picked:
             return 0
         bt = self.block_tokens
@@ -822,8 +819,6 @@ class RangeBacking:
             mapped, unmapped = self._settle(picked, e, keep=True)
             with self._lock:
                 for s, n in mapped:
-                    self._units[s] = n
-                    bisect.insort(self._starts, s)
                     self._cached.free(s, n)
                 self._reclaims += len(unmapped)
                 for s, n in unmapped:
@@ -884,18 +879,19 @@ class RangeBacking:
         return mapped, unmapped
 
     def _mapped(self, piece: tuple[int, int]) -> str:
-        """``"all"``, ``"none"`` or ``"some"``: how much of ``piece``'s bytes the arena
-        maps, over every buffer."""
+        """``"all"``, ``"none"`` or ``"some"``: how much of ``piece``'s bytes the owner
+        maps, over every buffer (its record, read)."""
         bt = self.block_tokens
         s, n = piece
-        owner = self.owner
-        covered = total = 0
-        with owner._slots_lock:  # no commit or decommit between the ranges and the reading
-            for off, lo, nbytes in owner.slot_ranges([(s * bt, (s + n) * bt)]):
-                total += nbytes
-                for a, b in owner.arena.mappings_over(off, lo, lo + nbytes):
-                    covered += min(b, lo + nbytes) - max(a, lo)
-        return "all" if covered == total else "none" if covered == 0 else "some"
+        return self.owner.slots_mapped(s * bt, (s + n) * bt)
+
+    def _units_over(self, lo: int, hi: int) -> list[tuple[int, int]]:
+        """``(first block, blocks)`` of the mapped units that overlap blocks ``[lo, hi)``:
+        the first buffer's mappings, as the owner records them (a bisection: costs the
+        units found). Blocks are whole granules, so a unit's ends are block ends."""
+        ub = self._unit_bytes
+        return [(a // ub, -(-b // ub) - a // ub)
+                for a, b in self.owner.mapped(0, lo * ub, hi * ub)]
 
     # -- state -------------------------------------------------------------------------
 
@@ -912,7 +908,7 @@ class RangeBacking:
             return BackingStats(
                 leased_bytes=self._leased * bb, cached_bytes=self._cached.free_units * bb,
                 pending_bytes=self._pending * bb, fresh_bytes=self._fresh.free_units * bb,
-                units=len(self._units),
+                units=len(self._units_over(self.first, self.blocks)),
                 fragmentation=1.0 - largest / free if free else 0.0,
                 admits=self._admits, admits_ready=self._admits_ready,
                 commits=self._commits, reclaims=self._reclaims)
@@ -949,6 +945,31 @@ class RangeBacking:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _check_args(owner: object, reserve_bytes: int, high_bytes: int | None,
+                executor: object) -> None:
+    """RangeBacking's arguments, each refused naming it; the owner open, awake, with no
+    pages committed beyond slot 0's."""
+    if not isinstance(owner, KvBufferOwner):
+        raise ArgumentError("owner", owner, "a KvBufferOwner")
+    if owner.closed:
+        raise ClosedError("RangeBacking: the owner is closed")
+    if owner.asleep:
+        raise AsleepError("RangeBacking: the owner is asleep; call owner.wake() first")
+    for name, v in (("reserve_bytes", reserve_bytes), ("high_bytes", high_bytes)):
+        if v is not None:
+            int_arg(name, v, lo=0, unit="bytes")
+    if high_bytes is not None and high_bytes < reserve_bytes:
+        raise ArgumentError("high_bytes", high_bytes, f">= reserve_bytes ({reserve_bytes})")
+    if not (executor is None or (isinstance(executor, str) and executor == "inline")
+            or callable(executor)):
+        raise ArgumentError("executor", executor, "None, 'inline' or a callable "
+                                                  "executor(job, waited)")
+    if owner.committed_pages:
+        raise ArgumentError("owner", owner, "an owner with no pages committed beyond "
+                            "slot 0's (a RangeBacking leases every other slot; it has "
+                            f"{len(owner.committed_pages)} committed)")
 
 
 def _inline(job: Callable[[], None], waited: bool) -> None:

@@ -227,22 +227,7 @@ class TpOwners:
             ClosedError: after ``close()``.
         """
         self._check_open("sleep")
-        if backup is not None and not isinstance(backup, str):
-            raise ArgumentError("backup", backup, "None, 'host' or 'disk' (one kind for "
-                                                  "every rank)")
-        if backup == "disk":
-            if isinstance(paths, (str, bytes)) or not isinstance(paths, Sequence) \
-                    or len(paths) != self.tp:
-                raise ArgumentError("paths", paths, f"{self.tp} file paths, one a rank, for "
-                                                    f"backup='disk'")
-            per_rank: list[Any] = list(paths)
-        elif paths is not None:
-            raise ArgumentError("paths", paths, "None unless backup='disk'")
-        else:
-            per_rank = [None] * self.tp
-        if len({str(p) for p in per_rank if p is not None}) < sum(p is not None
-                                                                  for p in per_rank):
-            raise ArgumentError("paths", paths, "distinct files (one a rank)")
+        per_rank = self._sleep_paths(backup, paths)
         stores = [make_backup(backup, p) for p in per_rank]  # checks each path, makes none
         for rank, o in enumerate(self.owners):
             why = o.arena.sleep_refusal("sleep")
@@ -261,6 +246,27 @@ class TpOwners:
                                           f"failed")
                 raise
         return tuple(results)
+
+    def _sleep_paths(self, backup: object, paths: Sequence[Any] | None) -> list[Any]:
+        """Each rank's backup file (None for every rank unless ``backup="disk"``), checked:
+        one kind for every rank, one distinct path a rank for ``"disk"``."""
+        if backup is not None and not isinstance(backup, str):
+            raise ArgumentError("backup", backup, "None, 'host' or 'disk' (one kind for "
+                                                  "every rank)")
+        if backup == "disk":
+            if isinstance(paths, (str, bytes)) or not isinstance(paths, Sequence) \
+                    or len(paths) != self.tp:
+                raise ArgumentError("paths", paths, f"{self.tp} file paths, one a rank, for "
+                                                    f"backup='disk'")
+            per_rank: list[Any] = list(paths)
+        elif paths is not None:
+            raise ArgumentError("paths", paths, "None unless backup='disk'")
+        else:
+            per_rank = [None] * self.tp
+        if len({str(p) for p in per_rank if p is not None}) < sum(p is not None
+                                                                  for p in per_rank):
+            raise ArgumentError("paths", paths, "distinct files (one a rank)")
+        return per_rank
 
     def _wake_again(self, owners: Sequence[KvBufferOwner], e: BaseException, head: str) -> None:
         """The undo of a partial sleep: wake ``owners`` (in reverse), notes on ``e``."""

@@ -283,7 +283,12 @@ class TenantsRun:
 
 
 class _Live:
-    """A serving tenant while it runs: its owner, granule books and counters."""
+    """A serving tenant while it runs: its owner, which granules its pages use, counters.
+
+    What is backed is the owner's record (``owner.mapped``, ``owner.backed_bytes``), read
+    whenever a decision needs it, never copied here; the tenant keeps what only it knows:
+    how many used pages touch each granule, and which backed granules none does (its idle
+    backing, re-read from the owner for the granules each change touched)."""
 
     def __init__(self, spec: Tenant, arbiter: _Arbiter, driver: object, cfg: ServingConfig,
                  gpu: str, index: int) -> None:
@@ -314,14 +319,9 @@ class _Live:
         self.page_size = ps
         self.chunk_g = max(1, spec.chunk_bytes // gran)
         self.step_model = StepTimeModel.for_model(spec.model, gpu, tp=1, dtype="bfloat16")
-        n_gran = -(-(pages + 1) * self.pb // gran)
+        self.n_gran = n_gran = -(-(pages + 1) * self.pb // gran)
         self.used_ref = [0] * n_gran  # used pages touching each granule
-        # Granules backed, as the owner's arena has them: a commit of touching pages is one
-        # handle, which goes back only whole, so after a give-back they are read back.
-        self.cref = bytearray(n_gran)
-        self.offset = self.owner.arena.snapshot().allocations[0].offset
-        self.idle: set[int] = set()  # granules backed with no used page
-        self.backed_g = 0  # granules backed
+        self.idle: set[int] = set()  # granules backed (the owner says) with no used page
         self.used_g = 0  # granules a used page touches
         for g in self._granules(0):  # slot 0's page: backed by the owner, always used
             self.used_ref[g] += 1
@@ -333,7 +333,6 @@ class _Live:
         self.shed_bytes = self.asked = self.refused = 0
         self.wants_idle_back = False  # a demand waits: give back every idle granule
         self._account()
-        self._check()
         if spec.strategy == "static":
             self._commit(list(range(1, pages)))
             self._account()
@@ -341,21 +340,31 @@ class _Live:
 
     # -- books --
 
-    def _read_back(self, granules: Sequence[int] | range) -> None:
-        """Set the backed flags of ``granules`` from the arena's mappings."""
-        gran, cref, used = self.gran, self.cref, self.used_ref
-        maps = self.owner.arena.mappings_of(self.offset)
+    def _unbacked(self, granules: Sequence[int] | range) -> list[int]:
+        """Those of ``granules`` (ascending) no mapping of the owner covers: one read of its
+        record over their span, a bisection each."""
+        if not granules:
+            return []
+        gran = self.gran
+        maps = self.owner.mapped(0, granules[0] * gran, (granules[-1] + 1) * gran)
         starts = [a for a, _ in maps]
+        out = []
         for g in granules:
             j = bisect_right(starts, g * gran) - 1
-            now = 1 if j >= 0 and maps[j][1] > g * gran else 0
-            if now != cref[g]:
-                cref[g] = now
-                self.backed_g += 1 if now else -1
-                if now and not used[g]:
-                    self.idle.add(g)
-                elif not now:
-                    self.idle.discard(g)
+            if j < 0 or maps[j][1] <= g * gran:
+                out.append(g)
+        return out
+
+    def _read_back(self, granules: Sequence[int] | range) -> None:
+        """The idle flags of ``granules`` (ascending) from the owner's record, after a
+        change of its backing that touched them."""
+        used, idle = self.used_ref, self.idle
+        gone = set(self._unbacked(granules))
+        for g in granules:
+            if g in gone or used[g]:
+                idle.discard(g)
+            else:
+                idle.add(g)
 
     def _granules(self, p: int) -> range:
         pb, gran = self.pb, self.gran
@@ -363,16 +372,12 @@ class _Live:
 
     @property
     def backed(self) -> int:
-        return self.backed_g * self.gran
+        """Bytes the owner backs (its record; slot 0's page included)."""
+        return self.owner.backed_bytes
 
     @property
     def idle_bytes(self) -> int:
         return len(self.idle) * self.gran
-
-    def _check(self) -> None:
-        if self.backed != self.owner.backed_bytes:  # the books must be the owner's
-            raise AssertionError(f"tenant {self.spec.name}: books say {self.backed} bytes "
-                                 f"backed, the owner {self.owner.backed_bytes}")
 
     def _account(self) -> None:
         ev = self.tracer.trace.events
@@ -382,12 +387,8 @@ class _Live:
 
     def need_bytes(self, pages: Sequence[int]) -> int:
         """Bytes of granules the pages touch that are not backed yet."""
-        cref, new = self.cref, set()
-        for p in pages:
-            for g in self._granules(p):
-                if not cref[g]:
-                    new.add(g)
-        return len(new) * self.gran
+        return len(self._unbacked(sorted({g for p in pages for g in self._granules(p)}))) \
+            * self.gran
 
     def used_bytes(self) -> int:
         return self.used_g * self.gran
@@ -396,15 +397,14 @@ class _Live:
         """Back what ``pages`` touch that is not backed: whole aligned chunks of
         ``chunk_bytes`` (one handle each, ``commit_slots``) when the budget and the limit
         have room for them without anyone shedding, else just the pages' granules."""
-        cref, gran = self.cref, self.gran
-        need = sorted({g for p in pages for g in self._granules(p) if not cref[g]})
+        gran = self.gran
+        need = self._unbacked(sorted({g for p in pages for g in self._granules(p)}))
         if not need:
             return
         if self.spec.strategy == "elastic":
             c = self.chunk_g
-            want = sorted({h for g in need for h in range(g // c * c, min(g // c * c + c,
-                                                                          len(cref)))
-                           if not cref[h]})
+            want = self._unbacked(sorted({h for g in need for h in
+                                          range(g // c * c, min(g // c * c + c, self.n_gran))}))
             runs: list[list[int]] = []
             for g in want:
                 if runs and runs[-1][1] == g:
@@ -415,39 +415,39 @@ class _Live:
             slots = [(a * gran // pb * ps, min(-(-b * gran // pb), top) * ps) for a, b in runs]
             touched = sorted({g for a, b in slots for q in range(a // ps, b // ps)
                               for g in self._granules(q)})
-            extra = sum(1 for g in touched if not cref[g]) * gran - len(need) * gran
+            extra = len(self._unbacked(touched)) * gran - len(need) * gran
             if extra <= min(self.arbiter.free() - len(need) * gran,
                             self.limit - self.backed - len(need) * gran):
                 self.owner.commit_slots(slots)
                 self._read_back(touched)
-                self._check()
                 self.arbiter.changed(self)
                 return
-        todo = [p for p in pages if any(not cref[g] for g in self._granules(p))]
+        unbacked = set(need)
+        todo = [p for p in pages if any(g in unbacked for g in self._granules(p))]
         self.owner.commit_pages(todo)
         self._read_back(sorted({g for p in todo for g in self._granules(p)}))
-        self._check()
         self.arbiter.changed(self)
 
     def use(self, pages: Sequence[int]) -> None:
-        used, cref = self.used_ref, self.cref
+        used, idle = self.used_ref, self.idle
         for p in pages:
             for g in self._granules(p):
                 if not used[g]:
                     self.used_g += 1
-                    if cref[g]:
-                        self.idle.discard(g)
+                    idle.discard(g)
                 used[g] += 1
 
     def unuse(self, pages: Sequence[int]) -> None:
-        used, cref = self.used_ref, self.cref
+        used, emptied = self.used_ref, []
         for p in pages:
             for g in self._granules(p):
                 used[g] -= 1
                 if not used[g]:
                     self.used_g -= 1
-                    if cref[g]:
-                        self.idle.add(g)
+                    emptied.append(g)
+        if emptied:  # backed and now unused: idle (the owner says which are backed)
+            gone = set(self._unbacked(sorted(emptied)))
+            self.idle.update(g for g in emptied if g not in gone)
 
     def _pages_of(self, g: int) -> range:
         """Pages touching granule ``g``."""
@@ -467,7 +467,7 @@ class _Live:
         drop: set[int] = set()
         touched: set[int] = set()
         freed = 0
-        for a, b in reversed(self.owner.arena.mappings_of(self.offset)):
+        for a, b in reversed(self.owner.mapped(0)):
             gs = range(a // gran, b // gran)
             if any(used[g] for g in gs) or not gs.start:
                 continue
@@ -485,7 +485,6 @@ class _Live:
         before = self.backed
         self.owner.decommit_pages(sorted(drop))
         self._read_back(sorted(touched))
-        self._check()
         self.arbiter.changed(self)
         return before - self.backed
 

@@ -98,7 +98,7 @@ def _books_equal_mappings(drv: FaultyDriver, owner: KvBufferOwner, backing: Rang
     with backing._lock:
         cached = list(backing._cached.extents)
         fresh = list(backing._fresh.extents)
-        units = dict(backing._units)
+        units = dict(backing._units_over(backing.first, backing.blocks))
     for s, n in cached:
         lo, hi = _va(owner, backing, s, n)
         assert _covered(maps, lo, hi) == hi - lo, f"cached blocks [{s}, {s + n}) unmapped"

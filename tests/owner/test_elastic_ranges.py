@@ -250,7 +250,7 @@ def _check(backing: RangeBacking, owner: KvBufferOwner, live: list) -> None:
     for start, n in backing._cached.extents:
         assert mapped(start * bt * row, (start + n) * bt * row)
     # what is backed is slot 0's granule and the units, nothing else
-    assert owner.backed_bytes == G + sum(n for n in backing._units.values()) * bb
+    assert owner.backed_bytes == G + sum(n for n in _units(backing).values()) * bb
 
 
 @pytest.mark.parametrize("executor", ["inline", None])
@@ -603,7 +603,7 @@ def _all_given_back(backing: RangeBacking, owner: KvBufferOwner, leases: list) -
 
 def _units(backing: RangeBacking) -> dict[int, int]:
     with backing._lock:
-        return dict(backing._units)
+        return dict(backing._units_over(backing.first, backing.blocks))
 
 
 def test_a_waiting_caller_maps_its_lease_itself_while_the_backing_thread_is_busy() -> None:

@@ -298,3 +298,39 @@ def test_the_default_policy_over_commits_relative_to_what_is_backed() -> None:
 def test_geometric_refuses_a_min_bytes_beyond_max_bytes() -> None:
     with pytest.raises(ArgumentError, match="min_bytes"):
         Geometric(2.0, 8 * MiB, 16 * MiB)
+
+
+def test_an_options_record_backs_like_the_keywords_and_is_refused_beside_them() -> None:
+    """OwnerOptions (one frozen record) and the constructor's keywords are one thing: the
+    same fields, the same checks, the same owner; both at once, or a keyword that is no
+    field, is refused before anything is reserved."""
+    import dataclasses
+
+    from kvvmm.owner import OwnerOptions
+
+    drv = SimDriver(profile="h200")
+    opts = OwnerOptions(policy=Chunked(4 * G), name="kv-opts")
+    with KvBufferOwner(driver=drv, dtype="bfloat16", page_size=16, descs=token_descs(),
+                       options=opts) as a, \
+            KvBufferOwner(driver=drv, dtype="bfloat16", page_size=16, descs=token_descs(),
+                          policy=Chunked(4 * G), name="kv-opts") as b:
+        assert a.options == b.options == opts and a.policy == b.policy
+        assert a.ensure_prefix(1000) == b.ensure_prefix(1000)
+        assert a.snapshot().arena.name == "kv-opts"
+    with KvBufferOwner(driver=drv, dtype="bfloat16", page_size=16,
+                       descs=token_descs()) as plain:
+        assert plain.options.policy == default_policy()
+    with pytest.raises(ArgumentError, match="options or the keywords"):
+        KvBufferOwner(driver=drv, dtype="bfloat16", page_size=16, descs=token_descs(),
+                      options=opts, name="other")
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        KvBufferOwner(driver=drv, dtype="bfloat16", page_size=16, descs=token_descs(),
+                      polcy=Exact())
+    with pytest.raises(ArgumentError, match="lookahead_bytes"):
+        dataclasses.replace(opts, lookahead_bytes=G)  # no pool: checked in the record
+    with pytest.raises(ArgumentError, match="policy"):
+        OwnerOptions(policy=Exact)  # type: ignore[arg-type]
+    with pytest.raises(ArgumentError, match="options"):
+        KvBufferOwner(driver=drv, dtype="bfloat16", page_size=16, descs=token_descs(),
+                      options={"name": "x"})  # type: ignore[arg-type]
+    assert drv.stats().clean
