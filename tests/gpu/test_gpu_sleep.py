@@ -203,7 +203,9 @@ def test_a_wake_whose_map_fails_stays_asleep_and_a_retry_restores_every_byte() -
     torch.empty(1, device="cuda")
     inner = CudaDriver()
     drv = FaultyDriver(inner)
-    owner = make_owner(drv, layers=1)
+    # On CUDA a create that runs out of memory empties torch's cache and is tried once more
+    # (the default): opted out here, so the injected out-of-memory is the wake's failure.
+    owner = make_owner(drv, layers=1, retry_on_oom=False)
     owner.finalize(100_000)
     owner.commit_pages([20_000])
     want = fill_random(owner, 100_016, seed=3)
