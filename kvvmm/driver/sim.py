@@ -350,7 +350,7 @@ class SimDriver(Driver):
 
     def pause(self, seconds: float) -> None:
         """Time passed outside the driver: after a pause of at least the profile's
-        ``cold_calls.gap_ms``, the next call of every kind is cold again (costs its premium);
+        cold-premium gap, the next call of every kind is cold again (costs its premium);
         after one of at least ``idle_release.pause_s``, the next create also pays for the GiB
         released since the create before (docs/FIDELITY.md, "Idle creates").
 

@@ -203,8 +203,8 @@ def cold_premium(ctx: Ctx) -> dict[str, Any]:
     A call kind's premium is the median of its cold rounds' first calls minus the median of
     every later call of that kind in both rounds; reserve and free, one per round, are set
     against the warm rounds' ones. On an H200 back to back no call is cold and after a pause
-    every kind is, on a fresh driver or an old one (``probe_cold_calls.py``, a probe since
-    removed: bench/results/README.md).
+    every kind is, on a fresh driver or an old one (a probe since removed:
+    bench/results/README.md).
     Then the same for each shorter pause of ``cold_partial_s`` (``partial_us``: the premiums
     after it), which the profile keeps as shares of the premium (on an H200 after 1 / 5 /
     20 ms a create pays 0.19 / 0.41 / 0.81 of it: bench/results/h200-cold-gaps.json).

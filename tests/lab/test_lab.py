@@ -512,7 +512,7 @@ def test_the_workload_lab_runs_a_trace_file_it_is_given_and_the_generator_withou
     assert "generat" in lab.comparison.setup.workload
 
 
-def test_the_workload_labs_real_time_box_charges_the_cold_calls_an_engine_would_pay() -> None:
+def test_the_workload_labs_real_time_box_charges_the_cold_premium_an_engine_would_pay() -> None:
     from kvvmm.lab import WorkloadLab
     from kvvmm.workload import run_workload
 

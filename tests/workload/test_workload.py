@@ -553,7 +553,7 @@ def test_kvvmm_replay_prints_json_for_scripts(tmp_path: Path,
     assert out["results"][0]["strategy"] == "prefix" and out["model"] == "qwen2.5-7b"
 
 
-def test_kvvmm_replay_in_real_time_charges_the_cold_calls_an_engine_would_pay(
+def test_kvvmm_replay_in_real_time_charges_the_cold_premium_an_engine_would_pay(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     save_jsonl(small_workload(seconds=8.0).requests, tmp_path / "w.jsonl")
     got = {}
