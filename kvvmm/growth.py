@@ -25,7 +25,8 @@ from kvvmm.owner import KvBufferOwner
 from kvvmm.policy import GrowthPolicy, simulate_growth
 from kvvmm.units import align_up
 
-__all__ = ["GrowthCost", "GrowthResult", "decode_growth", "growth_cost", "least_over_commit"]
+__all__ = ["GrowthCost", "GrowthResult", "decode_growth", "first_layers", "growth_cost",
+           "least_over_commit"]
 
 #: ``progress(done, total)``: called after every decode step of every policy.
 Progress = Callable[[int, int], None]
@@ -61,7 +62,9 @@ class GrowthResult:
         return self.backed_bytes - self.needed_bytes
 
 
-def _first_layers(descs: list[KvBufferDesc], layers: int | None) -> list[KvBufferDesc]:
+def first_layers(descs: list[KvBufferDesc], layers: int | None) -> list[KvBufferDesc]:
+    """The buffers of the first ``layers`` layers (by the number in their names; all of
+    them for None): what :func:`decode_growth` grows, and the growth lab with it."""
     if layers is None:
         return descs
     int_arg("layers", layers, lo=1, limit="an int >= 1 or None")
@@ -123,7 +126,7 @@ def decode_growth(
     """
     int_arg("step_tokens", step_tokens, lo=1, limit="an int >= 1")
     reserved = tokens if reserved_tokens is None else reserved_tokens
-    descs = _first_layers(full_pool_descs(model, layout="token_major", reserved_tokens=reserved,
+    descs = first_layers(full_pool_descs(model, layout="token_major", reserved_tokens=reserved,
                                           page_size=page_size, dtype=dtype, tp=tp), layers)
     steps = [*range(step_tokens, tokens, step_tokens), tokens]
     needed_at = _needed_fn(descs, page_size)

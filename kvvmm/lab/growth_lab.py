@@ -197,10 +197,10 @@ class GrowthLab(_Panel):
 
         A policy whose control holds a refused value gets that error as its line.
         """
-        from kvvmm.growth import _first_layers  # the same buffers decode_growth grows
+        from kvvmm.growth import first_layers  # the buffers decode_growth grows
 
         try:
-            descs = _first_layers(full_pool_descs(
+            descs = first_layers(full_pool_descs(
                 self.model.value, layout="token_major", reserved_tokens=self.tokens.value,
                 page_size=self.page_size.value, dtype=self.dtype.value, tp=1),
                 self._layers())
