@@ -230,6 +230,24 @@ class Arena(HolesMixin, SharingMixin, SleepMixin, CapturesMixin):
         """The :class:`~kvvmm.arena.pool.HandlePool` commits draw from, if any."""
         return self._handle_pool
 
+    @_locked
+    def new_handle(self, nbytes: int) -> int:
+        """A handle of ``nbytes`` made as a commit makes one (the pool's if it holds one,
+        else a create, tried once more after the pool and then the cache releaser gave
+        memory back), for a caller that maps it itself (:meth:`adopt_range`, ``own=True``)
+        or releases it. An owner preparing a collective resize makes its handles here.
+
+        Raises:
+            ArgumentError: ``nbytes`` not a positive multiple of the granularity.
+            DriverError: the create failed (out of memory after the retries, ...).
+        """
+        self._check_open("new_handle")
+        int_arg("nbytes", nbytes, lo=1, unit="bytes")
+        if nbytes % self.granularity:
+            raise ArgumentError("nbytes", nbytes,
+                                f"a multiple of the granularity ({self.granularity})")
+        return self._new_handle(nbytes)
+
     # -- allocate -----------------------------------------------------------------------
 
     @_locked

@@ -172,7 +172,7 @@ def prepare(owner: KvBufferOwner, what: str, plan: Sequence[tuple[int, int, int]
     made: list[PreparedHandle] = []
     try:
         for off, start, size in plan:
-            made.append(PreparedHandle(off, start, owner.arena._new_handle(size), size))
+            made.append(PreparedHandle(off, start, owner.arena.new_handle(size), size))
     except BaseException as e:
         PreparedBacking(owner, what, made, at_prefix=at_prefix, record=record).undo(e)
         raise
