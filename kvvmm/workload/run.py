@@ -31,7 +31,13 @@ from kvvmm.owner import KvBufferOwner
 from kvvmm.record import Trace, TracingDriver
 from kvvmm.snapshot import ArenaSnapshot
 from kvvmm.workload.requests import Request, Workload, as_workload
-from kvvmm.workload.serving import ServingConfig, ServingModel, ServingStats, StepTimeModel
+from kvvmm.workload.serving import (
+    ServingConfig,
+    ServingModel,
+    ServingStats,
+    StepTimeModel,
+    fewer_collections,
+)
 from kvvmm.workload.strategies import LeaseAllocator, Strategy, make_strategy
 
 __all__ = ["Progress", "RunSetup", "StrategyResult", "Timeline", "WorkloadComparison",
@@ -382,6 +388,23 @@ class _Hooks:
         g = self.gran
         gained = lost = 0  # granules that went from no used page to one, and back, per kind
         for pb, count, per in self.kinds:
+            if not g % pb:  # whole pages per granule: each page is in one, page // per_granule
+                ppg = g // pb
+                if sign > 0:
+                    for p in pages:
+                        gi = p // ppg
+                        before = per[gi]
+                        per[gi] = before + 1
+                        if not before:
+                            gained += count
+                else:
+                    for p in pages:
+                        gi = p // ppg
+                        before = per[gi]
+                        per[gi] = before - 1
+                        if before == 1:
+                            lost += count
+                continue
             for p in pages:
                 lo = p * pb // g
                 for gi in range(lo, ((p + 1) * pb - 1) // g + 1):
@@ -686,8 +709,9 @@ def run_workload(
             if progress is None:
                 stats = serving.run(wl, hooks)
             else:
-                stats = _run_reporting(serving, wl, hooks, progress, len(results) * span,
-                                       span, total)
+                with fewer_collections():
+                    stats = _run_reporting(serving, wl, hooks, progress, len(results) * span,
+                                           span, total)
             wall = time.perf_counter() - t0
             hooks.sample(stats.end_s, stats.steps, 0, 1, 0, 0)
             snap = owner.arena.snapshot()
