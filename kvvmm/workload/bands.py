@@ -17,6 +17,14 @@ always (a figure the sim does not charge monotonically, a negative fitted residu
 bounded by ``mid``). A profile without a spread gives a band of no width, said by
 :func:`band_notes`.
 
+A workload band serves the trace again at p10 and p90 only for the strategies whose calls
+can move it: a call on the decode path stalls the step after it, the boundaries move, and
+so which arrivals a step admits and which calls follow (page-elastic and the range
+strategies make other calls at other quantiles). A strategy whose run at the profile made
+every call before serving (static, finalize, vllm-extensible) serves the same way at any
+cost: its p10 and p90 are its start's alone, priced by running the start (a run of no
+requests) on those profiles, exactly what the full run would give.
+
 A profile whose spread has a **session level** (``spread.level``, per scenario group: how far
 the card's whole level moved between sessions, :mod:`kvvmm.hardware.spread`) widens the
 bands of the figures it covers (growth: ``growth``; the workload's startup and decode
