@@ -171,6 +171,7 @@ class HolesMixin(_ArenaState):
         plan = [self._check_range("decommit_range", o, s, n) for o, s, n in requests]
         self._wait_inflight(plan)
         drop: dict[int, list[_Map]] = {}
+        dropped: set[int] = set()  # id() of every mapping in ``drop`` (a set, not a scan)
         cut: list[tuple[tuple[int, int], ...]] = []
         inside: list[list[_Map]] = []
         for a, lo, hi in plan:
@@ -184,7 +185,10 @@ class HolesMixin(_ArenaState):
             cut.append(tuple(cuts))
             inside.append(mine)
             got = drop.setdefault(a.offset, [])
-            got += [m for m in mine if all(m is not x for x in got)]
+            for m in mine:
+                if id(m) not in dropped:
+                    dropped.add(id(m))
+                    got.append(m)
         self._give_back([(self._by_offset[o], sorted(ms, key=lambda m: m.offset))
                          for o, ms in drop.items() if ms], "decommit_range")
         out = []

@@ -117,11 +117,11 @@ class VmmBook:
     # -- create / release -------------------------------------------------------------
 
     def check_create(self, size: int, free_bytes: int) -> None:
-        args = {"size": size}
-        self._aligned("create", args, size=size)
+        if size <= 0 or size % self.gran:
+            self._aligned("create", {"size": size}, size=size)
         if size > free_bytes:
             raise driver_error(
-                "create", args, CUDA_ERROR_OUT_OF_MEMORY,
+                "create", {"size": size}, CUDA_ERROR_OUT_OF_MEMORY,
                 f"{size} bytes asked, {free_bytes} free",
             )
 
@@ -167,7 +167,9 @@ class VmmBook:
     def check_map(self, va: int, size: int, handle: int) -> int:
         """Validate a map; return the start of the reservation it lands in."""
         args = {"va": va, "size": size, "handle": handle}
-        self._aligned("map", args, va=va, size=size)
+        g = self.gran
+        if va % g or size <= 0 or size % g:  # the common case checked inline: a hot call
+            self._aligned("map", args, va=va, size=size)
         h = self.handles.get(handle)
         if h is None or h.released:
             raise self._bad("map", args, f"handle {handle} is not live")
@@ -199,7 +201,9 @@ class VmmBook:
     def covered(self, call: str, va: int, size: int) -> list[int]:
         """Mapping starts that exactly tile ``[va, va+size)``; raise unless they do."""
         args = {"va": va, "size": size}
-        self._aligned(call, args, va=va, size=size)
+        g = self.gran
+        if va % g or size <= 0 or size % g:  # the common case checked inline: a hot call
+            self._aligned(call, args, va=va, size=size)
         starts = self.map_starts
         i = bisect_right(starts, va) - 1
         if i < 0 or starts[i] != va:

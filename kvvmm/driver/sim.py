@@ -30,6 +30,7 @@ from kvvmm.driver.base import (
     CUDA_ERROR_INVALID_DEVICE,
     CUDA_ERROR_INVALID_VALUE,
     CUDA_ERROR_OUT_OF_MEMORY,
+    U64_LIMIT,
     Driver,
     DriverStats,
     MemoryKind,
@@ -54,6 +55,19 @@ __all__ = [
 
 #: No reservation of the simulator ends past this address (see the module docstring).
 VA_LIMIT = 1 << 57
+
+
+def _plain(va: object, size: object) -> bool:
+    """Whether ``va`` and ``size`` are plain ints :func:`check_call_ints` passes unchanged
+    (in range, not wrapping past 2**64): the common case, checked without building its
+    dict; anything else goes through ``check_call_ints`` for its error."""
+    return (type(va) is int and type(size) is int and 0 <= va < U64_LIMIT
+            and 0 <= size < U64_LIMIT and va + size <= U64_LIMIT)
+
+
+def _plain1(x: object) -> bool:
+    """Whether ``x`` is a plain int in ``[0, 2**64)`` (see :func:`_plain`)."""
+    return type(x) is int and 0 <= x < U64_LIMIT
 
 
 class _Space:
@@ -266,7 +280,8 @@ class SimDriver(Driver):
 
     @locked
     def create(self, size: int) -> int:
-        (size,) = check_call_ints("create", size=size).values()
+        if not _plain1(size):
+            (size,) = check_call_ints("create", size=size).values()
         book = self._book
         book.check_create(size, book.capacity_bytes - self._used_bytes - book.physical_bytes)
         handle = self._next_handle
@@ -277,7 +292,8 @@ class SimDriver(Driver):
 
     @locked
     def release(self, handle: int) -> None:
-        (handle,) = check_call_ints("release", handle=handle).values()
+        if not _plain1(handle):
+            (handle,) = check_call_ints("release", handle=handle).values()
         h = self._book.check_release(handle)
         self._book.apply_release(handle)
         if self._home and not h.maps:
@@ -286,7 +302,8 @@ class SimDriver(Driver):
 
     @locked
     def map(self, va: int, size: int, handle: int) -> None:
-        va, size, handle = check_call_ints("map", va=va, size=size, handle=handle).values()
+        if not (_plain(va, size) and _plain1(handle)):
+            va, size, handle = check_call_ints("map", va=va, size=size, handle=handle).values()
         res = self._book.check_map(va, size, handle)
         self._book.apply_map(va, size, handle, res)
         self.clock_us += self._cost("map", size)
@@ -302,7 +319,8 @@ class SimDriver(Driver):
 
     @locked
     def unmap(self, va: int, size: int) -> None:
-        va, size = check_call_ints("unmap", va=va, size=size).values()
+        if not _plain(va, size):
+            va, size = check_call_ints("unmap", va=va, size=size).values()
         starts = self._book.covered("unmap", va, size)
         sizes = [self._book.maps[s][0] for s in starts]
         gone = [self._book.maps[s][1] for s in starts] if self._home else ()
@@ -323,7 +341,8 @@ class SimDriver(Driver):
 
     @locked
     def set_access(self, va: int, size: int, devices: Sequence[int] | None = None) -> None:
-        va, size = check_call_ints("set_access", va=va, size=size).values()
+        if not _plain(va, size):
+            va, size = check_call_ints("set_access", va=va, size=size).values()
         if devices is not None:
             self._set_access_for(va, size, devices)
             return

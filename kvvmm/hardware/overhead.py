@@ -293,6 +293,11 @@ def sim_costs(profile: DeviceProfile) -> SimCosts:
                     lo_source, work, unmap_pm, first, cold, idle)
 
 
+#: runs of mapping sizes a clock keeps the cost of (a bound on its memory; the few call sizes
+#: are kept without one)
+_CACHED = 4096
+
+
 class CallClock:
     """One simulated device's charge per call: :class:`SimCosts` plus the state the
     post-release slowdown needs (bytes released since the last create, slow creates left).
@@ -306,8 +311,8 @@ class CallClock:
     at least ``idle_release.pause_s`` costs more by the GiB released since the create before.
     """
 
-    __slots__ = ("_freed", "_idle_us", "_next", "_paused", "_released", "_slow_left", "calls",
-                 "costs", "mem_info_us")
+    __slots__ = ("_access", "_call", "_freed", "_idle_us", "_next", "_over", "_paused",
+                 "_released", "_slow_left", "_unmap", "calls", "costs", "mem_info_us")
 
     def __init__(self, costs: SimCosts) -> None:
         self.costs = costs
@@ -319,6 +324,13 @@ class CallClock:
         self._next: dict[str, float] = {}  # share of its premium each kind's next call owes
         self._freed = 0  # bytes released since the last create
         self._idle_us = 0.0  # µs the next create pays for an idle pause after releases
+        # The pure lookups, by their arguments: a replay makes the same few calls (a handle
+        # size, a run of mappings) hundreds of thousands of times, and each lookup is an
+        # interpolation; the values are the ones the costs give, so nothing charged changes.
+        self._call: dict[tuple[str, int], float] = {}  # costs.calls(op, size)
+        self._over: dict[tuple[str, int], float] = {}  # costs.overhead_us(op, size)
+        self._access: dict[tuple[int, ...], float] = {}  # costs.access_us(sizes)
+        self._unmap: dict[tuple[int, ...], float] = {}  # costs.unmap_us(sizes)
 
     def _cold(self, op: str) -> float:
         cold = self.costs.cold
@@ -353,9 +365,16 @@ class CallClock:
 
     def __call__(self, op: str, size: int) -> float:
         c = self.costs
-        us = c.calls(op, size) + self._cold(op)
+        key = (op, size)
+        base = self._call.get(key)
+        if base is None:
+            base = self._call[key] = c.calls(op, size)
+        us = base + self._cold(op)
         if c.per_call_overhead_us or c.overhead_curves:
-            us = max(0.0, us + c.overhead_us(op, size))
+            over = self._over.get(key)
+            if over is None:
+                over = self._over[key] = c.overhead_us(op, size)
+            us = max(0.0, us + over)
         if op == "release":
             self._freed += size
         elif op == "create":
@@ -371,16 +390,28 @@ class CallClock:
                 self._released = 0
                 if self._slow_left > 0:
                     self._slow_left -= 1
-                    us += c.calls(op, size) * (slow.factor - 1.0)
+                    us += base * (slow.factor - 1.0)
         return us
 
     def access(self, mapping_sizes: Sequence[int]) -> float:
         """µs of one set_access over whole mappings of these sizes."""
-        return self.costs.access_us(mapping_sizes) + self._cold("set_access")
+        key = tuple(mapping_sizes)
+        us = self._access.get(key)
+        if us is None:
+            us = self.costs.access_us(key)
+            if len(self._access) < _CACHED:
+                self._access[key] = us
+        return us + self._cold("set_access")
 
     def unmap(self, mapping_sizes: Sequence[int]) -> float:
         """µs of one unmap over whole mappings of these sizes."""
-        return self.costs.unmap_us(mapping_sizes) + self._cold("unmap")
+        key = tuple(mapping_sizes)
+        us = self._unmap.get(key)
+        if us is None:
+            us = self.costs.unmap_us(key)
+            if len(self._unmap) < _CACHED:
+                self._unmap[key] = us
+        return us + self._cold("unmap")
 
     def work(self, op: str, units: int) -> float:
         """µs of the library's own work for one arena/owner operation."""

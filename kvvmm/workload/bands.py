@@ -17,6 +17,14 @@ always (a figure the sim does not charge monotonically, a negative fitted residu
 bounded by ``mid``). A profile without a spread gives a band of no width, said by
 :func:`band_notes`.
 
+A workload band serves the trace again at p10 and p90 only for the strategies whose calls
+can move it: a call on the decode path stalls the step after it, the boundaries move, and
+so which arrivals a step admits and which calls follow (page-elastic and the range
+strategies make other calls at other quantiles). A strategy whose run at the profile made
+every call before serving (static, finalize, vllm-extensible) serves the same way at any
+cost: its p10 and p90 are its start's alone, priced by running the start (a run of no
+requests) on those profiles, exactly what the full run would give.
+
 A profile whose spread has a **session level** (``spread.level``, per scenario group: how far
 the card's whole level moved between sessions, :mod:`kvvmm.hardware.spread`) widens the
 bands of the figures it covers (growth: ``growth``; the workload's startup and decode
@@ -213,23 +221,12 @@ def workload_bands(workload: Any, strategies: Sequence[str], *, gpu: str = "h200
                               if p is not mid_p]
     if mid is None:
         qs.insert(0, None)
+    started = _startup_only(mid, names)
+    served = [n for n in names if n not in started]
     if workers is None:
         workers = 2 if (os.cpu_count() or 1) >= 2 and len(qs) > 1 and \
-            len(workload) * len(names) >= PARALLEL_REQUESTS else 1
-    done: dict[float | None, dict[str, float]] = {}
-    if workers == 2 and len(qs) > 1:
-        # The last run in a second process (a fresh interpreter: nothing this one holds,
-        # threads or a GPU context, is forked), the others here meanwhile.
-        ctx = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(1, mp_context=ctx) as pool:
-            far = pool.submit(_flat_run, workload, names, gpu, qs[-1], kw)
-            for i, q in enumerate(qs[:-1]):
-                done[q] = _flat_run(workload, names, gpu, q, kw,
-                                    _part(progress, i, len(qs) - 1))
-            done[qs[-1]] = far.result()
-    else:
-        for i, q in enumerate(qs):
-            done[q] = _flat_run(workload, names, gpu, q, kw, _part(progress, i, len(qs)))
+            len(workload) * len(served) >= PARALLEL_REQUESTS else 1
+    done = _quantile_runs(workload, served, started, gpu, qs, kw, progress, workers)
     m = _flat(mid) if mid is not None else done[None]
     lo = done.get(BAND_QUANTILES[0], m)
     hi = done.get(BAND_QUANTILES[1], m)
@@ -243,6 +240,51 @@ def workload_bands(workload: Any, strategies: Sequence[str], *, gpu: str = "h200
         strategy, fig = key.split("|", 1)
         out.setdefault(strategy, {})[fig] = band
     return out
+
+
+def _startup_only(mid: Any | None, names: Sequence[str]) -> list[str]:
+    """The strategies of ``names`` whose run at the profile itself (``mid``) made every
+    driver call before serving: none on the decode path, none off it, no range allocator.
+
+    Their serving does not depend on what a call costs: with no call after the start, no
+    step stalls, so every boundary comes at the same time, every decision (admissions, the
+    pages handed out, a strategy's update) is the same, and a run at another quantile makes
+    the same calls. Their band figures at a quantile are the start's (what the owner's
+    construction, ``prepare`` and ``start`` cost there; decode and background time and the
+    stalls are 0), priced by making the start alone on that quantile's profile: a run of
+    no requests. The others' later calls move the boundaries (a stall delays the step
+    after it, and so which arrivals it admits), so their calls differ between quantiles
+    and each quantile is served again.
+    """
+    if mid is None:
+        return []
+    by_name = {r.strategy: r for r in mid.results}
+    return [n for n in names if n in by_name and by_name[n].decode_driver_calls == 0
+            and by_name[n].background_driver_s == 0.0 and not by_name[n].ranges]
+
+
+def _quantile_runs(workload: Any, served: list[str], started: list[str], gpu: str,
+                   qs: list[float | None], kw: dict[str, Any],
+                   progress: Callable[[float, float], None] | None,
+                   workers: int) -> dict[float | None, dict[str, float]]:
+    """The timed figures at each quantile of ``qs``: ``served`` over the workload,
+    ``started`` over no requests (see :func:`_startup_only`)."""
+    done: dict[float | None, dict[str, float]] = {}
+    if workers == 2 and len(qs) > 1:
+        # The last run in a second process (a fresh interpreter: nothing this one holds,
+        # threads or a GPU context, is forked), the others here meanwhile.
+        ctx = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(1, mp_context=ctx) as pool:
+            far = pool.submit(_flat_runs, workload, served, started, gpu, qs[-1], kw)
+            for i, q in enumerate(qs[:-1]):
+                done[q] = _flat_runs(workload, served, started, gpu, q, kw,
+                                     _part(progress, i, len(qs) - 1))
+            done[qs[-1]] = far.result()
+    else:
+        for i, q in enumerate(qs):
+            done[q] = _flat_runs(workload, served, started, gpu, q, kw,
+                                 _part(progress, i, len(qs)))
+    return done
 
 
 #: requests times strategies from which :func:`workload_bands` runs its low and high
@@ -267,6 +309,20 @@ def _part(progress: Callable[[float, float], None] | None, i: int,
 def _flat(cmp: Any) -> dict[str, float]:
     return {f"{r.strategy}|{k}": float(r.summary()[k]) for r in cmp.results
             for k in WORKLOAD_TIMES}
+
+
+def _flat_runs(workload: Any, served: list[str], started: list[str], gpu: str,
+               q: float | None, kw: dict[str, Any],
+               progress: Callable[[float, float], None] | None = None) -> dict[str, float]:
+    """:func:`_flat_run` of ``served`` over ``workload`` and of ``started`` over no
+    requests, in one dict (a module-level function, so a second process can run it)."""
+    from kvvmm.workload.requests import Workload
+
+    out = _flat_run(workload, served, gpu, q, kw, progress) if served else {}
+    if started:
+        none = Workload((), getattr(workload, "source", "no requests"))
+        out.update(_flat_run(none, started, gpu, q, kw))
+    return out
 
 
 def _flat_run(workload: Any, names: list[str], gpu: str, q: float | None,

@@ -37,7 +37,13 @@ from kvvmm.owner import KvBufferOwner
 from kvvmm.record import Trace, TracingDriver
 from kvvmm.snapshot import ArenaSnapshot
 from kvvmm.workload.requests import Request, Workload, as_workload
-from kvvmm.workload.serving import ServingConfig, ServingModel, ServingStats, StepTimeModel
+from kvvmm.workload.serving import (
+    ServingConfig,
+    ServingModel,
+    ServingStats,
+    StepTimeModel,
+    fewer_collections,
+)
 from kvvmm.workload.strategies import LeaseAllocator, Strategy, make_strategy
 
 __all__ = ["Progress", "RunOptions", "RunSetup", "StrategyResult", "Timeline", "WorkloadComparison",
@@ -388,6 +394,23 @@ class _Hooks:
         g = self.gran
         gained = lost = 0  # granules that went from no used page to one, and back, per kind
         for pb, count, per in self.kinds:
+            if not g % pb:  # whole pages per granule: each page is in one, page // per_granule
+                ppg = g // pb
+                if sign > 0:
+                    for p in pages:
+                        gi = p // ppg
+                        before = per[gi]
+                        per[gi] = before + 1
+                        if not before:
+                            gained += count
+                else:
+                    for p in pages:
+                        gi = p // ppg
+                        before = per[gi]
+                        per[gi] = before - 1
+                        if before == 1:
+                            lost += count
+                continue
             for p in pages:
                 lo = p * pb // g
                 for gi in range(lo, ((p + 1) * pb - 1) // g + 1):
@@ -784,7 +807,8 @@ def _serve(strat: Strategy, owner: KvBufferOwner, tracer: TracingDriver, inner: 
     serving = ServingModel(o.config, setup.step_model, pool_pages=pool_pages,
                            sample_s=o.sample_s, allocator=allocator)
     t0 = time.perf_counter()
-    stats = _run_reporting(serving, wl, hooks, report, shared.span)
+    with fewer_collections():  # the replay's records all live to its end: fewer GC passes
+        stats = _run_reporting(serving, wl, hooks, report, shared.span)
     wall = time.perf_counter() - t0
     hooks.sample(stats.end_s, stats.steps, 0, 1, 0, 0)
     trace = None

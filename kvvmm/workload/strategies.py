@@ -340,6 +340,15 @@ class PageElastic(Strategy):
         gran = self._gran
         for k, (pb, count) in enumerate(zip(self._kinds, self._count, strict=True)):
             rep = self._rep[k]
+            if not gran % pb:  # whole pages per granule: each page is in one (the usual case)
+                ppg = gran // pb
+                for p in pages:
+                    g = p // ppg
+                    c = count[g]
+                    count[g] = c + 1
+                    if c == 0 and g not in rep:
+                        gained.append((k, g, p))
+                continue
             for p in pages:
                 for g in range(p * pb // gran, ((p + 1) * pb - 1) // gran + 1):
                     c = count[g]
@@ -347,19 +356,31 @@ class PageElastic(Strategy):
                     if c == 0 and g not in rep:
                         gained.append((k, g, p))
 
+    def _drop(self, pages: list[int], lost: list[tuple[int, int]]) -> None:
+        gran = self._gran
+        for k, (pb, count) in enumerate(zip(self._kinds, self._count, strict=True)):
+            if not gran % pb:
+                ppg = gran // pb
+                for p in pages:
+                    g = p // ppg
+                    c = count[g] - 1
+                    count[g] = c
+                    if c == 0:
+                        lost.append((k, g))
+                continue
+            for p in pages:
+                for g in range(p * pb // gran, ((p + 1) * pb - 1) // gran + 1):
+                    c = count[g] - 1
+                    count[g] = c
+                    if c == 0:
+                        lost.append((k, g))
+
     def update(self, allocated: list[int], freed: list[int], high_water: int) -> None:
         gained: list[tuple[int, int, int]] = []
         lost: list[tuple[int, int]] = []
         self._add(allocated, gained)  # allocations first: a page freed and reused stays
         if freed:
-            gran = self._gran
-            for k, (pb, count) in enumerate(zip(self._kinds, self._count, strict=True)):
-                for p in freed:
-                    for g in range(p * pb // gran, ((p + 1) * pb - 1) // gran + 1):
-                        c = count[g] - 1
-                        count[g] = c
-                        if c == 0:
-                            lost.append((k, g))
+            self._drop(freed, lost)
         if not lost and not gained:
             return
         refs = self._refs

@@ -161,3 +161,33 @@ def test_put_off_admissions_are_counted_and_their_wait_is_in_the_first_token() -
         assert 0 < row["first_token_p50_ms"] <= row["first_token_p99_ms"] \
             <= row["first_token_max_ms"]
         assert row["latency_p50_s"] <= row["latency_p99_s"]
+
+
+def test_a_strategy_with_no_call_after_its_start_gets_the_band_a_full_run_would_give(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its p10 and p90 come from its start alone (a run of no requests), the rest from
+    serving again: the same bands, to the bit, as serving every strategy at each quantile."""
+    from kvvmm.workload import bands as bands_module
+    from kvvmm.workload.bands import Band
+
+    wl = generate(seed=5, duration_s=8.0, rate_scale=4.0)
+    names = ["static", "finalize", "page-elastic"]
+    cmp = run_workload(wl, names)
+    started = bands_module._startup_only(cmp, names)
+    assert started == ["static", "finalize"]  # page-elastic maps pages as they come
+    served: list[tuple[int, list[str]]] = []
+    flat_run = bands_module._flat_run
+
+    def spy(workload, names, *a, **kw):  # type: ignore[no-untyped-def]
+        served.append((len(workload), list(names)))
+        return flat_run(workload, names, *a, **kw)
+
+    monkeypatch.setattr(bands_module, "_flat_run", spy)
+    got = workload_bands(wl, names, mid=cmp, workers=1, level=False)
+    assert sorted(served) == [(0, started), (0, started), (len(wl), ["page-elastic"]),
+                              (len(wl), ["page-elastic"])]
+    lo, hi = (flat_run(wl, names, "h200", q, {}) for q in (0.1, 0.9))
+    mid = bands_module._flat(cmp)
+    for key, m in mid.items():
+        strategy, fig = key.split("|", 1)
+        assert got[strategy][fig] == Band.of(lo[key], m, hi[key]), key
