@@ -19,7 +19,7 @@ NOTEBOOKS := $(wildcard notebooks/*.ipynb)
 SANITIZE := $(wildcard notebooks/sanitize.cfg)
 NBVAL_ARGS := $(if $(NOTEBOOKS),--nbval --nbval-current-env $(if $(SANITIZE),--nbval-sanitize-with $(SANITIZE)) notebooks)
 
-.PHONY: venv test lab lint bench bench-sim clean ext notebooks sglang
+.PHONY: venv test test-heavy lab lint bench bench-sim clean ext notebooks sglang
 
 venv: $(STAMP)
 
@@ -54,6 +54,13 @@ TEST_DURATIONS ?= 25
 test: venv sglang
 	KVVMM_TRACE_MINUTES=$(TRACE_MINUTES) $(PY) -m pytest --durations=$(TEST_DURATIONS) tests \
 	  $(NBVAL_ARGS) $(PYTEST_ARGS)
+
+# Only the tests marked heavy (pyproject.toml: the browser test, mypy --strict), e.g. to run
+# the browser test again and again. `make test` runs them too; to leave them out of it,
+# `make test PYTEST_ARGS='-m "not heavy"'`.
+test-heavy: venv
+	KVVMM_TRACE_MINUTES=$(TRACE_MINUTES) $(PY) -m pytest --durations=$(TEST_DURATIONS) -m heavy \
+	  tests $(PYTEST_ARGS)
 
 # SGLang's own pool code for the conformance suite (tests/conformance): the released wheel,
 # unpacked, never installed (its dependencies are the whole server; the suite stands in for

@@ -21,6 +21,12 @@ from typing import Any
 
 import pytest
 
+# One intra-op thread for torch (OpenMP), here and in every process the tests start (workers,
+# notebook kernels, JupyterLab's), set before torch is imported. The tests' tensors are small;
+# on 2 cores shared with another busy process, two threads made every op wait for the other:
+# torch.full of 2 MiB took 17 ms on two threads, 0.4 ms on one.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 from kvvmm.driver import Driver, SimDriver
 from kvvmm.units import GiB, MiB
 

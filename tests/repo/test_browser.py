@@ -45,7 +45,7 @@ from kvvmm.cli.workspace import prepare_workspace
 from kvvmm.units import MiB, fmt_bytes
 from kvvmm.workload import find_trace
 
-pytestmark = [pytest.mark.browser, pytest.mark.slow]
+pytestmark = [pytest.mark.browser, pytest.mark.heavy]
 
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 #: Azure's trace next to this checkout, if there: the server's copy of the notebooks lies in a

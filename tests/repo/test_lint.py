@@ -27,7 +27,7 @@ def test_ruff_finds_nothing_in_the_package_and_the_tests() -> None:
         pytest.fail(f"ruff check kvvmm tests:\n{proc.stdout}{proc.stderr}", pytrace=False)
 
 
-@pytest.mark.slow
+@pytest.mark.heavy
 def test_mypy_strict_passes_on_the_package() -> None:
     proc = _run("mypy", "--strict", "kvvmm")
     if proc.returncode != 0:

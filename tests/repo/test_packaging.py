@@ -109,7 +109,7 @@ def test_pyproject_declares_the_cli_the_typed_marker_and_the_model_configs() -> 
 def test_pytest_markers_are_declared() -> None:
     pytest_cfg = _pyproject()["tool"]["pytest"]["ini_options"]
     declared = {m.split(":", 1)[0] for m in pytest_cfg["markers"]}
-    assert {"cuda", "browser", "slow"} <= declared
+    assert {"cuda", "browser", "heavy"} <= declared
     assert "--strict-markers" in pytest_cfg["addopts"]
 
 
