@@ -14,8 +14,10 @@ The copy paths, and why:
   copy engines run at the link's bandwidth (pageable memory is staged through the driver's
   own small pinned buffers at a fraction of it), and the wake of a full pool is that copy.
   Two ways to get it (``HostBackup(memory=...)``): ``"mmap"`` (the default), one anonymous
-  mapping with transparent huge pages asked for (``MADV_HUGEPAGE``), registered with the
-  CUDA runtime (``cudaHostRegister``); or ``"torch"``, torch's pinned host allocator, which
+  mapping with transparent huge pages asked for (``MADV_HUGEPAGE``), faulted in and
+  registered with the CUDA runtime (``cudaHostRegister``) in chunks on worker threads while
+  each registered chunk's copy runs (:mod:`~kvvmm.arena.pinned`: docs/SLEEP.md, "Where a
+  sleep's time goes"); or ``"torch"``, torch's pinned host allocator, which
   rounds each block up to a power of two, so the backup is taken in power-of-two pieces (the
   binary digits of its size: exactly its size, at most one piece per bit). Measured on an
   H200 with a 60 GiB pool (``bench/results/h200-sleep.json``): pinning is the sleep's cost,
@@ -29,7 +31,8 @@ The copy paths, and why:
   gives pinned memory back on a thread of its own: a wake returns when its copy has landed,
   not when the host memory is unpinned. On the host driver the arena's memory is already CPU
   memory: a plain CPU tensor, and ``copy_`` is a memcpy. On the simulator there are no
-  bytes: a ``meta`` tensor, nothing copied.
+  bytes: a ``meta`` tensor, nothing copied. ``HostBackup(keep=True)`` keeps its pinned memory
+  after the wake for the next sleep (which is then the copy alone), until :meth:`drop`.
 - ``"disk"`` (:class:`DiskBackup`): a new file, its blocks allocated up front with
   ``posix_fallocate`` (a full disk fails there, before anything is given back, instead of
   as a SIGBUS in the middle of the copy), mapped with ``mmap`` and viewed as one CPU tensor
@@ -46,6 +49,8 @@ Passing it to another sleep meanwhile (of this arena or another: the second woul
 first's bytes, and each would wake with the other's), using it again once it is spent (woken,
 closed or dropped) and dropping it while a sleep holds it are refused with a typed error
 before anything changes. A sleep that fails unbinds it again, so a retry may pass the same one.
+A kept backup (``HostBackup(keep=True)``) is the one exception to "spent": its wake unbinds it
+without spending it, so a later sleep (of any arena) may bind it again.
 """
 
 from __future__ import annotations
