@@ -14,8 +14,10 @@ The copy paths, and why:
   copy engines run at the link's bandwidth (pageable memory is staged through the driver's
   own small pinned buffers at a fraction of it), and the wake of a full pool is that copy.
   Two ways to get it (``HostBackup(memory=...)``): ``"mmap"`` (the default), one anonymous
-  mapping with transparent huge pages asked for (``MADV_HUGEPAGE``), registered with the
-  CUDA runtime (``cudaHostRegister``); or ``"torch"``, torch's pinned host allocator, which
+  mapping with transparent huge pages asked for (``MADV_HUGEPAGE``), faulted in and
+  registered with the CUDA runtime (``cudaHostRegister``) in chunks on worker threads while
+  each registered chunk's copy runs (:mod:`~kvvmm.arena.pinned`: docs/SLEEP.md, "Where a
+  sleep's time goes"); or ``"torch"``, torch's pinned host allocator, which
   rounds each block up to a power of two, so the backup is taken in power-of-two pieces (the
   binary digits of its size: exactly its size, at most one piece per bit). Measured on an
   H200 with a 60 GiB pool (``bench/results/h200-sleep.json``): pinning is the sleep's cost,
@@ -29,7 +31,8 @@ The copy paths, and why:
   gives pinned memory back on a thread of its own: a wake returns when its copy has landed,
   not when the host memory is unpinned. On the host driver the arena's memory is already CPU
   memory: a plain CPU tensor, and ``copy_`` is a memcpy. On the simulator there are no
-  bytes: a ``meta`` tensor, nothing copied.
+  bytes: a ``meta`` tensor, nothing copied. ``HostBackup(keep=True)`` keeps its pinned memory
+  after the wake for the next sleep (which is then the copy alone), until :meth:`drop`.
 - ``"disk"`` (:class:`DiskBackup`): a new file, its blocks allocated up front with
   ``posix_fallocate`` (a full disk fails there, before anything is given back, instead of
   as a SIGBUS in the middle of the copy), mapped with ``mmap`` and viewed as one CPU tensor
@@ -46,24 +49,37 @@ Passing it to another sleep meanwhile (of this arena or another: the second woul
 first's bytes, and each would wake with the other's), using it again once it is spent (woken,
 closed or dropped) and dropping it while a sleep holds it are refused with a typed error
 before anything changes. A sleep that fails unbinds it again, so a retry may pass the same one.
+A kept backup (``HostBackup(keep=True)``) is the one exception to "spent": its wake unbinds it
+without spending it, so a later sleep (of any arena) may bind it again.
 """
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import mmap
 import os
 import threading
+import time
 from typing import TYPE_CHECKING, Any
 
-from kvvmm.checks import bool_arg
+from kvvmm.arena.pinned import (
+    CHUNK_BYTES,
+    HUGE,
+    MAX_WORKERS,
+    HostMapping,
+    unpin,
+    unpin_later,
+    wait_unpinned,
+)
+from kvvmm.checks import bool_arg, int_arg
 from kvvmm.errors import ArgumentError, BackupError, StateError
 
 if TYPE_CHECKING:
     import torch
 
 __all__ = ["BACKUPS", "HOST_MEMORY", "Backup", "DiskBackup", "HostBackup", "bind_backup",
-           "check_backup", "make_backup", "pow2_pieces", "unbind_backup"]
+           "check_backup", "make_backup", "pow2_pieces", "unbind_backup", "wait_unpinned"]
 
 #: The ``backup=`` names :meth:`Arena.sleep <kvvmm.arena.Arena.sleep>` takes (None: no backup).
 BACKUPS = ("host", "disk")
@@ -75,9 +91,7 @@ _MAX_PIECE = 1 << 30
 #: How :class:`HostBackup` gets pinned memory on CUDA (see the module docstring).
 HOST_MEMORY = ("mmap", "torch")
 
-#: Transparent huge pages are 2 MiB on x86-64 and on arm64 with 4 KiB base pages: an
-#: ``"mmap"`` backup starts on such a boundary so every full 2 MiB of it can be one.
-_HUGE = 2 << 20
+_HUGE = HUGE  # chunks are whole huge pages (see kvvmm.arena.pinned)
 
 #: Guards every backup's binding: two arenas (two locks) may be handed one backup at once.
 _binding = threading.Lock()
@@ -100,6 +114,19 @@ class Backup:
     _holder: object = None  # the arena whose sleep keeps its bytes here; None: no sleep
     _holder_name = ""  # that arena, for messages
     _spent = ""  # why no sleep may use it again ("" while one may)
+
+    @property
+    def reusable(self) -> bool:
+        """True when a wake leaves the backup for the next sleep instead of spending and
+        dropping it (``HostBackup(keep=True)``); False here."""
+        return False
+
+    @property
+    def phases(self) -> dict[str, float]:
+        """Seconds the last :meth:`open` and its copies spent in each step, as far as the
+        backup knows them ({} here); :meth:`Arena.sleep <kvvmm.arena.Arena.sleep>` reports
+        them under ``backup.``."""
+        return {}
 
     @property
     def holder(self) -> str | None:
@@ -168,15 +195,22 @@ def bind_backup(store: Backup, holder: object, name: str) -> None:
         store._holder, store._holder_name = holder, name
 
 
-def unbind_backup(store: Backup, holder: object, spent: str) -> None:
+def unbind_backup(store: Backup, holder: object, spent: str, *, reuse: bool = False) -> None:
     """End ``holder``'s binding of ``store`` and drop it: the sleep failed (``spent=""``: the
     backup may serve a retry) or ended (``spent`` says how: no sleep may use it again).
+
+    With ``reuse`` (a wake) and a :attr:`~Backup.reusable` backup, the binding ends but the
+    backup is neither dropped nor spent: the next sleep may bind it again.
 
     Raises:
         BackupError: ``holder`` does not hold ``store`` (nothing changed); or what
             :meth:`Backup.drop` raised.
     """
     check_backup(store, holder)
+    if reuse and store.reusable:
+        with _binding:
+            store._holder, store._holder_name = None, ""
+        return
     with _binding:  # spent at once: no other sleep binds it while its bytes are dropped
         store._holder, store._holder_name = None, ""
         store._spent = spent or "a failed sleep is dropping it"
@@ -199,147 +233,162 @@ class HostBackup(Backup):
     """The bytes in host memory: pinned on CUDA (see the module docstring for why and how).
 
     Args:
-        memory: ``"mmap"`` (default: an anonymous mapping with huge pages asked for,
-            registered with the CUDA runtime) or ``"torch"`` (torch's pinned host
-            allocator); only
-            CUDA pins: on the host driver both are one plain CPU tensor.
+        memory: ``"mmap"`` (default: an anonymous mapping with huge pages asked for, faulted
+            in and registered with the CUDA runtime chunk by chunk while the copy runs:
+            :mod:`~kvvmm.arena.pinned`) or ``"torch"`` (torch's pinned host allocator). Only
+            CUDA pins: on the host driver ``"mmap"`` is the same mapping, faulted in by the
+            same threads, unregistered; ``"torch"`` one plain CPU tensor.
         free_on_thread: give pinned memory back on a thread of its own at :meth:`drop`
             (default), so a wake does not wait for the unpinning.
+        chunk_bytes: ``"mmap"``: the bytes faulted in and registered at a time, a multiple
+            of 2 MiB (default 256 MiB); the copy of a chunk starts when it is registered.
+        workers: ``"mmap"``: threads faulting in and registering chunks (default: the CPU
+            count, 8 at most). ``workers=1`` with a ``chunk_bytes`` above the backup's size
+            is the old path: everything pinned, then everything copied.
+        keep: keep the memory after the wake (default False: the wake drops it). A kept
+            backup is not spent by its wake: the next sleep that passes it (of any arena)
+            copies into the memory already pinned, so that sleep is the copy alone. It holds,
+            while the arena is awake, its size in locked host memory and, on CUDA, the
+            driver's page tables for it on the device (0.19% of its size); :meth:`drop`
+            gives both back (a close of a sleeping arena, or a failed sleep, drops it too).
     Raises:
-        ArgumentError: an unknown ``memory`` or a non-bool ``free_on_thread``.
+        ArgumentError: an unknown ``memory``, a non-bool ``free_on_thread`` or ``keep``, a
+            ``chunk_bytes`` that is not a positive multiple of 2 MiB, a ``workers`` outside
+            1..64.
     """
 
     kind = "host"
 
-    def __init__(self, memory: str = "mmap", *, free_on_thread: bool = True) -> None:
+    def __init__(self, memory: str = "mmap", *, free_on_thread: bool = True,
+                 chunk_bytes: int = CHUNK_BYTES, workers: int | None = None,
+                 keep: bool = False) -> None:
         if memory not in HOST_MEMORY:
             raise ArgumentError("memory", memory, f"one of {list(HOST_MEMORY)}")
         bool_arg("free_on_thread", free_on_thread)
+        bool_arg("keep", keep)
+        int_arg("chunk_bytes", chunk_bytes, lo=_HUGE, limit="a positive multiple of 2 MiB")
+        if chunk_bytes % _HUGE:
+            raise ArgumentError("chunk_bytes", chunk_bytes, "a positive multiple of 2 MiB")
+        if workers is None:
+            workers = max(1, min(MAX_WORKERS, os.cpu_count() or 1))
+        int_arg("workers", workers, lo=1, hi=64)
         self.memory = memory
         self.free_on_thread = free_on_thread
+        self.chunk_bytes, self.workers, self.keep = chunk_bytes, workers, keep
         self._pieces: list[tuple[int, Any]] = []  # (start, tensor), in order
-        self._map: mmap.mmap | None = None  # the "mmap" memory, registered at _registered
-        self._registered = 0
+        self._host: HostMapping | None = None  # the "mmap" memory: piece i is its chunk i
+        self._device: Any = None  # where the copies run (a device synchronize before unpinning)
+        self._unflushed = False  # copies queued since the last flush
+        self._phases: dict[str, float] = {}
+
+    @property
+    def reusable(self) -> bool:
+        """``keep``: a wake leaves the memory for the next sleep (see the class docstring)."""
+        return self.keep
+
+    @property
+    def phases(self) -> dict[str, float]:
+        """Where the last :meth:`open` and its copies spent their time (seconds; see
+        :attr:`HostMapping.phases <kvvmm.arena.pinned.HostMapping.phases>` for the
+        ``"mmap"`` memory's own); ``reused`` is 1 when a kept backup's memory served the
+        sleep; ``open_s`` the :meth:`open` call (torch's pinned allocator's whole time)."""
+        got = dict(self._phases)
+        if self._host is not None:
+            got.update(self._host.phases)
+        return got
 
     def open(self, nbytes: int, like: torch.Tensor) -> None:
         import torch
 
+        t0 = time.perf_counter()
+        kind = like.device.type
+        host = self._host
+        if host is not None and kind == self._device.type and host.nbytes >= nbytes:
+            self.nbytes = nbytes  # a kept backup: its memory, pinned and ready, serves again
+            self._pieces = [(s, host.buf[s:s + n]) for s, n in host.chunks if s < nbytes]
+            host.reset_times()
+            self._phases = {"reused": 1.0, "open_s": time.perf_counter() - t0}
+            return
+        if host is not None:  # kept, but too small (or another device's): a new one
+            self._free()
         self.nbytes = nbytes
+        self._device = like.device
         pieces: list[tuple[int, Any]] = []
-        if like.device.type == "meta":
+        if kind == "meta":
             pieces.append((0, torch.empty(nbytes, dtype=torch.uint8, device="meta")))
-        elif like.device.type != "cuda":
+        elif self.memory == "mmap" and nbytes > 0 and kind in ("cpu", "cuda"):
+            cuda = kind == "cuda"
+            host = HostMapping(nbytes, pin=cuda, chunk_bytes=self.chunk_bytes,
+                               workers=self.workers,
+                               device=getattr(like.device, "index", None) if cuda else None)
+            self._host = host
+            pieces = [(s, host.buf[s:s + n]) for s, n in host.chunks]
+        elif kind != "cuda" or nbytes == 0:
             pieces.append((0, torch.empty(nbytes, dtype=torch.uint8)))
-        elif self.memory == "mmap":
-            pieces.append((0, self._open_mmap(nbytes)))
         else:
             pos = 0
             for size in pow2_pieces(nbytes):
                 pieces.append((pos, torch.empty(size, dtype=torch.uint8, pin_memory=True)))
                 pos += size
         self._pieces = pieces
+        self._phases = {"reused": 0.0, "open_s": time.perf_counter() - t0}
 
-    def _open_mmap(self, nbytes: int) -> Any:
-        """One mapping of ``nbytes`` on a huge-page boundary, registered with CUDA."""
-        import torch
-
-        if nbytes == 0:
-            return torch.empty(0, dtype=torch.uint8)
-        m = mmap.mmap(-1, nbytes + _HUGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        views: list[Any] = []  # every tensor over m: each must go before m.close()
-        try:
-            if hasattr(mmap, "MADV_HUGEPAGE"):
-                with contextlib.suppress(OSError):  # THP off: 4 KiB pages, still pinned
-                    m.madvise(mmap.MADV_HUGEPAGE)
-            views.append(torch.frombuffer(m, dtype=torch.uint8))
-            skip = -views[0].data_ptr() % _HUGE
-            views.append(views[0][skip:skip + nbytes])
-            _check_cuda(_cudart().cudaHostRegister(views[1].data_ptr(), nbytes, 0))
-        except BaseException:
-            views.clear()
-            m.close()
-            raise
-        buf = views.pop()
-        views.clear()
-        self._map, self._registered = m, buf.data_ptr()
-        return buf
-
-    def _spans(self, pos: int, n: int) -> list[tuple[Any, int, int, int]]:
-        """``(piece, piece_offset, offset_in_range, length)`` covering ``[pos, pos + n)``."""
+    def _spans(self, pos: int, n: int) -> list[tuple[int, Any, int, int, int]]:
+        """``(piece_index, piece, piece_offset, offset_in_range, length)`` covering
+        ``[pos, pos + n)``."""
         out = []
-        for start, t in self._pieces:
-            end = start + t.numel()
-            lo, hi = max(pos, start), min(pos + n, end)
+        first = max(0, bisect.bisect_right(self._pieces, pos, key=lambda p: p[0]) - 1)
+        for i in range(first, len(self._pieces)):
+            start, t = self._pieces[i]
+            if start >= pos + n:
+                break
+            lo, hi = max(pos, start), min(pos + n, start + t.numel())
             if lo < hi:
-                out.append((t, lo - start, lo - pos, hi - lo))
+                out.append((i, t, lo - start, lo - pos, hi - lo))
         return out
 
     def save(self, pos: int, src: torch.Tensor) -> None:
-        for t, at, off, n in self._spans(pos, src.numel()):
+        host = self._host
+        for i, t, at, off, n in self._spans(pos, src.numel()):
+            if host is not None:
+                host.wait(i)  # this chunk pinned; the next ones are being pinned meanwhile
+            self._unflushed = True
             t[at:at + n].copy_(src[off:off + n], non_blocking=True)
 
     def load(self, pos: int, dst: torch.Tensor) -> None:
-        for t, at, off, n in self._spans(pos, dst.numel()):
+        host = self._host
+        for i, t, at, off, n in self._spans(pos, dst.numel()):
+            if host is not None:
+                host.wait(i)
+            self._unflushed = True
             dst[off:off + n].copy_(t[at:at + n], non_blocking=True)
+
+    def flush(self, device: torch.device) -> None:
+        t0 = time.perf_counter()
+        super().flush(device)
+        self._unflushed = False
+        self._phases["flush_s"] = time.perf_counter() - t0
 
     def drop(self) -> None:
         super().drop()
+        self._free()
+
+    def _free(self) -> None:
+        """Give the memory back (pinned: on a thread with ``free_on_thread``), once any copy
+        still queued into or out of it has landed."""
+        if self._unflushed and self._device is not None and self._device.type == "cuda":
+            import torch
+
+            with contextlib.suppress(Exception):  # a broken context copies nothing more
+                torch.cuda.synchronize(self._device)
+        self._unflushed = False
         pinned = any(t.device.type == "cpu" and t.is_pinned() for _, t in self._pieces)
         self._pieces = []  # torch's pinned blocks go back to its cache (fast)
-        m, self._map = self._map, None
-        ptr, self._registered = self._registered, 0
-        if m is None and not pinned:
-            return
-        if self.free_on_thread:
-            _unpin_later(m, ptr)
-        else:
-            _unpin(m, ptr)
-
-
-def _cudart() -> Any:
-    import torch
-
-    return torch.cuda.cudart()  # type: ignore[no-untyped-call]
-
-
-def _check_cuda(err: Any) -> None:
-    import torch
-
-    torch.cuda.check_error(err)
-
-
-_unpinning: list[threading.Thread] = []
-
-
-def _unpin(m: mmap.mmap | None, ptr: int) -> None:
-    """Give pinned host memory back: unregister and unmap an ``"mmap"`` backup; empty
-    torch's pinned cache (a sleep's blocks are not wanted again soon)."""
-    import torch
-
-    if m is not None:
-        if ptr:
-            _cudart().cudaHostUnregister(ptr)
-        with contextlib.suppress(BufferError):  # a view still alive: unmapped when it goes
-            m.close()
-    else:
-        empty = getattr(torch._C, "_host_emptyCache", None)
-        if empty is not None:
-            empty()
-
-
-def _unpin_later(m: mmap.mmap | None, ptr: int) -> None:
-    """:func:`_unpin` on a daemon thread; :func:`wait_unpinned` joins them."""
-    t = threading.Thread(target=_unpin, args=(m, ptr), name="kvvmm-unpin", daemon=True)
-    _unpinning[:] = [u for u in _unpinning if u.is_alive()] + [t]
-    t.start()
-
-
-def wait_unpinned(timeout: float | None = None) -> bool:
-    """Wait until every pinned backup dropped so far has gone back to the host; True when
-    none is left (tests and benchmarks that measure host memory call it)."""
-    for t in list(_unpinning):
-        t.join(timeout)
-    return not any(t.is_alive() for t in _unpinning)
+        host, self._host = self._host, None
+        if host is not None:
+            host.close(on_thread=self.free_on_thread)
+        elif pinned:
+            (unpin_later if self.free_on_thread else unpin)(None, [])
 
 
 class DiskBackup(Backup):

@@ -25,7 +25,8 @@ exports refuse with :class:`~kvvmm.errors.AsleepError`.
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from kvvmm.arena.backup import Backup, bind_backup, check_backup, make_backup, unbind_backup
@@ -53,6 +54,8 @@ class SleepResult:
     mappings: int  #: mappings given back (a wake makes as many)
     backup_bytes: int  #: bytes copied out (0 without a backup)
     pool_bytes: int  #: idle handles of the handle pool released too (0 with ``keep_pool``)
+    #: seconds each step took (see :attr:`SleepMixin.last_phases`); {} where not measured
+    phases: dict[str, float] = field(default_factory=dict, compare=False)
 
     def __str__(self) -> str:
         kept = f", {fmt_bytes(self.backup_bytes)} kept in {self.backup}" if self.backup else ""
@@ -81,6 +84,25 @@ class SleepMixin(_ArenaState):
         when awake, or asleep without a backup)."""
         s = self._sleeping
         return None if s is None else s.backup
+
+    @property
+    def last_phases(self) -> dict[str, dict[str, float]]:
+        """Where the last :meth:`sleep` and the last :meth:`wake` spent their time, wall
+        seconds per step (a copy; ``{}`` for one not made yet).
+
+        The sleep's: ``wait_inflight_s`` (the pool's look-ahead), ``sync_s`` (the device
+        synchronize before the copy), ``open_s`` (the backup's :meth:`~Backup.open`: with a
+        ``"mmap"`` host backup the mapping only, the pinning runs on its threads), ``copy_s``
+        (queueing every range's copy, waiting for each chunk's pinning), ``flush_s`` (the
+        copy's end), ``give_back_s`` (unmaps and releases), ``total_s``; the backup's own
+        (:attr:`Backup.phases`) under ``backup.`` (for ``"mmap"``: ``fault_s`` and ``pin_s``
+        summed over its threads, ``wait_s`` the copy's wait for them, ...). The wake's:
+        ``back_s`` (creates, maps, access), ``copy_s``, ``flush_s``, ``total_s`` and the
+        backup's.
+        """
+        return {k: dict(v) for k, v in self._phases_last.items()}
+
+    _phases_last: dict[str, dict[str, float]] = {}  # noqa: RUF012 (replaced, never mutated)
 
     @_locked
     def sleep(self, backup: str | Backup | None = None, *, path: Any = None,
@@ -124,15 +146,20 @@ class SleepMixin(_ArenaState):
             raise SleepRefusedError(why)
         if store is not None:  # refused if another sleep keeps its bytes there, or it is spent
             bind_backup(store, self, f"arena {self.name!r}")
+        clock = _Clock()
         try:
             self._wait_inflight([(a, 0, a.size) for a in self._allocs])
+            clock.lap("wait_inflight_s")
             plan = [(a, list(a.maps)) for a in self._allocs if a.maps]
             nbytes = sum(m.size for _, ms in plan for m in ms)
             self._sync_device()
+            clock.lap("sync_s")
             if store is not None:
-                self._copy(plan, store, "save")
+                self._copy(plan, store, "save", clock)
             given = self._give_back(plan, "sleep")  # a failed unmap maps all back, bytes intact
+            clock.lap("give_back_s")
         except BaseException:
+            self._keep_phases("sleep", clock, store)
             if store is not None:  # unbound again: the failed sleep changed nothing
                 unbind_backup(store, self, "")
             raise
@@ -151,10 +178,12 @@ class SleepMixin(_ArenaState):
         pool = self._handle_pool
         if pool is not None and not keep_pool and pool.held_bytes:
             pool_bytes = pool.trim(pool.held_bytes)
+        clock.lap("release_s")
         return SleepResult(backup=kind, given_bytes=sum(given.values()),
                            mappings=sum(len(ms) for _, ms in plan),
                            backup_bytes=nbytes if store is not None else 0,
-                           pool_bytes=pool_bytes)
+                           pool_bytes=pool_bytes,
+                           phases=self._keep_phases("sleep", clock, store))
 
     @_locked
     def wake(self) -> int:
@@ -186,23 +215,28 @@ class SleepMixin(_ArenaState):
             self._release_leftover("wake(), or close again, to retry")
         undo = Transaction()
         made: list[tuple[_Map, int]] = []
+        clock = _Clock()
         try:
             for a, maps in s.maps:
                 for off, size, hid in maps:
                     got: list[_Map] = []
                     self._back_gap(a, off - a.offset, off - a.offset + size, undo, got)
                     made.append((got[0], hid))
+            clock.lap("back_s")
             if s.backup is not None:
-                self._copy([(a, [m for m in a.maps]) for a, _ in s.maps], s.backup, "load")
+                self._copy([(a, [m for m in a.maps]) for a, _ in s.maps], s.backup, "load",
+                           clock)
         except BaseException as e:
+            self._keep_phases("wake", clock, s.backup)
             undo.unwind(e)
             raise
         undo.commit()
         for m, hid in made:
             m.hid = hid
         self._sleeping = None
-        if s.backup is not None:
-            unbind_backup(s.backup, self, f"arena {self.name!r} woke from it")
+        self._keep_phases("wake", clock, s.backup)
+        if s.backup is not None:  # a kept backup (HostBackup(keep=True)) stays for the next
+            unbind_backup(s.backup, self, f"arena {self.name!r} woke from it", reuse=True)
         self._note("wake", nbytes=s.nbytes)
         if self._work is not None:
             self._work("arena.wake", len(made))
@@ -240,9 +274,21 @@ class SleepMixin(_ArenaState):
 
     # -- helpers ------------------------------------------------------------------------
 
-    def _copy(self, plan: list[tuple[_Alloc, list[_Map]]], store: Backup, how: str) -> None:
+    def _keep_phases(self, what: str, clock: _Clock, store: Backup | None) -> dict[str, float]:
+        """Record ``clock``'s laps (and ``store``'s phases) as the last ``what``'s."""
+        got = dict(clock.laps)
+        got["total_s"] = time.perf_counter() - clock.t0
+        if store is not None:
+            got.update({f"backup.{k}": v for k, v in store.phases.items()})
+        self._phases_last = {**self._phases_last, what: got}
+        return dict(got)
+
+    def _copy(self, plan: list[tuple[_Alloc, list[_Map]]], store: Backup, how: str,
+              clock: _Clock | None = None) -> None:
         """Copy each run of adjacent mappings out to ``store`` (``"save"``) or back from it
-        (``"load"``), at consecutive positions; any failure is a :class:`BackupError`."""
+        (``"load"``), at consecutive positions; any failure is a :class:`BackupError`.
+        ``clock`` gets the laps ``open_s`` (save only), ``copy_s`` and ``flush_s``."""
+        clock = clock or _Clock()
         views: list[torch.Tensor] = []
         try:
             for _a, ms in plan:
@@ -255,8 +301,10 @@ class SleepMixin(_ArenaState):
 
                     store.open(0, torch.empty(0, dtype=torch.uint8, device="meta"))
                 return
+            clock.lap("views_s")
             if how == "save":
                 store.open(sum(v.numel() for v in views), views[0])
+                clock.lap("open_s")
             pos = 0
             for i in range(len(views)):  # no loop variable: a traceback would keep it alive
                 if how == "save":
@@ -264,7 +312,9 @@ class SleepMixin(_ArenaState):
                 else:
                     store.load(pos, views[i])
                 pos += views[i].numel()
+            clock.lap("copy_s")
             store.flush(views[0].device)
+            clock.lap("flush_s")
         except Exception as e:  # a failed save: the sleep drops the backup as it unbinds it
             if isinstance(e, KvvmmError):
                 raise
@@ -318,3 +368,18 @@ class SleepMixin(_ArenaState):
         s, self._sleeping = self._sleeping, None
         if s is not None and s.backup is not None:
             unbind_backup(s.backup, self, f"arena {self.name!r} closed asleep")
+
+
+class _Clock:
+    """Wall-clock laps of one sleep or wake: :meth:`lap` records the time since the last."""
+
+    __slots__ = ("laps", "t", "t0")
+
+    def __init__(self) -> None:
+        self.t0 = self.t = time.perf_counter()
+        self.laps: dict[str, float] = {}
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.laps[name] = self.laps.get(name, 0.0) + now - self.t
+        self.t = now

@@ -35,16 +35,23 @@ def test_the_sleep_benchmark_runs_on_the_host_driver_and_reports_every_target(
     assert res["pool"] == {"model": "llama-3.1-70b", "tp": 8, "rank": 0, "gib": 0.03125,
                            "dtype": "bfloat16", "page_size": 16}
     kv = res["kvvmm"]
-    assert kv["buffers"] == 160 and set(kv["runs"]) == {"host", "host-mmap", "disk", "none"}
+    assert kv["buffers"] == 160 and set(kv["runs"]) == {"host", "host-mmap", "host-mmap-serial",
+                                                        "host-keep", "disk", "none"}
     for mode, runs in kv["runs"].items():
         (rep,) = runs["reps"]
         assert rep["given_bytes"] == rep["physical_bytes"] == rep["woke_bytes"] > 0
         assert rep["given_fraction"] == 1.0
         assert rep.get("bit_exact", True), mode
         assert rep["backup_bytes"] == (0 if mode == "none" else rep["physical_bytes"])
+        assert rep["phases"]["total_s"] > 0 and rep["wake_phases"]["total_s"] > 0
+        if mode.startswith("host-"):  # the mapping's own steps: faulted in on its threads
+            assert rep["phases"]["backup.fault_s"] >= 0 and "backup.wait_s" in rep["phases"]
     t = res["targets"]
     assert t["given_back"]["met"] and t["bit_exact"]
     assert t["wake_with_contents"]["h2d_copy_s"] is None  # no PCIe on host memory
+    assert t["sleep_with_contents"]["d2h_copy_s"] is None and "host-keep" in t[
+        "sleep_with_contents"]["by_memory"]
+    assert {"cpus", "thp_enabled"} <= set(res["host"])
     assert t["vs_torch_memory_saver"]["met"] is None
     assert not list(tmp_path.glob("kvvmm-sleep-*.bin")), "the disk backups are removed"
 
