@@ -1,15 +1,19 @@
 """GPU run (not a test): the first 10 minutes of Azure's conversation trace on CUDA, per strategy.
 
     python bench/workload/bench_workload_gpu.py [--trace PATH] [--out h200-workload.json]
-        [--seconds 600]
+        [--seconds 600] [--profile h100]
+    python bench/workload/bench_workload_gpu.py --repredict RUN.json --profile h100 --out X.json
 
 Each strategy (default: all, page-elastic with and without its handle pool included)
 serves the trace's first ``--seconds`` (llama-3.1-70b TP8's rank-0 KV pool on
 one H200: 160 buffers, what the planner fits) twice: on the CUDA driver with real tensors
 (every page handed out is written in the first and last buffer, so an unbacked page is an
-illegal address at once) and on the sim driver with the H200 profile. The JSON puts the
-measured (CUDA: wall time of each driver call) and predicted (sim: its cost model) driver
-time, calls, handles and backed bytes side by side. Fails with one line without a GPU.
+illegal address at once) and on the sim driver with ``--profile``'s call costs (default the
+H200's). The JSON puts the measured (CUDA: wall time of each driver call) and predicted (sim:
+its cost model) driver time, calls, handles and backed bytes side by side. Fails with one
+line without a GPU. The workload itself (the pool the planner fits, the step time model that
+is the serving clock) is the H200's whatever ``--profile`` says, as every committed run had
+it, so a prediction with another card's costs serves the same steps as the run it predicts.
 
 The trace is Azure's public LLM inference trace (CC-BY 4.0; Patel et al., "Splitwise",
 ISCA 2024): ``../shared/data/azure-llm-inference-2023/`` or ``.data/`` in the repository.
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import platform
 import statistics
@@ -31,6 +36,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from kvvmm.driver import driver_for  # noqa: E402
+from kvvmm.errors import KvvmmError  # noqa: E402
+from kvvmm.hardware import GPU_HELP, get_profile, profile_summary  # noqa: E402
 from kvvmm.workload import STRATEGIES, Workload, load_azure_csv, run_workload  # noqa: E402
 
 NAME = "AzureLLMInferenceTrace_conv.csv"
@@ -46,6 +54,8 @@ _ROUND_KEYS = ("decode_driver_ms", "p99_stall_us", "max_stall_us", "stalled_step
                "stalled_share", "stalled_p50_us", "stalled_p99_us",
                "background_driver_ms", "mean_backed_bytes", "mean_pool_bytes",
                "mean_used_bytes", "held_over_used", "driver_calls", "run_wall_s")
+#: the GPU whose pool and step time model the workload is served with (every committed run's)
+WORKLOAD_GPU = "h200"
 
 
 def find_trace(arg: str | None) -> Path | None:
@@ -56,11 +66,16 @@ def find_trace(arg: str | None) -> Path | None:
 
 def _run(wl: Workload, name: str, *, model: str, tp: int, driver: str, measured: bool,
          pause_scale: float | None = None, sync: Callable[[], object] | None = None,
-         **kw: Any) -> dict[str, Any]:
+         profile: str = WORKLOAD_GPU, **kw: Any) -> dict[str, Any]:
     """One strategy once on ``driver``: its summary, wall time, startup and held / used. A
-    ``measured`` run touches real tensors and is synchronized before its wall time ends."""
+    ``measured`` run touches real tensors and is synchronized before its wall time ends. On
+    the sim, ``profile`` gives the call costs; the pool and the serving clock stay
+    :data:`WORKLOAD_GPU`'s."""
     t0 = time.perf_counter()
-    cmp = run_workload(wl, [name], model=model, gpu="h200", tp=tp, driver=driver,
+    drv: Any = driver
+    if driver == "sim" and profile != WORKLOAD_GPU:  # its costs on the workload's pool
+        drv = functools.partial(driver_for, "sim", profile=get_profile(profile))
+    cmp = run_workload(wl, [name], model=model, gpu=WORKLOAD_GPU, tp=tp, driver=drv,
                        touch=measured, pause_scale=pause_scale, **kw)
     if sync is not None and measured:
         sync()
@@ -79,13 +94,14 @@ def replay_scale(measured: dict[str, Any]) -> float:
 
 
 def predictions(wl: Workload, name: str, scale: float, *, model: str, tp: int,
-                predicted: str = "sim", **kw: Any) -> dict[str, Any]:
+                predicted: str = "sim", profile: str = WORKLOAD_GPU,
+                **kw: Any) -> dict[str, Any]:
     """The three predictions of a replay: at its own pause ``scale``, without pauses, and in
     real time (what an engine serving the requests as they came would pay: calls hundreds of
-    ms apart, fully cold)."""
+    ms apart, fully cold); on the sim with ``profile``'s call costs."""
     def once(s: float | None) -> dict[str, Any]:
         return _run(wl, name, model=model, tp=tp, driver=predicted, measured=False,
-                    pause_scale=s, **kw)
+                    pause_scale=s, profile=profile, **kw)
 
     return {f"predicted_{predicted}": once(scale), "predicted_pause_scale": round(scale, 6),
             f"predicted_{predicted}_without_pauses": once(None),
@@ -95,7 +111,7 @@ def predictions(wl: Workload, name: str, scale: float, *, model: str, tp: int,
 def side_by_side(wl: Workload, names: Sequence[str], *, model: str, tp: int,
                  measured: str = "cuda", predicted: str = "sim",
                  sync: Callable[[], object] | None = None, rounds: int = 1,
-                 **kw: Any) -> list[dict[str, Any]]:
+                 profile: str = WORKLOAD_GPU, **kw: Any) -> list[dict[str, Any]]:
     """Each strategy run on the ``measured`` driver (real tensors, touched) ``rounds`` times
     and on the ``predicted`` one (the sim is deterministic) as :func:`predictions` says: one
     row per strategy, the median round and the predictions side by side.
@@ -113,7 +129,7 @@ def side_by_side(wl: Workload, names: Sequence[str], *, model: str, tp: int,
         mid = rounds_m[len(rounds_m) // 2]
         row: dict[str, Any] = {"strategy": name, f"measured_{measured}": mid,
                                **predictions(wl, name, replay_scale(mid), model=model, tp=tp,
-                                             predicted=predicted, **kw)}
+                                             predicted=predicted, profile=profile, **kw)}
         if rounds > 1:
             row[f"measured_{measured}_rounds"] = [{k: r[k] for k in _ROUND_KEYS}
                                                   for r in rounds_m]
@@ -139,14 +155,18 @@ def ratios(predicted: dict[str, Any], measured: dict[str, Any]) -> dict[str, flo
             for k in RATIO_KEYS}
 
 
-def repredict(doc: dict[str, Any], wl: Workload, model: str, tp: int) -> dict[str, Any]:
+def repredict(doc: dict[str, Any], wl: Workload, model: str, tp: int,
+              profile: str = WORKLOAD_GPU) -> dict[str, Any]:
     """A committed run's CUDA figures beside the sim as it predicts them now (no GPU): each
-    strategy's :func:`predictions` and predicted over measured, the measured median of the
-    rounds where there are several."""
+    strategy's :func:`predictions` with ``profile``'s call costs and predicted over measured,
+    the measured median of the rounds where there are several."""
     out = {k: v for k, v in doc.items() if k != "runs"}
     out["repredicted"] = {
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "note": "measured_* as the card ran them; predicted_* made again on this tree's sim"}
+        "note": "measured_* as the card ran them; predicted_* made again on this tree's sim "
+                f"with the call costs of profile {profile} (the workload's pool and serving "
+                f"clock: {WORKLOAD_GPU}'s, as the run had them)",
+        "profile": profile_summary(profile), "workload_gpu": WORKLOAD_GPU}
     out["runs"] = []
     for run in doc["runs"]:
         name = run["strategy"]
@@ -154,7 +174,8 @@ def repredict(doc: dict[str, Any], wl: Workload, model: str, tp: int) -> dict[st
                   and not k.endswith(("_rounds", "_median")))  # measured_cuda on the card
         med = run.get(f"{mk}_median", run[mk])
         row = {k: v for k, v in run.items() if k.startswith("measured") or k == "strategy"}
-        row |= predictions(wl, name, replay_scale(run[mk]), model=model, tp=tp)
+        row |= predictions(wl, name, replay_scale(run[mk]), model=model, tp=tp,
+                           profile=profile)
         for key in ("", "_without_pauses", "_real_time"):
             row["ratio" + key] = ratios(row["predicted_sim" + key], med)
         out["runs"].append(row)
@@ -181,14 +202,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                          "that it runs, written to --out")
     ap.add_argument("--rounds", type=int, default=1,
                     help="CUDA runs per strategy (the median round is reported)")
+    ap.add_argument("--profile", default=WORKLOAD_GPU,
+                    help="the predictions' call costs: " + GPU_HELP + "; the workload's pool "
+                         f"and serving clock stay {WORKLOAD_GPU}'s")
     return ap.parse_args(argv)
 
 
 def smoke(out: str) -> int:
     """The side by side on the host driver, small (a generated 3 s workload, qwen2.5-7b on
     one GPU, a 4,096-token pool): page-elastic+pool once, request-ranges+deferred over 3
-    rounds, and the second made again with ``--repredict``'s arithmetic; written to ``out``
-    with the strategies a run takes by default (a check that it runs: no GPU)."""
+    rounds, and the second made again with ``--repredict``'s arithmetic, with the H200's call
+    costs and with the H100's (``--profile h100``); written to ``out`` with the strategies a
+    run takes by default (a check that it runs: no GPU)."""
     from kvvmm.workload import generate
 
     wl = generate(seed=3, duration_s=3.0, rate_scale=2.0)
@@ -198,8 +223,11 @@ def smoke(out: str) -> int:
     (row,) = side_by_side(wl, ["request-ranges+deferred"], rounds=3, **kw)
     doc = {"model": "qwen2.5-7b", "tp": 1, "trace": {"seconds": 3.0}, "runs": [row]}
     (again,) = repredict(doc, wl, "qwen2.5-7b", 1)["runs"]
+    h100 = repredict(doc, wl, "qwen2.5-7b", 1, profile="h100")
     Path(out).write_text(json.dumps({"default_strategies": list(DEFAULT_STRATEGIES),
-                                     "runs": [*rows, row], "repredicted": again},
+                                     "runs": [*rows, row], "repredicted": again,
+                                     "repredicted_h100": {"profile": h100["repredicted"][
+                                         "profile"], **h100["runs"][0]}},
                                     indent=1) + "\n", encoding="utf-8")
     return 0
 
@@ -208,6 +236,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.smoke:
         return smoke(args.out)
+    try:
+        get_profile(args.profile)
+    except (KvvmmError, OSError) as e:
+        print(f"bench_workload_gpu: --profile: {e}", file=sys.stderr)
+        return 2
     if args.repredict is not None:
         doc = json.loads(Path(args.repredict).read_text(encoding="utf-8"))
         trace = find_trace(args.trace)
@@ -216,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr)
             return 2
         wl = load_azure_csv(trace).first(doc["trace"]["seconds"])
-        out = repredict(doc, wl, doc["model"], doc["tp"])
+        out = repredict(doc, wl, doc["model"], doc["tp"], profile=args.profile)
         Path(args.out).write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
         print(f"wrote {args.out}")
         return 0
@@ -249,8 +282,10 @@ def main(argv: list[str] | None = None) -> int:
                   "source": "Azure Public Dataset (CC-BY 4.0; Patel et al., Splitwise, "
                             "ISCA 2024)"},
         "model": args.model, "tp": args.tp, "rank": 0, "rounds": args.rounds,
+        "predicted_profile": profile_summary(args.profile), "workload_gpu": WORKLOAD_GPU,
         "note": "measured: CUDA driver, wall time of each driver call, real tensors; "
-                "predicted: sim driver, H200 profile cost model; the serving clock of "
+                f"predicted: sim driver, profile {args.profile}'s cost model (the pool and "
+                f"the step model: {WORKLOAD_GPU}'s); the serving clock of "
                 "both is the step time model, so the same steps run; page-elastic+pool "
                 "retains decommitted handles (peak_pool_bytes, mean_pool_bytes)",
         "runs": []}
@@ -258,7 +293,8 @@ def main(argv: list[str] | None = None) -> int:
     # short by a time limit keeps what it measured
     for name in args.strategy or DEFAULT_STRATEGIES:
         out["runs"] += side_by_side(wl, [name], model=args.model, tp=args.tp,
-                                    sync=torch.cuda.synchronize, rounds=args.rounds)
+                                    sync=torch.cuda.synchronize, rounds=args.rounds,
+                                    profile=args.profile)
         out["total_wall_s"] = round(time.perf_counter() - t_all, 3)
         out["complete"] = len(out["runs"]) == len(args.strategy or DEFAULT_STRATEGIES)
         Path(args.out).write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")

@@ -56,8 +56,8 @@ def show(text: object) -> str:
 def profile_line(used: Mapping[str, object]) -> str:
     """The line a command prints first: which profile ran and whose figures it predicts
     with, from :func:`kvvmm.hardware.profile_summary`:
-    ``"profile: h100 (NVIDIA H100 80GB HBM3; shipped); costs: h200, measured on an H200;
-    capacity: h100"``."""
+    ``"profile: b200 (NVIDIA B200; shipped); costs: h200, measured on an H200;
+    capacity: b200"``."""
     date = str(used["date"])
     when = "" if date == "not stated" else f", {date}"
     return (f"profile: {used['key']} ({used['card']}{when}; {show(used['path'])}); "

@@ -316,7 +316,7 @@ COSTS_FROM = "h200"
 class Provenance:
     """Whose figures a profile predicts with: its call costs' and its capacity's.
 
-    A profile without measured call costs (``h100``, ``b200``, ``gb300`` as shipped)
+    A profile without measured call costs (``b200``, ``gb300`` as shipped)
     borrows the H200's: the simulator charges the H200's calls on it, and every output
     that predicts from it says so (:meth:`label`).
     """
@@ -335,7 +335,7 @@ class Provenance:
         return self.costs != self.profile
 
     def label(self) -> str:
-        """``"costs: h200, measured on an H200; capacity: h100"``: the one string every
+        """``"costs: h200, measured on an H200; capacity: b200"``: the one string every
         prediction, table, chart and JSON names its figures' card with."""
         return f"costs: {self.costs}, {_measured(self.measured_on)}; capacity: {self.capacity}"
 
@@ -405,7 +405,7 @@ def provenance(profile: str | os.PathLike[str] | DeviceProfile) -> Provenance:
 
 def provenance_label(profile: str | os.PathLike[str] | DeviceProfile) -> str:
     """:meth:`Provenance.label` of ``profile``: ``"costs: h200, measured on an H200;
-    capacity: h100"``."""
+    capacity: b200"``."""
     return provenance(profile).label()
 
 

@@ -30,7 +30,7 @@ false and ``calibration.errors`` says what failed); ``SimDriver(profile=PATH)`` 
 refreshes an existing profile instead (:mod:`kvvmm.measure.refresh`: the drift-prone
 figures measured in well under a minute with these same sections, the rest rescaled, the
 old figures kept as history for the bands; a profile of capacity only, such as the shipped
-h100, refreshes the H200's costs under its own capacity). Without a usable GPU it says so
+b200, refreshes the H200's costs under its own capacity). Without a usable GPU it says so
 in one line and exits 2.
 
 ``kvvmm calibrate rebuild [--check]`` needs no GPU: it remakes the shipped H200 profile's

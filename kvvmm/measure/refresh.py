@@ -17,7 +17,7 @@ profiles' per-call residuals). The old figures join ``spread.history``, and the 
 from that history and this run's rounds, so the bands of the refreshed profile still carry
 where the card was before. A new card still needs the full calibrate (the curves' shapes).
 
-A profile of capacity only (h100, b200, gb300: no call costs of its own) is refreshed from
+A profile of capacity only (b200, gb300: no call costs of its own) is refreshed from
 the costs the simulator charges it, :data:`COSTS_FROM`'s (:func:`with_costs`): its own
 capacity and granularity, that profile's figures rescaled by what this card measured, and
 the result says so (``refreshed.sources``).
@@ -85,7 +85,7 @@ def with_costs(old: Mapping[str, Any]) -> tuple[dict[str, Any], str]:
     """``old`` with call costs to refresh, and whose costs they are.
 
     A profile with call costs: itself, and its key. One without (capacity only: the shipped
-    h100, b200, gb300): :data:`COSTS_FROM`'s figures (its date, the date the figures were
+    b200, gb300): :data:`COSTS_FROM`'s figures (its date, the date the figures were
     measured) under ``old``'s own name, capacity, granularity and source.
     """
     if any(g.startswith("call_costs.") for g in figures_of(old)):

@@ -29,8 +29,8 @@ def _arena_of(snapshot: object) -> ArenaSnapshot:
 
 def profile_words(profile: str | DeviceProfile) -> str:
     """How a simulated figure names what it predicts from: the profile, and whose costs
-    and capacity (``"h100 (NVIDIA H100 80GB HBM3); costs: h200, measured on an H200;
-    capacity: h100"``: :func:`kvvmm.hardware.provenance_label`)."""
+    and capacity (``"b200 (NVIDIA B200); costs: h200, measured on an H200;
+    capacity: b200"``: :func:`kvvmm.hardware.provenance_label`)."""
     return f"{profile_label(profile)}; {provenance_label(profile)}"
 
 

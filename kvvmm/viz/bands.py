@@ -127,9 +127,9 @@ def profile_age_line(profile: str | DeviceProfile, today: datetime.date | None =
     """How old the call costs a profile predicts with are, whose they are, and the
     one-minute refresh for a GPU user.
 
-    ``"profile h100: costs measured 2026-12-01, 2 days ago (costs: h200, measured on an
-    H200; capacity: h100); on a GPU, refresh it in about a minute: kvvmm calibrate --quick
-    --profile h100 --out h100-refreshed.json"`` (a profile with costs of its own:
+    ``"profile b200: costs measured 2026-12-01, 2 days ago (costs: h200, measured on an
+    H200; capacity: b200); on a GPU, refresh it in about a minute: kvvmm calibrate --quick
+    --profile b200 --out b200-refreshed.json"`` (a profile with costs of its own:
     ``"profile h200: measured 2026-12-01, ..."``).
     """
     p = get_profile(profile)

@@ -49,7 +49,7 @@ def _calls_clause(pause_scale: float | None, driver: str) -> str:
 def costs_line(cmp: WorkloadComparison | None,
                profile: str | DeviceProfile | None = None) -> str:
     """Whose figures a replay's times are, for its report and figures: ``"simulated with
-    costs: h200, measured on an H200; capacity: h100"``
+    costs: h200, measured on an H200; capacity: b200"``
     (:func:`kvvmm.hardware.provenance_label`); on a real driver, the times are that card's.
 
     Args:

@@ -133,11 +133,11 @@ def _borrowed(new: dict[str, Any], own: dict[str, Any]) -> None:
         assert new[k] == own[k], k
     assert ref["from_date"] == _old()["date"]
     assert new["spread"]["history"][-1]["source"].endswith("(h200)")
-    prof = profile_from_data(new, where="refreshed h100")
+    prof = profile_from_data(new, where=f"refreshed {own['key']}")
     assert prof.capacity_bytes == own["capacity_bytes"]
 
 
-@pytest.mark.parametrize("key", ["h100", "b200"])
+@pytest.mark.parametrize("key", ["b200", "gb300"])
 def test_a_profile_of_capacity_only_is_refreshed_from_the_h200s_costs_on_the_sim(
         key: str) -> None:
     # the sim charges a capacity-only profile the H200's costs: refreshed against itself,
@@ -156,12 +156,34 @@ def test_a_profile_of_capacity_only_is_refreshed_from_the_h200s_costs_on_the_sim
     assert d.mem_info()[0] == d.mem_info()[1]
 
 
+def test_the_shipped_h100_refreshes_its_own_costs_on_the_sim() -> None:
+    # the h100 carries costs measured on an H100 and no spread: a refresh rescales its own
+    # figures (not the H200's), under its own capacity, and starts the bands' history
+    own = copy.deepcopy(dict(profile_data(get_profile("h100"))))
+    assert "call_costs" in own and "spread" not in own
+    scaling = SCALINGS[2]
+    truth = _truth(own, scaling)
+    d = SimDriver(profile_from_data(truth, where="scaled h100"))
+    new = quick_refresh(d, own, **_on_sim(d), reference="points", reps=6, in_context=False,
+                        date="2026-12-08T12:00:00+00:00")
+    ref = new["refreshed"]
+    assert ref["costs_from"] == "h100" and ref["from_date"] == own["date"]
+    for k in ("key", "name", "capacity_bytes", "granularity_bytes"):
+        assert new[k] == own[k], k
+    for group, f in scaling.items():
+        assert ref["factors"][group] == pytest.approx(f, rel=0.02), group
+    hist = new["spread"]["history"]
+    assert len(hist) == 1 and hist[0]["figures"] == figures_of(own)
+    assert profile_from_data(new, where="refreshed h100").capacity_bytes == own["capacity_bytes"]
+    assert d.mem_info()[0] == d.mem_info()[1]
+
+
 def test_a_profile_of_capacity_only_is_refreshed_on_the_host_driver() -> None:
     import time
 
     from kvvmm.driver.host import HostDriver
 
-    own = _capacity_only("h100")
+    own = _capacity_only("b200")
     d = HostDriver()
     try:
         new = quick_refresh(d, own, clock=lambda: time.perf_counter() * 1e6, settle_s=0.0,
@@ -176,7 +198,8 @@ def test_a_profile_of_capacity_only_is_refreshed_on_the_host_driver() -> None:
 
 def test_calibrate_quick_profile_without_a_gpu_says_so_in_one_line(
         capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    for key in ("h200", "h100"):  # h100: no call costs of its own, not refused for that
+    # h100: costs of its own but no spread; b200: no call costs of its own; neither refused
+    for key in ("h200", "h100", "b200"):
         assert calibrate.main(["--quick", "--profile", key, "--out",
                                str(tmp_path / "x.json")]) == 2
         err = capsys.readouterr().err.strip()

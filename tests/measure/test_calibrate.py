@@ -129,9 +129,9 @@ def test_the_sim_charges_a_loaded_profiles_call_costs_not_the_h200s(tmp_path: Pa
 
 
 def test_a_profile_without_call_costs_borrows_the_h200s_and_says_so() -> None:
-    h100 = sim_costs(get_profile("h100"))
-    assert h100.calls("map", 2 * MiB) == default_cost_model()("map", 2 * MiB)
-    assert any("H200" in n for n in h100.notes)
+    b200 = sim_costs(get_profile("b200"))
+    assert b200.calls("map", 2 * MiB) == default_cost_model()("map", 2 * MiB)
+    assert any("H200" in n for n in b200.notes)
     partial = profile_from_data(build_profile({"reserve_free": _meas()["reserve_free"]}, META,
                                               FULL))
     costs = sim_costs(partial)

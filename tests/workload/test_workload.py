@@ -518,6 +518,13 @@ def test_the_gpu_bench_compares_page_elastic_with_its_pool_measured_next_to_pred
         <= cost["predicted_sim_real_time"]
     # the committed run made again on the sim, no GPU: the same predictions, with the ratios
     again = got["repredicted"]
+    # ... and with the H100's own call costs (--profile h100): the same workload served (the
+    # pool and the steps are the H200's, as the run had them), other costs, named
+    h100 = got["repredicted_h100"]
+    assert h100["profile"]["label"] == "costs: h100, measured on an H100; capacity: h100"
+    assert h100["predicted_sim_without_pauses"]["completed"] == \
+        again["predicted_sim_without_pauses"]["completed"]
+    assert h100["predicted_sim"]["startup_driver_ms"] != again["predicted_sim"]["startup_driver_ms"]
     assert again["measured_host"] == row["measured_host"]
     assert again["predicted_pause_scale"] == row["predicted_pause_scale"]
     med = row["measured_host_median"]
