@@ -10,7 +10,11 @@ ratio (kvvmm over vLLM; the target is within 1.1x) to ``--out``.
 
 Without a GPU (``--driver host``, or ``auto`` on a machine without one) (a) is skipped and
 (b) runs over kvvmm's host driver: the figures then say nothing of CUDA, but the script's
-every step runs.
+every step runs. Two modes isolate the adapter's own Python on any machine: against
+``direct``, vLLM's calls passed straight to a kvvmm driver (no records, no checks of the
+adapter's own), ``--driver host-pair`` puts one host driver under each and ``--driver null``
+one :class:`NullDriver` (every call returns at once): the ``overhead_us`` per call is then
+the adapter's own cost.
 
     PYTHONPATH=$PWD KVVMM_VLLM_DIR=../shared/reference/vllm-0.34.0 \\
         python bench/vllm_overhead/bench_vllm_overhead.py \\
@@ -24,6 +28,7 @@ import datetime
 import gc
 import importlib.metadata
 import importlib.util
+import itertools
 import json
 import platform
 import sys
@@ -35,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import kvvmm
+from kvvmm.driver.base import Driver, DriverStats, MemoryKind
 from kvvmm.integrations.vllm import KvvmmVmmDriver
 from kvvmm.measure.stats import percentile
 
@@ -54,6 +60,87 @@ def load_vllm_files() -> types.ModuleType:
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+class NullDriver(Driver):
+    """A kvvmm driver whose every call returns at once (a new VA per reserve, a new handle
+    per create, nothing checked or kept): under the adapter, what is left is the adapter's
+    own cost. A measuring instrument, not a driver to use."""
+
+    kind, device, name, memory = "host", 0, "null", MemoryKind.HOST
+
+    def __init__(self, granularity: int = 2 * MiB) -> None:
+        self._gran = granularity
+        self._vas = itertools.count(1 << 40, 1 << 34)
+        self._ids = itertools.count(1)
+
+    def granularity(self) -> int:
+        return self._gran
+
+    def reserve(self, size: int, align: int = 0) -> int:
+        return next(self._vas)
+
+    def free(self, va: int, size: int) -> None:
+        return None
+
+    def create(self, size: int) -> int:
+        return next(self._ids)
+
+    def release(self, handle: int) -> None:
+        return None
+
+    def map(self, va: int, size: int, handle: int) -> None:
+        return None
+
+    def unmap(self, va: int, size: int) -> None:
+        return None
+
+    def set_access(self, va: int, size: int, devices: Sequence[int] | None = None) -> None:
+        return None
+
+    def mem_info(self) -> tuple[int, int]:
+        return (0, 0)
+
+    def stats(self) -> DriverStats:
+        return DriverStats(0, 0, 0, 0, 0, 0)
+
+    def export_handle(self, handle: int) -> int:
+        raise NotImplementedError("the null driver exports nothing")
+
+    def import_handle(self, fd: int, size: int) -> int:
+        raise NotImplementedError("the null driver imports nothing")
+
+
+class DirectVmm:
+    """vLLM's ``VmmDriver`` calls passed straight to a kvvmm driver: the floor the adapter
+    is measured against (none of its records, ids, locks or checks)."""
+
+    def __init__(self, driver: Driver) -> None:
+        self.driver = driver
+
+    def granularity(self, device_index: int) -> int:
+        return self.driver.granularity()
+
+    def reserve(self, size: int) -> int:
+        return self.driver.reserve(size, 0)
+
+    def free_reserved(self, ptr: int, size: int) -> None:
+        self.driver.free(ptr, size)
+
+    def create(self, size: int, device_index: int, export_handle_types: int = 0) -> int:
+        return self.driver.create(size)
+
+    def map(self, ptr: int, size: int, handle: int) -> None:
+        self.driver.map(ptr, size, handle)
+
+    def set_access(self, ptr: int, size: int, device_index: int) -> None:
+        self.driver.set_access(ptr, size)
+
+    def unmap(self, ptr: int, size: int) -> None:
+        self.driver.unmap(ptr, size)
+
+    def release(self, handle: int) -> None:
+        self.driver.release(handle)
 
 
 def cycle(drv: Any, size: int, device: int, out: dict[str, list[int]]) -> None:
@@ -111,13 +198,17 @@ def drivers(kind: str, device: int) -> Iterator[tuple[dict[str, Any], str, dict[
             ours.ensure_context(device)
             yield {"vllm": theirs, "kvvmm": ours}, _card(device), skipped
             return
-        if kind == "host-pair":  # the side-by-side half without a GPU: two host adapters
-            pair = {}
-            for name in ("vllm", "kvvmm"):
+        if kind == "host-pair":  # one host driver under each: bare, and under the adapter
+            pair: dict[str, Any] = {}
+            for name in ("direct", "kvvmm"):
                 inner = kvvmm.open_driver("host", capacity_bytes=512 << 20)
                 stack.callback(inner.close)
-                pair[name] = KvvmmVmmDriver(inner)
+                pair[name] = DirectVmm(inner) if name == "direct" else KvvmmVmmDriver(inner)
             yield pair, "host-pair", skipped
+            return
+        if kind == "null":  # the adapter's own cost: nothing under it takes any time
+            yield ({"direct": DirectVmm(NullDriver()), "kvvmm": KvvmmVmmDriver(NullDriver())},
+                   "null", skipped)
             return
         inner = kvvmm.open_driver("host")
         stack.callback(inner.close)
@@ -159,8 +250,9 @@ def run(kind: str, sizes_mib: Sequence[int], rounds: int, warmup: int, device: i
         progress: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
     """Time every call of every driver, alternating; the result as JSON-ready data.
 
-    ``kind`` ``host-pair`` times two host adapters as the pair (the comparison's control flow
-    without a GPU; its tests run it so)."""
+    ``kind`` ``host-pair`` and ``null`` time the adapter against ``direct`` (vLLM's calls
+    straight to the same kind of driver): the comparison's control flow without a GPU, and
+    the adapter's own cost as ``overhead_us``."""
     with drivers(kind, device) as (drvs, card, skipped):
         names = list(drvs)
         gran = next(iter(drvs.values())).granularity(device)
@@ -184,14 +276,18 @@ def run(kind: str, sizes_mib: Sequence[int], rounds: int, warmup: int, device: i
                 gc.enable()
             stats = {n: summarize(ns[n]) for n in names}
             row: dict[str, Any] = {"size_bytes": size, "order": first_rounds, **stats}
-            if "vllm" in stats:
-                row["ratio_median"] = {c: ratio(stats["kvvmm"][c]["median_us"],
-                                                stats["vllm"][c]["median_us"]) for c in CALLS}
-                row["ratio_p99"] = {c: ratio(stats["kvvmm"][c]["p99_us"],
-                                             stats["vllm"][c]["p99_us"]) for c in CALLS}
-                row["ratio_cycle_median"] = ratio(
-                    sum(stats["kvvmm"][c]["median_us"] for c in CALLS),
-                    sum(stats["vllm"][c]["median_us"] for c in CALLS))
+            base = names[0] if len(names) > 1 else None  # vllm, or direct
+            if base is not None:
+                ours, theirs = stats["kvvmm"], stats[base]
+                row["ratio_median"] = {c: ratio(ours[c]["median_us"], theirs[c]["median_us"])
+                                       for c in CALLS}
+                row["ratio_p99"] = {c: ratio(ours[c]["p99_us"], theirs[c]["p99_us"])
+                                    for c in CALLS}
+                row["ratio_cycle_median"] = ratio(sum(ours[c]["median_us"] for c in CALLS),
+                                                  sum(theirs[c]["median_us"] for c in CALLS))
+                row["overhead_us"] = {c: round(ours[c]["median_us"] - theirs[c]["median_us"], 3)
+                                      for c in CALLS}
+                row["overhead_cycle_us"] = round(sum(row["overhead_us"].values()), 3)
             per_size[f"{mib}MiB"] = row
             progress(f"{mib} MiB done")
     cycles = [row["ratio_cycle_median"] for row in per_size.values()
@@ -206,22 +302,25 @@ def run(kind: str, sizes_mib: Sequence[int], rounds: int, warmup: int, device: i
 
 
 def report(result: dict[str, Any]) -> str:
-    """The result as a plain table (microseconds; ratio kvvmm / vLLM)."""
+    """The result as a plain table (microseconds; ratio kvvmm / vLLM, or / direct)."""
     lines = [f"{result['card']}  ({result['rounds']} rounds)"]
+    base = result["drivers"][0] if len(result["drivers"]) > 1 else "vllm"
     for label, row in result["sizes"].items():
         lines.append(f"-- {label}")
-        lines.append(f"{'call':14} {'vllm p50':>9} {'p99':>9} {'kvvmm p50':>10} {'p99':>9} "
-                     f"{'x p50':>7} {'x p99':>7}")
+        lines.append(f"{'call':14} {base + ' p50':>11} {'p99':>9} {'kvvmm p50':>10} {'p99':>9} "
+                     f"{'x p50':>7} {'x p99':>7} {'+us p50':>8}")
         for c in result["calls"]:
-            v = row.get("vllm", {}).get(c, {})
+            v = row.get(base, {}).get(c, {})
             k = row["kvvmm"][c]
             x50 = row.get("ratio_median", {}).get(c)
             x99 = row.get("ratio_p99", {}).get(c)
-            lines.append(f"{c:14} {v.get('median_us', '-'):>9} {v.get('p99_us', '-'):>9} "
+            plus = row.get("overhead_us", {}).get(c, "-")
+            lines.append(f"{c:14} {v.get('median_us', '-'):>11} {v.get('p99_us', '-'):>9} "
                          f"{k['median_us']:>10} {k['p99_us']:>9} {x50 or '-':>7} "
-                         f"{x99 or '-':>7}")
+                         f"{x99 or '-':>7} {plus:>8}")
         if row.get("ratio_cycle_median") is not None:
-            lines.append(f"cycle (sum of medians): kvvmm / vLLM = {row['ratio_cycle_median']}")
+            lines.append(f"cycle (sum of medians): kvvmm / {base} = {row['ratio_cycle_median']}, "
+                         f"+{row['overhead_cycle_us']} us")
     for name, why in result["skipped"].items():
         lines.append(f"skipped {name}: {why}")
     return "\n".join(lines)
@@ -230,9 +329,10 @@ def report(result: dict[str, Any]) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True, help="the JSON file to write")
-    p.add_argument("--driver", choices=("auto", "cuda", "host", "host-pair"), default="auto",
-                   help="host-pair: two host adapters side by side (the comparison's control "
-                        "flow, no figure)")
+    p.add_argument("--driver", choices=("auto", "cuda", "host", "host-pair", "null"),
+                   default="auto",
+                   help="host-pair / null: the adapter against vLLM's calls passed straight to "
+                        "a host driver / a driver whose calls return at once (its own cost)")
     p.add_argument("--sizes", type=int, nargs="+", default=[2, 8, 32, 128],
                    help="sizes in MiB (rounded up to the granularity)")
     p.add_argument("--rounds", type=int, default=2000)

@@ -13,16 +13,15 @@ sleep with contents, RDMA readiness, snapshots): docs/VLLM.md.
 
 from __future__ import annotations
 
-import bisect
 import ctypes
 import importlib
 import itertools
 import sys
 import threading
 import types
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from bisect import bisect_left, bisect_right, insort
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from kvvmm.arena import Transaction, device_tensor
@@ -108,35 +107,35 @@ def as_vllm_error(err: KvvmmError) -> VllmDriverError:
     return new  # type: ignore[no-any-return]
 
 
-@contextmanager
-def _vllm_errors() -> Iterator[None]:
-    try:
-        yield
-    except KvvmmError as e:
-        raise as_vllm_error(e) from e
-
-
-@dataclass(slots=True, eq=False)
 class _Handle:
-    """One handle this object gave vLLM: the driver's handle behind it now."""
+    """One handle this object gave vLLM: the driver's handle behind it now.
 
-    inner: int
-    released: bool = False  # vLLM released it (its memory stays while mapped)
-    vas: set[int] = field(default_factory=set)  # where it is mapped
-    whole: int = 0  # consolidated: the id of kvvmm's own handle that now holds its bytes
-    own: bool = False  # kvvmm's own (a consolidated segment's): vLLM never saw its id
+    Plain slots with a hand-written constructor (not a dataclass's default factories): one
+    is made on every ``create``, the hot path's one allocation of a record."""
+
+    __slots__ = ("inner", "own", "released", "vas", "whole")
+
+    def __init__(self, inner: int, vas: set[int] | None = None, own: bool = False) -> None:
+        self.inner = inner
+        self.released = False  # vLLM released it (its memory stays while mapped)
+        self.vas: set[int] = set() if vas is None else vas  # where it is mapped
+        self.whole = 0  # consolidated: the id of kvvmm's own handle that now holds its bytes
+        self.own = own  # kvvmm's own (a consolidated segment's): vLLM never saw its id
 
 
-@dataclass(slots=True, eq=False)
 class _Reservation:
-    """One reservation: what is mapped in it (by VA), its peers, its sleep."""
+    """One reservation: what is mapped in it (by VA), its peers, its sleep (made on every
+    ``reserve``: plain slots, as :class:`_Handle`)."""
 
-    size: int
-    maps: dict[int, tuple[int, int]] = field(default_factory=dict)  # va -> (size, handle id)
-    peers: set[int] = field(default_factory=set)  # other devices given access
-    asleep: _Asleep | None = None
-    # vLLM's chunks inside a consolidated mapping: va -> (size, vLLM's id, the mapping's va)
-    pieces: dict[int, tuple[int, int, int]] = field(default_factory=dict)
+    __slots__ = ("asleep", "maps", "peers", "pieces", "size")
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.maps: dict[int, tuple[int, int]] = {}  # va -> (size, handle id)
+        self.peers: set[int] = set()  # other devices given access
+        self.asleep: _Asleep | None = None
+        # vLLM's chunks inside a consolidated mapping: va -> (size, vLLM's id, the mapping's va)
+        self.pieces: dict[int, tuple[int, int, int]] = {}
 
 
 @dataclass(slots=True, eq=False)
@@ -170,6 +169,14 @@ class SegmentBacking:
 class KvvmmVmmDriver:
     """vLLM's ``VmmDriver`` over a kvvmm driver (see docs/VLLM.md).
 
+    Every call vLLM makes takes the adapter's lock once, around the driver's call and the
+    records sleep, wake and consolidate read, so threads never see them disagree. The
+    driver's calls are its bound methods, looked up here once (a driver's calls are fixed
+    when it is made; ``CudaDriver``'s hot ones are slots chosen then), and what the driver
+    checks itself (sizes, alignment, its handles and reservations) is not checked again:
+    the adapter checks only what it adds (its ids, the device, a sleep). The cost this buys
+    is in "The per-call overhead benchmark" of docs/VLLM.md.
+
     Args:
         driver: any kvvmm driver, wrappers included; the caller keeps and closes it.
     Raises:
@@ -178,7 +185,8 @@ class KvvmmVmmDriver:
 
     def __init__(self, driver: Driver) -> None:
         check_driver(driver)
-        self.driver = driver
+        self._driver = driver
+        self._device_index = driver.device
         #: kDLCUDA, kDLCPU (host: real bytes) or 0 (sim: no memory; torch refuses it)
         self.dlpack_device_type: int = _DLPACK[driver.memory]
         self._lock = threading.RLock()
@@ -187,6 +195,15 @@ class KvvmmVmmDriver:
         self._handles: dict[int, _Handle] = {}
         self._ids = itertools.count(1)
         self._leftover: list[int] = []  # driver handles a consolidation failed to release
+        # The driver's calls vLLM's calls make, bound once (vLLM's calls make no other).
+        self._reserve, self._free, self._create = driver.reserve, driver.free, driver.create
+        self._map, self._unmap, self._release = driver.map, driver.unmap, driver.release
+        self._set_access = driver.set_access
+
+    @property
+    def driver(self) -> Driver:
+        """The kvvmm driver underneath (read-only: its calls are bound at construction)."""
+        return self._driver
 
     # -- vLLM's VmmDriver ------------------------------------------------------------------
 
@@ -203,98 +220,140 @@ class KvvmmVmmDriver:
 
     def ensure_context(self, device_index: int) -> None:
         """Check ``device_index`` is the driver's (kvvmm's CUDA driver binds its context)."""
-        with _vllm_errors():
+        try:
             self._device("ensure_context", device_index)
+        except KvvmmError as e:
+            raise as_vllm_error(e) from e
 
     def granularity(self, device_index: int) -> int:
         """The driver's granularity: every size and address vLLM passes is a multiple."""
-        with _vllm_errors():
+        try:
             self._device("granularity", device_index)
             return self.driver.granularity()
+        except KvvmmError as e:
+            raise as_vllm_error(e) from e
+
+    # The hot calls: each holds the lock once (acquire/release, cheaper than ``with``), and
+    # one try around the body makes a kvvmm error vLLM's (free in Python 3.11+ until raised).
 
     def reserve(self, size: int) -> int:
         """Reserve ``size`` bytes of VA; return its base pointer."""
-        with self._lock, _vllm_errors():
-            va = self.driver.reserve(size, 0)
+        self._lock.acquire()
+        try:
+            va = self._reserve(size, 0)
             self._res[va] = _Reservation(size)
-            bisect.insort(self._bases, va)
+            insort(self._bases, va)
             return va
+        except KvvmmError as e:
+            raise as_vllm_error(e) from e
+        finally:
+            self._lock.release()
 
     def free_reserved(self, ptr: int, size: int) -> None:
         """Give back the reservation at ``ptr`` (nothing mapped in it)."""
-        with self._lock, _vllm_errors():
+        self._lock.acquire()
+        try:
             r = self._awake("free_reserved", ptr)
-            self._release_leftovers()
-            self.driver.free(ptr, size)
+            if self._leftover:
+                self._release_leftovers()
+            self._free(ptr, size)
             if r is not None and self._res.pop(ptr, None) is not None:
-                self._bases.remove(ptr)
+                del self._bases[bisect_left(self._bases, ptr)]
+        except KvvmmError as e:
+            raise as_vllm_error(e) from e
+        finally:
+            self._lock.release()
 
     def create(self, size: int, device_index: int, export_handle_types: int = 0) -> int:
         """Create ``size`` bytes on ``device_index``; return a handle. POSIX fd export needs
         a ``"posix_fd"`` driver (else 801); FABRIC is dropped where the driver has none."""
-        with self._lock, _vllm_errors():
-            self._device("create", device_index)
-            if type(export_handle_types) is not int or export_handle_types < 0:
-                raise driver_error("create", {}, CUDA_ERROR_INVALID_VALUE,
-                                   f"export_handle_types={export_handle_types!r}: an int of "
-                                   "CUmemAllocationHandleType bits")
-            have = self.driver.handle_type
-            if export_handle_types & MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR and have != "posix_fd":
-                raise driver_error("create", {"export_handle_types": export_handle_types},
-                                   CUDA_ERROR_NOT_SUPPORTED, f"POSIX file descriptors asked of "
-                                   f"a driver whose handles are {have!r} (want 'posix_fd')")
-            inner, hid = self.driver.create(size), next(self._ids)
+        if (type(device_index) is not int or device_index != self._device_index
+                or type(export_handle_types) is not int or export_handle_types < 0
+                or export_handle_types & MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR):
+            self._check_create(device_index, export_handle_types)
+        self._lock.acquire()
+        try:
+            inner = self._create(size)
+            hid = next(self._ids)
             self._handles[hid] = _Handle(inner)
             return hid
+        except KvvmmError as e:
+            raise as_vllm_error(e) from e
+        finally:
+            self._lock.release()
 
     def map(self, ptr: int, size: int, handle: int) -> None:
         """Map the whole of ``handle`` at ``ptr``, inside a reservation."""
-        with self._lock, _vllm_errors():
+        self._lock.acquire()
+        try:
             h = self._handle("map", handle)
             r = self._awake("map", ptr)
             if h.whole:  # its driver handle is gone: the bytes live in the segment's one
                 raise driver_error("map", {"handle": handle}, CUDA_ERROR_INVALID_VALUE,
                                    "its chunk is part of a consolidated segment now")
-            self.driver.map(ptr, size, h.inner)
+            self._map(ptr, size, h.inner)
             if r is not None:
                 r.maps[ptr] = (size, handle)
             h.vas.add(ptr)
+        except KvvmmError as e:
+            raise as_vllm_error(e) from e
+        finally:
+            self._lock.release()
 
     def set_access(self, ptr: int, size: int, device_index: int) -> None:
         """Make mapped ``[ptr, ptr + size)`` readable and writable by ``device_index``."""
-        with self._lock, _vllm_errors():
+        self._lock.acquire()
+        try:
             r = self._awake("set_access", ptr)
-            if device_index == self.driver.device:
-                self.driver.set_access(ptr, size)
-                return
-            self.driver.set_access(ptr, size, [device_index])
-            if r is not None:
-                r.peers.add(device_index)
+            if device_index == self._device_index:
+                self._set_access(ptr, size)
+            else:
+                self._set_access(ptr, size, [device_index])
+                if r is not None:
+                    r.peers.add(device_index)
+        except KvvmmError as e:
+            raise as_vllm_error(e) from e
+        finally:
+            self._lock.release()
 
     def unmap(self, ptr: int, size: int) -> None:
         """Unmap ``[ptr, ptr + size)``: whole mappings only."""
-        with self._lock, _vllm_errors():
+        self._lock.acquire()
+        try:
             r = self._awake("unmap", ptr)
-            if r is not None and self._unmap_pieces(r, ptr, size):
+            if r is not None and r.pieces and self._unmap_pieces(r, ptr, size):
                 return
-            self.driver.unmap(ptr, size)
-            for va in [va for va in (r.maps if r else ()) if ptr <= va < ptr + size]:
-                hid = r.maps.pop(va)[1]  # type: ignore[union-attr]
-                self._handles[hid].vas.discard(va)
-                if self._handles[hid].released and not self._handles[hid].vas:
-                    del self._handles[hid]
+            self._unmap(ptr, size)
+            if r is None:
+                return
+            m = r.maps.get(ptr)
+            if m is not None and m[0] == size:  # one whole mapping (vLLM's every unmap)
+                del r.maps[ptr]
+                self._unmapped(m[1], ptr)
+            else:
+                for va in [va for va in r.maps if ptr <= va < ptr + size]:
+                    self._unmapped(r.maps.pop(va)[1], va)
+        except KvvmmError as e:
+            raise as_vllm_error(e) from e
+        finally:
+            self._lock.release()
 
     def release(self, handle: int) -> None:
         """Release ``handle``; its memory goes when its last mapping goes."""
-        with self._lock, _vllm_errors():
+        self._lock.acquire()
+        try:
             h = self._handle("release", handle)
             for va in h.vas:
                 self._awake("release", va)
             if not h.whole:  # a consolidated chunk's bytes go with its segment's mapping
-                self.driver.release(h.inner)
+                self._release(h.inner)
             h.released = True
             if not h.vas:
                 del self._handles[handle]
+        except KvvmmError as e:
+            raise as_vllm_error(e) from e
+        finally:
+            self._lock.release()
 
     # -- what kvvmm adds ---------------------------------------------------------------------
 
@@ -553,10 +612,28 @@ class KvvmmVmmDriver:
     # -- helpers ---------------------------------------------------------------------------
 
     def _device(self, call: str, device_index: object) -> None:
-        if type(device_index) is not int or device_index != self.driver.device:
+        if type(device_index) is not int or device_index != self._device_index:
             raise driver_error(call, {"device": device_index} if type(device_index) is int
                                else {}, CUDA_ERROR_INVALID_DEVICE,
-                               f"kvvmm's driver is on device {self.driver.device}")
+                               f"kvvmm's driver is on device {self._device_index}")
+
+    def _check_create(self, device_index: object, export_handle_types: object) -> None:
+        """``create``'s checks of what it adds, once its one-line test saw something to check:
+        another device (101), a bad ``export_handle_types`` (1), POSIX fds asked of a driver
+        without them (801). Raises vLLM's error, or returns (POSIX fds on a posix_fd driver)."""
+        try:
+            self._device("create", device_index)
+            if type(export_handle_types) is not int or export_handle_types < 0:
+                raise driver_error("create", {}, CUDA_ERROR_INVALID_VALUE,
+                                   f"export_handle_types={export_handle_types!r}: an int of "
+                                   "CUmemAllocationHandleType bits")
+            have = self.driver.handle_type
+            if export_handle_types & MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR and have != "posix_fd":
+                raise driver_error("create", {"export_handle_types": export_handle_types},
+                                   CUDA_ERROR_NOT_SUPPORTED, f"POSIX file descriptors asked of "
+                                   f"a driver whose handles are {have!r} (want 'posix_fd')")
+        except KvvmmError as e:
+            raise as_vllm_error(e) from e
 
     def _handle(self, call: str, hid: object) -> _Handle:
         h = self._handles.get(hid) if type(hid) is int else None
@@ -567,14 +644,27 @@ class KvvmmVmmDriver:
 
     def _awake(self, call: str, va: object) -> _Reservation | None:
         """The reservation holding ``va`` (None: none made here); refused while asleep."""
-        i = bisect.bisect_right(self._bases, va) - 1 if type(va) is int else -1
-        r = self._res[self._bases[i]] if i >= 0 else None
-        if r is None or va >= self._bases[i] + r.size:  # type: ignore[operator]
+        if type(va) is not int:
+            return None
+        bases = self._bases
+        i = bisect_right(bases, va) - 1
+        if i < 0:
+            return None
+        r = self._res[bases[i]]
+        if va >= bases[i] + r.size:
             return None
         if r.asleep is not None:
             raise AsleepError(f"{call}({va:#x}) refused: the reservation is asleep (kvvmm "
                               "sleep); wake() first. Nothing changed")
         return r
+
+    def _unmapped(self, hid: int, va: int) -> None:
+        """Handle ``hid`` is no longer mapped at ``va``; a released one unmapped everywhere
+        is forgotten."""
+        h = self._handles[hid]
+        h.vas.discard(va)
+        if h.released and not h.vas:
+            del self._handles[hid]
 
     def _reservation(self, base: object) -> _Reservation:
         r = self._res.get(base) if type(base) is int else None
@@ -627,10 +717,7 @@ class KvvmmVmmDriver:
             del r.maps[wva]
             self._leftover.append(self._handles.pop(wid).inner)
         for va in hit:
-            hid = r.pieces.pop(va)[1]
-            self._handles[hid].vas.discard(va)
-            if self._handles[hid].released and not self._handles[hid].vas:
-                del self._handles[hid]
+            self._unmapped(r.pieces.pop(va)[1], va)
         self._release_leftovers("the unmap stands")
         return True
 

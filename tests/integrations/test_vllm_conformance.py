@@ -268,3 +268,54 @@ def test_install_without_vllm_is_a_typed_import_error_and_changes_nothing(
     assert isinstance(e.value, ImportError) and not kv.uninstall()
     with pytest.raises(ArgumentError):
         kv.install("cuda")  # type: ignore[arg-type]  # a kind's name, not a driver
+
+
+def test_an_unmap_of_several_mappings_drops_each_record_and_one_of_one_mapping_drops_it(
+        make_driver: Any) -> None:
+    sim = make_driver("sim")
+    adapter = kv.KvvmmVmmDriver(sim)
+    va = adapter.reserve(4 * G)
+    hs = [adapter.create(G, 0) for _ in range(3)]
+    for i, h in enumerate(hs):
+        adapter.map(va + i * G, G, h)
+        adapter.set_access(va + i * G, G, 0)
+    adapter.unmap(va, 2 * G)  # two whole mappings in one call: both records go
+    assert [(m.offset, m.handle_id) for m in adapter.snapshot(va).mappings] == [(2 * G, hs[2])]
+    adapter.unmap(va + 2 * G, G)  # exactly one mapping: its record goes
+    assert adapter.snapshot(va).mappings == ()
+    for h in hs:
+        adapter.release(h)
+    with pytest.raises(RuntimeError, match="error 1"):
+        adapter.map(va, G, hs[0])  # released and unmapped: forgotten
+    adapter.free_reserved(va, 4 * G)
+    assert sim.stats().clean and adapter._handles == {} and adapter._res == {}
+    with pytest.raises(AttributeError):
+        adapter.driver = make_driver("sim")  # type: ignore[misc]  # its calls are bound
+
+
+def test_every_refused_call_gives_the_lock_back_for_other_threads(make_driver: Any) -> None:
+    import threading
+
+    sim = make_driver("sim")
+    adapter = kv.KvvmmVmmDriver(sim)
+    va = adapter.reserve(2 * G)
+    h = adapter.create(G, 0)
+    refused = {"reserve": lambda: adapter.reserve(G + 1),
+               "create": lambda: adapter.create(G + 1, 0),
+               "map": lambda: adapter.map(va, G, h + 7),
+               "set_access": lambda: adapter.set_access(va, G, 0),  # nothing mapped there
+               "unmap": lambda: adapter.unmap(va, G),
+               "release": lambda: adapter.release(h + 7),
+               "free_reserved": lambda: adapter.free_reserved(va, G)}
+    for call, refuse in refused.items():
+        with pytest.raises(RuntimeError, match=r"^GPU driver error"):
+            refuse()
+        # The lock is re-entrant: only another thread notices one a refusal left held.
+        other = threading.Thread(target=lambda: adapter.release(adapter.create(G, 0)),
+                                 daemon=True)  # a kept lock fails the test, never hangs it
+        other.start()
+        other.join(timeout=10)
+        assert not other.is_alive(), f"a refused {call} kept the adapter's lock"
+    adapter.release(h)
+    adapter.free_reserved(va, 2 * G)
+    assert sim.stats().clean and adapter._handles == {} and adapter._res == {}

@@ -2,8 +2,10 @@
 process as a user runs it.
 
 On a machine without one, vLLM's CudaVmmDriver is skipped and kvvmm's adapter runs over the
-host driver; ``--driver host-pair`` times two host adapters as the pair, so the side-by-side
-half (alternation, ratios, the verdict) runs too. No figure is asserted: it is a benchmark.
+host driver; ``--driver host-pair`` and ``--driver null`` time the adapter against vLLM's calls
+passed straight to a host driver / a driver whose calls return at once, so the side-by-side
+half (alternation, ratios, the adapter's own µs, the verdict) runs too. No figure is
+asserted: it is a benchmark.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "bench" / "vllm_overhead" / "bench_vllm_overhead.py"
@@ -44,13 +48,19 @@ def test_the_script_on_the_host_driver_skips_vllms_driver_and_writes_kvvmms_figu
     assert "skipped vllm" in stdout
 
 
-def test_two_drivers_are_timed_alternately_with_ratios_and_a_verdict(tmp_path: Path) -> None:
-    got, _ = _run(tmp_path, "host-pair")
-    assert got["drivers"] == ["vllm", "kvvmm"] and got["skipped"] == {}
+@pytest.mark.parametrize("mode", ["host-pair", "null"])
+def test_two_drivers_are_timed_alternately_with_ratios_overheads_and_a_verdict(
+        tmp_path: Path, mode: str) -> None:
+    got, stdout = _run(tmp_path, mode)
+    assert got["card"] == mode and got["drivers"] == ["direct", "kvvmm"] and got["skipped"] == {}
     for row in got["sizes"].values():
-        assert row["order"] == ["vllm", "kvvmm", "kvvmm", "vllm"]  # who goes first alternates
+        assert row["order"] == ["direct", "kvvmm", "kvvmm", "direct"]  # who goes first alternates
         assert set(row["ratio_median"]) == CALLS == set(row["ratio_p99"])
         assert row["ratio_cycle_median"] > 0
+        assert set(row["overhead_us"]) == CALLS  # the adapter's own: kvvmm's less direct's
+        assert row["overhead_cycle_us"] == pytest.approx(sum(row["overhead_us"].values()),
+                                                         abs=1e-2)
+    assert "kvvmm / direct" in stdout
     worst = max(row["ratio_cycle_median"] for row in got["sizes"].values())
     assert got["worst_cycle_ratio"] == worst
     assert got["within_target"] == (worst <= got["target_ratio"])
