@@ -80,6 +80,17 @@ def format_tenants(runs: Mapping[str, TenantsRun]) -> str:
                    else "refused")
             lines.append(f"{label}: demand {d.name} of {fmt_bytes(d.nbytes)} at {d.at_s:g} s: "
                          f"{got}")
+            if d.trim_bytes or d.request_bytes:
+                lines.append(f"  trimmed for it at once: {fmt_bytes(d.trim_bytes)} of cache "
+                             f"and reserve in {d.trim_s * 1e3:.2f} ms of driver time;")
+                lines.append(f"  from requests while it waited: {fmt_bytes(d.request_bytes)}")
+        for t in run.tenants:  # what was given back to others, and how
+            if t.trim_bytes or t.request_bytes:
+                lines.append(f"{label}: {t.name} gave back {fmt_bytes(t.trim_bytes)} by "
+                             f"trimming its cache and reserve,")
+                lines.append(f"  {t.trims:,} trims, {t.trim_s * 1e3:.2f} ms of driver time "
+                             f"(the longest {t.trim_max_s * 1e3:.2f} ms); "
+                             f"{fmt_bytes(t.request_bytes)} from requests")
         if run.over_budget:
             lines.append(f"{label}: {run.over_budget} samples over the budget (a bug)")
     return "\n".join(lines)
