@@ -22,11 +22,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "budget"))
 
-from bench_budget import _card, _versions  # noqa: E402
+from bench_budget import _card, _versions
 
-from kvvmm import KvBufferOwner, open_driver  # noqa: E402
-from kvvmm.layout import model_descs  # noqa: E402
-from kvvmm.owner import RangeBacking  # noqa: E402
+from kvvmm import KvBufferOwner, open_driver
+from kvvmm.layout import model_descs
+from kvvmm.owner import RangeBacking
 
 MiB = 1 << 20
 GiB = 1 << 30

@@ -187,7 +187,7 @@ class GiveBack:
     """
 
     __slots__ = ("_done", "asked_bytes", "deadline_s", "elapsed_s", "error", "freed_bytes",
-                 "stopped", "units", "unit_max_s")
+                 "stopped", "unit_max_s", "units")
 
     def __init__(self, asked_bytes: int, deadline_s: float) -> None:
         self.asked_bytes = asked_bytes  #: what was asked (all cached units: -1)

@@ -38,9 +38,10 @@ is at that instant of simulated time.
    answers as the shipped tenants do (:func:`kvvmm.budget.rules.shed_answer`): from idle
    backing first, up to what it was asked (whole granules; a range tenant's deferred cache
    and reserve, through ``RangeBacking.give_back`` within what is left of ``deadline_s`` of
-   the sim's clock, its reserve then held until the budget has room for it again): memory
-   no request uses, so no work is lost; nothing else is given at the ask. A ``"static"`` tenant, or one whose ``answer`` is ``"reject"``,
-   is asked like any other and gives nothing (it does not answer, as in the ledger).
+   the sim's clock, its reserve then held for ``hold_s`` of serving time): memory no
+   request uses, so no work is lost; nothing else is given at the ask. A ``"static"``
+   tenant, or one whose ``answer`` is ``"reject"``, is asked like any other and gives
+   nothing (it does not answer, as in the ledger).
 4. *Deadline*: the asking stops once the sheds' driver time reaches ``deadline_s``; the
    requester waits for that time (it is added to its next step, as a stall). If the room is
    still not there, the request is refused: an admission waits in the queue (and is dropped
@@ -83,7 +84,6 @@ from kvvmm.owner import KvBufferOwner, RangeBacking
 from kvvmm.record import Trace, TracingDriver
 from kvvmm.workload.requests import Request, Workload, as_workload
 from kvvmm.workload.run import _nearest_rank, _percentile_with_zeros
-from kvvmm.workload.strategies import LeaseAllocator
 from kvvmm.workload.serving import (
     ServingConfig,
     ServingModel,
@@ -91,6 +91,7 @@ from kvvmm.workload.serving import (
     SlotAllocator,
     StepTimeModel,
 )
+from kvvmm.workload.strategies import LeaseAllocator
 
 __all__ = ["ANSWERS", "TENANT_STRATEGIES", "Demand", "DemandResult", "Rules",
            "Tenant", "TenantResult", "TenantsRun", "compare_tenants", "run_tenants", "shifted"]
@@ -680,7 +681,7 @@ class _RangesLive(_Live):
         return given, took
 
     def give_back(self, want_bytes: int) -> int:
-        given, took = self.trim(want_bytes, self.arbiter.rules.deadline_s)
+        given, _ = self.trim(want_bytes, self.arbiter.rules.deadline_s)
         return given
 
     def upkeep(self) -> None:
