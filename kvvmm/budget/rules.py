@@ -10,8 +10,12 @@ what an operator reads off ``kvvmm budget show`` without knowing anything privat
 tenant. The ledger sees bookings only; idle backing is each tenant's own (self-reported, it
 could not be checked, and a tenant could dodge every request by reporting none), so an order
 by idleness could not ship. A tenant is never asked for more than it books less what it is
-already asked; what it gives back of that is its own choice (shedding is cooperative: the lab's
-tenants give idle backing only, so no work is lost).
+already asked; what it gives back of that is its own choice (shedding is cooperative), in
+one order (:func:`shed_answer`): first what loses nothing (a range backing's deferred cache and
+reserve: whole units free and mapped, no copy), and only the rest from what loses work
+(shrinking, preempting, a sleep). The ledger's tenants (:meth:`Tenant.trim
+<kvvmm.budget.tenant.Tenant.trim>`, ``Tenant.watch(..., backings=...)``) and the lab's answer
+that way.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-__all__ = ["Ask", "TenantState", "refusal", "shed_plan"]
+__all__ = ["Ask", "ShedAnswer", "TenantState", "refusal", "shed_answer", "shed_plan"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,3 +91,24 @@ def shed_plan(others: Iterable[TenantState], short_bytes: int) -> tuple[Ask, ...
             asks.append(Ask(t.name, t.index, add))
             short -= add
     return tuple(asks)
+
+
+@dataclass(frozen=True, slots=True)
+class ShedAnswer:
+    """How a tenant answers an ask of ``trim_bytes + rest_bytes``."""
+
+    trim_bytes: int  #: from its cache and reserve first: nothing lost, nothing copied
+    rest_bytes: int  #: what is left to ask of what loses work (shrink, preempt, sleep)
+
+
+def shed_answer(asked_bytes: int, *, givable_bytes: int) -> ShedAnswer:
+    """Split an ask: the cache and reserve first (up to ``givable_bytes``), then the rest.
+
+    Args:
+        asked_bytes: what the tenant is asked for (<= 0: nothing).
+        givable_bytes: what it can give back losing nothing (``RangeBacking.givable_bytes``
+            summed; the lab's idle backing).
+    """
+    asked = max(asked_bytes, 0)
+    trim = min(asked, max(givable_bytes, 0))
+    return ShedAnswer(trim_bytes=trim, rest_bytes=asked - trim)

@@ -6,20 +6,22 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from kvvmm.budget.errors import BudgetExceededError, ForeignTenantError, LedgerError
 from kvvmm.budget.ledger import wait_arg
 from kvvmm.budget.ledger_file import BACKED, H_BUDGET, LIMIT, MAX_BYTES, SHED, SHED_DL, SLOTS
-from kvvmm.checks import int_arg
+from kvvmm.budget.rules import shed_answer
+from kvvmm.checks import int_arg, seconds_arg
 from kvvmm.errors import ArgumentError, ClosedError
+from kvvmm.owner.elastic import GiveBack, RangeBacking
 
 if TYPE_CHECKING:
     from kvvmm.budget.ledger import Ledger
 
-__all__ = ["ShedCallback", "ShedRequest", "Tenant"]
+__all__ = ["ShedCallback", "ShedRequest", "ShedTrim", "Tenant"]
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +33,17 @@ class ShedRequest:
     tenant: str
     shed_bytes: int  #: bytes asked and not yet given back
     left_s: float  #: seconds until the request expires (the asker stops waiting)
+
+
+@dataclass(frozen=True, slots=True)
+class ShedTrim:
+    """What :meth:`Tenant.trim` gave back from the range backings' cache and reserve."""
+
+    asked_bytes: int  #: the request's bytes when it was read
+    trim_bytes: int  #: of those, what the cache and reserve were asked for
+    freed_bytes: int  #: given back (each release through a BudgetedDriver booked back)
+    elapsed_s: float  #: from the call to the last backing's stop
+    stops: tuple[str, ...]  #: each backing's :attr:`GiveBack.stopped`, in order
 
 
 #: a shed callback: gets the request, gives memory back through its owners and pools
@@ -198,22 +211,84 @@ class Tenant:
             return None
         return ShedRequest(self.name, int(shed), (deadline - now) / 1e9)
 
+    def trim(self, request: ShedRequest, backings: Iterable[RangeBacking], *,
+             deadline_s: float | None = None) -> ShedTrim:
+        """Answer ``request`` from what loses nothing first (:func:`~kvvmm.budget.rules.
+        shed_answer`): the range backings' deferred cache and reserve, given back on their
+        backing threads (:meth:`RangeBacking.give_back`, all at once, the most givable
+        first) within the request's time left (or ``deadline_s``, if shorter), their
+        reserves held until the request expires. What is left of the ask (:meth:`poll`
+        again) is for what loses work. Blocks the calling thread (the watcher's, or the
+        engine's where it polls) until every give-back stopped; never the decode thread's.
+
+        Raises:
+            ArgumentError: not a ShedRequest, a backing that is not a RangeBacking, a bad
+                ``deadline_s``.
+            DriverError: a decommit failed (raised after every give-back stopped; what the
+                others freed stands and is booked back).
+        """
+        if not isinstance(request, ShedRequest):
+            raise ArgumentError("request", request, "a ShedRequest (Tenant.poll())")
+        found = list(backings)
+        for i, b in enumerate(found):
+            if not isinstance(b, RangeBacking):
+                raise ArgumentError(f"backings[{i}]", b, "a RangeBacking")
+        bound = request.left_s if deadline_s is None else min(
+            seconds_arg("deadline_s", deadline_s), request.left_s)
+        t0 = time.monotonic()
+        open_ = [(b.givable_bytes, i, b) for i, b in enumerate(found) if not b.closed]
+        open_.sort(key=lambda x: (-x[0], x[1]))
+        plan = shed_answer(request.shed_bytes, givable_bytes=sum(g for g, _, _ in open_))
+        left = plan.trim_bytes
+        runs: list[GiveBack] = []
+        for givable, _, b in open_:
+            if left <= 0:
+                break
+            ask = min(left, givable)
+            if ask <= 0:
+                continue
+            runs.append(b.give_back(ask, deadline_s=bound, hold_s=request.left_s))
+            left -= ask
+        first: BaseException | None = None
+        for r in runs:
+            try:
+                r.wait(bound + 1.0)  # its deadline, and a second for the unit in flight
+            except Exception as e:
+                first = first or e
+        freed = sum(r.freed_bytes for r in runs)
+        if first is not None:
+            first.add_note(f"budget: tenant {self.name!r}'s trim gave back {freed} bytes "
+                           f"before this failure stopped it")
+            raise first
+        return ShedTrim(asked_bytes=request.shed_bytes, trim_bytes=plan.trim_bytes,
+                        freed_bytes=freed, elapsed_s=time.monotonic() - t0,
+                        stops=tuple(r.stopped or "" for r in runs))
+
     def watch(self, callback: ShedCallback, *, interval_s: float = 0.005,
-              sweep_s: float = 0.1) -> None:
+              sweep_s: float = 0.1, backings: Iterable[RangeBacking] = ()) -> None:
         """Call ``callback(request)`` on a background thread whenever a shed request stands,
         and sweep the ledger for dead tenants every ``sweep_s``.
+
+        With ``backings``, a standing request is first answered from their deferred cache
+        and reserve (:meth:`trim`: nothing is lost), and ``callback`` gets what is still
+        asked after that (none: it is not called).
 
         The callback runs on that thread: give memory back there only through calls that
         may come from another thread (``HandlePool.trim``; the owner's page and slot calls);
         otherwise :meth:`poll` from the engine's thread instead.
 
         Raises:
-            ArgumentError: bad intervals, or a watcher already runs.
+            ArgumentError: bad intervals, a backing that is not a RangeBacking, or a
+                watcher already runs.
         """
         every = wait_arg("interval_s", interval_s, zero=False)
         sweep_every = wait_arg("sweep_s", sweep_s, zero=False)
         if not callable(callback):
             raise ArgumentError("callback", callback, "a callable taking a ShedRequest")
+        found = list(backings)
+        for i, b in enumerate(found):
+            if not isinstance(b, RangeBacking):
+                raise ArgumentError(f"backings[{i}]", b, "a RangeBacking")
         if self._watcher is not None:
             raise ArgumentError("callback", callback, "one watcher per tenant (one runs)")
 
@@ -223,6 +298,9 @@ class Tenant:
             while not self._stop.wait(every):
                 try:
                     req = self.poll()
+                    if req is not None and found:
+                        self.trim(req, found)
+                        req = self.poll()  # what the trim did not cover
                     if req is not None:
                         callback(req)
                     if time.monotonic() >= next_sweep:

@@ -120,6 +120,11 @@ def add_replay_parser(subparsers: Any) -> argparse.ArgumentParser:
     t.add_argument("--deadline-ms", type=number_type(0, MAX_DEADLINE_MS, "milliseconds"),
                    default=5.0,
                    help="driver time a request may wait for other tenants to shed")
+    t.add_argument("--tenant-backing", default="elastic",
+                   choices=("elastic", "request-ranges+deferred"),
+                   help="how the sharing tenants back their pages: granules on first touch, "
+                        "or request ranges with a reserve and a deferred cache (given back "
+                        "first, within the deadline, when another tenant asks)")
     return p
 
 
@@ -320,7 +325,8 @@ def _tenants_command(args: argparse.Namespace) -> int:
         _dry_run([t for t, _, _ in shells], budget, args.gpu, deadline_s, demand)
         tenants = _filled(shells, args.seed, seconds)
         runs = compare_tenants(tenants, budget_bytes=budget, gpu=args.gpu,
-                               deadline_s=deadline_s, demand=demand)
+                               deadline_s=deadline_s, demand=demand,
+                               strategy=args.tenant_backing)
     except (KvvmmError, ValueError, OSError) as e:
         return _fail(f"{type(e).__name__}: {e}")
     except Exception as e:

@@ -42,7 +42,9 @@ are cached again, blocks the failure unmapped are fresh, and the error's notes s
 
 from __future__ import annotations
 
+import math
 import threading
+import time
 import weakref
 from collections import deque
 from collections.abc import Callable
@@ -60,7 +62,7 @@ from kvvmm.errors import (
 from kvvmm.layout.ranges import RangesFullError, SlotRanges
 from kvvmm.owner.buffers import KvBufferOwner
 
-__all__ = ["BackingStats", "Lease", "RangeBacking"]
+__all__ = ["BackingStats", "GiveBack", "Lease", "RangeBacking"]
 
 #: The open backing of each owner (one at a time: each leases every slot of its owner).
 _OWNERS: weakref.WeakKeyDictionary[KvBufferOwner, weakref.ref[RangeBacking]] = \
@@ -168,6 +170,61 @@ class BackingStats:
     admits_ready: int  #: ... that needed no driver call on admission
     commits: int  #: commits run (admissions, growth, reserve refills)
     reclaims: int  #: units given back
+    givable_bytes: int = 0  #: whole units free and mapped: what :meth:`give_back` frees
+
+
+#: Why a :class:`GiveBack` stopped.
+STOPS = ("enough", "deadline", "empty", "error", "closed")
+
+
+class GiveBack:
+    """One :meth:`RangeBacking.give_back`: filled in on the backing thread, read anywhere.
+
+    ``done`` turns True when it stopped; then ``stopped`` says why: ``"enough"`` (the bytes
+    asked went), ``"deadline"`` (the next unit would have passed ``deadline_s``), ``"empty"``
+    (no whole cached unit left), ``"error"`` (a decommit failed: :attr:`error`, raised by
+    :meth:`wait`) or ``"closed"`` (the backing closed before it began).
+    """
+
+    __slots__ = ("_done", "asked_bytes", "deadline_s", "elapsed_s", "error", "freed_bytes",
+                 "stopped", "unit_max_s", "units")
+
+    def __init__(self, asked_bytes: int, deadline_s: float) -> None:
+        self.asked_bytes = asked_bytes  #: what was asked (all cached units: -1)
+        self.deadline_s = deadline_s  #: the bound, from the call, on the caller's clock
+        self.freed_bytes = 0  #: given back so far (every buffer's bytes)
+        self.units = 0  #: units (one handle per buffer each) given back so far
+        self.elapsed_s = 0.0  #: from the call to the stop (queueing on the thread included)
+        self.unit_max_s = 0.0  #: the longest one unit's decommit took
+        self.stopped: str | None = None  #: one of :data:`STOPS` once done
+        self.error: BaseException | None = None  #: a failed decommit's error
+        self._done = threading.Event()
+
+    def __repr__(self) -> str:
+        state = f"stopped: {self.stopped}" if self.done else "running"
+        return (f"GiveBack({self.freed_bytes} bytes in {self.units} units, "
+                f"{self.elapsed_s * 1e3:.3f} ms, {state})")
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def wait(self, timeout_s: float = 30.0) -> GiveBack:
+        """Block until it stopped; raise the failed decommit's error if one failed.
+
+        Raises:
+            KvvmmError: not stopped within ``timeout_s``.
+            DriverError: a decommit failed (its notes say which units are still mapped,
+                cached again, and which went; :attr:`freed_bytes` counts those before it).
+            ClosedError: the backing closed before it began.
+            ArgumentError: a bad ``timeout_s``.
+        """
+        timeout_s = seconds_arg("timeout_s", timeout_s)
+        if not self._done.wait(timeout_s):
+            raise KvvmmError(f"RangeBacking: give_back not done within {timeout_s} s")
+        if self.error is not None:
+            raise self.error
+        return self
 
 
 class RangeBacking:
@@ -275,6 +332,11 @@ class RangeBacking:
         self._wake = threading.Condition(self._lock)
         self._busy = False
         self._stolen = 0  # queued jobs a waiting caller took to run itself, still running
+        # a hold on the reserve (give_back): no refill while it stands; lifted by relax(),
+        # or once hold_clock() passes hold_until
+        self._held = False
+        self._hold_until = math.inf
+        self._hold_clock: Callable[[], float] = time.monotonic
 
     def __repr__(self) -> str:
         s = self.stats()
@@ -723,7 +785,8 @@ class RangeBacking:
                     self._reclaiming = True
                     job = _Job(self, self._reclaim_job, self._reclaim_dropped)
             elif cached < self.reserve_blocks and self._refill_job is None \
-                    and self._fresh.free_units and not self._refill_failed:
+                    and self._fresh.free_units and not self._refill_failed \
+                    and not self._holding():
                 want = min(self.reserve_blocks - cached, self._fresh.free_units)
                 try:
                     pieces = self._fresh.alloc_pieces(want)
@@ -812,6 +875,12 @@ class RangeBacking:
                 self._cached.take(s, n)
         if not picked:
             return 0
+        return self._decommit_units(picked)
+
+    def _decommit_units(self, picked: list[tuple[int, int]]) -> int:
+        """Decommit units already taken out of the cache, free them as fresh; bytes given
+        back. On a failure the arena decides: units still mapped are cached again, units the
+        failure unmapped are fresh, and the error (re-raised) says which."""
         bt = self.block_tokens
         try:
             given = self.owner.decommit_slots([(s * bt, (s + n) * bt) for s, n in picked])
@@ -829,6 +898,162 @@ class RangeBacking:
             for s, n in picked:
                 self._fresh.free(s, n)
         return given
+
+    # -- giving back on pressure, within a bound -----------------------------------------
+
+    def give_back(self, nbytes: int | None = None, *, deadline_s: float,
+                  hold_s: float | None = None,
+                  clock: Callable[[], float] | None = None) -> GiveBack:
+        """Give back cached blocks (the deferred cache and the reserve: whole units free and
+        mapped, so no contents are lost and nothing is copied), highest first, on the
+        backing thread, within ``deadline_s``: the pressure call and a broker's shed.
+
+        Returns at once (with the backing thread) a :class:`GiveBack` the backing thread
+        fills in: it stops once ``nbytes`` went, or before a unit whose decommit would end
+        past ``deadline_s`` after this call (judged by the longest unit so far; the first
+        unit goes whenever the deadline has not passed on the queue), or when no whole
+        cached unit is left. One unit per decommit, each its own transaction, and the state
+        lock is taken only to pick the next unit: admissions go on leasing from what stays
+        cached (ready at once) or fresh while it runs, and the decode step never waits for
+        it. ``executor="inline"`` runs it here, before returning; a caller's executor, where
+        it runs it.
+
+        The reserve is held from this call on: no refill maps what was given back while the
+        pressure lasts, until :meth:`relax` (``hold_s=None``) or for ``hold_s`` seconds of
+        ``clock`` (``0``: no hold). Admissions still map the fresh blocks they need.
+
+        Args:
+            nbytes: bytes wanted back (whole units: it may free up to a unit more); None:
+                every cached unit.
+            deadline_s: the bound, seconds of ``clock`` from this call.
+            hold_s: how long the reserve stays held (None: until :meth:`relax`).
+            clock: seconds, monotonic (default ``time.monotonic``; the workload lab passes
+                the simulated driver's clock).
+        Raises:
+            ArgumentError: a bad ``nbytes``, ``deadline_s``, ``hold_s`` or ``clock``.
+            ClosedError: after :meth:`close`.
+            Exception: what a caller's executor raised taking the job (nothing given back;
+                the hold stands: :meth:`relax` lifts it).
+        A decommit's failure is not raised here: :meth:`GiveBack.wait` raises it.
+        """
+        if nbytes is not None:
+            int_arg("nbytes", nbytes, lo=0, unit="bytes")
+        deadline = seconds_arg("deadline_s", deadline_s)
+        hold = seconds_arg("hold_s", hold_s, none=True)
+        if clock is None:
+            clock = time.monotonic
+        elif not callable(clock):
+            raise ArgumentError("clock", clock, "a callable returning seconds (a float)")
+        t0 = clock()
+        res = GiveBack(-1 if nbytes is None else nbytes, deadline)
+        want = None if nbytes is None else -(-nbytes // self.block_bytes)
+        with self._lock:
+            if self._closed:
+                raise ClosedError("RangeBacking: give_back after close()")
+            if hold > 0:
+                self._held, self._hold_until, self._hold_clock = True, t0 + hold, clock
+            self._refill_failed = False
+
+            def cancelled(err: BaseException) -> None:
+                res.stopped, res.error = "closed", err
+                res.elapsed_s = clock() - t0
+                res._done.set()
+
+            job = _Job(self, lambda: self._give_back_job(res, want, t0, clock), cancelled)
+            self._outstanding.add(job)
+        try:
+            self._executor(job, False)
+        except BaseException as e:
+            with self._lock:
+                job.cancel(e)
+            raise
+        return res
+
+    def _give_back_job(self, res: GiveBack, want: int | None, t0: float,
+                       clock: Callable[[], float]) -> None:
+        """The give-back on the executor: one unit at a time until enough, the deadline
+        or nothing cached; it records, never raises (its error is the record's)."""
+        freed_blocks = 0
+        try:
+            while True:
+                if want is not None and freed_blocks >= want:
+                    res.stopped = "enough"
+                    break
+                elapsed = clock() - t0
+                if elapsed >= res.deadline_s or (
+                        res.units and elapsed + res.unit_max_s > res.deadline_s):
+                    res.stopped = "deadline"
+                    break
+                with self._lock:
+                    closed = self._closed
+                    unit = None if closed else self._top_unit()
+                    if unit is not None:
+                        self._cached.take(*unit)
+                if unit is None:
+                    res.stopped = "closed" if closed else "empty"
+                    break
+                u0 = clock()
+                try:
+                    res.freed_bytes += self._decommit_units([unit])
+                finally:
+                    res.unit_max_s = max(res.unit_max_s, clock() - u0)
+                res.units += 1
+                freed_blocks += unit[1]
+        except BaseException as e:
+            res.stopped, res.error = "error", e
+            with self._lock:
+                self._upkeep_error = e
+        finally:
+            res.elapsed_s = clock() - t0
+            res._done.set()
+
+    def _top_unit(self) -> tuple[int, int] | None:
+        """The highest unit wholly inside the cached blocks (the lock held), or None."""
+        for start, length in reversed(self._cached.extents):
+            for u, n in reversed(self._units_over(start, start + length)):
+                if u >= start and u + n <= start + length:
+                    return u, n
+        return None
+
+    def _givable_blocks(self) -> int:
+        """Blocks of the units wholly inside the cached blocks (the lock held)."""
+        total = 0
+        for start, length in self._cached.extents:
+            total += sum(n for u, n in self._units_over(start, start + length)
+                         if u >= start and u + n <= start + length)
+        return total
+
+    @property
+    def givable_bytes(self) -> int:
+        """What :meth:`give_back` could free now: whole units free and mapped (the deferred
+        cache and the reserve), every buffer's bytes; no contents are lost."""
+        with self._lock:
+            return self._givable_blocks() * self.block_bytes
+
+    def _holding(self) -> bool:
+        """Whether the reserve is held (the lock held); a hold past its time lifts here."""
+        if self._held and self._hold_clock() >= self._hold_until:
+            self._held = False
+        return self._held
+
+    @property
+    def held(self) -> bool:
+        """Whether a :meth:`give_back`'s hold keeps the reserve from being refilled."""
+        with self._lock:
+            return self._holding()
+
+    def relax(self) -> None:
+        """The pressure is over: lift the reserve's hold and refill it (on the backing
+        thread).
+
+        Raises:
+            Exception: what a caller's executor raised taking the refill (the hold is lifted
+                all the same).
+        """
+        with self._lock:
+            self._held = False
+            self._hold_until = math.inf
+        self._upkeep()
 
     def _settle(self, pieces: list[tuple[int, int]], err: BaseException, *,
                 keep: bool) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
@@ -911,7 +1136,8 @@ class RangeBacking:
                 units=len(self._units_over(self.first, self.blocks)),
                 fragmentation=1.0 - largest / free if free else 0.0,
                 admits=self._admits, admits_ready=self._admits_ready,
-                commits=self._commits, reclaims=self._reclaims)
+                commits=self._commits, reclaims=self._reclaims,
+                givable_bytes=self._givable_blocks() * bb)
 
     def close(self, timeout_s: float = 30.0) -> None:
         """Stop the backing thread (after what it runs now). The owner's memory stays

@@ -55,7 +55,8 @@ def format_tenants(runs: Mapping[str, TenantsRun]) -> str:
 
     Columns: requests served, rejected (refused or timed out in the queue), preempted, the
     share of steps that stalled on the driver and the p99 of those stalls, peak and mean
-    backing.
+    backing. For range tenants, what each gave back by trimming its cache and reserve
+    (and how long that took) and from requests, and what was trimmed for each demand.
     """
     head = ("run", "tenant", "served", "rejected", "preempted", "stalled", "p99 stalled",
             "peak", "mean")
@@ -75,11 +76,24 @@ def format_tenants(runs: Mapping[str, TenantsRun]) -> str:
         lines.append("  ".join(c.ljust(w) if i < 2 else c.rjust(w)
                                for i, (c, w) in enumerate(zip(r, widths, strict=True))))
     for label, run in runs.items():
+        # what was given back, and how: said for range tenants (RangeBacking.give_back)
+        ranges = any(t.strategy == "request-ranges+deferred" for t in run.tenants)
         for d in run.demands:
             got = (f"granted after {d.wait_s * 1e3:.1f} ms" if d.wait_s is not None
                    else "refused")
             lines.append(f"{label}: demand {d.name} of {fmt_bytes(d.nbytes)} at {d.at_s:g} s: "
                          f"{got}")
+            if ranges:
+                lines.append(f"  trimmed for it at once: {fmt_bytes(d.trim_bytes)} of cache "
+                             f"and reserve in {d.trim_s * 1e3:.2f} ms of driver time;")
+                lines.append(f"  from requests while it waited: {fmt_bytes(d.request_bytes)}")
+        for t in run.tenants:  # what was given back to others, and how
+            if t.strategy == "request-ranges+deferred":
+                lines.append(f"{label}: {t.name} gave back {fmt_bytes(t.trim_bytes)} by "
+                             f"trimming its cache and reserve,")
+                lines.append(f"  {t.trims:,} trims, {t.trim_s * 1e3:.2f} ms of driver time "
+                             f"(the longest {t.trim_max_s * 1e3:.2f} ms); "
+                             f"{fmt_bytes(t.request_bytes)} from requests")
         if run.over_budget:
             lines.append(f"{label}: {run.over_budget} samples over the budget (a bug)")
     return "\n".join(lines)

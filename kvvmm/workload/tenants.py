@@ -18,6 +18,11 @@ is at that instant of simulated time.
   and a granule no used page touches any more stays backed as *idle backing*, up to
   ``reserve_bytes`` (deferred reclamation: the next request reuses it for free); idle backing
   above that is given back at the step boundary.
+- ``"request-ranges+deferred"``: a :class:`~kvvmm.owner.RangeBacking` (one lease of whole
+  blocks per request, ``reserve_bytes`` mapped ahead, released blocks kept mapped up to twice
+  that): its commits for a lease stall the next step, its refills and reclamations run off
+  the decode path (the backing thread's work, timed on the sim's clock but charged to no
+  step), and a refill maps only what the budget has free without anyone shedding.
 
 **The arbiter's rules** (:class:`Rules`), applied whenever a tenant needs ``need`` more bytes
 (the granules its next pages touch that are not backed yet):
@@ -30,9 +35,13 @@ is at that instant of simulated time.
 3. *Shed order*: when the budget lacks room, the shortfall is asked of the other tenants as
    the shipped ledger asks it (:func:`kvvmm.budget.rules.shed_plan`: the most backed first,
    ties by position, each for at most what it backs, until the shortfall is covered). Each
-   gives back idle backing only, up to what it was asked (whole granules): memory no request
-   uses, so no work is lost. A ``"static"`` tenant, or one whose ``answer`` is ``"reject"``,
-   is asked like any other and gives nothing (it does not answer, as in the ledger).
+   answers as the shipped tenants do (:func:`kvvmm.budget.rules.shed_answer`): from idle
+   backing first, up to what it was asked (whole granules; a range tenant's deferred cache
+   and reserve, through ``RangeBacking.give_back`` within what is left of ``deadline_s`` of
+   the sim's clock, its reserve then held for ``hold_s`` of serving time): memory no
+   request uses, so no work is lost; nothing else is given at the ask. A ``"static"``
+   tenant, or one whose ``answer`` is ``"reject"``, is asked like any other and gives
+   nothing (it does not answer, as in the ledger).
 4. *Deadline*: the asking stops once the sheds' driver time reaches ``deadline_s``; the
    requester waits for that time (it is added to its next step, as a stall). If the room is
    still not there, the request is refused: an admission waits in the queue (and is dropped
@@ -60,16 +69,18 @@ from __future__ import annotations
 
 import heapq
 from bisect import bisect_right
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, replace
 
-from kvvmm.budget.rules import Ask, TenantState, refusal, shed_plan
+from kvvmm.budget.rules import Ask, TenantState, refusal, shed_answer, shed_plan
 from kvvmm.checks import int_arg, seconds_arg
 from kvvmm.driver import open_driver
-from kvvmm.errors import ArgumentError
+from kvvmm.driver.base import Driver
+from kvvmm.driver.wrapper import DriverWrapper
+from kvvmm.errors import ArgumentError, DriverOutOfMemoryError
 from kvvmm.hardware import get_profile
 from kvvmm.layout import full_pool_descs
-from kvvmm.owner import KvBufferOwner
+from kvvmm.owner import KvBufferOwner, RangeBacking
 from kvvmm.record import Trace, TracingDriver
 from kvvmm.workload.requests import Request, Workload, as_workload
 from kvvmm.workload.run import _nearest_rank, _percentile_with_zeros
@@ -80,12 +91,13 @@ from kvvmm.workload.serving import (
     SlotAllocator,
     StepTimeModel,
 )
+from kvvmm.workload.strategies import LeaseAllocator
 
 __all__ = ["ANSWERS", "TENANT_STRATEGIES", "Demand", "DemandResult", "Rules",
            "Tenant", "TenantResult", "TenantsRun", "compare_tenants", "run_tenants", "shifted"]
 
 #: how a tenant backs its pages (see the module docstring)
-TENANT_STRATEGIES = ("static", "elastic")
+TENANT_STRATEGIES = ("static", "elastic", "request-ranges+deferred")
 #: what a tenant does when another needs memory
 ANSWERS = ("reject", "shed", "preempt")
 
@@ -160,10 +172,14 @@ class Rules:
 
     budget_bytes: int  #: the GPU's KV budget every tenant shares
     deadline_s: float = 0.005  #: sheds' driver time one request may wait for, seconds
+    #: a range tenant's reserve stays held (no refill) this long after its last give-back
+    #: at an ask, serving seconds (while a demand waits: until it is granted or refused)
+    hold_s: float = 1.0
 
     def __post_init__(self) -> None:
         int_arg("budget_bytes", self.budget_bytes, lo=1, unit="bytes")
         seconds_arg("deadline_s", self.deadline_s)
+        seconds_arg("hold_s", self.hold_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,6 +198,14 @@ class TenantResult:
     asked: int  #: times its requests needed another tenant to shed
     refused: int  #: times its request for memory was refused
     decode_driver_s: float  #: driver time on its decode path (stalls), seconds
+    #: given back at an ask (another tenant's or a demand's) from idle backing: a range
+    #: tenant's deferred cache and reserve; nothing lost
+    trim_bytes: int = 0
+    #: given back later while a demand waited: memory its requests left (finished, preempted)
+    request_bytes: int = 0
+    trims: int = 0  #: give-backs at an ask
+    trim_s: float = 0.0  #: their driver time in all (the sim's clock), seconds
+    trim_max_s: float = 0.0  #: the longest one
 
     @property
     def served(self) -> int:
@@ -226,6 +250,9 @@ class TenantResult:
                 "peak_backed_bytes": self.peak_backed_bytes,
                 "mean_backed_bytes": round(self.mean_backed_bytes),
                 "shed_bytes": self.shed_bytes, "asked": self.asked, "refused": self.refused,
+                "trim_bytes": self.trim_bytes, "request_bytes": self.request_bytes,
+                "trims": self.trims, "trim_ms": round(self.trim_s * 1e3, 3),
+                "trim_max_ms": round(self.trim_max_s * 1e3, 3),
                 "decode_driver_ms": round(self.decode_driver_s * 1e3, 3),
                 "end_s": round(s.end_s, 3)}
 
@@ -240,12 +267,16 @@ class DemandResult:
     granted: bool  #: it got every byte within its patience
     wait_s: float | None  #: from ``at_s`` to the last byte (None: refused)
     peak_held_bytes: int
+    trim_bytes: int = 0  #: the tenants gave back at its arrival from idle backing (cache)
+    trim_s: float = 0.0  #: the driver time those give-backs took (the sim's clock)
+    request_bytes: int = 0  #: given back later, while it waited: what requests left
 
     def summary(self) -> dict[str, float | int | str | bool | None]:
         return {"demand": self.name, "at_s": self.at_s, "nbytes": self.nbytes,
                 "granted": self.granted,
                 "wait_ms": None if self.wait_s is None else round(self.wait_s * 1e3, 3),
-                "peak_held_bytes": self.peak_held_bytes}
+                "peak_held_bytes": self.peak_held_bytes, "trim_bytes": self.trim_bytes,
+                "trim_ms": round(self.trim_s * 1e3, 3), "request_bytes": self.request_bytes}
 
 
 @dataclass(frozen=True, slots=True)
@@ -302,7 +333,8 @@ class _Live:
         limit = arbiter.rules.budget_bytes if spec.limit_bytes is None else spec.limit_bytes
         self.limit = min(limit, arbiter.rules.budget_bytes)
         self.base_limit = self.limit
-        self.tracer = TracingDriver(driver, Trace())  # type: ignore[arg-type]
+        self.clock_driver = driver
+        self.tracer = TracingDriver(self._driver_for(driver), Trace())  # type: ignore[arg-type]
         gran = self.gran = self.tracer.granularity()
         # pool pages (page 0 included) such that the buffer (one padded page more), rounded
         # up to granules, stays within the limit
@@ -331,12 +363,54 @@ class _Live:
         self.pending_s = 0.0  # driver time not yet charged to a step
         self.decode_s = 0.0
         self.shed_bytes = self.asked = self.refused = 0
+        self.trim_bytes = self.request_bytes = self.trims = 0
+        self.trim_s = self.trim_max_s = 0.0
         self.wants_idle_back = False  # a demand waits: give back every idle granule
         self._account()
         if spec.strategy == "static":
             self._commit(list(range(1, pages)))
             self._account()
             self.pending_s = 0.0
+
+    def _driver_for(self, driver: object) -> object:
+        """The driver the tenant's owner calls (beneath its tracer)."""
+        return driver
+
+    def clock(self) -> float:
+        """The sim's clock, seconds (driver time of every tenant so far)."""
+        return float(self.clock_driver.clock_us) * 1e-6  # type: ignore[attr-defined]
+
+    def make_allocator(self) -> SlotAllocator:
+        return _Allocator(self, self.pool_pages)
+
+    def note_trim(self, given: int, took_s: float) -> None:
+        """Count a give-back at an ask: its bytes and how long it took."""
+        self.trim_bytes += given
+        self.trims += 1
+        self.trim_s += took_s
+        self.trim_max_s = max(self.trim_max_s, took_s)
+
+    def _trim_of(self, asked: int) -> int:
+        """What of an ask of ``asked`` bytes is given at once (:func:`shed_answer`): idle
+        backing first; the lab's tenants give nothing that loses work at an ask."""
+        idle = 0 if self.spec.strategy == "static" else self.idle_bytes
+        return shed_answer(asked, givable_bytes=idle).trim_bytes
+
+    def ask_shed(self, asked: int, deadline_s: float) -> tuple[int, float]:
+        """Another tenant asks ``asked`` bytes: idle backing given back on this tenant's
+        decode path (its next step waits for it, as the requester does). Returns bytes
+        given back and the driver time they took."""
+        want = self._trim_of(asked)
+        before = self.pending_s
+        self._account()
+        t0 = self.pending_s
+        given = self.give_back(want)
+        self._account()
+        took = self.pending_s - t0
+        self.pending_s = before + took
+        if want > 0:
+            self.note_trim(given, took)
+        return given, took
 
     # -- books --
 
@@ -488,6 +562,9 @@ class _Live:
         self.arbiter.changed(self)
         return before - self.backed
 
+    def close(self) -> None:
+        self.owner.close()
+
     def upkeep(self) -> None:
         """At a boundary: idle backing above the reserve (or the limit) goes back."""
         if self.spec.strategy == "static":
@@ -498,7 +575,160 @@ class _Live:
         # reserve (giving back at the reserve itself re-commits on the next burst's step)
         over = max(idle - keep if idle > 2 * keep else 0, self.backed - self.limit)
         if over > 0:
-            self.give_back(over)
+            given = self.give_back(over)
+            if self.wants_idle_back:
+                self.request_bytes += given
+                self.arbiter.note_request_bytes(given)
+
+
+class _Metered(DriverWrapper):
+    """A range tenant's driver: a create past what the budget has free (the other tenants'
+    backing and the demands' held bytes counted), or past the tenant's limit, is refused as
+    out of memory before the sim sees it. A lease's commit was granted by the arbiter first
+    (so it fits); a reserve refill maps only what is free without anyone shedding."""
+
+    def __init__(self, inner: Driver, live: _RangesLive) -> None:
+        super().__init__(inner)
+        self.live = live
+        self.sizes: dict[int, int] = {}
+        self.held = 0  # bytes of the handles it created and has not released
+
+    def create(self, size: int) -> int:
+        live = self.live
+        arb = live.arbiter
+        others = sum(lv.backed for lv in arb.lives if lv is not live) \
+            + sum(d.held for d in arb.demands)
+        if others + self.held + size > arb.rules.budget_bytes \
+                or self.held + size > live.limit:
+            raise DriverOutOfMemoryError("create", {"size": size}, "CUDA_ERROR_OUT_OF_MEMORY",
+                                         "the lab's budget has no room without a shed")
+        h = int(self.inner.create(size))
+        self.sizes[h] = size
+        self.held += size
+        return h
+
+    def release(self, handle: int) -> None:
+        self.inner.release(handle)
+        self.held -= self.sizes.pop(handle, 0)
+
+
+class _RangesLive(_Live):
+    """A ``"request-ranges+deferred"`` tenant: a RangeBacking whose driver work runs at once
+    (the sim is a pure function), its lease commits charged to the next step and its
+    upkeep (refills, reclamations, give-backs) to no step."""
+
+    def __init__(self, spec: Tenant, arbiter: _Arbiter, driver: object, cfg: ServingConfig,
+                 gpu: str, index: int) -> None:
+        super().__init__(spec, arbiter, driver, cfg, gpu, index)
+        self.background_s = 0.0  # driver time off the decode path
+        self.held_at = 0.0  # serving time of the last give-back (the hold's start)
+        self._backing: RangeBacking | None = None  # made when serving starts (below)
+
+    @property
+    def backing(self) -> RangeBacking:
+        assert self._backing is not None, "the backing is made by make_allocator()"
+        return self._backing
+
+    def _driver_for(self, driver: object) -> object:
+        return _Metered(driver, self)  # type: ignore[arg-type]
+
+    def _run_job(self, job: Callable[[], None], waited: bool) -> None:
+        """The backing's executor: a lease's commit (``waited``) is the next step's stall;
+        other work runs off the decode path (counted, charged to no step)."""
+        self._account()  # what came before: this tenant's path, as always
+        ev = self.tracer.trace.events
+        mark = len(ev)
+        job()
+        if not waited:
+            self.background_s += sum(e.sim_us for e in ev[mark:]) * 1e-6
+            self.seen = len(ev)
+
+    def make_allocator(self) -> SlotAllocator:
+        """The backing (its reserve mapped now, once every tenant is set up: a static
+        share is backed first) and the allocator over it."""
+        # what the backing can lease: whole blocks past slot 0's (its own arithmetic)
+        ps, bt = self.page_size, self.owner.slot_block_tokens()
+        cap = (self.owner.pages * ps // bt - -(-ps // bt)) * (bt // ps) * self.pb
+        reserve = min(self.spec.reserve_bytes, cap, self.limit)
+        self._backing = RangeBacking(self.owner, reserve_bytes=reserve,
+                                     high_bytes=min(2 * reserve, cap, self.limit),
+                                     executor=self._run_job)
+        self.arbiter.changed(self)
+        return _RangesAllocator(self)
+
+    @property
+    def idle_bytes(self) -> int:
+        return self.backing.givable_bytes
+
+    def used_bytes(self) -> int:
+        return self.backing._leased * self.backing.block_bytes
+
+    def trim(self, want: int | None, deadline_s: float) -> tuple[int, float]:
+        """The cache and reserve given back through ``RangeBacking.give_back`` (off the
+        decode path, within ``deadline_s`` of the sim's clock), the reserve held."""
+        g = self.backing.give_back(want, deadline_s=max(deadline_s, 0.0), clock=self.clock)
+        g.wait()
+        self.held_at = self.arbiter.now_s
+        self.arbiter.changed(self)
+        return g.freed_bytes, g.elapsed_s
+
+    def ask_shed(self, asked: int, deadline_s: float) -> tuple[int, float]:
+        want = self._trim_of(asked)
+        if want <= 0:
+            return 0, 0.0
+        given, took = self.trim(want, deadline_s)
+        self.note_trim(given, took)
+        return given, took
+
+    def give_back(self, want_bytes: int) -> int:
+        given, _ = self.trim(want_bytes, self.arbiter.rules.deadline_s)
+        return given
+
+    def upkeep(self) -> None:
+        """At a boundary: while a demand waits (or past a lowered limit) the cache goes
+        back (what requests left since); once the budget has room for the reserve again
+        and nobody waits, the hold is lifted and the reserve refilled."""
+        b = self.backing
+        over = self.backed - self.limit
+        if self.wants_idle_back or over > 0:
+            given, _ = self.trim(None if self.wants_idle_back else over,
+                                 self.arbiter.rules.deadline_s)
+            self.request_bytes += given
+            self.arbiter.note_request_bytes(given)
+        elif b.held and self.arbiter.now_s - self.held_at >= self.arbiter.rules.hold_s:
+            b.relax()  # the pressure is over: the reserve refills (what the budget has free)
+            self.arbiter.changed(self)
+
+    def close(self) -> None:
+        if self._backing is not None:
+            self._backing.close()
+        self.owner.close()
+
+
+class _RangesAllocator(LeaseAllocator):
+    """A range tenant's allocator: before a lease takes fresh blocks, the arbiter grants
+    their bytes (asking the others to shed); past its limit it is refused (the serving
+    model then preempts or waits)."""
+
+    def __init__(self, live: _RangesLive) -> None:
+        super().__init__(live.backing, live.page_size)
+        self.live = live
+
+    def can_alloc(self, rid: int, n: int) -> bool:
+        if not super().can_alloc(rid, n):
+            return False
+        b, live = self.backing, self.live
+        got = self._leases.get(rid)
+        handed = 0 if got is None else got.handed
+        have = 0 if got is None else got.lease.blocks
+        blocks = -(-(handed + n) * self.ps // b.block_tokens) - have
+        if blocks <= 0:
+            return True
+        bb = b.block_bytes
+        if live.used_bytes() + blocks * bb > live.limit:  # a lowered limit: refuse
+            return False
+        fresh = max(0, blocks - b._cached.free_units) * bb
+        return fresh == 0 or live.arbiter.grant(live, fresh, self.now_s)
 
 
 class _Allocator(SlotAllocator):
@@ -571,6 +801,8 @@ class _PendingDemand:
         self.peak = 0
         self.granted_at: float | None = None
         self.done = False  # granted or refused, or released
+        self.trim_bytes = self.request_bytes = 0
+        self.trim_s = 0.0
 
 
 class _Arbiter:
@@ -602,6 +834,13 @@ class _Arbiter:
             return
         self.t_s.append(max(t_s, self.t_s[-1]) if self.t_s else t_s)
         self.held.append(row)
+
+    def note_request_bytes(self, nbytes: int) -> None:
+        """Bytes a tenant gave back while a demand waited: the first waiting one's."""
+        for d in self.demands:
+            if not d.done and d.granted_at is None and d.spec.at_s <= self.now_s:
+                d.request_bytes += nbytes
+                return
 
     def changed(self, live: _Live) -> None:
         """A tenant's backing changed: feed a waiting demand, then sample."""
@@ -638,13 +877,8 @@ class _Arbiter:
                 break
             if lv.spec.answer == "reject":
                 continue  # asked, does not answer
-            before = lv.pending_s
-            lv._account()
-            t0 = lv.pending_s
-            given = lv.give_back(min(ask.nbytes, short))
-            lv._account()
-            spent += lv.pending_s - t0
-            lv.pending_s = before + (lv.pending_s - t0)
+            given, took = lv.ask_shed(min(ask.nbytes, short), self.rules.deadline_s - spent)
+            spent += took
             lv.shed_bytes += given
             short -= given
         live.pending_s += spent  # the requester waited for the sheds
@@ -664,7 +898,13 @@ class _Arbiter:
         if d.granted_at is None:
             for lv in self.lives:
                 if lv.spec.answer != "reject":
-                    lv.give_back(d.spec.nbytes - d.held)
+                    want = lv._trim_of(d.spec.nbytes - d.held)
+                    if want > 0:
+                        t0 = lv.clock()
+                        given = lv.give_back(want)
+                        lv.note_trim(given, lv.clock() - t0)
+                        d.trim_bytes += given
+                        d.trim_s += lv.clock() - t0
                     self._feed(d)
                     lv.wants_idle_back = True
                 if lv.spec.answer == "preempt" and d.granted_at is None:
@@ -709,6 +949,7 @@ def run_tenants(
     deadline_s: float = 0.005,
     config: ServingConfig | None = None,
     sample_s: float = 1.0,
+    hold_s: float = 1.0,
 ) -> TenantsRun:
     """Serve every tenant's workload together on one simulated GPU sharing ``budget_bytes``.
 
@@ -718,6 +959,7 @@ def run_tenants(
         demands: scripted tenants taking a step of the budget.
         gpu: the GPU profile (the sim's costs, the step time model).
         deadline_s: the arbiter's deadline (:class:`Rules`).
+        hold_s: how long a range tenant's reserve stays held after a give-back (:class:`Rules`).
         config: the engines' knobs (default: :class:`ServingConfig` with ``max_wait_s=30``:
             a queue can wait on another tenant's memory, so served requests count against
             a timeout); its ``slot_order`` must be ``"lowest"``.
@@ -728,7 +970,7 @@ def run_tenants(
         ArgumentError: a bad argument (no tenants, a name twice, a limit with no room for a
             page, ``slot_order`` other than lowest, ...).
     """
-    rules = Rules(budget_bytes=budget_bytes, deadline_s=deadline_s)
+    rules = Rules(budget_bytes=budget_bytes, deadline_s=deadline_s, hold_s=hold_s)
     if not tenants:
         raise ArgumentError("tenants", list(tenants), "at least one Tenant")
     for t in tenants:
@@ -757,7 +999,8 @@ def run_tenants(
     lives: list[_Live] = []
     try:
         for i, spec in enumerate(tenants):
-            lives.append(_Live(spec, arb, driver, cfg, prof.key, i))
+            kind = _RangesLive if spec.strategy == "request-ranges+deferred" else _Live
+            lives.append(kind(spec, arb, driver, cfg, prof.key, i))
             arb.lives.append(lives[-1])
             if arb.total() > rules.budget_bytes:
                 raise ArgumentError("limit_bytes", spec.limit_bytes, "static shares that fit "
@@ -768,12 +1011,13 @@ def run_tenants(
         results = tuple(_result(lv, st, arb) for lv, st in zip(lives, stats, strict=True))
     finally:
         for lv in lives:
-            lv.owner.close()
+            lv.close()
     drs = tuple(DemandResult(
         name=d.spec.name, at_s=d.spec.at_s, nbytes=d.spec.nbytes,
         granted=d.granted_at is not None,
         wait_s=None if d.granted_at is None else d.granted_at - d.spec.at_s,
-        peak_held_bytes=d.peak) for d in arb.demands)
+        peak_held_bytes=d.peak, trim_bytes=d.trim_bytes, trim_s=d.trim_s,
+        request_bytes=d.request_bytes) for d in arb.demands)
     return TenantsRun(rules=rules, gpu=prof.key, tenants=results, demands=drs,
                       names=tuple(names), t_s=tuple(arb.t_s), held_bytes=tuple(arb.held),
                       over_budget=arb.over)
@@ -785,7 +1029,7 @@ def _schedule(lives: list[_Live], arb: _Arbiter, cfg: ServingConfig,
     gens: list[Generator[float, None, ServingStats]] = []
     for lv in lives:
         model = ServingModel(cfg, lv.step_model, pool_pages=lv.pool_pages, sample_s=sample_s,
-                             allocator=_Allocator(lv, lv.pool_pages))
+                             allocator=lv.make_allocator())
         gens.append(model.steps(lv.spec.workload, _Hooks(lv)))
     # events: (time, kind, index); kind 0 demand arrives, 1 demand expires, 2 demand ends,
     # 3 an engine's boundary (demands first at equal times: they are the step change)
@@ -836,7 +1080,8 @@ def _result(lv: _Live, st: ServingStats, arb: _Arbiter) -> TenantResult:
         answer=lv.spec.answer, limit_bytes=lv.base_limit, serving=st,
         peak_backed_bytes=max(col, default=0), mean_backed_bytes=mean,
         shed_bytes=lv.shed_bytes, asked=lv.asked, refused=lv.refused,
-        decode_driver_s=lv.decode_s)
+        decode_driver_s=lv.decode_s, trim_bytes=lv.trim_bytes, request_bytes=lv.request_bytes,
+        trims=lv.trims, trim_s=lv.trim_s, trim_max_s=lv.trim_max_s)
 
 
 
@@ -848,6 +1093,7 @@ def compare_tenants(
     gpu: str = "h200",
     deadline_s: float = 0.005,
     config: ServingConfig | None = None,
+    strategy: str = "elastic",
 ) -> dict[str, TenantsRun]:
     """The comparisons ``kvvmm replay --tenants`` prints, by label.
 
@@ -855,15 +1101,18 @@ def compare_tenants(
     it backed: the whole card), ``"static"`` (every tenant static on an equal share) and
     ``"elastic"`` (every tenant elastic on the whole budget, sharing it). With ``demand``:
     the tenants elastic, with the demand taking its step, once per answer (``"reject"``,
-    ``"shed"``, ``"preempt"``).
+    ``"shed"``, ``"preempt"``). ``strategy`` is how the sharing tenants back (``"elastic"``
+    or ``"request-ranges+deferred"``; the alone and static runs back statically).
     """
+    if strategy not in TENANT_STRATEGIES[1:]:
+        raise ArgumentError("strategy", strategy, f"one of {TENANT_STRATEGIES[1:]}")
     runs: dict[str, TenantsRun] = {}
     kw = {"budget_bytes": budget_bytes, "gpu": gpu, "deadline_s": deadline_s,
           "config": config}
     if demand is not None:
         for answer in ANSWERS:
             runs[answer] = run_tenants(
-                [replace(t, strategy="elastic", limit_bytes=None, answer=answer)
+                [replace(t, strategy=strategy, limit_bytes=None, answer=answer)
                  for t in tenants], demands=[demand], **kw)  # type: ignore[arg-type]
         return runs
     for t in tenants:
@@ -872,6 +1121,6 @@ def compare_tenants(
     share = budget_bytes // len(tenants)
     runs["static"] = run_tenants([replace(t, strategy="static", limit_bytes=share)
                                   for t in tenants], **kw)  # type: ignore[arg-type]
-    runs["elastic"] = run_tenants([replace(t, strategy="elastic", limit_bytes=None)
+    runs["elastic"] = run_tenants([replace(t, strategy=strategy, limit_bytes=None)
                                    for t in tenants], **kw)  # type: ignore[arg-type]
     return runs

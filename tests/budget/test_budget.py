@@ -37,8 +37,10 @@ from kvvmm.budget import (
     default_path,
 )
 from kvvmm.budget.ledger import FILE_BYTES
+from kvvmm.budget.rules import ShedAnswer, shed_answer
 from kvvmm.cli import main as cli_main
 from kvvmm.errors import BusyError, ClosedError, OutOfRangeError
+from kvvmm.owner import RangeBacking
 from kvvmm.pressure import poll
 
 MiB = 1 << 20
@@ -690,3 +692,104 @@ def test_charges_from_many_threads_never_book_past_the_budget(ledger: Ledger) ->
     for t in ts:
         t.close()
     assert os.path.exists(ledger.path)
+
+
+# -- a shed answered from the range backing's cache and reserve first ------------------------
+
+
+def _ranges_engine(tenant: Tenant) -> tuple[kvvmm.KvBufferOwner, RangeBacking]:
+    drv = BudgetedDriver(kvvmm.open_driver("sim", profile="h200"), tenant)
+    descs = kvvmm.layout.model_descs("llama-3.1-8b", layout="interleaved",
+                                     reserved_tokens=16 * 40, page_size=16, dtype="bfloat16")
+    owner = kvvmm.KvBufferOwner(driver=drv, dtype="bfloat16", page_size=16, descs=descs)
+    return owner, RangeBacking(owner, reserve_bytes=4 * G, high_bytes=30 * G)
+
+
+def _ask_in_thread(asker: Tenant, nbytes: int) -> tuple[threading.Thread, list[object]]:
+    out: list[object] = []
+
+    def ask() -> None:
+        try:
+            asker.charge(nbytes)
+            out.append(None)
+        except BaseException as e:
+            out.append(e)
+
+    th = threading.Thread(target=ask)
+    th.start()
+    return th, out
+
+
+def test_a_shed_is_answered_from_the_cache_and_reserve_before_the_callback_loses_work(
+        path: Path) -> None:
+    with Ledger(path, budget_bytes=64 * MiB) as la, Ledger(path) as lb:
+        a = la.register("engine")
+        owner, backing = _ranges_engine(a)
+        keep = backing.wait(backing.admit(16 * 5))  # a running request: 10 MiB leased
+        done = [backing.wait(backing.admit(16 * n)) for n in (6, 4)]
+        for lease in done:
+            backing.release(lease)
+        assert backing.drain()
+        cached = backing.givable_bytes
+        assert cached >= 10 * G and a.backed_bytes == owner.backed_bytes
+        losing: list[int] = []
+        a.watch(lambda req: losing.append(req.shed_bytes), interval_s=0.002,
+                backings=[backing])
+        b = lb.register("asker", shed_wait_s=5)
+        short = 64 * MiB - a.backed_bytes
+        th, out = _ask_in_thread(b, short + 8 * MiB)  # 8 MiB asked of the engine
+        th.join(10)
+        assert out == [None]
+        assert losing == []  # the cache covered it: the callback was never asked
+        assert backing.held  # no refill takes it back while the ask stands
+        assert backing.ready(keep) and owner.backed_bytes >= 10 * G + G  # the request's
+        assert a.backed_bytes == owner.backed_bytes <= 64 * MiB - short - 8 * MiB
+        backing.release(keep)
+        backing.close()
+        owner.close()
+        b.credit(b.backed_bytes)
+        for t in (a, b):
+            t.close()
+
+
+def test_trim_gives_the_whole_cache_first_and_leaves_the_rest_of_the_ask_standing(
+        path: Path) -> None:
+    with Ledger(path, budget_bytes=64 * MiB) as la, Ledger(path) as lb:
+        a = la.register("engine")
+        owner, backing = _ranges_engine(a)
+        keep = backing.wait(backing.admit(16 * 12))  # 24 MiB in use
+        backing.release(backing.wait(backing.admit(16 * 3)))
+        assert backing.drain()
+        cached = backing.givable_bytes
+        b = lb.register("asker", shed_wait_s=0.5)
+        th, out = _ask_in_thread(b, 64 * MiB - a.backed_bytes + cached + 8 * MiB)
+        req = None
+        for _ in range(2000):
+            req = a.poll()
+            if req is not None:
+                break
+            time.sleep(0.001)
+        assert req is not None and req.shed_bytes == cached + 8 * MiB
+        got = a.trim(req, [backing])
+        assert got.trim_bytes == cached == got.freed_bytes and got.stops == ("enough",)
+        rest = a.poll()
+        assert rest is not None and rest.shed_bytes == 8 * MiB  # for what loses work
+        th.join(10)
+        assert isinstance(out[0], BudgetExceededError)  # nobody shrank the request's
+        assert backing.ready(keep)
+        with pytest.raises(ArgumentError, match=r"backings\[0\]"):
+            a.trim(rest, [owner])  # type: ignore[list-item]
+        with pytest.raises(ArgumentError, match="request"):
+            a.trim(8 * MiB, [backing])  # type: ignore[arg-type]
+        backing.release(keep)
+        backing.close()
+        owner.close()
+        for t in (a, b):
+            t.close()
+
+
+def test_the_shed_answer_rule_takes_the_cache_first_then_the_rest() -> None:
+    assert shed_answer(10, givable_bytes=4) == ShedAnswer(trim_bytes=4, rest_bytes=6)
+    assert shed_answer(3, givable_bytes=4) == ShedAnswer(trim_bytes=3, rest_bytes=0)
+    assert shed_answer(0, givable_bytes=4) == ShedAnswer(0, 0)
+    assert shed_answer(-5, givable_bytes=-1) == ShedAnswer(0, 0)

@@ -112,8 +112,12 @@ class _Stand:
     def _account(self) -> None:
         pass
 
+    def ask_shed(self, asked: int, deadline_s: float) -> tuple[int, float]:
+        """The arbiter's ask (what the ledger side sees asked), answered from idle bytes."""
+        self.log.append((self.spec.name, asked))
+        return self.give_back(asked), 0.0
+
     def give_back(self, want: int) -> int:
-        self.log.append((self.spec.name, want))
         given = min(want, len(self.idle) * MiB)
         for _ in range(-(-given // MiB)):
             self.idle.pop()

@@ -178,6 +178,10 @@ def _path_grow(backing: RangeBacking, live: list[Lease]) -> None:
     backing.grow(live[0], live[0].tokens + 16 * 9)
 
 
+def _path_give_back(backing: RangeBacking, live: list[Lease]) -> None:
+    backing.give_back(None, deadline_s=30.0).wait()  # one decommit per unit, on the thread
+
+
 #: name -> (executor, reserve blocks, high blocks, lease sizes made first and released
 #: where the path gives back, the step)
 PATHS: dict[str, tuple[Any, int, int | None, bool, Callable[[RangeBacking, list[Lease]],
@@ -190,6 +194,7 @@ PATHS: dict[str, tuple[Any, int, int | None, bool, Callable[[RangeBacking, list[
     "admit-thread": (None, 0, None, False, _path_admit),
     "refill": (None, 12, 12, False, _path_admit),
     "grow": ("inline", 0, None, False, _path_grow),
+    "give-back": (None, 4, 30, True, _path_give_back),
 }
 
 

@@ -16,6 +16,7 @@ from kvvmm.viz.tenants import format_tenants, tenants_figure
 from kvvmm.workload import Request, Workload, generate
 from kvvmm.workload.tenants import (
     ANSWERS,
+    TENANT_STRATEGIES,
     Demand,
     Tenant,
     TenantsRun,
@@ -47,8 +48,8 @@ requests = st.lists(
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(a=requests, b=requests, budget_mib=st.integers(40, 400),
-       strategies=st.tuples(st.sampled_from(["static", "elastic"]),
-                            st.sampled_from(["static", "elastic"])),
+       strategies=st.tuples(st.sampled_from(TENANT_STRATEGIES),
+                            st.sampled_from(TENANT_STRATEGIES)),
        answers=st.tuples(st.sampled_from(ANSWERS), st.sampled_from(ANSWERS)),
        reserve_mib=st.integers(0, 64), demand=st.none() | st.tuples(
            st.floats(0, 20), st.integers(1, 200)))
@@ -195,3 +196,26 @@ def test_the_tenant_replay_prints_strict_json(capsys: pytest.CaptureFixture[str]
     assert main([*argv, "--demand", "64MiB@3"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert set(out["runs"]) == set(ANSWERS)
+
+
+def test_range_tenants_answer_a_demand_by_trimming_cache_and_reserve_first_within_the_deadline(
+) -> None:
+    wl = _wl(1, 60)
+    step = Demand("newcomer", at_s=20.0, nbytes=128 * MiB, patience_s=1.0)
+    tenant = Tenant("a", "llama-3.1-8b", wl, strategy="request-ranges+deferred",
+                    reserve_bytes=64 * MiB)
+    shed = run_tenants([tenant], budget_bytes=512 * MiB, demands=[step], deadline_s=0.005)
+    _assert_conserved(shed)
+    d, t = shed.demands[0], shed.tenants[0]
+    # the cache and reserve went first, at once, and the demand holds them
+    assert d.trim_bytes > 0 and d.peak_held_bytes >= d.trim_bytes
+    assert t.trim_bytes >= d.trim_bytes and t.trims >= 1
+    # each give-back stops before the unit that would pass the deadline (the sim's clock)
+    assert 0 < t.trim_max_s <= 0.005 + t.trim_max_s / max(1, t.trims) + 0.005
+    s = shed.summary()["demands"][0]  # type: ignore[index]
+    assert s["trim_bytes"] == d.trim_bytes and "request_bytes" in s
+    alone = run_tenants([tenant], budget_bytes=512 * MiB).tenants[0]
+    assert alone.trim_bytes == 0 and alone.shed_bytes == 0  # nobody asked: nothing trimmed
+    text = format_tenants({"shed": shed})
+    assert "by trimming its cache and reserve" in text and "trimmed for it at once" in text
+    assert max(len(line) for line in text.splitlines()) <= 100
