@@ -144,16 +144,22 @@ class StrategyResult:
 
     def wait_summary(self) -> dict[str, float | int]:
         """What a request waited, for the summary row: time to first token (arrival to the
-        end of its prefill step) at p50 / p99 / max, ms; admissions put off until their
-        memory was mapped (``request-ranges+deferred``; 0 for the others); request latency
-        (arrival to last token) at p50 / p99, seconds."""
+        end of its prefill step) at p50 / p99 / max, ms; what memory added to it
+        (``first_token_added_*_ms``: the time its admission was put off plus its prefill
+        step's driver stall, 0 for most; over every served request's first token);
+        admissions put off until their memory was mapped (``request-ranges+deferred``; 0
+        for the others); request latency (arrival to last token) at p50 / p99, seconds."""
         s = self.serving
         ttft = sorted(s.first_token_s)
+        added = sorted(s.first_token_added_s)
         lat = sorted(s.latency_s)
         put_off = self.ranges.get("deferred_admits", 0)
         return {"first_token_p50_ms": round(_nearest_rank(ttft, 50) * 1e3, 3),
                 "first_token_p99_ms": round(_nearest_rank(ttft, 99) * 1e3, 3),
                 "first_token_max_ms": round(ttft[-1] * 1e3, 3) if ttft else 0.0,
+                "first_token_added_p50_ms": round(_nearest_rank(added, 50) * 1e3, 3),
+                "first_token_added_p99_ms": round(_nearest_rank(added, 99) * 1e3, 3),
+                "first_token_added_max_ms": round(added[-1] * 1e3, 3) if added else 0.0,
                 "admissions_put_off": int(put_off),
                 "latency_p50_s": round(_nearest_rank(lat, 50), 3),
                 "latency_p99_s": round(_nearest_rank(lat, 99), 3)}
