@@ -129,14 +129,16 @@ def _ranges_table(results: Sequence[StrategyResult]) -> Table | None:
             rows.append([r.strategy, f"{later:,} of {g['admits']:,}",
                          f"{g['deferred_ms'] / later if later else 0.0:.1f} ms",
                          f"{g['deferred_max_ms']:.1f} ms",
+                         f"{g['waited_admits']:,} ({g['admit_waited_ms']:.1f} ms)",
                          "inline" if g["inline"] else
                          f"{g['stalled_admits']:,} / {g['stalled_grows']:,}",
                          f"{g['split_admits']:,}"])
     if not rows:
         return None
-    return Table("range strategies: admissions put off until mapped, commits a step waited for",
-                 ("strategy", "admitted later", "mean wait", "max wait", "waits: admit / grow",
-                  "split leases"), _rows(rows))
+    return Table("range strategies: admissions put off until mapped or spun for, commits a "
+                 "step waited for",
+                 ("strategy", "admitted later", "mean wait", "max wait", "spun for",
+                  "waits: admit / grow", "split leases"), _rows(rows))
 
 
 def _lead(cmp: WorkloadComparison) -> str:

@@ -486,6 +486,8 @@ class _Hooks:
         self.strategy.update(allocated, freed, high_water)
         self.used_pages += len(allocated) - len(freed)
         stall, self.waited_s = self.waited_s, 0.0
+        if isinstance(self.allocator, LeaseAllocator):  # its steps' spins on leases
+            stall += self.allocator.take_wait()
         if len(self.trace.events) != self.seen:
             before = self.calls
             stall += self.account()
