@@ -434,7 +434,7 @@ def test_the_labs_backing_thread_runs_a_job_a_job_queues_after_it_on_its_own_clo
 
     hooks = _Hooks.__new__(_Hooks)
     hooks.waited_s = hooks.background_s = hooks.worker_until = 0.0
-    hooks._in_job, hooks._later, hooks.pause = False, [], None
+    hooks._in_job, hooks._later, hooks.pause, hooks._issued = False, [], None, []
     costs: list[float] = []
     order: list[str] = []
 
