@@ -110,12 +110,14 @@ def _waits_table(results: Sequence[StrategyResult]) -> Table:
     for r in results:
         w = r.wait_summary()
         rows.append([r.strategy, _ms(w["first_token_p50_ms"]), _ms(w["first_token_p99_ms"]),
-                     _ms(w["first_token_max_ms"]), f"{w['admissions_put_off']:,}",
+                     _ms(w["first_token_max_ms"]),
+                     f"{w['first_token_added_p99_ms']:,.1f} / {_ms(w['first_token_added_max_ms'])}",
+                     f"{w['admissions_put_off']:,}",
                      f"{w['latency_p50_s']:,.2f} s", f"{w['latency_p99_s']:,.2f} s"])
-    return Table("what requests waited: first token (arrival to end of prefill), admissions "
-                 "put off, latency",
-                 ("strategy", "first token p50", "p99", "max", "put off", "latency p50",
-                  "p99"), _rows(rows))
+    return Table("what requests waited: first token (arrival to end of prefill; added: by "
+                 "memory), put off, latency",
+                 ("strategy", "first token p50", "p99", "max", "added p99 / max", "put off",
+                  "latency p50", "p99"), _rows(rows))
 
 
 def _ranges_table(results: Sequence[StrategyResult]) -> Table | None:
@@ -127,14 +129,16 @@ def _ranges_table(results: Sequence[StrategyResult]) -> Table | None:
             rows.append([r.strategy, f"{later:,} of {g['admits']:,}",
                          f"{g['deferred_ms'] / later if later else 0.0:.1f} ms",
                          f"{g['deferred_max_ms']:.1f} ms",
+                         f"{g['waited_admits']:,} ({g['admit_waited_ms']:.1f} ms)",
                          "inline" if g["inline"] else
                          f"{g['stalled_admits']:,} / {g['stalled_grows']:,}",
                          f"{g['split_admits']:,}"])
     if not rows:
         return None
-    return Table("range strategies: admissions put off until mapped, commits a step waited for",
-                 ("strategy", "admitted later", "mean wait", "max wait", "waits: admit / grow",
-                  "split leases"), _rows(rows))
+    return Table("range strategies: admissions put off until mapped or spun for, commits a "
+                 "step waited for",
+                 ("strategy", "admitted later", "mean wait", "max wait", "spun for",
+                  "waits: admit / grow", "split leases"), _rows(rows))
 
 
 def _lead(cmp: WorkloadComparison) -> str:
@@ -163,8 +167,10 @@ def workload_report(cmp: WorkloadComparison, *,
       stall), driver calls, handles at the end, predicted bandwidth over ``cudaMalloc``'s,
       and the serving outcome (completed, rejected, preempted);
     - what requests waited: time to first token at p50, p99 and worst
-      (``first_token_*_ms``), admissions put off until their memory was mapped, and
-      request latency at p50 and p99 (``latency_*_s``);
+      (``first_token_*_ms``), what memory added to it at p99 and worst
+      (``first_token_added_*_ms``: an admission put off, its step's driver stall),
+      admissions put off until their memory was mapped, and request latency at p50 and
+      p99 (``latency_*_s``);
     - where a range strategy ran, its allocator: admissions put off until their lease was
       mapped (the engine admits them at a later boundary instead of the step waiting: the
       cost moves to their first token) and their wait, which call each stall waited for,

@@ -150,16 +150,22 @@ class StrategyResult:
 
     def wait_summary(self) -> dict[str, float | int]:
         """What a request waited, for the summary row: time to first token (arrival to the
-        end of its prefill step) at p50 / p99 / max, ms; admissions put off until their
-        memory was mapped (``request-ranges+deferred``; 0 for the others); request latency
-        (arrival to last token) at p50 / p99, seconds."""
+        end of its prefill step) at p50 / p99 / max, ms; what memory added to it
+        (``first_token_added_*_ms``: the time its admission was put off plus its prefill
+        step's driver stall, 0 for most; over every served request's first token);
+        admissions put off until their memory was mapped (``request-ranges+deferred``; 0
+        for the others); request latency (arrival to last token) at p50 / p99, seconds."""
         s = self.serving
         ttft = sorted(s.first_token_s)
+        added = sorted(s.first_token_added_s)
         lat = sorted(s.latency_s)
         put_off = self.ranges.get("deferred_admits", 0)
         return {"first_token_p50_ms": round(_nearest_rank(ttft, 50) * 1e3, 3),
                 "first_token_p99_ms": round(_nearest_rank(ttft, 99) * 1e3, 3),
                 "first_token_max_ms": round(ttft[-1] * 1e3, 3) if ttft else 0.0,
+                "first_token_added_p50_ms": round(_nearest_rank(added, 50) * 1e3, 3),
+                "first_token_added_p99_ms": round(_nearest_rank(added, 99) * 1e3, 3),
+                "first_token_added_max_ms": round(added[-1] * 1e3, 3) if added else 0.0,
                 "admissions_put_off": int(put_off),
                 "latency_p50_s": round(_nearest_rank(lat, 50), 3),
                 "latency_p99_s": round(_nearest_rank(lat, 99), 3)}
@@ -326,6 +332,10 @@ class _Hooks:
         self.used_pages = 0
         self.background_s = 0.0  # driver time of off-path work
         self.worker_until = 0.0  # when the modelled backing thread is free again
+        # (when each recent job was given to the thread, worker_until after it): how busy
+        # the thread was at an earlier time, for a commit given to it when its request
+        # joined the queue, before the jobs of the boundaries since
+        self._issued: list[tuple[float, float]] = []
         self.waited_s = 0.0  # decode-path waits for off-path work since the last update
         self._in_job = False  # a job runs: one it queues waits its turn (a thread's queue)
         self._later: list[Callable[[], None]] = []
@@ -452,15 +462,27 @@ class _Hooks:
         # admit then, with the prompt's size), if the thread was free by then.
         queued = getattr(self.allocator, "queued_s", None)
         start = now if queued is None or not waited else min(now, queued)
+        # The thread runs jobs in the order they were given: one given at ``start`` (before
+        # this boundary) waits only for those given by then, not for the refills and
+        # give-backs of the boundaries since (those wait for it: the thread's end moves on
+        # by its cost).
+        busy = self.worker_until
+        if start < now:
+            busy = max((u for t, u in self._issued if t <= start), default=0.0)
+        end = max(busy, start) + cost
         self.worker_until = max(self.worker_until, start) + cost
+        issued = self._issued
+        issued.append((start, self.worker_until))
+        if len(issued) > 256:  # only the last second's jobs can still be running
+            issued[:] = [(t, u) for t, u in issued if u > now - 1.0]
         self.background_s += cost
         if waited and getattr(self.allocator, "deferring", False):
             # an admission the engine puts off until its lease is mapped: nobody waits now;
             # the allocator admits it at the first boundary at or after this
             self.allocator.ready_at = max(  # type: ignore[attr-defined]
-                self.allocator.ready_at, self.worker_until)  # type: ignore[attr-defined]
+                self.allocator.ready_at, end)  # type: ignore[attr-defined]
         elif waited:
-            wait = max(0.0, self.worker_until - now)
+            wait = max(0.0, end - now)
             self.waited_s += wait
             if wait > 0:  # which call a decode step waited for (range strategies say)
                 doing = getattr(self.allocator, "doing", None)
@@ -487,6 +509,8 @@ class _Hooks:
         self.strategy.update(allocated, freed, high_water)
         self.used_pages += len(allocated) - len(freed)
         stall, self.waited_s = self.waited_s, 0.0
+        if isinstance(self.allocator, LeaseAllocator):  # its steps' spins on leases
+            stall += self.allocator.take_wait()
         if len(self.trace.events) != self.seen:
             before = self.calls
             stall += self.account()
@@ -802,6 +826,7 @@ def _serve(strat: Strategy, owner: KvBufferOwner, tracer: TracingDriver, inner: 
     strat.start()
     hooks.account()
     hooks.waited_s = hooks.background_s = hooks.worker_until = 0.0
+    hooks._issued.clear()
     # the constructor's slot-0 calls and prepare/start: everything before serving
     startup_s = sum((e.sim_us if sim else e.wall_us) for e in tracer.trace.events) * 1e-6
     serving = ServingModel(o.config, setup.step_model, pool_pages=pool_pages,

@@ -264,6 +264,12 @@ class ServingStats:
     #: its prefill step (queueing, an admission put off while its memory maps, the step's
     #: driver stall and the prefill itself), in the order their prefills ran
     first_token_s: tuple[float, ...] = field(default=(), repr=False)
+    #: what memory added to each of those first tokens, seconds, in the same order: the
+    #: time its admission was put off while its memory mapped (from the boundary it was
+    #: first put off at to the one that admitted it) plus the driver stall of its prefill
+    #: step (a bounded wait for its lease, another commit the step waited for, a prefix
+    #: growth); 0 for a request admitted when it could be onto a step that did not stall
+    first_token_added_s: tuple[float, ...] = field(default=(), repr=False)
     #: each finished request's latency, seconds: from its arrival to its last token, in
     #: the order they finished
     latency_s: tuple[float, ...] = field(default=(), repr=False)
@@ -271,7 +277,7 @@ class ServingStats:
 
 class _Req:
     __slots__ = ("admit", "arrival_s", "done", "gen0", "npages", "out", "pages", "prompt",
-                 "queued_s", "rid", "ver")
+                 "put_off_s", "queued_s", "rid", "ver")
 
     def __init__(self, rid: int, prompt: int, out: int, queued_s: float = 0.0) -> None:
         self.rid = rid
@@ -285,6 +291,7 @@ class _Req:
         self.npages = 0
         self.pages: list[int] = []
         self.ver = 0  # bumped on preemption: heap entries of an older version are stale
+        self.put_off_s: float | None = None  # the boundary its admission was first put off at
 
 
 _DONE, _PAGE = 0, 1
@@ -390,6 +397,8 @@ class ServingModel:
         first_token: list[float] = []
         latency: list[float] = []
         firsts: list[float] = []  # arrivals of the requests whose prefill the next step runs
+        first_added: list[float] = []
+        put_offs: list[float] = []  # ... and how long each was put off (0: not at all)
         while True:
             yield now
             alloc.now_s = now
@@ -466,10 +475,14 @@ class ServingModel:
                 if not alloc.prepare(w.rid, need):  # its memory is being mapped: admitted
                     alloc.queued_s = None  # at a later boundary, the step does not wait
                     head_ready = alloc.ready_s(w.rid)  # (first come, first served behind it)
+                    if w.put_off_s is None:
+                        w.put_off_s = now
                     break
                 waiting.popleft()
                 if not w.gen0:  # its first token comes out of this prefill (not a re-run)
                     firsts.append(w.arrival_s)
+                    put_offs.append(0.0 if w.put_off_s is None else now - w.put_off_s)
+                w.put_off_s = None
                 w.admit = S + 1
                 w.done = S + w.out  # its prefill step makes token 1
                 w.npages = need
@@ -555,7 +568,9 @@ class ServingModel:
             if firsts:  # the first of the k steps ends with their first tokens
                 t1 = now + stall + first + prefill * pre_s
                 first_token.extend(t1 - a for a in firsts)
+                first_added.extend(p + stall for p in put_offs)
                 firsts.clear()
+                put_offs.clear()
             now += dt
             busy += dt
             S += k
@@ -563,4 +578,5 @@ class ServingModel:
             requests=n_arr, completed=completed, rejected=rejected, preemptions=preemptions,
             steps=S, end_s=now, busy_s=busy, peak_running=peak_run, peak_used_pages=peak_used,
             stall_steps=tuple(stalls), mean_step_s=busy / S if S else 0.0, timed_out=timed_out,
-            first_token_s=tuple(first_token), latency_s=tuple(latency))
+            first_token_s=tuple(first_token), latency_s=tuple(latency),
+            first_token_added_s=tuple(first_added))

@@ -48,8 +48,9 @@ from kvvmm.owner import KvBufferOwner, Lease, RangeBacking
 from kvvmm.policy import GrowthPolicy, default_policy
 from kvvmm.workload.serving import SlotAllocator
 
-__all__ = ["STRATEGIES", "LeaseAllocator", "PageElastic", "PostCaptureFinalize", "PrefixGrowth",
-           "RequestRanges", "Static", "Strategy", "make_strategy"]
+__all__ = ["ADMIT_WAIT_S", "MAX_ADMIT_WAIT_S", "STRATEGIES", "LeaseAllocator", "PageElastic",
+           "PostCaptureFinalize", "PrefixGrowth", "RequestRanges", "Static", "Strategy",
+           "make_strategy"]
 
 
 class Strategy:
@@ -422,12 +423,22 @@ class LeaseAllocator(SlotAllocator):
     on the backing thread), as an engine that checks :attr:`Lease.ready` before it
     schedules a prefill does: the step does not wait for it. Growths during decode still
     wait (the request needs the page in this step).
+
+    ``admit_wait_s`` (with ``defer_unready``): the step first spins on
+    :attr:`Lease.ready` for up to this long past its boundary (all of the boundary's
+    admissions together): a commit that ends by then is waited for (the step stalls by
+    what is left of it, decode-path time) and the request admitted now; one that does not
+    is put off as above, the spin lost. A put-off waits a whole step, 10-150 ms on the
+    conversation trace, for a commit that mostly ends well under a millisecond after the
+    boundary (docs/ELASTIC.md, "First-token delay").
     """
 
     def __init__(self, backing: RangeBacking, page_size: int, *,
-                 defer_unready: bool = False, inline: bool = False) -> None:
+                 defer_unready: bool = False, inline: bool = False,
+                 admit_wait_s: float = 0.0) -> None:
         self.backing = backing
         self.defer_unready = defer_unready
+        self.admit_wait_s = _admit_wait(admit_wait_s)
         self.inline = inline  #: commits on the engine's thread: nothing to wait for
         self.ps = page_size
         self.ppb = backing.block_tokens // page_size
@@ -456,6 +467,25 @@ class LeaseAllocator(SlotAllocator):
         self.deferred_admits = 0  #: admissions put off to a later boundary (not ready)
         self.deferred_s = 0.0  #: serving seconds those admissions waited, in all
         self.deferred_max_s = 0.0  #: the longest one admission was put off
+        self.waited_admits = 0  #: admissions a step waited for, within ``admit_wait_s``
+        self.admit_waited_s = 0.0  #: decode-path seconds the steps spun on leases, in all
+        self.spun_out = 0  #: spins that ran out (the lease not ready): put off after all
+        self._spin_at = -1.0  # the boundary the decode thread spins at ...
+        self._spun_to = 0.0  # ... and until when it has spun there (serving seconds)
+        self._step_wait = 0.0  # spin time the runner has not yet added to a step
+
+    def take_wait(self) -> float:
+        """Seconds the step at this boundary spun on leases since the last call (the runner
+        adds them to the step's driver stall: decode-path time)."""
+        w, self._step_wait = self._step_wait, 0.0
+        return w
+
+    def _spin(self, until: float) -> None:
+        """The decode thread spins on :attr:`Lease.ready` until serving time ``until``."""
+        if until > self._spun_to:
+            self._step_wait += until - self._spun_to
+            self.admit_waited_s += until - self._spun_to
+            self._spun_to = until
 
     @property
     def free(self) -> int:
@@ -504,6 +534,7 @@ class LeaseAllocator(SlotAllocator):
     def prepare(self, rid: int, n: int) -> bool:
         if not self.defer_unready:
             return True
+        now = self.now_s
         if rid not in self._leases:
             self.doing = "admit"
             self.deferring, self.ready_at = True, 0.0
@@ -511,19 +542,29 @@ class LeaseAllocator(SlotAllocator):
                 self._admit(rid, n)
             finally:
                 self.deferring = False
-            if self.ready_at > self.now_s:
-                self._ready_at[rid] = (self.ready_at, self.now_s)
-                self.deferred_admits += 1
-        got = self._ready_at.get(rid)
-        if got is None:
-            return True
-        when, since = got
-        if when > self.now_s:
-            return False
-        del self._ready_at[rid]
-        waited = self.now_s - since
-        self.deferred_s += waited
-        self.deferred_max_s = max(self.deferred_max_s, waited)
+            when, since = self.ready_at, now
+        else:
+            got = self._ready_at.get(rid)
+            if got is None:
+                return True
+            when, since = got
+        if self._spin_at != now:  # a new boundary: the decode thread has not spun yet
+            self._spin_at, self._spun_to = now, now
+        if when > self._spun_to:  # not mapped by the time the step got to it
+            until = now + self.admit_wait_s
+            if when > until:  # spin until the bound (if any), then put it off
+                self.spun_out += until > self._spun_to
+                self._spin(until)
+                if rid not in self._ready_at:
+                    self.deferred_admits += 1
+                self._ready_at[rid] = (when, since)
+                return False
+            self._spin(when)
+            self.waited_admits += 1
+        if self._ready_at.pop(rid, None) is not None:
+            waited = now - since
+            self.deferred_s += waited
+            self.deferred_max_s = max(self.deferred_max_s, waited)
         return True
 
     def ready_s(self, rid: int) -> float:
@@ -566,7 +607,11 @@ class LeaseAllocator(SlotAllocator):
                 "stalled_admits": self.stalled_admits, "stalled_grows": self.stalled_grows,
                 "deferred_admits": self.deferred_admits,
                 "deferred_ms": round(self.deferred_s * 1e3, 3),
-                "deferred_max_ms": round(self.deferred_max_s * 1e3, 3)}
+                "deferred_max_ms": round(self.deferred_max_s * 1e3, 3),
+                "admit_wait_ms": round(self.admit_wait_s * 1e3, 3),
+                "waited_admits": self.waited_admits,
+                "admit_waited_ms": round(self.admit_waited_s * 1e3, 3),
+                "spun_out": self.spun_out}
 
     def release_for(self, rid: int, pages: Sequence[int]) -> None:
         got = self._leases.pop(rid, None)
@@ -575,6 +620,20 @@ class LeaseAllocator(SlotAllocator):
         self._high_water = None
         self.used -= got.handed
         self.backing.release(got.lease)
+
+
+#: the longest bounded wait for a lease at admission, seconds: past a decode step's length
+#: (10-150 ms on the conversation trace) putting the request off a step costs it less
+MAX_ADMIT_WAIT_S = 0.1
+#: the default: above what a lease's commit costs on the card at admission (0.03-0.27 ms
+#: past the boundary on the conversation trace, sim with the H200's costs), below the
+#: 5 ms worst step (docs/ELASTIC.md, "First-token delay")
+ADMIT_WAIT_S = 1e-3
+
+
+def _admit_wait(v: object) -> float:
+    return number_arg("admit_wait_s", v, lo=0.0, hi=MAX_ADMIT_WAIT_S,
+                      limit=f"a number of seconds in [0, {MAX_ADMIT_WAIT_S}]")
 
 
 class _Held:
@@ -603,24 +662,39 @@ class RequestRanges(Strategy):
             mapped yet at the step boundary is admitted at a later one (the engine checks
             :attr:`~kvvmm.owner.Lease.ready`) instead of the step waiting for its commit;
             False: the step waits (what the lab measured before, 2026-12-06).
+        admit_wait_s: with admissions put off: how long past its boundary a step first
+            spins on :attr:`~kvvmm.owner.Lease.ready` for the leases it admits, seconds in
+            ``[0, MAX_ADMIT_WAIT_S]`` (default :data:`ADMIT_WAIT_S`, 1 ms): a commit that
+            ends by then stalls the step by what is left of it and the request starts now;
+            a longer one is put off a step (0: every unready one is).
     """
 
     layout = "interleaved"
 
     def __init__(self, *, deferred: bool = False, reserve_bytes: int | None = None,
-                 high_bytes: int | None = None, defer_admissions: bool | None = None) -> None:
+                 high_bytes: int | None = None, defer_admissions: bool | None = None,
+                 admit_wait_s: float | None = None) -> None:
         bool_arg("deferred", deferred)
         for nm, v in (("reserve_bytes", reserve_bytes), ("high_bytes", high_bytes)):
             if v is not None:
                 int_arg(nm, v, lo=0, unit="bytes")
         if defer_admissions is not None:
             bool_arg("defer_admissions", defer_admissions)
-        for nm, v in (("reserve_bytes", reserve_bytes), ("high_bytes", high_bytes),
-                      ("defer_admissions", defer_admissions)):
-            if v is not None and not deferred:
-                raise ArgumentError(nm, v, "None without deferred=True")
+        if admit_wait_s is not None:
+            _admit_wait(admit_wait_s)
+        given: tuple[tuple[str, object], ...] = (
+            ("reserve_bytes", reserve_bytes), ("high_bytes", high_bytes),
+            ("defer_admissions", defer_admissions), ("admit_wait_s", admit_wait_s))
+        for nm, val in given:
+            if val is not None and not deferred:
+                raise ArgumentError(nm, val, "None without deferred=True")
+        if admit_wait_s is not None and defer_admissions is False:
+            raise ArgumentError("admit_wait_s", admit_wait_s,
+                                "None with defer_admissions=False (every step waits then)")
         self.deferred = deferred
         self.defer_admissions = deferred if defer_admissions is None else defer_admissions
+        self.admit_wait_s = (ADMIT_WAIT_S if admit_wait_s is None else float(admit_wait_s)) \
+            if self.defer_admissions else 0.0
         self.reserve_bytes = (48 << 20 if reserve_bytes is None else reserve_bytes) \
             if deferred else 0
         self.high_bytes = (self.reserve_bytes + (32 << 20) if high_bytes is None
@@ -635,7 +709,8 @@ class RequestRanges(Strategy):
         self.backing = RangeBacking(self.owner, reserve_bytes=self.reserve_bytes,
                                     high_bytes=self.high_bytes, executor=run)
         return LeaseAllocator(self.backing, self.page_size,
-                              defer_unready=self.defer_admissions, inline=run == "inline")
+                              defer_unready=self.defer_admissions, inline=run == "inline",
+                              admit_wait_s=self.admit_wait_s)
 
     def update(self, allocated: list[int], freed: list[int], high_water: int) -> None:
         pass  # the allocator backs each lease as it hands it out

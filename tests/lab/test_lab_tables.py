@@ -214,9 +214,10 @@ def test_a_report_with_a_range_strategy_adds_its_allocators_table_with_one_row_e
     for row, r in zip(ranges.rows, cmp.results[1:], strict=True):
         assert row[1] == f"{r.ranges['deferred_admits']:,} of {r.ranges['admits']:,}"
     assert ranges.rows[0][1].startswith("0 of")  # inline commits: nothing is put off ...
-    assert ranges.rows[0][4] == "inline"  # ... nor waited for: the step makes the calls
+    assert ranges.rows[0][5] == "inline"  # ... nor waited for: the step makes the calls
     r = cmp.results[2].ranges
-    assert ranges.rows[1][4] == f"{r['stalled_admits']:,} / {r['stalled_grows']:,}"
+    assert ranges.rows[1][4] == f"{r['waited_admits']:,} ({r['admit_waited_ms']:.1f} ms)"
+    assert ranges.rows[1][5] == f"{r['stalled_admits']:,} / {r['stalled_grows']:,}"
     assert all(len(line) <= TERMINAL_COLUMNS for line in rep.text().splitlines())
 
 

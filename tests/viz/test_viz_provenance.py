@@ -91,10 +91,12 @@ def test_the_trade_off_refuses_an_unknown_axis(cmp_b200: WorkloadComparison) -> 
 def test_the_report_has_a_table_of_what_requests_waited(cmp_b200: WorkloadComparison) -> None:
     rep = workload_report(cmp_b200)
     waits = next(t for t in rep.tables if t.title.startswith("what requests waited"))
-    assert waits.header[:5] == ("strategy", "first token p50", "p99", "max", "put off")
+    assert waits.header[:6] == ("strategy", "first token p50", "p99", "max", "added p99 / max",
+                                "put off")
     for row, r in zip(waits.rows, cmp_b200.results, strict=True):
         w = r.wait_summary()
-        assert row[0] == r.strategy and row[4] == f"{w['admissions_put_off']:,}"
+        assert row[0] == r.strategy and row[5] == f"{w['admissions_put_off']:,}"
+        assert row[4].startswith(f"{w['first_token_added_p99_ms']:,.1f} / ")
         assert row[2] == f"{w['first_token_p99_ms']:,.1f} ms"
 
 

@@ -148,8 +148,11 @@ def test_the_first_token_comes_at_the_end_of_the_prefill_step_and_a_queued_one_w
 
 
 def test_put_off_admissions_are_counted_and_their_wait_is_in_the_first_token() -> None:
-    wl = generate(seed=5, duration_s=20.0, rate_scale=3.0)
-    cmp = run_workload(wl, ["request-ranges", "request-ranges+deferred"])
+    from kvvmm.workload.strategies import RequestRanges
+
+    wl = generate(seed=5, duration_s=20.0, rate_scale=3.0)  # no bounded wait: all put off
+    cmp = run_workload(wl, ["request-ranges",
+                            lambda: RequestRanges(deferred=True, admit_wait_s=0.0)])
     plain, deferred = (r.summary() for r in cmp.results)
     assert plain["admissions_put_off"] == 0
     assert deferred["admissions_put_off"] == cmp.results[1].ranges["deferred_admits"] > 0
