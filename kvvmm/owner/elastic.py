@@ -1024,6 +1024,23 @@ class RangeBacking:
         return total
 
     @property
+    def leased_blocks(self) -> int:
+        """Blocks of live leases now. No lock, as :attr:`cached_blocks`."""
+        return self._leased
+
+    @property
+    def cached_blocks(self) -> int:
+        """Free blocks kept mapped now (deferred cache and reserve): a lease of them is ready
+        at once. A read of one count, no lock: an engine's scheduler asks it every step."""
+        return self._cached.free_units
+
+    @property
+    def free_blocks(self) -> int:
+        """Free blocks now, mapped or not (what an admission could lease). No lock, as
+        :attr:`cached_blocks`."""
+        return self._cached.free_units + self._fresh.free_units
+
+    @property
     def givable_bytes(self) -> int:
         """What :meth:`give_back` could free now: whole units free and mapped (the deferred
         cache and the reserve), every buffer's bytes; no contents are lost."""

@@ -490,7 +490,7 @@ class LeaseAllocator(SlotAllocator):
     @property
     def free(self) -> int:
         s = self.backing
-        return (s._cached.free_units + s._fresh.free_units) * self.ppb
+        return s.free_blocks * self.ppb
 
     @property
     def capacity(self) -> int:

@@ -661,7 +661,7 @@ class _RangesLive(_Live):
         return self.backing.givable_bytes
 
     def used_bytes(self) -> int:
-        return self.backing._leased * self.backing.block_bytes
+        return self.backing.leased_blocks * self.backing.block_bytes
 
     def trim(self, want: int | None, deadline_s: float) -> tuple[int, float]:
         """The cache and reserve given back through ``RangeBacking.give_back`` (off the
@@ -727,7 +727,7 @@ class _RangesAllocator(LeaseAllocator):
         bb = b.block_bytes
         if live.used_bytes() + blocks * bb > live.limit:  # a lowered limit: refuse
             return False
-        fresh = max(0, blocks - b._cached.free_units) * bb
+        fresh = max(0, blocks - b.cached_blocks) * bb
         return fresh == 0 or live.arbiter.grant(live, fresh, self.now_s)
 
 
