@@ -44,6 +44,7 @@ from kvvmm.hardware.spread import (
     level_of,
     spread_notes,
 )
+from kvvmm.workload.requests import RequestStream
 
 __all__ = ["BAND_QUANTILES", "PARALLEL_REQUESTS", "WORKLOAD_TIMES", "Band", "band_notes",
            "band_profiles", "banded", "growth_bands", "workload_bands"]
@@ -213,9 +214,10 @@ def workload_bands(workload: Any, strategies: Sequence[str], *, gpu: str = "h200
                               if p is not mid_p]
     if mid is None:
         qs.insert(0, None)
-    if workers is None:
+    if workers is None:  # a stream that does not know its count is long
+        n = workload.count if isinstance(workload, RequestStream) else len(workload)
         workers = 2 if (os.cpu_count() or 1) >= 2 and len(qs) > 1 and \
-            len(workload) * len(names) >= PARALLEL_REQUESTS else 1
+            (n is None or n * len(names) >= PARALLEL_REQUESTS) else 1
     done: dict[float | None, dict[str, float]] = {}
     if workers == 2 and len(qs) > 1:
         # The last run in a second process (a fresh interpreter: nothing this one holds,
