@@ -108,7 +108,8 @@ class Tally:
         for v in ex:
             self._bucket(v)
         k = self.sample_size
-        self._sample = list(ex) if len(ex) <= k else self._rng.sample(list(ex), k)
+        self._sample = (list(ex) if len(ex) <= k
+                        else [ex[i] for i in self._rng.sample(range(len(ex)), k)])
         self._exact = None
         self._sorted = None
 
