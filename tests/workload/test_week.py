@@ -5,11 +5,14 @@ in bounded summaries."""
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import random
+from pathlib import Path
 
 import pytest
 
+from kvvmm import cli
 from kvvmm.errors import ArgumentError
 from kvvmm.record import TracingDriver
 from kvvmm.workload import (
@@ -20,6 +23,7 @@ from kvvmm.workload import (
     generate,
     generate_stream,
     run_workload,
+    save_jsonl,
 )
 from kvvmm.workload import run as run_mod
 from kvvmm.workload import tally as tally_mod
@@ -164,3 +168,21 @@ def test_a_long_runs_summaries_timeline_and_trace_stay_bounded(
         assert a[k] == b[k], k
     for k in ("first_token_p50_ms", "first_token_p99_ms", "latency_p50_s", "latency_p99_s"):
         assert b[k] == pytest.approx(a[k], rel=RELATIVE_ERROR, abs=1e-3), k
+
+
+def test_kvvmm_replay_generated_takes_days_and_a_rate_scale_and_streams_them(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    args = ["replay", "generated", "--days", "0.0005", "--rate-scale", "2", "--strategy",
+            "static", "--model", "llama-3.1-8b", "--tp", "1", "--no-bands", "--json"]
+    assert cli.main(args) == 0
+    got = json.loads(capsys.readouterr().out)
+    held = generate(seed=0, duration_s=43.2, rate_scale=2.0)
+    assert got["requests"] == len(held) and got["workload"] == held.source
+    assert got["results"][0]["completed"] == len(held)
+    trace = generate(seed=0, duration_s=10.0)
+    path = str(tmp_path / "t.jsonl")
+    save_jsonl(trace.requests, path)
+    assert cli.main(["replay", path, "--rate-scale", "2", "--json"]) == 2
+    assert "--rate-scale is for the 'generated' trace" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # one length, not two
+        cli.main(["replay", "generated", "--days", "1", "--seconds", "60"])
