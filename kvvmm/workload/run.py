@@ -219,7 +219,7 @@ class RunSetup:
     config: ServingConfig
     step_model: StepTimeModel
     workload: str  #: the workload's source
-    requests: int
+    requests: int  #: requests in it (a stream's as read; -1: a stream no strategy read)
     #: host seconds the sim was told pass per serving second (None: no pauses; 1.0: real time)
     pause_scale: float | None = None
 
