@@ -3,8 +3,14 @@
     kvvmm replay TRACE --model llama-3.1-70b --gpu h200 --tp 8 --strategy prefix [...]
 
 TRACE is an Azure LLM inference trace CSV or a JSONL of requests, or ``generated`` for the
-generator fitted to Azure's conversation trace (``--seed``). With ``--tenants`` (and no TRACE)
-several models share one simulated GPU's budget (:mod:`kvvmm.workload.tenants`):
+generator fitted to Azure's conversation trace (``--seed``), drawn as it is replayed, so a
+week (``--days 7``; ``--rate-scale 8.07`` for Azure's 2024 week, about 27 M requests) runs
+in bounded memory:
+
+    kvvmm replay generated --days 7 --strategy request-ranges+deferred --no-bands
+
+With ``--tenants`` (and no TRACE) several models share one simulated GPU's budget
+(:mod:`kvvmm.workload.tenants`):
 
     kvvmm replay --tenants llama-3.1-8b:conv,qwen2.5-7b:generated@300 --budget 2GiB
 
@@ -53,9 +59,12 @@ from kvvmm.workload import (
     WorkloadComparison,
     find_trace,
     generate,
+    generate_stream,
     load_workload,
     run_workload,
 )
+from kvvmm.workload.generator import AZURE_2024_WEEK_SCALE, MAX_STREAM_S
+from kvvmm.workload.requests import Requests
 from kvvmm.workload.run import Progress, RunOptions, tqdm_progress
 from kvvmm.workload.tenants import Demand, Tenant, compare_tenants, run_tenants, shifted
 
@@ -81,9 +90,17 @@ def add_replay_parser(subparsers: Any) -> argparse.ArgumentParser:
                    metavar="NAME",
                    help=f"a strategy to run (repeat it; default: all): {', '.join(STRATEGIES)}")
     p.add_argument("--slot-order", choices=SLOT_ORDERS, default="lowest")
-    p.add_argument("--seconds", type=float_text, default=None,
-                   help="only the first SECONDS of the trace (generated: its length, "
-                        "default 600)")
+    span = p.add_mutually_exclusive_group()
+    span.add_argument("--seconds", type=float_text, default=None,
+                      help="only the first SECONDS of the trace (generated: its length, "
+                           "default 600)")
+    span.add_argument("--days", type=number_type(0, MAX_STREAM_S / 86400, "days", lo_open=True),
+                      default=None,
+                      help="generated: its length in days (7: a week), read as replayed")
+    p.add_argument("--rate-scale", type=number_type(0, 1e6, "times", lo_open=True), default=None,
+                   metavar="X",
+                   help=f"generated: times the fitted hour's rate of requests "
+                        f"({AZURE_2024_WEEK_SCALE}: Azure's 2024 week, ~27 M requests)")
     p.add_argument("--seed", type=int_type(0, MAX_SEED), default=0,
                    help="generated workloads' seed")
     p.add_argument("--driver", choices=DRIVER_KINDS, default="sim")
@@ -363,24 +380,38 @@ class _Refused(Exception):
     """Input refused with a message of its own (printed as it is, exit 2)."""
 
 
-def _read_workload(args: argparse.Namespace) -> Workload:
-    """The trace ``args`` names, cut to ``--seconds``, or the generated workload.
+def _read_workload(args: argparse.Namespace) -> Requests:
+    """The trace ``args`` names, cut to ``--seconds``, or the generated workload (a
+    stream: drawn as it is replayed, so ``--days 7`` holds no week of requests).
 
     Raises:
-        _Refused: not a file, or no requests.
+        _Refused: not a file, no requests, or a generated-only option on a file.
         KvvmmError, ValueError, OSError: a bad trace or a bad ``--seconds``.
     """
     if args.seconds is not None and args.trace != "generated":  # the generator says its own
         _check_seconds(args.seconds)
+    if args.trace != "generated":
+        for opt, v in (("--days", getattr(args, "days", None)),
+                       ("--rate-scale", getattr(args, "rate_scale", None))):
+            if v is not None:
+                raise _Refused(f"{opt} is for the 'generated' trace, not {args.trace!r}")
+    wl: Requests
     if args.trace == "generated":
-        wl = generate(seed=args.seed, duration_s=600.0 if args.seconds is None else args.seconds)
-    else:
-        if not Path(args.trace).is_file():
-            raise _Refused(f"trace {args.trace!r} is not a file (a .csv, a .jsonl, or "
-                           f"'generated')")
-        wl = load_workload(args.trace)
-        if args.seconds is not None:
-            wl = wl.first(args.seconds)
+        days = getattr(args, "days", None)
+        seconds = (days * 86400.0 if days is not None
+                   else 600.0 if args.seconds is None else args.seconds)
+        scale = getattr(args, "rate_scale", None)
+        wl = generate_stream(seed=args.seed, duration_s=seconds,
+                             rate_scale=1.0 if scale is None else scale)
+        if next(iter(wl), None) is None:
+            raise _Refused(f"trace {args.trace!r} has no requests")
+        return wl
+    if not Path(args.trace).is_file():
+        raise _Refused(f"trace {args.trace!r} is not a file (a .csv, a .jsonl, or "
+                       f"'generated')")
+    wl = load_workload(args.trace)
+    if args.seconds is not None:
+        wl = wl.first(args.seconds)
     if not len(wl):
         raise _Refused(f"trace {args.trace!r} has no requests")
     return wl
@@ -393,7 +424,7 @@ def _options(args: argparse.Namespace) -> RunOptions:
                       pause_scale=1.0 if args.real_time else None)
 
 
-def _replay(args: argparse.Namespace, wl: Workload, opts: RunOptions) -> WorkloadComparison:
+def _replay(args: argparse.Namespace, wl: Requests, opts: RunOptions) -> WorkloadComparison:
     """Every strategy asked for over ``wl``, with a progress bar on a terminal."""
     bar, report = _progress_bar("replay")
     try:
@@ -404,7 +435,7 @@ def _replay(args: argparse.Namespace, wl: Workload, opts: RunOptions) -> Workloa
             bar.close()
 
 
-def _bands(args: argparse.Namespace, wl: Workload, cmp: WorkloadComparison,
+def _bands(args: argparse.Namespace, wl: Requests, cmp: WorkloadComparison,
            opts: RunOptions) -> dict[str, Any]:
     """The p10-p90 bands of every timed figure (sim only; none with ``--no-bands``)."""
     if args.driver != "sim" or args.no_bands:

@@ -248,9 +248,10 @@ def _strips(cmp: WorkloadComparison | None, values: Callable[[StrategyResult], l
 
 def stall_figure(cmp: WorkloadComparison | None, *,
                  profile: str | DeviceProfile | None = None) -> go.Figure:
-    """Driver stall of each step that had one, per strategy (a strip of points, log scale);
-    the title names whose costs the times are (:func:`costs_line`)."""
-    fig = go.Figure(_strips(cmp, lambda r: [x * 1e3 for x in sorted(r.serving.stall_steps)],
+    """Driver stall of each step that had one, per strategy (a strip of points, log scale;
+    a uniform sample of them past a run's exact limit); the title names whose costs the
+    times are (:func:`costs_line`)."""
+    fig = go.Figure(_strips(cmp, lambda r: [x * 1e3 for x in sorted(r.serving.stalls.sample())],
                             lambda r: f"{html.escape(r.strategy)} ({r.stalled_share:.1%})",
                             "all"))
     fig.update_yaxes(title_text="driver time in one step (ms)", type="log")
@@ -266,9 +267,10 @@ def stall_figure(cmp: WorkloadComparison | None, *,
 def first_token_figure(cmp: WorkloadComparison | None, *,
                        profile: str | DeviceProfile | None = None) -> go.Figure:
     """Every request's time to first token, per strategy (a box, its outliers as points;
-    log scale); the title names whose costs the times are."""
+    log scale; a uniform sample past a run's exact limit); the title names whose costs the
+    times are."""
     fig = go.Figure(_strips(
-        cmp, lambda r: [x * 1e3 for x in r.serving.first_token_s],
+        cmp, lambda r: [x * 1e3 for x in r.serving.first_token.sample()],
         lambda r: html.escape(r.strategy), "outliers"))
     fig.update_yaxes(title_text="time to first token (ms)", type="log")
     line = costs_line(cmp, profile)

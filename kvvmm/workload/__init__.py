@@ -9,10 +9,17 @@ sharing one simulated GPU's budget: :mod:`kvvmm.workload.tenants`.
 
 from __future__ import annotations
 
-from kvvmm.workload.generator import WorkloadFit, azure_conv_fit, fit_workload, generate
+from kvvmm.workload.generator import (
+    WorkloadFit,
+    azure_conv_fit,
+    fit_workload,
+    generate,
+    generate_stream,
+)
 from kvvmm.workload.requests import (
     AZURE_CONV_TRACE,
     Request,
+    RequestStream,
     Workload,
     find_trace,
     load_azure_csv,
@@ -45,6 +52,7 @@ from kvvmm.workload.strategies import (
     Strategy,
     make_strategy,
 )
+from kvvmm.workload.tally import Tally
 from kvvmm.workload.tenants import (
     Demand,
     Tenant,
@@ -63,6 +71,7 @@ __all__ = [
     "PostCaptureFinalize",
     "PrefixGrowth",
     "Request",
+    "RequestStream",
     "RunOptions",
     "RunSetup",
     "ServingConfig",
@@ -73,6 +82,7 @@ __all__ = [
     "StepTimeModel",
     "Strategy",
     "StrategyResult",
+    "Tally",
     "Tenant",
     "TenantResult",
     "TenantsRun",
@@ -85,6 +95,7 @@ __all__ = [
     "find_trace",
     "fit_workload",
     "generate",
+    "generate_stream",
     "load_azure_csv",
     "load_jsonl",
     "load_workload",

@@ -52,6 +52,7 @@ from kvvmm.hardware.spread import (
     level_of,
     spread_notes,
 )
+from kvvmm.workload.requests import RequestStream
 
 __all__ = ["BAND_QUANTILES", "PARALLEL_REQUESTS", "WORKLOAD_TIMES", "Band", "band_notes",
            "band_profiles", "banded", "growth_bands", "workload_bands"]
@@ -223,9 +224,10 @@ def workload_bands(workload: Any, strategies: Sequence[str], *, gpu: str = "h200
         qs.insert(0, None)
     started = _startup_only(mid, names)
     served = [n for n in names if n not in started]
-    if workers is None:
+    if workers is None:  # a stream that does not know its count is long
+        n = workload.count if isinstance(workload, RequestStream) else len(workload)
         workers = 2 if (os.cpu_count() or 1) >= 2 and len(qs) > 1 and \
-            len(workload) * len(served) >= PARALLEL_REQUESTS else 1
+            (n is None or n * len(served) >= PARALLEL_REQUESTS) else 1
     done = _quantile_runs(workload, served, started, gpu, qs, kw, progress, workers)
     m = _flat(mid) if mid is not None else done[None]
     lo = done.get(BAND_QUANTILES[0], m)

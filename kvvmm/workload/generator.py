@@ -15,6 +15,13 @@ What the fit says (computed from the file, and checked in the tests against it):
   percentiles (0, 1, ..., 100), linearly interpolated (an empirical inverse CDF);
 - generated (output) tokens: median 129, p99 601, max 1,000 (mean 211), sampled the same way;
 - context and output are drawn independently: their log-correlation in the trace is 0.09.
+
+The fit is of one hour: it has no daily or weekly shape. A longer span repeats the hour's
+five-minute rate profile (``generate_stream(duration_s=7 * 86400)`` is 168 such hours); a
+week the size of Azure's published 2024 conversation week (about 27 M requests, a fleet's)
+is ``rate_scale=`` :data:`AZURE_2024_WEEK_SCALE`. :func:`generate_stream` draws the requests
+as they are read (the same requests as :func:`generate` for the same arguments), so a week
+is never held.
 """
 
 from __future__ import annotations
@@ -25,22 +32,32 @@ import itertools
 import json
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
 from kvvmm.checks import int_arg, is_int, number_arg
 from kvvmm.errors import ArgumentError, OutOfRangeError
-from kvvmm.workload.requests import Request, Workload
+from kvvmm.workload.requests import Request, RequestStream, Workload
 
-__all__ = ["MAX_REQUESTS", "WorkloadFit", "azure_conv_fit", "fit_workload", "generate",
-           "percentile"]
+__all__ = ["AZURE_2024_WEEK_REQUESTS", "AZURE_2024_WEEK_SCALE", "MAX_REQUESTS",
+           "MAX_STREAM_S", "WorkloadFit", "azure_conv_fit", "fit_workload", "generate",
+           "generate_stream", "percentile"]
 
 #: The most requests one generate() call draws (or is expected to): a hundred times the real
 #: trace's hour (19,366), ~200 MB of requests. A duration past it is refused before drawing
 #: (a typo such as 1e12 seconds ran the host out of memory).
 MAX_REQUESTS = 2_000_000
+#: The longest span a stream draws, seconds: a year (a stream holds no request, so only
+#: the time to replay it bounds it; a typo such as 1e12 is still refused).
+MAX_STREAM_S = 366 * 86400.0
+#: Conversation requests in Azure's published week of 2024 (AzurePublicDataset,
+#: ``AzureLLMInferenceTrace_conv_1week``), about: a fleet's traffic, not one engine's.
+AZURE_2024_WEEK_REQUESTS = 27_000_000
+#: ``rate_scale`` that makes the fitted hour's rate (5.53/s) a week of
+#: :data:`AZURE_2024_WEEK_REQUESTS` (about 44.6/s): 8.07.
+AZURE_2024_WEEK_SCALE = 8.07
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +163,71 @@ def _sampler(pcts: Sequence[float], rng: random.Random) -> int:
     return max(1, round(v))
 
 
+def _checked(fit: WorkloadFit | None, seed: int, duration_s: float | None,
+             requests: int | None, rate_scale: float, prefixes: int, prefix_tokens: int,
+             max_requests: float) -> tuple[WorkloadFit, float | None]:
+    """The fit and the span, every argument checked (``max_requests``: the most a span may
+    be expected to draw)."""
+    f = azure_conv_fit() if fit is None else fit
+    int_arg("seed", seed, limit="an int")
+    number_arg("rate_scale", rate_scale, lo=0, hi=1e6, lo_open=True, limit="a number in (0, 1e6]")
+    if requests is not None and (not is_int(requests) or not 1 <= requests <= max_requests):
+        raise ArgumentError("requests", requests, f"an int in [1, {max_requests:,.0f}] or None")
+    if duration_s is None and requests is None:
+        duration_s = f.duration_s
+    if duration_s is not None:
+        number_arg("duration_s", duration_s, lo=0, lo_open=True,
+                   limit="a finite number > 0 (seconds) or None")
+    if duration_s is not None:  # what it would draw, before drawing it
+        expected = f.rate_per_s * rate_scale * duration_s
+        if expected > max_requests:
+            raise OutOfRangeError("duration_s", duration_s,
+                                  f"at most {max_requests:,.0f} requests expected at "
+                                  f"{f.rate_per_s * rate_scale:g} per second (it would draw "
+                                  f"about {expected:,.0f}); shorten it or lower rate_scale")
+    for name, v in (("prefixes", prefixes), ("prefix_tokens", prefix_tokens)):
+        int_arg(name, v, lo=0, limit="an int >= 0")
+    return f, duration_s
+
+
+def _draw(f: WorkloadFit, seed: int, duration_s: float | None, requests: int | None,
+          rate_scale: float, prefixes: int, prefix_tokens: int) -> Iterator[Request]:
+    """The requests, one at a time in arrival order (:func:`generate` and
+    :func:`generate_stream` both read this)."""
+    rng = random.Random(seed)
+    edges = [0.0]
+    for r in f.rate_profile:  # cumulative expected arrivals at each bin's end (one cycle)
+        edges.append(edges[-1] + max(r, 1e-9) * f.rate_per_s * rate_scale * f.rate_bin_s)
+    cycle_s = f.rate_bin_s * len(f.rate_profile)
+    bins = len(f.rate_profile)
+    ctx, outs = f.context_percentiles, f.output_percentiles
+    drawn = 0
+    work = 0.0  # the process runs in "expected arrivals" time, mapped back through the profile
+    while True:
+        work += rng.expovariate(1.0)
+        cycles, w = divmod(work, edges[-1])
+        i = min(bisect.bisect_right(edges, w) - 1, bins - 1)
+        frac = (w - edges[i]) / (edges[i + 1] - edges[i])
+        t = cycles * cycle_s + (i + frac) * f.rate_bin_s
+        if duration_s is not None and t >= duration_s:
+            return
+        prompt = _sampler(ctx, rng)
+        output = _sampler(outs, rng)
+        pid = None
+        if prefixes:
+            pid = f"p{rng.randrange(prefixes)}"
+            prompt = max(prompt, prefix_tokens)
+        yield Request(round(t, 6), prompt, output, pid)
+        drawn += 1
+        if requests is not None and drawn >= requests:
+            return
+
+
+def _source(f: WorkloadFit, seed: int, rate_scale: float) -> str:
+    return f"generate(seed={seed}, fit={f.name!r}" + (f", rate_scale={rate_scale:g}"
+                                                      if rate_scale != 1.0 else "") + ")"
+
+
 def generate(
     *,
     seed: int = 0,
@@ -161,7 +243,8 @@ def generate(
     Arrivals are a Poisson process whose rate follows the fit's rate profile (times
     ``rate_scale``), wrapping around after the fitted duration; prompt and output lengths are
     drawn independently from the fit's percentiles. The same arguments give the same
-    requests (``random.Random(seed)``, no global state).
+    requests (``random.Random(seed)``, no global state). At most :data:`MAX_REQUESTS` are
+    held; :func:`generate_stream` draws longer spans as they are read.
 
     Args:
         seed: the seed.
@@ -178,50 +261,36 @@ def generate(
         A :class:`Workload` in arrival order.
     Raises:
         ArgumentError: a bad argument.
+        OutOfRangeError: a span expected to draw more than :data:`MAX_REQUESTS`.
     """
-    f = azure_conv_fit() if fit is None else fit
-    int_arg("seed", seed, limit="an int")
-    number_arg("rate_scale", rate_scale, lo=0, hi=1e6, lo_open=True, limit="a number in (0, 1e6]")
-    if requests is not None and (not is_int(requests) or not 1 <= requests <= MAX_REQUESTS):
-        raise ArgumentError("requests", requests, f"an int in [1, {MAX_REQUESTS:,}] or None")
-    if duration_s is None and requests is None:
-        duration_s = f.duration_s
-    if duration_s is not None:
-        number_arg("duration_s", duration_s, lo=0, lo_open=True,
-                   limit="a finite number > 0 (seconds) or None")
-    if duration_s is not None:  # what it would draw, before drawing it
-        expected = f.rate_per_s * rate_scale * duration_s
-        if expected > MAX_REQUESTS:
-            raise OutOfRangeError("duration_s", duration_s,
-                                  f"at most {MAX_REQUESTS:,} requests expected at "
-                                  f"{f.rate_per_s * rate_scale:g} per second (it would draw "
-                                  f"about {expected:,.0f}); shorten it or lower rate_scale")
-    for name, v in (("prefixes", prefixes), ("prefix_tokens", prefix_tokens)):
-        int_arg(name, v, lo=0, limit="an int >= 0")
-    rng = random.Random(seed)
-    edges = [0.0]
-    for r in f.rate_profile:  # cumulative expected arrivals at each bin's end (one cycle)
-        edges.append(edges[-1] + max(r, 1e-9) * f.rate_per_s * rate_scale * f.rate_bin_s)
-    cycle_s = f.rate_bin_s * len(f.rate_profile)
-    out: list[Request] = []
-    work = 0.0  # the process runs in "expected arrivals" time, mapped back through the profile
-    while True:
-        work += rng.expovariate(1.0)
-        cycles, w = divmod(work, edges[-1])
-        i = min(bisect.bisect_right(edges, w) - 1, len(f.rate_profile) - 1)
-        frac = (w - edges[i]) / (edges[i + 1] - edges[i])
-        t = cycles * cycle_s + (i + frac) * f.rate_bin_s
-        if duration_s is not None and t >= duration_s:
-            break
-        prompt = _sampler(f.context_percentiles, rng)
-        output = _sampler(f.output_percentiles, rng)
-        pid = None
-        if prefixes:
-            pid = f"p{rng.randrange(prefixes)}"
-            prompt = max(prompt, prefix_tokens)
-        out.append(Request(round(t, 6), prompt, output, pid))
-        if requests is not None and len(out) >= requests:
-            break
-    what = f"generate(seed={seed}, fit={f.name!r}" + (f", rate_scale={rate_scale:g}"
-                                                      if rate_scale != 1.0 else "") + ")"
-    return Workload(tuple(out), what)
+    f, span = _checked(fit, seed, duration_s, requests, rate_scale, prefixes, prefix_tokens,
+                       MAX_REQUESTS)
+    out = tuple(_draw(f, seed, span, requests, rate_scale, prefixes, prefix_tokens))
+    return Workload(out, _source(f, seed, rate_scale))
+
+
+def generate_stream(
+    *,
+    seed: int = 0,
+    duration_s: float,
+    fit: WorkloadFit | None = None,
+    rate_scale: float = 1.0,
+    prefixes: int = 0,
+    prefix_tokens: int = 0,
+) -> RequestStream:
+    """:func:`generate`'s requests for ``duration_s``, drawn as they are read: a
+    :class:`RequestStream` that holds none of them (a week is ``7 * 86400`` seconds).
+
+    The same arguments give the same requests as ``generate(...)``, in the same order,
+    each time the stream is read. Arguments as :func:`generate`'s; ``duration_s`` is
+    needed (at most :data:`MAX_STREAM_S`).
+
+    Raises:
+        ArgumentError: a bad argument (``duration_s`` past :data:`MAX_STREAM_S` included).
+    """
+    number_arg("duration_s", duration_s, lo=0, hi=MAX_STREAM_S, lo_open=True,
+               limit=f"a finite number of seconds in (0, {MAX_STREAM_S:g}]")
+    f, _ = _checked(fit, seed, duration_s, None, rate_scale, prefixes, prefix_tokens, math.inf)
+    opener = functools.partial(_draw, f, seed, float(duration_s), None, rate_scale, prefixes,
+                               prefix_tokens)
+    return RequestStream(opener, _source(f, seed, rate_scale), span_s=float(duration_s))

@@ -19,7 +19,7 @@ from __future__ import annotations
 import csv
 import json
 import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -28,8 +28,9 @@ from typing import Any
 from kvvmm.checks import is_int, is_number
 from kvvmm.errors import WorkloadFormatError
 
-__all__ = ["AZURE_COLUMNS", "AZURE_CONV_TRACE", "Request", "Workload", "find_trace",
-           "load_azure_csv", "load_jsonl", "load_workload", "save_jsonl"]
+__all__ = ["AZURE_COLUMNS", "AZURE_CONV_TRACE", "Request", "RequestStream", "Requests",
+           "Workload", "find_trace", "load_azure_csv", "load_jsonl", "load_workload",
+           "save_jsonl"]
 
 #: The Azure trace's columns, in order.
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
@@ -60,6 +61,19 @@ class Workload:
     def __len__(self) -> int:
         return len(self.requests)
 
+    def __iter__(self) -> Iterator[Request]:
+        return iter(self.requests)
+
+    @property
+    def count(self) -> int:
+        """Requests in it (a :class:`RequestStream` may not know its own)."""
+        return len(self.requests)
+
+    @property
+    def span_s(self) -> float:
+        """The last arrival, seconds (0 for none): how far a replay's clock goes at least."""
+        return self.requests[-1].arrival_s if self.requests else 0.0
+
     @property
     def duration_s(self) -> float:
         """Seconds from the first arrival to the last."""
@@ -72,6 +86,28 @@ class Workload:
                 f"seconds={_r(seconds)} is invalid: must be a finite number > 0")
         return Workload(tuple(r for r in self.requests if r.arrival_s < seconds),
                         f"{self.source} (first {seconds:g} s)")
+
+
+@dataclass(frozen=True, slots=True)
+class RequestStream:
+    """Requests in arrival order, drawn as they are read rather than held: a week of
+    traffic (millions of requests) replays in the memory of one request.
+
+    Each iteration calls ``opener`` for a fresh iterator, so a stream is read once per
+    strategy (and per band) and yields the same requests each time.
+    """
+
+    opener: Callable[[], Iterator[Request]]  #: a fresh iterator over the requests
+    source: str  #: the generator and its seed, or a path
+    span_s: float  #: arrivals lie in ``[0, span_s)`` (for progress; > the last arrival)
+    count: int | None = None  #: requests in it, when known before reading it
+
+    def __iter__(self) -> Iterator[Request]:
+        return self.opener()
+
+
+#: What a replay reads: requests held (:class:`Workload`) or drawn as read (:class:`RequestStream`).
+Requests = Workload | RequestStream
 
 
 def _int_field(row: int, field: str, text: object) -> int:
@@ -305,3 +341,10 @@ def as_workload(requests: Workload | Sequence[Request], source: str = "requests"
     if isinstance(requests, Workload):
         return requests
     return Workload(tuple(requests), source)
+
+
+def as_requests(requests: Requests | Sequence[Request], source: str = "requests") -> Requests:
+    """A :class:`Workload` or :class:`RequestStream` as it is; a sequence as a Workload."""
+    if isinstance(requests, RequestStream):
+        return requests
+    return as_workload(requests, source)

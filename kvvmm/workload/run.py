@@ -7,8 +7,16 @@ ranks are alike: each backs the same pages of its own shard), serves the workloa
 requests, backed, held by a handle pool, what page-elastic backing would need at best, handles,
 driver calls and their time on the decode path (the sim's clock on the sim driver, measured
 wall time of each call on host and CUDA), the batch, and the KV tensors' predicted bandwidth
-factor. Every driver call goes through a :class:`~kvvmm.record.TracingDriver` (calls are rare:
-a few hundred per hour of traffic), so a run's trace can be replayed on a fresh sim driver.
+factor. Every driver call goes through a :class:`~kvvmm.record.TracingDriver` (a range
+strategy makes about 140,000 in an hour of Azure's conversation trace); with ``record`` the run
+keeps them, so its trace can be replayed on a fresh sim driver.
+
+A run's memory does not grow with its length unless ``record`` asks for the trace: the
+requests are read one ahead (a :class:`~kvvmm.workload.requests.RequestStream` holds none),
+the traced calls are folded into counters and dropped, what is kept per step or per request
+is a :class:`~kvvmm.workload.tally.Tally` (exact up to a million values, then within 0.5 %),
+the means and peaks over time are running sums over every sample, and the timeline keeps
+every sample up to :data:`TIMELINE_CAP`, then one in two, four, ... (a figure's points).
 """
 
 from __future__ import annotations
@@ -17,6 +25,7 @@ import bisect
 import functools
 import heapq
 import time
+from array import array
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
@@ -36,7 +45,7 @@ from kvvmm.layout import KvBufferDesc, full_pool_descs, plan
 from kvvmm.owner import KvBufferOwner
 from kvvmm.record import Trace, TracingDriver
 from kvvmm.snapshot import ArenaSnapshot
-from kvvmm.workload.requests import Request, Workload, as_workload
+from kvvmm.workload.requests import Request, Requests, as_requests
 from kvvmm.workload.serving import (
     ServingConfig,
     ServingModel,
@@ -45,9 +54,14 @@ from kvvmm.workload.serving import (
     fewer_collections,
 )
 from kvvmm.workload.strategies import LeaseAllocator, Strategy, make_strategy
+from kvvmm.workload.tally import Tally
 
-__all__ = ["Progress", "RunOptions", "RunSetup", "StrategyResult", "Timeline", "WorkloadComparison",
-           "run_workload", "tqdm_progress"]
+__all__ = ["TIMELINE_CAP", "Progress", "RunOptions", "RunSetup", "StrategyResult", "Timeline",
+           "WorkloadComparison", "run_workload", "tqdm_progress"]
+
+#: Samples a timeline keeps one by one (an hour takes about 4,000); past it every other
+#: one is dropped and the stride doubles, so a week's timeline stays this size.
+TIMELINE_CAP = 1 << 18
 
 _PLAIN_TB_S = H200_BANDWIDTH.reference_tb_s("plain") or 4.19
 
@@ -69,6 +83,8 @@ class Timeline:
     running: tuple[int, ...]
     waiting: tuple[int, ...]
     bandwidth_factor: tuple[float, ...]  #: KV tensors' predicted bandwidth vs cudaMalloc
+    #: one sample in this many is kept (1: every one; more past :data:`TIMELINE_CAP`)
+    kept_every: int = 1
 
     def __len__(self) -> int:
         return len(self.t_s)
@@ -135,13 +151,13 @@ class StrategyResult:
     @property
     def stalled_p50_s(self) -> float:
         """Median driver wait of the steps that had one (0 when none did)."""
-        return _nearest_rank(sorted(self.serving.stall_steps), 50)
+        return self.serving.stalls.quantile(50)
 
     @property
     def stalled_p99_s(self) -> float:
         """p99 driver wait of the steps that had one: what a stalled step costs. The p99
         over *every* step (:attr:`p99_stall_s`) is what a step costs (most cost nothing)."""
-        return _nearest_rank(sorted(self.serving.stall_steps), 99)
+        return self.serving.stalls.quantile(99)
 
     @property
     def mean_waste_bytes(self) -> float:
@@ -156,19 +172,17 @@ class StrategyResult:
         admissions put off until their memory was mapped (``request-ranges+deferred``; 0
         for the others); request latency (arrival to last token) at p50 / p99, seconds."""
         s = self.serving
-        ttft = sorted(s.first_token_s)
-        added = sorted(s.first_token_added_s)
-        lat = sorted(s.latency_s)
+        ttft, lat, added = s.first_token, s.latency, s.first_token_added
         put_off = self.ranges.get("deferred_admits", 0)
-        return {"first_token_p50_ms": round(_nearest_rank(ttft, 50) * 1e3, 3),
-                "first_token_p99_ms": round(_nearest_rank(ttft, 99) * 1e3, 3),
-                "first_token_max_ms": round(ttft[-1] * 1e3, 3) if ttft else 0.0,
-                "first_token_added_p50_ms": round(_nearest_rank(added, 50) * 1e3, 3),
-                "first_token_added_p99_ms": round(_nearest_rank(added, 99) * 1e3, 3),
-                "first_token_added_max_ms": round(added[-1] * 1e3, 3) if added else 0.0,
+        return {"first_token_p50_ms": round(ttft.quantile(50) * 1e3, 3),
+                "first_token_p99_ms": round(ttft.quantile(99) * 1e3, 3),
+                "first_token_max_ms": round(ttft.max * 1e3, 3) if ttft.count else 0.0,
+                "first_token_added_p50_ms": round(added.quantile(50) * 1e3, 3),
+                "first_token_added_p99_ms": round(added.quantile(99) * 1e3, 3),
+                "first_token_added_max_ms": round(added.max * 1e3, 3) if added.count else 0.0,
                 "admissions_put_off": int(put_off),
-                "latency_p50_s": round(_nearest_rank(lat, 50), 3),
-                "latency_p99_s": round(_nearest_rank(lat, 99), 3)}
+                "latency_p50_s": round(lat.quantile(50), 3),
+                "latency_p99_s": round(lat.quantile(99), 3)}
 
     def summary(self) -> dict[str, float | int | str]:
         """The summary row: plain numbers, for a table or JSON."""
@@ -216,7 +230,7 @@ class RunSetup:
     config: ServingConfig
     step_model: StepTimeModel
     workload: str  #: the workload's source
-    requests: int
+    requests: int  #: requests in it (a stream's as read; -1: a stream no strategy read)
     #: host seconds the sim was told pass per serving second (None: no pauses; 1.0: real time)
     pause_scale: float | None = None
 
@@ -255,6 +269,15 @@ def _percentile_with_zeros(nonzero_sorted: Sequence[float], total: int, q: float
     return 0.0 if rank <= zeros else float(nonzero_sorted[rank - zeros - 1])
 
 
+def _tally_with_zeros(nonzero: Tally, total: int, q: float) -> float:
+    """:func:`_percentile_with_zeros` of a tally of the nonzero values (as exact as it is)."""
+    if total <= 0:
+        return 0.0
+    rank = max(1, -(-int(q * total) // 100)) if q < 100 else total  # nearest-rank, 1-based
+    zeros = total - nonzero.count
+    return 0.0 if rank <= zeros else nonzero.at_rank(rank - zeros)
+
+
 class _Mappings:
     """The arena's mappings, kept from the driver calls a trace records: the handle sizes
     that back it, in address order, without a snapshot of every mapping at each change.
@@ -274,9 +297,13 @@ class _Mappings:
     def map(self, va: int, size: int) -> None:
         bisect.insort(self.vas, va)
         self.size_at[va] = size
-        self.count[size] = self.count.get(size, 0) + 1
-        heapq.heappush(self._lowest.setdefault(size, []), va)
+        n = self.count[size] = self.count.get(size, 0) + 1
+        heap = self._lowest.setdefault(size, [])
+        heapq.heappush(heap, va)
         self.mapped_bytes += size
+        if len(heap) > 2 * n + 64:  # stale entries (unmapped since) past the live ones: drop
+            size_at = self.size_at  # them, so a week's maps do not pile up (a sorted list
+            heap[:] = sorted({v for v in heap if size_at.get(v) == size})  # is a heap)
 
     def unmap(self, va: int, size: int) -> None:
         vas = self.vas
@@ -357,8 +384,19 @@ class _Hooks:
         self.elastic_unmaps = 0  # ... and unmap and release
         self._elastic_pages([0], 1)  # slot 0's page is always in use
         self._factors: dict[tuple[tuple[int, int], ...], float] = {}
-        cols: list[list[float]] = [[] for _ in range(13)]
-        self.cols = cols
+        #: drop the trace's calls once counted (the run does not keep its trace): set when
+        #: serving starts, after the startup's calls are summed
+        self.prune = False
+        self.cols: list[array[float]] = [array("d") for _ in range(13)]
+        self._stride = 1  # keep one sample in this many (doubles past TIMELINE_CAP)
+        self._skipped = 0  # samples since the last one kept
+        # Over every sample, kept or not: the last one's time and values (used, backed,
+        # pool, elastic), each value's time-weighted sum so far, and the peaks.
+        self._first_t: float | None = None
+        self._last_t = 0.0
+        self._last: tuple[int, int, int, int] = (0, 0, 0, 0)
+        self._sums = [0.0, 0.0, 0.0, 0.0]
+        self.peaks = [0, 0, 0, 0]  #: most used, backed, pool-held, elastic bytes sampled
         self.account()
 
     def account(self) -> float:
@@ -384,6 +422,10 @@ class _Hooks:
                     self.handles -= 1
         self.calls += n - self.seen
         self.seen = n
+        if self.prune:  # counted: a week's calls are not kept
+            del events[:]
+            del self.trace.ops[:]
+            self.seen = 0
         self.backed = backed = self.owner.backed_bytes
         self.pool_held = 0 if self.hpool is None else self.hpool.held_bytes
         # Conservation: what the driver calls mapped is what the arena says it backs.
@@ -395,6 +437,8 @@ class _Hooks:
         key = tuple(maps.mix())
         factor = self._factors.get(key)
         if factor is None:
+            if len(self._factors) >= _FACTORS_KEPT:  # a cache, bounded over a week
+                self._factors.clear()
             factor = self._factors[key] = (predicted_mix_tb_s(
                 key, interleaved=len(self.owner.descs) > 1) / _PLAIN_TB_S) if key else 1.0
         self.kv_bandwidth_factor = factor
@@ -535,13 +579,49 @@ class _Hooks:
                     t[row].fill_(1)
 
     def sample(self, t_s: float, step: int, used_pages: int, high_water: int, running: int,
-               waiting: int) -> None:
+               waiting: int, *, keep: bool = False) -> None:
+        """Record the state now: into the running means and peaks always, into the
+        timeline when its stride says (or ``keep``: the run's last sample)."""
         used = (used_pages + 1) * self.page_bytes  # slot 0's page is used by capture
+        now = (used, self.backed, self.pool_held, self.elastic)
+        if self._first_t is None:
+            self._first_t = t_s
+        else:  # the previous sample held until now (the means are time-weighted)
+            dt = max(0.0, t_s - self._last_t)
+            sums, last = self._sums, self._last
+            for i in range(4):
+                sums[i] += last[i] * dt
+        self._last_t, self._last = t_s, now
+        peaks = self.peaks
+        for i in range(4):
+            if now[i] > peaks[i]:
+                peaks[i] = now[i]
+        self._skipped += 1
+        if self._skipped < self._stride and not keep:
+            return
+        self._skipped = 0
         c = self.cols
         for col, v in zip(c, (t_s, step, used, high_water, self.backed, self.pool_held,
                               self.elastic, self.handles, self.calls, self.driver_s,
                               running, waiting, self.kv_bandwidth_factor), strict=True):
             col.append(v)
+        if len(c[0]) >= TIMELINE_CAP:  # every other one goes; one in twice as many is kept
+            for i, col in enumerate(c):
+                c[i] = col[::2]
+            self._stride *= 2
+
+    def time_means(self, end: float) -> tuple[float, float, float, float]:
+        """Time-weighted means of used, backed, pool-held and elastic bytes from the first
+        sample to ``end``, each sample holding until the next (the last until ``end``)."""
+        if self._first_t is None:
+            return (0.0, 0.0, 0.0, 0.0)
+        span = end - self._first_t
+        dt = max(0.0, end - self._last_t)
+        totals = [s + v * dt for s, v in zip(self._sums, self._last, strict=True)]
+        if span > 0:
+            return (totals[0] / span, totals[1] / span, totals[2] / span, totals[3] / span)
+        return (float(self._last[0]), float(self._last[1]), float(self._last[2]),
+                float(self._last[3]))
 
     def timeline(self) -> Timeline:
         c = self.cols
@@ -550,8 +630,12 @@ class _Hooks:
                         high_water_pages=ints[3], backed_bytes=ints[4], pool_held_bytes=ints[5],
                         elastic_bytes=ints[6], handles=ints[7], driver_calls=ints[8],
                         driver_s=tuple(c[9]), running=ints[10], waiting=ints[11],
-                        bandwidth_factor=tuple(c[12]))
+                        bandwidth_factor=tuple(c[12]), kept_every=self._stride)
 
+
+#: bandwidth factors cached per mapping mix before the cache starts over (mixes recur; a
+#: week's range strategy could otherwise meet ever more of them)
+_FACTORS_KEPT = 1 << 16
 
 #: ``progress(done, total)``: how far a long run has got, in the units it names.
 Progress = Callable[[float, float], None]
@@ -559,7 +643,7 @@ Progress = Callable[[float, float], None]
 _REPORT_EVERY = 2048
 
 
-def _run_reporting(serving: ServingModel, wl: Workload, hooks: _Hooks,
+def _run_reporting(serving: ServingModel, wl: Requests, hooks: _Hooks,
                    report: Callable[[float], None] | None, span: float) -> ServingStats:
     """``serving.run(wl, hooks)``, telling ``report`` the serving time reached now and then
     (at most ``span``), and ``span`` at the end."""
@@ -608,18 +692,6 @@ def tqdm_progress(desc: str, *, unit: str = "s") -> tuple[Any, Progress]:
             bar.update(step)  # tqdm redraws at most every mininterval
 
     return bar, report
-
-
-def _time_mean(t: Sequence[float], v: Sequence[int], end: float) -> float:
-    """Time-weighted mean of a step function sampled at ``t`` (each value holds until the next)."""
-    if not t:
-        return 0.0
-    total = 0.0
-    for i in range(len(t)):
-        t1 = t[i + 1] if i + 1 < len(t) else end
-        total += v[i] * max(0.0, t1 - t[i])
-    span = end - t[0]
-    return total / span if span > 0 else float(v[-1])
 
 
 @dataclass(frozen=True, slots=True)
@@ -697,7 +769,7 @@ class _Shared:
     span: float  #: serving seconds a strategy's progress counts up to: its last arrival's
 
 
-def _shared(wl: Workload, o: RunOptions) -> _Shared:
+def _shared(wl: Requests, o: RunOptions) -> _Shared:
     """The pool every owner is built over: its tokens (planned unless given, in whole pages),
     its buffers in each layout (built on first use), its page's bytes, the step model."""
     prof, ps = get_profile(o.gpu), o.config.page_size
@@ -719,14 +791,14 @@ def _shared(wl: Workload, o: RunOptions) -> _Shared:
     setup = RunSetup(model=o.model, gpu=prof.key, tp=o.tp, dtype=o.dtype, page_size=ps,
                      pool_tokens=tokens, buffers=len(first),
                      page_bytes=sum(d.row_bytes * ps // d.tokens_per_row for d in first),
-                     config=o.config, step_model=sm, workload=wl.source, requests=len(wl),
-                     pause_scale=o.pause_scale)
-    span = max(wl.requests[-1].arrival_s if len(wl) else 0.0, 1e-9)
+                     config=o.config, step_model=sm, workload=wl.source,
+                     requests=-1 if wl.count is None else wl.count, pause_scale=o.pause_scale)
+    span = max(wl.span_s, 1e-9)
     return _Shared(o, setup, prof, descs, span)
 
 
 def run_workload(
-    workload: Workload | Sequence[Request],
+    workload: Requests | Sequence[Request],
     strategies: Sequence[str | Strategy | Callable[[], Strategy]] = ("static", "prefix"),
     *,
     options: RunOptions | None = None,
@@ -735,7 +807,9 @@ def run_workload(
     """Serve ``workload`` once per strategy, each on a fresh driver and owner.
 
     Args:
-        workload: the requests (a :class:`Workload` or a sequence in arrival order).
+        workload: the requests (a :class:`~kvvmm.workload.requests.Workload`, a
+            :class:`~kvvmm.workload.requests.RequestStream` read once per strategy, or a
+            sequence in arrival order).
         strategies: names (:data:`~kvvmm.workload.strategies.STRATEGIES`), strategy objects
             (each used once) or zero-argument factories.
         options: the model, GPU, driver, engine knobs and the rest (default
@@ -749,7 +823,7 @@ def run_workload(
             < 2 pages).
         DriverError: a driver call failed (out of memory, say).
     """
-    wl = as_workload(workload)
+    wl = as_requests(workload)
     o = RunOptions.build(options, **changes)
     shared = _shared(wl, o)
     results = []
@@ -757,14 +831,17 @@ def run_workload(
         report = None if o.progress is None else functools.partial(
             _report, o.progress, i * shared.span, shared.span * len(strategies))
         results.append(_run_one(spec, wl, shared, report))
-    return WorkloadComparison(setup=shared.setup, results=tuple(results))
+    setup = shared.setup
+    if setup.requests < 0 and results:  # a stream counts its requests as it is read
+        setup = replace(setup, requests=results[0].serving.requests)
+    return WorkloadComparison(setup=setup, results=tuple(results))
 
 
 def _report(progress: Progress, base: float, total: float, now: float) -> None:
     progress(base + now, total)  # a strategy's serving time, after the strategies before it
 
 
-def _run_one(spec: str | Strategy | Callable[[], Strategy], wl: Workload, shared: _Shared,
+def _run_one(spec: str | Strategy | Callable[[], Strategy], wl: Requests, shared: _Shared,
              report: Callable[[float], None] | None) -> StrategyResult:
     """One strategy's run on its own driver, owner and (if it has one) handle pool; all
     three closed whatever happens."""
@@ -810,7 +887,7 @@ class _Served:
 
 
 def _serve(strat: Strategy, owner: KvBufferOwner, tracer: TracingDriver, inner: Driver,
-           wl: Workload, shared: _Shared, report: Callable[[float], None] | None) -> _Served:
+           wl: Requests, shared: _Shared, report: Callable[[float], None] | None) -> _Served:
     """Bind the strategy to the owner, start it, and serve the workload through its hooks."""
     o, setup = shared.options, shared.setup
     pool_pages = setup.pool_tokens // setup.page_size
@@ -829,13 +906,14 @@ def _serve(strat: Strategy, owner: KvBufferOwner, tracer: TracingDriver, inner: 
     hooks._issued.clear()
     # the constructor's slot-0 calls and prepare/start: everything before serving
     startup_s = sum((e.sim_us if sim else e.wall_us) for e in tracer.trace.events) * 1e-6
+    hooks.prune = not o.record  # from here on, calls are counted and dropped
     serving = ServingModel(o.config, setup.step_model, pool_pages=pool_pages,
                            sample_s=o.sample_s, allocator=allocator)
     t0 = time.perf_counter()
     with fewer_collections():  # the replay's records all live to its end: fewer GC passes
         stats = _run_reporting(serving, wl, hooks, report, shared.span)
     wall = time.perf_counter() - t0
-    hooks.sample(stats.end_s, stats.steps, 0, 1, 0, 0)
+    hooks.sample(stats.end_s, stats.steps, 0, 1, 0, 0, keep=True)
     trace = None
     if o.record:
         tr = tracer.trace
@@ -848,25 +926,21 @@ def _result(strat: Strategy, driver: str, s: _Served, *, interleaved: bool) -> S
     """The strategy's result: its timeline, the means over time, the stalls, the bandwidth."""
     hooks, stats, snap = s.hooks, s.stats, s.snapshot
     tl = hooks.timeline()
-    stalls = sorted(stats.stall_steps)
+    stalls = stats.stalls
     sizes = [m.size_bytes for m in snap.mappings]
-    end = stats.end_s
+    used, backed, pool, elastic = hooks.time_means(stats.end_s)
     return StrategyResult(
         strategy=strat.name, driver=driver, serving=stats, timeline=tl,
         reserved_bytes=snap.reserved_bytes, startup_driver_s=s.startup_s,
         decode_driver_s=hooks.driver_s, driver_calls=hooks.calls,
         decode_driver_calls=hooks.decode_calls,
-        peak_backed_bytes=max(tl.backed_bytes),
-        mean_backed_bytes=_time_mean(tl.t_s, tl.backed_bytes, end),
-        mean_used_bytes=_time_mean(tl.t_s, tl.used_bytes, end),
-        peak_elastic_bytes=max(tl.elastic_bytes),
-        mean_elastic_bytes=_time_mean(tl.t_s, tl.elastic_bytes, end),
-        peak_pool_bytes=max(tl.pool_held_bytes),
-        mean_pool_bytes=_time_mean(tl.t_s, tl.pool_held_bytes, end),
+        peak_backed_bytes=hooks.peaks[1], mean_backed_bytes=backed, mean_used_bytes=used,
+        peak_elastic_bytes=hooks.peaks[3], mean_elastic_bytes=elastic,
+        peak_pool_bytes=hooks.peaks[2], mean_pool_bytes=pool,
         elastic_maps=hooks.elastic_maps, elastic_unmaps=hooks.elastic_unmaps,
-        p50_stall_s=_percentile_with_zeros(stalls, stats.steps, 50),
-        p99_stall_s=_percentile_with_zeros(stalls, stats.steps, 99),
-        max_stall_s=stalls[-1] if stalls else 0.0, stalled_steps=len(stalls),
+        p50_stall_s=_tally_with_zeros(stalls, stats.steps, 50),
+        p99_stall_s=_tally_with_zeros(stalls, stats.steps, 99),
+        max_stall_s=stalls.max if stalls.count else 0.0, stalled_steps=stalls.count,
         used_over_backed=hooks.used_over_backed,
         conservation_errors=hooks.conservation_errors, final_handles=hooks.handles,
         predicted_tb_s=predicted_bandwidth_tb_s(sizes, interleaved=interleaved)

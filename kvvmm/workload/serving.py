@@ -46,7 +46,8 @@ from kvvmm.checks import int_arg, number_arg
 from kvvmm.errors import ArgumentError
 from kvvmm.hardware import get_profile
 from kvvmm.layout import kv_bytes_per_token, weights_bytes_per_rank
-from kvvmm.workload.requests import Request, Workload
+from kvvmm.workload.requests import Request, Requests
+from kvvmm.workload.tally import Tally
 
 __all__ = ["SLOT_ORDERS", "ServingConfig", "ServingHooks", "ServingModel", "ServingStats",
            "SlotAllocator", "StepTimeModel", "fewer_collections"]
@@ -257,22 +258,45 @@ class ServingStats:
     busy_s: float  #: time spent in steps (the rest the engine idled)
     peak_running: int  #: most requests in one batch
     peak_used_pages: int  #: most pages in use at once
-    stall_steps: tuple[float, ...] = field(repr=False)  #: driver stall of each step that had one, s
+    #: driver stall of each step that had one, seconds (exact up to a million steps, then
+    #: a summary: :class:`~kvvmm.workload.tally.Tally`)
+    stalls: Tally = field(repr=False)
     mean_step_s: float = 0.0  #: mean step time, stalls included
     timed_out: int = 0  #: requests dropped after waiting ``max_wait_s`` (never finished)
     #: each served request's time to first token, seconds: from its arrival to the end of
     #: its prefill step (queueing, an admission put off while its memory maps, the step's
     #: driver stall and the prefill itself), in the order their prefills ran
-    first_token_s: tuple[float, ...] = field(default=(), repr=False)
+    first_token: Tally = field(default_factory=Tally, repr=False)
     #: what memory added to each of those first tokens, seconds, in the same order: the
     #: time its admission was put off while its memory mapped (from the boundary it was
     #: first put off at to the one that admitted it) plus the driver stall of its prefill
     #: step (a bounded wait for its lease, another commit the step waited for, a prefix
     #: growth); 0 for a request admitted when it could be onto a step that did not stall
-    first_token_added_s: tuple[float, ...] = field(default=(), repr=False)
+    first_token_added: Tally = field(default_factory=Tally, repr=False)
     #: each finished request's latency, seconds: from its arrival to its last token, in
     #: the order they finished
-    latency_s: tuple[float, ...] = field(default=(), repr=False)
+    latency: Tally = field(default_factory=Tally, repr=False)
+
+    @property
+    def stall_steps(self) -> tuple[float, ...]:
+        """:attr:`stalls`' values, in step order (ArgumentError past its exact limit)."""
+        return self.stalls.values()
+
+    @property
+    def first_token_s(self) -> tuple[float, ...]:
+        """:attr:`first_token`'s values, in prefill order (ArgumentError past its limit)."""
+        return self.first_token.values()
+
+    @property
+    def first_token_added_s(self) -> tuple[float, ...]:
+        """:attr:`first_token_added`'s values, in prefill order (ArgumentError past its
+        limit)."""
+        return self.first_token_added.values()
+
+    @property
+    def latency_s(self) -> tuple[float, ...]:
+        """:attr:`latency`'s values, in finishing order (ArgumentError past its limit)."""
+        return self.latency.values()
 
 
 class _Req:
@@ -345,7 +369,7 @@ class ServingModel:
             raise ArgumentError("sample_s", sample_s, "> 0 (seconds)")
         self.sample_s = sample_s
 
-    def run(self, workload: Workload | Sequence[Request], hooks: ServingHooks) -> ServingStats:
+    def run(self, workload: Requests | Sequence[Request], hooks: ServingHooks) -> ServingStats:
         """Serve every request; call ``hooks`` as pages come and go. Returns the stats."""
         steps = self.steps(workload, hooks)
         with fewer_collections():
@@ -356,12 +380,16 @@ class ServingModel:
                     stats: ServingStats = done.value
                     return stats
 
-    def steps(self, workload: Workload | Sequence[Request], hooks: ServingHooks
+    def steps(self, workload: Requests | Sequence[Request], hooks: ServingHooks
               ) -> Generator[float, None, ServingStats]:
         """:meth:`run` one boundary at a time: yields the serving time of each boundary before
         serving it, returns the stats. Several engines on one simulated GPU
-        (:mod:`kvvmm.workload.tenants`) advance the one whose next boundary comes first."""
-        reqs = workload.requests if isinstance(workload, Workload) else tuple(workload)
+        (:mod:`kvvmm.workload.tenants`) advance the one whose next boundary comes first.
+
+        The requests are read in order, one ahead of the clock (a stream of a week is never
+        held); what is kept per request or per step is a :class:`Tally` (bounded)."""
+        arrivals = iter(workload)
+        coming = next(arrivals, None)  # the next request to arrive (None: no more)
         cfg, sm = self.config, self.step_model
         ps = cfg.page_size
         alloc = SlotAllocator(self.pool_pages, cfg.slot_order) if self.allocator is None \
@@ -380,12 +408,11 @@ class ServingModel:
         S = 0  # steps done
         now = 0.0
         K = 0  # sum over running of (prompt + 1 - admit): their KV tokens are K + B * S
-        n_arr = len(reqs)
-        ai = 0
+        ai = 0  # requests read so far (the next one's id)
         completed = rejected = preemptions = 0
         busy = 0.0
         peak_run = peak_used = 0
-        stalls: list[float] = []
+        stalls = Tally()
         next_sample = 0.0
         sampled_at = -1.0  # when the last sample was taken
         allocated: list[int] = []
@@ -394,10 +421,10 @@ class ServingModel:
 
         max_wait = cfg.max_wait_s
         timed_out = 0
-        first_token: list[float] = []
-        latency: list[float] = []
+        first_token = Tally()
+        latency = Tally()
         firsts: list[float] = []  # arrivals of the requests whose prefill the next step runs
-        first_added: list[float] = []
+        first_added = Tally()
         put_offs: list[float] = []  # ... and how long each was put off (0: not at all)
         while True:
             yield now
@@ -448,13 +475,14 @@ class ServingModel:
                 while waiting and now - waiting[0].queued_s > max_wait:
                     alloc.unprepare(waiting.popleft().rid)
                     timed_out += 1
-            while ai < n_arr and reqs[ai].arrival_s <= now:
-                q = reqs[ai]
+            while coming is not None and coming.arrival_s <= now:
+                q = coming
                 if -(-(q.prompt_tokens + q.output_tokens) // ps) > usable:
                     rejected += 1
                 else:
                     waiting.append(_Req(ai, q.prompt_tokens, q.output_tokens, q.arrival_s))
                 ai += 1
+                coming = next(arrivals, None)
             B = len(running)
             budget = max_tok - B
             prefill = 0
@@ -527,7 +555,7 @@ class ServingModel:
                     if sampled_at < now:
                         hooks.sample(now, S, alloc.used, alloc.high_water, B, len(waiting))
                         sampled_at = now
-                    wake = head_ready if ai >= n_arr else min(head_ready, reqs[ai].arrival_s)
+                    wake = head_ready if coming is None else min(head_ready, coming.arrival_s)
                     now = max(now + stall, wake)
                     continue
                 if waiting and max_wait is not None:
@@ -538,7 +566,7 @@ class ServingModel:
                         sampled_at = now
                     now += stall + _RETRY_S
                     continue
-                if ai >= n_arr:
+                if coming is None:
                     break
                 # Idle: record the state now (the batch just emptied), then jump to the next
                 # arrival. Nothing changes in between, and a sample holds until the next one
@@ -547,7 +575,7 @@ class ServingModel:
                 if sampled_at < now:
                     hooks.sample(now, S, alloc.used, alloc.high_water, B, len(waiting))
                     sampled_at = now
-                now = max(now + stall, reqs[ai].arrival_s)
+                now = max(now + stall, coming.arrival_s)
                 continue
 
             # -- steps until the next event, in closed form --
@@ -558,8 +586,8 @@ class ServingModel:
                 k = 1
             elif head_ready is not None:  # back at the first boundary the head can start
                 k = max(1, min(k, math.ceil((head_ready - now) / first)))
-            elif ai < n_arr and max_run > B and not waiting:
-                ka = math.ceil((reqs[ai].arrival_s - now) / first)
+            elif coming is not None and max_run > B and not waiting:
+                ka = math.ceil((coming.arrival_s - now) / first)
                 k = max(1, min(k, ka))
             if now + first * k > next_sample:  # stop at the next sample time
                 k = max(1, min(k, math.ceil((next_sample - now) / first)))
@@ -575,8 +603,7 @@ class ServingModel:
             busy += dt
             S += k
         return ServingStats(
-            requests=n_arr, completed=completed, rejected=rejected, preemptions=preemptions,
+            requests=ai, completed=completed, rejected=rejected, preemptions=preemptions,
             steps=S, end_s=now, busy_s=busy, peak_running=peak_run, peak_used_pages=peak_used,
-            stall_steps=tuple(stalls), mean_step_s=busy / S if S else 0.0, timed_out=timed_out,
-            first_token_s=tuple(first_token), latency_s=tuple(latency),
-            first_token_added_s=tuple(first_added))
+            stalls=stalls, mean_step_s=busy / S if S else 0.0, timed_out=timed_out,
+            first_token=first_token, latency=latency, first_token_added=first_added)
