@@ -245,4 +245,6 @@ def test_a_kept_backup_serves_the_next_open_without_pinning_again(rt: FakeRuntim
     assert b.phases["reused"] == 0
     b.drop()
     assert wait_unpinned(5.0) and not rt.registered
-    assert len(rt.unregistered) == 3 + 5
+    # every chunk registered went back (the new backup's last chunks may not have been
+    # pinned yet when the drop stopped its workers: between 3 + 1 and 3 + 5 in all)
+    assert len(rt.unregistered) == rt.calls and 3 + 1 <= rt.calls <= 3 + 5
