@@ -252,25 +252,9 @@ class WorkloadComparison:
         return [r.summary() for r in self.results]
 
 
-def _nearest_rank(sorted_values: Sequence[float], q: float) -> float:
-    """The q-th percentile (nearest rank) of sorted values; 0 for none."""
-    if not sorted_values:
-        return 0.0
-    rank = max(1, -(-int(q * len(sorted_values)) // 100))
-    return float(sorted_values[min(rank, len(sorted_values)) - 1])
-
-
-def _percentile_with_zeros(nonzero_sorted: Sequence[float], total: int, q: float) -> float:
-    """The q-th percentile (nearest rank) of ``total`` values: zeros and the sorted rest."""
-    if total <= 0:
-        return 0.0
-    rank = max(1, -(-int(q * total) // 100)) if q < 100 else total  # nearest-rank, 1-based
-    zeros = total - len(nonzero_sorted)
-    return 0.0 if rank <= zeros else float(nonzero_sorted[rank - zeros - 1])
-
-
 def _tally_with_zeros(nonzero: Tally, total: int, q: float) -> float:
-    """:func:`_percentile_with_zeros` of a tally of the nonzero values (as exact as it is)."""
+    """The q-th percentile (nearest rank) of ``total`` values: zeros and a tally of the
+    nonzero ones (as exact as the tally is)."""
     if total <= 0:
         return 0.0
     rank = max(1, -(-int(q * total) // 100)) if q < 100 else total  # nearest-rank, 1-based

@@ -83,7 +83,7 @@ from kvvmm.layout import full_pool_descs
 from kvvmm.owner import KvBufferOwner, RangeBacking
 from kvvmm.record import Trace, TracingDriver
 from kvvmm.workload.requests import Request, Workload, as_workload
-from kvvmm.workload.run import _nearest_rank, _percentile_with_zeros
+from kvvmm.workload.run import _tally_with_zeros
 from kvvmm.workload.serving import (
     ServingConfig,
     ServingModel,
@@ -225,17 +225,17 @@ class TenantResult:
     def stalled_share(self) -> float:
         """The share of steps that waited on the driver (0..1)."""
         s = self.serving
-        return len(s.stall_steps) / s.steps if s.steps else 0.0
+        return s.stalls.count / s.steps if s.steps else 0.0
 
     @property
     def stalled_p99_s(self) -> float:
         """p99 driver wait over the steps that had one (0 when none did)."""
-        return _nearest_rank(sorted(self.serving.stall_steps), 99)
+        return self.serving.stalls.quantile(99)
 
     @property
     def p99_stall_s(self) -> float:
         """p99 driver wait over every step."""
-        return _percentile_with_zeros(sorted(self.serving.stall_steps), self.serving.steps, 99)
+        return _tally_with_zeros(self.serving.stalls, self.serving.steps, 99)
 
     def summary(self) -> dict[str, float | int | str]:
         """The summary row: plain numbers, for a table or JSON."""
