@@ -28,12 +28,13 @@ import datetime
 import json
 import os
 import platform
-import subprocess
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
+
+from kvvmm.measure.machine import commit
 
 ROOT = Path(__file__).resolve().parents[2]
 MIB = 1 << 20
@@ -167,14 +168,6 @@ def chart(rows: list[dict[str, Any]], span: float | None, paces: list[str]) -> A
     return fig
 
 
-def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
-                              text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "?"
-
-
 def main(argv: list[str] | None = None) -> int:
     from kvvmm.workload import find_trace
 
@@ -235,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
                              "premium of an engine serving the trace as it came"},
            "targets": TARGETS, "date": datetime.date.today().isoformat(),
            "versions": {"kvvmm": kvvmm.__version__, "python": platform.python_version(),
-                        "commit": _commit()},
+                        "commit": commit(ROOT)},
            "wall_s": round(time.perf_counter() - t0, 1), "rows": rows}
     Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
     print(f"wrote {args.out} ({len(rows)} runs, {out['wall_s']} s)")

@@ -29,35 +29,11 @@ from pathlib import Path
 from typing import Any
 
 import kvvmm
+from kvvmm.measure.machine import commit, cpu_model, load_average
 from kvvmm.workload import STRATEGIES, find_trace, load_workload, run_workload
 from kvvmm.workload.bands import workload_bands
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
-                              text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "?"
-
-
-def _load() -> list[float]:
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except OSError:
-        return []
 
 
 def _children_cpu() -> float:
@@ -76,7 +52,7 @@ def _timed(fn: Any) -> tuple[Any, float, float]:
 def measure(path: str, seconds: float | None, bands: bool, workers: int | None,
             repeat: int) -> dict[str, Any]:
     """One measurement of this ``kvvmm`` (the least of ``repeat`` of each figure)."""
-    load0 = _load()
+    load0 = load_average()
     t0 = time.perf_counter()
     wl = load_workload(path)
     if seconds is not None:
@@ -124,7 +100,7 @@ def measure(path: str, seconds: float | None, bands: bool, workers: int | None,
               f"{out['bands_cpu_s']:7.2f} s CPU", flush=True)
         out["total_wall_s"] = round(out["replay_wall_s"] + out["bands_wall_s"], 3)
         out["total_cpu_s"] = round(out["replay_cpu_s"] + out["bands_cpu_s"], 3)
-    out["load_before"], out["load_after"] = load0, _load()
+    out["load_before"], out["load_after"] = load0, load_average()
     return out
 
 
@@ -182,13 +158,13 @@ def main(argv: list[str] | None = None) -> int:
         before = _before(args.before, same)
         print("after: this checkout", flush=True)
     after = measure(str(path), args.seconds, not args.no_bands, args.workers, args.repeat)
-    after["commit"] = _commit()
+    after["commit"] = commit(ROOT)
     out: dict[str, Any] = {
         "benchmark": "workload_speed",
         "what": "kvvmm replay of the trace: every strategy on the sim (llama-3.1-70b TP8, "
                 "h200), then the p10/p90 bands",
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "machine": {"cpu": _cpu_model(), "cpu_count": os.cpu_count()},
+        "machine": {"cpu": cpu_model(), "cpu_count": os.cpu_count()},
         "versions": {"kvvmm": getattr(kvvmm, "__version__", "?"),
                      "python": platform.python_version(), "platform": platform.platform()},
         "trace": Path(path).name, "seconds": args.seconds, "repeat": args.repeat,

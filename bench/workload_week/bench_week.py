@@ -27,34 +27,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from kvvmm.measure.machine import commit, cpu_model, load_average
+
 ROOT = Path(__file__).resolve().parents[2]
 #: wall seconds between a child's reports
 _EVERY_S = 30.0
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
-                              text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "?"
-
-
-def _load() -> list[float]:
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except OSError:
-        return []
 
 
 def _rss_mib() -> float:
@@ -106,7 +83,7 @@ def _run_span(seconds: float, args: argparse.Namespace) -> dict[str, Any]:
     cmd = [sys.executable, __file__, "--child", str(seconds), "--strategy", args.strategy,
            "--rate-scale", str(args.rate_scale), "--seed", str(args.seed)]
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    load0 = _load()
+    load0 = load_average()
     w0 = time.perf_counter()
     reports: list[dict[str, Any]] = []
     with subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
@@ -140,7 +117,7 @@ def _run_span(seconds: float, args: argparse.Namespace) -> dict[str, Any]:
                            "wall_s": round(wall, 1),
                            "cpu_s": round(usage.ru_utime + usage.ru_stime, 1),
                            "peak_rss_mib": round(usage.ru_maxrss / 1024, 1),
-                           "load_before": load0, "load_after": _load(), "reports": reports}
+                           "load_before": load0, "load_after": load_average(), "reports": reports}
     if not cut:
         if not out.strip():
             raise RuntimeError(f"the {seconds:g} s span failed:\n{err[-3000:]}")
@@ -174,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     import kvvmm
 
     spans = [float(x) for x in args.spans.split(",")]
-    load0 = _load()
+    load0 = load_average()
     runs: list[dict[str, Any]] = []
     out: dict[str, Any] = {
         "benchmark": "workload_week",
@@ -183,9 +160,9 @@ def main(argv: list[str] | None = None) -> int:
                 f"(rate x{args.rate_scale:g}), llama-3.1-70b TP8 on the sim, profile h200",
         "card": "sim, profile h200",
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "machine": {"cpu": _cpu_model(), "cpu_count": os.cpu_count(),
+        "machine": {"cpu": cpu_model(), "cpu_count": os.cpu_count(),
                     "load_before": load0, "load_after": None},
-        "versions": {"kvvmm": getattr(kvvmm, "__version__", "?"), "commit": _commit(),
+        "versions": {"kvvmm": getattr(kvvmm, "__version__", "?"), "commit": commit(ROOT),
                      "python": platform.python_version(), "platform": platform.platform()},
         "strategy": args.strategy, "rate_scale": args.rate_scale, "seed": args.seed,
         "limit_s": args.limit_s or None, "runs": runs,
@@ -201,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         r = runs[-1]
         print(f"span {s:g} s: wall {r['wall_s']} s, cpu {r['cpu_s']} s, peak RSS "
               f"{r['peak_rss_mib']} MiB, completed {r['completed']}", flush=True)
-        out["machine"]["load_after"] = _load()
+        out["machine"]["load_after"] = load_average()
         Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
     print(f"wrote {args.out}")
     return 0

@@ -23,6 +23,8 @@ What they share, defined once (and what the ``bench/`` scripts import):
   wrapper that times every call (:class:`TimedDriver`) and the copy timer;
 - :mod:`kvvmm.measure.workload`: the decode growth timed (:class:`Workload`,
   :data:`BENCH_WORKLOAD`).
+- :mod:`kvvmm.measure.machine`: what a result records of the machine (CPU model, load,
+  commit).
 
 Nothing here is imported by ``import kvvmm``; torch and cuda-python are imported inside the
 functions that time them.
