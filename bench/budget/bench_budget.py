@@ -2,7 +2,7 @@
 
     python bench/budget/bench_budget.py [--driver host|cuda|auto] [--reps 1000] [--out PATH]
 
-Issue 29's target: the broker adds <= 20 us to a commit that needs no shedding. Measured
+The target: the broker adds <= 20 us to a commit that needs no shedding. Measured
 three ways, each rep interleaved so drift hits both sides alike:
 
 1. ``charge_credit``: ``Tenant.charge`` then ``Tenant.credit`` of one granule, alone: the
@@ -37,6 +37,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 import kvvmm
 from kvvmm.budget import BudgetedDriver, Ledger, Tenant
+from kvvmm.measure.machine import commit, cpu_model, load_average
+
+ROOT = Path(__file__).resolve().parents[2]
 
 TARGET_US = 20.0
 
@@ -93,17 +96,12 @@ def _card(driver: Any) -> str:
         import torch
 
         return str(torch.cuda.get_device_name(driver.device))
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return f"cpu: {line.split(':', 1)[1].strip()} (host driver)"
-    except OSError:
-        pass
-    return f"cpu: {platform.processor() or platform.machine()} (host driver)"
+    return f"cpu: {cpu_model()} (host driver)"
 
 
 def _versions() -> dict[str, str]:
-    v = {"python": platform.python_version(), "kvvmm": kvvmm.__version__}
+    v = {"python": platform.python_version(), "kvvmm": kvvmm.__version__,
+         "commit": commit(ROOT)}
     try:
         import torch
 
@@ -155,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "budget", "date": datetime.datetime.now(datetime.UTC).isoformat(
             timespec="seconds"),
         "card": _card(plain), "driver": plain.kind, "versions": _versions(),
+        "load_average": load_average(),
         "granularity_bytes": g, "reps": args.reps, "target_added_us": TARGET_US,
         "results": res,
         "summary": {

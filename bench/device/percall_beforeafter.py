@@ -1,6 +1,7 @@
 """kvvmm's CudaDriver per call, two trees side by side on one card (not a test).
 
     python3 bench/device/percall_beforeafter.py --before DIR --out FILE
+    bash bench/device/card_check.sh beforeafter     # DIR = .gpu/before, on the device
 
 Runs this tree and the tree at ``--before`` (each with its C fast path built) in alternating
 child processes, ``--rounds`` times: each child times create / map / set_access / unmap /

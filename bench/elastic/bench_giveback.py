@@ -15,18 +15,20 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
+import platform
 import statistics
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "budget"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench_budget import _card, _versions
-
+import kvvmm
 from kvvmm import KvBufferOwner, open_driver
 from kvvmm.layout import model_descs
+from kvvmm.measure.machine import commit, cpu_model, load_average
 from kvvmm.owner import RangeBacking
+
+ROOT = Path(__file__).resolve().parents[2]
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -67,9 +69,11 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    drv = open_driver(args.driver)
-    card = _card(drv)
-    drv.close()
+    card = f"cpu: {cpu_model()} ({args.driver} driver)"
+    if args.driver == "cuda":
+        import torch
+
+        card = torch.cuda.get_device_name(0)
     cases = [(GiB, 2 * MiB), (GiB, 32 * MiB), (GiB, 256 * MiB), (4 * GiB, 32 * MiB)]
     results = []
     for total, unit in cases:
@@ -85,8 +89,10 @@ def main() -> int:
               f"{r['elapsed_ms']} ms, stopped: {r['stopped']}", flush=True)
     doc = {"benchmark": "elastic-giveback",
            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-           "card": card, "driver": args.driver, "versions": _versions(),
-           "load_average": [round(x, 2) for x in os.getloadavg()],
+           "card": card, "driver": args.driver,
+           "versions": {"python": platform.python_version(), "kvvmm": kvvmm.__version__,
+                        "commit": commit(ROOT)},
+           "load_average": load_average(),
            "model": "llama-3.1-8b interleaved (2 MiB = 16 slots a block)",
            "what": "RangeBacking.give_back(None, deadline_s) of every cached unit on the "
                    "backing thread; elapsed from the call to the stop",

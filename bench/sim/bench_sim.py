@@ -21,16 +21,21 @@ import os
 import platform
 import sys
 import time
+from pathlib import Path
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
+import kvvmm
 from kvvmm import Chunked, Exact, Geometric, KvBufferOwner, SimDriver, mha_token_major
 from kvvmm.driver.faults import FaultyDriver
 from kvvmm.measure.elastic import GAP_S, LOOKAHEAD_BYTES, LOOKAHEAD_SWEEP
+from kvvmm.measure.machine import commit, cpu_model, load_average
 from kvvmm.measure.workload import BENCH_WORKLOAD
 from kvvmm.policy import default_policy
 from kvvmm.units import MiB
 from kvvmm.workload.bands import band_profiles
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def raw_ops(n: int = 100_000) -> dict[str, float]:
@@ -170,10 +175,10 @@ def main() -> None:
     res: dict[str, object] = {
         "benchmark": "sim", "date": datetime.datetime.now(datetime.UTC).isoformat(
             timespec="seconds"),
-        "machine": {"cpu": platform.processor() or platform.machine(),
-                    "cores": os.cpu_count(), "python": platform.python_version(),
-                    "card": "none (SimDriver, H200 profile)"},
-        "versions": {"torch": torch.__version__, "kvvmm": "0.1.0"},
+        "machine": {"cpu": cpu_model(), "cores": os.cpu_count(), "load_average": load_average(),
+                    "python": platform.python_version(), "card": "none (SimDriver, H200 profile)"},
+        "versions": {"torch": torch.__version__, "kvvmm": kvvmm.__version__,
+                     "commit": commit(ROOT)},
         "target": {"ops_per_s": 200_000},
     }
     res["raw"] = raw_ops()

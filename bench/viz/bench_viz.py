@@ -2,7 +2,7 @@
 
     python bench/viz/bench_viz.py [--out bench/results] [--repeat 7]   # writes viz-bench.json
 
-The target (issue 4, raised to 0.5 s by issue 12 for every view): a 10k-mapping figure built
+The targets: a 10k-mapping figure built
 in <= 0.2 s in Python; every view (bars, grouped heatmap, drill-down, the 160-buffer
 llama-3.1-70b TP8 map, 1,000 buffers, 100k mappings) in <= 0.5 s. The snapshot is
 what decode growth under ``Exact()`` leaves: 40 buffers of 1 GiB in one arena on the sim
@@ -23,6 +23,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
@@ -30,9 +31,12 @@ import plotly
 
 from kvvmm import Arena, ArenaSnapshot, KvBufferOwner, OwnerSnapshot, SimDriver, __version__
 from kvvmm.layout import load_model, model_descs
+from kvvmm.measure.machine import commit, cpu_model, load_average
 from kvvmm.snapshot import AllocationInfo, MappingInfo
 from kvvmm.units import GiB, MiB
 from kvvmm.viz import HEATMAP_THRESHOLD, describe, va_map
+
+ROOT = Path(__file__).resolve().parents[2]
 
 TARGET_S = 0.2
 VIEW_TARGET_S = 0.5
@@ -136,10 +140,11 @@ def main() -> int:
     res = {
         "benchmark": "viz",
         "date": date,
-        "machine": {"cpu": platform.processor() or platform.machine(),
-                    "cores": os.cpu_count(), "python": platform.python_version(),
+        "machine": {"cpu": cpu_model(), "cores": os.cpu_count(), "load_average": load_average(),
+                    "python": platform.python_version(),
                     "system": platform.platform(), "card": "none (SimDriver, H200 profile)"},
-        "versions": {"kvvmm": __version__, "plotly": plotly.__version__, "numpy": np_version},
+        "versions": {"kvvmm": __version__, "commit": commit(ROOT),
+                     "plotly": plotly.__version__, "numpy": np_version},
         "target": {"va_map_10k_s": TARGET_S, "every_view_s": VIEW_TARGET_S, "met": ok},
         "results": results,
     }

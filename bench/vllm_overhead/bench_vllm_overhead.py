@@ -42,6 +42,7 @@ from typing import Any
 import kvvmm
 from kvvmm.driver.base import Driver, DriverStats, MemoryKind
 from kvvmm.integrations.vllm import KvvmmVmmDriver
+from kvvmm.measure.machine import commit, cpu_model, load_average
 from kvvmm.measure.stats import percentile
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -235,7 +236,8 @@ def _card(device: int) -> str:
 
 def _versions() -> dict[str, str | None]:
     out: dict[str, str | None] = {"python": platform.python_version(),
-                                  "kvvmm": kvvmm.__version__, "vllm_files": "0.34.0"}
+                                  "kvvmm": kvvmm.__version__, "commit": commit(ROOT),
+                                  "vllm_files": "0.34.0"}
     for dist in ("torch", "cuda-python", "cuda-bindings"):
         try:
             out[dist] = importlib.metadata.version(dist)
@@ -294,6 +296,7 @@ def run(kind: str, sizes_mib: Sequence[int], rounds: int, warmup: int, device: i
               if row.get("ratio_cycle_median") is not None]
     return {"benchmark": "vllm-overhead", "card": card, "drivers": names,
             "versions": _versions(),
+            "machine": {"cpu": cpu_model(), "load_average": load_average()},
             "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "rounds": rounds, "warmup": warmup, "granularity_bytes": gran,
             "calls": list(CALLS), "skipped": skipped, "target_ratio": TARGET,

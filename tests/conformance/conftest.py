@@ -1,7 +1,7 @@
 """SGLang's own pools on kvvmm: the conformance suite's process.
 
 Run by ``tests/integrations/test_sglang_conformance_cpu.py`` (host driver, in CI) and by
-``bench/device/h200_session.sh sglang`` (CUDA, with the seed beside kvvmm) as its own pytest
+``bench/device/card_check.sh sglang`` (CUDA, with the seed beside kvvmm) as its own pytest
 process:
 the stand-ins it installs for SGLang's GPU stack (``standins.py``) must not reach the rest of
 the suite. ``KVVMM_SGLANG_DIR`` names the unpacked sglang wheel (``make sglang`` makes

@@ -17,11 +17,11 @@ hardware without a test failing:
   answered there. A row naming one of its cases (``h200=``) must expect that answer, and
   every case it recorded has a row.
 - ``bench/results/h200-cuda-rules.json``: what raw CUDA (cuda-python, no kvvmm) answered to
-  each probe of ``bench/cuda_rules/probe_cuda_rules.py``. :data:`PROBES` replays each probe on the
-  simulator: it must answer as the H200 did, except where kvvmm deliberately refuses more
-  than raw CUDA (:data:`STRICTER`: each of those is a refusal the CudaDriver itself made on
-  the H200, by its recording). Probes the simulator cannot express are listed with the
-  reason (:data:`NOT_EXPRESSIBLE`).
+  each probe of ``bench/cuda_rules/probe_cuda_rules.py`` (``git show 5543154:PATH`` brings it
+  back). :data:`PROBES` replays each probe on the simulator: it must answer as the H200 did,
+  except where kvvmm deliberately refuses more than raw CUDA (:data:`STRICTER`: each of those
+  is a refusal the CudaDriver itself made on the H200, by its recording). Probes the simulator
+  cannot express are listed with the reason (:data:`NOT_EXPRESSIBLE`).
 
 Below the table: rules about capacity (which only the simulator and host driver let a test
 set), what mem_info shows and what handles are shared as (``handle_type``) on every driver,
@@ -407,7 +407,7 @@ def kvvmm_on_h200() -> dict[str, Any]:
 
 @cache
 def raw_cuda_on_h200() -> dict[str, Any]:
-    """What raw CUDA answered per probe on an H200 (bench/cuda_rules/probe_cuda_rules.py)."""
+    """What raw CUDA answered per probe on an H200 (probe_cuda_rules.py of 5543154)."""
     data: dict[str, Any] = json.loads(find_result("h200-cuda-rules.json").read_text())
     return data
 
@@ -440,7 +440,7 @@ def test_the_h200_profile_holds_the_memory_the_h200_reported() -> None:
     assert SimDriver(profile="h200").mem_info()[1] == profile.capacity_bytes
 
 
-#: Each probe of bench/cuda_rules/probe_cuda_rules.py, as the same calls for the simulator. A
+#: Each probe of bench/cuda_rules/probe_cuda_rules.py (of 5543154), as the same calls for the sim. A
 #: comment after a call names the answer it recorded; calls without one are setup (the probe's
 #: ``must_*``) and must be accepted. Sizes in granules (G), as the probe's keys are.
 PROBES: dict[str, str] = {

@@ -130,3 +130,24 @@ def test_the_growth_steps_bench_refuses_a_kernel_gap_without_cuda() -> None:
     proc = script("growth/bench_growth_steps.py", "--driver", "host", "--gap", "kernel")
     assert proc.returncode == 2
     assert "--gap kernel needs --driver cuda" in proc.stderr
+
+
+def test_every_bench_script_has_its_row_in_the_bench_readme() -> None:
+    readme = (ROOT / "bench" / "README.md").read_text()
+    scripts = [p.relative_to(ROOT / "bench").as_posix() for p in (ROOT / "bench").rglob("*")
+               if p.suffix in (".py", ".sh") and "results" not in p.parts
+               and "__pycache__" not in p.parts]
+    assert scripts
+    missing = [s for s in scripts if f"| `{s}`" not in readme]
+    assert not missing, f"bench/README.md has no row for {missing}"
+
+
+def test_the_device_driver_refuses_a_mode_it_does_not_have_and_each_mode_has_a_row(
+        tmp_path: Path) -> None:
+    proc = subprocess.run(["bash", str(ROOT / "bench" / "device" / "card_check.sh"), "ranges"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60,
+                          env={"OUT": str(tmp_path), "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 2 and "no mode ranges" in proc.stderr
+    modes = proc.stderr.split("(", 1)[1].split(")", 1)[0].replace(",", " ").split()
+    readme = (ROOT / "bench" / "README.md").read_text()
+    assert [m for m in modes if f"| `{m}`" not in readme] == []

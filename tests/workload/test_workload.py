@@ -482,62 +482,6 @@ def test_ten_minutes_of_the_real_trace_replay_with_every_request_completed() -> 
     assert json.loads(json.dumps(r.summary()))["strategy"] == "prefix"
 
 
-# -- the GPU bench's parts that need no GPU ----------------------------------------------------
-
-
-def test_the_gpu_bench_compares_page_elastic_with_its_pool_measured_next_to_predicted(
-        tmp_path: Path) -> None:
-    import subprocess
-    import sys
-
-    root = Path(__file__).resolve().parents[2]
-    out = tmp_path / "smoke.json"
-    proc = subprocess.run([sys.executable, str(root / "bench" / "workload" /
-                                               "bench_workload_gpu.py"),
-                           "--smoke", "--out", str(out)], cwd=root, capture_output=True,
-                          text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    got = json.loads(out.read_text())
-    assert {"page-elastic", "page-elastic+pool"} <= set(got["default_strategies"])
-    pooled, row = got["runs"]
-    m, p = pooled["measured_host"], pooled["predicted_sim"]
-    assert m["strategy"] == p["strategy"] == "page-elastic+pool"
-    assert m["driver"] == "host" and p["driver"] == "sim"
-    assert m["driver_calls"] == p["driver_calls"] and m["completed"] == p["completed"]
-    runs = row["measured_host_rounds"]
-    assert len(runs) == 3 and [r["decode_driver_ms"] for r in runs] == sorted(
-        r["decode_driver_ms"] for r in runs)
-    assert row["measured_host"]["decode_driver_ms"] == runs[1]["decode_driver_ms"] \
-        == row["measured_host_median"]["decode_driver_ms"]
-    assert row["measured_host"]["held_over_used"] > 1.0
-    m = row["measured_host"]
-    assert row["predicted_pause_scale"] == pytest.approx(m["run_wall_s"] / m["end_s"], rel=1e-3)
-    cost = {k: row[k]["decode_driver_ms"] + row[k]["background_driver_ms"]
-            for k in ("predicted_sim_without_pauses", "predicted_sim", "predicted_sim_real_time")}
-    assert cost["predicted_sim_without_pauses"] <= cost["predicted_sim"] \
-        <= cost["predicted_sim_real_time"]
-    # the committed run made again on the sim, no GPU: the same predictions, with the ratios
-    again = got["repredicted"]
-    # ... and with the H100's own call costs (--profile h100): the same workload served (the
-    # pool and the steps are the H200's, as the run had them), other costs, named
-    h100 = got["repredicted_h100"]
-    assert h100["profile"]["label"] == "costs: h100, measured on an H100; capacity: h100"
-    assert h100["predicted_sim_without_pauses"]["completed"] == \
-        again["predicted_sim_without_pauses"]["completed"]
-    assert h100["predicted_sim"]["startup_driver_ms"] != again["predicted_sim"]["startup_driver_ms"]
-    assert again["measured_host"] == row["measured_host"]
-    assert again["predicted_pause_scale"] == row["predicted_pause_scale"]
-    med = row["measured_host_median"]
-    assert med["background_driver_ms"] > 0  # its commits ran off the decode path
-    for key in ("", "_without_pauses", "_real_time"):
-        for fig in ("decode_driver_ms", "background_driver_ms"):
-            if med[fig]:
-                assert again["ratio" + key][fig] == pytest.approx(
-                    again["predicted_sim" + key][fig] / med[fig], rel=1e-2, abs=1e-3)
-            else:  # admitted when ready, the decode path may wait for nothing at all
-                assert again["ratio" + key][fig] is None
-
-
 # -- the CLI --------------------------------------------------------------------------------
 
 
