@@ -115,3 +115,51 @@ def with_second_shares(data: Mapping[str, Any], results: Path) -> dict[str, Any]
     out = copy.deepcopy(dict(data))
     out[SECTION] = with_second(out[SECTION], shares["second"])
     return out
+
+
+def _shares(premium: Mapping[str, float],
+            partial_us: Mapping[str, Mapping[str, float]]) -> dict[str, list[list[float]]]:
+    """Each call's premium after each shorter pause as a share of its full premium, kept
+    rising with the pause (a noisy round must not make a longer pause cheaper) and in [0, 1];
+    calls whose full premium is 0 have none."""
+    out: dict[str, list[list[float]]] = {}
+    for op, full in premium.items():
+        if full <= 0:
+            continue
+        pts, top = [], 0.0
+        for ms, prem in sorted((float(k), v) for k, v in partial_us.items()):
+            top = min(1.0, max(top, float(prem.get(op, 0.0)) / full))
+            pts.append([ms, round(top, 3)])
+        if pts:
+            out[op] = pts
+    return out
+
+
+def section(cold: Mapping[str, Any], how: str) -> dict[str, Any]:
+    """The profile's cold premium: µs more per call kind after a pause, modelled when the
+    premiums sum to over 20% of the warm calls, with the shares after shorter pauses."""
+    prem = {op: max(0.0, float(v)) for op, v in cold["premium_us"].items()}
+    warm = sum(float(v) for v in cold["later_us"].values())
+    sec: dict[str, Any] = {
+        "unit": ("µs more for the first call of each kind after a pause (on a simulated "
+                 "device: its first call of each kind, and the first after "
+                 "SimDriver.pause of at least gap_ms; after shorter pauses, the share "
+                 "partial gives)"),
+        "gap_ms": float(cold["gap_ms"]),
+        "premium_us": prem,
+        "modelled": sum(prem.values()) > 0.2 * warm,
+        "source": (f"{how}: {cold['rounds']} rounds of a {cold['gap_ms']:g} ms sleep, one "
+                   f"round of calls (reserve, 4 x create / map / set_access, unmaps, releases, "
+                   f"free), then a warm round at once; the premium is the cold rounds' "
+                   f"first call's median minus the median of the later calls (reserve, "
+                   f"free: the warm rounds'); modelled when the premiums sum to over 20% "
+                   f"of the calls' warm costs"),
+        "measured": dict(cold),
+    }
+    partial = _shares(prem, cold.get("partial_us") or {})
+    if partial:
+        sec["partial"] = partial
+        sec["partial_source"] = (
+            f"{how}: the same rounds after each shorter pause, its premium over the "
+            f"{cold['gap_ms']:g} ms one's, per call: [[pause ms, share], ...]")
+    return sec

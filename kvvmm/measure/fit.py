@@ -14,6 +14,7 @@ from typing import Any
 from kvvmm.hardware.interp import Log2Curve
 from kvvmm.hardware.overhead import sim_costs
 from kvvmm.hardware.profiles import FORMAT, profile_from_data
+from kvvmm.measure import coldtail
 from kvvmm.measure.plan import Plan, plan_from_dict
 from kvvmm.measure.stats import mean_us, trimmed_mean
 from kvvmm.measure.timer import TimedDriver
@@ -337,24 +338,6 @@ def fit_library_overhead(data: Mapping[str, Any], growth_m: Mapping[str, Any],
     }
 
 
-def _cold_shares(premium: Mapping[str, float],
-                 partial_us: Mapping[str, Mapping[str, float]]) -> dict[str, list[list[float]]]:
-    """Each call's premium after each shorter pause as a share of its full premium, kept
-    rising with the pause (a noisy round must not make a longer pause cheaper) and in [0, 1];
-    calls whose full premium is 0 have none."""
-    out: dict[str, list[list[float]]] = {}
-    for op, full in premium.items():
-        if full <= 0:
-            continue
-        pts, top = [], 0.0
-        for ms, prem in sorted((float(k), v) for k, v in partial_us.items()):
-            top = min(1.0, max(top, float(prem.get(op, 0.0)) / full))
-            pts.append([ms, round(top, 3)])
-        if pts:
-            out[op] = pts
-    return out
-
-
 def _first_touch_section(ft: Mapping[str, Any], how: str) -> dict[str, Any]:
     """``first_touch``: the extra of a map (set_access) into an untouched region, the region's
     size, and whether a large mapping pays it per region it enters or once."""
@@ -462,36 +445,6 @@ def _per_mapping_sections(am: Mapping[str, Any], ic: Mapping[str, Any], plan: Pl
     return out
 
 
-def _cold_section(cold: Mapping[str, Any], how: str) -> dict[str, Any]:
-    """The profile's cold premium: µs more per call kind after a pause, modelled when the
-    premiums sum to over 20% of the warm calls, with the shares after shorter pauses."""
-    prem = {op: max(0.0, float(v)) for op, v in cold["premium_us"].items()}
-    warm = sum(float(v) for v in cold["later_us"].values())
-    sec: dict[str, Any] = {
-        "unit": ("µs more for the first call of each kind after a pause (on a simulated "
-                 "device: its first call of each kind, and the first after "
-                 "SimDriver.pause of at least gap_ms; after shorter pauses, the share "
-                 "partial gives)"),
-        "gap_ms": float(cold["gap_ms"]),
-        "premium_us": prem,
-        "modelled": sum(prem.values()) > 0.2 * warm,
-        "source": (f"{how}: {cold['rounds']} rounds of a {cold['gap_ms']:g} ms sleep, one "
-                   f"round of calls (reserve, 4 x create / map / set_access, unmaps, releases, "
-                   f"free), then a warm round at once; the premium is the cold rounds' "
-                   f"first call's median minus the median of the later calls (reserve, "
-                   f"free: the warm rounds'); modelled when the premiums sum to over 20% "
-                   f"of the calls' warm costs"),
-        "measured": dict(cold),
-    }
-    partial = _cold_shares(prem, cold.get("partial_us") or {})
-    if partial:
-        sec["partial"] = partial
-        sec["partial_source"] = (
-            f"{how}: the same rounds after each shorter pause, its premium over the "
-            f"{cold['gap_ms']:g} ms one's, per call: [[pause ms, share], ...]")
-    return sec
-
-
 def _library_sections(meas: Mapping[str, Any], data: Mapping[str, Any], plan: Plan,
                       how: str) -> dict[str, Any]:
     """``library_work_us`` (per operation), ``library_overhead_us`` (the per-call residual
@@ -550,7 +503,7 @@ def build_profile(meas: Mapping[str, Any], meta: Mapping[str, Any], plan: Plan) 
         data |= _per_mapping_sections(meas["access_multi"], ic, plan, how)
     cold = meas.get("cold_premium")
     if cold and isinstance(cold.get("premium_us"), Mapping):
-        data["cold_calls"] = _cold_section(cold, how)
+        data["cold_calls"] = coldtail.section(cold, how)
     data |= _library_sections(meas, data, plan, how)
     bw = meas.get("bandwidth")
     if bw and "runs" in bw:
