@@ -26,7 +26,8 @@ from typing import Any
 from kvvmm.errors import ProfileError
 from kvvmm.units import MiB
 
-__all__ = ["FORMAT", "MAX_DEPTH", "SCHEMA", "VERSIONS", "parse", "validate"]
+__all__ = ["COLD_CALLS", "COLD_SECTION", "FORMAT", "MAX_DEPTH", "SCHEMA", "VERSIONS", "parse",
+           "validate"]
 
 FORMAT = "kvvmm-hardware-profile"
 #: Format versions this reader understands: 1 (the first format), 2 (``kvvmm calibrate``'s, which
@@ -281,6 +282,18 @@ _TEXT = Str()
 #: A spread's factor: a multiple of the profile's figure (0.5: half of it).
 _FACTOR = Num(0, 1e3, "times the profile's figure", above=True, required=True)
 
+#: The section of the cold-call premium (the first call of each kind after a pause costs
+#: more): the one name every reader and writer of it goes through.
+COLD_SECTION = "cold_calls"
+#: The driver calls a cold premium may name.
+COLD_CALLS = ("reserve", "create", "map", "set_access", "unmap", "release", "free")
+
+
+def _under(section: str, rule: Section, fields: Mapping[str, Rule]) -> dict[str, Rule]:
+    """A section's rule and its fields' rules, their paths under the section's."""
+    return {section: rule} | {f"{section}.{path}": r for path, r in fields.items()}
+
+
 #: Every field of a profile the library reads: path (``*``: any key) -> rule. Keys of the
 #: data may themselves hold dots (``library_work_us["arena.close"]``); the paths here never.
 SCHEMA: dict[str, Rule] = {
@@ -376,21 +389,22 @@ SCHEMA: dict[str, Rule] = {
     "first_touch.unit": _TEXT,
     "first_touch.source": _TEXT,
     "first_touch.measured": Record(),
-    "cold_calls": Section(needs=("modelled", ("premium_us",))),
-    "cold_calls.premium_us": Section(),
-    "cold_calls.premium_us.*": _COST,
-    "cold_calls.gap_ms": Num(0, 1e9, "ms of pause that makes calls cold again"),
-    "cold_calls.partial": Section(),
-    "cold_calls.partial.*": Pairs(Num(0, 1e9, "ms of pause"),
-                                  Num(0, 1, "the share of the premium paid after it")),
-    "cold_calls.partial_source": _TEXT,
-    "cold_calls.second": Section(),
-    "cold_calls.second.*": Num(0, 1, "the share of a cold call's premium the next call pays"),
-    "cold_calls.second_source": _TEXT,
-    "cold_calls.modelled": Bool(),
-    "cold_calls.unit": _TEXT,
-    "cold_calls.source": _TEXT,
-    "cold_calls.measured": Record(),
+    **_under(COLD_SECTION, Section(needs=("modelled", ("premium_us",))), {
+        "premium_us": Section(),
+        "premium_us.*": _COST,
+        "gap_ms": Num(0, 1e9, "ms of pause that makes calls cold again"),
+        "partial": Section(),
+        "partial.*": Pairs(Num(0, 1e9, "ms of pause"),
+                           Num(0, 1, "the share of the premium paid after it")),
+        "partial_source": _TEXT,
+        "second": Section(),
+        "second.*": Num(0, 1, "the share of a cold call's premium the next call pays"),
+        "second_source": _TEXT,
+        "modelled": Bool(),
+        "unit": _TEXT,
+        "source": _TEXT,
+        "measured": Record(),
+    }),
     "idle_release": Section(needs=("modelled", ("create_us_per_gib",))),
     "idle_release.create_us_per_gib": _COST,
     "idle_release.pause_s": Num(0, 1e6, "s of pause that sets it off"),
@@ -589,25 +603,23 @@ def validate(data: object, where: str) -> None:
     spread = data.get("spread")
     if isinstance(spread, Mapping):
         _check_spread(walk, spread)
-    cold = data.get("cold_calls")
+    cold = data.get(COLD_SECTION)
     for part in ("premium_us", "second"):
         named = cold.get(part) if isinstance(cold, Mapping) else None
         if isinstance(named, Mapping):
             for call in named:
                 if call not in COLD_CALLS:
-                    raise walk.fail(("cold_calls", part, str(call)), call,
+                    raise walk.fail((COLD_SECTION, part, str(call)), call,
                                     "one of " + ", ".join(COLD_CALLS),
                                     "not a driver call the simulator charges")
 
 
-#: The driver calls a cold premium may name.
-COLD_CALLS = ("reserve", "create", "map", "set_access", "unmap", "release", "free")
 #: The figure groups a spread may name (kvvmm.hardware.spread.GROUPS; spelled here so the
 #: schema imports nothing of the models it checks).
 SPREAD_GROUPS = ("call_costs.create", "call_costs.map", "call_costs.set_access",
                  "call_costs.unmap", "call_costs.release", "call_costs.reserve",
                  "call_costs.free", "set_access_per_mapping", "unmap_per_mapping",
-                 "first_touch", "cold_calls", "idle_release", "library_work_us",
+                 "first_touch", COLD_SECTION, "idle_release", "library_work_us",
                  "library_overhead_us")
 
 
@@ -644,7 +656,7 @@ def _check_spread(walk: _Walk, spread: Mapping[str, Any]) -> None:
                 raise walk.fail((*path, "figures", str(group)), vals,
                                 "an object {label: number}", f"it is {_kind(vals)}")
             for label, x in vals.items():
-                if group not in ("first_touch", "cold_calls", "idle_release",
+                if group not in ("first_touch", COLD_SECTION, "idle_release",
                                  "library_work_us", "library_overhead_us"):
                     try:  # a curve's labels are handle sizes in MiB
                         mib: object = float(label)

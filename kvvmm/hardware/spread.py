@@ -42,7 +42,7 @@ import textwrap
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from kvvmm.hardware.schema import SPREAD_GROUPS
+from kvvmm.hardware.schema import COLD_SECTION, SPREAD_GROUPS
 
 __all__ = ["CALLS", "GROUPS", "LEVEL_GROUPS", "QUANTILES", "WORKLOAD_LEVEL", "at_quantile",
            "compose_level", "factor_at", "figures_of", "level_notes", "level_of", "scaled",
@@ -56,7 +56,7 @@ GROUPS = SPREAD_GROUPS
 #: section, or the named object inside it, and the numbers' names (None: all of them).
 _NAMED: dict[str, tuple[str | None, tuple[str, ...] | None]] = {
     "first_touch": (None, ("map_us", "set_access_us")),
-    "cold_calls": ("premium_us", None),
+    COLD_SECTION: ("premium_us", None),
     "idle_release": (None, ("create_us_per_gib",)),
 }
 #: The quantiles a spread stores, by name.

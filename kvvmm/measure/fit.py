@@ -503,7 +503,7 @@ def build_profile(meas: Mapping[str, Any], meta: Mapping[str, Any], plan: Plan) 
         data |= _per_mapping_sections(meas["access_multi"], ic, plan, how)
     cold = meas.get("cold_premium")
     if cold and isinstance(cold.get("premium_us"), Mapping):
-        data["cold_calls"] = coldtail.section(cold, how)
+        data[coldtail.SECTION] = coldtail.section(cold, how)
     data |= _library_sections(meas, data, plan, how)
     bw = meas.get("bandwidth")
     if bw and "runs" in bw:

@@ -44,6 +44,7 @@ from kvvmm.driver.sim import SimDriver
 from kvvmm.errors import ArgumentError
 from kvvmm.hardware import profile_from_data
 from kvvmm.hardware.profiles import shipped_data
+from kvvmm.hardware.schema import COLD_SECTION
 from kvvmm.hardware.spread import figures_of, scaled
 from kvvmm.measure.calls import call_times, cold_premium, reserve_times, touch_times
 from kvvmm.measure.fit import MIN_CONTEXT_CALLS, net_in_context
@@ -59,12 +60,13 @@ __all__ = ["CALL_SIZES_MIB", "COSTS_FROM", "MEASURED", "REFERENCES", "library_pr
 CALL_SIZES_MIB = (2, 8, 32, 128, 512)
 #: Reservation sizes reserve and free are timed at (GiB).
 RESERVE_SIZES_GIB = (1, 64)
-#: The profile's section of the cold premium (and its figure group).
-_COLD = "cold_calls"
+#: The figure groups of named numbers a refresh measures, each kept in its ``raw`` record as
+#: ``<group>_us``.
+_NAMED = ("first_touch", COLD_SECTION)
 #: The groups measured (every other group is rescaled).
 MEASURED = ("call_costs.create", "call_costs.map", "call_costs.set_access",
             "call_costs.unmap", "call_costs.release", "call_costs.reserve", "call_costs.free",
-            "first_touch", _COLD, "library_work_us")
+            *_NAMED, "library_work_us")
 #: Groups that follow a measured one: the same driver call over several mappings.
 FOLLOWS = {"set_access_per_mapping": "call_costs.set_access",
            "unmap_per_mapping": "call_costs.unmap"}
@@ -102,7 +104,7 @@ def refresh_plan(data: Mapping[str, Any], *, sizes_mib: tuple[int, ...] = CALL_S
     per-call loop at ``sizes_mib`` (stopped after ``time_limit_s``, 5 rounds at least),
     reserve and free of 1 and 64 GiB, first touch in ``regions`` regions of one reservation,
     4 cold rounds after the profile's own pause (no shorter pauses)."""
-    cold = data.get(_COLD)
+    cold = data.get(COLD_SECTION)
     gap_ms = float(cold.get("gap_ms", 50.0)) if isinstance(cold, Mapping) else 50.0
     return replace(FULL, call_sizes_mib=tuple(sizes_mib), call_reps=(reps,) * len(sizes_mib),
                    call_limit_s=time_limit_s, reserve_gib=RESERVE_SIZES_GIB,
@@ -146,7 +148,7 @@ def _measure(ctx: Ctx, data: Mapping[str, Any], clock: Clock, *, settle_s: float
         touch = {f"{op}_us": max(0.0, mean_us(got["fresh"][op]) - mean_us(got["beside"][op]))
                  for op in ("map", "set_access")}
     cold: dict[str, float] = {}
-    if base.get(_COLD):
+    if base.get(COLD_SECTION):
         cold = {op: max(0.0, v) for op, v in cold_premium(ctx)["premium_us"].items()}
     library: dict[str, Any] = {}
     if "library_work_us" in base:  # the calls inside the probe timed where they run
@@ -157,7 +159,7 @@ def _measure(ctx: Ctx, data: Mapping[str, Any], clock: Clock, *, settle_s: float
     return {"per_call_us": {op: {str(s): _middle_us(v) for s, v in by.items() if v}
                             for op, by in samples.items()},
             "in_context_us": ic, "in_context_policies": list(CONTEXT_POLICIES) if ic else [],
-            "first_touch_us": touch, "cold_calls_us": cold, "library": library,
+            "first_touch_us": touch, f"{COLD_SECTION}_us": cold, "library": library,
             "rounds": _blocks(samples)}
 
 
@@ -400,7 +402,8 @@ def refresh_from(old: Mapping[str, Any], raw: Mapping[str, Any], *, date: str | 
     data, costs_from = with_costs(old)
     base = figures_of(data)
     reference = str(raw.get("reference", "points"))
-    ft_new = dict(raw.get("first_touch_us") or {})
+    named = {g: dict(raw.get(f"{g}_us") or {}) for g in _NAMED}
+    ft_new = named["first_touch"]
     # The growth calls that entered fresh VA paid the first-touch extra, which the profile's
     # points are net of (the sim charges it on its own): net these the same way, at the
     # extra this refresh measured, or every such call reads as the calls having slowed.
@@ -408,7 +411,7 @@ def refresh_from(old: Mapping[str, Any], raw: Mapping[str, Any], *, date: str | 
     ic, touch = net_in_context(raw.get("in_context_us") or {}, touch_model(data, ft_new),
                                _context_plan(policies))
     factors, how = _call_factors(data, ic, raw.get("per_call_us", {}), reference)
-    for g, new in (("first_touch", ft_new), (_COLD, dict(raw.get("cold_calls_us") or {}))):
+    for g, new in named.items():
         f = _ratio_factor(base.get(g, {}), new) if new else None
         if f is not None:
             factors[g], how[g] = f, "measured"
@@ -429,7 +432,7 @@ def refresh_from(old: Mapping[str, Any], raw: Mapping[str, Any], *, date: str | 
         "raw": {"per_call_us": raw.get("per_call_us", {}),
                 "in_context_us": raw.get("in_context_us") or {},
                 "in_context_policies": list(policies) if raw.get("in_context_us") else [],
-                "first_touch_us": ft_new, "cold_calls_us": dict(raw.get("cold_calls_us") or {}),
+                **{f"{g}_us": new for g, new in named.items()},
                 "library": lib, "rounds": raw.get("rounds", {}), "reference": reference},
         "first_touch_in_context_us": {op: {str(m): us for m, us in by.items()}
                                       for op, by in touch.items()},
