@@ -1,18 +1,13 @@
 """The one declared schema of a GPU profile, and the strict JSON reader every profile goes through.
 
-Every field the simulator, the planner or the cost models read is declared in :data:`SCHEMA`:
-its path in the file, its type and its bounds. A profile is checked against it once, when it
-is loaded (a file, a shipped profile or data ``kvvmm calibrate`` builds), so nothing accepted
-fails later: a ``first_touch.region_mib`` of 0 once divided by zero inside ``map`` after the
-mapping was recorded, a 3 MiB granularity made every reserve fail, ``true`` became a 1-byte
-device. Fields the schema does not declare (calibrate's raw measurements, notes, sections of
-a newer calibrate) are kept as records: any JSON, its numbers finite.
+Every field the library reads is declared in :data:`SCHEMA`: its path, its type and its
+bounds. A profile is checked once, when it is loaded or built, so nothing accepted fails later
+(a zero divisor, a granularity no reserve meets). Fields not declared (raw measurements,
+notes) are kept as records: any JSON, its numbers finite.
 
-Why a table in code rather than JSON Schema: the rules are few (a type and bounds per field,
-"required when modelled", granularity at most the capacity), ``import kvvmm`` needs nothing
-beyond the standard library (a validator would be a new core dependency), and a refusal has to
-be one :class:`~kvvmm.errors.ProfileError` naming the file, the field, the value and the bound,
-which a validator's own errors would need translating into anyway.
+A table in code rather than JSON Schema: ``import kvvmm`` needs nothing beyond the standard
+library, and a refusal is one :class:`~kvvmm.errors.ProfileError` naming the file, the field,
+the value and the bound.
 """
 
 from __future__ import annotations
@@ -623,39 +618,55 @@ SPREAD_GROUPS = ("call_costs.create", "call_costs.map", "call_costs.set_access",
                  "library_overhead_us")
 
 
+def _check_quantiles(walk: _Walk, rows: Mapping[str, Any], path: Path,
+                     groups: tuple[str, ...], what: str) -> None:
+    """Each row's group is one of ``groups``, and its p10 <= p50 <= p90."""
+    for group, row in rows.items():
+        at: Path = (*path, str(group))
+        if group not in groups:
+            raise walk.fail(at, group, "one of " + ", ".join(groups), what)
+        if not row["p10"] <= row["p50"] <= row["p90"]:
+            raise walk.fail((*at, "p10"), row["p10"],
+                            f"p10 <= p50 ({row['p50']}) <= p90 ({row['p90']})",
+                            "the quantiles are out of order")
+
+
+def _entries_of(walk: _Walk, section: Mapping[str, Any], path: Path, inner: str,
+                array: str, inner_is: str) -> list[tuple[Path, Mapping[str, Any]]]:
+    """The entries of the list ``section[path[-1]]`` (default empty), each an object whose
+    ``inner`` is an object: each one's path to ``inner``, and ``inner``."""
+    entries = section.get(str(path[-1]), [])
+    if not isinstance(entries, list):
+        raise walk.fail(path, entries, array, f"it is {_kind(entries)}")
+    out: list[tuple[Path, Mapping[str, Any]]] = []
+    for i, entry in enumerate(entries):
+        got = entry.get(inner) if isinstance(entry, Mapping) else None
+        if not isinstance(got, Mapping):
+            raise walk.fail((*path, i, inner), ProfileError.MISSING if isinstance(
+                entry, Mapping) else entry, inner_is)
+        out.append(((*path, i, inner), got))
+    return out
+
+
 def _check_spread(walk: _Walk, spread: Mapping[str, Any]) -> None:
     """What the table cannot say of a spread: known groups, p10 <= p50 <= p90, and a
     history of ``{"figures": {group: {label: number}}}`` entries."""
-    for group, row in (spread.get("figures") or {}).items():
-        path: Path = ("spread", "figures", str(group))
-        if group not in SPREAD_GROUPS:
-            raise walk.fail(path, group, "one of " + ", ".join(SPREAD_GROUPS),
-                            "not a figure group the simulator reads")
-        if not row["p10"] <= row["p50"] <= row["p90"]:
-            raise walk.fail((*path, "p10"), row["p10"],
-                            f"p10 <= p50 ({row['p50']}) <= p90 ({row['p90']})",
-                            "the quantiles are out of order")
+    _check_quantiles(walk, spread.get("figures") or {}, ("spread", "figures"), SPREAD_GROUPS,
+                     "not a figure group the simulator reads")
     level = spread.get("level")
     if isinstance(level, Mapping):
         _check_level(walk, level)
-    history = spread.get("history", [])
-    if not isinstance(history, list):
-        raise walk.fail(("spread", "history"), history, "a JSON array of calibrations' figures",
-                        f"it is {_kind(history)}")
-    for i, entry in enumerate(history):
-        path = ("spread", "history", i)
-        figs = entry.get("figures") if isinstance(entry, Mapping) else None
-        if not isinstance(figs, Mapping):
-            raise walk.fail((*path, "figures"), ProfileError.MISSING if isinstance(
-                entry, Mapping) else entry, "an object {group: {label: number}}")
+    for path, figs in _entries_of(walk, spread, ("spread", "history"), "figures",
+                                  "a JSON array of calibrations' figures",
+                                  "an object {group: {label: number}}"):
         for group, vals in figs.items():
             if group not in SPREAD_GROUPS:
-                raise walk.fail((*path, "figures", str(group)), group,
-                                "one of " + ", ".join(SPREAD_GROUPS))
+                raise walk.fail((*path, str(group)), group, "one of " + ", ".join(SPREAD_GROUPS))
             if not isinstance(vals, Mapping):
-                raise walk.fail((*path, "figures", str(group)), vals,
-                                "an object {label: number}", f"it is {_kind(vals)}")
+                raise walk.fail((*path, str(group)), vals, "an object {label: number}",
+                                f"it is {_kind(vals)}")
             for label, x in vals.items():
+                at = (*path, str(group), str(label))
                 if group not in ("first_touch", COLD_SECTION, "idle_release",
                                  "library_work_us", "library_overhead_us"):
                     try:  # a curve's labels are handle sizes in MiB
@@ -664,12 +675,10 @@ def _check_spread(walk: _Walk, spread: Mapping[str, Any]) -> None:
                         mib = label
                     bad = _SIZE.refuse(mib)
                     if bad is not None:
-                        raise walk.fail((*path, "figures", str(group), str(label)), label,
-                                        "a handle size label: " + _SIZE.expects(), bad)
+                        raise walk.fail(at, label, "a handle size label: " + _SIZE.expects(), bad)
                 why = _HISTORY_VALUE.refuse(x)
                 if why is not None:
-                    raise walk.fail((*path, "figures", str(group), str(label)), x,
-                                    _HISTORY_VALUE.expects(), why)
+                    raise walk.fail(at, x, _HISTORY_VALUE.expects(), why)
 
 
 #: The scenario groups a session level may name (kvvmm.hardware.spread.LEVEL_GROUPS).
@@ -679,32 +688,17 @@ LEVEL_GROUPS = ("construct", "growth", "finalize", "close", "elastic", "startup"
 def _check_level(walk: _Walk, level: Mapping[str, Any]) -> None:
     """What the table cannot say of a session level: known groups, p10 <= p50 <= p90, and
     sessions ``[{"session", "runs", "factors": {group: factor}}]``."""
-    for group, row in (level.get("groups") or {}).items():
-        path: Path = ("spread", "level", "groups", str(group))
-        if group not in LEVEL_GROUPS:
-            raise walk.fail(path, group, "one of " + ", ".join(LEVEL_GROUPS),
-                            "not a scenario group a level is fitted for")
-        if not row["p10"] <= row["p50"] <= row["p90"]:
-            raise walk.fail((*path, "p10"), row["p10"],
-                            f"p10 <= p50 ({row['p50']}) <= p90 ({row['p90']})",
-                            "the quantiles are out of order")
-    sessions = level.get("sessions", [])
-    if not isinstance(sessions, list):
-        raise walk.fail(("spread", "level", "sessions"), sessions,
-                        "a JSON array of sessions' factors", f"it is {_kind(sessions)}")
-    for i, entry in enumerate(sessions):
-        path = ("spread", "level", "sessions", i)
-        factors = entry.get("factors") if isinstance(entry, Mapping) else None
-        if not isinstance(factors, Mapping):
-            raise walk.fail((*path, "factors"), ProfileError.MISSING if isinstance(
-                entry, Mapping) else entry, "an object {group: factor}")
+    _check_quantiles(walk, level.get("groups") or {}, ("spread", "level", "groups"),
+                     LEVEL_GROUPS, "not a scenario group a level is fitted for")
+    for path, factors in _entries_of(walk, level, ("spread", "level", "sessions"), "factors",
+                                     "a JSON array of sessions' factors",
+                                     "an object {group: factor}"):
         for group, f in factors.items():
             if group not in LEVEL_GROUPS:
-                raise walk.fail((*path, "factors", str(group)), group,
-                                "one of " + ", ".join(LEVEL_GROUPS))
+                raise walk.fail((*path, str(group)), group, "one of " + ", ".join(LEVEL_GROUPS))
             why = _FACTOR.refuse(f)
             if why is not None:
-                raise walk.fail((*path, "factors", str(group)), f, _FACTOR.expects(), why)
+                raise walk.fail((*path, str(group)), f, _FACTOR.expects(), why)
 
 
 #: A figure of a calibration kept (a fitted residual may be negative).
