@@ -1,18 +1,12 @@
 """GPU profiles: what the simulator and the planner know of a card, each figure with its source.
 
-A profile is a small JSON data file (``kvvmm/hardware/data/<key>.json``, format
-``kvvmm-hardware-profile``): the card's memory capacity and VMM granularity, and where they
-were measured, optionally its measured driver-call costs (``call_costs``), copy bandwidth
-(``bandwidth``) and what ``kvvmm calibrate`` adds (``library_work_us``,
-``set_access_per_mapping``, ``unmap_per_mapping``, ``first_touch``, ``post_release_slowdown``,
-and the older ``library_overhead_us``; each section carries a ``source`` saying how it was
-measured; :mod:`kvvmm.hardware.overhead` says how the simulator charges them). The shipped
-files are read once, on first use; :func:`load_profile` reads one from any path, and
-:func:`get_profile` takes a key or a path. A file is read only when it is a regular file of at
-most :data:`MAX_PROFILE_BYTES`, as strict JSON (no NaN, no Infinity), and every profile, read
-or built, is checked against the one declared schema (:mod:`kvvmm.hardware.schema`): a bad
-one is one :class:`~kvvmm.errors.ProfileError` naming the file, the field, its value and its
-bound.
+A profile is a JSON file of format ``kvvmm-hardware-profile`` (shipped ones in
+``kvvmm/hardware/data/<key>.json``): the card's capacity and VMM granularity, optionally its
+measured costs (:mod:`kvvmm.hardware.overhead` says how the simulator charges them), each
+section with its ``source``. :func:`get_profile` takes a key or a path; :func:`load_profile`
+reads a regular file of at most :data:`MAX_PROFILE_BYTES` as strict JSON. Every profile, read
+or built, is checked against :mod:`kvvmm.hardware.schema`: a bad one is one
+:class:`~kvvmm.errors.ProfileError` naming the file, the field, its value and its bound.
 """
 
 from __future__ import annotations

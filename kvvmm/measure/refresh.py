@@ -1,29 +1,17 @@
 """``kvvmm calibrate --quick --profile EXISTING``: refresh a full profile in about a minute.
 
-A full calibration takes minutes and measures what rarely changes (bandwidth, the shape of
-each curve by size); what drifts between sessions and days is the level of the per-call
-costs, the first-touch extra, the cold premium and the library's own work
-(docs/FIDELITY.md). This measures those on the driver at hand with the full calibration's
-own sections (:mod:`kvvmm.measure.calls`: ``call_times`` at a few handle sizes,
-``reserve_times``, ``touch_times``, ``cold_premium``) on a plan cut to a minute
-(:func:`refresh_plan`), and rescales the existing profile: each group's factor is the median
-over the sizes of measured / profile. The **library work** is an arena's open, commit of 8
-handles, decommit and close, timed whole (:func:`library_probe`), less what the *refreshed*
-call costs charge for the same calls, over the same for the old profile.
+What drifts between sessions is the level of the per-call costs, the first-touch extra, the
+cold premium and the library's own work. These are measured with the full calibration's own
+sections (:mod:`kvvmm.measure.calls`) on a plan cut to a minute (:func:`refresh_plan`), and
+the existing profile is rescaled: each measured group by the median over sizes of measured /
+profile; the library work by an arena's open, commit, decommit and close timed whole
+(:func:`library_probe`) less its calls; every other group by the call it follows
+(:data:`FOLLOWS`) or the median factor. The old figures join ``spread.history`` and the spread
+is recomputed. A new card still needs the full calibrate (the curves' shapes).
 
-Measured groups take their factor; the rest follow their call (``set_access_per_mapping``
-with ``set_access``, ``unmap_per_mapping`` with ``unmap``) or the median factor (older
-profiles' per-call residuals). The old figures join ``spread.history``, and the spread is recomputed
-from that history and this run's rounds, so the bands of the refreshed profile still carry
-where the card was before. A new card still needs the full calibrate (the curves' shapes).
-
-A profile of capacity only (b200, gb300: no call costs of its own) is refreshed from
-the costs the simulator charges it, :data:`COSTS_FROM`'s (:func:`with_costs`): its own
-capacity and granularity, that profile's figures rescaled by what this card measured, and
-the result says so (``refreshed.sources``).
-
-Works on any driver given a clock: CUDA's wall time, or a simulator's clock (the tests
-refresh a profile against a simulator whose costs were scaled, and recover the scaling).
+A profile of capacity only (no call costs of its own) is refreshed from :data:`COSTS_FROM`'s
+costs under its own capacity and granularity (:func:`with_costs`). Works on any driver given a
+clock: CUDA's wall time, or a simulator's clock.
 """
 
 from __future__ import annotations
@@ -288,21 +276,17 @@ def quick_refresh(driver: Driver, old: Mapping[str, Any], *, clock: Clock,
 
     Args:
         driver: the card's driver (CUDA), or any driver with a ``clock`` (a simulator).
-        old: the profile's data (:func:`~kvvmm.hardware.profile_data`); one without call
-            costs is refreshed from :data:`COSTS_FROM`'s (:func:`with_costs`).
+        old: the profile's data (:func:`~kvvmm.hardware.profile_data`).
         clock: µs now (CUDA: the wall clock; a simulator: its ``clock_us``).
         pause: lets ``seconds`` pass outside the driver, for the cold premium (CUDA:
-            ``time.sleep``; a simulator: its ``pause``, since it does not sleep).
-        settle_s: the pause before each in-context growth (a simulator has nothing to
-            settle: 0).
-        reference: what the per-call timings are compared with (see :func:`refresh_from`):
-            ``"isolated"`` (a card's tight loop) or ``"points"`` (a simulator charges the
-            points).
+            ``time.sleep``; a simulator: its ``pause``).
+        settle_s: the pause before each in-context growth (s, >= 0).
+        reference: what the per-call timings are compared with (:data:`REFERENCES`, see
+            :func:`refresh_from`).
         sizes_mib, reps, regions, time_limit_s: the plan (:func:`refresh_plan`).
         date: the refreshed profile's date (default: now, UTC).
         in_context: also time the calls inside two short decode growths and their closes
-            (:func:`in_context_calls`, a few seconds on an H200): where a size was called
-            often enough there, that is its group's factor (like for like with the points).
+            (:func:`in_context_calls`); a size called often enough there takes its factor from them.
         sync: waits for the device (CUDA: ``torch.cuda.synchronize``).
     Returns:
         The refreshed profile's data (schema-checked), as :func:`refresh_from` makes it.
@@ -390,14 +374,11 @@ def refresh_from(old: Mapping[str, Any], raw: Mapping[str, Any], *, date: str | 
     """``old`` rescaled by what a refresh measured (``raw``: a refreshed profile's
     ``refreshed.raw``), with no driver: a refresh's arithmetic, repeatable from its record.
 
-    Per call group the factor is the median over the measured sizes of measured / the
-    reference curve at that size. The reference (``raw["reference"]``) is what the same tight
-    loop gave on the calibration's day: on a card, the profile's ``isolated_points`` (its
-    points are in-context costs, a ``context_factor`` above the tight loop's: set_access
-    1.4x on the H200, so comparing a tight loop with them read every day as 0.55-0.7x);
-    on a simulator, the points (it charges a call its points whatever surrounds it).
-    Groups not measured follow their call (``FOLLOWS``) or take the median factor. A profile
-    without call costs is refreshed from :data:`COSTS_FROM`'s (:func:`with_costs`).
+    Per call group the factor is the median over the measured sizes of measured / the reference
+    curve (``raw["reference"]``): on a card, the profile's ``isolated_points`` (what the same
+    tight loop gave on the calibration's day; the points are in-context costs); on a simulator,
+    the points it charges. Groups not measured follow their call (:data:`FOLLOWS`) or take the
+    median factor.
     """
     data, costs_from = with_costs(old)
     base = figures_of(data)
