@@ -277,11 +277,8 @@ def fit_growth_bandwidth(points: Sequence[GrowthPoint]) -> BandwidthFit:
 
 @lru_cache(maxsize=8)
 def growth_fit(table: BandwidthTable | None = None) -> BandwidthFit | None:
-    """The table's interleaved curve fitted to its growth runs and its interleaved points
-    (None without growth runs or a ``plain`` reference).
-
-    The table's interleaved points (1 GiB over 2 or 8 MiB handles made in turn with other
-    allocations') join the owner's runs: they are the only figures below 8 MiB.
+    """The table's interleaved curve fitted to its growth runs and its interleaved points (the
+    only figures below the runs' handle sizes); None without growth runs or a ``plain`` reference.
     """
     table = H200_BANDWIDTH if table is None else table
     ref = table.reference_tb_s("plain")

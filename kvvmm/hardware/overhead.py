@@ -39,10 +39,6 @@ from kvvmm.units import MiB
 
 __all__ = ["CallClock", "ColdCalls", "IdleRelease", "PostReleaseSlowdown", "SimCosts", "sim_costs"]
 
-#: The calls whose cost depends on the handle or range size.
-SIZED_CALLS = ("create", "map", "set_access", "unmap", "release", "reserve", "free")
-
-
 @dataclass(frozen=True, slots=True)
 class PostReleaseSlowdown:
     """Creates after a large release cost ``factor`` times as much, for ``creates`` creates."""
@@ -119,10 +115,8 @@ class SimCosts:
         return 0.0 if w is None else w[0] + w[1] * units
 
     def unmap_us(self, mapping_sizes: Sequence[int]) -> float:
-        """µs of one ``unmap`` over whole mappings of these sizes (library work included).
-
-        One mapping, or no per-mapping curve measured: the call's cost by the range's size
-        (as before). Several with the curve: the sum of its curve over the mappings.
+        """µs of one ``unmap`` over whole mappings of these sizes (library work included): the sum
+        of ``unmap_per_mapping`` over several mappings where measured, else the call's cost by size.
         """
         sizes = list(mapping_sizes)
         if len(sizes) > 1 and self.unmap_per_mapping is not None:
@@ -143,11 +137,9 @@ class SimCosts:
         return max(0.0, self.calls(op, size) + self.overhead_us(op, size))
 
     def access_us(self, mapping_sizes: Sequence[int]) -> float:
-        """µs of one ``set_access`` over whole mappings of these sizes (library work included).
-
-        One mapping: the call's cost by its size. Several: with ``set_access_per_mapping``
-        measured, the sum of its curve over the mappings; else :meth:`CostModel.access_us`
-        (the H200's factor times one call per mapping: docs/MEASUREMENTS.md §9).
+        """µs of one ``set_access`` over whole mappings of these sizes (library work included): the
+        sum of ``set_access_per_mapping`` over several mappings where measured, else
+        :meth:`CostModel.access_us`.
         """
         sizes = list(mapping_sizes)
         if len(sizes) <= 1 or self.access_per_mapping is None:
@@ -170,11 +162,9 @@ def _section(data: Mapping[str, Any], name: str) -> Mapping[str, Any] | None:
 
 @functools.cache
 def sim_costs(profile: DeviceProfile) -> SimCosts:
-    """The costs the simulator charges on ``profile`` (read once per profile).
-
-    Raises nothing for a profile that loaded: its data met :data:`kvvmm.hardware.schema.SCHEMA`
-    then (every figure here typed, finite and bounded, every divisor > 0), so a bad file is
-    refused when it is read, not when the sim first charges a call.
+    """The costs the simulator charges on ``profile`` (read once per profile). Raises nothing:
+    a profile that loaded met :data:`kvvmm.hardware.schema.SCHEMA` (every figure typed, finite
+    and bounded, every divisor > 0).
     """
     data = profile_data(profile)
     h200 = default_cost_model()

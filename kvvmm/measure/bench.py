@@ -126,8 +126,8 @@ def _per_call(drv_mod: Any, cd: Any, cd_py: Any | None = None) -> dict[str, Any]
         k_vas = [(w, drv, drv.reserve(size)) for w, drv in drivers]
         t: dict[str, list[float]] = {f"raw_{op}": [] for op in (*_SIDE_BY_SIDE, "unmap")}
         # A fresh random order each rep (seeded): what one call costs depends on the call
-        # before it, so every runner must follow every other as often. Turning a fixed order
-        # is not enough: it keeps who follows whom (docs/MEASUREMENTS.md, "Per-call costs").
+        # before it, so every runner must follow every other as often (turning a fixed
+        # order keeps who follows whom).
         rng = random.Random(size)
         times = {w: CallTimes((size,)) for w, _, _ in k_vas}
         runners: list[Callable[[], None]] = [

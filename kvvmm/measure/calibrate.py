@@ -98,7 +98,7 @@ def _meta(driver: Driver, cuda: bool, key: str | None) -> dict[str, Any]:
         "torch": torch_v, "cuda_bindings": version("cuda-bindings"), "kvvmm": __version__,
         "python": platform.python_version(), "capacity_bytes": total,
         "free_bytes_at_start": free, "granularity_bytes": gran, "driver_kind": driver.kind,
-        # CudaDriver's hot calls in C (_cudafast) or Python: 0.4-0.6 µs a map apart (§2)
+        # CudaDriver's hot calls in C (_cudafast) or in Python: their costs differ
         "fast_path": driver.fast_path,
     }
 

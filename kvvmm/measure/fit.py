@@ -128,18 +128,14 @@ def with_context(isolated: Sequence[Sequence[float]], context: Sequence[Sequence
 
 def first_touch_in_context(data: Mapping[str, Any], plan: Plan) -> dict[str, dict[int, float]]:
     """µs per call, by op and handle size in MiB, of the first-touch extra inside the growth
-    steps whose calls calibrate times in context (``operations.growth``): what the simulator's
-    ``first_touch`` model (``data``'s section) charges those calls on top of their cost.
+    steps calibrate times in context (``operations.growth``): what ``data``'s ``first_touch``
+    model charges those calls on top of their cost.
 
-    A growth call whose mapping enters VA no mapping touched since the reservation pays the
-    first-touch extra on the card, and its in-context time includes it; the simulator charges
-    that extra on its own (``first_touch``), so an in-context point that kept it would charge
-    it twice (every 512 MiB chunk of Geometric(2, 1 GiB) enters a fresh 512 MiB region: 14.7
-    µs of its 80.5 on the shipped H200). Replayed on the simulator with and without the
-    section, the same calls as on the GPU; per size, the growth calls of every policy pooled
-    (as one round of the in-context points pools them) and the extra taken as the points are
-    (:func:`~kvvmm.measure.stats.trimmed_mean`, the slowest 2% left out: with it, without
-    it). Empty when the profile does not model first touch.
+    The simulator charges the extra on its own, so an in-context point must be net of it or it is
+    charged twice. The growths are replayed on the simulator with and without the section; per
+    size, the calls of every policy pooled and the extra taken as the points are
+    (:func:`~kvvmm.measure.stats.trimmed_mean` with it, without it). Empty when the profile does
+    not model first touch.
     """
 
     ft = data.get("first_touch")
@@ -191,13 +187,11 @@ def net_in_context(points: Mapping[str, Sequence[Sequence[float]]], data: Mappin
 
 def net_calibration(data: Mapping[str, Any],
                     first_touch: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """A profile ``kvvmm calibrate`` made before its in-context points were net of first
-    touch, with its map and set_access points and context factors re-derived as
-    :func:`build_profile` now derives them: from the in-context points it recorded
-    (``calibration.raw.growth.in_context``) net of the first-touch extra
-    (:func:`net_in_context`, on the growths of the plan it records), and its isolated
-    points. ``first_touch``: the model to net with (default: the profile's own section).
-    Unchanged (a copy) when it records no in-context points or isolated points.
+    """A calibrated profile with its map and set_access points and context factors re-derived
+    as :func:`build_profile` derives them: from the in-context points it recorded
+    (``calibration.raw.growth.in_context``) net of the first-touch extra (:func:`net_in_context`,
+    on the plan it records), and its isolated points. ``first_touch``: the model to net with
+    (default: the profile's own). Unchanged (a copy) without in-context or isolated points.
     """
     import copy
 

@@ -31,9 +31,9 @@ from kvvmm.driver.base import Driver
 from kvvmm.driver.sim import SimDriver
 from kvvmm.errors import ArgumentError
 from kvvmm.hardware import profile_from_data
-from kvvmm.hardware.profiles import shipped_data
+from kvvmm.hardware.profiles import COSTS_FROM, shipped_data
 from kvvmm.hardware.schema import COLD_SECTION
-from kvvmm.hardware.spread import figures_of, scaled
+from kvvmm.hardware.spread import CALLS, figures_of, scaled
 from kvvmm.measure.calls import call_times, cold_premium, reserve_times, touch_times
 from kvvmm.measure.fit import MIN_CONTEXT_CALLS, net_in_context
 from kvvmm.measure.plan import FULL, Ctx, Plan
@@ -60,12 +60,8 @@ FOLLOWS = {"set_access_per_mapping": "call_costs.set_access",
            "unmap_per_mapping": "call_costs.unmap"}
 #: What a refresh's tight loop is compared with (:func:`refresh_from`).
 REFERENCES = ("isolated", "points")
-#: The shipped profile whose costs a profile without call costs borrows: the simulator
-#: charges such a profile the same (:mod:`kvvmm.hardware.cost`).
-COSTS_FROM = "h200"
 #: A profile's own fields, kept when it borrows another's costs.
 _IDENTITY = ("format", "version", "key", "name", "capacity_bytes", "granularity_bytes", "source")
-_OPS = ("create", "map", "set_access", "unmap", "release", "reserve", "free")
 _WORK = ("library_work_us", "library_overhead_us")
 
 Clock = Callable[[], float]  #: µs, monotonic
@@ -326,7 +322,7 @@ def _call_factors(data: Mapping[str, Any], ic: Mapping[str, Any], per_call: Mapp
     refs = _references(data, reference)
     factors: dict[str, float] = {}
     how: dict[str, str] = {}
-    groups = [(f"call_costs.{op}", op) for op in _OPS] + [("unmap_per_mapping",) * 2]
+    groups = [(f"call_costs.{op}", op) for op in CALLS] + [("unmap_per_mapping",) * 2]
     for g, op in groups:
         if g not in base:
             continue
