@@ -1,10 +1,7 @@
-"""Facts about GPUs, as data: profiles, the driver-call cost model, the copy-bandwidth model.
-
-Everything here is read from small JSON files shipped in ``kvvmm/hardware/data/``, each
-figure with its source; nothing here acts on a device. The simulator charges calls from
-:mod:`~kvvmm.hardware.cost`, the planner sizes pools from :mod:`~kvvmm.hardware.profiles`, and
-the lab predicts bandwidth from :mod:`~kvvmm.hardware.bandwidth`; what the simulator adds per
-call for the library's own work (from ``kvvmm calibrate``) is :mod:`~kvvmm.hardware.overhead`.
+"""Facts about GPUs, as data: profiles (:mod:`~kvvmm.hardware.profiles`), the per-call cost
+model the simulator charges (:mod:`~kvvmm.hardware.cost`, :mod:`~kvvmm.hardware.overhead`) and
+the copy-bandwidth model (:mod:`~kvvmm.hardware.bandwidth`), read from the JSON files in
+``kvvmm/hardware/data/``. Nothing here acts on a device.
 """
 
 from __future__ import annotations
@@ -39,35 +36,10 @@ from kvvmm.hardware.profiles import (
     provenance_label,
 )
 
-__all__ = [
-    "BANDWIDTH_TARGET",
-    "COST_TABLE_US",
-    "GPU_HELP",
-    "H200_BANDWIDTH",
-    "PROFILES",
-    "BandwidthFit",
-    "BandwidthPoint",
-    "BandwidthTable",
-    "CallClock",
-    "CostModel",
-    "DeviceProfile",
-    "GrowthPoint",
-    "Log2Curve",
-    "PostReleaseSlowdown",
-    "Provenance",
-    "RatioBand",
-    "SimCosts",
-    "default_cost_model",
-    "get_profile",
-    "growth_fit",
-    "load_profile",
-    "predicted_bandwidth_tb_s",
-    "predicted_ratio",
-    "profile_data",
-    "profile_from_data",
-    "profile_label",
-    "profile_summary",
-    "provenance",
-    "provenance_label",
-    "sim_costs",
-]
+__all__ = ["BANDWIDTH_TARGET", "COST_TABLE_US", "GPU_HELP", "H200_BANDWIDTH", "PROFILES",
+           "BandwidthFit", "BandwidthPoint", "BandwidthTable", "CallClock", "CostModel",
+           "DeviceProfile", "GrowthPoint", "Log2Curve", "PostReleaseSlowdown", "Provenance",
+           "RatioBand", "SimCosts", "default_cost_model", "get_profile", "growth_fit",
+           "load_profile", "predicted_bandwidth_tb_s", "predicted_ratio", "profile_data",
+           "profile_from_data", "profile_label", "profile_summary", "provenance",
+           "provenance_label", "sim_costs"]

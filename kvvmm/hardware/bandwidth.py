@@ -1,18 +1,14 @@
 """The copy-bandwidth model: how fast a tensor copies, by the sizes of the handles behind it.
 
-Two curves, both per handle size and interpolated in log2(size) between measured sizes:
+Two curves, per handle size, interpolated in log2(size) between measured sizes:
 
-- **one buffer's handles** (``interleaved=False``): the profile's ``bandwidth.runs``, a
-  1 GiB tensor over handles of one size, created in a row;
-- **many buffers' handles, created in turn** (``interleaved=True``, what decode growth of a
-  model's buffers makes): fitted (:func:`fit_growth_bandwidth`) to what the owner's tensors
-  measured after growth under each policy (``bandwidth.growth``: every committed
-  ``kvvmm bench`` run) and to the table's interleaved points, with the spread of those runs.
-  The 1 GiB table alone put the default policy's tensors at 0.97x while the runs of the
-  owner measured them at 0.99x: a table of one setting does not predict another.
+- **one buffer's handles** (``interleaved=False``): the profile's ``bandwidth.runs``, a 1 GiB
+  tensor over handles of one size, created in a row;
+- **many buffers' handles, created in turn** (``interleaved=True``, as decode growth makes
+  them): fitted (:func:`fit_growth_bandwidth`) to the owner's copies measured after growth
+  under each policy (``bandwidth.growth``) and to the table's interleaved points.
 
-An estimate from one device's measurements, not a measurement: the lab shows it next to the
-figure's source and its band.
+An estimate from one device's measurements: the lab shows it with its source and its band.
 """
 
 from __future__ import annotations
@@ -35,8 +31,8 @@ __all__ = ["BANDWIDTH_TARGET", "H200_BANDWIDTH", "BandwidthFit", "BandwidthPoint
            "BandwidthTable", "GrowthPoint", "RatioBand", "fit_growth_bandwidth",
            "growth_fit", "predicted_bandwidth_tb_s", "predicted_mix_tb_s", "predicted_ratio"]
 
-#: The copy bandwidth, as a ratio to cudaMalloc's, an owner's tensors must keep (the
-#: bandwidth target of docs/MEASUREMENTS.md §4): the line the lab draws.
+#: The copy bandwidth, as a ratio to cudaMalloc's, an owner's tensors must keep: the line
+#: the lab draws.
 BANDWIDTH_TARGET = 0.99
 
 
@@ -157,9 +153,8 @@ def _shipped_table(key: str) -> BandwidthTable:
                           str(grown.get("workload", "")))
 
 
-#: Copy bandwidth of a 1 GiB bf16 tensor on an H200, two runs each, and of the owner's
-#: tensors after decode growth per policy, every committed run (the shipped ``h200.json``'s
-#: ``bandwidth``; docs/MEASUREMENTS.md §4).
+#: The shipped ``h200.json``'s ``bandwidth``: a 1 GiB bf16 tensor's copies by handle size,
+#: and the owner's tensors' after decode growth per policy.
 H200_BANDWIDTH = _shipped_table("h200")
 
 
@@ -180,7 +175,7 @@ def _curve(table: BandwidthTable, interleaved: bool,
                  if p.handle_bytes is not None and p.interleaved}
         if inter:
             # Interleaving was measured only for small handles; beyond the largest measured
-            # one the plain curve holds (the penalty shrinks with size: 8 MiB 4.08 vs 4.00).
+            # one the plain curve holds (the penalty shrinks with size).
             top = max(inter)
             pts = {s: v for s, v in plain.items() if s > top}
             pts.update(inter)
@@ -251,17 +246,11 @@ def _least_squares(rows: Sequence[Sequence[float]], ys: Sequence[float]) -> list
 def fit_growth_bandwidth(points: Sequence[GrowthPoint]) -> BandwidthFit:
     """Fit the interleaved curve to measured copies.
 
-    The model is the table's: every byte copies at its handle size's bandwidth, and between
-    fitted sizes the slowdown (time per byte over cudaMalloc's) is linear in log2(size),
-    flat beyond them. The fitted sizes (knots) are those that hold most of some point's
-    bytes; a copy's predicted slowdown is then linear in the knots' slowdowns, and they are
-    the least-squares fit to the points' slowdowns: once to the medians of each point's
-    runs, once to their lowest ratio, once to their highest.
+    Every byte copies at its handle size's bandwidth; between fitted sizes (knots: the sizes
+    that hold most of some point's bytes) the slowdown (time per byte over cudaMalloc's) is linear
+    in log2(size), flat beyond. The knots' slowdowns are the least-squares fit to the points'
+    slowdowns: once to each point's median run, once to its lowest, once to its highest.
 
-    Args:
-        points: measured copies (:class:`GrowthPoint`), at least one per knot.
-    Returns:
-        A :class:`BandwidthFit`.
     Raises:
         ArgumentError: no points, or too few to pin every knot.
     """
@@ -288,11 +277,8 @@ def fit_growth_bandwidth(points: Sequence[GrowthPoint]) -> BandwidthFit:
 
 @lru_cache(maxsize=8)
 def growth_fit(table: BandwidthTable | None = None) -> BandwidthFit | None:
-    """The table's interleaved curve fitted to its growth runs and its interleaved points
-    (None without growth runs or a ``plain`` reference).
-
-    The table's interleaved points (1 GiB over 2 or 8 MiB handles made in turn with other
-    allocations') join the owner's runs: they are the only figures below 8 MiB.
+    """The table's interleaved curve fitted to its growth runs and its interleaved points (the
+    only figures below the runs' handle sizes); None without growth runs or a ``plain`` reference.
     """
     table = H200_BANDWIDTH if table is None else table
     ref = table.reference_tb_s("plain")
@@ -315,18 +301,11 @@ def predicted_ratio(
     handle_bytes: Sequence[int], *, interleaved: bool = False,
     table: BandwidthTable | None = None,
 ) -> RatioBand:
-    """Copy bandwidth predicted for a buffer backed by handles of the given sizes, as a
-    ratio to cudaMalloc's, with its band.
+    """Copy bandwidth predicted for a buffer backed by handles of the given sizes, as a ratio to
+    cudaMalloc's, with its band: interleaved, where the table has growth runs, the fitted curve
+    (:func:`growth_fit`); otherwise the table's curve, banded by each point's lowest and highest
+    run. Arguments as :func:`predicted_bandwidth_tb_s`.
 
-    Interleaved, and where the table has growth runs: the fitted curve
-    (:func:`growth_fit`). Otherwise the table's curve, its band from the lowest and highest
-    of each point's runs.
-
-    Args:
-        handle_bytes: handle sizes in bytes (all > 0; at least one).
-        interleaved: handles created in turn with other buffers' handles, as decode growth
-            of many buffers does.
-        table: the measurements (default :data:`H200_BANDWIDTH`).
     Raises:
         ArgumentError: a size is not an int > 0, no sizes, or a table without ``plain``.
     """
@@ -355,17 +334,14 @@ def predicted_bandwidth_tb_s(
 ) -> float:
     """Copy bandwidth predicted for a buffer backed by handles of the given sizes.
 
-    Each handle's bytes are copied at the bandwidth for its size, so the buffer's time is
-    the sum of ``bytes / bandwidth`` and its bandwidth the byte-weighted harmonic mean.
-    Interleaved handles take the curve fitted to the owner's measured growth where the table
-    has it (:func:`predicted_ratio`, its ``mid`` times cudaMalloc's TB/s); otherwise the
-    table's curve (piecewise linear in log2(size) between measured sizes, flat beyond
-    them). An estimate from one device's measurements, not a measurement.
+    Each handle's bytes copy at the bandwidth of its size, so the buffer's bandwidth is the
+    byte-weighted harmonic mean. Interleaved handles take the curve fitted to the owner's growth
+    where the table has it (:func:`predicted_ratio`'s ``mid`` times cudaMalloc's TB/s); otherwise
+    the table's curve.
 
     Args:
         handle_bytes: handle sizes in bytes (all > 0).
-        interleaved: use the interleaved curve (handles created in turn with other buffers'
-            handles, as decode growth of many buffers does).
+        interleaved: handles created in turn with other buffers' handles (decode growth).
         table: the measurements (default :data:`H200_BANDWIDTH`).
     Returns:
         TB/s; 0.0 for no handles.
@@ -380,16 +356,10 @@ def predicted_mix_tb_s(
     handles: Sequence[tuple[int, int]], *, interleaved: bool = False,
     table: BandwidthTable | None = None,
 ) -> float:
-    """:func:`predicted_bandwidth_tb_s` of a buffer backed by ``count`` handles of each
-    ``size``: ``handles`` is ``[(size, count), ...]`` in the order the sizes first appear
-    (as ``Counter(sizes).items()`` gives them), so a caller that keeps the counts need not
-    list every handle. Same result, to the bit, as the list of sizes.
+    """:func:`predicted_bandwidth_tb_s` of ``count`` handles of each ``size`` (``handles``:
+    ``[(size, count), ...]`` in the order the sizes first appear, as ``Counter(sizes).items()``
+    gives them): the same result, to the bit, as the list of sizes.
 
-    Args:
-        handles: ``(size, count)`` pairs, sizes and counts ints > 0, each size once.
-        interleaved, table: as :func:`predicted_bandwidth_tb_s` takes them.
-    Returns:
-        TB/s; 0.0 for no handles.
     Raises:
         ArgumentError: a size or a count is not an int > 0.
     """

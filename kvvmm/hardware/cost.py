@@ -1,8 +1,7 @@
 """The simulator's cost model: microseconds per driver call, by call and handle size.
 
-The figures are measured (``call_costs`` of a profile's data file: the H200's is the only
-measured table shipped); a profile without its own table borrows the H200's, as the sim has
-always done. Between measured sizes the cost is interpolated in log2(size).
+The figures are a profile's measured ``call_costs``; a profile without its own borrows the
+H200's. Between measured sizes the cost is interpolated in log2(size).
 """
 
 from __future__ import annotations
@@ -33,8 +32,7 @@ class CostModel:
     curves: dict[str, Log2Curve]
     mem_info_us: float  #: a cheap query's cost
     source: str  #: where the figures come from
-    #: A set access over several mappings costs this times the sum of one call per mapping:
-    #: 0.93-0.95 on an H200 (64 x 2 MiB, 16 x 32 MiB, 8 x 128 MiB; docs/MEASUREMENTS.md §9).
+    #: A set access over several mappings costs this times the sum of one call per mapping.
     multi_access_factor: float = 0.94
 
     def access_us(self, mapping_sizes: list[int]) -> float:

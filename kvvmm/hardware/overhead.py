@@ -1,60 +1,26 @@
-"""What the simulator charges per driver call on a given profile: the call, the library's own
-work around it, and the creates slowed by a large release just before.
+"""What the simulator charges per driver call on a profile: the call, the library's own work
+around it, and the effects ``kvvmm calibrate`` measured (:func:`sim_costs`, :class:`CallClock`).
 
-A profile's data file (:mod:`kvvmm.hardware.profiles`) may carry, beside ``call_costs``,
-sections that ``kvvmm calibrate`` measures on a GPU:
+The profile's sections beside ``call_costs``, each declared in :mod:`kvvmm.hardware.schema`:
 
-- ``library_work_us``: µs of kvvmm's own work per arena and owner *operation* (what CUDA does
-  not see), as ``{"op": {"fixed": µs per operation, "per_unit": µs per unit, "unit": ...}}``
-  (a commit's unit is a handle made, a decommit's or close's a mapping given back, an
-  owner operation's a buffer). The arena and the owner tell the simulator each operation
-  they make (:meth:`kvvmm.driver.sim.SimDriver.library_work`), so the work is charged
-  where it happens, including work that makes no driver call (a decode step with nothing
-  to back, a tensor view). A profile with this section charges nothing per call (it
-  replaces ``library_overhead_us`` below).
-- ``unmap_per_mapping``: µs per mapping covered by one ``unmap`` call, by mapping size (an
-  unmap of a whole buffer's mappings in one call costs about one unmap per mapping, as
-  ``set_access`` does).
+- ``library_work_us``: µs of kvvmm's own work per arena or owner operation, ``fixed`` plus
+  ``per_unit`` per unit; the arena and the owner report each operation they make
+  (:meth:`kvvmm.driver.sim.SimDriver.library_work`). Where present, nothing is charged per call.
+- ``library_overhead_us`` (older profiles): µs of library work charged with each call of a
+  kind (``per_call``), or by handle size (``by_size``, which replaces ``per_call`` for that call).
+- ``set_access_per_mapping``, ``unmap_per_mapping``: µs per mapping one call covers, by size.
+- ``first_touch``: a map, and the set_access after it, cost more when the mapping is the first
+  in its region of VA since the reservation was made.
+- the cold premium (:data:`~kvvmm.hardware.schema.COLD_SECTION`, :class:`ColdCalls`): the
+  first call of each kind after a pause costs more; after a shorter pause, a share of it.
+- ``idle_release`` (:class:`IdleRelease`): the first create after a pause costs more by the
+  GiB released before it.
+- ``post_release_slowdown`` (:class:`PostReleaseSlowdown`): creates right after a large
+  release run slower.
 
-- ``library_overhead_us.per_call`` (older profiles): µs of kvvmm's own work (arena, owner,
-  transaction bookkeeping; what CUDA does not see) charged with each call of that kind;
-  ``by_size``, where present, the same by handle size (it replaces ``per_call`` for that
-  call). Fitted before the arena told the simulator its operations: it sees only the driver
-  calls an operation makes, so the work of an operation
-  is spread over the calls it makes: a commit's work goes with its ``create`` (one per new
-  handle), a decommit's or close's with its ``unmap`` (one per mapping). Work that makes no
-  driver call at all (a tensor view, a decode step with nothing to back) is not charged:
-  calibrate measures it and says so (``library_overhead_us.measured``).
-- ``set_access_per_mapping``: µs per mapping covered by one ``set_access`` call, by mapping
-  size (the cost goes with the mappings covered, not with the calls: docs/MEASUREMENTS.md §9).
-- ``first_touch``: a map, and the set_access after it, cost more when the mapping is the
-  first in its region of VA (1 GiB on an H200) since the reservation was made (the driver
-  sets the region up then): an owner's construction maps slot 0 of every buffer, each in
-  VA of its own. Charged when calibrate found it over 20% of the calls (``modelled``).
-- ``cold_calls``: the first call of each kind after a pause costs more than the calls right
-  after it (on an H200, after a 50 ms sleep or 30 ms of other work: reserve ~55 µs more,
-  create ~80, map ~28, set_access ~86, unmap ~92, release ~23; back to back, none: the
-  caches of the CPU and the driver hold the call's code and data again). ``premium_us`` per
-  call; charged on a simulated device's first call of each kind and, after
-  :meth:`~kvvmm.driver.sim.SimDriver.pause` of at least ``gap_ms``, again
-  (``modelled: true``).
-  ``second`` (where measured): the share of what a cold call paid that the next call of
-  its kind pays as well (on an H200 a startup's second create, map and set_access cost 0.34,
-  0.20 and 0.29 of the premium more than warm, medians of 12 rounds: the call after a cold
-  one is not warm yet).
-- ``idle_release``: the first create after a pause (at least ``pause_s``) costs
-  ``create_us_per_gib`` more per GiB released since the create before it (on an H200, 190-480
-  µs per GiB after 0.25-2 s: 12-31 ms after 64 GiB; with no pause, nothing; after 1.6 GiB of
-  page handles, nothing measurable in 16 of 16 workload startups: ``min_released_gib``).
-  Charged after
-  :meth:`~kvvmm.driver.sim.SimDriver.pause`; a fresh device has released nothing
-  (``modelled: true``).
-- ``post_release_slowdown``: creates right after a large release run slower while the driver
-  reclaims the memory (docs/MEASUREMENTS.md §3); charged only when calibrate found it real
-  and stable across repeats (``modelled: true``).
-
-A profile without a section borrows the H200's figures where the H200 has them, and charges
-nothing extra where it has none; :attr:`SimCosts.notes` says which.
+An effect is charged only where its section says ``modelled: true``. A profile without a
+section borrows the H200's figures where the H200 has them and charges nothing extra where it
+has none; :attr:`SimCosts.notes` says which.
 """
 
 from __future__ import annotations
@@ -68,13 +34,10 @@ from typing import Any
 from kvvmm.hardware.cost import CostModel, default_cost_model
 from kvvmm.hardware.interp import LinearCurve, Log2Curve
 from kvvmm.hardware.profiles import DeviceProfile, profile_data
+from kvvmm.hardware.schema import COLD_SECTION
 from kvvmm.units import MiB
 
 __all__ = ["CallClock", "ColdCalls", "IdleRelease", "PostReleaseSlowdown", "SimCosts", "sim_costs"]
-
-#: The calls whose cost depends on the handle or range size.
-SIZED_CALLS = ("create", "map", "set_access", "unmap", "release", "reserve", "free")
-
 
 @dataclass(frozen=True, slots=True)
 class PostReleaseSlowdown:
@@ -152,10 +115,8 @@ class SimCosts:
         return 0.0 if w is None else w[0] + w[1] * units
 
     def unmap_us(self, mapping_sizes: Sequence[int]) -> float:
-        """µs of one ``unmap`` over whole mappings of these sizes (library work included).
-
-        One mapping, or no per-mapping curve measured: the call's cost by the range's size
-        (as before). Several with the curve: the sum of its curve over the mappings.
+        """µs of one ``unmap`` over whole mappings of these sizes (library work included): the sum
+        of ``unmap_per_mapping`` over several mappings where measured, else the call's cost by size.
         """
         sizes = list(mapping_sizes)
         if len(sizes) > 1 and self.unmap_per_mapping is not None:
@@ -176,11 +137,9 @@ class SimCosts:
         return max(0.0, self.calls(op, size) + self.overhead_us(op, size))
 
     def access_us(self, mapping_sizes: Sequence[int]) -> float:
-        """µs of one ``set_access`` over whole mappings of these sizes (library work included).
-
-        One mapping: the call's cost by its size. Several: with ``set_access_per_mapping``
-        measured, the sum of its curve over the mappings; else :meth:`CostModel.access_us`
-        (the H200's factor times one call per mapping: docs/MEASUREMENTS.md §9).
+        """µs of one ``set_access`` over whole mappings of these sizes (library work included): the
+        sum of ``set_access_per_mapping`` over several mappings where measured, else
+        :meth:`CostModel.access_us`.
         """
         sizes = list(mapping_sizes)
         if len(sizes) <= 1 or self.access_per_mapping is None:
@@ -203,11 +162,9 @@ def _section(data: Mapping[str, Any], name: str) -> Mapping[str, Any] | None:
 
 @functools.cache
 def sim_costs(profile: DeviceProfile) -> SimCosts:
-    """The costs the simulator charges on ``profile`` (read once per profile).
-
-    Raises nothing for a profile that loaded: its data met :data:`kvvmm.hardware.schema.SCHEMA`
-    then (every figure here typed, finite and bounded, every divisor > 0), so a bad file is
-    refused when it is read, not when the sim first charges a call.
+    """The costs the simulator charges on ``profile`` (read once per profile). Raises nothing:
+    a profile that loaded met :data:`kvvmm.hardware.schema.SCHEMA` (every figure typed, finite
+    and bounded, every divisor > 0).
     """
     data = profile_data(profile)
     h200 = default_cost_model()
@@ -261,7 +218,7 @@ def sim_costs(profile: DeviceProfile) -> SimCosts:
     if access is None:
         notes.append("set_access over several mappings: the H200's factor "
                      f"({h200.multi_access_factor}) times one call per mapping")
-    cd = _section(data, "cold_calls")
+    cd = _section(data, COLD_SECTION)
     cold = None
     if cd is not None and cd.get("modelled") is True:
         gap_us = float(cd.get("gap_ms", 50.0)) * 1e3
@@ -303,12 +260,11 @@ class CallClock:
     post-release slowdown needs (bytes released since the last create, slow creates left).
 
     ``clock(op, size)`` returns the µs to add to the device's clock; the driver calls it once
-    per call, under its own lock. Where the profile models cold calls, the first call of each
-    kind since the clock was made costs its premium more, and a later one the share of it
-    that the pauses since the last call of its kind give (:meth:`ColdCalls.share`: all of it
-    from the profile's gap), and the next call of its kind ``cold_calls.second`` of what it
-    paid; where it models idle releases, the first create after a pause of
-    at least ``idle_release.pause_s`` costs more by the GiB released since the create before.
+    per call, under its own lock. Where the profile models cold calls, a call pays the share
+    of its kind's premium that the pauses since the last call of its kind give
+    (:meth:`ColdCalls.share`), and the next call of its kind :attr:`ColdCalls.second` of what
+    it paid; where it models idle releases, the first create after a long enough pause pays
+    for the GiB released since the create before.
     """
 
     __slots__ = ("_access", "_call", "_freed", "_idle_us", "_next", "_over", "_paused",

@@ -1,18 +1,12 @@
 """GPU profiles: what the simulator and the planner know of a card, each figure with its source.
 
-A profile is a small JSON data file (``kvvmm/hardware/data/<key>.json``, format
-``kvvmm-hardware-profile``): the card's memory capacity and VMM granularity, and where they
-were measured, optionally its measured driver-call costs (``call_costs``), copy bandwidth
-(``bandwidth``) and what ``kvvmm calibrate`` adds (``library_work_us``,
-``set_access_per_mapping``, ``unmap_per_mapping``, ``first_touch``, ``post_release_slowdown``,
-and the older ``library_overhead_us``; each section carries a ``source`` saying how it was
-measured; :mod:`kvvmm.hardware.overhead` says how the simulator charges them). The shipped
-files are read once, on first use; :func:`load_profile` reads one from any path, and
-:func:`get_profile` takes a key or a path. A file is read only when it is a regular file of at
-most :data:`MAX_PROFILE_BYTES`, as strict JSON (no NaN, no Infinity), and every profile, read
-or built, is checked against the one declared schema (:mod:`kvvmm.hardware.schema`): a bad
-one is one :class:`~kvvmm.errors.ProfileError` naming the file, the field, its value and its
-bound.
+A profile is a JSON file of format ``kvvmm-hardware-profile`` (shipped ones in
+``kvvmm/hardware/data/<key>.json``): the card's capacity and VMM granularity, optionally its
+measured costs (:mod:`kvvmm.hardware.overhead` says how the simulator charges them), each
+section with its ``source``. :func:`get_profile` takes a key or a path; :func:`load_profile`
+reads a regular file of at most :data:`MAX_PROFILE_BYTES` as strict JSON. Every profile, read
+or built, is checked against :mod:`kvvmm.hardware.schema`: a bad one is one
+:class:`~kvvmm.errors.ProfileError` naming the file, the field, its value and its bound.
 """
 
 from __future__ import annotations
@@ -35,23 +29,9 @@ from kvvmm.hardware.schema import FORMAT, MAX_DEPTH, VERSIONS, parse, validate
 from kvvmm.hardware.spread import at_quantile
 from kvvmm.units import MiB
 
-__all__ = [
-    "FORMAT",
-    "GPU_HELP",
-    "MAX_PROFILE_BYTES",
-    "PROFILES",
-    "VERSIONS",
-    "DeviceProfile",
-    "Provenance",
-    "get_profile",
-    "load_profile",
-    "profile_data",
-    "profile_from_data",
-    "profile_label",
-    "profile_summary",
-    "provenance",
-    "provenance_label",
-]
+__all__ = ["FORMAT", "GPU_HELP", "MAX_PROFILE_BYTES", "PROFILES", "VERSIONS", "DeviceProfile",
+           "Provenance", "get_profile", "load_profile", "profile_data", "profile_from_data",
+           "profile_label", "profile_summary", "provenance", "provenance_label"]
 
 #: Largest profile file read, in bytes (the biggest shipped one is ~40 KiB). A bigger file
 #: (or ``/dev/zero``, read until memory ran out) is refused before it is read.
@@ -92,11 +72,9 @@ class DeviceProfile:
     def at(self, q: float) -> DeviceProfile:
         """This profile with every cost figure at its quantile ``q`` of the measured spread.
 
-        ``q`` in [0, 1]: 0.1 is each figure's p10, 0.5 its p50, 0.9 its p90 (linear between
-        them, flat beyond). Every figure group moves to its own quantile at once, so a sim
-        run on ``at(0.1)`` and ``at(0.9)`` brackets what the card did when all its costs
-        moved together (as they do between days); it is not the p10-p90 of a joint
-        distribution (docs/FIDELITY.md). A profile without a spread is a point: itself.
+        ``q`` in [0, 1]: 0.1 is each figure's p10, 0.9 its p90 (linear between, flat beyond).
+        Every figure group moves to its own quantile at once
+        (:func:`kvvmm.hardware.spread.at_quantile`). A profile without a spread is a point: itself.
 
         Raises:
             ArgumentError: ``q`` not a finite number in [0, 1].
@@ -218,12 +196,8 @@ def _parse(raw: bytes, where: str) -> Any:
 
 
 def load_profile(path: str | os.PathLike[str]) -> DeviceProfile:
-    """Read a profile from a JSON file of format ``kvvmm-hardware-profile``.
-
-    Only a regular file of at most :data:`MAX_PROFILE_BYTES` is read; its JSON must hold no
-    NaN or Infinity, and every field the library reads must meet
-    :data:`kvvmm.hardware.schema.SCHEMA` (types and bounds), so a profile that loads never
-    fails later in the simulator or the planner.
+    """Read a profile from a JSON file of format ``kvvmm-hardware-profile``: a regular file of at
+    most :data:`MAX_PROFILE_BYTES`, strict JSON, meeting :data:`kvvmm.hardware.schema.SCHEMA`.
 
     Raises:
         OSError: the file does not exist or cannot be opened (permissions).

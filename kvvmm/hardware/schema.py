@@ -1,18 +1,13 @@
 """The one declared schema of a GPU profile, and the strict JSON reader every profile goes through.
 
-Every field the simulator, the planner or the cost models read is declared in :data:`SCHEMA`:
-its path in the file, its type and its bounds. A profile is checked against it once, when it
-is loaded (a file, a shipped profile or data ``kvvmm calibrate`` builds), so nothing accepted
-fails later: a ``first_touch.region_mib`` of 0 once divided by zero inside ``map`` after the
-mapping was recorded, a 3 MiB granularity made every reserve fail, ``true`` became a 1-byte
-device. Fields the schema does not declare (calibrate's raw measurements, notes, sections of
-a newer calibrate) are kept as records: any JSON, its numbers finite.
+Every field the library reads is declared in :data:`SCHEMA`: its path, its type and its
+bounds. A profile is checked once, when it is loaded or built, so nothing accepted fails later
+(a zero divisor, a granularity no reserve meets). Fields not declared (raw measurements,
+notes) are kept as records: any JSON, its numbers finite.
 
-Why a table in code rather than JSON Schema: the rules are few (a type and bounds per field,
-"required when modelled", granularity at most the capacity), ``import kvvmm`` needs nothing
-beyond the standard library (a validator would be a new core dependency), and a refusal has to
-be one :class:`~kvvmm.errors.ProfileError` naming the file, the field, the value and the bound,
-which a validator's own errors would need translating into anyway.
+A table in code rather than JSON Schema: ``import kvvmm`` needs nothing beyond the standard
+library, and a refusal is one :class:`~kvvmm.errors.ProfileError` naming the file, the field,
+the value and the bound.
 """
 
 from __future__ import annotations
@@ -26,7 +21,8 @@ from typing import Any
 from kvvmm.errors import ProfileError
 from kvvmm.units import MiB
 
-__all__ = ["FORMAT", "MAX_DEPTH", "SCHEMA", "VERSIONS", "parse", "validate"]
+__all__ = ["COLD_CALLS", "COLD_SECTION", "FORMAT", "MAX_DEPTH", "SCHEMA", "VERSIONS", "parse",
+           "validate"]
 
 FORMAT = "kvvmm-hardware-profile"
 #: Format versions this reader understands: 1 (the first format), 2 (``kvvmm calibrate``'s, which
@@ -281,6 +277,18 @@ _TEXT = Str()
 #: A spread's factor: a multiple of the profile's figure (0.5: half of it).
 _FACTOR = Num(0, 1e3, "times the profile's figure", above=True, required=True)
 
+#: The section of the cold-call premium (the first call of each kind after a pause costs
+#: more): the one name every reader and writer of it goes through.
+COLD_SECTION = "cold_calls"
+#: The driver calls a cold premium may name.
+COLD_CALLS = ("reserve", "create", "map", "set_access", "unmap", "release", "free")
+
+
+def _under(section: str, rule: Section, fields: Mapping[str, Rule]) -> dict[str, Rule]:
+    """A section's rule and its fields' rules, their paths under the section's."""
+    return {section: rule} | {f"{section}.{path}": r for path, r in fields.items()}
+
+
 #: Every field of a profile the library reads: path (``*``: any key) -> rule. Keys of the
 #: data may themselves hold dots (``library_work_us["arena.close"]``); the paths here never.
 SCHEMA: dict[str, Rule] = {
@@ -376,21 +384,22 @@ SCHEMA: dict[str, Rule] = {
     "first_touch.unit": _TEXT,
     "first_touch.source": _TEXT,
     "first_touch.measured": Record(),
-    "cold_calls": Section(needs=("modelled", ("premium_us",))),
-    "cold_calls.premium_us": Section(),
-    "cold_calls.premium_us.*": _COST,
-    "cold_calls.gap_ms": Num(0, 1e9, "ms of pause that makes calls cold again"),
-    "cold_calls.partial": Section(),
-    "cold_calls.partial.*": Pairs(Num(0, 1e9, "ms of pause"),
-                                  Num(0, 1, "the share of the premium paid after it")),
-    "cold_calls.partial_source": _TEXT,
-    "cold_calls.second": Section(),
-    "cold_calls.second.*": Num(0, 1, "the share of a cold call's premium the next call pays"),
-    "cold_calls.second_source": _TEXT,
-    "cold_calls.modelled": Bool(),
-    "cold_calls.unit": _TEXT,
-    "cold_calls.source": _TEXT,
-    "cold_calls.measured": Record(),
+    **_under(COLD_SECTION, Section(needs=("modelled", ("premium_us",))), {
+        "premium_us": Section(),
+        "premium_us.*": _COST,
+        "gap_ms": Num(0, 1e9, "ms of pause that makes calls cold again"),
+        "partial": Section(),
+        "partial.*": Pairs(Num(0, 1e9, "ms of pause"),
+                           Num(0, 1, "the share of the premium paid after it")),
+        "partial_source": _TEXT,
+        "second": Section(),
+        "second.*": Num(0, 1, "the share of a cold call's premium the next call pays"),
+        "second_source": _TEXT,
+        "modelled": Bool(),
+        "unit": _TEXT,
+        "source": _TEXT,
+        "measured": Record(),
+    }),
     "idle_release": Section(needs=("modelled", ("create_us_per_gib",))),
     "idle_release.create_us_per_gib": _COST,
     "idle_release.pause_s": Num(0, 1e6, "s of pause that sets it off"),
@@ -589,62 +598,76 @@ def validate(data: object, where: str) -> None:
     spread = data.get("spread")
     if isinstance(spread, Mapping):
         _check_spread(walk, spread)
-    cold = data.get("cold_calls")
+    cold = data.get(COLD_SECTION)
     for part in ("premium_us", "second"):
         named = cold.get(part) if isinstance(cold, Mapping) else None
         if isinstance(named, Mapping):
             for call in named:
                 if call not in COLD_CALLS:
-                    raise walk.fail(("cold_calls", part, str(call)), call,
+                    raise walk.fail((COLD_SECTION, part, str(call)), call,
                                     "one of " + ", ".join(COLD_CALLS),
                                     "not a driver call the simulator charges")
 
 
-#: The driver calls a cold premium may name.
-COLD_CALLS = ("reserve", "create", "map", "set_access", "unmap", "release", "free")
 #: The figure groups a spread may name (kvvmm.hardware.spread.GROUPS; spelled here so the
 #: schema imports nothing of the models it checks).
 SPREAD_GROUPS = ("call_costs.create", "call_costs.map", "call_costs.set_access",
                  "call_costs.unmap", "call_costs.release", "call_costs.reserve",
                  "call_costs.free", "set_access_per_mapping", "unmap_per_mapping",
-                 "first_touch", "cold_calls", "idle_release", "library_work_us",
+                 "first_touch", COLD_SECTION, "idle_release", "library_work_us",
                  "library_overhead_us")
+
+
+def _check_quantiles(walk: _Walk, rows: Mapping[str, Any], path: Path,
+                     groups: tuple[str, ...], what: str) -> None:
+    """Each row's group is one of ``groups``, and its p10 <= p50 <= p90."""
+    for group, row in rows.items():
+        at: Path = (*path, str(group))
+        if group not in groups:
+            raise walk.fail(at, group, "one of " + ", ".join(groups), what)
+        if not row["p10"] <= row["p50"] <= row["p90"]:
+            raise walk.fail((*at, "p10"), row["p10"],
+                            f"p10 <= p50 ({row['p50']}) <= p90 ({row['p90']})",
+                            "the quantiles are out of order")
+
+
+def _entries_of(walk: _Walk, section: Mapping[str, Any], path: Path, inner: str,
+                array: str, inner_is: str) -> list[tuple[Path, Mapping[str, Any]]]:
+    """The entries of the list ``section[path[-1]]`` (default empty), each an object whose
+    ``inner`` is an object: each one's path to ``inner``, and ``inner``."""
+    entries = section.get(str(path[-1]), [])
+    if not isinstance(entries, list):
+        raise walk.fail(path, entries, array, f"it is {_kind(entries)}")
+    out: list[tuple[Path, Mapping[str, Any]]] = []
+    for i, entry in enumerate(entries):
+        got = entry.get(inner) if isinstance(entry, Mapping) else None
+        if not isinstance(got, Mapping):
+            raise walk.fail((*path, i, inner), ProfileError.MISSING if isinstance(
+                entry, Mapping) else entry, inner_is)
+        out.append(((*path, i, inner), got))
+    return out
 
 
 def _check_spread(walk: _Walk, spread: Mapping[str, Any]) -> None:
     """What the table cannot say of a spread: known groups, p10 <= p50 <= p90, and a
     history of ``{"figures": {group: {label: number}}}`` entries."""
-    for group, row in (spread.get("figures") or {}).items():
-        path: Path = ("spread", "figures", str(group))
-        if group not in SPREAD_GROUPS:
-            raise walk.fail(path, group, "one of " + ", ".join(SPREAD_GROUPS),
-                            "not a figure group the simulator reads")
-        if not row["p10"] <= row["p50"] <= row["p90"]:
-            raise walk.fail((*path, "p10"), row["p10"],
-                            f"p10 <= p50 ({row['p50']}) <= p90 ({row['p90']})",
-                            "the quantiles are out of order")
+    _check_quantiles(walk, spread.get("figures") or {}, ("spread", "figures"), SPREAD_GROUPS,
+                     "not a figure group the simulator reads")
     level = spread.get("level")
     if isinstance(level, Mapping):
         _check_level(walk, level)
-    history = spread.get("history", [])
-    if not isinstance(history, list):
-        raise walk.fail(("spread", "history"), history, "a JSON array of calibrations' figures",
-                        f"it is {_kind(history)}")
-    for i, entry in enumerate(history):
-        path = ("spread", "history", i)
-        figs = entry.get("figures") if isinstance(entry, Mapping) else None
-        if not isinstance(figs, Mapping):
-            raise walk.fail((*path, "figures"), ProfileError.MISSING if isinstance(
-                entry, Mapping) else entry, "an object {group: {label: number}}")
+    for path, figs in _entries_of(walk, spread, ("spread", "history"), "figures",
+                                  "a JSON array of calibrations' figures",
+                                  "an object {group: {label: number}}"):
         for group, vals in figs.items():
             if group not in SPREAD_GROUPS:
-                raise walk.fail((*path, "figures", str(group)), group,
-                                "one of " + ", ".join(SPREAD_GROUPS))
+                raise walk.fail((*path, str(group)), group, "one of " + ", ".join(SPREAD_GROUPS))
             if not isinstance(vals, Mapping):
-                raise walk.fail((*path, "figures", str(group)), vals,
-                                "an object {label: number}", f"it is {_kind(vals)}")
+                raise walk.fail((*path, str(group)), vals, "an object {label: number}",
+                                f"it is {_kind(vals)}")
             for label, x in vals.items():
-                if group not in ("first_touch", "cold_calls", "idle_release",
+                at = (*path, str(group), str(label))
+                if group not in ("first_touch", COLD_SECTION, "idle_release",
                                  "library_work_us", "library_overhead_us"):
                     try:  # a curve's labels are handle sizes in MiB
                         mib: object = float(label)
@@ -652,12 +675,10 @@ def _check_spread(walk: _Walk, spread: Mapping[str, Any]) -> None:
                         mib = label
                     bad = _SIZE.refuse(mib)
                     if bad is not None:
-                        raise walk.fail((*path, "figures", str(group), str(label)), label,
-                                        "a handle size label: " + _SIZE.expects(), bad)
+                        raise walk.fail(at, label, "a handle size label: " + _SIZE.expects(), bad)
                 why = _HISTORY_VALUE.refuse(x)
                 if why is not None:
-                    raise walk.fail((*path, "figures", str(group), str(label)), x,
-                                    _HISTORY_VALUE.expects(), why)
+                    raise walk.fail(at, x, _HISTORY_VALUE.expects(), why)
 
 
 #: The scenario groups a session level may name (kvvmm.hardware.spread.LEVEL_GROUPS).
@@ -667,32 +688,17 @@ LEVEL_GROUPS = ("construct", "growth", "finalize", "close", "elastic", "startup"
 def _check_level(walk: _Walk, level: Mapping[str, Any]) -> None:
     """What the table cannot say of a session level: known groups, p10 <= p50 <= p90, and
     sessions ``[{"session", "runs", "factors": {group: factor}}]``."""
-    for group, row in (level.get("groups") or {}).items():
-        path: Path = ("spread", "level", "groups", str(group))
-        if group not in LEVEL_GROUPS:
-            raise walk.fail(path, group, "one of " + ", ".join(LEVEL_GROUPS),
-                            "not a scenario group a level is fitted for")
-        if not row["p10"] <= row["p50"] <= row["p90"]:
-            raise walk.fail((*path, "p10"), row["p10"],
-                            f"p10 <= p50 ({row['p50']}) <= p90 ({row['p90']})",
-                            "the quantiles are out of order")
-    sessions = level.get("sessions", [])
-    if not isinstance(sessions, list):
-        raise walk.fail(("spread", "level", "sessions"), sessions,
-                        "a JSON array of sessions' factors", f"it is {_kind(sessions)}")
-    for i, entry in enumerate(sessions):
-        path = ("spread", "level", "sessions", i)
-        factors = entry.get("factors") if isinstance(entry, Mapping) else None
-        if not isinstance(factors, Mapping):
-            raise walk.fail((*path, "factors"), ProfileError.MISSING if isinstance(
-                entry, Mapping) else entry, "an object {group: factor}")
+    _check_quantiles(walk, level.get("groups") or {}, ("spread", "level", "groups"),
+                     LEVEL_GROUPS, "not a scenario group a level is fitted for")
+    for path, factors in _entries_of(walk, level, ("spread", "level", "sessions"), "factors",
+                                     "a JSON array of sessions' factors",
+                                     "an object {group: factor}"):
         for group, f in factors.items():
             if group not in LEVEL_GROUPS:
-                raise walk.fail((*path, "factors", str(group)), group,
-                                "one of " + ", ".join(LEVEL_GROUPS))
+                raise walk.fail((*path, str(group)), group, "one of " + ", ".join(LEVEL_GROUPS))
             why = _FACTOR.refuse(f)
             if why is not None:
-                raise walk.fail((*path, "factors", str(group)), f, _FACTOR.expects(), why)
+                raise walk.fail((*path, str(group)), f, _FACTOR.expects(), why)
 
 
 #: A figure of a calibration kept (a fitted residual may be negative).

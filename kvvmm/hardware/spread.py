@@ -1,37 +1,21 @@
 """A profile's spread: where each cost figure fell over rounds and over the calibrations kept.
 
-One calibration is a point, and the card is not within ±10% of itself over an hour
-(docs/MEASUREMENTS.md §12, docs/FIDELITY.md): a profile may carry, beside its figures, a
-``spread`` section saying how far each *figure group* moved, as multiples of the figure the
-profile holds:
+A profile may carry a ``spread`` section saying how far each *figure group*
+(:data:`GROUPS`: each driver call's curve, the per-mapping curves, the first-touch extra, the
+cold premium, the idle release, the library's work) moved, as multiples of its figure:
 
-- ``spread.figures.<group>``: ``{"p10": f, "p50": f, "p90": f, "samples": n}``, quantiles of
-  the ratios (another measurement / this profile's figure) over the rounds and calibrations
-  kept, pooled over the sizes both measured;
-- ``spread.history``: the figures of earlier (or other) calibrations of the card, each
-  ``{"date", "source", "figures": {group: {label: value}}}``: what ``kvvmm calibrate
-  --quick --profile`` keeps when it refreshes a profile, and what the quantiles are taken over.
+- ``spread.figures.<group>``: ``{"p10", "p50", "p90", "samples"}``, quantiles of the ratios
+  (another measurement / this profile's figure) over the rounds and calibrations kept;
+- ``spread.history``: the figures of other calibrations of the card, each
+  ``{"date", "source", "figures": {group: {label: value}}}``;
+- ``spread.level``: per scenario group (:data:`LEVEL_GROUPS`), the quantiles over sessions of
+  each session's factor measured / the sim's point. The sim never charges it; a band is
+  widened by it afterwards (:func:`compose_level`).
 
-The groups are the cost figures the simulator reads (:data:`GROUPS`): each driver call's
-curve by size (``call_costs.create``, ...), the per-mapping curves, the first-touch extra and
-the library's own work. A profile without a group's spread (every shipped profile but the
-H200's, any file before this section existed) is a point for that group: factor 1 at every
-quantile, stated by :func:`spread_notes`.
-
-:func:`scaled` multiplies a profile's figures by a factor per group; :func:`at_quantile` is
-what :meth:`~kvvmm.hardware.profiles.DeviceProfile.at` makes of it: every figure at its own
-quantile ``q``, all at once (comonotone: the band that gives is not a joint distribution of
-independent costs; docs/FIDELITY.md says why).
-
-The card also moves as a whole between sessions (another machine, another day), further than
-the calibrations kept show: the **session level**. ``spread.level`` holds, per scenario group
-(:data:`LEVEL_GROUPS`: construction, growth, finalize, close, page commits, the workload's
-startup and decode), the quantiles over sessions of each session's factor *measured / the
-sim's point* (fitted from the GPU runs of 2026-12-01 to 12-04 and kept as shipped since that
-scoring was retired: docs/FIDELITY.md), and the sessions' factors themselves. It is not a
-cost figure: the sim never charges it; a band is composed with it afterwards
-(:func:`compose_level`). A profile without the section has no level: its bands are the
-per-call ones, exactly as before.
+A group without a spread is a point (factor 1 at every quantile: :func:`spread_notes`).
+:func:`scaled` multiplies a profile's figures by a factor per group; :func:`at_quantile` puts
+every group at its own quantile at once (comonotone, not a joint distribution:
+docs/FIDELITY.md).
 """
 
 from __future__ import annotations
@@ -42,7 +26,7 @@ import textwrap
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from kvvmm.hardware.schema import SPREAD_GROUPS
+from kvvmm.hardware.schema import COLD_SECTION, SPREAD_GROUPS
 
 __all__ = ["CALLS", "GROUPS", "LEVEL_GROUPS", "QUANTILES", "WORKLOAD_LEVEL", "at_quantile",
            "compose_level", "factor_at", "figures_of", "level_notes", "level_of", "scaled",
@@ -56,7 +40,7 @@ GROUPS = SPREAD_GROUPS
 #: section, or the named object inside it, and the numbers' names (None: all of them).
 _NAMED: dict[str, tuple[str | None, tuple[str, ...] | None]] = {
     "first_touch": (None, ("map_us", "set_access_us")),
-    "cold_calls": ("premium_us", None),
+    COLD_SECTION: ("premium_us", None),
     "idle_release": (None, ("create_us_per_gib",)),
 }
 #: The quantiles a spread stores, by name.

@@ -2,39 +2,20 @@
 
 Sections (each a key of the JSON result):
 
-- ``per_call``: microseconds per driver call by handle size: raw cuda-python (with its
-  error check), CudaDriver as it runs (hot calls in C where ``_cudafast`` is built) and
-  CudaDriver with every call in Python, interleaved rep by rep in a shuffled order so all
-  see the same card.
-- ``arena``: Arena construction and close (64 GiB reservation).
-- ``owner``: KvBufferOwner construction with 64 buffers (Llama-3-8B-like: 32 layers x K/V,
-  8 KV heads x 128, bf16, page 64, 2M reserved tokens: ~246 GiB of VA) and close.
-- ``growth``: per policy, decode growth of those 64 buffers in 4096-token steps to 500k
-  tokens (122 steps): the median of three rounds with the policies' order rotated, each
-  started 2 s after the previous owner closed (``grow_rounds`` says why), and for the
-  default policy three rounds back to back as well; then finalize to 1M tokens; driver
-  calls, handles, over-commit, copy bandwidth of the owner's tensors vs cudaMalloc tensors
-  of the same size (median of 21 alternations).
-- ``elastic_growth``: the default policy's growth of those 64 buffers without
-  and with a HandlePool + look-ahead (``LOOKAHEAD_BYTES``), ``GAP_S`` slept between steps
-  (standing for the decode step's GPU time, an assumption stated in the JSON), settled and
-  back to back, plus a look-ahead sweep: what ``ensure_prefix`` blocks for (total, p50/p99
-  per step), driver time on the decode thread and the pool's (``TimedDriver``), over-commit
-  at the end and at the worst step.
-- ``page_ops``: single pages in the middle of a buffer (``commit_pages``/``decommit_pages``
-  of one page id) and single granules (``Arena.commit_range``/``decommit_range``), µs per
-  page, two cycles, without and with the pool.
-- ``elastic_bandwidth``: copy bandwidth of tensors with holes and after out-of-order
-  commit/decommit vs cudaMalloc.
+- ``per_call``: µs per driver call by handle size: raw cuda-python, CudaDriver as it runs
+  (hot calls in C where built) and CudaDriver all in Python, rep by rep in a shuffled order.
+- ``arena``, ``owner``: construction and close of a 64 GiB arena and of the workload's owner.
+- ``growth``: per policy, the workload's decode growth (rounds with the policies' order
+  rotated, and back to back for the default), finalize, driver calls, handles, over-commit,
+  and the copy bandwidth of the owner's tensors against cudaMalloc's.
+- ``elastic_growth``, ``page_ops``, ``elastic_bandwidth``: growth with a handle pool and
+  look-ahead, single pages and granules committed and given back, copies over holes
+  (:mod:`kvvmm.measure.elastic`).
 - ``seed`` (with ``--seed-file`` and ``--seed-script``): SGLang's arena on the same workload,
-  run by ``bench/seed/seed_side_by_side.py`` in a child process (the seed compiles a stub per
-  arena and may abort at exit). That script is a bench file, not part of the package, and
-  the package does not look for it: ``--seed-script`` names it.
+  run by ``bench/seed/seed_side_by_side.py`` in a child process.
 
-The result goes to ``bench/results/<card>-kvvmm-bench.json`` (``h200-kvvmm-bench.json``),
-with the card, versions and date inside; a new run replaces the file and git keeps the old
-one. What the figures have shown so far, and why the sections are timed as they are:
-``docs/MEASUREMENTS.md``. A progress bar (tqdm) goes to stderr, the summary to stdout.
+The result goes to ``<out>/<card>-kvvmm-bench.json``; a progress bar goes to stderr, the
+summary to stdout.
 """
 
 from __future__ import annotations
@@ -66,6 +47,7 @@ from kvvmm.measure.elastic import (
     page_ops,
 )
 from kvvmm.measure.growth import back_to_back, grow_rounds, policy_growth
+from kvvmm.measure.results import checkout_root
 from kvvmm.measure.stats import median_us
 from kvvmm.measure.timer import CallTimes, TimedDriver, _timed, time_handle_calls
 from kvvmm.measure.workload import BENCH_WORKLOAD, Workload
@@ -144,8 +126,8 @@ def _per_call(drv_mod: Any, cd: Any, cd_py: Any | None = None) -> dict[str, Any]
         k_vas = [(w, drv, drv.reserve(size)) for w, drv in drivers]
         t: dict[str, list[float]] = {f"raw_{op}": [] for op in (*_SIDE_BY_SIDE, "unmap")}
         # A fresh random order each rep (seeded): what one call costs depends on the call
-        # before it, so every runner must follow every other as often. Turning a fixed order
-        # is not enough: it keeps who follows whom (docs/MEASUREMENTS.md, "Per-call costs").
+        # before it, so every runner must follow every other as often (turning a fixed
+        # order keeps who follows whom).
         rng = random.Random(size)
         times = {w: CallTimes((size,)) for w, _, _ in k_vas}
         runners: list[Callable[[], None]] = [
@@ -177,14 +159,6 @@ def _ck(res: Any) -> Any:
     if err != d.CUresult.CUDA_SUCCESS:
         raise RuntimeError(f"CUDA call failed: {err}")
     return res[1] if isinstance(res, tuple) and len(res) > 1 else None
-
-
-
-
-def _import_root() -> Path:
-    """The folder this ``kvvmm`` was imported from (a checkout or site-packages), so that a
-    child process imports the same one."""
-    return Path(__file__).resolve().parents[2]  # .../kvvmm/measure/bench.py -> ...
 
 
 def find_seed_script(explicit: str | None) -> Path:
@@ -222,9 +196,8 @@ def _check_seed_file(seed_file: str) -> str:
 def _seed(seed_file: str, script: Path) -> dict[str, Any]:
     """Run ``script`` on the seed file in a child process; its ``SEED_JSON`` line, or the error."""
     env = dict(os.environ)
-    # The child imports the same kvvmm as this process (the script takes its workload from
-    # kvvmm.measure.bench).
-    env["PYTHONPATH"] = os.pathsep.join([str(_import_root()), env.get("PYTHONPATH", "")])
+    # The child imports the same kvvmm as this process (the script takes its workload from it).
+    env["PYTHONPATH"] = os.pathsep.join([str(checkout_root()), env.get("PYTHONPATH", "")])
     proc = subprocess.run([sys.executable, str(script), seed_file],
                           capture_output=True, text=True, env=env, timeout=540)
     for line in proc.stdout.splitlines():
@@ -495,8 +468,6 @@ def main(argv: list[str] | None = None) -> int:
                          "checkout (needed with --seed-file)")
     ap.add_argument("--device", type=int, default=0)
     args = ap.parse_args(argv)
-    from kvvmm.errors import DriverUnavailableError
-
     script = None
     if args.seed_file:
         try:

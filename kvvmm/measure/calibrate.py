@@ -1,44 +1,22 @@
 """``kvvmm calibrate``: measure on a GPU what the simulator charges, and write it as a profile.
 
-The simulator advances its clock by a cost model per driver call (:mod:`kvvmm.hardware`). A
-table fitted once on one card neither follows the card's drift nor fits another card, and it
-missed the library's own work (docs/MEASUREMENTS.md §10). This command measures, on the card at
-hand, through :class:`~kvvmm.driver.cuda.CudaDriver` (what the sim stands in for):
+Measured through :class:`~kvvmm.driver.cuda.CudaDriver` on the card at hand:
 
-- ``per_call``: µs per create, map, set_access, unmap (with its synchronize) and release by
-  handle size, all sizes in one reservation (as an owner's calls are), every size
-  interleaved with every other in a fresh seeded order each rep (what a call costs depends
-  on the call before it: docs/MEASUREMENTS.md §2);
+- ``per_call``: µs per create, map, set_access, unmap and release by handle size, every size
+  interleaved with every other in a fresh seeded order each rep;
 - ``reserve_free``: reserve and free by reservation size;
-- ``access_multi``: one set_access over a range of several mappings against one call per
-  mapping, and one unmap over them: µs per mapping covered (§9);
-- ``library``: kvvmm's own work per arena and owner operation (what the arena and the owner
-  tell the simulator: ``library_work_us``), through a driver wrapper that times every call:
-  each operation's wall time minus its driver calls, the arena's fitted by handles or
-  mappings, the owner's per buffer beyond the arena operations it makes;
-- ``growth``: decode growth of 64 buffers x 122 steps per policy, settled rounds (as ``kvvmm
-  bench`` times it), and the close of each grown owner: kept as measured, and the residual
-  per call that the older per-call model fitted to it (a check; the sim charges per operation);
+- ``access_multi``: one set_access, and one unmap, over several mappings: µs per mapping;
+- ``first_touch`` and ``cold_premium``: a map into fresh VA, the first call after a pause;
+- ``library``: kvvmm's own work per arena and owner operation (wall time less its driver calls);
+- ``growth``: decode growth per policy and each grown owner's close, every call timed inside;
 - ``bandwidth``: copy bandwidth of a 1 GiB bf16 tensor by handle size and interleaving;
-- ``post_release``: creates right after a large release against settled creates, repeated:
-  modelled only when the slowdown is there in every repeat and the repeats agree.
+- ``post_release``: creates right after a large release against settled ones, repeated.
 
-It writes one ``kvvmm-hardware-profile`` JSON (``--out``, default ``<card>-profile.json``) after
-every section, so a run cut short still leaves a loadable profile (``calibration.complete`` is
-false and ``calibration.errors`` says what failed); ``SimDriver(profile=PATH)`` loads it.
-``--quick`` measures fewer sizes and one round (about a minute); ``--quick --profile EXISTING``
-refreshes an existing profile instead (:mod:`kvvmm.measure.refresh`: the drift-prone
-figures measured in well under a minute with these same sections, the rest rescaled, the
-old figures kept as history for the bands; a profile of capacity only, such as the shipped
-b200, refreshes the H200's costs under its own capacity). Without a usable GPU it says so
-in one line and exits 2.
-
-``kvvmm calibrate rebuild [--check]`` needs no GPU: it remakes the shipped H200 profile's
-derived sections from the committed results (:mod:`kvvmm.measure.rebuild`).
-
-This module is the command; the sections are :mod:`kvvmm.measure.calls` (the driver's calls
-alone) and :mod:`kvvmm.measure.operations` (kvvmm's operations), the profile is made by
-:mod:`kvvmm.measure.fit`, and what a run measures is :mod:`kvvmm.measure.plan`.
+The profile JSON (``--out``, default ``<card>-profile.json``) is written after every section,
+so a run cut short still loads (``calibration.complete`` false, ``calibration.errors`` says
+what failed). ``--quick`` measures less; ``--quick --profile EXISTING`` refreshes a profile
+instead (:mod:`kvvmm.measure.refresh`). Without a usable GPU it says so and exits 2.
+``kvvmm calibrate rebuild [--check]`` needs no GPU (:mod:`kvvmm.measure.rebuild`).
 """
 
 from __future__ import annotations
@@ -120,7 +98,7 @@ def _meta(driver: Driver, cuda: bool, key: str | None) -> dict[str, Any]:
         "torch": torch_v, "cuda_bindings": version("cuda-bindings"), "kvvmm": __version__,
         "python": platform.python_version(), "capacity_bytes": total,
         "free_bytes_at_start": free, "granularity_bytes": gran, "driver_kind": driver.kind,
-        # CudaDriver's hot calls in C (_cudafast) or Python: 0.4-0.6 µs a map apart (§2)
+        # CudaDriver's hot calls in C (_cudafast) or in Python: their costs differ
         "fast_path": driver.fast_path,
     }
 

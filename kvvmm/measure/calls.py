@@ -1,12 +1,10 @@
 """``kvvmm calibrate``'s driver-call sections: µs per call by size, reserve and free, one call
-over several mappings, the first map into a region, the first call of each kind after a
-pause (the cold premium), creates after a large release.
+over several mappings, the first map into a region, the cold premium, creates after a large
+release.
 
-Each takes a :class:`~kvvmm.measure.plan.Ctx` and calls the driver itself (not the timing
-wrapper): these are the calls alone, as the simulator charges them. Time is the context's
-clock and pause, so the quick refresh (:mod:`kvvmm.measure.refresh`) measures with the same
-functions (:func:`call_times`, :func:`reserve_times`, :func:`touch_times`,
-:func:`cold_premium`) on a card or a simulator.
+Each takes a :class:`~kvvmm.measure.plan.Ctx` and calls the driver itself, not the timing
+wrapper: the calls alone, as the simulator charges them, timed by the context's clock, so the
+quick refresh (:mod:`kvvmm.measure.refresh`) measures a card or a simulator with them.
 """
 
 from __future__ import annotations
@@ -31,15 +29,9 @@ __all__ = ["COLD_CALLS", "access_multi", "call_times", "cold_premium", "first_to
 
 
 def call_times(ctx: Ctx) -> CallTimes:
-    """Every create, map, set_access, unmap and release timed by handle size, in ONE
-    reservation (as an owner's calls are), each size at its own place in it; per rep, every
-    size is created, mapped and given access, then every size unmapped, then every size
-    released, each phase in a fresh seeded random order (:func:`time_handle_calls`).
-
-    One reservation: CudaDriver keeps the last reservation's range for its map check, so
-    maps spread over several reservations (as before) timed a miss an owner never pays
-    (9.3 µs against 1.8 µs). Phases: an owner's decommit and close unmap a run, then
-    release, so a release is timed after other unmaps, not right after its own. The plan's
+    """Every create, map, set_access, unmap and release timed by handle size, each size at its
+    own place in ONE reservation (as an owner's calls are; CudaDriver's map check keeps the last
+    reservation's range), a rep at a time (:func:`time_handle_calls`). The plan's
     ``call_limit_s`` stops the reps early (each size timed at least 5 times).
     """
     d, p = ctx.td.inner, ctx.plan
@@ -199,15 +191,10 @@ def cold_premium(ctx: Ctx) -> dict[str, Any]:
     """The first call of each kind after a pause against the calls after it: the cold premium.
 
     Each of ``cold_rounds`` rounds: a ``cold_gap_s`` pause, one round of calls (reserve,
-    4 x create / map / set_access, unmaps, releases, free), then at once a second, warm round.
-    A call kind's premium is the median of its cold rounds' first calls minus the median of
-    every later call of that kind in both rounds; reserve and free, one per round, are set
-    against the warm rounds' ones. On an H200 back to back no call is cold and after a pause
-    every kind is, on a fresh driver or an old one (a probe since removed:
-    bench/results/README.md).
-    Then the same for each shorter pause of ``cold_partial_s`` (``partial_us``: the premiums
-    after it), which the profile keeps as shares of the premium (on an H200 after 1 / 5 /
-    20 ms a create pays 0.19 / 0.41 / 0.81 of it: bench/results/h200-cold-gaps.json).
+    4 x create / map / set_access, unmaps, releases, free), then at once a warm round. A kind's
+    premium is the median of its cold rounds' first calls minus the median of its later calls in
+    both rounds (reserve and free: the warm rounds'). Then the same after each shorter pause of
+    ``cold_partial_s`` (``partial_us``).
     """
     p = ctx.plan
     out = _cold_rounds(ctx, p.cold_gap_s)
@@ -251,12 +238,10 @@ def _map_timed(d: Driver, clock: Callable[[], float], va: int, size: int, h: int
 
 
 def touch_times(ctx: Ctx) -> tuple[dict[str, dict[str, list[float]]], list[float]]:
-    """map and set_access of one granule handle into VA of a reservation that no mapping has
-    touched yet (``fresh``: the first in its 1 GiB region) against one beside a mapping of
-    the same region (``beside``), and one half a region away (``half_away``: is the region
-    smaller?), in the plan's ``touch_regions`` regions of ``touch_reps`` fresh reservations
-    (whatever the driver sets up for a region may last until its reservation is freed).
-    By case and op, every call's time; and every unmap's.
+    """map and set_access of one granule handle into a reservation's untouched 1 GiB region
+    (``fresh``), beside a mapping of the same region (``beside``) and half a region away
+    (``half_away``), in ``touch_regions`` regions of ``touch_reps`` fresh reservations. By case
+    and op, every call's time; and every unmap's.
     """
     d, clock = ctx.td.inner, ctx.clock
     g = d.granularity()
@@ -285,13 +270,9 @@ def touch_times(ctx: Ctx) -> tuple[dict[str, dict[str, list[float]]], list[float
 
 
 def first_touch(ctx: Ctx) -> dict[str, Any]:
-    """The first-touch extra (:func:`touch_times`, means per case), and whether a large
-    mapping pays it per region it enters or once: 2 GiB handles mapped into fresh VA, then
-    again where they were (touched).
-
-    An owner's construction maps slot 0 of every buffer, each buffer in its own gigabytes
-    of VA, and page commits far apart land in untouched regions too; decode growth mostly
-    maps beside what it mapped before.
+    """The first-touch extra (:func:`touch_times`, means per case), and whether a large mapping
+    pays it per region it enters or once: 2 GiB handles mapped into fresh VA, then again where
+    they were.
     """
     d = ctx.td.inner
     got, unmaps = touch_times(ctx)

@@ -1,21 +1,13 @@
-"""The cold call's tail: how much of a cold call's premium the next call of its kind still
-pays, from the committed H200 startup probes. This module is the home of that figure: the
-``second`` shares of the profile's ``cold_calls`` section, written by
-``kvvmm calibrate rebuild`` (:func:`with_second_shares`).
+"""The profile's cold-call section (:data:`SECTION`), as ``kvvmm calibrate`` and
+``kvvmm calibrate rebuild`` write it.
 
-The sim charged a pause's cold premium to the first call of each kind only (docs/FIDELITY.md,
-"Cold calls"), and request-ranges+deferred's startup, the one startup that makes a second
-create, map and set_access after the first (the reserve's refill, a 50 MiB handle), read
-1.33x the sim's point over the GPU runs of the time. A startup probe (``probe_startup.py``,
-since removed: bench/results/README.md) timed every call of that startup on the H200, 12
-rounds in two files (``h200-startup.json``, ``h200-startup-cold.json``, 2026-12-03): in every
-round the second create cost 45-55 µs, the second set_access 69-104, the second map 7-36,
-against 17, 47 and 3 µs that the profile charges the same calls warm. Per round, the second
-call's excess over the profile's warm cost of it, over the profile's premium for its kind;
-per kind, the median over the rounds (``second``). The maps of ``h200-startup.json`` ran on a
-host whose warm maps cost 10 µs, not the profile's 2-3 (its prefix startup's median map: 10.4
-to 10.9 µs), so their excess is taken over that run's own warm map (the median map of the
-prefix startups in the same file) instead.
+- :func:`section`: the premiums a calibration measured (:func:`kvvmm.measure.calls.cold_premium`),
+  whether they are modelled, and the shares after shorter pauses.
+- :func:`with_second_shares` (the rebuild): the share of a cold call's premium the next call
+  of its kind still pays, from the committed startup probes (:data:`RUNS`). Per round, the
+  second call's excess over the profile's warm cost of it, over the profile's premium; per
+  kind, the median over the rounds. A run's maps are taken over that run's own warm map
+  (its prefix startups' median), since the host may map slower than the profile says.
 """
 
 from __future__ import annotations
@@ -28,10 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from kvvmm.hardware import get_profile, profile_from_data, sim_costs
+from kvvmm.hardware.schema import COLD_SECTION
 from kvvmm.measure.results import results_dir
 
 #: The profile section the premiums and the shares live in.
-SECTION = "cold_calls"
+SECTION = COLD_SECTION
 #: The startup probes' results, inside the results folder.
 RUNS = ("h200-startup.json", "h200-startup-cold.json")
 STARTUP = "request-ranges+deferred"
@@ -115,3 +108,51 @@ def with_second_shares(data: Mapping[str, Any], results: Path) -> dict[str, Any]
     out = copy.deepcopy(dict(data))
     out[SECTION] = with_second(out[SECTION], shares["second"])
     return out
+
+
+def _shares(premium: Mapping[str, float],
+            partial_us: Mapping[str, Mapping[str, float]]) -> dict[str, list[list[float]]]:
+    """Each call's premium after each shorter pause as a share of its full premium, kept
+    rising with the pause (a noisy round must not make a longer pause cheaper) and in [0, 1];
+    calls whose full premium is 0 have none."""
+    out: dict[str, list[list[float]]] = {}
+    for op, full in premium.items():
+        if full <= 0:
+            continue
+        pts, top = [], 0.0
+        for ms, prem in sorted((float(k), v) for k, v in partial_us.items()):
+            top = min(1.0, max(top, float(prem.get(op, 0.0)) / full))
+            pts.append([ms, round(top, 3)])
+        if pts:
+            out[op] = pts
+    return out
+
+
+def section(cold: Mapping[str, Any], how: str) -> dict[str, Any]:
+    """The profile's cold premium: µs more per call kind after a pause, modelled when the
+    premiums sum to over 20% of the warm calls, with the shares after shorter pauses."""
+    prem = {op: max(0.0, float(v)) for op, v in cold["premium_us"].items()}
+    warm = sum(float(v) for v in cold["later_us"].values())
+    sec: dict[str, Any] = {
+        "unit": ("µs more for the first call of each kind after a pause (on a simulated "
+                 "device: its first call of each kind, and the first after "
+                 "SimDriver.pause of at least gap_ms; after shorter pauses, the share "
+                 "partial gives)"),
+        "gap_ms": float(cold["gap_ms"]),
+        "premium_us": prem,
+        "modelled": sum(prem.values()) > 0.2 * warm,
+        "source": (f"{how}: {cold['rounds']} rounds of a {cold['gap_ms']:g} ms sleep, one "
+                   f"round of calls (reserve, 4 x create / map / set_access, unmaps, releases, "
+                   f"free), then a warm round at once; the premium is the cold rounds' "
+                   f"first call's median minus the median of the later calls (reserve, "
+                   f"free: the warm rounds'); modelled when the premiums sum to over 20% "
+                   f"of the calls' warm costs"),
+        "measured": dict(cold),
+    }
+    partial = _shares(prem, cold.get("partial_us") or {})
+    if partial:
+        sec["partial"] = partial
+        sec["partial_source"] = (
+            f"{how}: the same rounds after each shorter pause, its premium over the "
+            f"{cold['gap_ms']:g} ms one's, per call: [[pause ms, share], ...]")
+    return sec

@@ -24,30 +24,14 @@ from kvvmm.units import GiB, MiB
 __all__ = ["GAP_S", "LOOKAHEAD_BYTES", "LOOKAHEAD_SWEEP", "STEP_TARGET_US", "elastic_bandwidth",
            "elastic_growth", "elastic_targets", "kernel_gap", "page_ops"]
 
-#: Seconds between two decode steps in the elastic growth: the GPU time of one decode step,
-#: during which a server's CPU is free and the pool's thread works. An assumption, not a
-#: measurement: ~20 ms is a Llama-3.1-8B-class decode step on one H200 at a large batch
-#: (a step reads the weights, 16 GB at ~4 TB/s = 4 ms, plus the KV cache of the batch). The
-#: bench sleeps it (``time.sleep``) instead of running a kernel, so the driver and the GPU
-#: are idle as they would be under a kernel that touches no VMM state.
+#: Seconds between two decode steps: the GPU time of one decode step, during which a
+#: server's CPU is free and the pool's thread works. An assumption, stated in the result.
 GAP_S = 0.020
-
-
-#: Look-ahead per buffer for the pooled growth: 4 decode steps of one buffer (a step grows
-#: each buffer by 4096 tokens x 2 KiB = 8 MiB), so a background job that misses a gap or two
-#: still leaves steps in hand. On the sim (bench/sim/bench_sim.py, 20 ms gaps, stepped pool)
-#: every look-ahead from 16 MiB up keeps the decode path clear (0 ms blocked; the thread's
-#: work takes at most 4.9 ms of a gap), and its cost is about buffers x look-ahead at the
-#: worst step: peak over-commit 16.6 GB with no pool (the policy's own), 17.7 / 18.8 / 20.9 /
-#: 25.2 / 33.8 GB with 16 / 32 / 64 / 128 / 256 MiB. 32 MiB: the margin for a slow job at
-#: +2.1 GB.
+#: Look-ahead per buffer for the pooled growth: 4 decode steps of one buffer, so a background
+#: job that misses a gap or two still leaves steps in hand.
 LOOKAHEAD_BYTES = 32 * MiB
-
-
 #: Look-aheads timed once each beside the chosen one (what over-commit buys).
 LOOKAHEAD_SWEEP = (16 * MiB, 32 * MiB, 64 * MiB, 128 * MiB)
-
-
 #: The decode path's per-step target.
 STEP_TARGET_US = 50.0
 
@@ -59,16 +43,10 @@ def _empty() -> None:
 def kernel_gap(device: int = 0) -> Callable[[float], None]:
     """A gap between decode steps as a serving engine spends it: the GPU busy, the host waiting.
 
-    ``time.sleep`` (the default gap) leaves the decode thread's CPU idle, and a CPU that idles
-    for 20 ms comes back with cold caches and, on some hosts, a low clock: what a step costs
-    after it is then the host's as much as the library's (docs/ELASTIC.md). An engine's
-    decode thread does not sleep between steps: it launches the step's kernels and waits for
-    the sampled tokens in a CUDA synchronize, which spins by default (CUDA's automatic
-    scheduling spins while the process has fewer contexts than CPUs) with the GIL released,
-    so the pool's thread runs meanwhile. This gap does the same: one kernel that keeps the
-    GPU busy for the gap (``torch.cuda._sleep``, its clock rate measured once here), then
-    ``torch.cuda.synchronize()``. The look-ahead's driver calls then also run beside a
-    running kernel, as they would in an engine. Needs torch with CUDA.
+    One kernel that keeps the GPU busy for the gap (``torch.cuda._sleep``, its clock rate
+    measured once here), then ``torch.cuda.synchronize()``, which spins with the GIL released: the
+    pool's thread runs meanwhile, and the decode thread's CPU does not idle as under
+    ``time.sleep`` (docs/ELASTIC.md). Needs torch with CUDA.
     """
     import torch
 
@@ -121,10 +99,10 @@ def _steps(owner: Any, w: Workload, pause: Callable[[float], None], gap_s: float
 
 def _floor(owner: Any, w: Workload, pause: Callable[[float], None], gap_s: float,
            ) -> tuple[list[float], list[float]]:
-    """The floor under a step: ensure_prefix with nothing to back, after a gap: a few
-    comparisons, run cold after the gap (tens of µs on a CPU that idles in it, a few µs in a
-    tight loop): it bounds what p50/p99 can show. Beside it, after the same gap, an empty
-    function's call: what the host charges any call then. Seconds of each, 10 times."""
+    """The floor under a step: ensure_prefix with nothing to back, after a gap (it bounds what
+    p50/p99 can show), and beside it an empty function's call after the same gap (what the host
+    charges any call then). Seconds of each, 10 times.
+    """
     noop, empty = [], []
     pc = time.perf_counter
     for _ in range(10):
@@ -144,12 +122,10 @@ def _elastic_round(drv: Any, w: Workload, *, lookahead_bytes: int | None, gap_s:
                    gap: Callable[[float], None] | None = None) -> dict[str, Any]:
     """One decode growth of ``w`` with the default policy, ``gap_s`` between steps.
 
-    ``lookahead_bytes=None``: no pool (every driver call on the decode path, as today);
-    else a threaded HandlePool and that look-ahead. The owner is made and its look-ahead
-    primed (``ensure_prefix(0)``) one gap before the first step: a server makes its KV
-    cache, captures graphs, then decodes. What ``ensure_prefix`` blocks for is wall time on
-    the calling thread: what a decode step would wait for. ``gap`` spends the time between
-    steps (default ``sleep``; :func:`kernel_gap`: a GPU busy and the host waiting on it).
+    ``lookahead_bytes=None``: no pool; else a threaded HandlePool and that look-ahead. The owner
+    is made and primed (``ensure_prefix(0)``) one gap before the first step. Blocked time is wall
+    time of ``ensure_prefix`` on the calling thread. ``gap`` spends the time between steps
+    (default ``sleep``; :func:`kernel_gap`).
     """
     from kvvmm.arena.pool import HandlePool
 
@@ -260,14 +236,10 @@ def elastic_growth(drv: Any, w: Workload = BENCH_WORKLOAD, *, gap_s: float = GAP
                    gap: Callable[[float], None] | None = None) -> dict[str, Any]:
     """Decode growth without and with the pool + look-ahead, settled and back to back.
 
-    Settled: ``rounds`` rounds of each, alternated (the order turned each round) so both see
-    the card in the same state, each started ``settle_s`` after the previous owner closed
-    (as ``grow_rounds``). Back to back: per variant, ``rounds`` + 1 growths with no pause,
-    the first dropped (it started settled), as ``back_to_back``. Then each look-ahead of
-    ``sweep`` other than ``lookahead_bytes``, one settled round. ``gap`` spends the time
-    between decode steps (default: ``sleep``; :func:`kernel_gap`: the GPU busy, the host
-    waiting in a synchronize, as an engine's decode thread waits); ``sleep`` always spends
-    the settling pauses.
+    Settled: ``rounds`` rounds of each, alternated, each started ``settle_s`` after the previous
+    owner closed. Back to back: per variant, ``rounds`` + 1 growths with no pause, the first
+    dropped. Then each other look-ahead of ``sweep``, one settled round. ``gap`` spends the time
+    between decode steps (:func:`_elastic_round`); ``sleep`` spends the settling pauses.
     """
     grow = functools.partial(_elastic_round, drv, w, gap_s=gap_s, sleep=sleep, gap=gap)
     variants: list[tuple[str, int | None]] = [("without_pool", None),
@@ -343,12 +315,10 @@ def page_ops(drv: Any, w: Workload = BENCH_WORKLOAD, *, pages: int = 16,
              granules: int = 64, seed: int = 19) -> dict[str, Any]:
     """Single pages in the middle of a buffer, one at a time, without and with the pool.
 
-    Owner: ``commit_pages([p])`` / ``decommit_pages([p])`` of ``pages`` page ids, one per
-    granule (so each is its own handle in every buffer: a page id maps one handle per
-    buffer), in a shuffled order. Arena: ``commit_range`` / ``decommit_range`` of one
-    granule, ``granules`` of them. Two cycles each: the first commit creates; with the pool
-    the decommit keeps the handles (under its cap: 16 pages x 64 buffers x 2 MiB = 2 GiB <
-    4 GiB) and the second commit only maps and grants access.
+    Owner: ``commit_pages([p])`` / ``decommit_pages([p])`` of ``pages`` page ids, one per granule
+    (each its own handle in every buffer), in a shuffled order. Arena: ``commit_range`` /
+    ``decommit_range`` of ``granules`` single granules. Two cycles each: with the pool the second
+    commit only maps and grants access.
     """
     from kvvmm.arena import Arena
     from kvvmm.arena.pool import HandlePool
@@ -457,15 +427,12 @@ def elastic_bandwidth(drv: Any, w: Workload = BENCH_WORKLOAD, *, nbytes: int = 1
     """Copy bandwidth of KV tensors with holes and after out-of-order commit/decommit, vs
     cudaMalloc (``bw_pair``: :func:`copy_vs_malloc` by default).
 
-    - ``owner_with_holes``: the owner grown with the pool and look-ahead (stepped, so its
-      handle sizes are the look-ahead's), then pages committed and decommitted out of order
-      past the prefix (holes); the copy is between two buffers' backed prefixes.
-    - ``ranges_out_of_order``: an arena allocation of 2 x ``nbytes`` committed in
-      ``chunk_bytes`` ranges in a shuffled order, half of them decommitted and committed
-      again in other orders (with the pool: its retained handles); copy one half to the other.
-    - ``granules_out_of_order``: the same with one-granule ranges (what page-granular
-      backing gives): 2 MiB handles, which copy at ~0.86x whatever their order
-      (docs/MEASUREMENTS.md §4); reported, not held to the target.
+    - ``owner_with_holes``: the owner grown with the pool and look-ahead, then pages committed and
+      decommitted out of order past the prefix; the copy is between two buffers' prefixes.
+    - ``ranges_out_of_order``: an allocation of 2 x ``nbytes`` committed in ``chunk_bytes`` ranges
+      out of order, half of them given back and committed again; one half copied to the other.
+    - ``granules_out_of_order``: the same with one-granule ranges; reported, not held to the
+      bandwidth target.
     """
     from kvvmm.arena.pool import HandlePool
 
@@ -522,7 +489,7 @@ def elastic_targets(res: dict[str, Any]) -> dict[str, Any]:
         held = {k: bw[k]["ratio"] for k in ("owner_with_holes", "ranges_out_of_order")}
         out |= {"elastic_bandwidth_ratio>=0.99": min(held.values()) >= 0.99,
                 "elastic_bandwidth_ratios": held,
-                # 2 MiB handles: not held to the target (docs/MEASUREMENTS.md §4)
+                # one-granule handles: not held to the target
                 "elastic_bandwidth_ratio_2MiB_granules": bw["granules_out_of_order"]["ratio"]}
     po = res.get("page_ops")
     if po is not None:

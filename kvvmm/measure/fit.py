@@ -14,6 +14,7 @@ from typing import Any
 from kvvmm.hardware.interp import Log2Curve
 from kvvmm.hardware.overhead import sim_costs
 from kvvmm.hardware.profiles import FORMAT, profile_from_data
+from kvvmm.measure import coldtail
 from kvvmm.measure.plan import Plan, plan_from_dict
 from kvvmm.measure.stats import mean_us, trimmed_mean
 from kvvmm.measure.timer import TimedDriver
@@ -127,18 +128,14 @@ def with_context(isolated: Sequence[Sequence[float]], context: Sequence[Sequence
 
 def first_touch_in_context(data: Mapping[str, Any], plan: Plan) -> dict[str, dict[int, float]]:
     """µs per call, by op and handle size in MiB, of the first-touch extra inside the growth
-    steps whose calls calibrate times in context (``operations.growth``): what the simulator's
-    ``first_touch`` model (``data``'s section) charges those calls on top of their cost.
+    steps calibrate times in context (``operations.growth``): what ``data``'s ``first_touch``
+    model charges those calls on top of their cost.
 
-    A growth call whose mapping enters VA no mapping touched since the reservation pays the
-    first-touch extra on the card, and its in-context time includes it; the simulator charges
-    that extra on its own (``first_touch``), so an in-context point that kept it would charge
-    it twice (every 512 MiB chunk of Geometric(2, 1 GiB) enters a fresh 512 MiB region: 14.7
-    µs of its 80.5 on the shipped H200). Replayed on the simulator with and without the
-    section, the same calls as on the GPU; per size, the growth calls of every policy pooled
-    (as one round of the in-context points pools them) and the extra taken as the points are
-    (:func:`~kvvmm.measure.stats.trimmed_mean`, the slowest 2% left out: with it, without
-    it). Empty when the profile does not model first touch.
+    The simulator charges the extra on its own, so an in-context point must be net of it or it is
+    charged twice. The growths are replayed on the simulator with and without the section; per
+    size, the calls of every policy pooled and the extra taken as the points are
+    (:func:`~kvvmm.measure.stats.trimmed_mean` with it, without it). Empty when the profile does
+    not model first touch.
     """
 
     ft = data.get("first_touch")
@@ -190,13 +187,11 @@ def net_in_context(points: Mapping[str, Sequence[Sequence[float]]], data: Mappin
 
 def net_calibration(data: Mapping[str, Any],
                     first_touch: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """A profile ``kvvmm calibrate`` made before its in-context points were net of first
-    touch, with its map and set_access points and context factors re-derived as
-    :func:`build_profile` now derives them: from the in-context points it recorded
-    (``calibration.raw.growth.in_context``) net of the first-touch extra
-    (:func:`net_in_context`, on the growths of the plan it records), and its isolated
-    points. ``first_touch``: the model to net with (default: the profile's own section).
-    Unchanged (a copy) when it records no in-context points or isolated points.
+    """A calibrated profile with its map and set_access points and context factors re-derived
+    as :func:`build_profile` derives them: from the in-context points it recorded
+    (``calibration.raw.growth.in_context``) net of the first-touch extra (:func:`net_in_context`,
+    on the plan it records), and its isolated points. ``first_touch``: the model to net with
+    (default: the profile's own). Unchanged (a copy) without in-context or isolated points.
     """
     import copy
 
@@ -337,24 +332,6 @@ def fit_library_overhead(data: Mapping[str, Any], growth_m: Mapping[str, Any],
     }
 
 
-def _cold_shares(premium: Mapping[str, float],
-                 partial_us: Mapping[str, Mapping[str, float]]) -> dict[str, list[list[float]]]:
-    """Each call's premium after each shorter pause as a share of its full premium, kept
-    rising with the pause (a noisy round must not make a longer pause cheaper) and in [0, 1];
-    calls whose full premium is 0 have none."""
-    out: dict[str, list[list[float]]] = {}
-    for op, full in premium.items():
-        if full <= 0:
-            continue
-        pts, top = [], 0.0
-        for ms, prem in sorted((float(k), v) for k, v in partial_us.items()):
-            top = min(1.0, max(top, float(prem.get(op, 0.0)) / full))
-            pts.append([ms, round(top, 3)])
-        if pts:
-            out[op] = pts
-    return out
-
-
 def _first_touch_section(ft: Mapping[str, Any], how: str) -> dict[str, Any]:
     """``first_touch``: the extra of a map (set_access) into an untouched region, the region's
     size, and whether a large mapping pays it per region it enters or once."""
@@ -462,36 +439,6 @@ def _per_mapping_sections(am: Mapping[str, Any], ic: Mapping[str, Any], plan: Pl
     return out
 
 
-def _cold_section(cold: Mapping[str, Any], how: str) -> dict[str, Any]:
-    """The profile's cold premium: µs more per call kind after a pause, modelled when the
-    premiums sum to over 20% of the warm calls, with the shares after shorter pauses."""
-    prem = {op: max(0.0, float(v)) for op, v in cold["premium_us"].items()}
-    warm = sum(float(v) for v in cold["later_us"].values())
-    sec: dict[str, Any] = {
-        "unit": ("µs more for the first call of each kind after a pause (on a simulated "
-                 "device: its first call of each kind, and the first after "
-                 "SimDriver.pause of at least gap_ms; after shorter pauses, the share "
-                 "partial gives)"),
-        "gap_ms": float(cold["gap_ms"]),
-        "premium_us": prem,
-        "modelled": sum(prem.values()) > 0.2 * warm,
-        "source": (f"{how}: {cold['rounds']} rounds of a {cold['gap_ms']:g} ms sleep, one "
-                   f"round of calls (reserve, 4 x create / map / set_access, unmaps, releases, "
-                   f"free), then a warm round at once; the premium is the cold rounds' "
-                   f"first call's median minus the median of the later calls (reserve, "
-                   f"free: the warm rounds'); modelled when the premiums sum to over 20% "
-                   f"of the calls' warm costs"),
-        "measured": dict(cold),
-    }
-    partial = _cold_shares(prem, cold.get("partial_us") or {})
-    if partial:
-        sec["partial"] = partial
-        sec["partial_source"] = (
-            f"{how}: the same rounds after each shorter pause, its premium over the "
-            f"{cold['gap_ms']:g} ms one's, per call: [[pause ms, share], ...]")
-    return sec
-
-
 def _library_sections(meas: Mapping[str, Any], data: Mapping[str, Any], plan: Plan,
                       how: str) -> dict[str, Any]:
     """``library_work_us`` (per operation), ``library_overhead_us`` (the per-call residual
@@ -550,7 +497,7 @@ def build_profile(meas: Mapping[str, Any], meta: Mapping[str, Any], plan: Plan) 
         data |= _per_mapping_sections(meas["access_multi"], ic, plan, how)
     cold = meas.get("cold_premium")
     if cold and isinstance(cold.get("premium_us"), Mapping):
-        data["cold_calls"] = _cold_section(cold, how)
+        data[coldtail.SECTION] = coldtail.section(cold, how)
     data |= _library_sections(meas, data, plan, how)
     bw = meas.get("bandwidth")
     if bw and "runs" in bw:

@@ -40,12 +40,9 @@ def grow(cd: Any, policy: Any, w: Workload = BENCH_WORKLOAD) -> tuple[Any, int, 
 def grow_rounds(cd: Any, policies: list[Any], rounds: int = 3,
                  w: Workload = BENCH_WORKLOAD) -> dict[str, list[float]]:
     """Growth times per policy over ``rounds`` rounds, the order rotated each round, each
-    started ``SETTLE_S`` after the previous owner closed.
-
-    Why the pause: right after an owner released its 64 GiB, the driver's creates run
-    slower for a while (it is still reclaiming the memory; docs/MEASUREMENTS.md, "Decode
-    growth"). A server grows its KV cache long after anything that large was freed, so the
-    growth is timed settled; ``back_to_back`` times the other case, reported beside it.
+    started ``SETTLE_S`` after the previous owner closed: right after a large release the
+    driver's creates run slower for a while, and a server grows its KV cache long after
+    (:func:`back_to_back` times the other case).
     """
     runs: dict[str, list[float]] = {str(p): [] for p in policies}
     for r in range(rounds):

@@ -1,19 +1,10 @@
-"""Every committed H200 measurement of the owner's copy bandwidth after decode growth, as the
+"""The committed H200 measurements of the owner's copy bandwidth after decode growth, as the
 points the bandwidth model is fitted to (``bandwidth.growth`` of the shipped profile).
 
-`kvvmm bench` grows an owner of 64 buffers by decode steps under each growth policy,
-finalizes it, and copies the first GiB of one buffer into the next, against two cudaMalloc
-tensors of the same size; a probe (``probe_default_bandwidth.py``, since removed:
-bench/results/README.md) repeated that copy for three policies over three rounds. Each run is
-one ratio per policy. Superseded runs left `bench/results/` (one current file per benchmark)
-but stay in git history, so :func:`collect` reads each run from the commit that added it
-(:data:`RUNS`; it needs a clone with history) into ``h200-growth-bandwidth.json``, and
-:func:`profile_section` makes the profile's section from that file: per policy, the ratios
-and how the copied GiB lies over handles (handle size -> MiB copied from handles of that
-size), worked out by growing the same owner on the sim driver, so the package can fit its
-bandwidth model with no GPU and no file outside it (:mod:`kvvmm.hardware.bandwidth`).
-
-``kvvmm calibrate rebuild`` writes the section; ``--collect`` reads the runs from git again.
+Each run is one ratio to cudaMalloc per growth policy. :func:`collect` reads every run from
+the commit that added it (:data:`RUNS`; a clone with history) into :data:`COLLECTED`;
+:func:`profile_section` makes the profile's section from that file: per policy, the ratios and
+how the copied bytes lie over handle sizes, worked out by growing the same owner on the sim.
 """
 
 from __future__ import annotations

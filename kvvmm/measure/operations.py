@@ -250,10 +250,9 @@ def growth(ctx: Ctx) -> dict[str, Any]:
     """Decode growth per policy, settled rounds (order rotated), and each grown owner's close,
     every driver call timed inside them (``in_context``: what the profile's call costs are).
 
-    The calls are timed through the wrapper driver in the same rounds whose walls are the
-    measured growths (less the wrapper's own cost per call), so the call costs and the
-    growths they must add up to come from the same minutes of the card: calibrating from one
-    extra round instead let one slow round move a whole profile by 30%.
+    The calls are timed (through the wrapper, less its cost per call) in the same rounds whose
+    walls are the measured growths, so the call costs and the growths they must add up to come
+    from the same minutes of the card.
     """
     plan, td = ctx.plan, ctx.td
     wrap_s = wrapper_cost_s(td)
@@ -332,7 +331,7 @@ def bandwidth(ctx: Ctx) -> dict[str, Any]:
         with Arena(d, reserve_bytes=4 * nbytes, name="bandwidth") as arena:
             offs = [arena.allocate(nbytes) for _ in range(4 if interleaved else 2)]
             # Interleaved: handles created turn by turn for every allocation, as decode
-            # growth of several buffers makes them (docs/MEASUREMENTS.md §4).
+            # growth of several buffers makes them.
             groups = [offs] if interleaved else [[o] for o in offs]
             for group in groups:
                 for done in range(step, nbytes + 1, step):

@@ -94,12 +94,9 @@ GROWTH_SHARE, FINALIZE_SHARE, FITS_SHARE = 0.6, 0.75, 0.9
 
 
 def fit_to_memory(plan: Plan, free_bytes: int) -> Plan:
-    """``plan`` with its decode growth and finalize cut to what ``free_bytes`` holds.
-
-    The full plan grows bench's 64 buffers to 500k tokens and finalizes them at 1M (62.5 GiB
-    and 125 GiB backed): an H200 holds both, an H100 (80 GB) neither, and a section that
-    runs out of memory is lost. A size that does not fit is cut, in whole steps, to its share
-    of the free memory; the plan recorded in the profile says what was grown.
+    """``plan`` with its decode growth and finalize cut to what ``free_bytes`` holds: a size that
+    does not fit is cut, in whole steps, to its share of the free memory (a section that runs out
+    of memory is lost); the plan recorded in the profile says what was grown.
     """
     per_token, step = plan.workload.token_bytes_all, plan.step_tokens
 

@@ -1,25 +1,16 @@
 """``kvvmm calibrate rebuild [--check]``: the shipped H200 profile remade from the committed
 measurements.
 
-The shipped ``kvvmm/hardware/data/h200.json`` holds two kinds of figures. Most are kept as
-the file has them: the measured ones (per-call costs, first touch, library work, the cold
-premiums, idle release), from a ``kvvmm calibrate`` run and the card's probes, and the
-``spread`` section (the bands' figures, history and session level: fitted from the
-committed GPU runs until that scoring was retired, docs/FIDELITY.md). Two figures are
-*derived* from committed results and remade here, in this order (the second reads the
-profile the first made):
+Most of the shipped ``h200.json`` is kept as the file has it (the measured figures and the
+``spread`` section). Two figures are derived from committed results and remade, in this order
+(the second reads the profile the first made): the growth bandwidth
+(:mod:`kvvmm.measure.growth_bandwidth`) and the share of the cold premium the second call of
+a kind pays (:mod:`kvvmm.measure.coldtail`).
 
-1. the growth bandwidth: every committed growth-bandwidth run (``h200-growth-bandwidth.json``)
-   with how its copy lies over handles, from the same growth on the sim
-   (:mod:`kvvmm.measure.growth_bandwidth`);
-2. the share of the cold premium the second call of a kind pays, from the startup probes
-   (:mod:`kvvmm.measure.coldtail`).
-
-The results are read from the checkout's ``bench/results`` (or ``--results DIR``:
-:mod:`kvvmm.measure.results`); a wheel ships none. ``--check`` changes nothing and exits 1
-when the shipped file differs from the rebuild (the test suite runs it); ``--collect`` first
-reads the growth-bandwidth runs again from git history into their results file (a clone
-with history).
+The results are read from the checkout's ``bench/results`` or ``--results DIR``
+(:mod:`kvvmm.measure.results`). ``--check`` changes nothing and exits 1 when the shipped file
+differs from the rebuild; ``--collect`` first reads the growth-bandwidth runs again from git
+history (a clone with history).
 """
 
 from __future__ import annotations

@@ -1,29 +1,17 @@
 """``kvvmm calibrate --quick --profile EXISTING``: refresh a full profile in about a minute.
 
-A full calibration takes minutes and measures what rarely changes (bandwidth, the shape of
-each curve by size); what drifts between sessions and days is the level of the per-call
-costs, the first-touch extra, the cold premium and the library's own work
-(docs/FIDELITY.md). This measures those on the driver at hand with the full calibration's
-own sections (:mod:`kvvmm.measure.calls`: ``call_times`` at a few handle sizes,
-``reserve_times``, ``touch_times``, ``cold_premium``) on a plan cut to a minute
-(:func:`refresh_plan`), and rescales the existing profile: each group's factor is the median
-over the sizes of measured / profile. The **library work** is an arena's open, commit of 8
-handles, decommit and close, timed whole (:func:`library_probe`), less what the *refreshed*
-call costs charge for the same calls, over the same for the old profile.
+What drifts between sessions is the level of the per-call costs, the first-touch extra, the
+cold premium and the library's own work. These are measured with the full calibration's own
+sections (:mod:`kvvmm.measure.calls`) on a plan cut to a minute (:func:`refresh_plan`), and
+the existing profile is rescaled: each measured group by the median over sizes of measured /
+profile; the library work by an arena's open, commit, decommit and close timed whole
+(:func:`library_probe`) less its calls; every other group by the call it follows
+(:data:`FOLLOWS`) or the median factor. The old figures join ``spread.history`` and the spread
+is recomputed. A new card still needs the full calibrate (the curves' shapes).
 
-Measured groups take their factor; the rest follow their call (``set_access_per_mapping``
-with ``set_access``, ``unmap_per_mapping`` with ``unmap``) or the median factor (older
-profiles' per-call residuals). The old figures join ``spread.history``, and the spread is recomputed
-from that history and this run's rounds, so the bands of the refreshed profile still carry
-where the card was before. A new card still needs the full calibrate (the curves' shapes).
-
-A profile of capacity only (b200, gb300: no call costs of its own) is refreshed from
-the costs the simulator charges it, :data:`COSTS_FROM`'s (:func:`with_costs`): its own
-capacity and granularity, that profile's figures rescaled by what this card measured, and
-the result says so (``refreshed.sources``).
-
-Works on any driver given a clock: CUDA's wall time, or a simulator's clock (the tests
-refresh a profile against a simulator whose costs were scaled, and recover the scaling).
+A profile of capacity only (no call costs of its own) is refreshed from :data:`COSTS_FROM`'s
+costs under its own capacity and granularity (:func:`with_costs`). Works on any driver given a
+clock: CUDA's wall time, or a simulator's clock.
 """
 
 from __future__ import annotations
@@ -43,8 +31,9 @@ from kvvmm.driver.base import Driver
 from kvvmm.driver.sim import SimDriver
 from kvvmm.errors import ArgumentError
 from kvvmm.hardware import profile_from_data
-from kvvmm.hardware.profiles import shipped_data
-from kvvmm.hardware.spread import figures_of, scaled
+from kvvmm.hardware.profiles import COSTS_FROM, shipped_data
+from kvvmm.hardware.schema import COLD_SECTION
+from kvvmm.hardware.spread import CALLS, figures_of, scaled
 from kvvmm.measure.calls import call_times, cold_premium, reserve_times, touch_times
 from kvvmm.measure.fit import MIN_CONTEXT_CALLS, net_in_context
 from kvvmm.measure.plan import FULL, Ctx, Plan
@@ -59,23 +48,20 @@ __all__ = ["CALL_SIZES_MIB", "COSTS_FROM", "MEASURED", "REFERENCES", "library_pr
 CALL_SIZES_MIB = (2, 8, 32, 128, 512)
 #: Reservation sizes reserve and free are timed at (GiB).
 RESERVE_SIZES_GIB = (1, 64)
-#: The profile's section of the cold premium (and its figure group).
-_COLD = "cold_calls"
+#: The figure groups of named numbers a refresh measures, each kept in its ``raw`` record as
+#: ``<group>_us``.
+_NAMED = ("first_touch", COLD_SECTION)
 #: The groups measured (every other group is rescaled).
 MEASURED = ("call_costs.create", "call_costs.map", "call_costs.set_access",
             "call_costs.unmap", "call_costs.release", "call_costs.reserve", "call_costs.free",
-            "first_touch", _COLD, "library_work_us")
+            *_NAMED, "library_work_us")
 #: Groups that follow a measured one: the same driver call over several mappings.
 FOLLOWS = {"set_access_per_mapping": "call_costs.set_access",
            "unmap_per_mapping": "call_costs.unmap"}
 #: What a refresh's tight loop is compared with (:func:`refresh_from`).
 REFERENCES = ("isolated", "points")
-#: The shipped profile whose costs a profile without call costs borrows: the simulator
-#: charges such a profile the same (:mod:`kvvmm.hardware.cost`).
-COSTS_FROM = "h200"
 #: A profile's own fields, kept when it borrows another's costs.
 _IDENTITY = ("format", "version", "key", "name", "capacity_bytes", "granularity_bytes", "source")
-_OPS = ("create", "map", "set_access", "unmap", "release", "reserve", "free")
 _WORK = ("library_work_us", "library_overhead_us")
 
 Clock = Callable[[], float]  #: µs, monotonic
@@ -102,7 +88,7 @@ def refresh_plan(data: Mapping[str, Any], *, sizes_mib: tuple[int, ...] = CALL_S
     per-call loop at ``sizes_mib`` (stopped after ``time_limit_s``, 5 rounds at least),
     reserve and free of 1 and 64 GiB, first touch in ``regions`` regions of one reservation,
     4 cold rounds after the profile's own pause (no shorter pauses)."""
-    cold = data.get(_COLD)
+    cold = data.get(COLD_SECTION)
     gap_ms = float(cold.get("gap_ms", 50.0)) if isinstance(cold, Mapping) else 50.0
     return replace(FULL, call_sizes_mib=tuple(sizes_mib), call_reps=(reps,) * len(sizes_mib),
                    call_limit_s=time_limit_s, reserve_gib=RESERVE_SIZES_GIB,
@@ -146,7 +132,7 @@ def _measure(ctx: Ctx, data: Mapping[str, Any], clock: Clock, *, settle_s: float
         touch = {f"{op}_us": max(0.0, mean_us(got["fresh"][op]) - mean_us(got["beside"][op]))
                  for op in ("map", "set_access")}
     cold: dict[str, float] = {}
-    if base.get(_COLD):
+    if base.get(COLD_SECTION):
         cold = {op: max(0.0, v) for op, v in cold_premium(ctx)["premium_us"].items()}
     library: dict[str, Any] = {}
     if "library_work_us" in base:  # the calls inside the probe timed where they run
@@ -157,7 +143,7 @@ def _measure(ctx: Ctx, data: Mapping[str, Any], clock: Clock, *, settle_s: float
     return {"per_call_us": {op: {str(s): _middle_us(v) for s, v in by.items() if v}
                             for op, by in samples.items()},
             "in_context_us": ic, "in_context_policies": list(CONTEXT_POLICIES) if ic else [],
-            "first_touch_us": touch, "cold_calls_us": cold, "library": library,
+            "first_touch_us": touch, f"{COLD_SECTION}_us": cold, "library": library,
             "rounds": _blocks(samples)}
 
 
@@ -286,21 +272,17 @@ def quick_refresh(driver: Driver, old: Mapping[str, Any], *, clock: Clock,
 
     Args:
         driver: the card's driver (CUDA), or any driver with a ``clock`` (a simulator).
-        old: the profile's data (:func:`~kvvmm.hardware.profile_data`); one without call
-            costs is refreshed from :data:`COSTS_FROM`'s (:func:`with_costs`).
+        old: the profile's data (:func:`~kvvmm.hardware.profile_data`).
         clock: µs now (CUDA: the wall clock; a simulator: its ``clock_us``).
         pause: lets ``seconds`` pass outside the driver, for the cold premium (CUDA:
-            ``time.sleep``; a simulator: its ``pause``, since it does not sleep).
-        settle_s: the pause before each in-context growth (a simulator has nothing to
-            settle: 0).
-        reference: what the per-call timings are compared with (see :func:`refresh_from`):
-            ``"isolated"`` (a card's tight loop) or ``"points"`` (a simulator charges the
-            points).
+            ``time.sleep``; a simulator: its ``pause``).
+        settle_s: the pause before each in-context growth (s, >= 0).
+        reference: what the per-call timings are compared with (:data:`REFERENCES`, see
+            :func:`refresh_from`).
         sizes_mib, reps, regions, time_limit_s: the plan (:func:`refresh_plan`).
         date: the refreshed profile's date (default: now, UTC).
         in_context: also time the calls inside two short decode growths and their closes
-            (:func:`in_context_calls`, a few seconds on an H200): where a size was called
-            often enough there, that is its group's factor (like for like with the points).
+            (:func:`in_context_calls`); a size called often enough there takes its factor from them.
         sync: waits for the device (CUDA: ``torch.cuda.synchronize``).
     Returns:
         The refreshed profile's data (schema-checked), as :func:`refresh_from` makes it.
@@ -340,7 +322,7 @@ def _call_factors(data: Mapping[str, Any], ic: Mapping[str, Any], per_call: Mapp
     refs = _references(data, reference)
     factors: dict[str, float] = {}
     how: dict[str, str] = {}
-    groups = [(f"call_costs.{op}", op) for op in _OPS] + [("unmap_per_mapping",) * 2]
+    groups = [(f"call_costs.{op}", op) for op in CALLS] + [("unmap_per_mapping",) * 2]
     for g, op in groups:
         if g not in base:
             continue
@@ -388,19 +370,17 @@ def refresh_from(old: Mapping[str, Any], raw: Mapping[str, Any], *, date: str | 
     """``old`` rescaled by what a refresh measured (``raw``: a refreshed profile's
     ``refreshed.raw``), with no driver: a refresh's arithmetic, repeatable from its record.
 
-    Per call group the factor is the median over the measured sizes of measured / the
-    reference curve at that size. The reference (``raw["reference"]``) is what the same tight
-    loop gave on the calibration's day: on a card, the profile's ``isolated_points`` (its
-    points are in-context costs, a ``context_factor`` above the tight loop's: set_access
-    1.4x on the H200, so comparing a tight loop with them read every day as 0.55-0.7x);
-    on a simulator, the points (it charges a call its points whatever surrounds it).
-    Groups not measured follow their call (``FOLLOWS``) or take the median factor. A profile
-    without call costs is refreshed from :data:`COSTS_FROM`'s (:func:`with_costs`).
+    Per call group the factor is the median over the measured sizes of measured / the reference
+    curve (``raw["reference"]``): on a card, the profile's ``isolated_points`` (what the same
+    tight loop gave on the calibration's day; the points are in-context costs); on a simulator,
+    the points it charges. Groups not measured follow their call (:data:`FOLLOWS`) or take the
+    median factor.
     """
     data, costs_from = with_costs(old)
     base = figures_of(data)
     reference = str(raw.get("reference", "points"))
-    ft_new = dict(raw.get("first_touch_us") or {})
+    named = {g: dict(raw.get(f"{g}_us") or {}) for g in _NAMED}
+    ft_new = named["first_touch"]
     # The growth calls that entered fresh VA paid the first-touch extra, which the profile's
     # points are net of (the sim charges it on its own): net these the same way, at the
     # extra this refresh measured, or every such call reads as the calls having slowed.
@@ -408,7 +388,7 @@ def refresh_from(old: Mapping[str, Any], raw: Mapping[str, Any], *, date: str | 
     ic, touch = net_in_context(raw.get("in_context_us") or {}, touch_model(data, ft_new),
                                _context_plan(policies))
     factors, how = _call_factors(data, ic, raw.get("per_call_us", {}), reference)
-    for g, new in (("first_touch", ft_new), (_COLD, dict(raw.get("cold_calls_us") or {}))):
+    for g, new in named.items():
         f = _ratio_factor(base.get(g, {}), new) if new else None
         if f is not None:
             factors[g], how[g] = f, "measured"
@@ -429,7 +409,7 @@ def refresh_from(old: Mapping[str, Any], raw: Mapping[str, Any], *, date: str | 
         "raw": {"per_call_us": raw.get("per_call_us", {}),
                 "in_context_us": raw.get("in_context_us") or {},
                 "in_context_policies": list(policies) if raw.get("in_context_us") else [],
-                "first_touch_us": ft_new, "cold_calls_us": dict(raw.get("cold_calls_us") or {}),
+                **{f"{g}_us": new for g, new in named.items()},
                 "library": lib, "rounds": raw.get("rounds", {}), "reference": reference},
         "first_touch_in_context_us": {op: {str(m): us for m, us in by.items()}
                                       for op, by in touch.items()},

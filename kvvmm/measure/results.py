@@ -1,15 +1,8 @@
 """Where the committed measurements are: the ``bench/results`` folder of a kvvmm checkout.
 
-The shipped H200 profile is derived from files in ``bench/results`` (calibrations, fidelity
-runs, probe results); the wheel ships the profile, not those files. So everything that derives
-a section from them finds the folder in one way:
-
-1. a folder named explicitly (``kvvmm calibrate rebuild --results DIR``);
-2. else ``bench/results`` beside the ``kvvmm`` package that was imported, which is there when
-   kvvmm runs from a checkout (``PYTHONPATH=$PWD``, or an editable install).
-
-Anything else (an installed wheel, no folder named) is an error that says so; nothing is
-searched for in the current directory.
+A folder named explicitly (``--results DIR``), else ``bench/results`` beside the imported
+``kvvmm`` package (a checkout). Anything else (an installed wheel, no folder named) is an error;
+nothing is searched for in the current directory.
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """One measured quantity, and every statistic read from it, computed here and nowhere else.
 
-A :class:`Measurement` keeps every sample it was made from (so a report can show the rounds
-as well as the figure), and gives the figures the sections report: the median, the trimmed
-mean (what the simulator sums: docs/MEASUREMENTS.md), the p99. Percentiles
-are one function, :func:`percentile`, in its two conventions: the nearest rank (a p99 of 122
-steps is the second largest, a sample that was seen) and linear between order statistics
-(the p10 / p50 / p90 of a profile's spread, which may fall between samples).
+A :class:`Measurement` keeps every sample it was made from and gives the figures the sections
+report: the median, the trimmed mean (what the simulator sums), the p99. Percentiles are one
+function, :func:`percentile`: the nearest rank (a sample that was seen) or linear between
+order statistics (a spread's p10 / p50 / p90).
 
 A profile's ``spread`` section (read by :mod:`kvvmm.hardware.spread`) is written here too, by
 ``kvvmm calibrate --quick --profile``: :func:`ratios` of one calibration's figures to
@@ -85,11 +83,9 @@ class Measurement:
         """The mean without the slowest ``high`` and the fastest ``low`` shares of the
         samples (``int(n * share)`` of them; at least one sample kept).
 
-        What the simulator sums must be a mean, not a median: a growth is the sum of
-        thousands of calls and operations, and their costs are skewed (a garbage
-        collection, an interrupt), so medians of the parts under-predict the whole. The
-        slowest 2% are left out by default so that one 10 ms stall in 200 reps does not move
-        a figure by 50 µs.
+        What the simulator sums must be a mean, not a median: the parts' costs are skewed, so
+        medians of the parts under-predict the whole. The slowest 2% are left out by default
+        so that one stall does not move a figure.
         """
         v = sorted(self.samples)
         lo = int(len(v) * low)

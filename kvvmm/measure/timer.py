@@ -61,8 +61,7 @@ def copy_vs_malloc(vm: Any, vm2: Any, alternations: int = 21, reps: int = 30) ->
     pl2 = torch.empty_like(vm, device=vm.device)
     for x in (vm, vm2, pl, pl2):
         x.normal_()
-    # 21 alternations: with fewer, the ratio moved between runs of the benchmark by as much
-    # as the effect measured (docs/MEASUREMENTS.md, "Copy bandwidth").
+    # 21 alternations: with fewer, the ratio moved between runs by as much as the effect.
     runs_vmm, runs_plain = [], []
     for _ in range(alternations):
         runs_vmm.append(copy_tb_s(vm2, vm, reps))
@@ -86,19 +85,15 @@ def _timed(fn: Callable[[], Any], reps: int) -> list[float]:
 class TimedDriver(DriverWrapper):
     """A driver that forwards every call to ``inner`` and times it, for both commands.
 
-    - Always: the VMM calls (reserve, free, create, release, map, unmap, set_access) are
-      summed by thread, the thread that made the wrapper or last called :meth:`reset` (the
-      decode path: ``fg_s``, ``fg_calls``) and any other (the pool's thread: ``bg_s``,
-      ``bg_calls``). ``kvvmm bench``'s elastic sections read these.
+    - Always: the VMM calls (reserve, free, create, release, map, unmap, set_access) are summed
+      by thread: the thread that made the wrapper or last called :meth:`reset` (the decode path:
+      ``fg_s``, ``fg_calls``) and any other (the pool's: ``bg_s``, ``bg_calls``). Each counter
+      is written by one side only, so no lock (it would be timed too).
     - Inside ``with td.record() as calls:``: every call, ``mem_info``, ``pin`` and ``unpin``
-      too, is appended to ``calls`` as ``(op, size, seconds)`` instead (a release by the size
-      of its handle). ``kvvmm calibrate`` takes an operation's own work as its wall time
-      less the calls it made, less the wrapper's cost per call (:func:`wrapper_cost_s`).
+      too, is appended to ``calls`` as ``(op, size, seconds)`` instead (a release by the size of
+      its handle).
 
-    Why a wrapper and not the pool's counters: the pool counts handles, not seconds, and
-    the foreground's own creates (a step the look-ahead did not cover) must count too. Each
-    counter is written by one side only, so no lock (a lock would be timed as well).
-    The pool and the arena must be built on this object (the arena checks that its pool
+    A pool and an arena timed must be built on this object (the arena checks that its pool
     shares its driver).
     """
 
@@ -214,13 +209,9 @@ class CallTimes:
 def time_handle_calls(d: Driver, places: Mapping[int, int], clock: Callable[[], float],
                       rng: random.Random, into: CallTimes | None) -> None:
     """One rep of the call-timing loop ``kvvmm bench``, ``kvvmm calibrate`` and the quick
-    refresh share: every size created, mapped and given access (sizes in a fresh ``rng``
-    order), then every size unmapped, then every size released, each phase in a fresh order.
-
-    Phases, as an owner's calls come: its decommit and close unmap a run, then release, so
-    a release is timed after other unmaps, not right after its own. Only the calls sit
-    between two clock readings (the loop is the tight loop ``kvvmm bench`` compares with raw
-    cuda-python); the bookkeeping is outside them.
+    refresh share: every size created, mapped and given access, then every size unmapped, then
+    every size released (as an owner's decommit and close make them), each phase in a fresh
+    ``rng`` order. Only the calls sit between two clock readings.
 
     Args:
         d: the driver whose calls are timed.

@@ -1,10 +1,6 @@
-"""The decode growth every measurement times, defined once.
-
-``kvvmm bench``, ``kvvmm calibrate``, the probes and ``bench/`` scripts all grow the same KV
-cache: :data:`BENCH_WORKLOAD`, 64 buffers (Llama-3-8B-like: 32 layers x K/V, 8 KV heads x 128,
-bf16, page 64, 2M reserved tokens: ~246 GiB of VA), grown in 4096-token steps to 500k tokens
-(122 steps), finalized to 1M. A smaller or differently laid out one is a
-``dataclasses.replace`` of it; the tests run the sections on tiny ones.
+"""The decode growth every measurement times, defined once: :data:`BENCH_WORKLOAD` (a
+Llama-3-8B-like KV cache of 64 buffers grown in 4096-token steps to 500k tokens, finalized to
+1M). A smaller one is a ``dataclasses.replace`` of it.
 """
 
 from __future__ import annotations

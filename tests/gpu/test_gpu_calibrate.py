@@ -16,6 +16,7 @@ import pytest
 
 from kvvmm.driver.sim import SimDriver
 from kvvmm.hardware import get_profile, profile_data, sim_costs
+from kvvmm.hardware.schema import COLD_SECTION
 from kvvmm.units import MiB
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -50,7 +51,8 @@ def test_calibrate_quick_writes_a_complete_profile_that_the_sim_loads_and_charge
     assert not any("call costs" in n for n in costs.notes)  # nothing borrowed from the H200
     # The card's first call of each kind after a pause costs more (~80 us for a create on
     # an H200): calibrate measured it, and the sim charges it on a device's first create.
-    assert raw["cold_calls"]["source"] and raw["cold_calls"]["premium_us"]["create"] > 0
+    cold = raw[COLD_SECTION]
+    assert cold["source"] and cold["premium_us"]["create"] > 0
     premium = costs.cold.premium_us["create"] if costs.cold is not None else 0.0
     sim = SimDriver(prof)
     sim.create(2 * MiB)

@@ -21,6 +21,7 @@ from kvvmm.hardware import (
     provenance_label,
     sim_costs,
 )
+from kvvmm.hardware.schema import COLD_SECTION
 from kvvmm.units import MiB
 
 DATA = Path(__file__).resolve().parents[2] / "kvvmm" / "hardware" / "data"
@@ -92,7 +93,7 @@ def test_the_shipped_h100_is_the_committed_calibration_as_measured() -> None:
     # second-call share of the cold premium, no growth bandwidth
     for absent in ("spread", "idle_release"):
         assert absent not in shipped
-    assert "second" not in shipped["cold_calls"] and "growth" not in shipped["bandwidth"]
+    assert "second" not in shipped[COLD_SECTION] and "growth" not in shipped["bandwidth"]
 
 
 def test_a_calibrated_profile_names_the_card_calibrate_recorded(tmp_path: Path) -> None:
