@@ -23,7 +23,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-__all__ = ["Ask", "ShedAnswer", "TenantState", "refusal", "shed_answer", "shed_plan"]
+__all__ = ["Ask", "ShedAnswer", "TenantState", "kv_claim", "refusal", "shed_answer",
+           "shed_plan"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,3 +113,13 @@ def shed_answer(asked_bytes: int, *, givable_bytes: int) -> ShedAnswer:
     asked = max(asked_bytes, 0)
     trim = min(asked, max(givable_bytes, 0))
     return ShedAnswer(trim_bytes=trim, rest_bytes=asked - trim)
+
+
+def kv_claim(limit_bytes: int, booked_bytes: int, budget_bytes: int) -> int:
+    """The device memory a tenant's KV counts on: what torch in its process must leave.
+
+    What it may grow to without anyone's leave (its limit, within the GPU's budget), or
+    what it books now when that is more (a limit or budget lowered below its booking,
+    not yet shed): ``max(booked, min(limit, budget))``.
+    """
+    return max(booked_bytes, min(limit_bytes, budget_bytes))
