@@ -252,10 +252,7 @@ class Tenant:
         """
         if not isinstance(request, ShedRequest):
             raise ArgumentError("request", request, "a ShedRequest (Tenant.poll())")
-        found = list(backings)
-        for i, b in enumerate(found):
-            if not isinstance(b, RangeBacking):
-                raise ArgumentError(f"backings[{i}]", b, "a RangeBacking")
+        found = _range_backings(backings)
         bound = request.left_s if deadline_s is None else min(
             seconds_arg("deadline_s", deadline_s), request.left_s)
         t0 = time.monotonic()
@@ -308,10 +305,7 @@ class Tenant:
         sweep_every = wait_arg("sweep_s", sweep_s, zero=False)
         if not callable(callback):
             raise ArgumentError("callback", callback, "a callable taking a ShedRequest")
-        found = list(backings)
-        for i, b in enumerate(found):
-            if not isinstance(b, RangeBacking):
-                raise ArgumentError(f"backings[{i}]", b, "a RangeBacking")
+        found = _range_backings(backings)
         if self._watcher is not None:
             raise ArgumentError("callback", callback, "one watcher per tenant (one runs)")
 
@@ -457,3 +451,12 @@ class Tenant:
         cap, self._cap = self._cap, None
         if cap is not None:
             cap.close()
+
+
+def _range_backings(backings: Iterable[RangeBacking]) -> list[RangeBacking]:
+    """``backings`` as a list, refused unless each is a RangeBacking."""
+    found = list(backings)
+    for i, b in enumerate(found):
+        if not isinstance(b, RangeBacking):
+            raise ArgumentError(f"backings[{i}]", b, "a RangeBacking")
+    return found
