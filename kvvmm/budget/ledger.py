@@ -348,11 +348,15 @@ class Ledger:
         for col in _FIELDS:
             if q[col + s]:
                 self._set(q, col + s, 0)
-        at = NAMES + s * NAME_BYTES
-        if any(q[at // 8:(at + NAME_BYTES) // 8]):
-            self._file.write_bytes(at, bytes(NAME_BYTES))
-            q[at // 8:(at + NAME_BYTES) // 8] = memoryview(bytes(NAME_BYTES)).cast("Q")
+        if self._raw_name(q, s):
+            self._set_name(q, s, b"")
         self._set(q, STATE + s, FREE)
+
+    def _set_name(self, q: memoryview, s: int, raw: bytes) -> None:
+        """Store slot ``s``'s name, NUL-padded, in the file and in this call's image."""
+        at, padded = NAMES + s * NAME_BYTES, raw.ljust(NAME_BYTES, b"\0")
+        self._file.write_bytes(at, padded)
+        q[at // 8:(at + NAME_BYTES) // 8] = memoryview(padded).cast("Q")
 
     # -- tenants -----------------------------------------------------------------------
 
@@ -381,7 +385,6 @@ class Ledger:
             int_arg("limit_bytes", limit_bytes, lo=0, hi=MAX_BYTES,
                     limit=f"an int in [0, {MAX_BYTES}] (bytes)")
         wait = wait_arg("shed_wait_s", shed_wait_s)
-        pid, ticks = self._me
         with self._locked() as q:
             pid, ticks = self._me  # a fork's child learns its own pid in _locked
             self._sweep(q)
@@ -403,10 +406,7 @@ class Ledger:
                                      (BACKED + s, 0), (SHED + s, 0), (SHED_DL + s, 0),
                                      (SHED_DONE + s, 0), (SERIAL + s, serial)):
                     self._put(q, index, value, "register")
-                at = NAMES + s * NAME_BYTES
-                self._file.write_bytes(at, raw.ljust(NAME_BYTES, b"\0"))
-                q[at // 8:(at + NAME_BYTES) // 8] = memoryview(
-                    raw.ljust(NAME_BYTES, b"\0")).cast("Q")
+                self._set_name(q, s, raw)
                 self._set(q, H_SEQ, serial)  # a live slot's serial is never past the count
                 self._put(q, STATE + s, LIVE, "register")
             except BaseException as e:
