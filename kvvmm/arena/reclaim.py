@@ -14,7 +14,8 @@ the simulator and the host driver (handles held by a fake cache, released on req
 
 :class:`TorchAllocatorCap` caps torch's caching allocator at what a KV budget leaves of the
 device (``torch.cuda.set_per_process_memory_fraction``), and follows that budget as it
-changes: torch then cannot grow into memory the owner or the broker counts on.
+changes: torch then cannot grow into memory the owner or the broker counts on. A tenant of
+the budget broker keeps one in step with its share (``Tenant.cap_torch``).
 """
 
 from __future__ import annotations
@@ -26,10 +27,10 @@ from typing import Any, Protocol, runtime_checkable
 
 from kvvmm.checks import bool_arg, int_arg
 from kvvmm.driver.base import Driver, MemoryKind
-from kvvmm.errors import ArgumentError
+from kvvmm.errors import ArgumentError, ClosedError, KvvmmError
 
 __all__ = ["CacheReleaser", "HeldMemoryReleaser", "ReclaimStats", "TorchAllocatorCap",
-           "TorchCacheReleaser", "releaser_for"]
+           "TorchCacheReleaser", "TorchCapError", "releaser_for"]
 
 
 @runtime_checkable
@@ -175,23 +176,59 @@ class HeldMemoryReleaser:
         return given
 
 
+class TorchCapError(KvvmmError, RuntimeError):
+    """torch's caching allocator could not be capped: nothing was changed.
+
+    ``reason`` says why: torch is not installed, or is a CPU build (it holds no device
+    memory to cap: run on a CUDA build, or do not opt in), or torch refused the fraction.
+    """
+
+    def __init__(self, device: int, fraction: float | None, reason: str) -> None:
+        self.device = device  #: the CUDA ordinal
+        self.fraction = fraction  #: the fraction asked (None: none computed yet)
+        self.reason = reason
+        asked = "" if fraction is None else f" at fraction {fraction:.6f}"
+        super().__init__(f"torch's allocator on cuda:{device} could not be capped{asked}: "
+                         f"{reason}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.device, self.fraction, self.reason), self.__dict__)
+
+
+def _torch_cuda_for_cap(device: int) -> Any:
+    """``torch.cuda``, refused with :class:`TorchCapError` where it cannot cap anything."""
+    try:
+        import torch
+    except ImportError as e:
+        raise TorchCapError(device, None, f"torch is not installed ({e})") from None
+    if not torch.cuda.is_available():
+        build = "a CPU build" if torch.version.cuda is None else "no CUDA device visible"
+        raise TorchCapError(device, None, f"torch {torch.__version__} has no usable CUDA "
+                                          f"({build}): there is no device cache to cap")
+    return torch.cuda
+
+
 class TorchAllocatorCap:
     """Caps torch's caching allocator at what a KV budget leaves of the device.
 
     ``follow(kv_bytes)`` sets torch's per-process memory fraction to
     ``(total - kv_bytes - headroom) / total``: torch's allocator then raises its own
-    out-of-memory error before it takes memory the owner (its reserve) or the broker (the
-    tenant's budget) counts on. Call it again whenever that budget changes.
+    out-of-memory error before it takes memory the owner (its reservation) or the broker
+    (the tenant's share) counts on. Call it again whenever that budget changes, or let a
+    tenant do it (:meth:`Tenant.cap_torch <kvvmm.budget.tenant.Tenant.cap_torch>`).
+    :meth:`close` lifts the cap (fraction 1.0, torch's default), so that what runs next in
+    the process does not inherit it.
 
     Args:
         device: the CUDA ordinal.
         total_bytes: the device's memory (default: torch's ``total_memory`` for it).
         headroom_bytes: kept from torch as well (CUDA context, NCCL buffers), >= 0.
         set_fraction: what sets the fraction (default:
-            ``torch.cuda.set_per_process_memory_fraction``, imported on the first call);
-            tests pass a recorder.
+            ``torch.cuda.set_per_process_memory_fraction``); tests pass a recorder.
     Raises:
         ArgumentError, OutOfRangeError: bad sizes.
+        TorchCapError: no ``set_fraction`` given and torch cannot cap this device (not
+            installed, a CPU build, no CUDA device).
     """
 
     def __init__(self, device: int = 0, *, total_bytes: int | None = None,
@@ -201,43 +238,63 @@ class TorchAllocatorCap:
         if total_bytes is not None:
             int_arg("total_bytes", total_bytes, lo=1, unit="bytes")
         int_arg("headroom_bytes", headroom_bytes, lo=0, unit="bytes")
+        if set_fraction is not None and not callable(set_fraction):
+            raise ArgumentError("set_fraction", set_fraction,
+                                "a callable (fraction, device), or None for torch's")
+        if set_fraction is None or total_bytes is None:
+            cuda = _torch_cuda_for_cap(device)
+            if total_bytes is None:
+                total_bytes = int(cuda.get_device_properties(device).total_memory)
+            if set_fraction is None:
+                set_fraction = cuda.set_per_process_memory_fraction
         self.device = device
-        self._total = total_bytes
+        self.total_bytes: int = total_bytes  #: the device's memory the fraction is of
         self.headroom_bytes = headroom_bytes
         self._set = set_fraction
-        self.fraction: float | None = None  #: the fraction set last (None: never set)
-
-    @property
-    def total_bytes(self) -> int:
-        """The device's memory the fraction is of."""
-        if self._total is None:
-            import torch
-
-            self._total = int(torch.cuda.get_device_properties(self.device).total_memory)
-        return self._total
+        self.fraction: float | None = None  #: the fraction set last (None: no cap stands)
+        self.kv_bytes: int | None = None  #: the KV bytes followed last (None: no cap)
+        self.closed = False  #: :meth:`close` ran: the cap is lifted and follows no more
 
     def follow(self, kv_bytes: int) -> float:
         """Cap torch at what ``kv_bytes`` (and the headroom) leave of the device.
 
         Args:
-            kv_bytes: the KV budget: an owner's reservation, or the broker's limit for
-                this tenant, in ``[0, total_bytes - headroom_bytes]``.
+            kv_bytes: the KV budget: an owner's reservation, or the broker's share of this
+                tenant, in ``[0, total_bytes - headroom_bytes)``.
         Returns:
             The fraction set.
         Raises:
             OutOfRangeError: ``kv_bytes`` leaves torch nothing; nothing was set.
+            TorchCapError: torch refused the fraction; the cap is as it was.
+            ClosedError: after :meth:`close`.
         """
+        if self.closed:
+            raise ClosedError(f"torch cap of cuda:{self.device} used after close()")
         total = self.total_bytes
         room = total - self.headroom_bytes
         int_arg("kv_bytes", kv_bytes, lo=0, hi=room - 1,
                 limit=f"in [0, {room - 1}] (the device's {total} bytes less the headroom "
                       f"{self.headroom_bytes}, leaving torch at least one byte)")
         fraction = (room - kv_bytes) / total
-        setter = self._set
-        if setter is None:
-            import torch
-
-            setter = torch.cuda.set_per_process_memory_fraction
-        setter(fraction, self.device)
-        self.fraction = fraction
+        self._apply(fraction)
+        self.kv_bytes = kv_bytes
         return fraction
+
+    def _apply(self, fraction: float) -> None:
+        try:
+            self._set(fraction, self.device)
+        except Exception as e:  # torch's RuntimeError or ValueError, a recorder's own
+            raise TorchCapError(self.device, fraction, f"{type(e).__name__}: {e}") from e
+        self.fraction = fraction
+
+    def close(self) -> None:
+        """Lift the cap (torch's default fraction, 1.0) if one stands, and follow no more;
+        idempotent.
+
+        Raises:
+            TorchCapError: torch refused; the cap stands (close again to retry).
+        """
+        if self.fraction is not None:
+            self._apply(1.0)
+            self.fraction = self.kv_bytes = None
+        self.closed = True

@@ -1,7 +1,7 @@
 """The per-GPU budget broker: several processes' owners sharing one GPU's memory.
 
-A ledger file every tenant process maps (:class:`Ledger`, :func:`default_path`) holds the
-GPU's budget and, per tenant, its limit, what it backs and what it is asked to shed. A
+A ledger file every tenant process reads and writes (:class:`Ledger`, :func:`default_path`)
+holds the GPU's budget and, per tenant, its limit, what it backs and what it is asked to shed. A
 :class:`BudgetedDriver` charges each create to its :class:`Tenant` and credits each release,
 so any owner or arena built on it books every byte it backs. docs/BUDGET.md is the contract.
 

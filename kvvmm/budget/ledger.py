@@ -14,18 +14,8 @@ and checked on every read (never mapped: a truncated file cannot fault), its loc
 at most ``lock_timeout_s``. A ``fork``'s child gets its own open file (it would share the
 parent's lock otherwise) and may not use the parent's tenants: it registers its own.
 
-Rules (:mod:`kvvmm.budget.rules` holds them, and the lab calls the same functions;
-docs/BUDGET.md states them):
-
-- a charge of ``n`` bytes fits when ``backed + n <= limit`` (the tenant's own) and
-  ``sum(backed of every tenant) + n <= budget`` (the GPU's);
-- a charge past the limit is refused at once; a charge past the GPU's free budget is
-  refused at once with ``shed_wait_s == 0``, else the shortfall is asked of the other
-  tenants, the most backed first, each for at most what it backs, and the asker waits up to
-  ``shed_wait_s`` for room, then is refused;
-- a tenant whose process is gone (pid and start time) is reclaimed at the next sweep: every
-  charge that does not fit, every wait, ``snapshot``, ``set_limit``, ``set_budget``,
-  ``register`` and a tenant's watcher sweep.
+What fits and whom a shortfall is asked of are :mod:`kvvmm.budget.rules`' (docs/BUDGET.md
+states them); the waiting, deadlines, withdrawal and the sweep of dead tenants are here.
 """
 
 from __future__ import annotations
@@ -358,11 +348,15 @@ class Ledger:
         for col in _FIELDS:
             if q[col + s]:
                 self._set(q, col + s, 0)
-        at = NAMES + s * NAME_BYTES
-        if any(q[at // 8:(at + NAME_BYTES) // 8]):
-            self._file.write_bytes(at, bytes(NAME_BYTES))
-            q[at // 8:(at + NAME_BYTES) // 8] = memoryview(bytes(NAME_BYTES)).cast("Q")
+        if self._raw_name(q, s):
+            self._set_name(q, s, b"")
         self._set(q, STATE + s, FREE)
+
+    def _set_name(self, q: memoryview, s: int, raw: bytes) -> None:
+        """Store slot ``s``'s name, NUL-padded, in the file and in this call's image."""
+        at, padded = NAMES + s * NAME_BYTES, raw.ljust(NAME_BYTES, b"\0")
+        self._file.write_bytes(at, padded)
+        q[at // 8:(at + NAME_BYTES) // 8] = memoryview(padded).cast("Q")
 
     # -- tenants -----------------------------------------------------------------------
 
@@ -391,7 +385,6 @@ class Ledger:
             int_arg("limit_bytes", limit_bytes, lo=0, hi=MAX_BYTES,
                     limit=f"an int in [0, {MAX_BYTES}] (bytes)")
         wait = wait_arg("shed_wait_s", shed_wait_s)
-        pid, ticks = self._me
         with self._locked() as q:
             pid, ticks = self._me  # a fork's child learns its own pid in _locked
             self._sweep(q)
@@ -413,10 +406,7 @@ class Ledger:
                                      (BACKED + s, 0), (SHED + s, 0), (SHED_DL + s, 0),
                                      (SHED_DONE + s, 0), (SERIAL + s, serial)):
                     self._put(q, index, value, "register")
-                at = NAMES + s * NAME_BYTES
-                self._file.write_bytes(at, raw.ljust(NAME_BYTES, b"\0"))
-                q[at // 8:(at + NAME_BYTES) // 8] = memoryview(
-                    raw.ljust(NAME_BYTES, b"\0")).cast("Q")
+                self._set_name(q, s, raw)
                 self._set(q, H_SEQ, serial)  # a live slot's serial is never past the count
                 self._put(q, STATE + s, LIVE, "register")
             except BaseException as e:
@@ -707,8 +697,7 @@ class Ledger:
             excess = q[BACKED + s] - limit_bytes - q[SHED + s]
             if excess > 0 and wait > 0:
                 self._set(q, SHED + s, q[SHED + s] + excess)
-                self._set(q, SHED_DL + s,
-                          max(q[SHED_DL + s], _deadline_ns(wait)))
+                self._set(q, SHED_DL + s, max(q[SHED_DL + s], _deadline_ns(wait)))
             self._bump(q)
             return int(old)
 
@@ -731,8 +720,7 @@ class Ledger:
             self._put(q, H_BUDGET, budget_bytes, "budget")
             over = sum(q[BACKED:BACKED + SLOTS]) - budget_bytes
             if over > 0 and wait > 0:
-                self._post_shed(q, 0, over, exclude=-1,
-                                deadline_ns=_deadline_ns(wait))
+                self._post_shed(q, 0, over, exclude=-1, deadline_ns=_deadline_ns(wait))
             self._bump(q)
             return int(old)
 

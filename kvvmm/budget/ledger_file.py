@@ -1,24 +1,13 @@
 """The ledger's file as untrusted input: opened safely, locked with a timeout, checked whole.
 
 Anyone who can write the file can change what every tenant reads, so the file is input, not
-shared state to believe:
-
-- **opened safely**: the folder is opened first and checked (owned by this user or root; a
-  folder others may write must be sticky, so that nobody else can swap the file out), then
-  the file in it with ``O_NOFOLLOW`` (a symbolic link planted at the path is refused, never
-  followed) and, to create, ``O_CREAT | O_EXCL`` (a file already there is never
-  overwritten). The open descriptor is then checked with ``fstat`` (no gap between check and
-  use): a regular file of one name, owned by this user (or shared through a group passed by
-  the caller) and writable by nobody else.
-- **read into this process's memory** with ``pread``, never mapped: a mapped file that
-  someone truncates kills every process touching the lost pages with SIGBUS, and no check
-  made before the access closes that window (truncating takes no lock). A short read is a
-  truncated file, refused like any other corrupt one.
-- **checked whole on every read** (:func:`check_image`): header, every value's range, free
-  slots all zeros, names well formed and unique. Writes are single 64-bit words (``pwrite``).
-- **locked with a timeout**: ``flock`` polled with ``LOCK_NB`` and a bounded backoff; a lock
-  held past the wait is :class:`~kvvmm.budget.errors.LedgerLockTimeoutError` naming the
-  holder when ``/proc/locks`` knows it.
+shared state to believe (docs/BUDGET.md, "What the ledger file may be trusted for", is the
+threat model): its folder checked, then the file opened with ``O_NOFOLLOW`` (``O_CREAT |
+O_EXCL`` to create) and checked with ``fstat`` on the descriptor (:class:`LedgerFile`);
+read whole with ``pread``, never mapped (a truncated mapping is SIGBUS in every process);
+checked whole on every read (:func:`check_image`); written one 64-bit word at a time; locked
+with ``flock`` polled up to a timeout (:class:`~kvvmm.budget.errors.LedgerLockTimeoutError`
+names the holder).
 
 Layout (64-bit words in the machine's byte order; docs/BUDGET.md draws it): a header of 16
 words (magic, version, slot count, the GPU budget, a change counter, zeros), then one column

@@ -5,17 +5,10 @@ and the workload lab's arbiter (:mod:`kvvmm.workload.tenants`) both call them, s
 lab predicts is what ships. A change to the rules is made here and nowhere else.
 
 Why the most booked tenant is asked first (ties: the earlier registered): it holds the most
-of the GPU, so asking it first disturbs the fewest tenants for a given shortfall, and it is
-what an operator reads off ``kvvmm budget show`` without knowing anything private to a
-tenant. The ledger sees bookings only; idle backing is each tenant's own (self-reported, it
-could not be checked, and a tenant could dodge every request by reporting none), so an order
-by idleness could not ship. A tenant is never asked for more than it books less what it is
-already asked; what it gives back of that is its own choice (shedding is cooperative), in
-one order (:func:`shed_answer`): first what loses nothing (a range backing's deferred cache and
-reserve: whole units free and mapped, no copy), and only the rest from what loses work
-(shrinking, preempting, a sleep). The ledger's tenants (:meth:`Tenant.trim
-<kvvmm.budget.tenant.Tenant.trim>`, ``Tenant.watch(..., backings=...)``) and the lab's answer
-that way.
+of the GPU, so the fewest tenants are disturbed for a shortfall, and bookings are what the
+ledger can check (idleness would be each tenant's own unverifiable report). A tenant gives
+back what it is asked in one order (:func:`shed_answer`): what loses nothing first (a range
+backing's deferred cache and reserve), then what loses work (shrink, preempt, sleep).
 """
 
 from __future__ import annotations
@@ -23,7 +16,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-__all__ = ["Ask", "ShedAnswer", "TenantState", "refusal", "shed_answer", "shed_plan"]
+__all__ = ["Ask", "ShedAnswer", "TenantState", "kv_claim", "refusal", "shed_answer",
+           "shed_plan"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,3 +106,13 @@ def shed_answer(asked_bytes: int, *, givable_bytes: int) -> ShedAnswer:
     asked = max(asked_bytes, 0)
     trim = min(asked, max(givable_bytes, 0))
     return ShedAnswer(trim_bytes=trim, rest_bytes=asked - trim)
+
+
+def kv_claim(limit_bytes: int, booked_bytes: int, budget_bytes: int) -> int:
+    """The device memory a tenant's KV counts on: what torch in its process must leave.
+
+    What it may grow to without anyone's leave (its limit, within the GPU's budget), or
+    what it books now when that is more (a limit or budget lowered below its booking,
+    not yet shed): ``max(booked, min(limit, budget))``.
+    """
+    return max(booked_bytes, min(limit_bytes, budget_bytes))

@@ -10,12 +10,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from kvvmm.arena.reclaim import TorchAllocatorCap, TorchCapError
 from kvvmm.budget.errors import BudgetExceededError, ForeignTenantError, LedgerError
 from kvvmm.budget.ledger import wait_arg
 from kvvmm.budget.ledger_file import BACKED, H_BUDGET, LIMIT, MAX_BYTES, SHED, SHED_DL, SLOTS
-from kvvmm.budget.rules import shed_answer
+from kvvmm.budget.rules import kv_claim, shed_answer
 from kvvmm.checks import int_arg, seconds_arg
-from kvvmm.errors import ArgumentError, ClosedError
+from kvvmm.errors import ArgumentError, ClosedError, OutOfRangeError
 from kvvmm.owner.elastic import GiveBack, RangeBacking
 
 if TYPE_CHECKING:
@@ -77,6 +78,10 @@ class Tenant:
         self._stop = threading.Event()
         self._watcher: threading.Thread | None = None
         self._closed = False
+        self._cap: TorchAllocatorCap | None = None  # torch's allocator, kept to the claim
+        self._claim = 0  # the KV claim last read under the ledger's lock
+        self._cap_lock = threading.Lock()
+        self._cap_error: Exception | None = None
 
     def __repr__(self) -> str:
         return f"Tenant({self.name!r}, slot {self.slot}, pid {self.pid})"
@@ -125,6 +130,8 @@ class Tenant:
         except OSError as e:
             raise LedgerError(f"ledger {str(self.ledger.path)!r}: charging {nbytes} bytes to "
                               f"tenant {self.name!r} failed ({e}); nothing was booked") from e
+        finally:
+            self._follow()
 
     def credit(self, nbytes: int) -> None:
         """Book ``nbytes`` back after they were released.
@@ -155,6 +162,7 @@ class Tenant:
                 self._pending += nbytes
             log.warning("budget: tenant %r could not credit %d bytes now (%s); kept for the "
                         "next ledger call", self.name, nbytes, e)
+        self._follow()
 
     def _flush(self, q: memoryview) -> None:
         """Book the credits still waiting here (under the ledger's lock)."""
@@ -164,6 +172,14 @@ class Tenant:
             self.ledger._credit(q, self.slot, n)
             with self._plock:
                 self._pending -= n
+        self._observe(q)
+
+    def _observe(self, q: memoryview) -> None:
+        """Note this tenant's KV claim as the file holds it now (under the ledger's lock;
+        :meth:`_follow` applies it after)."""
+        if self._cap is not None:
+            s = self.slot
+            self._claim = kv_claim(q[LIMIT + s], q[BACKED + s], q[H_BUDGET])
 
     @property
     def pending_credit_bytes(self) -> int:
@@ -175,7 +191,10 @@ class Tenant:
         self._check()
         with self.ledger._locked() as q:
             self.ledger._own(q, self)
-            return int(q[index + self.slot])
+            self._observe(q)
+            value = int(q[index + self.slot])
+        self._follow()
+        return value
 
     @property
     def backed_bytes(self) -> int:
@@ -195,7 +214,9 @@ class Tenant:
             self._flush(q)
             s = self.slot
             free = q[H_BUDGET] - sum(q[BACKED:BACKED + SLOTS])
-            return max(min(q[LIMIT + s] - q[BACKED + s], free), 0)
+            room = max(min(q[LIMIT + s] - q[BACKED + s], free), 0)
+        self._follow()
+        return room
 
     # -- shedding ------------------------------------------------------------------------
 
@@ -205,7 +226,9 @@ class Tenant:
         self._check()
         with self.ledger._locked() as q:
             self.ledger._own(q, self)
+            self._observe(q)
             shed, deadline = q[SHED + self.slot], q[SHED_DL + self.slot]
+        self._follow()
         now = time.monotonic_ns()
         if not shed or deadline <= now:
             return None
@@ -229,10 +252,7 @@ class Tenant:
         """
         if not isinstance(request, ShedRequest):
             raise ArgumentError("request", request, "a ShedRequest (Tenant.poll())")
-        found = list(backings)
-        for i, b in enumerate(found):
-            if not isinstance(b, RangeBacking):
-                raise ArgumentError(f"backings[{i}]", b, "a RangeBacking")
+        found = _range_backings(backings)
         bound = request.left_s if deadline_s is None else min(
             seconds_arg("deadline_s", deadline_s), request.left_s)
         t0 = time.monotonic()
@@ -285,10 +305,7 @@ class Tenant:
         sweep_every = wait_arg("sweep_s", sweep_s, zero=False)
         if not callable(callback):
             raise ArgumentError("callback", callback, "a callable taking a ShedRequest")
-        found = list(backings)
-        for i, b in enumerate(found):
-            if not isinstance(b, RangeBacking):
-                raise ArgumentError(f"backings[{i}]", b, "a RangeBacking")
+        found = _range_backings(backings)
         if self._watcher is not None:
             raise ArgumentError("callback", callback, "one watcher per tenant (one runs)")
 
@@ -325,6 +342,85 @@ class Tenant:
         if w is not None and w is not threading.current_thread():
             w.join()
 
+    # -- torch's allocator ----------------------------------------------------------------
+
+    def cap_torch(self, device: int = 0, *, headroom_bytes: int = 0,
+                  total_bytes: int | None = None,
+                  set_fraction: Callable[[float, int], object] | None = None,
+                  ) -> TorchAllocatorCap:
+        """Keep torch's caching allocator in this process out of this tenant's KV share.
+
+        Caps torch at ``total - claim - headroom`` of device ``device``
+        (:class:`~kvvmm.arena.reclaim.TorchAllocatorCap`), where the claim is
+        :func:`~kvvmm.budget.rules.kv_claim`: ``max(booked, min(limit, budget))``. The cap
+        follows the claim at every ledger call of this tenant (charge, credit, :meth:`poll`,
+        the watcher's every ``interval_s``), so a limit or budget the operator changes, and
+        a booking shed back under them, move it; a failure to follow is logged and kept
+        (:attr:`torch_cap_error`), never raised into a create or release. :meth:`close` (or
+        the cap's own ``close``) lifts the cap.
+
+        Args:
+            device: the CUDA ordinal torch allocates on.
+            headroom_bytes: kept from torch as well (CUDA context, NCCL buffers, what other
+                processes on the device hold).
+            total_bytes: the device's memory (default: torch's).
+            set_fraction: in place of ``torch.cuda.set_per_process_memory_fraction`` (tests).
+        Returns:
+            The cap, already set.
+        Raises:
+            TorchCapError: torch cannot cap the device here (not installed, a CPU build, no
+                CUDA device) or refused the fraction; nothing was set.
+            OutOfRangeError: the claim leaves torch nothing of the device; nothing was set.
+            ArgumentError: a bad size, or a cap already follows this tenant.
+            ClosedError, ForeignTenantError, LedgerError: as :meth:`poll`.
+        """
+        self._check()
+        if self._cap is not None:
+            raise ArgumentError("cap_torch", device, "one torch cap per tenant (one follows "
+                                                     "it: close that one first)")
+        cap = TorchAllocatorCap(device, total_bytes=total_bytes,
+                                headroom_bytes=headroom_bytes, set_fraction=set_fraction)
+        with self._cap_lock:
+            with self.ledger._locked() as q:
+                self.ledger._own(q, self)
+                s = self.slot
+                claim = kv_claim(q[LIMIT + s], q[BACKED + s], q[H_BUDGET])
+            cap.follow(claim)
+            self._claim, self._cap, self._cap_error = claim, cap, None
+        return cap
+
+    @property
+    def torch_cap(self) -> TorchAllocatorCap | None:
+        """The torch cap following this tenant (:meth:`cap_torch`), or None."""
+        return self._cap
+
+    @property
+    def torch_cap_error(self) -> Exception | None:
+        """Why the torch cap last failed to follow the claim (None: it follows)."""
+        return self._cap_error
+
+    def _follow(self) -> None:
+        """Bring the torch cap to the claim last read (outside the ledger's lock; never
+        raises: a create or release must not fail for it)."""
+        cap = self._cap
+        if cap is None:
+            return
+        with self._cap_lock:
+            if cap.closed:
+                self._cap = None  # lifted by its own close: this tenant stops following
+                return
+            claim = self._claim
+            if claim == cap.kv_bytes:
+                return
+            try:
+                cap.follow(claim)
+                self._cap_error = None
+            except (OutOfRangeError, TorchCapError) as e:
+                if str(e) != str(self._cap_error):
+                    log.error("budget: tenant %r's torch cap stays at fraction %s: %s",
+                              self.name, cap.fraction, e)
+                self._cap_error = e
+
     # -- close -------------------------------------------------------------------------
 
     @property
@@ -332,10 +428,11 @@ class Tenant:
         return self._closed
 
     def close(self) -> None:
-        """Leave the ledger (idempotent). Close the owners and pools that book to this
-        tenant first.
+        """Leave the ledger (idempotent) and lift the torch cap. Close the owners and pools
+        that book to this tenant first.
 
         Raises:
+            TorchCapError: torch refused to lift the cap (the tenant has left).
             BusyError: the tenant still books memory (nothing changed).
             ForeignTenantError: in a fork's child (the tenant is the parent's).
             LedgerError: the ledger could not be written.
@@ -351,3 +448,15 @@ class Tenant:
                               f"not leave ({e})") from e
         self._closed = True
         self._stop_watch()
+        cap, self._cap = self._cap, None
+        if cap is not None:
+            cap.close()
+
+
+def _range_backings(backings: Iterable[RangeBacking]) -> list[RangeBacking]:
+    """``backings`` as a list, refused unless each is a RangeBacking."""
+    found = list(backings)
+    for i, b in enumerate(found):
+        if not isinstance(b, RangeBacking):
+            raise ArgumentError(f"backings[{i}]", b, "a RangeBacking")
+    return found

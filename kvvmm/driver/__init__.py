@@ -115,11 +115,8 @@ def driver_for(kind: str = "auto", *, profile: str | DeviceProfile = "h200", dev
     for them the profile is checked and then not used: it names what the sim would have been
     (a prediction to compare with, as ``decode_growth`` does), not what the device is.
 
-    Why not ``open_driver(kind, profile=...)``: ``open_driver`` passes every option to the
-    driver's constructor and refuses what it does not take (``open_driver("host",
-    profile="h200")`` is a ``TypeError``), which is what a caller naming one driver wants. A
-    caller writing for every kind would otherwise spell ``**({"profile": p} if kind == "sim"
-    else {})`` again.
+    (``open_driver`` refuses an option its driver does not take, as a caller naming one
+    driver wants: ``open_driver("host", profile="h200")`` is a ``TypeError``.)
 
     Args:
         kind: one of :data:`DRIVER_KINDS`, or ``"auto"`` (see :func:`open_driver`).

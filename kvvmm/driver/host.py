@@ -40,6 +40,7 @@ import ctypes
 import ctypes.util
 import errno
 import fcntl
+import itertools
 import mmap as _mmap
 import os
 import stat
@@ -138,7 +139,7 @@ class HostDriver(Driver):
         cap = _mem_available() if capacity_bytes is None else capacity_bytes
         self._book = VmmBook(granularity, cap)
         self._fds: dict[int, int] = {}  # handle -> memfd (handle ids are our own counter)
-        self._next_handle = 1
+        self._handle_ids = itertools.count(1)
         self._pins = Pins()  # reservation start -> pins (views that reach it)
         # Reentrant: close() makes the driver's own calls under it.
         self._lock = threading.RLock()
@@ -214,8 +215,7 @@ class HostDriver(Driver):
             full = (errno.ENOMEM, errno.ENOSPC, errno.EMFILE, errno.ENFILE)
             name = CUDA_ERROR_OUT_OF_MEMORY if e.errno in full else "CUDA_ERROR_UNKNOWN"
             raise driver_error("create", args, name, f"memfd: {e.strerror}") from None
-        handle = self._next_handle
-        self._next_handle += 1
+        handle = next(self._handle_ids)
         self._fds[handle] = fd
         book.apply_create(handle, size)
         return handle
@@ -334,8 +334,7 @@ class HostDriver(Driver):
                 "process could truncate it under the mapping (SIGBUS)",
             )
         os.set_inheritable(fd, False)
-        handle = self._next_handle
-        self._next_handle += 1
+        handle = next(self._handle_ids)
         self._fds[handle] = fd
         book.apply_import(handle, size)
         return handle

@@ -20,6 +20,7 @@ thread safe: one lock per node (the devices of a node share the VA cursor and ex
 
 from __future__ import annotations
 
+import itertools
 import os
 import stat
 import threading
@@ -229,7 +230,7 @@ class SimDriver(Driver):
         self._used_bytes = used_bytes
         self._space = _Space(base_va) if node is None else node._join(self)
         self._lock = self._space.lock
-        self._next_handle = 1
+        self._handle_ids = itertools.count(1)
         # Peer access given so far: mapping start -> other devices that may access it.
         self._peers: dict[int, tuple[int, ...]] = {}
         # Imported handles whose memory lives on another device: handle -> that device.
@@ -284,8 +285,7 @@ class SimDriver(Driver):
             (size,) = check_call_ints("create", size=size).values()
         book = self._book
         book.check_create(size, book.capacity_bytes - self._used_bytes - book.physical_bytes)
-        handle = self._next_handle
-        self._next_handle += 1
+        handle = next(self._handle_ids)
         book.apply_create(handle, size)
         self.clock_us += self._cost("create", size)
         return handle
@@ -499,8 +499,7 @@ class SimDriver(Driver):
             )
         del self._space.exports[fd]
         os.close(fd)
-        handle = self._next_handle
-        self._next_handle += 1
+        handle = next(self._handle_ids)
         book.apply_import(handle, size)
         if home != self.device:
             self._home[handle] = home

@@ -2,82 +2,49 @@
 
 SGLang sizes its KV pool after CUDA-graph capture with ``kv_vmm_backing.KvVmmBufferOwner``
 (``python/sglang/srt/mem_cache/kv_vmm_backing.py``, "the seed"). This module offers the same
-class, with the same keyword constructor, attributes and methods, built on
-:class:`kvvmm.owner.KvBufferOwner`: no C++ stub compiled per arena (the seed builds one with
-``torch.utils.cpp_extension`` into a shared temp dir, ~20 s each), every multi-step change
-undone on failure, a close that never unmaps memory a live tensor can reach, and an owner the
-lab can draw (:meth:`KvVmmBufferOwner.snapshot`).
-
-Use it either way::
+class (keyword constructor, attributes, methods) on :class:`kvvmm.owner.KvBufferOwner`: no
+C++ stub compiled per arena, every multi-step change undone on failure, a close that never
+unmaps memory a live tensor can reach, and a snapshot the lab draws. Use it either way::
 
     from kvvmm.integrations.sglang import KvVmmBufferOwner   # code you can change
     import kvvmm.integrations.sglang as k; k.install()        # SGLang's own import, unchanged
 
-or launch SGLang through ``python -m kvvmm.integrations.sglang_launch sglang.launch_server
-...`` so its spawned worker processes get the swap too (see :func:`install`).
+or launch ``python -m kvvmm.integrations.sglang_launch sglang.launch_server ...`` so that
+spawned workers get the swap too. docs/SGLANG.md lists every call SGLang makes and its test.
 
-Same as the seed:
-
-- ``KvVmmBufferOwner(*, device, device_id, store_dtype, page_size, reserved_num_tokens,
-  buffer_descs)``; ``tensors`` in ``buffer_descs`` order, at their upper-bound shapes, one
-  page (slot 0) backed by construction; ``ensure_prefix(n)``, ``finalize(n)`` (``page_size
-  <= n <= reserved_num_tokens``, its final span inside the tensors), ``backed_bytes``, an
-  idempotent ``close()``.
-- ``reserved_num_tokens`` may be every slot the tensors hold (SGLang's unified pool passes
-  ``total_bytes`` for one ``total_bytes``-row buffer of page 1), and ``ensure_prefix`` reaches
-  ``reserved_num_tokens + page_size``, the pool's top page.
-- Spans: ``prefix = rows(n) * row_bytes``, ``final = rows(n + page_size) * row_bytes``,
-  ``rows(n) = ceil(n / tokens_per_row)``; each rounded up to the granularity and backed.
-- Growth is ``Exact()`` by default: one handle per extension, as large as the extension (pass
-  ``policy=`` to choose another, a kvvmm extension). Backed bytes equal the seed's.
-- Descriptors are SGLang's own objects, read duck-typed: ``name``, ``shape``, ``row_bytes``,
-  ``tokens_per_row`` (nothing else is called on them). :class:`KvBufferDesc` here is a
-  compatible class with SGLang's ``item_len_bytes(page_size)``.
+As the seed: ``tensors`` in ``buffer_descs`` order at their upper-bound shapes, slot 0's page
+backed at construction; spans ``prefix = rows(n) * row_bytes`` and ``final = rows(n +
+page_size) * row_bytes`` (``rows(n) = ceil(n / tokens_per_row)``), each rounded up to the
+granularity; ``Exact()`` growth by default (``policy=`` chooses another), so backed bytes
+equal the seed's; descriptors read duck-typed (``name``, ``shape``, ``row_bytes``,
+``tokens_per_row``); ``reserved_num_tokens`` may be every slot the tensors hold (SGLang's
+unified pool), and ``ensure_prefix`` reaches ``reserved_num_tokens + page_size``.
 
 Where kvvmm deliberately differs:
 
-- **ensure_prefix bounds.** The seed accepts any ``n`` whose prefix fits the tensor (its check
-  is in bytes) and a negative ``n`` as 0. kvvmm accepts ``0 <= n <= min(reserved_num_tokens
-  + page_size, what the tensors hold)`` and refuses the rest with
-  :class:`~kvvmm.errors.OutOfRangeError` (a ``ValueError``, the class the seed raises for a
-  span out of range); the two agree on every ``n`` SGLang's pools pass.
-- **Checked at construction.** ``reserved_num_tokens`` must be at least ``page_size`` and at
-  most the slots the descriptors' tensors hold (``shape[0] * tokens_per_row``), ``row_bytes``
-  must be ``prod(shape[1:]) * store_dtype.itemsize``, names unique. The seed constructs
-  anyway and fails at ``finalize`` (or backs fewer bytes than the tensor's rows).
-- **close with live tensors.** The seed unmaps at once, so a tensor SGLang still holds (its
-  pool's ``k_buffer``, a captured graph's inputs) points at unmapped VA: an illegal address on
-  the next touch. kvvmm drops the owner's tensors and gives the memory back when the last
-  tensor over it goes. ``close(wait=True, timeout=...)`` waits for that (raising
-  :class:`~kvvmm.errors.BusyError` on timeout); ``released`` says whether it happened,
-  ``live_tensors`` how many still hold it.
-- **Errors.** Failures the seed raises as ``RuntimeError`` (driver calls, use after close, VA
-  exhausted) reach SGLang as ``RuntimeError`` *and* keep their kvvmm type: each is re-raised
-  as a subclass of both its kvvmm class and :class:`KvVmmError` (``KvvmmError`` +
-  ``RuntimeError``), with the same fields and notes, ``from`` the original. Multiple
-  inheritance rather than wrapping, because a wrapper would hide the type:
-  ``except DriverOutOfMemoryError`` (kvvmm), ``except KvvmmError`` and ``except RuntimeError``
-  (SGLang) all catch the same object. Argument errors stay what they are, ``ValueError``
-  (``OutOfRangeError``, ...), as the seed's span and ``finalize`` checks are.
-- **Device.** ``device="cuda"`` (or ``"cuda:N"``) opens kvvmm's CUDA driver on ``device_id``
-  (``granularity="recommended"`` and ``handle_type="auto"`` by default, as SGLang 0.5.23's
-  own owner asks: ``KvVmmBufferOwner(..., granularity="minimum", handle_type="none")`` is
-  the seed's); ``driver=`` (a kvvmm extension) runs the same class on any driver, the host
-  or sim one included, with ``device`` then only recorded.
+- **Bounds, checked up front.** ``ensure_prefix`` takes ``0 <= n <= min(reserved_num_tokens
+  + page_size, what the tensors hold)`` (the seed also takes a negative ``n`` as 0) and
+  refuses the rest with ``OutOfRangeError`` (a ``ValueError``, as the seed's span check); the
+  constructor checks ``page_size <= reserved_num_tokens <=`` the slots the tensors hold,
+  ``row_bytes == prod(shape[1:]) * itemsize`` and unique names, where the seed fails later.
+- **close with live tensors.** The seed unmaps under tensors SGLang still holds (an illegal
+  address on the next touch); kvvmm gives the memory back when the last tensor over it goes.
+  ``close(wait=True, timeout=...)`` waits for that (``BusyError`` on timeout); ``released``
+  and ``live_tensors`` say where it stands.
+- **Errors.** What the seed raises as ``RuntimeError`` reaches SGLang as an instance of both
+  its kvvmm class and :class:`KvVmmError` (``KvvmmError`` + ``RuntimeError``), same fields and
+  notes: ``except DriverOutOfMemoryError``, ``except KvvmmError`` and ``except RuntimeError``
+  catch the same object. Argument errors stay ``ValueError``/``TypeError``.
+- **Device.** ``device="cuda"``/``"cuda:N"`` opens kvvmm's CUDA driver on ``device_id`` with
+  SGLang 0.5.23's own choices (``granularity="recommended"``, ``handle_type="auto"``;
+  ``"minimum"`` and ``"none"`` are the seed's); ``driver=`` runs the class on any driver.
 
-Later upstream calls (the lazy-backing owner): ``release_beyond(n)`` (give back every mapping
-past the first ``n`` slots' prefix, as upstream), ``bytes_per_token()`` (rounded up as
-upstream), ``backed_tokens`` (O(1): the most tokens usable with nothing to back).
-
-Releasing memory occupation (SGLang's ``--enable-memory-saver``): SGLang's
-``release_memory_occupation`` calls ``memory_saver_adapter.pause("kv_cache")`` (then flushes
-its radix cache) and ``resume_memory_occupation`` calls ``resume("kv_cache")``; with
-torch_memory_saver those give the KV pool's memory back and take it again at the same VA.
-``KvVmmBufferOwner.pause()`` / ``resume()`` do it with kvvmm's sleep and wake (the tensors and
-any captured graph keep their pointers; bytes dropped by default, as SGLang's KV region, or
-kept with ``backup="host"``), and :class:`KvVmmMemorySaver` is an adapter of the same shape
-SGLang calls: its ``"kv_cache"`` tag pauses every registered owner (all or none), every other
-tag goes to the adapter SGLang made.
+Later upstream calls: ``release_beyond(n)``, ``bytes_per_token()`` (rounded up as upstream),
+``backed_tokens`` (O(1)). SGLang's memory saver (``--enable-memory-saver``): ``pause()`` /
+``resume()`` give the pool's memory back and take it again at the same VA (kvvmm's sleep and
+wake; bytes dropped by default, as SGLang's KV region, or ``backup="host"``), and
+:class:`KvVmmMemorySaver` is the adapter SGLang calls: ``"kv_cache"`` pauses every
+registered owner (all or none), other tags go to the adapter SGLang made.
 """
 
 from __future__ import annotations
@@ -103,6 +70,7 @@ from kvvmm.errors import (
     OutOfRangeError,
     SleepRefusedError,
 )
+from kvvmm.integrations import twin_class
 from kvvmm.layout import KvBufferDesc as _KvvmmDesc
 from kvvmm.owner import KvBufferOwner
 from kvvmm.policy import Exact, GrowthPolicy
@@ -141,22 +109,9 @@ class KvVmmError(KvvmmError, RuntimeError):
 
 
 class runtime_errors:  # a namespace, lower-case as the module path it makes reads
-    """The ``RuntimeError`` twins of kvvmm's errors, made on first use.
-
-    Each is ``class X(kvvmm.errors.X, KvVmmError)``; they live here, under their kvvmm name,
-    so a pickled error (errors cross processes) finds its class again.
-    """
-
-
-def _runtime_class(cls: type[KvvmmError]) -> type[KvvmmError]:
-    sub = runtime_errors.__dict__.get(cls.__name__)
-    if not (isinstance(sub, type) and issubclass(sub, cls)):
-        sub = types.new_class(cls.__name__, (cls, KvVmmError))
-        sub.__module__ = __name__
-        sub.__qualname__ = f"runtime_errors.{cls.__name__}"
-        sub.__doc__ = cls.__doc__
-        setattr(runtime_errors, cls.__name__, sub)
-    return sub
+    """The ``RuntimeError`` twins of kvvmm's errors (``class X(kvvmm.errors.X,
+    KvVmmError)``), made on first use and kept here under their kvvmm name, so that a pickled
+    error finds its class again."""
 
 
 def as_runtime_error(err: KvvmmError) -> KvvmmError:
@@ -171,13 +126,13 @@ def as_runtime_error(err: KvvmmError) -> KvvmmError:
         # kvvmm errors rebuild from their fields through __reduce__ (they cross processes).
         reduced = err.__reduce__()
         args = reduced[1] if isinstance(reduced, tuple) and len(reduced) > 1 else err.args
-        new = _runtime_class(type(err))(*args)
+        new: Any = twin_class(type(err), KvVmmError, runtime_errors, __name__)(*args)
         state = reduced[2] if isinstance(reduced, tuple) and len(reduced) > 2 else None
         if isinstance(state, dict):
             new.__dict__.update(state)
     except Exception:  # an error class that cannot be rebuilt: keep its text, lose its type
         return KvVmmError(str(err))
-    return new
+    return new  # type: ignore[no-any-return]
 
 
 @contextmanager
@@ -265,13 +220,10 @@ class KvVmmBufferOwner:
             caller keeps it and closes it). Default: the one :func:`install` was given,
             else CUDA's.
         granularity: with CUDA's driver, the mapping unit: ``"recommended"`` (default, as
-            SGLang 0.5.23's ``get_device_granularity`` asks), ``"minimum"`` (the seed this
-            module was first written against), or bytes. Equal on an H200 (2 MiB both).
+            SGLang 0.5.23 asks), ``"minimum"`` (the seed's), or bytes.
         handle_type: with CUDA's driver, what its handles are shareable as: ``"auto"``
-            (default: as SGLang 0.5.23's ``make_device_allocation_prop`` probes, FABRIC, then
-            POSIX fd, then none; POSIX fd on a single H200), ``"posix_fd"``, ``"fabric"`` or
-            ``"none"`` (the seed's: it asks for no shareable handle). ``driver.handle_type``
-            says what it got. Backed bytes do not depend on it.
+            (default: probed as SGLang 0.5.23 does), ``"posix_fd"``, ``"fabric"`` or
+            ``"none"`` (the seed's); ``driver.handle_type`` says what it got.
         policy: growth policy for ``ensure_prefix`` (kvvmm extension; default ``Exact()``,
             the seed's).
         name: the arena's name, shown by the lab.

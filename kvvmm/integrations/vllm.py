@@ -46,6 +46,7 @@ from kvvmm.errors import (
     SleepRefusedError,
     StateError,
 )
+from kvvmm.integrations import twin_class
 from kvvmm.snapshot import AllocationInfo, ArenaSnapshot, MappingInfo
 
 __all__ = ["MEM_HANDLE_TYPE_FABRIC", "MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR", "VLLM_MODULE",
@@ -91,11 +92,7 @@ def as_vllm_error(err: KvvmmError) -> VllmDriverError:
     """``err`` as vLLM's drivers would raise it (see :class:`VllmDriverError`)."""
     if isinstance(err, VllmDriverError):
         return err
-    cls: Any = runtime_errors.__dict__.get(type(err).__name__)
-    if not (isinstance(cls, type) and issubclass(cls, type(err))):
-        cls = types.new_class(type(err).__name__, (type(err), VllmDriverError))
-        cls.__module__, cls.__qualname__ = __name__, f"runtime_errors.{type(err).__name__}"
-        setattr(runtime_errors, type(err).__name__, cls)
+    cls: Any = twin_class(type(err), VllmDriverError, runtime_errors, __name__)
     # A refusal while asleep is CUDA's answer to an operation the state does not permit.
     name = (err.cuda_error if isinstance(err, DriverError) else
             CUDA_ERROR_NOT_PERMITTED if isinstance(err, AsleepError) else "")
@@ -432,11 +429,7 @@ class KvvmmVmmDriver:
                                f"{len(olds)} allocations stay mapped for the copy")
                     raise
                 undo.push(f"release {inner}", self.driver.release, inner)
-                for va, m, hid in olds:
-                    self.driver.unmap(va, m)
-                    undo.push(f"access {va:#x}", self._access, r, va, m)
-                    undo.push(f"map {va:#x} back", self.driver.map, va, m,
-                              self._handles[hid].inner)
+                self._unmap_undoably(undo, [(r, olds)])
                 self.driver.map(va0, n, inner)
                 undo.push(f"unmap {va0:#x}", self.driver.unmap, va0, n)
                 self._access(r, va0, n)
@@ -528,12 +521,7 @@ class KvvmmVmmDriver:
                 self._copy(flat, store, save=True)
             undo = Transaction()
             try:
-                for va, n, hid in flat:
-                    self.driver.unmap(va, n)
-                    # Undone newest first: access after the map (the same handle: bytes kept).
-                    undo.push(f"access {va:#x}", self._access, r, va, n)
-                    undo.push(f"map {va:#x} back", self.driver.map, va, n,
-                              self._handles[hid].inner)
+                self._unmap_undoably(undo, group.parts)
             except BaseException as e:
                 undo.unwind(e)
                 if store is not None:
@@ -689,6 +677,17 @@ class KvvmmVmmDriver:
         self.driver.set_access(va, n)
         if r.peers:
             self.driver.set_access(va, n, sorted(r.peers))
+
+    def _unmap_undoably(self, undo: Transaction, parts: Sequence[
+            tuple[_Reservation, Sequence[tuple[int, int, int]]]]) -> None:
+        """Unmap each ``(va, size, id)`` of each reservation; ``undo`` maps it back, same
+        handle (bytes kept), then gives the access that reservation gives."""
+        for r, maps in parts:
+            for va, n, hid in maps:
+                self.driver.unmap(va, n)
+                undo.push(f"access {va:#x}", self._access, r, va, n)
+                undo.push(f"map {va:#x} back", self.driver.map, va, n,
+                          self._handles[hid].inner)
 
     def _release_leftovers(self, stands: str = "") -> None:
         """Release the driver handles a consolidation or unmap left; a failure keeps them."""
