@@ -108,8 +108,9 @@ class _Side:
     def __init__(self, manager: Any, layers: list[Any], block_tokens: int) -> None:
         import torch
 
-        self.m, self.bt = manager, block_tokens
+        self.m, self.bt, self.free = manager, block_tokens, manager.free
         self.views = [t.view(torch.int16).transpose(0, 1)[:, :, 0] for t in layers]
+        self.wait = self.pages = lambda ids: ids  # alloc returns its blocks mapped
 
     def admit(self, tokens: int) -> list[int]:
         n = -(-tokens // self.bt)
@@ -118,15 +119,6 @@ class _Side:
     def grow(self, ids: list[int], tokens: int) -> list[int]:
         n = -(-tokens // self.bt) - len(ids)
         ids += _check(self.m, self.m.alloc(n), n, -1)
-        return ids
-
-    def wait(self, ids: list[int]) -> list[int]:
-        return ids  # alloc returns its blocks mapped
-
-    def free(self, ids: list[int]) -> None:
-        self.m.free(ids)
-
-    def pages(self, ids: list[int]) -> list[int]:
         return ids
 
 
