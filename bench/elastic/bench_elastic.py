@@ -29,6 +29,15 @@ calling thread (``perf_counter_ns``), as an engine's decode thread would pay it:
   tensors; the ratio interleaved / token-major is the layout's cost.
 
 One JSON with per-op p50/p99/max microseconds, bytes mapped, the card, versions and date.
+
+    python bench/elastic/bench_elastic.py --churn-growth [--driver cuda|host|sim] [--live 64]
+        [--ops 1000] [--steps 512] [--seed 0] [--out h200-elastic-churn-growth.json]
+
+runs harder work alone (:func:`work`: random churn and decode-like growth, the same sequence
+for both sides) on kvvmm's ``RangeBacking`` in each mode above on the given driver and on
+kvcached (CUDA only): every admit, grow and free timed on the calling thread and until the
+memory is usable, and every request's pages written through torch tensors over the backed
+memory and read back (:class:`Pattern`; host memory on the host driver, so CI runs it).
 """
 
 from __future__ import annotations
@@ -46,6 +55,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+
+from kvvmm.driver import DriverWrapper  # noqa: E402
 
 NAME = "AzureLLMInferenceTrace_conv.csv"
 CANDIDATES = (ROOT.parent / "shared" / "data" / "azure-llm-inference-2023" / NAME,
@@ -365,16 +376,17 @@ def run_bandwidth(driver: Any, tokens: int, repeats: int = 10) -> dict[str, Any]
     return out
 
 
-def run_peer(reqs: list[int], pool_gib: float) -> dict[str, Any]:
-    """kvcached on the same requests, in its own process (its extension wants libstdc++
-    preloaded, and a crash there must not lose this run): ``bench/elastic/peer_kvcached.py`` with
-    ``.peers-build`` on its path."""
+def run_peer(reqs: list[int], pool_gib: float,
+             work: dict[str, Any] | None = None) -> dict[str, Any]:
+    """kvcached on the same requests (or the same ``work``: :func:`run_work` there), in its
+    own process (its extension wants libstdc++ preloaded, and a crash there must not lose
+    this run): ``bench/elastic/peer_kvcached.py`` with ``.peers-build`` on its path."""
     import shutil
     import subprocess
     import tempfile
 
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
-        f.write(",".join(map(str, reqs)))
+        f.write(json.dumps(work) if work else ",".join(map(str, reqs)))
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT / ".peers-build"), str(ROOT),
                                                     env.get("PYTHONPATH", "")) if p)
@@ -385,7 +397,7 @@ def run_peer(reqs: list[int], pool_gib: float) -> dict[str, Any]:
         if os.path.isabs(lib):
             env["LD_PRELOAD"] = lib
     cmd = [sys.executable, str(Path(__file__).with_name("peer_kvcached.py")),
-           "--tokens", "@" + f.name, "--pool-gib", str(pool_gib)]
+           "--work" if work else "--tokens", "@" + f.name, "--pool-gib", str(pool_gib)]
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
     except subprocess.TimeoutExpired:
@@ -395,9 +407,247 @@ def run_peer(reqs: list[int], pool_gib: float) -> dict[str, Any]:
     if p.returncode != 0:
         return {"error": f"rc={p.returncode}: {p.stderr.strip()[-1500:]}"}
     peer = json.loads(p.stdout.strip().splitlines()[-1])
+    if work:
+        return dict(peer)
     return {"admit": _q(peer["admit_us"]), "free": _q(peer["free_us"]),
             "churn": _q(peer["churn_us"]), "mapped_bytes": peer.get("mapped_bytes"),
             "config": peer.get("config"), "notes": peer.get("notes")}
+
+
+# -- harder work: random churn and decode-like growth, every request's pages checked ---------
+
+#: ops each pattern times; ``*_until_ready``: the call and then a wait until the memory is
+#: usable (kvvmm: the lease mapped; kvcached's alloc returns its blocks mapped)
+WORK_OPS = {"churn": ("free", "admit", "admit_until_ready"),
+            "growth": ("grow", "grow_until_ready")}
+
+
+class PatternError(RuntimeError):
+    """A request's pages read back other than what was written to them: two requests on the
+    same memory, or a page that is not the request's (a wrong mapping)."""
+
+
+def work(path: Path, live: int, ops: int, steps: int, seed: int) -> dict[str, Any]:
+    """The same work for both sides, from the trace's requests (context + generated tokens).
+
+    churn: the first ``live`` requests admitted, then ``ops`` times a live request drawn at
+    random (``seed``) is freed and the next request of another size admitted in its place.
+    growth: the first ``live`` admitted with their context, then ``steps`` decode steps of
+    one token for every one; an op is a request's step that needs a new 16-token block.
+    """
+    import random
+
+    from kvvmm.workload import load_azure_csv
+
+    reqs = load_azure_csv(path).requests
+    sizes = [r.prompt_tokens + r.output_tokens for r in reqs]
+    rng, cur, nxt, churn = random.Random(seed), sizes[:live], live, []
+    for _ in range(ops):
+        j = rng.randrange(live)
+        while sizes[nxt % len(sizes)] == cur[j]:
+            nxt += 1
+        cur[j] = sizes[nxt % len(sizes)]
+        nxt += 1
+        churn.append((j, cur[j]))
+    ctx = [r.prompt_tokens for r in reqs[:live]]
+    growth = [(i, c + s) for s in range(1, steps + 1) for i, c in enumerate(ctx)
+              if (c + s) % 16 == 1]
+    return {"seed": seed, "live": live, "steps": steps, "trace": path.name,
+            "churn": {"initial": sizes[:live], "ops": churn},
+            "growth": {"initial": ctx, "ops": growth}}
+
+
+class Pattern:
+    """Each request's pages written through torch tensors over the backed memory and read
+    back: after each admit and grow (its new pages), and before it is freed (all of them, so
+    a later request's write over its memory shows). ``views``: tensors whose first index is
+    a page id (one token of each page, every layer, as int16); none: nothing checked (the
+    simulator holds no bytes)."""
+
+    def __init__(self, views: list[Any]) -> None:
+        self.views, self.held, self.rid, self.checked = views, {}, 0, 0
+
+    def _vals(self, rid: int, pages: list[int]) -> tuple[Any, Any]:
+        import torch
+
+        idx = torch.tensor(pages, dtype=torch.long, device=self.views[0].device)
+        vals = ((idx * 40503 + rid * 9973) % 32749 + 1).to(torch.int16)  # never 0: no zero page
+        return idx, vals
+
+    def write(self, key: int, pages: list[int]) -> None:
+        """``pages`` of request ``key`` in order taken; those not yet written are new."""
+        if not self.views:
+            return
+        if key not in self.held:
+            self.rid += 1
+            self.held[key] = (self.rid, [])
+        rid, done = self.held[key]
+        new = pages[len(done):]
+        if not new:  # a grow its blocks already held (blocks of more than 16 slots)
+            return
+        done += new
+        idx, vals = self._vals(rid, new)
+        for v in self.views:
+            v[idx] = vals.view(-1, *[1] * (v.dim() - 1))
+        self._check(rid, new)
+
+    def _check(self, rid: int, pages: list[int]) -> None:
+        import torch
+
+        idx, vals = self._vals(rid, pages)
+        bad = torch.stack([(v[idx] != vals.view(-1, *[1] * (v.dim() - 1))).flatten(1).any(1)
+                           for v in self.views]).any(0)
+        if bool(bad.any()):  # one sync a check, however many views
+            i = int(bad.nonzero()[0])
+            got = sorted({int(x) for v in self.views for x in v[pages[i]].unique()})[:4]
+            raise PatternError(f"request {rid}: page {pages[i]} reads {got}, {int(vals[i])} "
+                               "written (a wrong mapping: another request's memory, or none)")
+        self.checked += len(pages)
+
+    def done(self, key: int) -> None:
+        """Request ``key`` is about to be freed: read all its pages back, forget it."""
+        if self.views:
+            self._check(*self.held.pop(key))
+
+
+def run_work(side: Any, seq: dict[str, Any]) -> dict[str, Any]:
+    """Churn, then growth, on ``side`` (``admit(tokens)``, ``grow(h, tokens)``, ``wait(h)``,
+    ``free(h)``, ``pages(h)``, ``views``: one engine's calls, kvvmm's or kvcached's), every
+    call timed on the calling thread (``perf_counter_ns``); per-op p50/p99/max."""
+    pat = Pattern(side.views)
+    out: dict[str, Any] = {}
+
+    def take(t: dict[str, list[float]], op: str, key: int, fn: Any, *args: Any) -> Any:
+        t0 = _ns()
+        h = fn(*args)
+        t1 = _ns()
+        side.wait(h)
+        t2 = _ns()
+        if op in t:  # not the requests admitted before the timed ops
+            t[op].append((t1 - t0) / 1e3)
+            t[op + "_until_ready"].append((t2 - t0) / 1e3)
+        pat.write(key, side.pages(h))
+        return h
+
+    for name, ops in WORK_OPS.items():
+        t: dict[str, list[float]] = {op: [] for op in ops}
+        held = [take(t, "", j, side.admit, n) for j, n in enumerate(seq[name]["initial"])]
+        for j, n in seq[name]["ops"]:
+            if name == "growth":
+                held[j] = take(t, "grow", j, side.grow, held[j], n)
+                continue
+            pat.done(j)
+            t0 = _ns()
+            side.free(held[j])
+            t["free"].append((_ns() - t0) / 1e3)
+            held[j] = take(t, "admit", j, side.admit, n)
+        for j, h in enumerate(held):
+            pat.done(j)
+            side.free(h)
+        out[name] = {op: _q(v) for op, v in t.items()}
+    out["pages_checked"] = pat.checked
+    return out
+
+
+class WrongMap(DriverWrapper):
+    """``--wrong-map``, the check's own test: a map of a size some live handle was mapped at
+    first maps that handle instead (two requests on one memory); the pattern check must fail."""
+
+    def __init__(self, inner: Any) -> None:
+        super().__init__(inner)
+        self.first: dict[int, int] = {}  # size -> the live handle first mapped at it
+
+    def _call(self, call: str, fn: Any, *args: Any) -> Any:
+        if call == "map":
+            args = (*args[:2], self.first.setdefault(args[1], args[2]))
+        elif call == "release" and args[0] in self.first.values():
+            self.first = {s: h for s, h in self.first.items() if h != args[0]}
+        return fn(*args)
+
+
+class _KvvmmSide:
+    def __init__(self, backing: Any, views: list[Any]) -> None:
+        self.b, self.views = backing, views
+        self.admit, self.wait, self.free = backing.admit, backing.wait, backing.release
+
+    def grow(self, lease: Any, tokens: int) -> Any:
+        self.b.grow(lease, tokens)
+        return lease
+
+    def pages(self, lease: Any) -> list[int]:
+        return list(lease.pages(16))
+
+
+def run_kvvmm_work(driver: Any, seq: dict[str, Any], pool_tokens: int,
+                   mode: str) -> dict[str, Any]:
+    import torch
+
+    from kvvmm.owner import RangeBacking
+
+    owner = _owner(driver, "interleaved", pool_tokens)
+    reserve, high = RESERVES[mode]
+    backing = RangeBacking(owner, reserve_bytes=reserve, high_bytes=high,
+                           executor=None if mode != "inline" else "inline")
+    views = [] if driver.kind == "sim" else [owner.tensors[0].view(torch.int16)[::16]]
+    try:
+        backing.drain()
+        return {"mode": mode, **run_work(_KvvmmSide(backing, views), seq)}
+    finally:
+        views.clear()
+        backing.close()
+        owner.close()
+
+
+def main_work(args: argparse.Namespace, trace: Path) -> int:
+    """``--churn-growth``: one JSON, both sides and their ratios (kvvmm / kvcached)."""
+    import torch
+
+    import kvvmm
+    from kvvmm import open_driver
+    from kvvmm.measure import machine
+
+    seq = work(trace, args.live, args.ops, args.steps, args.seed)
+    pool_tokens = int(args.pool_gib * GiB) // (32 * 2 * 8 * 128 * 2) // 16 * 16
+    drv = open_driver(args.driver)
+    cuda = args.driver == "cuda"
+    res: dict[str, Any] = {
+        "benchmark": "bench_elastic --churn-growth",
+        "date": datetime.datetime.now(datetime.UTC).isoformat(),
+        "card": torch.cuda.get_device_name(0) if cuda else
+        f"cpu: {machine.cpu_model()} ({args.driver} driver)",
+        "versions": {"kvvmm": kvvmm.__version__, "torch": torch.__version__,
+                     "python": platform.python_version()},
+        "commit": machine.commit(ROOT), "load_average_before": machine.load_average(),
+        "model": "llama-3.1-8b-like: 32 layers, 8 KV heads x 128, bf16, 16-token pages",
+        "pool_tokens": pool_tokens, "fast_path": drv.fast_path, "ops": WORK_OPS,
+        "work": {**{k: seq[k] for k in ("seed", "live", "steps", "trace")},
+                 "churn_ops": len(seq["churn"]["ops"]), "growth_ops": len(seq["growth"]["ops"])},
+        "pattern_checked": args.driver != "sim",  # the simulator holds no bytes
+        "kvvmm": {}}
+    try:
+        for mode in args.modes.split(","):
+            d = WrongMap(drv) if args.wrong_map else drv
+            res["kvvmm"][mode] = run_kvvmm_work(d, seq, pool_tokens, mode)
+    except PatternError as e:  # the views its traceback holds go with it, before the close
+        print(f"bench_elastic: kvvmm {mode}: PatternError: {e}", file=sys.stderr)
+        return 1
+    finally:
+        drv.close()
+    res["kvcached"] = (run_peer([], args.pool_gib, seq) if cuda and not args.skip_peer else
+                       {"skipped": "--skip-peer" if cuda else "kvcached runs on CUDA only"})
+    res["load_average_after"], peer = machine.load_average(), res["kvcached"]
+    if "churn" in peer:
+        res["kvvmm_over_kvcached"] = {mode: {w: {op: {
+            q: round(r[w][op][q] / peer[w][op][q], 3) for q in ("p50_us", "p99_us", "max_us")
+            if peer[w][op].get(q)} for op in ops} for w, ops in WORK_OPS.items()}
+            for mode, r in res["kvvmm"].items()}
+    out = Path(args.out)
+    if not out.is_absolute() and os.environ.get("OUT"):
+        out = Path(os.environ["OUT"]) / out
+    out.write_text(json.dumps(res, indent=1) + "\n")
+    print(json.dumps({k: res[k] for k in ("card", "kvvmm_over_kvcached") if k in res}, indent=1))
+    print(f"wrote {out}")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -409,6 +659,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", default="h200-elastic.json")
     ap.add_argument("--skip-peer", action="store_true")
+    ap.add_argument("--churn-growth", action="store_true",
+                    help="random churn and decode-like growth (work()) alone, kvvmm on "
+                         "--driver and kvcached (cuda), each request's pages checked")
+    ap.add_argument("--driver", default="cuda", choices=("cuda", "host", "sim"))
+    for name, default in (("live", 64), ("ops", 1000), ("steps", 512), ("seed", 0)):
+        ap.add_argument(f"--{name}", type=int, default=default)
+    ap.add_argument("--modes", default=",".join(RESERVES), help="kvvmm's, comma-separated")
+    ap.add_argument("--wrong-map", action="store_true",
+                    help="the check's own test: requests mapped onto one memory (WrongMap); "
+                         "the run must fail with a PatternError")
     ap.add_argument("--smoke", action="store_true",
                     help="the bandwidth section alone on the host driver's real bytes, small "
                          "(--bw-tokens 256, one repeat): a check that it runs and the views "
@@ -425,6 +685,13 @@ def main(argv: list[str] | None = None) -> int:
             drv.close()
         Path(args.out).write_text(json.dumps(res, indent=1) + "\n", encoding="utf-8")
         return 0
+    trace = Path(args.trace) if args.trace else next((p for p in CANDIDATES if p.exists()), None)
+    if trace is None:
+        print(f"bench_elastic: no trace (looked in {[str(p) for p in CANDIDATES]})",
+              file=sys.stderr)
+        return 2
+    if args.churn_growth:
+        return main_work(args, trace)
     try:
         import torch
     except ImportError:
@@ -432,11 +699,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if not torch.cuda.is_available():
         print("bench_elastic: no GPU (this benchmark measures a CUDA device)", file=sys.stderr)
-        return 2
-    trace = Path(args.trace) if args.trace else next((p for p in CANDIDATES if p.exists()), None)
-    if trace is None:
-        print(f"bench_elastic: no trace (looked in {[str(p) for p in CANDIDATES]})",
-              file=sys.stderr)
         return 2
     import kvvmm
     from kvvmm import open_driver

@@ -16,6 +16,9 @@ of KV). Timed with ``time.perf_counter_ns()`` on the calling thread: admit, ever
 ``KVCacheManager.free(ids)`` of each; churn, with all admitted again, ``free`` then ``alloc``
 of request i as one pair; ``torch.cuda.synchronize()`` after each phase. kvcached maps pages
 inside ``alloc`` (or takes ones its C++ prealloc thread mapped ahead): admitted is ready.
+With ``--work @file`` (``bench_elastic.py --churn-growth`` writes it), the same pool runs
+that random churn and decode-like growth through ``bench_elastic.run_work`` instead, each
+request's blocks written and read back through the per-layer views.
 """
 
 from __future__ import annotations
@@ -97,6 +100,28 @@ def _check(manager: Any, ids: Any, n: int, i: int) -> list[int]:
     return list(ids)
 
 
+class _Side:
+    """kvcached as ``bench_elastic.run_work`` drives it: a request is its list of block ids,
+    one alloc per admit or grow; the pattern's page is a block's first token in every
+    layer's K and V (``layers``: alloc_kv_cache's per-layer views)."""
+
+    def __init__(self, manager: Any, layers: list[Any], block_tokens: int) -> None:
+        import torch
+
+        self.m, self.bt, self.free = manager, block_tokens, manager.free
+        self.views = [t.view(torch.int16).transpose(0, 1)[:, :, 0] for t in layers]
+        self.wait = self.pages = lambda ids: ids  # alloc returns its blocks mapped
+
+    def admit(self, tokens: int) -> list[int]:
+        n = -(-tokens // self.bt)
+        return _check(self.m, self.m.alloc(n), n, -1)
+
+    def grow(self, ids: list[int], tokens: int) -> list[int]:
+        n = -(-tokens // self.bt) - len(ids)
+        ids += _check(self.m, self.m.alloc(n), n, -1)
+        return ids
+
+
 def _shutdown(itf: Any, manager: Any, notes: list[str]) -> None:
     if manager is not None:
         try:  # stops the prealloc and resize-watcher threads, unlinks the /dev/shm segment
@@ -117,8 +142,10 @@ def _shutdown(itf: Any, manager: Any, notes: list[str]) -> None:
 
 def run_kvcached(requests: list[int], *, layers: int = 32, kv_heads: int = 8, head_dim: int = 128,
                  block_tokens: int = 16, dtype: str = "bfloat16", pool_bytes: int,
-                 repeats: int = 1, device: int = 0) -> dict[str, Any]:
-    """Time kvcached's alloc/free per request; raw per-call microseconds (see module doc)."""
+                 repeats: int = 1, device: int = 0,
+                 work: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Time kvcached's alloc/free per request; raw per-call microseconds (see module doc).
+    With ``work`` (``bench_elastic.work``), its churn and growth instead, pages checked."""
     notes: list[str] = []
     kvcached, utils, itf = _import_kvcached(notes)
     import torch
@@ -170,6 +197,14 @@ def run_kvcached(requests: list[int], *, layers: int = 32, kv_heads: int = 8, he
         _settle(manager, utils, pages, notes)
         config["null_block"] = getattr(manager, "null_block", None)
         config["mapped_at_start"] = _mapped(manager, bundle)
+        if work is not None:
+            from bench_elastic import run_work  # this script's folder is on sys.path
+
+            side = _Side(manager, kv[0], block_tokens)
+            try:
+                return {**run_work(side, work), "config": config, "notes": notes}
+            finally:
+                side.views.clear()
         for _ in range(repeats):
             held: list[list[int]] = []
             for i, n in enumerate(need):
@@ -221,21 +256,25 @@ def _stdout_to_stderr() -> Iterator[None]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="kvcached alloc/free per request (JSON on stdout)")
-    p.add_argument("--tokens", required=True, help="comma-separated token counts, or @file")
+    first = p.add_mutually_exclusive_group(required=True)
+    first.add_argument("--tokens", help="comma-separated token counts, or @file")
+    first.add_argument("--work", help="@file: bench_elastic.work()'s JSON (churn, growth)")
     p.add_argument("--pool-gib", type=float, default=51.4)
     p.add_argument("--dtype", default="bfloat16")
     for name, default in (("repeats", 1), ("device", 0), ("layers", 32), ("kv-heads", 8),
                           ("head-dim", 128), ("block-tokens", 16)):
         p.add_argument(f"--{name}", type=int, default=default)
     a = p.parse_args(argv)
-    text = Path(a.tokens[1:]).read_text() if a.tokens.startswith("@") else a.tokens
+    work = json.loads(Path(a.work.removeprefix("@")).read_text()) if a.work else None
+    text = "" if work else (Path(a.tokens[1:]).read_text() if a.tokens.startswith("@")
+                            else a.tokens)
     reqs = [int(x) for x in text.replace("\n", ",").split(",") if x.strip()]
     try:
         with _stdout_to_stderr():
             res = run_kvcached(reqs, layers=a.layers, kv_heads=a.kv_heads, head_dim=a.head_dim,
                                block_tokens=a.block_tokens, dtype=a.dtype,
                                pool_bytes=int(a.pool_gib * (1 << 30)), repeats=a.repeats,
-                               device=a.device)
+                               device=a.device, work=work)
     except ImportError as e:
         print(f"peer_kvcached: {e}", file=sys.stderr)
         return 2

@@ -1,11 +1,15 @@
 """``kvvmm bench``'s issue-19 sections (elastic growth, single pages, bandwidth with holes)
 run on the sim and host drivers with small sizes: they run, clean up, and give the JSON keys
-the H200 run and ``targets`` read."""
+the H200 run and ``targets`` read; and ``bench/elastic/bench_elastic.py --churn-growth``'s
+kvvmm side on the host driver, whose pattern check must fail a wrong mapping."""
 
 from __future__ import annotations
 
 import functools
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -13,6 +17,8 @@ from kvvmm.driver.host import HostDriver
 from kvvmm.driver.sim import SimDriver
 from kvvmm.measure import bench, timer
 from kvvmm.units import GiB, MiB
+
+ROOT = Path(__file__).resolve().parents[2]
 
 # 2 buffers of 64 MiB (256 B a token, 128 pages a granule), 8 steps of 1 MiB a buffer
 SMALL = bench.Workload(layers=1, kv_heads=2, head_dim=64, page_size=64,
@@ -115,3 +121,41 @@ def test_one_timed_driver_counts_vmm_calls_by_thread_and_records_inside_a_block(
 def test_rounds_turn_the_order_one_place_each_round() -> None:
     assert [timer.rotated(["a", "b", "c"], r) for r in range(4)] == [
         ["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"], ["a", "b", "c"]]
+
+
+def _churn_growth(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """bench/elastic/bench_elastic.py --churn-growth on the host driver, small, in its own
+    process as a user runs it."""
+    return subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "elastic" / "bench_elastic.py"), "--churn-growth",
+         "--driver", "host", "--live", "3", "--ops", "6", "--steps", "40", "--seed", "1",
+         "--out", str(tmp_path / "cg.json"), *args],
+        cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the host driver needs Linux")
+def test_churn_and_growth_time_every_op_and_read_every_request_s_pattern_back(
+        tmp_path: Path) -> None:
+    proc = _churn_growth(tmp_path, "--modes", "thread,inline")
+    assert proc.returncode == 0, proc.stderr
+    res = json.loads((tmp_path / "cg.json").read_text())
+    assert res["work"]["churn_ops"] == 6 and res["work"]["growth_ops"] > 0
+    assert res["kvcached"] == {"skipped": "kvcached runs on CUDA only"}
+    for mode in ("thread", "inline"):
+        run = res["kvvmm"][mode]
+        assert run["pages_checked"] > 0
+        for pattern, ops in res["ops"].items():
+            for op in ops:
+                q = run[pattern][op]
+                assert q["n"] > 0 and 0 < q["p50_us"] <= q["p99_us"] <= q["max_us"]
+            assert run[pattern][ops[-1]]["p50_us"] >= run[pattern][ops[-2]]["p50_us"]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the host driver needs Linux")
+def test_the_pattern_check_fails_a_run_whose_requests_share_memory(tmp_path: Path) -> None:
+    # --wrong-map maps each handle of a size mapped before onto that earlier handle's memory:
+    # every call succeeds and the timings would look fine; the read-back must not
+    proc = _churn_growth(tmp_path, "--modes", "inline", "--wrong-map")
+    assert proc.returncode == 1, proc.stderr
+    assert "PatternError" in proc.stderr and "a wrong mapping" in proc.stderr
+    assert not (tmp_path / "cg.json").exists()
