@@ -103,7 +103,9 @@ case $mode in
   peer)
     [ -d .peers-build/kvcached ] || step 150 kvcached-build python3 -m pip install -q --no-index \
       --no-build-isolation --no-deps --target .peers-build .peers/kvcached-*.tar.gz
-    step 400 bench-elastic python3 bench/elastic/bench_elastic.py --out "$OUT/$tag-elastic.json" ;;
+    step 220 churn-growth python3 bench/elastic/bench_elastic.py --churn-growth \
+      --out "$OUT/$tag-elastic-churn-growth.json"
+    step 280 bench-elastic python3 bench/elastic/bench_elastic.py --out "$OUT/$tag-elastic.json" ;;
   growth)
     step 540 growth-steps python3 bench/growth/bench_growth_steps.py --rounds 3 --gap both \
       --out "$OUT/$tag-growth-steps.json" ;;
