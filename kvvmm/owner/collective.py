@@ -753,14 +753,18 @@ class DistributedOwner:
 
 def _backup_of(owner: KvBufferOwner) -> tuple[Any, Any]:
     """``(backup, path)`` for ``sleep`` to sleep a sleeping owner again the way it slept: the
-    same kind, the same file, the same pinned memory (a fresh backup object each time)."""
+    same kind and file; a host backup with the same settings (a kept one is passed again, so
+    the sleep copies into the memory it already holds)."""
     store = owner.arena.sleep_backup
     if store is None:
         return None, None
     if isinstance(store, DiskBackup):
         return "disk", store.path
     if isinstance(store, HostBackup):
-        return HostBackup(store.memory), None
+        if store.keep:
+            return store, None
+        return HostBackup(store.memory, free_on_thread=store.free_on_thread,
+                          chunk_bytes=store.chunk_bytes, workers=store.workers), None
     return store.kind, None
 
 
