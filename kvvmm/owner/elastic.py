@@ -811,11 +811,14 @@ class RangeBacking:
             if excess <= 0:
                 return 0
             picked: list[tuple[int, int]] = []
-            for u, n in self._cached_units():
+            for start, length in reversed(self._cached.extents):  # the top extent first
+                for u, n in self._units_in(start, length):
+                    if excess <= 0:
+                        break
+                    picked.append((u, n))
+                    excess -= n
                 if excess <= 0:
                     break
-                picked.append((u, n))
-                excess -= n
             for s, n in picked:
                 self._cached.take(s, n)
         if not picked:
@@ -940,12 +943,15 @@ class RangeBacking:
             res.elapsed_s = clock() - t0
             res._done.set()
 
+    def _units_in(self, start: int, length: int) -> list[tuple[int, int]]:
+        """The units wholly inside the cached extent ``[start, start + length)``."""
+        return [(u, n) for u, n in self._units_over(start, start + length)
+                if u >= start and u + n <= start + length]
+
     def _cached_units(self) -> Iterator[tuple[int, int]]:
         """The units wholly inside the cached blocks, highest first (the lock held)."""
         for start, length in reversed(self._cached.extents):
-            for u, n in reversed(self._units_over(start, start + length)):
-                if u >= start and u + n <= start + length:
-                    yield u, n
+            yield from reversed(self._units_in(start, length))
 
     def _givable_blocks(self) -> int:
         return sum(n for _, n in self._cached_units())
