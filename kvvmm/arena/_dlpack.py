@@ -1,22 +1,16 @@
 """Torch tensors over raw addresses through a DLPack capsule built with ctypes: nothing compiled.
 
-The arena needs a torch tensor over VA it manages (``Arena.tensor``). torch's own routes
-either compile an extension (``from_blob`` in C++: ~20 s per arena in the seed) or check the
-pointer: ``torch.as_tensor`` of an object with ``__cuda_array_interface__`` refuses VA that is
-not mapped yet ("resides on host memory"), and an arena hands out tensors before it backs
-them. A DLPack capsule is accepted over unmapped VA, and writes land once the range is mapped
-(measured on an H200, ``shared/measurements/h200-tensors-and-cuda-core.txt``).
+``torch.as_tensor`` of a ``__cuda_array_interface__`` refuses VA that is not mapped yet, and
+an arena hands out tensors before it backs them; a DLPack capsule is accepted over unmapped
+VA, and writes land once the range is mapped.
 
-Lifetime: the capsule's ``DLManagedTensor`` carries a deleter that torch calls when the last
-tensor (or view) over the memory dies. Until then a module-level table keeps the struct, its
-shape array and the caller's ``owner`` alive; the deleter drops them. The deleter is a ctypes
-callback, which takes the GIL itself, so torch may call it from any thread.
+Lifetime: torch calls the capsule's deleter when the last tensor (or view) over the memory
+dies; until then a module-level table keeps the struct, its shape array and the caller's
+``owner`` alive. The deleter is a ctypes callback (it takes the GIL), callable from any thread.
 
-dtypes DLPack codes differently across torch versions (bfloat16, the float8 family, unsigned
-ints wider than 8 bits) travel as the signed integer of the same size and are re-viewed with
-``Tensor.view(dtype)``, which reinterprets the bytes without copying.
-
-torch is imported inside the functions only: importing this module costs nothing.
+dtypes whose DLPack codes differ across torch versions travel as the signed integer of the
+same size and are re-viewed with ``Tensor.view(dtype)`` (no copy). torch is imported inside
+the functions only.
 """
 
 from __future__ import annotations
@@ -203,8 +197,7 @@ def device_tensor(
         shape: tensor shape (compact, row-major).
         dtype: any real torch dtype of 1, 2, 4 or 8 bytes (bf16 and fp8 included).
         device_index: CUDA device ordinal the VA is accessible from.
-        owner: kept alive until the last tensor or view over this memory is gone; its
-            release is the signal that the memory may be unmapped.
+        owner: kept alive until the last tensor or view over this memory is gone.
     Returns:
         The tensor, on ``cuda:<device_index>``.
     Raises:
@@ -216,8 +209,7 @@ def device_tensor(
     import torch
 
     if torch.version.cuda is None:
-        # Checked here: a CPU build fails inside from_dlpack, where the capsule's deleter
-        # would run with a Python error pending.
+        # a CPU build would fail inside from_dlpack, the deleter running with an error pending
         raise DriverUnavailableError(
             f"torch {torch.__version__} is built without CUDA: it cannot hold device memory"
         )

@@ -2,25 +2,17 @@
 
 An arena reserves VA once, hands out granularity-aligned pieces of it (``allocate``), and
 backs each piece from its start as far as asked (``commit``), one whole handle per
-extension. ``decommit`` gives back whole mappings beyond a kept prefix. Every multi-step
-change is a transaction: if any driver call fails, the calls before it are undone, nothing
-leaks, the snapshot is as it was, and the error is re-raised with any failure of the undo
-attached as a note.
+extension; ``decommit`` gives back whole mappings beyond a kept prefix. Every multi-step
+change is a transaction: a failed driver call undoes the calls before it, and any failure of
+the undo is attached to the error as a note.
 
-Tensors over the VA: ``meta`` on the simulator, ``frombuffer`` over host memory, DLPack over
-device memory. A tensor keeps its arena alive; ``close()`` waits for the last one to go.
+Tensors over the VA (``meta`` on the simulator, ``frombuffer`` over host memory, DLPack over
+device memory) keep the arena alive; ``close()`` waits for the last one. Peers:
+``grant_access(devices)``; other processes: ``export_handles`` then ``adopt``.
 
-Several devices: ``grant_access(devices)`` lets peers (other GPUs of the process) read and
-write what the arena backs, now and in every later commit; ``tensor(..., device=peer)`` is
-the peer's view of the same VA. Between processes: ``export_handles(offset)`` gives POSIX
-file descriptors for an allocation's handles, and another process backs an allocation of its
-own arena with them (``driver.import_handle`` then ``adopt``).
-
-The class is built from parts, one idea a module: ``records`` (the result records and the
-live state), ``state`` (the shared state, the lock, the backing transactions), ``holes``
-(range commits and decommits), ``sharing`` (peers, other processes), ``captures`` and
-``reclaim``. This module keeps construction, allocation, prefix commit/decommit, tensors,
-leases, the pool, snapshot and close, and re-exports the public names of the parts.
+The parts are mixins of their own (``state``, ``holes``, ``sharing``, ``sleep``,
+``captures``, ``reclaim``); this module keeps construction, allocation, prefix
+commit/decommit, tensors, leases, the pool, snapshot and close.
 """
 
 from __future__ import annotations
@@ -72,10 +64,8 @@ if TYPE_CHECKING:
 __all__ = ["MAX_RESERVE_BYTES", "Arena", "DecommitResult", "RangeResult", "SleepResult",
            "check_driver"]
 
-#: The most VA one arena may reserve: 2**48 bytes (256 TiB). CUDA's VA space on Hopper and
-#: Blackwell is 49 bits (part of it taken by the process's other mappings) and x86-64 user
-#: space is 47 bits, so no driver could give more; asking for more is a layout bug (a token
-#: count off by orders of magnitude), refused before the driver is asked.
+#: The most VA one arena may reserve: 2**48 bytes (256 TiB), more than any driver could give
+#: (x86-64 user space is 47 bits); asking for more is a layout bug, refused up front.
 MAX_RESERVE_BYTES = 1 << 48
 
 
@@ -91,14 +81,12 @@ class Arena(HolesMixin, SharingMixin, SleepMixin, CapturesMixin):
         reserve_bytes: VA to reserve (rounded up to the granularity); costs no memory.
         device: device ordinal for tensors (default: the driver's).
         name: shown in snapshots, plots and errors.
-        trace: a :class:`~kvvmm.record.Trace` to record the arena's operations in (open,
-            allocate, commit, ...), next to the driver calls a ``TracingDriver`` records
-            there; :func:`kvvmm.replay.replay_arenas` rebuilds the arena from it.
-        pool: a :class:`~kvvmm.arena.pool.HandlePool` of the same driver: commits take
-            handles from it (and only map), decommits give handles back to it (up to its
-            cap), an out-of-memory create draws it down first. None: create and release.
-        cache_releaser, retry_on_oom: hands cached memory back when a create runs out (then
-            tried once more), and the opt-out: :func:`~kvvmm.arena.reclaim.releaser_for`.
+        trace: a :class:`~kvvmm.record.Trace` to record the arena's operations in
+            (:func:`kvvmm.replay.replay_arenas` rebuilds the arena from it).
+        pool: a :class:`~kvvmm.arena.pool.HandlePool` of the same driver that commits take
+            handles from and decommits give them back to. None: create and release.
+        cache_releaser, retry_on_oom: what hands cached memory back when a create runs out
+            (then tried once more), and the opt-out: :func:`~kvvmm.arena.reclaim.releaser_for`.
     Raises:
         ArgumentError: ``driver`` not a driver, or ``reserve_bytes`` not a positive int.
         OutOfRangeError: ``reserve_bytes`` above :data:`MAX_RESERVE_BYTES`; nothing reserved.
@@ -117,8 +105,7 @@ class Arena(HolesMixin, SharingMixin, SleepMixin, CapturesMixin):
         if device is not None and device != driver.device:
             raise ArgumentError("device", device, f"the driver's device {driver.device}")
         self._lock = threading.RLock()
-        # Signalled when the pool's thread publishes (or drops) a range it backed outside
-        # the lock; a commit or decommit that needs that range waits on it.
+        # Signalled when the pool's thread publishes (or drops) a range it backed unlocked.
         self._cond = threading.Condition(self._lock)
         if pool is not None and getattr(pool, "driver", None) is not driver:
             raise ArgumentError("pool", pool, "a HandlePool of this arena's driver")
@@ -145,20 +132,17 @@ class Arena(HolesMixin, SharingMixin, SleepMixin, CapturesMixin):
         self._closed = False
         self._released = False  # VA freed (teardown done)
         self._views = 0
-        # (handle, size) of handles a failed release left with the arena (close or decommit):
-        # their VA is already unmapped, so only a later release can give the memory back.
+        # (handle, size) of handles a failed release left, their VA already unmapped.
         self._leftover: list[tuple[int, int]] = []
         self._pool: Any = None
         self._dropping_pool = False
-        # Devices that get access at each commit; None: the driver's own only (the default
-        # call, kept as it was: no device list on the hot path).
+        # Devices that get access at each commit; None: the driver's own only.
         self._access: tuple[int, ...] | None = None
         if trace is not None and not isinstance(trace, Trace):
             raise ArgumentError("trace", trace, "a kvvmm.record.Trace or None")
         self._trace = trace
         self._arena_id = trace.open_arena() if trace is not None else -1
-        # The simulator's hook for the library's own work per operation (None elsewhere):
-        # its clock then includes what the profile measured for each operation.
+        # The simulator's charge for the library's own work (None on real drivers).
         self._work: Callable[[str, int], None] | None = work_hook(driver)
         self._note("open", name=self.name, reserve_bytes=self.reserved_bytes, base=self.base)
         if self._work is not None:
@@ -232,10 +216,9 @@ class Arena(HolesMixin, SharingMixin, SleepMixin, CapturesMixin):
 
     @_locked
     def new_handle(self, nbytes: int) -> int:
-        """A handle of ``nbytes`` made as a commit makes one (the pool's if it holds one,
-        else a create, tried once more after the pool and then the cache releaser gave
-        memory back), for a caller that maps it itself (:meth:`adopt_range`, ``own=True``)
-        or releases it. An owner preparing a collective resize makes its handles here.
+        """A handle of ``nbytes`` made as a commit makes one (from the pool, else a create
+        with the out-of-memory retry), for a caller that maps it itself
+        (:meth:`adopt_range`, ``own=True``) or releases it.
 
         Raises:
             ArgumentError: ``nbytes`` not a positive multiple of the granularity.
@@ -297,9 +280,7 @@ class Arena(HolesMixin, SharingMixin, SleepMixin, CapturesMixin):
     def commit(self, offset: int, nbytes: int) -> int:
         """Back the first ``nbytes`` of the allocation at ``offset``.
 
-        Backing only grows: asking for less than is backed does nothing. Every hole in
-        ``[0, nbytes)`` gets one new handle (with no holes: one handle after the backed
-        prefix, as always).
+        Backing only grows; every hole in ``[0, nbytes)`` gets one new handle.
 
         Args:
             offset: an allocation's offset (from :meth:`allocate`).
@@ -315,11 +296,8 @@ class Arena(HolesMixin, SharingMixin, SleepMixin, CapturesMixin):
 
     @_locked
     def commit_many(self, requests: Iterable[tuple[int, int]]) -> int:
-        """Commit several allocations as one transaction; see :meth:`commit`.
-
-        Every request is checked before any driver call; if a call fails, the handles
-        made for earlier requests are unmapped and released again.
-        """
+        """Commit several allocations as one transaction (every request checked first);
+        see :meth:`commit`."""
         self._check_open("commit")
         plan = [(a, 0, n) for a, n in (self._check_commit(o, n) for o, n in requests)]
         return self._commit_ranges(plan, "commit")
@@ -329,9 +307,8 @@ class Arena(HolesMixin, SharingMixin, SleepMixin, CapturesMixin):
     def decommit(self, offset: int, keep_bytes: int) -> int:
         """Give back whole mappings of the allocation at ``offset`` beyond ``keep_bytes``.
 
-        A mapping that straddles ``keep_bytes`` stays (maps are whole handles), so more
-        than ``keep_bytes`` may stay backed, and a decommit may give back nothing at all:
-        :meth:`decommit_report` says which mapping stopped it.
+        A mapping that straddles ``keep_bytes`` stays whole: :meth:`decommit_many_report`
+        says which.
 
         Returns:
             Bytes given back.
@@ -341,16 +318,8 @@ class Arena(HolesMixin, SharingMixin, SleepMixin, CapturesMixin):
         """
         return self.decommit_many([(offset, keep_bytes)])
 
-    def decommit_report(self, offset: int, keep_bytes: int) -> DecommitResult:
-        """:meth:`decommit`, returning what it did (bytes given back, the mapping kept)."""
-        return self.decommit_many_report([(offset, keep_bytes)])[0]
-
     def decommit_many(self, requests: Iterable[tuple[int, int]]) -> int:
-        """Decommit several allocations as one transaction; see :meth:`decommit_many_report`.
-
-        Returns:
-            Bytes given back in all.
-        """
+        """:meth:`decommit_many_report`, returning the bytes given back in all."""
         return sum(r.given_bytes for r in self.decommit_many_report(requests))
 
     @_locked
@@ -359,17 +328,11 @@ class Arena(HolesMixin, SharingMixin, SleepMixin, CapturesMixin):
     ) -> tuple[DecommitResult, ...]:
         """Decommit several allocations as one transaction and say what happened to each.
 
-        Every request is checked before any driver call. Each run of adjacent dropped
-        mappings is unmapped in one call first, and each unmap pushes its undo (map the same
-        handles back, set access): the handles still hold the memory, so a failed unmap puts
-        every byte back where it was. Only when every unmap succeeded are the handles
-        released.
-
-        A release cannot lose a byte anyone can still reach (the VA is already unmapped), but
-        it can fail: then the decommit stands (the snapshot shows the mappings gone), the
-        arena keeps the handles it could not release (:attr:`unreleased_bytes`) and retries
-        them at the next decommit that gives something back and at :meth:`close`, and the
-        error says so in a note.
+        Every request is checked before any driver call; every unmap comes before any
+        release, so a failed unmap maps the same handles back, bytes and all. A release
+        that fails after the unmaps leaves the decommit standing: the arena keeps the
+        handle (:attr:`unreleased_bytes`) and retries it at the next decommit and at
+        :meth:`close`.
 
         Args:
             requests: ``(offset, keep_bytes)`` pairs; ``keep_bytes`` in ``[0, size]``. An
@@ -380,7 +343,7 @@ class Arena(HolesMixin, SharingMixin, SleepMixin, CapturesMixin):
         Raises:
             ArgumentError, OutOfRangeError: a bad request; nothing changed.
             DriverError: an unmap or a set access failed (every mapping and every byte is as
-                it was), or a release failed after the unmaps (the decommit stands; see above).
+                it was), or a release failed after the unmaps (the decommit stands).
             ClosedError: after ``close()``.
         """
         self._check_open("decommit")
@@ -422,18 +385,15 @@ class Arena(HolesMixin, SharingMixin, SleepMixin, CapturesMixin):
                device: int | None = None) -> torch.Tensor:
         """A torch tensor over ``[offset, offset + nbytes)`` of the reservation, no copy.
 
-        On the simulator it is a ``meta`` tensor (shape and dtype, no memory); on host memory
-        it aliases the bytes (``torch.frombuffer``); on a GPU it aliases device memory
-        (DLPack). Memory need not be backed yet: touching unbacked VA faults, as on a GPU.
-        The tensor keeps the arena alive, and ``close()`` waits for it to go.
+        ``meta`` on the simulator, aliasing the bytes on host memory and on a GPU. The VA
+        need not be backed yet. The tensor keeps the arena alive until it goes.
 
         Args:
             offset: bytes from the arena base; must leave room for the tensor.
             shape: dimensions, each > 0.
             dtype: a torch dtype or its name (``"bfloat16"``).
-            device: the device whose view it is (default: the arena's); another device must
-                have been given access (:meth:`grant_access`): on a GPU its tensor lives on
-                ``cuda:<device>`` and reads the arena's memory over the peer link.
+            device: the device whose view it is (default: the arena's; another must have
+                been given access, :meth:`grant_access`).
         Raises:
             ArgumentError, OutOfRangeError, UnknownDtypeError: bad arguments.
             ClosedError: after ``close()``.
@@ -469,9 +429,8 @@ class Arena(HolesMixin, SharingMixin, SleepMixin, CapturesMixin):
     def pool(self) -> Any:
         """A ``torch.cuda.MemPool`` allocating from this reservation (CUDA driver only).
 
-        For code that allocates with plain ``torch.empty`` inside
-        ``torch.cuda.use_mem_pool(arena.pool)``: each tensor gets a fresh, unbacked
-        allocation; back it with :meth:`commit` before touching it. Nothing is compiled.
+        Inside ``torch.cuda.use_mem_pool(arena.pool)`` each ``torch.empty`` gets a fresh,
+        unbacked allocation; back it with :meth:`commit` before touching it.
 
         Raises:
             DriverUnavailableError: the driver's memory is not CUDA device memory.
@@ -506,15 +465,13 @@ class Arena(HolesMixin, SharingMixin, SleepMixin, CapturesMixin):
         """A claim on the arena's memory for something that can still reach it.
 
         :meth:`close` waits until every lease has ended (``lease.release()``, or the lease
-        garbage-collected). Tensors from :meth:`tensor` and segments of :attr:`pool` each hold
-        one; a caller that hands the arena's VA to other code can take one too.
+        garbage-collected). Every tensor and pool segment holds one.
 
         Raises:
             ClosedError: after ``close()``.
         """
         self._check_open("lease")
-        # A driver that can crash under a live view (host, CUDA) refuses close() and free()
-        # of a pinned reservation: one pin per lease, dropped as the lease ends.
+        # the driver refuses to free a pinned reservation: one pin per lease
         self.driver.pin(self.base)
         self._views += 1
         return ViewLease(self, self._view_gone)
@@ -557,10 +514,8 @@ class Arena(HolesMixin, SharingMixin, SleepMixin, CapturesMixin):
     def close(self) -> None:
         """Give everything back: unmap, free the reservation, release the handles.
 
-        Idempotent. If tensors made by :meth:`tensor` are still alive, the arena is marked
-        closed now and its memory is given back when the last of them goes. The pool (if
-        any) is dropped; tensors allocated from it that are still alive keep the arena
-        waiting until they go and ``torch.cuda.empty_cache()`` hands their segments back.
+        Idempotent. With tensors (or pool segments) still alive the arena is closed now and
+        its memory given back when the last of them goes.
 
         Raises:
             DriverError: an unmap or the free failed (the arena is open again, as it was),

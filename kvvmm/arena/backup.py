@@ -1,56 +1,32 @@
 """Where a sleeping arena keeps its bytes: host memory, or a file through ``mmap``.
 
 :meth:`Arena.sleep <kvvmm.arena.Arena.sleep>` copies every backed range out before it gives
-the memory back, and :meth:`Arena.wake <kvvmm.arena.Arena.wake>` copies it back into fresh
-handles mapped at the same VA. The copies are torch ``copy_`` calls between a tensor over the
-arena's VA (:meth:`Arena.tensor <kvvmm.arena.Arena.tensor>`: DLPack on CUDA, ``frombuffer`` on
-host memory, ``meta`` on the simulator) and a tensor over the backup, so this module knows
-nothing of drivers: the same code runs on every one.
+the memory back; :meth:`Arena.wake <kvvmm.arena.Arena.wake>` copies it back into fresh handles
+at the same VA. The copies are torch ``copy_`` calls between a tensor over the arena's VA
+(:meth:`Arena.tensor <kvvmm.arena.Arena.tensor>`) and one over the backup, so this module
+knows nothing of drivers.
 
-The copy paths, and why:
+- ``"host"`` (:class:`HostBackup`): on CUDA, pinned host memory (only pinned memory copies
+  at the link's bandwidth), copied ``non_blocking`` with one synchronize at the end. Either
+  ``memory="mmap"`` (default: one anonymous huge-page mapping, faulted in and registered in
+  chunks on worker threads while each chunk's copy runs, :mod:`~kvvmm.arena.pinned`) or
+  ``"torch"`` (torch's pinned allocator, in power-of-two pieces: :func:`pow2_pieces`). The
+  driver's mapping of pinned memory costs 0.19% of its size on the device while it exists.
+  Unpinning is slow, so :meth:`HostBackup.drop` unpins on a thread of its own. On the host
+  driver a plain CPU tensor; on the simulator a ``meta`` tensor, nothing copied.
+- ``"disk"`` (:class:`DiskBackup`): a new file, allocated up front (a full disk fails before
+  anything is given back, not as a SIGBUS mid-copy), mapped and viewed as one CPU tensor;
+  removed when the backup is dropped. Slower than ``"host"``: for when host memory is short.
 
-- ``"host"`` (:class:`HostBackup`): on CUDA, page-locked (pinned) host memory, copied with
-  ``non_blocking=True`` and one device synchronize at the end: only pinned memory lets the
-  copy engines run at the link's bandwidth (pageable memory is staged through the driver's
-  own small pinned buffers at a fraction of it), and the wake of a full pool is that copy.
-  Two ways to get it (``HostBackup(memory=...)``): ``"mmap"`` (the default), one anonymous
-  mapping with transparent huge pages asked for (``MADV_HUGEPAGE``), faulted in and
-  registered with the CUDA runtime (``cudaHostRegister``) in chunks on worker threads while
-  each registered chunk's copy runs (:mod:`~kvvmm.arena.pinned`: docs/SLEEP.md, "Where a
-  sleep's time goes"); or ``"torch"``, torch's pinned host allocator, which
-  rounds each block up to a power of two, so the backup is taken in power-of-two pieces (the
-  binary digits of its size: exactly its size, at most one piece per bit). Measured on an
-  H200 with a 60 GiB pool (``bench/results/h200-sleep.json``): pinning is the sleep's cost,
-  and the huge-page mapping pins 2.7x as fast (a sleep of 14.7 s against 39.6 s; 31.3 s for
-  torch_memory_saver's CPU backup of the same bytes); the wake is the copy either way (1.29 s,
-  1.11x a plain host-to-device copy). Pinned host memory costs the device memory while it
-  exists (the driver's mapping of it, 0.19% of its size, for either memory and for
-  torch_memory_saver alike): a host-backed sleep gives the device back 99.81% of what it
-  released; ``backup=None`` or ``"disk"`` give back all of it. Unpinning is slow (1.3 s for
-  8 GiB of torch's, 0.18 s of the mapping's), so :meth:`HostBackup.drop`
-  gives pinned memory back on a thread of its own: a wake returns when its copy has landed,
-  not when the host memory is unpinned. On the host driver the arena's memory is already CPU
-  memory: a plain CPU tensor, and ``copy_`` is a memcpy. On the simulator there are no
-  bytes: a ``meta`` tensor, nothing copied. ``HostBackup(keep=True)`` keeps its pinned memory
-  after the wake for the next sleep (which is then the copy alone), until :meth:`drop`.
-- ``"disk"`` (:class:`DiskBackup`): a new file, its blocks allocated up front with
-  ``posix_fallocate`` (a full disk fails there, before anything is given back, instead of
-  as a SIGBUS in the middle of the copy), mapped with ``mmap`` and viewed as one CPU tensor
-  (``torch.frombuffer``: no numpy, no copy through Python). A device-to-file copy goes through
-  pageable memory: slower than ``"host"``, chosen when host memory is what is short. The file
-  is removed when the backup is dropped (after a wake, or ``close()`` of a sleeping arena).
+Figures: docs/SLEEP.md. A backup that fails raises what its allocator raised; the arena
+turns that into :class:`~kvvmm.errors.BackupError` after undoing its own steps.
 
-A backup that fails (out of host memory, a full disk) raises whatever its allocator raised;
-the arena turns that into :class:`~kvvmm.errors.BackupError` after undoing its own steps.
-
-A backup keeps one sleep's bytes, and they are that arena's: the sleep that first uses a
-:class:`Backup` binds it to its arena until the wake (or ``close()``) that ends it drops it.
-Passing it to another sleep meanwhile (of this arena or another: the second would overwrite the
-first's bytes, and each would wake with the other's), using it again once it is spent (woken,
-closed or dropped) and dropping it while a sleep holds it are refused with a typed error
-before anything changes. A sleep that fails unbinds it again, so a retry may pass the same one.
-A kept backup (``HostBackup(keep=True)``) is the one exception to "spent": its wake unbinds it
-without spending it, so a later sleep (of any arena) may bind it again.
+A backup keeps one sleep's bytes, and they are that arena's: the sleep that first uses it
+binds it until the wake (or ``close()``) that ends it. Passing it to another sleep meanwhile,
+using it once spent (woken, closed or dropped) and dropping it while a sleep holds it are
+refused with a typed error before anything changes; a failed sleep unbinds it for a retry.
+A kept backup (``HostBackup(keep=True)``) is not spent by its wake: a later sleep (of any
+arena) may bind it again.
 """
 
 from __future__ import annotations
@@ -230,27 +206,21 @@ def check_backup(store: Backup, holder: object) -> None:
 
 
 class HostBackup(Backup):
-    """The bytes in host memory: pinned on CUDA (see the module docstring for why and how).
+    """The bytes in host memory, pinned on CUDA (see the module docstring).
 
     Args:
-        memory: ``"mmap"`` (default: an anonymous mapping with huge pages asked for, faulted
-            in and registered with the CUDA runtime chunk by chunk while the copy runs:
-            :mod:`~kvvmm.arena.pinned`) or ``"torch"`` (torch's pinned host allocator). Only
-            CUDA pins: on the host driver ``"mmap"`` is the same mapping, faulted in by the
-            same threads, unregistered; ``"torch"`` one plain CPU tensor.
+        memory: ``"mmap"`` (default: :mod:`~kvvmm.arena.pinned`) or ``"torch"`` (torch's
+            pinned host allocator). Only CUDA pins.
         free_on_thread: give pinned memory back on a thread of its own at :meth:`drop`
             (default), so a wake does not wait for the unpinning.
         chunk_bytes: ``"mmap"``: the bytes faulted in and registered at a time, a multiple
-            of 2 MiB (default 256 MiB); the copy of a chunk starts when it is registered.
+            of 2 MiB (default 256 MiB).
         workers: ``"mmap"``: threads faulting in and registering chunks (default: the CPU
-            count, 8 at most). ``workers=1`` with a ``chunk_bytes`` above the backup's size
-            is the old path: everything pinned, then everything copied.
-        keep: keep the memory after the wake (default False: the wake drops it). A kept
-            backup is not spent by its wake: the next sleep that passes it (of any arena)
-            copies into the memory already pinned, so that sleep is the copy alone. It holds,
-            while the arena is awake, its size in locked host memory and, on CUDA, the
-            driver's page tables for it on the device (0.19% of its size); :meth:`drop`
-            gives both back (a close of a sleeping arena, or a failed sleep, drops it too).
+            count, 8 at most).
+        keep: keep the memory after the wake (default False), so the next sleep that passes
+            it (of any arena) copies into memory already pinned. Meanwhile it holds its size
+            in locked host memory and, on CUDA, 0.19% of it on the device; :meth:`drop`
+            gives both back.
     Raises:
         ArgumentError: an unknown ``memory``, a non-bool ``free_on_thread`` or ``keep``, a
             ``chunk_bytes`` that is not a positive multiple of 2 MiB, a ``workers`` outside

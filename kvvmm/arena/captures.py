@@ -1,18 +1,15 @@
 """What baked an arena's addresses in: captures, and the operations they refuse.
 
-A CUDA graph captured over a tensor, an NCCL or RDMA registration of a buffer, a kernel
-given its bounds by value: each keeps using the VA (and the memory behind it) it saw when it
-was made. Unmapping that memory under it (a decommit, a shrink, a sleep, a close) makes its
-next replay read freed memory or fault. Each such consumer records a :class:`Capture` (its
-name, the VA ranges it baked in, whether the capacity it saw must stay); the arena checks
-the live captures before every unmap, before a close, and (for a fixed capacity) before a
-commit that grows an allocation past it, and refuses with
-:class:`~kvvmm.errors.CaptureConflictError` naming the capture, before any driver call.
+A CUDA graph, an NCCL or RDMA registration, a kernel given its bounds by value keeps using
+the VA it saw; unmapping under it makes its next replay read freed memory or fault. Each such
+consumer records a :class:`Capture` (its name, its VA ranges, whether the capacity it saw
+must stay); the arena checks the live captures before every unmap, before a close, and (for a
+fixed capacity) before a commit past it, and refuses with
+:class:`~kvvmm.errors.CaptureConflictError` before any driver call.
 
-A consumer that can follow a change says so with ``on_conflict``: called before the
-operation with the spans it would touch, it re-registers (drops or narrows what it holds)
-and returns the ranges it keeps; the operation goes ahead if they no longer meet it. A
-capture is released only by the object that recorded it.
+A consumer that can follow a change passes ``on_conflict``: called with the spans an
+operation would touch, it re-registers and returns the ranges it keeps; the operation goes
+ahead if they no longer meet it. Only the recorder releases a capture.
 """
 
 from __future__ import annotations
@@ -250,19 +247,16 @@ class CapturesMixin(_ArenaState):
                        on_conflict: ConflictHook | None = None) -> Capture:
         """Record that a consumer baked part of the arena's VA in (a graph, a registration).
 
-        Until it is released, a decommit, sleep or close that would unmap any of its ranges
-        is refused with :class:`~kvvmm.errors.CaptureConflictError` naming it (unless
-        ``on_conflict`` re-registers out of the way); with ``fixed_capacity``, so is a
-        commit growing an allocation it covers past the end of its ranges there.
+        Until released, an unmap of its ranges (and with ``fixed_capacity`` a commit
+        growing past them) is refused with :class:`~kvvmm.errors.CaptureConflictError`.
 
         Args:
             name: shown in refusals; unique among the arena's live captures.
             ranges: absolute VA ``[start, end)`` pairs inside the reservation (default:
                 every mapping the arena holds now).
             by: the object recording it: only it may :meth:`release_capture` it.
-            fixed_capacity: the consumer baked in the capacity it saw (see above).
-            survives_sleep: a sleep is allowed under it (the VA stays; launch nothing on it
-                until the wake).
+            fixed_capacity: the consumer baked in the capacity it saw.
+            survives_sleep: a sleep is allowed under it (launch nothing until the wake).
             on_conflict: ``(capture, op, spans) -> ranges kept or None``: called before a
                 refused operation; returning ranges clear of ``spans`` lets it go ahead,
                 ``()`` ends the capture, None refuses.

@@ -25,9 +25,8 @@ class HolesMixin(_ArenaState):
     def commit_range(self, offset: int, start: int, nbytes: int) -> int:
         """Back ``[start, start + nbytes)`` of the allocation at ``offset``, holes allowed.
 
-        What is already backed in the range stays; each unbacked gap in it gets one new
-        handle (create, map, set access), so a later :meth:`decommit_range` of that same
-        range can give it back whole.
+        Each unbacked gap in it gets one new handle, so a :meth:`decommit_range` of the same
+        range gives it back whole.
 
         Args:
             offset: an allocation's offset.
@@ -43,11 +42,8 @@ class HolesMixin(_ArenaState):
 
     @_locked
     def commit_ranges(self, requests: Iterable[tuple[int, int, int]]) -> int:
-        """Commit several ``(offset, start, nbytes)`` ranges as one transaction.
-
-        Every range is checked before any driver call; a failure undoes every handle made.
-        See :meth:`commit_range`.
-        """
+        """Commit several ``(offset, start, nbytes)`` ranges as one transaction (every range
+        checked first); see :meth:`commit_range`."""
         self._check_open("commit_range")
         plan = [self._check_range("commit_range", o, s, n) for o, s, n in requests]
         return self._commit_ranges(plan, "commit_range")
@@ -55,13 +51,10 @@ class HolesMixin(_ArenaState):
     def prepare_ranges(self, requests: Iterable[tuple[int, int, int]]) -> int:
         """Back ranges ahead of need, making the driver calls with the arena's lock free.
 
-        For a background thread (the handle pool's look-ahead): under the lock, each unbacked
-        gap of the ranges that no one else is backing is booked "in flight"; with no lock
-        held, each gets a handle (the pool's or a create), a map and access; under the lock
-        again it is published as a mapping (recorded as a ``commit_range``). A commit or
-        decommit that needs an in-flight gap waits for it (:attr:`inflight_waits` counts
-        those waits). A gap that fails is undone (unmap, handle dropped) and stays unbacked;
-        the others stand: a look-ahead is a hint, not a transaction.
+        For the handle pool's look-ahead: each unbacked gap is booked "in flight" under the
+        lock, backed with no lock held, then published under the lock; a commit that needs
+        it waits (:attr:`inflight_waits`). A gap that fails is undone and stays unbacked;
+        the others stand (a hint, not a transaction).
 
         Returns:
             Bytes published. 0 after ``close()``.
@@ -131,9 +124,7 @@ class HolesMixin(_ArenaState):
     def decommit_range(self, offset: int, start: int, nbytes: int) -> int:
         """Give back the mappings that lie wholly inside ``[start, start + nbytes)``.
 
-        Maps are whole handles: a mapping the range cuts (one that starts before it or ends
-        after it) stays, as a mapping straddling ``keep_bytes`` stays in :meth:`decommit`;
-        :meth:`decommit_range_report` names each one.
+        A mapping the range cuts stays whole: :meth:`decommit_ranges_report` names it.
 
         Args:
             offset: an allocation's offset.
@@ -146,27 +137,16 @@ class HolesMixin(_ArenaState):
         """
         return self.decommit_ranges([(offset, start, nbytes)])
 
-    def decommit_range_report(self, offset: int, start: int, nbytes: int) -> RangeResult:
-        """:meth:`decommit_range`, returning what it did (see :class:`RangeResult`)."""
-        return self.decommit_ranges_report([(offset, start, nbytes)])[0]
-
     def decommit_ranges(self, requests: Iterable[tuple[int, int, int]]) -> int:
-        """Decommit several ``(offset, start, nbytes)`` ranges as one transaction.
-
-        Returns:
-            Bytes given back in all.
-        """
+        """:meth:`decommit_ranges_report`, returning the bytes given back in all."""
         return sum(r.given_bytes for r in self.decommit_ranges_report(requests))
 
     @_locked
     def decommit_ranges_report(
         self, requests: Iterable[tuple[int, int, int]]
     ) -> tuple[RangeResult, ...]:
-        """Decommit several ranges as one transaction; one :class:`RangeResult` per range.
-
-        The transaction is :meth:`decommit_many_report`'s: every range checked first, every
-        unmap undone if one fails, releases only after every unmap succeeded.
-        """
+        """Decommit several ranges as one transaction, as :meth:`decommit_many_report`;
+        one :class:`RangeResult` per range."""
         self._check_open("decommit_range")
         plan = [self._check_range("decommit_range", o, s, n) for o, s, n in requests]
         self._wait_inflight(plan)

@@ -1,14 +1,11 @@
 """``Arena.pool``: a ``torch.cuda.MemPool`` over an arena's reservation, with no compilation.
 
-torch's pluggable-allocator hook takes two C function pointers. Instead of compiling a stub
-(the seed built one per arena, 14-20 s each, in a shared temp dir), the pointers come from
-ctypes callbacks into Python: nothing is built, nothing is loaded from disk, and any number
-of pools per process and processes per host work.
+torch's pluggable-allocator hook takes two C function pointers; here they are ctypes
+callbacks into Python, so nothing is compiled or loaded from disk.
 
-Each pool allocation is a bump ``Arena.allocate`` (unbacked until committed, as in the
-seed's route) and holds a :class:`~kvvmm.arena.views.ViewLease`: ``Arena.close`` waits
-until torch hands every pool segment back (pool destroyed, ``empty_cache``). The callbacks
-take the GIL (ctypes does it for them); torch calls them from the allocating thread.
+Each pool allocation is a bump ``Arena.allocate`` (unbacked until committed) holding a
+:class:`~kvvmm.arena.views.ViewLease`: ``Arena.close`` waits until torch hands every segment
+back. torch calls the callbacks from the allocating thread (ctypes takes the GIL).
 """
 
 from __future__ import annotations

@@ -1,23 +1,11 @@
 """Host memory for a backup, faulted in and pinned chunk by chunk while the copy runs.
 
-A sleep with a host backup used to take one anonymous mapping and register all of it with
-one ``cudaHostRegister`` before the first byte was copied: on an H100 (32 GiB) 6.17 s against
-a 0.62 s copy, on the H200 (60 GiB) 14.7 s against 1.2 s. That one call does, in the calling
-thread, everything a fresh pinned buffer costs: the kernel faults every page in (and zeroes
-it: fresh anonymous memory is always zeroed, 2 MiB at a time with huge pages), pins it
-(``pin_user_pages``: NVIDIA's ``os_lock_user_pages``, called before the driver takes its
-global RM lock) and then, under that lock, describes it to the GPU page by page (4 KiB
-pages: the 0.19% of the bytes the device loses to a pinned backup is 8 bytes of page table
-per 4 KiB). Only then does the copy start.
-
-:class:`HostMapping` splits that work. One mapping on a huge-page boundary, cut into
-chunks (256 MiB by default); worker threads (8 at most) take the chunks in order, fault
-each in (``MADV_POPULATE_WRITE`` through ctypes, so the zeroing runs in parallel and without
-the GIL; writing one byte a page where the kernel lacks it) and register it (torch's
-``cudaHostRegister`` binding releases the GIL); the copy of chunk k is queued as soon as
-chunk k is registered, while the next chunks are being faulted in and pinned. The time the
-copy waits for pinning, and the thread-seconds each step took, are kept (:attr:`phases`),
-so a run on a card says where a sleep's time went.
+Pinning a fresh buffer in one ``cudaHostRegister`` faults every page in, zeroes it, pins it
+and describes it to the GPU before the first byte is copied (docs/SLEEP.md, "Where a sleep's
+time goes"). :class:`HostMapping` splits that work: one mapping on a huge-page boundary, cut
+into chunks; worker threads take the chunks in order, fault each in (``MADV_POPULATE_WRITE``,
+without the GIL) and register it; the copy of chunk k is queued as soon as chunk k is
+registered. Where the time went is kept in :attr:`HostMapping.phases`.
 
 Off CUDA (the host driver) nothing is registered: the same chunks are faulted in by the same
 threads, which is what tests exercise.
@@ -38,9 +26,8 @@ __all__ = ["CHUNK_BYTES", "MAX_WORKERS", "HostMapping", "unpin", "unpin_later",
 #: Transparent huge pages are 2 MiB on x86-64 and on arm64 with 4 KiB base pages: the
 #: mapping starts on such a boundary and chunks are multiples of it.
 HUGE = 2 << 20
-#: The default chunk: small enough that the copy starts after one chunk's pinning (about
-#: 50 ms at the single-thread rates measured) and the last chunk's copy is short (5 ms at
-#: 55 GB/s); large enough that a 60 GiB backup is 240 registrations, not thousands.
+#: The default chunk: small enough that the copy starts soon and the last chunk's copy is
+#: short; large enough that a big backup is hundreds of registrations, not thousands.
 CHUNK_BYTES = 256 << 20
 #: Threads faulting in and pinning at most (zeroing is memory-bound well before this).
 MAX_WORKERS = 8
@@ -73,13 +60,9 @@ def _madvise(addr: int, n: int, advice: int) -> int:
 
 
 class HostMapping:
-    """``nbytes`` of host memory in one anonymous mapping on a huge-page boundary, made
-    ready (faulted in, and registered with CUDA when ``pin``) chunk by chunk on worker
-    threads that start at once (see the module docstring).
-
-    :meth:`wait` blocks until a chunk is ready (raising what a worker raised);
-    :meth:`close` stops the workers, waits for them, and gives back the registrations and
-    the mapping (on a thread of its own with ``on_thread``).
+    """``nbytes`` of host memory in one mapping on a huge-page boundary, made ready (faulted
+    in, and registered with CUDA when ``pin``) chunk by chunk on worker threads. :meth:`wait`
+    blocks until a chunk is ready; :meth:`close` stops the workers and gives everything back.
 
     Args:
         nbytes: the bytes, > 0.
@@ -131,10 +114,9 @@ class HostMapping:
 
     @property
     def phases(self) -> dict[str, float]:
-        """``map_s`` (the mapping), ``fault_s`` and ``pin_s`` (seconds summed over the
-        workers: divide by ``workers`` for the wall time they would take alone),
-        ``ready_s`` (wall, from the mapping until the last chunk was ready), ``wait_s``
-        (wall: how long the copy waited for chunks), ``chunks``, ``workers``."""
+        """Seconds: ``map_s``, ``fault_s`` and ``pin_s`` (summed over the workers),
+        ``ready_s`` (until the last chunk was ready), ``wait_s`` (the copy's wait for
+        chunks); and ``chunks``, ``workers``."""
         with self._cond:
             return {**self._times, "chunks": float(len(self.chunks)),
                     "workers": float(self.workers)}

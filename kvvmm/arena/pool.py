@@ -1,40 +1,28 @@
 """HandlePool: physical handles made ahead of need, off the decode path.
 
-A decode step that must grow the KV cache waits for create + map + set access of every new
-handle (set access dominates: docs/MEASUREMENTS.md §2, §9). The pool moves that work to a
-background thread: it keeps ``ready`` handles per size class created ahead (so growth only
-maps), retains the handles a decommit gives back up to ``retain_bytes`` (so a
-decommit-then-commit cycle costs unmap + map, not release + create), and runs jobs such as an
-owner's look-ahead (:meth:`kvvmm.owner.KvBufferOwner` with ``lookahead_bytes``), which create,
-map and grant access to a bounded range beyond the prefix before ``ensure_prefix`` needs it.
+A decode step that grows the KV cache waits for create + map + set access of every new
+handle. The pool moves that work to a background thread: it keeps ``ready`` handles per size
+class created ahead (growth only maps), retains the handles a decommit gives back up to
+``retain_bytes`` (a decommit-then-commit costs unmap + map), and runs jobs such as an owner's
+look-ahead (``lookahead_bytes``), which backs a bounded range beyond the prefix before
+``ensure_prefix`` needs it.
 
-One pool per driver, shared by the arenas of that driver (``Arena(..., pool=...)``): its
-handles are device memory, memory pressure is the device's, and two owners of one process
-(hybrid SWA: full + swa) draw from the same idle handles. Under pressure it gives memory back
-first: an arena's out-of-memory create calls :meth:`trim` and tries once more.
+One pool per driver, shared by the arenas of that driver (``Arena(..., pool=...)``). Under
+pressure it gives memory back first: an arena's out-of-memory create calls :meth:`trim` and
+tries once more.
 
-Locks. kvcached's prealloc thread deadlocked (kvcached issue #371, fixed in PR #422): the
-caller waited for the worker while holding the GIL the worker needed. Here no kvvmm lock is
-held across a driver call made by the thread: the pool's own lock guards only its lists, the
-arena books a look-ahead range "in flight" under its lock and publishes it under its lock,
-with every driver call in between made with no lock held. The drivers' calls release the GIL
-while CUDA works (``_cudafast.c``: ``Py_BEGIN_ALLOW_THREADS`` around cuMemCreate, cuMemRelease,
-cuMemSetAccess, the synchronize and cuMemUnmap; cuda-python's bindings declare the driver
-functions ``nogil`` in ``cydriver.pxd`` and call them without the GIL). Nobody waits on the
-pool while holding something the thread needs: ``take`` never waits (an empty class answers
-None and the caller creates), and a commit that needs an in-flight range waits on the arena's
-condition, which releases the arena's lock.
+Locks: no kvvmm lock is held across a driver call made by the thread (the drivers release
+the GIL while CUDA works), and nobody waits on the pool while holding what the thread needs:
+``take`` never waits (an empty class answers None and the caller creates), and a commit that
+needs an in-flight look-ahead range waits on the arena's condition. The thread unmaps only
+in the undo of a failed look-ahead.
 
-The thread never unmaps in normal work; only the undo of a failed look-ahead does, through
-the driver, which refuses during a CUDA graph capture (CudaDriver checks before its
-synchronize).
+A handle is one holder's at a time: :func:`handle_holder` says which arena maps it or which
+pool holds it idle; :meth:`HandlePool.give` and :meth:`Arena.adopt
+<kvvmm.arena.Arena.adopt>` refuse a handle another holds.
 
-A handle is one holder's at a time: :func:`handle_holder` says which arena maps a handle
-(or is giving it back) or which pool holds it idle, and :meth:`HandlePool.give` of a caller's
-handle and :meth:`Arena.adopt <kvvmm.arena.Arena.adopt>` refuse one another holds.
-
-Deterministic use (tests, the sim): ``threaded=False`` runs nothing in the background;
-:meth:`run_once` does the queued jobs and one refill pass on the caller's thread.
+``threaded=False`` runs nothing in the background: :meth:`run_once` does the queued jobs and
+one refill pass on the caller's thread (tests, the sim).
 """
 
 from __future__ import annotations
@@ -79,9 +67,7 @@ class PoolStats:
 
 
 # -- who holds a handle --------------------------------------------------------------------
-# Every arena and pool made in this process (weakly: their lives are their own), so that a
-# handle a caller passes in (Arena.adopt, HandlePool.give) can be refused while another holds
-# it: an arena that maps it (its KV) or is giving it back, a pool that holds it idle.
+# Every arena and pool of this process (weakly), so a caller's handle another holds is refused.
 
 _ARENAS: weakref.WeakSet[_ArenaState] = weakref.WeakSet()
 _ARENAS_LOCK = threading.Lock()
@@ -154,11 +140,9 @@ class HandlePool:
         retain_bytes: most memory kept idle from handles given back (and refills), >= 0.
         threaded: run refills and jobs on a background thread (default); False: only when
             :meth:`run_once` is called (deterministic).
-        share_across_owners: False (default): a handle an arena gave back (its bytes are
-            that arena's KV) is handed only to that arena again; another arena gets a fresh
-            handle (a refill's, never mapped) or creates one, so no owner can read another
-            owner's bytes through the pool. True: any arena takes any idle handle, old bytes
-            and all (one engine whose owners trust each other; saves the creates).
+        share_across_owners: False (default): a handle an arena gave back is handed only to
+            that arena again (no owner reads another's bytes through the pool). True: any
+            arena takes any idle handle, old bytes and all.
     Raises:
         ArgumentError: bad ``ready`` sizes (not multiples of the granularity) or counts.
     """
@@ -183,10 +167,8 @@ class HandlePool:
         self._written: dict[int, PoolTag] = {}
         self._want = want
         self._lock = threading.Lock()  # guards the lists only; never held across a driver call
-        # Who waits for the thread (drain) waits on _wake; the thread itself waits on _kick,
-        # a C queue of pokes: submit and take run on the decode thread, and a poke is one C
-        # call (put) where Condition.notify_all is a dozen lines of Python (~30 us of a
-        # step on an H200's host after an idle gap: bench_growth_steps, 2026-12-04).
+        # drain waits on _wake; the thread waits on _kick, a C queue: a poke from the decode
+        # thread is one C call, where Condition.notify_all is a dozen lines of Python.
         self._wake = threading.Condition(self._lock)
         self._kick: queue.SimpleQueue[None] = queue.SimpleQueue()
         self._idle: dict[int, list[int]] = {}
@@ -251,16 +233,13 @@ class HandlePool:
     def give(self, handle: int, size: int, owner: PoolTag | None = None) -> bool:
         """Keep an unmapped ``handle`` for reuse if it fits under the cap; False: release it.
 
-        ``owner``: whose bytes the handle holds (see :meth:`take`): an arena's
-        :attr:`~kvvmm.arena.Arena.pool_tag` as it gives back a handle it unmapped. None:
-        nobody's, a caller's own handle, refused while an arena maps it (handed to the next
-        commit, that arena's KV would be another's).
+        ``owner``: whose bytes the handle holds (an arena's
+        :attr:`~kvvmm.arena.Arena.pool_tag`); None: a caller's own handle.
 
         Raises:
-            ArgumentError: ``handle`` is not an int, is idle in the pool already (given
-                twice, two takes would hand one memory to two owners) or, with no ``owner``,
-                an arena of the driver maps it or is giving it back; or ``size`` is not a
-                positive multiple of the granularity; nothing changed.
+            ArgumentError: ``handle`` is not an int, is idle in the pool already, or (no
+                ``owner``) an arena holds it; or ``size`` is not a positive multiple of the
+                granularity; nothing changed.
         """
         if type(handle) is not int or type(size) is not int:  # bools and floats too
             if not is_int(handle):

@@ -1,11 +1,6 @@
-"""The arena's records and live state: what one decommit did, one mapping, one allocation.
-
-- :class:`DecommitResult` and :class:`RangeResult`: frozen reports of a decommit (nothing
-  live), re-exported by :mod:`kvvmm.arena.arena`;
-- ``_Map`` and ``_Alloc``: the arena's live bookkeeping of its mappings and allocations;
-- small pure helpers over them (``_insert``, ``_overlaps``, ``_runs``, ``_prefix``) and
-  :func:`check_driver`.
-"""
+"""The arena's records: the frozen reports of a decommit (:class:`DecommitResult`,
+:class:`RangeResult`), its live mappings and allocations (``_Map``, ``_Alloc``), and small
+pure helpers over them."""
 
 from __future__ import annotations
 
@@ -56,21 +51,15 @@ class _Sleep:
 
 @dataclass(frozen=True, slots=True)
 class DecommitResult:
-    """What one decommit did to one allocation (a record: nothing live).
-
-    Maps are whole handles, so a decommit gives back only the mappings that lie wholly at or
-    beyond ``keep_bytes``; the mapping that straddles it stays, and with it more than was
-    asked to stay. ``given_bytes == 0`` with a ``kept_mapping`` is the silent no-op the lab
-    must be able to explain: that mapping is the boundary that stopped it.
-    """
+    """What one decommit did to one allocation; ``kept_mapping`` is the mapping that
+    straddles ``keep_bytes`` and so stayed (maps are whole handles)."""
 
     name: str  #: the allocation's name
     offset: int  #: the allocation's offset from the arena base
     keep_bytes: int  #: bytes asked to stay backed from the allocation's start
     given_bytes: int  #: bytes given back (unmapped and released)
     backed_bytes: int  #: bytes backed from the allocation's start afterwards
-    #: ``[start, end)`` (from the arena base) of the mapping that straddles ``keep_bytes`` and
-    #: so stayed; None when the backing now ends at or before ``keep_bytes``
+    #: ``[start, end)`` from the arena base of the straddling mapping; None if there is none
     kept_mapping: tuple[int, int] | None
 
     @property
@@ -90,12 +79,8 @@ class DecommitResult:
 
 @dataclass(frozen=True, slots=True)
 class RangeResult:
-    """What one range decommit did to one allocation (a record: nothing live).
-
-    Maps are whole handles, so only the mappings lying wholly inside the range go; those it
-    cuts stay, and ``kept_mappings`` names each (``[start, end)`` from the arena base), as
-    :class:`DecommitResult` names the mapping that straddles a kept prefix.
-    """
+    """What one range decommit did to one allocation; ``kept_mappings`` are those the range
+    cuts, which stayed (``[start, end)`` from the arena base)."""
 
     name: str  #: the allocation's name
     offset: int  #: the allocation's offset from the arena base
@@ -134,8 +119,7 @@ def _insert(a: _Alloc, m: _Map) -> None:
 
 
 def _touching(maps: Sequence[_Map], lo: int, hi: int) -> Sequence[_Map]:
-    """The mappings of sorted, disjoint ``maps`` that overlap ``[lo, hi)`` (absolute
-    offsets): a bisect window, so a range costs what it touches, not every mapping."""
+    """The mappings of sorted, disjoint ``maps`` that overlap ``[lo, hi)`` (a bisect)."""
     i = bisect.bisect_right(maps, lo, key=_map_offset)
     if i and maps[i - 1].offset + maps[i - 1].size > lo:
         i -= 1
@@ -170,11 +154,7 @@ def _runs(ms: Sequence[_Map]) -> list[list[_Map]]:
 
 
 def _prefix(a: _Alloc) -> int:
-    """Bytes backed contiguously from ``a``'s start.
-
-    O(1) when the mappings have no hole between them (decode growth): sorted and disjoint,
-    they are contiguous from the start exactly when the last one ends ``backed`` bytes in.
-    """
+    """Bytes backed contiguously from ``a``'s start (O(1) when there is no hole)."""
     maps = a.maps
     if not maps:
         return 0

@@ -1,14 +1,8 @@
 """Sharing: peers of the process (``grant_access``) and other processes (export, adopt).
 
-``SharingMixin`` gives :class:`~kvvmm.arena.arena.Arena` ``grant_access`` and
-``peer_devices`` (other GPUs of the process read and write what the arena backs), and
-``export_handles``, ``adopt`` and ``adopt_range`` (another process backs an allocation of
-its own arena with the same memory, or this one backs with handles the caller made).
-
-A handle the caller hands to ``adopt`` must be nobody's yet: one that an arena of the same
-driver maps (this one or another: that arena's KV), is giving back, or that a
-:class:`~kvvmm.arena.pool.HandlePool` holds idle (another owner's bytes, handed out again
-later) is refused before anything changes, so no owner reaches memory another holds.
+A handle the caller hands to ``adopt`` must be nobody's yet: one an arena of the same
+driver maps or is giving back, or a :class:`~kvvmm.arena.pool.HandlePool` holds idle, is
+refused before anything changes, so no owner reaches memory another holds.
 """
 
 from __future__ import annotations
@@ -36,20 +30,17 @@ class SharingMixin(_ArenaState):
     def grant_access(self, devices: Iterable[int]) -> None:
         """Let other devices (peers) read and write all the arena backs, now and later.
 
-        Every backed allocation gets access for the arena's device and ``devices`` (one
-        ``set_access(..., devices=...)`` per allocation), and every later commit maps with
-        the same access. Access is only ever widened.
+        Every backed range gets access for the arena's device and ``devices``, and every
+        later commit maps with the same access. Access is only ever widened.
 
         Args:
             devices: device ordinals (the arena's own may be among them).
         Raises:
             ArgumentError: ``devices`` not ints.
-            DriverError: the driver refused (CUDA_ERROR_INVALID_VALUE: not a device of the
-                process; CUDA_ERROR_INVALID_DEVICE: no peer path to this device). The arena's
-                record is unchanged;
-                allocations granted before the failing call stay accessible to the peers
-                (access cannot be narrowed here). With nothing backed yet, a bad device is
-                only seen at the next commit, which then fails and is undone.
+            DriverError: the driver refused (not a device of the process, or no peer path).
+                The arena's record is unchanged; ranges granted before the failing call stay
+                accessible (access cannot be narrowed). With nothing backed yet, a bad
+                device fails the next commit instead.
             ClosedError: after ``close()``.
         """
         self._check_open("grant_access")
@@ -71,11 +62,9 @@ class SharingMixin(_ArenaState):
     def export_handles(self, offset: int) -> list[tuple[int, int]]:
         """POSIX file descriptors for the handles backing the allocation at ``offset``.
 
-        Send them to another process (``multiprocessing.reduction.send_handle``), which backs
-        an allocation of its own arena with them in the same order: ``import_handle(fd,
-        size)`` and :meth:`adopt` for each. The caller owns the descriptors (close them once
-        sent). The driver must share handles as POSIX fds (``driver.handle_type ==
-        "posix_fd"``: ``CudaDriver(handle_type="posix_fd")``, HostDriver).
+        Another process backs an allocation of its own with them, in order:
+        ``import_handle(fd, size)`` then :meth:`adopt` for each. The caller owns the
+        descriptors. The driver's ``handle_type`` must be ``"posix_fd"``.
 
         Returns:
             ``[(fd, size_bytes), ...]`` in VA order, covering the backed prefix.
@@ -98,21 +87,18 @@ class SharingMixin(_ArenaState):
     def adopt(self, offset: int, handle: int, nbytes: int, *, own: bool = False) -> int:
         """Back the next ``nbytes`` of the allocation at ``offset`` with ``handle``.
 
-        For a handle the caller made, typically ``driver.import_handle(fd, size)`` of memory
-        another process exported: it is mapped right after the allocation's backed prefix and
-        made accessible (to peers too, after :meth:`grant_access`). From then on the arena
-        owns it and releases it on decommit or close, like its own.
+        Typically ``driver.import_handle(fd, size)`` of memory another process exported:
+        mapped right after the backed prefix and made accessible; from then on the arena
+        owns it and releases it on decommit or close.
 
         Args:
             offset: an allocation's offset.
             handle: a live handle of this arena's driver, of exactly ``nbytes``.
             nbytes: the handle's size, a multiple of the granularity that fits the
                 allocation after its backed prefix.
-            own: the handle is this process's own (made by this arena's driver, not
-                imported; a collective's prepared handle): from then on it is the arena's
-                like one it made, pooled when given back and given back by a sleep. False
-                (imported memory another process shares): released when given back, never
-                pooled, and a sleep is refused while it is mapped.
+            own: the handle is this process's own (made by this driver, not imported): the
+                arena's like one it made. False (shared memory): released when given back,
+                never pooled, and a sleep is refused while it is mapped.
         Returns:
             ``nbytes``.
         Raises:
@@ -137,9 +123,8 @@ class SharingMixin(_ArenaState):
 
     def _map_callers_handle(self, a: _Alloc, start: int, handle: int, nbytes: int,
                             own: bool) -> None:
-        """Map a caller-made ``handle`` at ``start`` of ``a`` and grant access (adopt and
-        adopt_range): the map is undone if the access fails, and the handle stays the
-        caller's until both succeeded."""
+        """Map a caller-made ``handle`` at ``start`` of ``a`` and grant access; the handle
+        stays the caller's until both succeeded."""
         bool_arg("own", own, limit="True or False (is the handle this process's own?)")
         if not is_int(handle):
             raise ArgumentError("handle", handle, "an int (a handle of this arena's driver)")
@@ -168,11 +153,8 @@ class SharingMixin(_ArenaState):
                     own: bool = False) -> int:
         """Back ``[start, start + nbytes)`` of the allocation at ``offset`` with ``handle``.
 
-        :meth:`adopt` anywhere: for a handle the caller made ahead (a collective page commit
-        in :mod:`kvvmm.owner.distributed` creates every handle before any rank maps one), mapped
-        at a granule-aligned range that no mapping overlaps, holes allowed around it, and made
-        accessible. From then on the arena owns it, as its own. Recorded as a
-        ``commit_range`` (a replay backs the same range with memory of its own).
+        :meth:`adopt` at any granule-aligned range no mapping overlaps (a collective
+        page commit's prepared handle). Recorded as a ``commit_range``.
 
         Args:
             offset: an allocation's offset.

@@ -1,25 +1,19 @@
 """Sleep and wake: give every physical handle of an arena back, keep its VA, come back later.
 
 ``SleepMixin`` gives :class:`~kvvmm.arena.arena.Arena` :meth:`~SleepMixin.sleep` and
-:meth:`~SleepMixin.wake`. A sleep remembers each mapping (its offset, size and the arena's
-id for it), optionally copies the bytes out (:mod:`~kvvmm.arena.backup`), then unmaps and
-releases every handle: the reservation stays, so tensors over it keep their pointers and
-CUDA graphs captured against them stay valid. A wake creates, maps and sets access on the
-same ranges (same sizes, same VA, same ids) and copies the bytes back. Afterwards the arena's
-snapshot is exactly what it was before the sleep.
+:meth:`~SleepMixin.wake`. A sleep remembers each mapping, optionally copies the bytes out
+(:mod:`~kvvmm.arena.backup`), then unmaps and releases every handle; the reservation stays,
+so tensors and captured graphs stay valid. A wake maps the same ranges at the same VA and
+copies the bytes back: the snapshot is then exactly what it was before the sleep.
 
-Both are transactions (:class:`~kvvmm.arena.transaction.Transaction`): a failed sleep leaves
-the arena awake with every byte (the copy-out happens before any unmap; a failed unmap maps
-the handles already unmapped back, bytes and all), a failed wake leaves it asleep with its
-backup intact (every handle the wake made is unmapped and released again). The one step past
-the point of no return is a release after every unmap of a sleep succeeded: the sleep then
-stands (asleep, backup intact) and the handle is retried at the wake or at ``close()``, as a
-decommit's is.
+Both are transactions: a failed sleep leaves the arena awake with every byte, a failed wake
+leaves it asleep with its backup intact. Past the point of no return, a release failing
+after every unmap succeeded, the sleep stands and the handle is retried at the wake or at
+``close()``.
 
-While asleep, reads of the VA see what the driver shows for unmapped VA: zeros on the host
-driver and on CUDA with ``zero_page``; on CUDA without it, any access is an illegal-address
-fault (do not launch work on a sleeping arena's tensors). Commits, decommits, adopts and
-exports refuse with :class:`~kvvmm.errors.AsleepError`.
+While asleep, the VA reads as zeros on the host driver and on CUDA with ``zero_page``; on CUDA
+without it any access faults. Commits, decommits, adopts and exports refuse with
+:class:`~kvvmm.errors.AsleepError`.
 """
 
 from __future__ import annotations
@@ -87,19 +81,10 @@ class SleepMixin(_ArenaState):
 
     @property
     def last_phases(self) -> dict[str, dict[str, float]]:
-        """Where the last :meth:`sleep` and the last :meth:`wake` spent their time, wall
-        seconds per step (a copy; ``{}`` for one not made yet).
-
-        The sleep's: ``wait_inflight_s`` (the pool's look-ahead), ``sync_s`` (the device
-        synchronize before the copy), ``open_s`` (the backup's :meth:`~Backup.open`: with a
-        ``"mmap"`` host backup the mapping only, the pinning runs on its threads), ``copy_s``
-        (queueing every range's copy, waiting for each chunk's pinning), ``flush_s`` (the
-        copy's end), ``give_back_s`` (unmaps and releases), ``total_s``; the backup's own
-        (:attr:`Backup.phases`) under ``backup.`` (for ``"mmap"``: ``fault_s`` and ``pin_s``
-        summed over its threads, ``wait_s`` the copy's wait for them, ...). The wake's:
-        ``back_s`` (creates, maps, access), ``copy_s``, ``flush_s``, ``total_s`` and the
-        backup's.
-        """
+        """Wall seconds per step of the last :meth:`sleep` and :meth:`wake` (a copy), keyed
+        ``"sleep"`` / ``"wake"``: ``wait_inflight_s``, ``sync_s``, ``open_s``, ``copy_s``,
+        ``flush_s``, ``give_back_s`` (sleep) or ``back_s`` (wake), ``total_s``, and the
+        backup's own :attr:`Backup.phases` under ``backup.``."""
         return {k: dict(v) for k, v in self._phases_last.items()}
 
     _phases_last: dict[str, dict[str, float]] = {}  # noqa: RUF012 (replaced, never mutated)
@@ -107,32 +92,23 @@ class SleepMixin(_ArenaState):
     @_locked
     def sleep(self, backup: str | Backup | None = None, *, path: Any = None,
               keep_pool: bool = False) -> SleepResult:
-        """Give back every handle the arena maps, keeping the reservation (and so every
-        tensor's pointer and any CUDA graph captured against them).
-
-        Waits for the handle pool's look-ahead to publish what it is backing, then, on CUDA,
-        synchronizes the device (every stream of this process that may still use the memory)
-        before copying or unmapping anything.
+        """Give back every handle the arena maps, keeping the reservation (so every
+        tensor's pointer and captured graph stays valid). On CUDA the device is synchronized
+        before anything is copied or unmapped.
 
         Args:
-            backup: None: the bytes are dropped (a wake gives fresh memory: zeros on the host
-                driver, unspecified on CUDA). ``"host"``: copied to host memory (pinned on
-                CUDA). ``"disk"``: copied to a new file at ``path`` through ``mmap``. Or a
-                :class:`~kvvmm.arena.backup.Backup` object no other sleep has used (it is
-                bound to this sleep until the wake or ``close()`` that ends it drops it).
+            backup: None (the bytes are dropped), ``"host"``, ``"disk"`` (a new file at
+                ``path``), or a :class:`~kvvmm.arena.backup.Backup` no other sleep holds.
             path: the file for ``backup="disk"`` (must not exist; removed after the wake).
-            keep_pool: keep the handle pool's idle handles (default: release them too, so
-                the device gets back all it can).
+            keep_pool: keep the handle pool's idle handles (default: release them too).
         Returns:
             A :class:`SleepResult`.
         Raises:
-            ArgumentError: a bad ``backup`` or ``path``, or a ``Backup`` another sleep
-                keeps its bytes in or that is spent (woken, closed or dropped); nothing
-                changed.
-            SleepRefusedError: asleep already, a CUDA graph capture is underway, or the
-                arena maps adopted handles (memory another process shares); nothing changed.
-            BackupError: the copy-out failed (out of host memory, a full disk): the arena is
-                awake and every byte is where it was.
+            ArgumentError: a bad ``backup`` or ``path``, or a ``Backup`` held or spent;
+                nothing changed.
+            SleepRefusedError: asleep already, a capture is underway, or the arena maps
+                adopted handles; nothing changed.
+            BackupError: the copy-out failed: the arena is awake, every byte where it was.
             DriverError: an unmap failed (the arena is awake, every byte where it was), or a
                 release failed after every unmap (the sleep stands; the handle is retried by
                 :meth:`wake` or ``close()``).
@@ -189,17 +165,16 @@ class SleepMixin(_ArenaState):
     def wake(self) -> int:
         """Back every range the sleep gave back again (same sizes, same VA), copy it back.
 
-        Each range gets one new handle (the pool's if it holds one, else a create), a map and
-        access (for the peers given access too); mapping ids are the ones the sleep
-        remembered, so the snapshot is exactly what it was before the sleep.
+        Each range gets one new handle; the snapshot is then exactly what it was before the
+        sleep.
 
         Returns:
             Bytes backed again.
         Raises:
             SleepRefusedError: not asleep, or a CUDA graph capture is underway; nothing
                 changed.
-            DriverError: a create, map or set access failed (out of memory, ...): every handle
-                the wake made is given back; the arena is asleep, its backup intact.
+            DriverError: a create, map or set access failed: the arena is asleep, its backup
+                intact.
             BackupError: the copy back failed: as for a DriverError.
             ClosedError: after ``close()``.
         """
@@ -246,12 +221,8 @@ class SleepMixin(_ArenaState):
     def sleep_refusal(self, what: str = "sleep") -> str | None:
         """Why :meth:`sleep` (or :meth:`wake`, ``what="wake"``) would be refused now, or None.
 
-        The refusals :meth:`sleep` and :meth:`wake` raise as
-        :class:`~kvvmm.errors.SleepRefusedError`, asked without changing anything: a
-        collective sleep (:class:`~kvvmm.owner.distributed.DistributedOwner`) has every rank
-        ask first and agree, so that no rank gives its memory back while another refuses.
-        A sleep that passes this can still fail in its copy-out or a driver call (and undoes
-        itself then).
+        What they would raise as :class:`~kvvmm.errors.SleepRefusedError`, asked without
+        changing anything (a collective sleep's ranks agree on it first).
 
         Raises:
             ArgumentError: ``what`` is not ``"sleep"`` or ``"wake"``.

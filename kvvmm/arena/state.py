@@ -1,12 +1,8 @@
 """The state every part of an arena shares, and the transactions that back and unback it.
 
 ``_ArenaState`` declares what :class:`~kvvmm.arena.arena.Arena` sets up in ``__init__`` (so
-the mixins that make up the arena type-check on their own) and holds the machinery that the
-prefix commits and decommits of :mod:`~kvvmm.arena.arena` and the ranges of
-:mod:`~kvvmm.arena.holes` both run through: argument checks, the gaps of a range, backing a
-gap with a handle (the handle pool's or a create), the in-flight wait for the pool's
-look-ahead, unmapping runs and releasing what they held. ``_locked`` runs a method under the
-arena's lock.
+the mixins type-check on their own) and holds the steps every commit and decommit runs
+through. ``_locked`` runs a method under the arena's lock.
 """
 
 from __future__ import annotations
@@ -49,7 +45,6 @@ if TYPE_CHECKING:
     from kvvmm.arena.pool import HandlePool, PoolTag
     from kvvmm.arena.reclaim import CacheReleaser
 
-# One logger for the whole arena, under the name it always had.
 log = logging.getLogger("kvvmm.arena.arena")
 
 #: What a sleeping arena refuses: every change of its mappings (a wake maps the remembered
@@ -63,11 +58,8 @@ _S = TypeVar("_S", bound="_ArenaState")
 
 
 def _locked(fn: Callable[Concatenate[_S, _P], _R]) -> Callable[Concatenate[_S, _P], _R]:
-    """Run an arena method under the arena's lock.
-
-    Arenas are touched from more than one thread: torch calls the pool's allocator from the
-    allocating thread, and a tensor's last reference can go (and end a view) on any thread.
-    """
+    """Run an arena method under the arena's lock (a tensor's last reference can go, and
+    end a view, on any thread)."""
 
     @functools.wraps(fn)
     def wrapper(self: _S, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
@@ -78,24 +70,17 @@ def _locked(fn: Callable[Concatenate[_S, _P], _R]) -> Callable[Concatenate[_S, _
 
 
 class _ArenaState:
-    """What an arena holds (set by ``Arena.__init__``) and the steps its changes share.
-
-    Not an arena on its own: :class:`~kvvmm.arena.arena.Arena` builds on it, with the
-    mixins of :mod:`~kvvmm.arena.holes` and :mod:`~kvvmm.arena.sharing`.
-    """
+    """What an arena holds (set by ``Arena.__init__``) and the steps its changes share."""
 
     _lock: threading.RLock
     _cond: threading.Condition
     _handle_pool: HandlePool | None
-    #: who this arena is to a shared HandlePool: handles it gives back hold its bytes, and
-    #: the pool hands them to no other arena (unless it shares across owners)
+    #: who this arena is to a shared HandlePool (whose bytes a handle given back holds)
     pool_tag: PoolTag
     _inflight: dict[int, list[tuple[int, int]]]
     inflight_waits: int
     _gone: list[tuple[int, int]]
-    #: handles the caller made and the arena adopted (imported from another process, or a
-    #: collective's): released when given back, never pooled (an imported handle is memory
-    #: another process shares; pooled, it would come back as this arena's private memory)
+    #: adopted handles of shared memory: released when given back, never pooled
     _adopted: set[int]
     driver: Driver
     name: str
@@ -175,11 +160,8 @@ class _ArenaState:
         return a, start, start + nbytes
 
     def _gaps(self, a: _Alloc, lo: int, hi: int) -> list[tuple[int, int]]:
-        """Unbacked ``[s, e)`` (allocation-relative) inside ``[lo, hi)``, in order.
-
-        Starts at the mapping that may hold ``lo`` (a bisect), so a commit at the end of a
-        buffer with thousands of mappings (Exact's decode growth) costs the same as the first.
-        """
+        """Unbacked ``[s, e)`` (allocation-relative) inside ``[lo, hi)``, in order; a
+        bisection finds where to start, so the cost does not grow with the mappings."""
         out: list[tuple[int, int]] = []
         pos = lo
         maps = a.maps
@@ -203,14 +185,9 @@ class _ArenaState:
         return out
 
     def _new_handle(self, size: int) -> int:
-        """A handle of ``size``: the pool's if it holds one, else a create.
-
-        Memory pressure: an out-of-memory create draws the pool down first (its idle
-        handles are memory nobody maps) and is tried once more; still out of memory, the
-        cache releaser hands back what it holds free (torch's cache) and the create is tried
-        once more again (:meth:`_create_after_release`). Every commit path (prefix, range,
-        look-ahead, wake) makes its handles here.
-        """
+        """A handle of ``size``: the pool's if it holds one, else a create. Out of memory,
+        the pool is trimmed and the create tried once more, then the cache releaser is asked
+        (:meth:`_create_after_release`)."""
         pool = self._handle_pool
         if pool is not None:
             h = pool.take(size, self.pool_tag)
@@ -227,12 +204,8 @@ class _ArenaState:
             return self._create_after_release(size, e)
 
     def _create_after_release(self, size: int, err: DriverOutOfMemoryError) -> int:
-        """After a create ran out of memory: ask the cache releaser (torch's cache, on CUDA)
-        to hand back what it holds free, and try the create once more (only if it handed
-        something back). Runs inside the caller's transaction: if this create fails too,
-        the commit unwinds as it would have. Re-raises the first error when there is no
-        releaser or it freed nothing.
-        """
+        """After a create ran out of memory: ask the cache releaser to hand back what it
+        holds free and, if it freed something, try once more; else re-raise ``err``."""
         from dataclasses import replace
 
         releaser = self._releaser
@@ -308,11 +281,8 @@ class _ArenaState:
             self.driver.release(h)
 
     def _wait_inflight(self, ranges: Sequence[tuple[_Alloc, int, int]]) -> None:
-        """Wait (the lock released) while the pool's thread backs part of ``ranges``.
-
-        Its driver calls run outside the arena's lock, so the range is booked "in flight"
-        until it publishes; backing it here too would map over it.
-        """
+        """Wait (the lock released) while the pool's thread backs part of ``ranges`` (backing
+        it here too would map over it)."""
         while self._inflight and any(
             _overlaps(self._inflight.get(a.offset, ()), lo, hi) for a, lo, hi in ranges
         ):
@@ -341,8 +311,7 @@ class _ArenaState:
         except BaseException as e:  # a driver's OSError or a Ctrl-C must not leak handles
             undo.unwind(e)
             raise
-        # Ids only for handles that stayed, per allocation in plan order and by offset (as a
-        # scan of every mapping would give them, without the scan): the same on replay.
+        # Ids in plan order, then by offset: the same on replay.
         for _, m in sorted(new, key=lambda pm: (pm[0], pm[1].offset)):
             m.hid = self._next_hid
             self._next_hid += 1
@@ -360,13 +329,11 @@ class _ArenaState:
 
     def _give_back(self, plan: Sequence[tuple[_Alloc, list[_Map]]],
                    op: str = "decommit") -> dict[int, int]:
-        """Unmap ``plan``'s mappings (sorted per allocation) in runs; forget them.
+        """Unmap ``plan``'s mappings (sorted per allocation), one unmap per run; forget them.
 
-        One unmap per run of adjacent mappings (CUDA unmaps several whole mappings in one
-        call). A failed unmap maps every run unmapped before it back (same handles, same
-        bytes). The handles wait in ``_gone`` for :meth:`_release_gone`. Every unmap of the
-        arena passes here, so here a live capture of the VA refuses it (``op`` names the
-        operation), before the first driver call.
+        A failed unmap maps every run unmapped before it back. The handles wait in ``_gone``
+        for :meth:`_release_gone`. Every unmap passes here, so a live capture refuses it
+        here (``op`` names the operation), before the first driver call.
         """
         if self._captures:
             base = self.base
@@ -412,13 +379,8 @@ class _ArenaState:
         self._set_access(self.base + m.offset, m.size)
 
     def _map_back_or_forget(self, a: _Alloc, m: _Map) -> None:
-        """Undo one unmap of :meth:`_give_back`; where it fails, forget the mapping.
-
-        The books must never list VA as mapped that the driver does not map: a caller that
-        trusts them (RangeBacking's cache, a tensor over the range) would hand out memory that
-        faults. So a mapping whose map-back fails leaves the books, its handle waits with the
-        leftovers (released by the next decommit or close), and the error says what was lost.
-        """
+        """Undo one unmap of :meth:`_give_back`; where it fails, forget the mapping (the
+        books never list VA the driver does not map) and keep its handle for release."""
         try:
             self.driver.map(self.base + m.offset, m.size, m.handle)
         except BaseException:

@@ -1,11 +1,8 @@
 """One transaction helper for every multi-step change of an arena.
 
-A change that takes several driver calls (commit: create, map, set access; decommit: unmap,
-release; adopt; close) pushes an undo step after each call that succeeded, with its arguments
-bound when it is pushed. If a later call fails, :meth:`Transaction.unwind` runs the steps
-newest first and attaches each undo's own failure to the original error as a note (never
-swallowed: the caller must learn that the undo was incomplete). :meth:`Transaction.commit`
-forgets the steps once the change is complete.
+A change that takes several driver calls pushes an undo step after each call that
+succeeded. If a later call fails, :meth:`Transaction.unwind` runs the steps newest first and
+attaches each undo's own failure to the original error as a note, never swallowing it.
 """
 
 from __future__ import annotations

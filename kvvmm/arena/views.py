@@ -1,12 +1,7 @@
 """Views of an arena's memory: leases that keep it alive, and torch tensors over its VA.
 
-Anything that can still reach an arena's memory holds a :class:`ViewLease`: every tensor
-:meth:`Arena.tensor <kvvmm.arena.Arena.tensor>` makes (through its storage), and every
-segment the arena's ``torch.cuda.MemPool`` hands torch. ``Arena.close()`` never unmaps memory
-under a live lease: it waits until the last one ends, then gives everything back.
-
-Tensors need no compilation: ``meta`` tensors on the simulator, ``torch.frombuffer`` over host
-memory, DLPack over device memory.
+Anything that can still reach an arena's memory (a tensor's storage, a pool segment) holds
+a :class:`ViewLease`; ``Arena.close()`` never unmaps memory under a live lease.
 """
 
 from __future__ import annotations
@@ -28,9 +23,8 @@ __all__ = ["ViewLease", "make_tensor"]
 class ViewLease:
     """A claim on an arena's memory by something that can still reach it.
 
-    Made by :meth:`Arena.lease <kvvmm.arena.Arena.lease>`. The lease ends when
-    :meth:`release` is called or when the lease itself is garbage-collected (a tensor's
-    storage holds it), whichever comes first; ending it twice is harmless.
+    Made by :meth:`Arena.lease <kvvmm.arena.Arena.lease>`; it ends at :meth:`release` or
+    when garbage-collected, whichever comes first.
     """
 
     __slots__ = ("__weakref__", "_fin", "arena")
@@ -56,13 +50,8 @@ def make_tensor(arena: Arena, ptr: int, nbytes: int, dims: tuple[int, ...], dtyp
                 device: int) -> torch.Tensor:
     """A tensor over ``[ptr, ptr + nbytes)`` of ``arena``'s VA, holding a lease on the arena.
 
-    Args:
-        arena: the arena whose VA it is (checked by the caller).
-        ptr: the absolute address.
-        nbytes: the tensor's bytes.
-        dims: its shape.
-        dtype: a torch dtype name (``"bfloat16"``).
-        device: the device whose view it is (a peer's on a GPU).
+    ``dtype`` is a torch dtype name; ``device`` the device whose view it is (arguments
+    checked by the caller).
     """
     import torch
 

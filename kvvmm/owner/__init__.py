@@ -7,19 +7,10 @@ imported from :mod:`~kvvmm.owner.distributed`).
 owners load their modules only when asked for.
 """
 
-from kvvmm.owner.buffers import (
-    BufferInfo,
-    Chunked,
-    Exact,
-    Geometric,
-    KvBufferOwner,
-    OwnerSnapshot,
-    ShrinkResult,
-)
+from kvvmm.owner.buffers import KvBufferOwner, ShrinkResult
 from kvvmm.owner.elastic import BackingStats, Lease, RangeBacking
 from kvvmm.owner.options import OwnerOptions
 from kvvmm.owner.views import layer_views, paged_layer_views
 
-__all__ = ["BackingStats", "BufferInfo", "Chunked", "Exact", "Geometric", "KvBufferOwner",
-           "Lease", "OwnerOptions", "OwnerSnapshot", "RangeBacking", "ShrinkResult", "layer_views",
-           "paged_layer_views"]
+__all__ = ["BackingStats", "KvBufferOwner", "Lease", "OwnerOptions", "RangeBacking",
+           "ShrinkResult", "layer_views", "paged_layer_views"]

@@ -9,15 +9,11 @@ The flow SGLang uses to size its KV pool after CUDA-graph capture:
 3. ``finalize(n)``: back each buffer's final span now that the memory budget is known;
 4. ``ensure_prefix(n)`` grows backing on demand, ``shrink(n)`` gives memory back.
 
-Page-granular (0.2, holes): ``commit_pages(pages)`` / ``decommit_pages(pages)`` back and give
-back pages anywhere (page id ``p`` = token slots ``[p * page_size, (p + 1) * page_size)``),
-for every buffer in one transaction, and ``release_beyond(n)`` gives back everything past
-the first ``n`` token slots. With a :class:`~kvvmm.arena.pool.HandlePool` and
-``lookahead_bytes``, a background thread backs each buffer that far beyond the prefix before
-``ensure_prefix`` needs it, so the decode path usually finds its range backed.
-
-Every span is checked before anything is committed; nothing is clamped. A growth policy
-decides handle sizes (see :mod:`kvvmm.policy`).
+``commit_pages`` / ``decommit_pages`` back and give back pages anywhere (page ``p`` = slots
+``[p * page_size, (p + 1) * page_size)``), and ``release_beyond(n)`` everything past the first
+``n`` slots. With a :class:`~kvvmm.arena.pool.HandlePool` and ``lookahead_bytes`` a background
+thread backs each buffer that far beyond the prefix before ``ensure_prefix`` needs it.
+Every span is checked before anything is committed; nothing is clamped.
 """
 
 from __future__ import annotations
@@ -48,15 +44,14 @@ from kvvmm.layout.geometry import (
 )
 from kvvmm.owner.options import OwnerOptions
 from kvvmm.owner.prepared import PreparedBacking, prepare
-from kvvmm.policy import Chunked, Exact, Geometric, GrowthPolicy
+from kvvmm.policy import Exact, GrowthPolicy
 from kvvmm.snapshot import BufferInfo, OwnerSnapshot
 from kvvmm.units import align_up, fmt_bytes
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["BufferInfo", "Chunked", "Exact", "Geometric", "KvBufferOwner", "OwnerSnapshot",
-           "ShrinkResult"]
+__all__ = ["KvBufferOwner", "ShrinkResult"]
 
 _EXACT = Exact()
 #: What an asleep owner still answers: the pure questions (no memory is touched).
@@ -65,12 +60,8 @@ _ASLEEP_OK = frozenset({"slot_ranges", "page_ranges", "sleep", "wake"})
 
 @dataclass(frozen=True, slots=True)
 class ShrinkResult:
-    """What one :meth:`KvBufferOwner.shrink` did: bytes given back, and what stopped it.
-
-    Maps are whole handles: a buffer whose last mapping straddles its kept span gives back
-    less than asked, maybe nothing. ``held`` lists those buffers, each naming the mapping
-    (its ``[start, end)`` from the arena base) that stayed, so a lab can say why.
-    """
+    """What one :meth:`KvBufferOwner.shrink` did: bytes given back, and what stopped it
+    (a buffer whose last mapping straddles its kept span gives back less: ``held``)."""
 
     tokens: int  #: the token count shrunk to
     given_bytes: int  #: bytes given back across all buffers
@@ -99,37 +90,23 @@ class ShrinkResult:
 class KvBufferOwner:
     """Owns one arena and the KV buffers laid out in it, in ``descs`` order.
 
-    What the descriptors already say is not stated twice: ``page_size`` defaults to the
-    page-major descs' ``tokens_per_row``, ``reserved_tokens`` to the most tokens every
-    buffer holds with its padded page (``shape[0] * tokens_per_row - page_size``). A value
-    given anyway must agree with the descs; so must ``dtype``, whose itemsize every desc's
-    ``row_bytes`` states (``row_bytes == prod(shape[1:]) * itemsize``). ``dtype`` stays
-    required: the descs give its size, not which 2-byte type it is.
-
     Threads: the page and slot calls (:meth:`commit_pages`, :meth:`decommit_pages`,
     :meth:`note_pages`, :meth:`commit_slots`, :meth:`decommit_slots`) may come from several
-    threads at once: one lock makes each change the page set and the mappings as one (an
-    uncontended lock, ~0.1 us, beside 30-100 us per mapping). :meth:`ensure_prefix`,
-    :meth:`finalize`, :meth:`shrink`, :meth:`release_beyond` and :meth:`close` are the
-    engine's thread's: call them from one thread at a time (the decode step's check takes no
-    lock; the pool's look-ahead publishes through the same lock).
+    threads at once (one lock). :meth:`ensure_prefix`, :meth:`finalize`, :meth:`shrink`,
+    :meth:`release_beyond` and :meth:`close` are the engine's thread's: one at a time.
 
     Args:
         driver: any driver object (not a kind's name: ``kvvmm.open_driver("sim")`` first).
         device: device ordinal (default: the driver's).
-        dtype: a torch dtype or its name (``"bfloat16"``).
+        dtype: a torch dtype or its name (``"bfloat16"``); its itemsize must be the descs'.
         page_size: tokens per page, > 0 (default: the page-major descs' ``tokens_per_row``;
             required when every desc is token-major).
         reserved_tokens: upper bound on tokens the buffers can ever hold, in
-            ``[page_size, what the descs hold]`` (default: what the descs hold). Less than
-            the descs hold is allowed: the rest is VA, which costs no memory.
+            ``[page_size, what the descs hold]`` (default: what the descs hold).
         descs: the buffers (:class:`~kvvmm.layout.KvBufferDesc`), K buffers first by
             convention; names must be unique.
-        options: how the owner backs (:class:`~kvvmm.owner.options.OwnerOptions`: growth
-            policy, arena name, trace, handle pool, look-ahead, out-of-memory handling);
-            default ``OwnerOptions()``.
-        **settings: the same fields as keywords (``policy=Chunked(...)``, ``pool=...``), as
-            before the record; not together with ``options``.
+        options: how the owner backs (:class:`~kvvmm.owner.options.OwnerOptions`).
+        **settings: the same fields as keywords (``policy=Chunked(...)``); not with ``options``.
     Raises:
         ArgumentError, OutOfRangeError, UnknownDtypeError: bad arguments or descs that
             disagree with each other or with ``dtype``/``page_size``/``reserved_tokens``,
@@ -151,8 +128,7 @@ class KvBufferOwner:
 
     def _lay_out(self, driver: Driver, dtype: Any, descs: Sequence[KvBufferDesc],
                  page_size: int | None, reserved_tokens: int | None) -> None:
-        """Check the layout (dtype, page size, reserved tokens, descs: each against the
-        others) and work out each buffer's spans and limits; nothing reserved yet."""
+        """Check the layout against itself and work out each buffer's spans and limits."""
         self.dtype = dtype_name(dtype)
         self.itemsize = dtype_itemsize(self.dtype)
         if page_size is not None:
@@ -181,42 +157,34 @@ class KvBufferOwner:
                 f"(256 TiB, the most an arena reserves)",
                 f"the {len(self.descs)} buffers need {total} bytes",
             )
-        # Decode growth calls ensure_prefix once per step for every buffer: keep what its
-        # fast path needs in plain lists (rows of each buffer) so a step with nothing to
-        # back costs one pass of ints.
         self._rows = [(d.tokens_per_row, d.row_bytes) for d in self.descs]
-        # Bytes per page of each buffer: page_size token slots (tokens_per_row is 1 or the
-        # page size, so pages are equal runs of rows).
+        # tokens_per_row is 1 or the page size, so pages are equal runs of rows
         self._page_bytes = [self.page_size // tpr * rb if tpr > 1 else self.page_size * rb
                             for tpr, rb in self._rows]
         self.pages = min(s // pb for s, pb in zip(self._spans, self._page_bytes, strict=True))
 
     def _init_state(self, lookahead_bytes: int) -> None:
-        """The owner's own state before anything is backed (see docs/DESIGN.md, "Where a
-        change to the owner's state goes": what is mapped is the arena's, read, not kept)."""
+        """The owner's own state before anything is backed (docs/DESIGN.md, "Where a
+        change to the owner's state goes")."""
         self.prefix_tokens = 0
         self.final_tokens: int | None = None
         self._closed = False
-        # Each buffer's backed prefix, read from the arena under the lock by _sync_backed
-        # after every change (never written otherwise), and what it covers, in tokens:
-        # ensure_prefix(n) with n <= _covered has nothing to back (O(1), however many
-        # buffers), and with n <= _ahead nothing to ask of the look-ahead either.
+        # Derived by _sync_backed only: each buffer's backed prefix; the tokens it covers
+        # (ensure_prefix has nothing to back up to it) and up to which the look-ahead
+        # needs nothing.
         self._backed = [0] * len(self.descs)
         self._covered = 0
         self._ahead = -1
-        # The decode step's fast path in one int: the most tokens ensure_prefix can be asked
-        # for with nothing to back and nothing to queue (min of the two above), on an open,
-        # awake owner of a real driver; -1 otherwise (every call then takes the full path).
+        # ensure_prefix's fast path: the most tokens with nothing to back or queue; -1
+        # sends every call down the full path (closed, asleep, or the simulator's hook).
         self._quiet = -1
-        # Page-granular state: pages committed by commit_pages and not given back since. A
-        # granule shared by several pages stays backed while any of them is committed
-        # (refcounting by page, not refusing pages smaller than a granule).
+        # Pages committed and not given back; a granule stays backed while any page in it is.
         self._pages: set[int] = set()
         self._lookahead = lookahead_bytes
         self._ahead_queued = False
         self._ahead_n = 0  # the most tokens a look-ahead was asked for (its job reads it)
-        # Slot-range calls may come from a backing thread (RangeBacking) while the engine's
-        # thread calls others: the page set and the backed prefixes change under this lock.
+        # The page set and the backed prefixes change under this lock (RangeBacking's
+        # thread calls the slot calls).
         self._slots_lock = threading.RLock()
 
     def _open(self, driver: Driver, device: int | None, opts: OwnerOptions) -> None:
@@ -226,9 +194,7 @@ class KvBufferOwner:
                            name=opts.name, trace=opts.trace, pool=opts.pool,
                            cache_releaser=opts.cache_releaser, retry_on_oom=opts.retry_on_oom)
         self._pool = self.arena.handle_pool  # fixed for the arena's life
-        # The simulator's hook for the library's own work (None on real drivers): each
-        # public operation tells it once, with the buffers it walks (the arena's part is the
-        # arena's to tell).
+        # The simulator's charge for the library's own work (None on real drivers).
         self._work = work_hook(driver)
         self._charge("owner.open")
         try:
@@ -285,8 +251,7 @@ class KvBufferOwner:
             self._sync_backed()
 
     def _sync_backed(self) -> None:
-        # Under the lock: the look-ahead's job syncs from the pool's thread too (it backs
-        # the arena behind the mirror's back), and each sync must read and publish as one.
+        # Under the lock: the look-ahead's job syncs from the pool's thread too.
         with self._slots_lock:
             self._backed = backed = [self.arena.prefix_of(o) for o in self._offsets]
             # span(n) = ceil(n / tpr) * rb <= backed  <=>  n <= (backed // rb) * tpr
@@ -295,9 +260,7 @@ class KvBufferOwner:
                                                                     strict=True)))
             ahead = self.max_prefix_tokens
             la = self._lookahead
-            if la:  # nothing to ask of the look-ahead while span + la / 2 <= backed (or the
-                # buffer is backed to its limit); its job then tops up to span + la: with a
-                # one-buffer layout would otherwise queue a job every step for its bytes
+            if la:  # nothing to ask while span + la / 2 <= backed; its job tops up to span + la
                 half = la // 2
                 for (tpr, rb), b, limit in zip(self._rows, backed, self._limits, strict=True):
                     if b < limit:
@@ -314,9 +277,8 @@ class KvBufferOwner:
     # -- the owner's record, read (docs/DESIGN.md: what is mapped is the arena's) ----------
 
     def mapped(self, i: int, lo: int = 0, hi: int | None = None) -> list[tuple[int, int]]:
-        """Buffer ``i``'s mappings that overlap ``[lo, hi)``, as ``(start, end)`` bytes from
-        the buffer's start, sorted: one per handle, as the arena records them (found by
-        bisection: costs the mappings found). ``hi`` defaults to the buffer's end."""
+        """Buffer ``i``'s mappings that overlap ``[lo, hi)``, as sorted ``(start, end)``
+        bytes from the buffer's start (``hi`` defaults to the buffer's end)."""
         off = self._offsets[i]
         return self.arena.mappings_over(off, lo, self._limits[i] if hi is None else hi)
 
@@ -366,8 +328,7 @@ class KvBufferOwner:
     def _grow_plan(self, spans: Sequence[int], policy: GrowthPolicy
                    ) -> list[tuple[int, int, int]]:
         """``(offset, start, nbytes)`` of each gap to back so that every buffer's prefix
-        reaches ``spans[i]`` (the policy grows it; pages backed beyond it are kept and
-        skipped), in VA order; checks every span first, as :meth:`_back`."""
+        reaches ``spans[i]`` as the policy grows it, in VA order; every span checked first."""
         prefixes = [self.arena.prefix_of(off) for off in self._offsets]
         plan = []
         for i, prefix, target in growth_targets(policy, self._names, spans, self._spans,
@@ -409,9 +370,7 @@ class KvBufferOwner:
         return prepare(self, f"ensure_prefix({n})", plan, at_prefix=True, record=record)
 
     def prepare_pages(self, pages: Iterable[int]) -> PreparedBacking:
-        """:meth:`commit_pages` by parts: each buffer's unbacked granules of the pages, one
-        handle each, mapped at its range; ``confirm()`` commits the pages (they join
-        :attr:`committed_pages` only then).
+        """:meth:`commit_pages` by parts; ``confirm()`` commits the pages.
 
         Raises:
             As :meth:`commit_pages` (nothing made); DriverError: a create failed (those made
@@ -433,17 +392,15 @@ class KvBufferOwner:
         """Back the first ``n`` token slots of every buffer (the growth policy sizes handles).
 
         Args:
-            n: tokens, in ``[0, max_prefix_tokens]``: up to ``reserved_tokens`` plus the
-                padded page, the slots :meth:`finalize` of ``reserved_tokens`` backs (a
-                pool that hands out its top page ensures ``size + page_size``).
+            n: tokens, in ``[0, max_prefix_tokens]`` (``reserved_tokens`` plus the padded
+                page).
         Returns:
             Bytes newly backed.
         Raises:
             ArgumentError, OutOfRangeError: bad ``n``; nothing committed.
             DriverError: a driver call failed; every buffer is as it was.
         """
-        # The decode step's usual case, in as few steps as Python allows (it runs cold after
-        # an idle gap, where each one costs): a plain int with nothing to back or queue.
+        # The decode step's usual case, in as few steps as Python allows.
         if type(n) is int and n >= 0:
             quiet = self._quiet
             if n <= quiet:
@@ -470,9 +427,7 @@ class KvBufferOwner:
             if n > self._ahead and self._lookahead:
                 self._queue_lookahead(n)
             return 0
-        # KvBufferDesc.prefix_span_bytes, inlined: rows(n) * row_bytes. Past _covered some
-        # span exceeds the mirror, so only a sync (the pool's thread may have published
-        # backing since) can spare the commit.
+        # prefix_span_bytes inlined; the pool's thread may have backed these spans since.
         spans = [-(-n // tpr) * rb for tpr, rb in self._rows]
         if self._lookahead:
             self._sync_backed()
@@ -487,15 +442,8 @@ class KvBufferOwner:
         return added
 
     def _queue_lookahead(self, n: int) -> None:
-        """Ask the pool's thread to back each buffer ``lookahead_bytes`` beyond ``n`` tokens.
-
-        One job at a time; on the pool's thread it re-reads what is backed, then backs, with
-        the policy's handle sizes, the range from each buffer's prefix to the policy's target
-        for ``span + lookahead_bytes`` (``n``, or a larger one asked for before it ran), and
-        publishes the result to the mirror. The decode thread only queues it, and queues the
-        same bound method every time (no closure made per step): the pass over the buffers
-        (a policy answer each) is the job's.
-        """
+        """Ask the pool's thread to back each buffer ``lookahead_bytes`` beyond ``n`` tokens
+        (one job at a time: a queued job reads the largest ``n`` asked)."""
         if self._ahead_queued:  # a job not yet started reads the larger n
             if n > self._ahead_n:
                 self._ahead_n = n
@@ -537,8 +485,7 @@ class KvBufferOwner:
     def finalize(self, n: int) -> int:
         """Back each buffer's final span for ``n`` tokens and make ``n`` the capacity.
 
-        The final span includes one padded page beyond ``n`` (it absorbs the dummy writes
-        to slot 0). Backed exactly: the size is known, over-commit buys nothing.
+        The final span includes one padded page beyond ``n``; backed exactly.
 
         Args:
             n: tokens, ``page_size <= n <= reserved_tokens``.
@@ -558,8 +505,7 @@ class KvBufferOwner:
     def shrink(self, n: int) -> int:
         """Give back whole mappings beyond each buffer's final span for ``n`` tokens.
 
-        Maps are whole handles, so a handle straddling the span stays backed, and a shrink
-        may give back nothing: :meth:`shrink_report` says which mappings stopped it.
+        A handle straddling the span stays backed: :meth:`shrink_report` says which.
 
         Args:
             n: tokens to keep, ``page_size <= n <= reserved_tokens``.
@@ -576,11 +522,9 @@ class KvBufferOwner:
 
         Raises:
             ArgumentError, OutOfRangeError: bad ``n``; nothing changed.
-            DriverError: an unmap failed: every buffer and every byte is as it was. Or a
-                release failed after every unmap succeeded: the shrink stands (the mappings
-                are gone, the token counts capped at ``n``) and the arena keeps the handles
-                it could not release until the next shrink or ``close()`` (see
-                :meth:`Arena.decommit_many_report`).
+            DriverError: an unmap failed: every buffer and byte is as it was. Or a release
+                failed after every unmap: the shrink stands and the arena retries the
+                release later (:meth:`Arena.decommit_many_report`).
         """
         self._check_open("shrink")
         self._charge("owner.resize")
@@ -613,11 +557,9 @@ class KvBufferOwner:
     def commit_pages(self, pages: Iterable[int]) -> int:
         """Back the pages ``pages`` of every buffer, in one transaction.
 
-        Page ``p`` of a buffer is its bytes for token slots ``[p * page_size, (p + 1) *
-        page_size)``: ``[rows(p * page) * row_bytes, rows((p + 1) * page) * row_bytes)``,
-        rounded out to granules. Pages whose granules overlap share one handle; other pages
-        get one handle each (so each can be given back alone). Pages already backed cost
-        nothing. A granule shared by several pages stays backed while any is committed.
+        Page ``p`` is the bytes of token slots ``[p * page_size, (p + 1) * page_size)``,
+        rounded out to granules; pages whose granules overlap share one handle, others get
+        one each. Pages already backed cost nothing.
 
         Args:
             pages: page ids in ``[0, pages)`` (:attr:`pages`).
@@ -647,10 +589,8 @@ class KvBufferOwner:
         return reqs
 
     def page_ranges(self, pages: Iterable[int]) -> list[tuple[int, int, int]]:
-        """The ``(offset, start, nbytes)`` ranges :meth:`commit_pages` asks its arena to back.
-
-        Pure: nothing changes. Each range is granule-aligned; parts of it may be backed
-        already (:meth:`prepare_pages` backs only the parts that are not).
+        """The granule-aligned ``(offset, start, nbytes)`` ranges :meth:`commit_pages`
+        asks its arena to back (pure).
 
         Raises:
             ArgumentError, OutOfRangeError: a bad page id (as :meth:`commit_pages`).
@@ -662,12 +602,8 @@ class KvBufferOwner:
         """Record pages as committed (or not) without backing or giving back anything.
 
         ``committed=True``: every granule of the pages must be backed in every buffer
-        already (the arena's mappings are checked; :meth:`prepare_pages` is the way to back
-        them in steps);
-        they join :attr:`committed_pages`, so :meth:`decommit_pages` refcounts their granules.
-        ``committed=False``: the pages leave :attr:`committed_pages` whatever is backed (a
-        collective decommit whose local unmap failed: the memory stays until the next
-        decommit of those pages, which frees it). Re-reads the backed prefixes either way.
+        already; they join :attr:`committed_pages`. ``committed=False``: the pages leave it
+        whatever is backed (the next decommit of those pages frees their memory).
 
         Raises:
             ArgumentError, OutOfRangeError: a bad page id, or (``committed``) a page not
@@ -696,13 +632,10 @@ class KvBufferOwner:
     def decommit_pages(self, pages: Iterable[int]) -> int:
         """Give back the pages ``pages`` of every buffer, in one transaction.
 
-        A granule goes only when no page still committed (:meth:`commit_pages`) shares it;
-        a mapping that also backs other pages still wanted (committed, slot 0's, or the
-        ensured prefix's: a larger handle from ``ensure_prefix`` or ``finalize``) stays,
-        whole: :meth:`decommit_pages_report` names it; a mapping none of whose pages is
-        wanted any more goes whole (a :meth:`commit_slots` handle whose last page goes).
-        Pages inside the ensured prefix may be given back (a hole; the next
-        ``ensure_prefix`` fills it).
+        A granule goes only when no committed page shares it; a mapping that also backs
+        pages still wanted (committed, slot 0's, the ensured prefix's) stays whole
+        (:meth:`decommit_pages_report` names it). Pages inside the ensured prefix may go
+        (a hole; the next ``ensure_prefix`` fills it).
 
         Args:
             pages: page ids in ``[1, pages)``; page 0 (slot 0) always stays.
@@ -724,9 +657,8 @@ class KvBufferOwner:
 
     def _decommit_pages_locked(self, ids: Sequence[int]) -> tuple[RangeResult, ...]:
         left = self._pages.difference(ids)
-        # Slot 0's page always stays, and with it the granules it shares. Sorted, so "does a
-        # kept page touch this granule" is one bisection, not a scan of the granule's pages
-        # (512 pages of 4 KiB per 2 MiB granule: the workload lab's hour spent its time here).
+        # Slot 0's page always stays. Sorted: "does a kept page touch this granule" is one
+        # bisection, not a scan of the granule's pages.
         keep = sorted(left | {0})
         gran = self.arena.granularity
         reqs: list[tuple[int, int, int]] = []
@@ -749,49 +681,33 @@ class KvBufferOwner:
                 by_shape[(pb, limit)] = ranges
             for lo, hi in self._whole_mappings(i, off, ranges, wanted):
                 reqs.append((off, lo, hi - lo))
+        results = self._decommit_reqs(reqs)
+        self._pages = left
+        return results
+
+    def _decommit_reqs(self, reqs: list[tuple[int, int, int]]) -> tuple[RangeResult, ...]:
+        """Give back ``reqs`` (the lock held). After a failure, undone or past the unmaps,
+        the committed pages list only those whose granules are still mapped."""
         try:
             results = self.arena.decommit_ranges_report(reqs) if reqs else ()
         except DriverError:
-            # undone (every mapping back) or past the unmaps (they stand, a handle kept for
-            # close): either way, list only the pages whose granules are mapped now
             self._sync_backed()
             self._reconcile_pages()
             raise
         self._sync_backed()
-        self._pages = left
         return results
 
     def _reconcile_pages(self) -> None:
         """Drop from the committed pages every page a granule of which is unmapped in some
-        buffer (after a failure, so that ``committed_pages`` never lists memory that is
-        gone)."""
-        covered = []
-        for off in self._offsets:
-            runs: list[list[int]] = []
-            for a, b in self.arena.mappings_of(off):
-                if runs and runs[-1][1] == a:
-                    runs[-1][1] = b
-                else:
-                    runs.append([a, b])
-            covered.append(([r[0] for r in runs], [r[1] for r in runs]))
-        keep = set()
-        for p in self._pages:
-            for i in range(len(self._offsets)):
-                lo, hi = self._page_granules(i, p)
-                starts, ends = covered[i]
-                j = bisect_left(starts, lo + 1) - 1
-                if j < 0 or ends[j] < hi:
-                    break
-            else:
-                keep.add(p)
-        self._pages = keep
+        buffer (after a failure: ``committed_pages`` never lists memory that is gone)."""
+        self._pages = {p for p in self._pages
+                       if not any(self.unbacked(i, *self._page_granules(i, p))
+                                  for i in range(len(self._offsets)))}
 
     def release_beyond(self, n: int) -> int:
         """Give back everything past the first ``n`` token slots of every buffer.
 
-        SGLang's later call. Unlike :meth:`shrink` (which keeps the final span: ``n`` plus
-        the padded page), each buffer keeps only ``rows(n) * row_bytes``; every mapping that
-        starts at or past it goes (holes' pages included), a mapping straddling it stays
+        Unlike :meth:`shrink` no padded page is kept; a mapping straddling the end stays
         whole. Pages committed past ``n`` are forgotten; the token counts are capped at ``n``.
 
         Args:
@@ -824,15 +740,11 @@ class KvBufferOwner:
         return ShrinkResult(tokens=n, given_bytes=sum(r.given_bytes for r in results),
                             buffers=results)
 
-    # -- slot ranges (0.3: request-granular backing) --------------------------------------
+    # -- slot ranges ----------------------------------------------------------------------
 
     def slot_block_tokens(self) -> int:
         """The fewest token slots, a whole number of pages, whose bytes are whole granules in
-        every buffer: slot ranges aligned to it back and give back with no granule shared.
-
-        One page for llama-3.1-8b's interleaved layout (16 slots x 128 KiB = 2 MiB); 1,024
-        slots for its per-layer layout (2 KiB per slot and buffer).
-        """
+        every buffer: slot ranges aligned to it back and give back with no granule shared."""
         gran, ps = self.arena.granularity, self.page_size
         block = ps
         for tpr, rb in self._rows:
@@ -882,23 +794,19 @@ class KvBufferOwner:
     def slot_ranges(self, ranges: Iterable[tuple[int, int]]) -> list[tuple[int, int, int]]:
         """The ``(offset, start, nbytes)`` arena ranges :meth:`commit_slots` backs (pure)."""
         self._check_open("slot_ranges")
-        merged, _ = self._check_slots(ranges)
-        reqs: list[tuple[int, int, int]] = []
-        for i, off in enumerate(self._offsets):
-            for lo, hi in _merged((self._slot_bytes(i, a, b) for a, b in merged),
-                                  touching=True):
-                reqs.append((off, lo, hi - lo))
-        return reqs
+        return self._slot_reqs(self._check_slots(ranges)[0])
+
+    def _slot_reqs(self, merged: Sequence[tuple[int, int]]) -> list[tuple[int, int, int]]:
+        return [(off, lo, hi - lo) for i, off in enumerate(self._offsets)
+                for lo, hi in _merged((self._slot_bytes(i, a, b) for a, b in merged),
+                                      touching=True)]
 
     def commit_slots(self, ranges: Iterable[tuple[int, int]]) -> int:
         """Back token-slot ranges ``[start, stop)`` of every buffer, in one transaction.
 
-        Each contiguous range (touching ranges join) gets ONE handle per buffer for each
-        unbacked gap in it: one handle per request range in the interleaved layout
-        (:func:`~kvvmm.layout.layer_interleaved`), ``2 x layers`` in the per-layer ones.
-        The pages the ranges cover join :attr:`committed_pages`, so page and slot calls
-        agree about what is backed. Granules at a range's ends may be shared with
-        neighbouring slots; ranges aligned to :meth:`slot_block_tokens` share none.
+        Each contiguous range gets one handle per buffer for each unbacked gap in it (one
+        in all with :func:`~kvvmm.layout.layer_interleaved`); its pages join
+        :attr:`committed_pages`. Ranges aligned to :meth:`slot_block_tokens` share no granule.
 
         Args:
             ranges: ``(start, stop)`` token slots, multiples of ``page_size``,
@@ -912,11 +820,7 @@ class KvBufferOwner:
         self._check_open("commit_slots")
         self._charge("owner.pages")
         merged, ids = self._check_slots(ranges)
-        reqs = []
-        for i, off in enumerate(self._offsets):
-            for lo, hi in _merged((self._slot_bytes(i, a, b) for a, b in merged),
-                                  touching=True):
-                reqs.append((off, lo, hi - lo))
+        reqs = self._slot_reqs(merged)
         with self._slots_lock:
             try:
                 added = self.arena.commit_ranges(reqs)
@@ -928,11 +832,8 @@ class KvBufferOwner:
     def decommit_slots(self, ranges: Iterable[tuple[int, int]]) -> int:
         """Give back token-slot ranges ``[start, stop)`` of every buffer, in one transaction.
 
-        The inverse of :meth:`commit_slots`: a granule goes unless a page still committed
-        outside the ranges (or slot 0's page) shares it; mappings wholly inside what goes are
-        unmapped and released, a mapping that reaches past it stays whole while a page
-        past it is still wanted (as for :meth:`decommit_pages`). Costs what the ranges'
-        ends touch, not what is committed elsewhere: an engine calls it per request.
+        The inverse of :meth:`commit_slots`, with :meth:`decommit_pages`'s rules; costs what
+        the ranges' ends touch, not what is committed elsewhere.
 
         Args:
             ranges: as :meth:`commit_slots`; a range must not include slot 0's page.
@@ -969,21 +870,14 @@ class KvBufferOwner:
                 for lo, hi in self._whole_mappings(i, off, _merged(spans, touching=True),
                                                    wanted):
                     reqs.append((off, lo, hi - lo))
-            try:
-                results = self.arena.decommit_ranges_report(reqs) if reqs else ()
-            except DriverError:
-                self._sync_backed()
-                self._reconcile_pages()  # as decommit_pages: only what is still mapped
-                raise
-            self._sync_backed()
+            results = self._decommit_reqs(reqs)
             pages.difference_update(*ids)
         return sum(r.given_bytes for r in results)
 
     def _wanted_test(self, kept: set[int] | frozenset[int],
                      going: Iterable[int]) -> Callable[[int], bool]:
         """Whether page ``q`` must stay backed after a decommit of the pages ``going``: slot
-        0's page, a page committed and not going, or a page of the ensured prefix (or the
-        finalized span) not going. Made once per decommit, not per buffer."""
+        0's page, or a page committed or ensured and not going."""
         gone = frozenset(going)
         ps = self.page_size
         ensured = max(self.prefix_tokens, self.final_tokens or 0)
@@ -999,9 +893,7 @@ class KvBufferOwner:
     def _whole_mappings(self, i: int, off: int, ranges: list[tuple[int, int]],
                         wanted: Callable[[int], bool]) -> list[tuple[int, int]]:
         """``ranges`` (buffer ``i``'s granules to give back) widened to every mapping they
-        cut into that no wanted page touches: a mapping is one handle, unmapped whole or
-        not at all, so without this a handle that backed several pages (``commit_slots``)
-        stayed mapped, unused, until close once its pages went one call at a time."""
+        cut into that no wanted page touches (a mapping is unmapped whole or not at all)."""
         if not ranges:
             return ranges
         pb = self._page_bytes[i]
@@ -1023,7 +915,7 @@ class KvBufferOwner:
         if self.final_tokens is not None:
             self.final_tokens = min(self.final_tokens, n)
 
-    # -- sleep / wake (0.3) ---------------------------------------------------------------
+    # -- sleep / wake ---------------------------------------------------------------------
 
     @property
     def asleep(self) -> bool:
@@ -1034,21 +926,15 @@ class KvBufferOwner:
               keep_pool: bool = False) -> SleepResult:
         """Give every physical handle back, keeping the VA, the tensors and captured graphs.
 
-        The arena remembers each mapping and (with ``backup``) copies its bytes out first;
-        :meth:`wake` backs the same ranges at the same VA and copies them back. The owner's
-        bookkeeping (prefix and final tokens, committed pages and slot ranges) is kept as it
-        is: after the wake it is true again, exactly. While asleep, :meth:`ensure_prefix`
-        (beyond what was never backed: 0), :meth:`finalize`, :meth:`shrink`,
-        :meth:`release_beyond` and the page and slot calls refuse with
-        :class:`~kvvmm.errors.AsleepError`; :meth:`close` works (and drops the backup).
-        Reading the tensors while asleep gives zeros on the host driver and on CUDA with
-        ``zero_page``; on CUDA without it any access faults: launch nothing on them.
+        :meth:`wake` backs the same ranges at the same VA (with ``backup``, the same bytes);
+        the owner's bookkeeping is kept and true again after it. While asleep the growth,
+        shrink, page and slot calls refuse with :class:`~kvvmm.errors.AsleepError`;
+        :meth:`close` works (and drops the backup). See :mod:`kvvmm.arena.sleep` for what
+        the tensors read meanwhile.
 
         Args:
-            backup: None (bytes dropped), ``"host"`` (pinned host memory on CUDA),
-                ``"disk"`` (a new file at ``path`` through mmap), or a
-                :class:`~kvvmm.arena.backup.Backup`; see :mod:`kvvmm.arena.backup` for the
-                copy paths and why.
+            backup: None (bytes dropped), ``"host"``, ``"disk"`` (a new file at ``path``), or
+                a :class:`~kvvmm.arena.backup.Backup` (:mod:`kvvmm.arena.backup`).
             path: the file for ``backup="disk"``; it must not exist.
             keep_pool: keep the handle pool's idle handles (default: release them too).
         Returns:
@@ -1125,13 +1011,8 @@ class KvBufferOwner:
 
     @property
     def backed_tokens(self) -> int:
-        """The most tokens usable with nothing more to back (0 after close), O(1).
-
-        The largest ``n`` for which :meth:`ensure_prefix` would back nothing: each buffer's
-        backed prefix in whole rows times ``tokens_per_row``, the least over the buffers,
-        capped at :attr:`max_prefix_tokens`. True after any change, failed ones included
-        (the mirror is re-read from the arena each time).
-        """
+        """The largest ``n`` for which :meth:`ensure_prefix` would back nothing (0 after
+        close), capped at :attr:`max_prefix_tokens`; O(1)."""
         return 0 if self._closed else max(self._covered, 0)  # -1 asleep: see sleep()
 
     @property
@@ -1159,18 +1040,14 @@ class KvBufferOwner:
                              policy=str(self.policy), buffers=buffers)
 
     def close(self) -> None:
-        """Drop the tensors and close the arena (idempotent).
-
-        Tensors the caller still holds keep their memory until they go (see ``Arena.close``).
-        Raises DriverError if the arena could not give its memory back (see ``Arena.close``);
-        the owner stays usable when nothing was given back.
-        """
+        """Drop the tensors and close the arena (idempotent; see :meth:`Arena.close
+        <kvvmm.arena.Arena.close>`: a DriverError with nothing given back leaves the owner
+        usable)."""
         if self._closed:
             self.arena.close()  # retries a failed release, else a no-op
             return
         self.arena.check_close()  # a live capture: refused before anything changes
         self._charge("owner.close")
-        # Drop our tensors first, so the arena is not kept waiting for views we hold.
         self.tensors = []
         with self._slots_lock:  # a look-ahead's sync on the pool's thread cannot undo it
             self._closed = True

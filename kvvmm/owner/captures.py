@@ -1,14 +1,11 @@
 """An owner's captures: what a CUDA graph or a registration baked of its buffers in.
 
-``owner.capturing("decode-bs8")`` wraps a graph capture: it records, for the duration, every
-mapping of the owner's buffers at entry (what the graph's kernels can reach through the
-tensors' pointers) as a capture of the owner's arena (:mod:`~kvvmm.arena.captures`), and
-releases it on exit. While it is live a shrink, ``release_beyond``, a page or slot decommit,
-a request range given back, a sleep or a close that would unmap any of it is refused with
-:class:`~kvvmm.errors.CaptureConflictError` naming the graph. Growth beyond it stays allowed
-unless the capture says its capacity is fixed. A graph replayed after the block passes
-``keep=True``; a registration that outlives a block of code (NCCL, RDMA) records with
-:func:`record`; both are released with the owner's ``release_capture`` (only by that owner).
+``owner.capturing("decode-bs8")`` wraps a graph capture: every mapping of the owner's
+buffers at entry is recorded as a capture of its arena (:mod:`~kvvmm.arena.captures`) until
+the block ends, so any unmap under it is refused with
+:class:`~kvvmm.errors.CaptureConflictError` naming the graph. A graph replayed after the
+block passes ``keep=True``; a registration (NCCL, RDMA) records with :func:`record`; both
+are released with the owner's ``release_capture``.
 """
 
 from __future__ import annotations

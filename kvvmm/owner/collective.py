@@ -1,61 +1,34 @@
 """Tensor-parallel KV owners on torch.distributed: one resize agreed by every rank, or none.
 
-A serving engine runs its tensor-parallel ranks as processes of one ``torch.distributed``
-process group (torchrun) and must give every rank the same KV capacity: SGLang takes the
-least free memory over the ranks and finalizes every rank to the same token count. If one
-rank failed to back its share while the others kept theirs, the ranks' capacities would
-diverge, which an engine cannot serve with. :class:`DistributedOwner` wraps each rank's own
-:class:`~kvvmm.owner.KvBufferOwner` and makes every change collective, in four phases:
+Every rank of an engine must hold the same KV capacity. :class:`DistributedOwner` wraps each
+rank's :class:`~kvvmm.owner.KvBufferOwner` and makes every change collective, in four phases:
 
 1. **prepare** (local): the owner's own first step (``owner.prepare_finalize(n)`` and its
-   kin, :mod:`kvvmm.owner.prepared`) checks the arguments, computes each buffer's new
-   backed size with the owner's spans and growth policy, and *creates* the handles, or takes
-   them from the arena's handle pool (no map yet: nothing a tensor can reach has changed,
-   and a handle that is never mapped is simply released, or given back to the pool);
-2. **agree**: one ``all_reduce(MIN)`` of a small vector: every rank's success (0/1, one slot
-   per rank, so all learn *which* rank failed) and the op and token count (as ``x`` and
-   ``-x``, so MIN gives both the least and the most: ranks that asked for different changes
-   abort too). Any failure: every rank releases what it prepared;
-3. **map**: the owner maps each prepared handle right after its buffer's backed prefix
-   (``PreparedBacking.map``; it undoes itself if a map fails);
-4. **confirm**: a second ``all_reduce(MIN)`` of the map results. Any failure: every rank
-   gives back exactly the handles it mapped (``PreparedBacking.undo``); else the change
-   becomes the owner's (``PreparedBacking.confirm``: its token counts, its pages).
+   kin, :mod:`kvvmm.owner.prepared`) checks the arguments and creates (or takes from the
+   pool) the handles, mapping nothing;
+2. **agree**: one ``all_reduce(MIN)`` of every rank's success (one slot per rank, so all
+   learn which failed) and the op and its argument (as ``x`` and ``-x``: ranks that asked
+   for different changes abort too). Any failure: every rank releases what it prepared;
+3. **map**: ``PreparedBacking.map`` (it undoes itself if a map fails);
+4. **confirm**: a second ``all_reduce(MIN)``. Any failure: every rank unmaps what it mapped
+   (``PreparedBacking.undo``); else ``PreparedBacking.confirm``.
 
-The collective owner never touches the arena beneath the owner: each layer calls only the
-next, so the owner's record (docs/DESIGN.md) is true after every step.
+After a collective call either every rank holds the new backing, or every rank's bytes and
+snapshot are as they were and every rank raises :class:`~kvvmm.errors.CollectiveError` (the
+local failure is its ``__cause__``). The owner is the only way to the arena beneath it.
 
-So after a collective call either every rank holds the new backing, or every rank's bytes
-and snapshot are what they were, and every rank raises
-:class:`~kvvmm.errors.CollectiveError` (the local failure, if any, is its ``__cause__``).
+A collective waits at most ``timeout_s`` (default: the group's own). A rank that exits or
+hangs breaks its peers' collective: they roll back and raise ``CollectiveError`` with the
+phase that broke and ``failed_ranks=()``; the group is then unusable. On NCCL pass the
+engine's CPU (gloo) group: NCCL's watchdog aborts the process rather than raising.
 
-**A rank that dies or hangs.** A collective waits at most ``timeout_s`` (default: the
-group's own timeout, ``init_process_group(timeout=...)``). On gloo a rank that exits breaks
-its peers' collective at once ("Connection closed by peer"), and one that hangs makes it
-time out; either way the surviving ranks roll back and raise ``CollectiveError`` with
-``phase`` the step that broke and ``failed_ranks=()`` (a broken collective does not say who).
-The group is unusable afterwards (destroy it; on gloo ``destroy_process_group`` then waits
-out the group's timeout, so keep that timeout short in tests). On NCCL, pass the engine's
-CPU (gloo) group for these small collectives, as SGLang does for its own control traffic:
-NCCL's timeout is enforced by its watchdog, which aborts the process rather than raising.
+``shrink`` and ``decommit_pages`` give memory back, which cannot be undone: they agree on
+the arguments before anything changes, and a rank whose own step fails is left as its owner
+leaves it. ``commit_pages`` agrees on the page set (its count and a checksum). ``sleep`` and
+``wake`` run the same four steps; a wake's undo is a sleep with the same backup.
 
-``shrink`` gives memory back, which cannot be taken back without losing its contents: its
-agreement covers the arguments (every rank, same ``n``) before anything changes; a rank whose
-own shrink fails is left as the owner leaves it (its unmaps undone), and every rank caps its
-token counts at ``n``, so capacities still agree (see :meth:`DistributedOwner.shrink`).
-
-Page commits (``commit_pages``) run the same four phases (``owner.prepare_pages``),
-mapping each handle at its own range rather than after the prefix, and agree on the page set (its
-count and a checksum of the ids) instead of a token count; ``decommit_pages`` is agreed like
-``shrink`` (a rank whose own decommit fails forgets the pages as committed all the same).
-
-``sleep`` and ``wake`` run the same four steps over the whole owner (prepare: arguments and
-:meth:`Arena.sleep_refusal <kvvmm.arena.Arena.sleep_refusal>`; agree; sleep or wake; confirm):
-every rank gives its memory back, or the ranks that did wake again (a wake's undo is a sleep
-with the same backup kind and file), see :meth:`DistributedOwner.sleep` and docs/SLEEP.md.
-
-Processes come from torchrun, or for the lab and tests from
-:func:`~kvvmm.owner.spawn.spawn`; ``kvvmm.owner.distributed`` imports both.
+Processes come from torchrun, or from :func:`~kvvmm.owner.spawn.spawn`
+(``kvvmm.owner.distributed`` imports both).
 """
 
 from __future__ import annotations
@@ -95,15 +68,13 @@ class _Broken(Exception):
 class DistributedOwner:
     """One rank's :class:`~kvvmm.owner.KvBufferOwner`, resized together with every other rank.
 
-    Every rank of the group builds its own owner (same layout: the TP presets shard the KV
-    heads) and wraps it; then each collective method must be called by every rank, with the
-    same arguments, in the same order, like any ``torch.distributed`` collective.
+    Every rank wraps its own owner (same layout); each collective method must then be called
+    by every rank, with the same arguments, in the same order.
 
     Args:
         owner: this rank's owner. The wrapper does not own it: close it yourself.
-        group: the process group (default: the default group). Any backend; on NCCL the
-            small agreement tensors live on ``torch.cuda.current_device()`` (set it first),
-            and a gloo (CPU) group is the better choice (see the module docstring).
+        group: the process group (default: the default group); a gloo group is the better
+            choice (on NCCL the agreement tensors live on ``torch.cuda.current_device()``).
         timeout_s: longest wait of one collective, in seconds (default: the group's own
             timeout). Past it every rank rolls back and raises ``CollectiveError``.
         model: the model's name, shown in :meth:`gather_snapshot`'s ``TpSnapshot``.
@@ -286,9 +257,8 @@ class DistributedOwner:
         Returns:
             Bytes newly backed on this rank.
         Raises:
-            CollectiveError: on every rank, when any rank failed (bad ``n``, a create or a
-                map), the ranks disagree on ``n``, or a collective broke; every rank is as
-                it was (``rolled_back``), and the local failure is the ``__cause__``.
+            CollectiveError: on every rank, when any rank failed, the ranks disagree on
+                ``n``, or a collective broke; every rank is as it was (``rolled_back``).
         """
         return self._back_all("finalize", f"finalize({n!r})", n if is_int(n) else -1, 0,
                               lambda: self.owner.prepare_finalize(n))
@@ -310,24 +280,19 @@ class DistributedOwner:
     def shrink(self, n: int) -> int:
         """Collective :meth:`KvBufferOwner.shrink`: every rank gives back what lies beyond ``n``.
 
-        The ranks agree on the arguments first (every rank open, the same ``n``), then each
-        shrinks. A shrink cannot be undone without losing what the memory held, so a rank
-        whose own shrink fails keeps its backing (the owner undoes its unmaps), the others'
-        shrinks stand, and every rank caps its token counts at ``n``: the capacities still
-        agree, and the failed rank only holds memory it can give back by shrinking again.
+        The ranks agree on the arguments (every rank open, the same ``n``), then each
+        shrinks. A shrink cannot be undone with its contents: a rank whose own shrink fails
+        keeps its backing, the others' shrinks stand, and every rank caps its token counts
+        at ``n``, so the capacities still agree.
 
         Returns:
             Bytes given back on this rank.
         Raises:
             CollectiveError: on every rank when the agreement failed (nothing changed,
-                ``rolled_back`` True) or a rank's shrink failed or a collective broke after
-                the shrinks (``phase`` "confirm", ``rolled_back`` False where the shrink
-                stood).
+                ``rolled_back`` True), or a rank's shrink failed or a collective broke after
+                the shrinks (``phase`` "confirm", ``rolled_back`` False where it stood).
         """
-        what = f"shrink({n!r})"
         o = self.owner
-        code = _OPS["shrink"]
-        n_ok = n if is_int(n) else -1
         local: BaseException | None = None
         try:
             if o.closed:
@@ -335,23 +300,38 @@ class DistributedOwner:
             _tokens("n", n, lo=o.page_size, hi=o.reserved_tokens, what="page_size")
         except Exception as e:
             local = e
-        self._agree_or_raise(what, code, n_ok, local)
+
+        def settle(err: BaseException) -> None:
+            o._cap_tokens(n)
+
+        return self._give_back_all(f"shrink({n!r})", "shrink", n if is_int(n) else -1, 0,
+                                   local, lambda: o.shrink(n), settle,
+                                   f"failed to shrink; the others' shrinks stand, every rank "
+                                   f"serves at most {n} tokens")
+
+    def _give_back_all(self, what: str, op: str, n_ok: int, key: int,
+                       local: BaseException | None, step: Callable[[], int],
+                       settle: Callable[[BaseException], None], failed_why: str) -> int:
+        """Agree on the arguments, then give back on this rank (``step``); a rank whose step
+        failed calls ``settle`` so that the ranks' records still agree, and every rank
+        raises if any failed."""
+        o = self.owner
+        code = _OPS[op]
+        self._agree_or_raise(what, code, n_ok, local, key=key)
         before = o.backed_bytes
         given = 0
         try:
-            given = o.shrink(n)
+            given = step()
         except Exception as e:
             local = e
-        if local is not None:  # capacities must agree even where the shrink did not happen
-            o._cap_tokens(n)
+            settle(e)
         try:
-            failed, _ = self._agree(code, n_ok, ok=local is None)
+            failed, _ = self._agree(code, n_ok, ok=local is None, key=key)
         except _Broken as b:
             raise CollectiveError(what, "confirm", f"the collective broke ({b})",
                                   rolled_back=o.backed_bytes == before) from (local or b.__cause__)
         if failed:
-            raise CollectiveError(what, "confirm", f"rank(s) {failed} failed to shrink; the "
-                                  f"others' shrinks stand, every rank serves at most {n} tokens",
+            raise CollectiveError(what, "confirm", f"rank(s) {failed} {failed_why}",
                                   failed_ranks=tuple(failed),
                                   rolled_back=o.backed_bytes == before) from local
         return given
@@ -374,22 +354,17 @@ class DistributedOwner:
     def commit_pages(self, pages: Iterable[int]) -> int:
         """Collective :meth:`KvBufferOwner.commit_pages`: every rank backs the pages, or none.
 
-        Prepare (:meth:`KvBufferOwner.prepare_pages`) works out each buffer's unbacked
-        granules of the pages (the ranges the owner's ``commit_pages`` would back) and
-        creates their handles, or takes them from the arena's pool; the ranks agree on
-        success and on the page set (its count and a checksum of the ids: ranks asked for
-        different pages abort); then each handle is mapped at its range and, once every
-        rank confirmed, the pages are committed in the owner.
+        The four phases over :meth:`KvBufferOwner.prepare_pages`; the ranks agree on the
+        page set (its count and a checksum of the ids), and the pages join the owner's
+        committed pages only at the confirm.
 
         Args:
             pages: page ids in ``[0, owner.pages)``, the same set on every rank.
         Returns:
             Bytes newly backed on this rank.
         Raises:
-            CollectiveError: on every rank, when any rank failed (a bad page id, a create or
-                a map), the ranks' page sets differ, or a collective broke; every rank's
-                bytes and snapshot are as they were, the pages not committed
-                (``rolled_back``), and the local failure is the ``__cause__``.
+            CollectiveError: as :meth:`finalize` (a bad page id, a create or a map failed,
+                the page sets differ, or a collective broke; the pages not committed).
         """
         ids, n_ok, key, bad = self._page_ids("commit_pages", pages)
 
@@ -398,58 +373,36 @@ class DistributedOwner:
                 raise bad
             return self.owner.prepare_pages(ids)
 
-        # The pages join the owner's committed pages only at the confirm: a page marked
-        # committed on one rank and not another would let the ranks' decommits free
-        # different granules.
         return self._back_all("commit_pages", f"commit_pages({n_ok} pages)", n_ok, key,
                               prepare)
 
     def decommit_pages(self, pages: Iterable[int]) -> int:
         """Collective :meth:`KvBufferOwner.decommit_pages`: every rank gives the pages back.
 
-        As :meth:`shrink`: memory given back cannot be taken back with its contents, so the
-        ranks agree on the arguments first (every rank open, the same page set: count and
-        checksum), then each decommits. A rank whose own decommit fails keeps its bytes (the
-        owner undoes its unmaps) but forgets the pages as committed, like the others: every
-        rank's page set agrees, and the failed rank only holds memory that the next
-        decommit of those pages frees.
+        As :meth:`shrink`, agreed on the page set: a rank whose own decommit fails keeps its
+        bytes but forgets the pages as committed, like the others, so the next decommit of
+        those pages frees them.
 
         Args:
             pages: page ids in ``[1, owner.pages)``, the same set on every rank.
         Returns:
             Bytes given back on this rank.
         Raises:
-            CollectiveError: on every rank when the agreement failed (nothing changed,
-                ``rolled_back`` True) or a rank's decommit failed or a collective broke
-                after the decommits (``phase`` "confirm", ``rolled_back`` False where the
-                decommit stood).
+            CollectiveError: as :meth:`shrink`.
         """
         o = self.owner
-        code = _OPS["decommit_pages"]
         ids, n_ok, key, local = self._page_ids("decommit_pages", pages)
-        what = f"decommit_pages({n_ok} pages)"
-        self._agree_or_raise(what, code, n_ok, local, key=key)
-        before = o.backed_bytes
-        given = 0
-        try:
-            given = o.decommit_pages(ids)
-        except Exception as e:
-            local = e
-            try:  # the page sets must agree even where the decommit did not happen
+
+        def settle(err: BaseException) -> None:
+            try:
                 o.note_pages(ids, committed=False)
             except Exception as e2:
-                e.add_note(f"rank {self.rank}: forgetting the pages also failed: {e2}")
-        try:
-            failed, _ = self._agree(code, n_ok, ok=local is None, key=key)
-        except _Broken as b:
-            raise CollectiveError(what, "confirm", f"the collective broke ({b})",
-                                  rolled_back=o.backed_bytes == before) from (local or b.__cause__)
-        if failed:
-            raise CollectiveError(what, "confirm", f"rank(s) {failed} failed to decommit; the "
-                                  "others' decommits stand, no rank keeps the pages committed",
-                                  failed_ranks=tuple(failed),
-                                  rolled_back=o.backed_bytes == before) from local
-        return given
+                err.add_note(f"rank {self.rank}: forgetting the pages also failed: {e2}")
+
+        return self._give_back_all(f"decommit_pages({n_ok} pages)", "decommit_pages", n_ok,
+                                   key, local, lambda: o.decommit_pages(ids), settle,
+                                   "failed to decommit; the others' decommits stand, no rank "
+                                   "keeps the pages committed")
 
     # -- sleep / wake -----------------------------------------------------------------------
 
@@ -457,18 +410,10 @@ class DistributedOwner:
               keep_pool: bool = False) -> SleepResult:
         """Collective :meth:`KvBufferOwner.sleep`: every rank gives its memory back, or none.
 
-        1. **prepare** (local, nothing changes): the arguments (``path`` is this rank's own
-           file for ``backup="disk"``), and the refusals a sleep would raise
-           (:meth:`Arena.sleep_refusal <kvvmm.arena.Arena.sleep_refusal>`: asleep already,
-           a CUDA graph capture, adopted handles);
-        2. **agree**: every rank succeeded and asked for the same ``backup`` kind; else every
-           rank raises, nothing changed anywhere;
-        3. **sleep** (local): copy out, unmap, release;
-        4. **confirm**: every rank slept. Else the ranks that slept wake again (a wake is the
-           undo of a sleep): with a backup their bytes come back exactly; with
-           ``backup=None`` the bytes were given up when the sleep began, so those ranks wake
-           with fresh memory (their layout, snapshot and bookkeeping as before). Step 1
-           leaves little to fail in step 3 without a backup: a driver's unmap or release.
+        Prepare checks the arguments and what :meth:`Arena.sleep_refusal
+        <kvvmm.arena.Arena.sleep_refusal>` refuses; the ranks agree (the same ``backup``
+        kind); each sleeps; the ranks confirm, else the ranks that slept wake again: with a
+        backup their bytes come back exactly, with ``backup=None`` as fresh memory.
 
         Args:
             backup: None, ``"host"`` or ``"disk"``, the same on every rank (a
@@ -478,15 +423,15 @@ class DistributedOwner:
         Returns:
             This rank's :class:`~kvvmm.arena.SleepResult`.
         Raises:
-            CollectiveError: on every rank when any rank refused or failed, the ranks asked
-                for different backups, or a collective broke: ``phase`` "prepare" (nothing
-                changed), "sleep" (the ranks that slept woke again: ``rolled_back``; if a
-                wake failed, that rank is asleep with its backup, see the notes) or
-                "agree"/"confirm" (a broken collective: this rank rolled back as for
-                "sleep"). The local failure is the ``__cause__``.
+            CollectiveError: on every rank when any rank refused or failed, the backups
+                differ, or a collective broke: ``phase`` "prepare" (nothing changed),
+                "sleep" (the ranks that slept woke again: ``rolled_back``; a rank whose wake
+                failed is asleep with its backup, see the notes) or "agree"/"confirm" (this
+                rank rolled back as for "sleep"). The local failure is the ``__cause__``.
         """
-        code = _OPS["sleep"]
+        o = self.owner
         what = f"sleep({backup!r})"
+        code = _OPS["sleep"]
         store, local = self._prepare_sleep(backup, path)
         kind = _BACKUP_CODES.get(backup, -1) if isinstance(backup, (str, type(None))) else -1
         try:
@@ -495,12 +440,19 @@ class DistributedOwner:
             if store is not None:
                 store.drop()  # never opened: no file was made
             raise
-        return self._sleep_and_confirm(what, code, kind, store, keep_pool)
+
+        def undo(err: BaseException) -> bool:
+            return self._undo(o.wake, err, "waking again (the undo of its sleep)",
+                              "it is asleep, its backup intact")
+
+        result: SleepResult = self._change_all(
+            what, "sleep", kind, lambda: o.sleep(store, keep_pool=keep_pool),
+            lambda: o.asleep, undo, "failed to sleep; the ranks that slept woke again")
+        return result
 
     def _prepare_sleep(self, backup: object, path: Any
                        ) -> tuple[Backup | None, BaseException | None]:
-        """Step 1 of :meth:`sleep` (local, nothing changes): the backup made (not opened)
-        and this rank's refusal, if any (then no backup)."""
+        """The backup made (not opened) and this rank's refusal, if any (then no backup)."""
         o = self.owner
         store: Backup | None = None
         try:
@@ -519,74 +471,22 @@ class DistributedOwner:
             return None, e
         return store, None
 
-    def _sleep_and_confirm(self, what: str, code: int, kind: int, store: Backup | None,
-                           keep_pool: bool) -> SleepResult:
-        """Steps 3 and 4 of :meth:`sleep`: sleep this rank, then agree that every rank
-        slept; else wake the ranks that did."""
-        o = self.owner
-        local: BaseException | None = None
-        slept = False
-        try:
-            result: SleepResult | None = None
-            try:
-                result = o.sleep(store, keep_pool=keep_pool)
-            except Exception as e:
-                local = e
-            slept = o.asleep  # a release failing past the unmaps: the sleep stands
-            try:
-                failed, _ = self._agree(code, kind, ok=local is None)
-            except _Broken as b:
-                rolled = self._undo_sleep(slept, b)
-                slept = False
-                raise CollectiveError(what, "confirm", f"the collective broke ({b})",
-                                      rolled_back=rolled) from (local or b.__cause__)
-            if failed:
-                err = CollectiveError(what, "sleep", f"rank(s) {failed} failed to sleep; "
-                                      "the ranks that slept woke again",
-                                      failed_ranks=tuple(failed), rolled_back=True)
-                err.rolled_back = self._undo_sleep(slept, err)
-                slept = False
-                raise err from local
-            assert result is not None  # this rank did not fail
-            slept = False  # confirmed: the sleep is the owner's now
-            return result
-        except BaseException as e:
-            if slept and not isinstance(e, Exception):  # interrupted: undo this call's sleep
-                self._undo_sleep(True, e)
-            raise
-
-    def _undo_sleep(self, slept: bool, err: BaseException) -> bool:
-        """Wake this rank again if this call put it to sleep; False (and a note) if the wake
-        failed (the rank is then asleep, its backup intact: a later wake retries)."""
-        if not slept:
-            return True
-        try:
-            self.owner.wake()
-        except Exception as e:
-            err.add_note(f"rank {self.rank}: waking again (the undo of its sleep) failed: "
-                         f"{type(e).__name__}: {e}; it is asleep, its backup intact")
-            return False
-        return True
-
     def wake(self) -> int:
         """Collective :meth:`KvBufferOwner.wake`: every rank backs its memory again, or none.
 
-        The same four steps as :meth:`sleep`: prepare (asleep? no capture?), agree, wake
-        (create, map, copy back), confirm. When a rank's wake fails (out of memory: another
-        process took it while the ranks slept), the ranks that woke sleep again, with the
-        backup kind (and ``path``) their sleep had, so every rank is asleep, its bytes kept,
-        and a later :meth:`wake` retries all of them.
+        The same steps as :meth:`sleep`. When a rank's wake fails, the ranks that woke sleep
+        again with the backup their sleep had, so every rank is asleep with its bytes and a
+        later :meth:`wake` retries all of them.
 
         Returns:
             Bytes backed again on this rank.
         Raises:
             CollectiveError: on every rank when any rank refused or failed, or a collective
                 broke: ``phase`` "prepare" (nothing changed) or "wake"/"confirm" (the ranks
-                that woke slept again: ``rolled_back``; if that sleep failed the rank is awake
+                that woke slept again: ``rolled_back``; a rank whose sleep failed is awake
                 with its bytes, see the notes). The local failure is the ``__cause__``.
         """
         o = self.owner
-        code = _OPS["wake"]
         local: BaseException | None = None
         again: tuple[Any, Any] = (None, None)
         try:
@@ -598,45 +498,57 @@ class DistributedOwner:
             again = _backup_of(o)
         except Exception as e:
             local = e
-        self._agree_or_raise("wake()", code, 0, local)
-        woke = False
+        self._agree_or_raise("wake()", _OPS["wake"], 0, local)
+
+        def undo(err: BaseException) -> bool:
+            return self._undo(lambda: o.sleep(again[0], path=again[1]), err,
+                              "sleeping again (the undo of its wake)", "it is awake with its bytes")
+
+        added: int = self._change_all("wake()", "wake", 0, o.wake, lambda: not o.asleep, undo,
+                                      "failed to wake; the ranks that woke slept again")
+        return added
+
+    def _change_all(self, what: str, op: str, kind: int, step: Callable[[], Any],
+                    changed: Callable[[], bool], undo: Callable[[BaseException], bool],
+                    failed_why: str) -> Any:
+        """Run ``step`` on this rank, then confirm every rank's; else ``undo`` where
+        ``changed()`` says this call changed the owner (also when interrupted)."""
+        code = _OPS[op]
+        local: BaseException | None = None
+        done = False
         try:
-            added = 0
+            result = None
             try:
-                added = o.wake()
+                result = step()
             except Exception as e:
                 local = e
-            woke = not o.asleep
+            done = changed()  # a sleep's release failing past the unmaps: the sleep stands
             try:
-                failed, _ = self._agree(code, 0, ok=local is None)
+                failed, _ = self._agree(code, kind, ok=local is None)
             except _Broken as b:
-                rolled = self._undo_wake(woke, again, b)
-                woke = False
-                raise CollectiveError("wake()", "confirm", f"the collective broke ({b})",
+                rolled = not done or undo(b)
+                done = False
+                raise CollectiveError(what, "confirm", f"the collective broke ({b})",
                                       rolled_back=rolled) from (local or b.__cause__)
             if failed:
-                err = CollectiveError("wake()", "wake", f"rank(s) {failed} failed to wake; "
-                                      "the ranks that woke slept again",
+                err = CollectiveError(what, op, f"rank(s) {failed} {failed_why}",
                                       failed_ranks=tuple(failed), rolled_back=True)
-                err.rolled_back = self._undo_wake(woke, again, err)
-                woke = False
+                err.rolled_back = not done or undo(err)
+                done = False
                 raise err from local
-            woke = False
-            return added
+            done = False  # confirmed: the change is the owner's now
+            return result
         except BaseException as e:
-            if woke and not isinstance(e, Exception):
-                self._undo_wake(True, again, e)
+            if done and not isinstance(e, Exception):  # interrupted: undo this call's change
+                undo(e)
             raise
 
-    def _undo_wake(self, woke: bool, again: tuple[Any, Any], err: BaseException) -> bool:
-        """Put this rank back to sleep if this call woke it, with its sleep's backup kind."""
-        if not woke:
-            return True
+    def _undo(self, call: Callable[[], Any], err: BaseException, what: str, state: str) -> bool:
+        """Run the undo ``call``; False (and a note on ``err``) if it failed."""
         try:
-            self.owner.sleep(again[0], path=again[1])
+            call()
         except Exception as e:
-            err.add_note(f"rank {self.rank}: sleeping again (the undo of its wake) failed: "
-                         f"{type(e).__name__}: {e}; it is awake with its bytes")
+            err.add_note(f"rank {self.rank}: {what} failed: {type(e).__name__}: {e}; {state}")
             return False
         return True
 
@@ -645,8 +557,7 @@ class DistributedOwner:
     def budget_bytes(self, headroom_bytes: int = 0) -> int:
         """Bytes every rank can back: the least over ranks of ``free - headroom + backed``.
 
-        ``free`` is the driver's ``mem_info()`` now (after capture, weights and the rest);
-        ``backed`` what this owner already holds (it counts towards the KV budget). As
+        ``free`` is the driver's ``mem_info()`` now; ``backed`` what this owner holds. As
         SGLang's ``get_available_gpu_memory(distributed=True)``: the smallest rank decides.
 
         Args:
@@ -753,14 +664,18 @@ class DistributedOwner:
 
 def _backup_of(owner: KvBufferOwner) -> tuple[Any, Any]:
     """``(backup, path)`` for ``sleep`` to sleep a sleeping owner again the way it slept: the
-    same kind, the same file, the same pinned memory (a fresh backup object each time)."""
+    same kind and file; a host backup with the same settings (a kept one is passed again, so
+    the sleep copies into the memory it already holds)."""
     store = owner.arena.sleep_backup
     if store is None:
         return None, None
     if isinstance(store, DiskBackup):
         return "disk", store.path
     if isinstance(store, HostBackup):
-        return HostBackup(store.memory), None
+        if store.keep:
+            return store, None
+        return HostBackup(store.memory, free_on_thread=store.free_on_thread,
+                          chunk_bytes=store.chunk_bytes, workers=store.workers), None
     return store.kind, None
 
 

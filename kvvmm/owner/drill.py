@@ -1,20 +1,14 @@
 """A drill for a tensor-parallel world: one rank fails mid-resize, and every rank rolls back.
 
-What notebook 08 shows, as the function each rank runs (under torchrun, or
-:func:`kvvmm.owner.distributed.spawn` on loopback): each rank opens its own simulated GPU
-and :class:`~kvvmm.owner.KvBufferOwner` for its share of a model's heads, then
+The function each rank of notebook 08 runs (under torchrun, or
+:func:`kvvmm.owner.distributed.spawn`): each rank opens its own simulated GPU and owner, then
 
-1. runs a collective finalize in which one rank's driver fails a chosen call after every
-   rank agreed: every rank raises :class:`~kvvmm.errors.CollectiveError` and keeps the
-   snapshot it had before;
-2. reads the collective budget (the least over ranks of ``free - headroom + backed``,
-   SGLang's ``get_available_gpu_memory(distributed=True)``) and finalizes every rank to the
-   most tokens that fit it;
+1. runs a collective finalize in which one rank's driver fails a chosen call: every rank
+   raises :class:`~kvvmm.errors.CollectiveError` and keeps its snapshot;
+2. reads the collective budget and finalizes every rank to the most tokens that fit it;
 3. gathers every rank's snapshot on rank 0.
 
-It lives in the package, not in a string the notebook wrote to a temporary module: spawned
-ranks import their function by name, and a package function imports in every child with
-nothing written to disk or put on ``sys.path``.
+It lives in the package because spawned ranks import their function by name.
 """
 
 from __future__ import annotations
@@ -71,25 +65,19 @@ def collective_drill(
 ) -> DrillRank:
     """Run the drill on this rank of an initialised ``torch.distributed`` group.
 
-    ``spawn(collective_drill, 2, 1)`` runs it on two ranks, rank 1 failing; a torchrun
-    script calls it with its own rank and world size. Every rank must pass the same
-    arguments.
+    ``spawn(collective_drill, 2, 1)`` runs it on two ranks, rank 1 failing. Every rank must
+    pass the same arguments.
 
     Args:
-        rank: this rank (``spawn`` passes it; under torchrun, ``RANK``).
-        world: ranks in the group.
-        fail_rank: the rank whose driver injects ``fault`` into the first finalize, in
-            ``[0, world)``; None: no rank fails, and that finalize succeeds.
-        model: the model whose heads the ranks share (a shipped key; it names the group).
-        profile: the simulated device of every rank (a profile key).
-        reserved_tokens: tokens each rank's owner reserves.
-        finalize_tokens: the first, failing, finalize's tokens.
+        rank, world: this rank, and ranks in the group.
+        fail_rank: the rank whose driver injects ``fault`` into the first finalize; None:
+            no rank fails.
+        model, profile: the model whose heads the ranks share, the simulated device.
+        reserved_tokens, finalize_tokens, page_size, dtype: each rank's owner, and the first
+            finalize's tokens.
         headroom_bytes: the memory every rank keeps back from the budget, >= 0.
-        fault: what fails on ``fail_rank``, counted from just before the first finalize
-            (default :data:`DEFAULT_FAULT`).
-        page_size: tokens per page.
-        dtype: the KV dtype.
-        timeout_s: each collective's limit (:class:`DistributedOwner`'s ``timeout_s``).
+        fault: what fails on ``fail_rank`` (default :data:`DEFAULT_FAULT`).
+        timeout_s: each collective's limit.
     Returns:
         What this rank saw: a :class:`DrillRank`.
     Raises:

@@ -1,43 +1,31 @@
 """RangeBacking: elastic KV memory per request, with the driver work off the decode thread.
 
-Measured on an H200: committing a request page by page over a per-layer owner is
-``2 x layers`` mappings per page at ~80-110 us each, milliseconds per request on the decode
-thread. The cost is in the number of mappings and in where they run. This module removes
-both:
+Committing a request page by page costs ``2 x layers`` mappings per page on the decode
+thread (docs/ELASTIC.md). This module cuts both the number of mappings and where they run:
 
 - **Ranges, not pages.** Each request gets a lease of contiguous *blocks* of token slots
-  (:meth:`KvBufferOwner.slot_block_tokens`: a whole number of pages whose bytes are whole
-  granules in every buffer) from a best-fit allocator (:class:`~kvvmm.layout.SlotRanges`).
-  A fresh range is backed by :meth:`KvBufferOwner.commit_slots`: one handle per buffer, one
-  handle in all with the interleaved layout (:func:`~kvvmm.layout.layer_interleaved`).
-- **Deferred reclamation** (vAttention's): a released lease's blocks stay mapped, free for
-  the next request (``cached``); admitting from them costs no driver call. They are given
-  back only above ``high_bytes`` (down to ``reserve_bytes``), or when asked
-  (:meth:`RangeBacking.reclaim`, the pressure call), on the backing thread.
-- **A reserve mapped ahead** (kvcached's pre-allocation): the backing thread keeps at least
-  ``reserve_bytes`` of free blocks mapped, so admissions find their memory ready; a lease
-  that outruns it takes blocks of the refill in flight (it waits for that one commit, not
-  for a commit of its own queued behind it), then fresh blocks mapped on the backing
-  thread, and the decode step only checks :attr:`Lease.ready` (an attribute read).
+  (:meth:`KvBufferOwner.slot_block_tokens`) from a best-fit allocator
+  (:class:`~kvvmm.layout.SlotRanges`); a fresh range is one :meth:`KvBufferOwner.commit_slots`.
+- **Deferred reclamation.** A released lease's blocks stay mapped (``cached``) for the next
+  request, which admits them with no driver call; they are given back above ``high_bytes``
+  (down to ``reserve_bytes``), or when asked (:meth:`RangeBacking.reclaim`,
+  :meth:`RangeBacking.give_back`), on the backing thread.
+- **A reserve mapped ahead.** The backing thread keeps ``reserve_bytes`` of free blocks
+  mapped. A lease that outruns it claims blocks of the refill in flight, then fresh blocks
+  mapped on the backing thread; the decode step only reads :attr:`Lease.ready`.
 
-Blocks are in exactly one of three states: leased (to a live lease), cached (free and
-mapped) or fresh (free and unmapped). The mapped ones are grouped in *units*, one per
-commit (what one handle per buffer backs): a unit is given back only when every block of it
-is cached, so a decommit always covers whole mappings. Which blocks are mapped, and in which
-units, is the owner's record (its arena's mappings, read through :meth:`KvBufferOwner.mapped
-<kvvmm.owner.KvBufferOwner.mapped>`), never a copy kept here; the backing keeps what the
-arena has no notion of: the leases, and which free blocks are cached or fresh.
+Every block is leased, cached (free, mapped) or fresh (free, unmapped). Mapped blocks are
+grouped in *units*, one per commit: a unit is given back only when all its blocks are cached,
+so a decommit covers whole mappings. Which blocks are mapped is the owner's record
+(:meth:`KvBufferOwner.mapped <kvvmm.owner.KvBufferOwner.mapped>`); the backing keeps only the
+leases and which free blocks are cached or fresh.
 
-Threads: every public method may be called from the engine's thread; the driver calls run on
-the backing thread (``executor=None``), on the caller's (``"inline"``), or through a callable
-the caller gives (the workload lab's, which accounts the time as off the decode path). The
-state lock is never held across a driver call.
-
-A lease belongs to the backing that made it, until it is released: any other object passed
-where a lease is asked for (another backing's, one already released, a copy, not a lease) is
-refused before anything changes. A driver call that fails while blocks are given back (or
-mapped) leaves the three states equal to the mappings the arena holds: blocks still mapped
-are cached again, blocks the failure unmapped are fresh, and the error's notes say which.
+Threads: every public method may be called from the engine's thread; driver calls run on the
+backing thread (``executor=None``), the caller's (``"inline"``), or a caller's executor. The
+state lock is never held across a driver call. A lease is its backing's until released:
+anything else passed as a lease is refused before anything changes. A driver call that fails
+while blocks are mapped or given back leaves the three states equal to the arena's mappings
+(the error's notes say which blocks went).
 """
 
 from __future__ import annotations
@@ -47,7 +35,7 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from kvvmm.checks import int_arg, seconds_arg
@@ -77,10 +65,8 @@ Executor = Callable[[Callable[[], None], bool], None]
 class Lease:
     """A request's token slots: contiguous block ranges from one :class:`RangeBacking`.
 
-    ``ready`` turns True once every block is mapped (at once when the blocks were cached);
-    the decode step reads it, and :meth:`RangeBacking.wait` blocks on it. Its fields are
-    read-only: the backing alone moves them (a lease whose pieces a caller could rewrite
-    would give back another request's blocks).
+    ``ready`` turns True once every block is mapped; :meth:`RangeBacking.wait` blocks on it.
+    Read-only: the backing alone moves its fields.
     """
 
     __slots__ = ("_bt", "_done", "_error", "_failed", "_maker", "_pend", "_pending",
@@ -96,8 +82,6 @@ class Lease:
         self._error: BaseException | None = None
         self._pend: set[tuple[int, int]] = set()  # pieces whose commit runs
         self._failed: set[tuple[int, int]] = set()  # pieces whose commit failed (unbacked)
-        # made when a commit is first queued for the lease (most admissions find cached
-        # blocks and never wait); None means nothing was ever pending
         self._done: threading.Event | None = None
         self._queued: list[Callable[[], None]] = []  # its commits given to the backing thread
         self._maker: object = None  # the RangeBacking that admitted it
@@ -180,10 +164,9 @@ STOPS = ("enough", "deadline", "empty", "error", "closed")
 class GiveBack:
     """One :meth:`RangeBacking.give_back`: filled in on the backing thread, read anywhere.
 
-    ``done`` turns True when it stopped; then ``stopped`` says why: ``"enough"`` (the bytes
-    asked went), ``"deadline"`` (the next unit would have passed ``deadline_s``), ``"empty"``
-    (no whole cached unit left), ``"error"`` (a decommit failed: :attr:`error`, raised by
-    :meth:`wait`) or ``"closed"`` (the backing closed before it began).
+    Once ``done``, ``stopped`` says why: ``"enough"``, ``"deadline"`` (the next unit would
+    have passed it), ``"empty"`` (no whole cached unit left), ``"error"`` (:attr:`error`,
+    raised by :meth:`wait`) or ``"closed"`` (the backing closed before it began).
     """
 
     __slots__ = ("_done", "asked_bytes", "deadline_s", "elapsed_s", "error", "freed_bytes",
@@ -214,8 +197,7 @@ class GiveBack:
 
         Raises:
             KvvmmError: not stopped within ``timeout_s``.
-            DriverError: a decommit failed (its notes say which units are still mapped,
-                cached again, and which went; :attr:`freed_bytes` counts those before it).
+            DriverError: a decommit failed (its notes say which units went).
             ClosedError: the backing closed before it began.
             ArgumentError: a bad ``timeout_s``.
         """
@@ -231,8 +213,8 @@ class RangeBacking:
     """Request-granular backing of one owner, with deferred reclamation and a reserve.
 
     Args:
-        owner: the :class:`KvBufferOwner` whose slots are leased (its ``commit_slots`` /
-            ``decommit_slots`` do the backing; use the owner for nothing else that backs).
+        owner: the :class:`KvBufferOwner` whose slots are leased (use it for nothing else
+            that backs).
         reserve_bytes: keep at least this much free memory mapped ahead (0: none).
         high_bytes: give back cached blocks above this (down to ``reserve_bytes``; default
             ``2 * reserve_bytes``, 0 with no reserve: give back at release).
@@ -274,8 +256,7 @@ class RangeBacking:
             raise
 
     def _size_blocks(self, reserve_bytes: int, high_bytes: int | None) -> None:
-        """Blocks (slot_block_tokens slots each), their bytes, and the reserve and high
-        marks in blocks; a mark past what the buffers lease or the device holds is refused."""
+        """Blocks, their bytes, and the reserve and high marks in blocks."""
         owner = self.owner
         bt = owner.slot_block_tokens()
         self.block_tokens = bt
@@ -287,13 +268,11 @@ class RangeBacking:
                                                 f"{bt} slots (slot_block_tokens)")
         self.block_bytes = sum(rb * bt // tpr for tpr, rb in
                                ((d.tokens_per_row, d.row_bytes) for d in owner.descs))
-        # What is mapped is the owner's record (its arena's mappings), read, never kept
-        # here: a unit is one mapping of the first buffer (one commit's handle), in blocks.
+        # a unit is one mapping of the first buffer, read from the owner's record
         d0 = owner.descs[0]
         self._unit_bytes = (bt // d0.tokens_per_row * d0.row_bytes if d0.tokens_per_row > 1
                             else bt * d0.row_bytes)  # the first buffer's bytes of a block
-        # a size past what the buffers can lease (or the device hold) is a caller's mistake
-        # (2**50 mapped ahead), not a wish to be met as far as it goes
+        # a mark past what the buffers lease or the device holds is refused, not clamped
         cap = (self.blocks - self.first) * self.block_bytes
         total = owner.arena.driver.mem_info()[1]
         limit = min(cap, total)
@@ -311,11 +290,9 @@ class RangeBacking:
         self._cached = SlotRanges(self.blocks, first=self.first, free=False)
         self._fresh = SlotRanges(self.blocks, first=self.first)
         self._pending = 0  # blocks in queued or running commits
-        self._refill_job: _Job | None = None  # the reserve refill queued or
-        # running (one at a time); its blocks no admission has claimed (sorted pieces), and
-        # the claims: an admission
-        # that outruns the reserve on the backing thread takes blocks of the refill in flight
-        # (ready when it ends) before fresh ones (a commit of its own, queued after it)
+        # the reserve refill queued or running (one at a time), its blocks no admission
+        # claimed, and the claims
+        self._refill_job: _Job | None = None
         self._inflight: list[tuple[int, int]] = []
         self._claims: list[tuple[Lease, tuple[int, int]]] = []
         self._reclaiming = False
@@ -390,9 +367,7 @@ class RangeBacking:
         return n
 
     def _own(self, lease: object, call: str) -> Lease:
-        """``lease``, if this backing made it and has not released it; refuse anything else
-        (another backing's lease, a released one, a copy, not a lease) naming what it is.
-        A dict read: the decode step's :meth:`ready` pays it too."""
+        """``lease``, if this backing made it and has not released it; else refused."""
         if not isinstance(lease, Lease):
             raise WrongTypeError("lease", lease, f"a Lease from this RangeBacking's admit() "
                                                  f"({call}() takes one)")
@@ -405,7 +380,7 @@ class RangeBacking:
 
     def admit(self, tokens: int) -> Lease:
         """Lease slots for ``tokens`` tokens: cached blocks first (no driver call), then
-        fresh ones, mapped on the backing thread (check :attr:`Lease.ready`).
+        fresh ones mapped by the executor (check :attr:`Lease.ready`).
 
         Raises:
             ArgumentError: bad ``tokens``.
@@ -425,13 +400,11 @@ class RangeBacking:
         return lease
 
     def grow(self, lease: Lease, tokens: int) -> bool:
-        """Make ``lease`` hold ``tokens`` slots (more than now): in place when the blocks
-        after its last range are free, else in a new range. Returns whether it had to take
-        blocks (False: its blocks already hold ``tokens``).
+        """Make ``lease`` hold ``tokens`` slots: in place when the blocks after its last
+        range are free, else in a new range. Returns whether it took blocks.
 
         Raises:
-            ArgumentError: bad ``tokens``, or ``lease`` is not a live lease of this backing
-                (:class:`~kvvmm.errors.WrongTypeError`: not a lease at all).
+            ArgumentError: bad ``tokens``, or not a live lease of this backing.
             RangesFullError: not enough free blocks (the lease as it was).
             ClosedError: after :meth:`close`.
         """
@@ -457,9 +430,8 @@ class RangeBacking:
     def _take_blocks(self, lease: Lease, tokens: int, admit: bool
                      ) -> tuple[_Taken, _Job | None] | None:
         """Under the lock: give ``lease`` the blocks ``tokens`` needs beyond its own, cached
-        first (its last range grown in place if it can), then the refill in flight, then
-        fresh ones with a commit job for them (not yet given to the executor). None when
-        its blocks already hold ``tokens``."""
+        first, then the refill in flight, then fresh ones with a commit job (not yet given to
+        the executor). None when its blocks already hold ``tokens``."""
         bt = self.block_tokens
         job: _Job | None = None
         with self._lock:
@@ -518,11 +490,9 @@ class RangeBacking:
 
     def _untake(self, lease: Lease, undo: _Taken, job: _Job | None, admit: bool,
                 err: BaseException) -> None:
-        """Undo a take whose commit (or upkeep) the executor refused by raising ``err``:
-        the lease as it was (an admitted one dropped), every block back where it came from.
-        A commit the executor began anyway, or a claimed refill that has ended, cannot be
-        taken back: then an admitted lease is released (its blocks come back when its
-        commits end) and a grown one keeps what it took (``wait()`` says how it went)."""
+        """Undo a take whose job the executor refused by raising ``err``: the lease as it
+        was. A commit that began anyway cannot be taken back: then an admitted lease is
+        released and a grown one keeps what it took (``wait()`` says how it went)."""
         with self._lock:
             began = job is not None and job.state != _QUEUED
             if job is not None and not began:
@@ -573,11 +543,9 @@ class RangeBacking:
                              "mapped")
 
     def _claim(self, lease: Lease, n: int) -> tuple[list[tuple[int, int]], int]:
-        """Lease up to ``n`` blocks of the refill in flight to ``lease`` (the lock held):
-        the pieces taken and the blocks still wanted. The lease waits for that refill (one
-        commit already queued or running) instead of queueing a commit of its own behind it:
-        in a burst of admissions, each waits for at most one commit, and the handles stay
-        the reserve's size. The refill job moves to the front of the queue (a lease waits)."""
+        """Lease up to ``n`` blocks of the refill in flight to ``lease`` (the lock held),
+        which then waits for that refill instead of a commit of its own queued behind it.
+        Returns the pieces taken and the blocks still wanted."""
         job = self._refill_job
         assert job is not None
         taken: list[tuple[int, int]] = []
@@ -645,18 +613,14 @@ class RangeBacking:
             self._settle(pieces, e, keep=False)  # a failed undo may have left mappings
         with self._lock:
             pending = self._commit_end(lease, pieces, err, ran=True)
-        # the reserve's refill (what the lease took from it) and any reclamation its release
-        # made due: queued once the lease is mapped, so it never runs ahead of the lease's own
-        # commit (on the thread it would hold the owner while a waiter's commit waits); a
-        # refill's end leaves the next refill to the end of any commit still pending
+        # upkeep queued once the lease is mapped, never ahead of its commit
         if lease is not None or not pending:
             self._upkeep_quietly()
 
     def _commit_end(self, lease: Lease | None, pieces: list[tuple[int, int]],
                     err: BaseException | None, *, ran: bool) -> int:
-        """A commit of ``pieces`` ended (``ran``) or was dropped before it began (the lock
-        held): the units it mapped, the blocks' states, its lease's. Returns the blocks
-        still pending."""
+        """A commit of ``pieces`` ended (``ran``) or was dropped (the lock held); returns the
+        blocks still pending."""
         self._pending -= sum(n for _, n in pieces)
         if ran:
             self._commits += 1
@@ -670,9 +634,8 @@ class RangeBacking:
         return self._pending
 
     def ready(self, lease: Lease) -> bool:
-        """The decode step's check: every block of ``lease`` mapped (an attribute read).
-
-        False while the owner sleeps (or after it closed): its memory is not mapped then.
+        """The decode step's check: every block of ``lease`` mapped (False while the owner
+        sleeps or after it closed).
 
         Raises:
             ArgumentError: ``lease`` is not a live lease of this backing.
@@ -686,10 +649,8 @@ class RangeBacking:
         Raises:
             KvvmmError: the commit failed (the lease keeps its blocks; release it), or the
                 timeout passed.
-            ClosedError: :meth:`close` dropped the lease's commit before it began (at once,
-                not at the timeout; release the lease).
-            ArgumentError: ``timeout_s`` is not a finite number >= 0, or ``lease`` is not a
-                live lease of this backing.
+            ClosedError: :meth:`close` dropped the lease's commit before it began.
+            ArgumentError: a bad ``timeout_s``, or not a live lease of this backing.
         """
         timeout_s = seconds_arg("timeout_s", timeout_s)
         self._own(lease, "wait")
@@ -703,10 +664,8 @@ class RangeBacking:
         return lease
 
     def _run_queued(self, lease: Lease) -> None:
-        """Run ``lease``'s commits the backing thread has not begun, here: a caller that
-        waits does its own mapping instead of waiting for the thread to wake and take it
-        (a thread hand-off costs tens of us; the commit is the same one, in the same order
-        against other commits: the owner's lock orders them)."""
+        """Run ``lease``'s commits the backing thread has not begun here, sparing a
+        thread hand-off (the owner's lock orders them against other commits)."""
         with self._lock:
             mine = [j for j in lease._queued if j in self._jobs]
             for j in mine:
@@ -729,17 +688,13 @@ class RangeBacking:
                 self._wake.notify_all()
 
     def release(self, lease: Lease) -> None:
-        """Give ``lease``'s blocks back: mapped ones stay mapped (cached) for the next
-        admission, and the backing thread gives back what lies above ``high_bytes``. A lease
-        whose commit is still running gives those blocks back when it ends.
+        """Give ``lease``'s blocks back: mapped ones stay cached for the next admission
+        (above ``high_bytes`` the backing thread gives them back).
 
         Raises:
-            ArgumentError: ``lease`` is not a live lease of this backing (released already,
-                another backing's, a copy; :class:`~kvvmm.errors.WrongTypeError`: not a
-                lease); nothing changed.
-            Exception: the reclamation the release made due failed where it ran on the
-                caller's thread (``"inline"``), or the executor refused it; the release
-                itself stands (the notes say what the reclamation left).
+            ArgumentError: not a live lease of this backing; nothing changed.
+            Exception: the reclamation it made due failed on the caller's thread, or the
+                executor refused it; the release stands.
         """
         with self._lock:
             self._own(lease, "release")
@@ -764,8 +719,7 @@ class RangeBacking:
 
     @property
     def upkeep_error(self) -> BaseException | None:
-        """The last failure of upkeep nobody waited for (a reserve refill, a reclamation on
-        the backing thread), its notes saying what it left; None if there was none."""
+        """The last failure of upkeep nobody waited for (a refill, a reclamation), or None."""
         return self._upkeep_error
 
     def _upkeep(self) -> None:
@@ -838,14 +792,12 @@ class RangeBacking:
             self._upkeep_quietly()
 
     def reclaim(self, keep_bytes: int = 0) -> int:
-        """Give back cached blocks (whole units) until at most ``keep_bytes`` stay cached,
-        now, on the calling thread: the pressure call. Returns bytes given back.
+        """Give back whole cached units until at most ``keep_bytes`` stay cached, on the
+        calling thread. Returns bytes given back.
 
         Raises:
             ArgumentError: bad ``keep_bytes``.
-            DriverError: a driver call failed; units still mapped are cached again, those
-                the failure unmapped are fresh (the notes say which, and what the arena
-                kept to release later).
+            DriverError: a driver call failed (the notes say which units went).
         """
         int_arg("keep_bytes", keep_bytes, lo=0, unit="bytes")
         with self._lock:
@@ -853,22 +805,18 @@ class RangeBacking:
         return self._reclaim(keep_bytes // self.block_bytes)
 
     def _reclaim(self, keep_blocks: int) -> int:
-        """Take whole cached units (highest first) out of the cache, decommit them, free
-        them as fresh. On a failed decommit, units still mapped go back to the cache and
-        units the failure unmapped are fresh."""
+        """Decommit whole cached units (highest first) down to ``keep_blocks``."""
         with self._lock:
             excess = self._cached.free_units - keep_blocks
             if excess <= 0:
                 return 0
             picked: list[tuple[int, int]] = []
-            for start, length in reversed(self._cached.extents):
-                # the units (the owner's mappings) wholly inside the cached extent
-                for u, n in self._units_over(start, start + length):
+            for start, length in reversed(self._cached.extents):  # the top extent first
+                for u, n in self._units_in(start, length):
                     if excess <= 0:
                         break
-                    if u >= start and u + n <= start + length:
-                        picked.append((u, n))
-                        excess -= n
+                    picked.append((u, n))
+                    excess -= n
                 if excess <= 0:
                     break
             for s, n in picked:
@@ -878,9 +826,8 @@ class RangeBacking:
         return self._decommit_units(picked)
 
     def _decommit_units(self, picked: list[tuple[int, int]]) -> int:
-        """Decommit units already taken out of the cache, free them as fresh; bytes given
-        back. On a failure the arena decides: units still mapped are cached again, units the
-        failure unmapped are fresh, and the error (re-raised) says which."""
+        """Decommit units already taken out of the cache; bytes given back. On a failure
+        units still mapped are cached again, the others fresh (the error says which)."""
         bt = self.block_tokens
         try:
             given = self.owner.decommit_slots([(s * bt, (s + n) * bt) for s, n in picked])
@@ -904,31 +851,21 @@ class RangeBacking:
     def give_back(self, nbytes: int | None = None, *, deadline_s: float,
                   hold_s: float | None = None,
                   clock: Callable[[], float] | None = None) -> GiveBack:
-        """Give back cached blocks (the deferred cache and the reserve: whole units free and
-        mapped, so no contents are lost and nothing is copied), highest first, on the
-        backing thread, within ``deadline_s``: the pressure call and a broker's shed.
+        """Give back whole cached units (no contents lost), highest first, on the backing
+        thread, within ``deadline_s``: the pressure call and a broker's shed.
 
-        Returns at once (with the backing thread) a :class:`GiveBack` the backing thread
-        fills in: it stops once ``nbytes`` went, or before a unit whose decommit would end
-        past ``deadline_s`` after this call (judged by the longest unit so far; the first
-        unit goes whenever the deadline has not passed on the queue), or when no whole
-        cached unit is left. One unit per decommit, each its own transaction, and the state
-        lock is taken only to pick the next unit: admissions go on leasing from what stays
-        cached (ready at once) or fresh while it runs, and the decode step never waits for
-        it. ``executor="inline"`` runs it here, before returning; a caller's executor, where
-        it runs it.
-
-        The reserve is held from this call on: no refill maps what was given back while the
-        pressure lasts, until :meth:`relax` (``hold_s=None``) or for ``hold_s`` seconds of
-        ``clock`` (``0``: no hold). Admissions still map the fresh blocks they need.
+        Returns at once a :class:`GiveBack` the executor fills in. It stops once ``nbytes``
+        went, before a unit whose decommit would end past the deadline (judged by the
+        longest unit so far), or when no whole cached unit is left. One unit per decommit;
+        admissions go on meanwhile. The reserve is held from this call on (no refill) until
+        :meth:`relax` (``hold_s=None``) or for ``hold_s`` seconds of ``clock`` (0: no hold).
 
         Args:
             nbytes: bytes wanted back (whole units: it may free up to a unit more); None:
                 every cached unit.
             deadline_s: the bound, seconds of ``clock`` from this call.
             hold_s: how long the reserve stays held (None: until :meth:`relax`).
-            clock: seconds, monotonic (default ``time.monotonic``; the workload lab passes
-                the simulated driver's clock).
+            clock: seconds, monotonic (default ``time.monotonic``).
         Raises:
             ArgumentError: a bad ``nbytes``, ``deadline_s``, ``hold_s`` or ``clock``.
             ClosedError: after :meth:`close`.
@@ -971,8 +908,7 @@ class RangeBacking:
 
     def _give_back_job(self, res: GiveBack, want: int | None, t0: float,
                        clock: Callable[[], float]) -> None:
-        """The give-back on the executor: one unit at a time until enough, the deadline
-        or nothing cached; it records, never raises (its error is the record's)."""
+        """The give-back on the executor; it records its error, never raises."""
         freed_blocks = 0
         try:
             while True:
@@ -986,7 +922,7 @@ class RangeBacking:
                     break
                 with self._lock:
                     closed = self._closed
-                    unit = None if closed else self._top_unit()
+                    unit = None if closed else next(self._cached_units(), None)
                     if unit is not None:
                         self._cached.take(*unit)
                 if unit is None:
@@ -1007,21 +943,18 @@ class RangeBacking:
             res.elapsed_s = clock() - t0
             res._done.set()
 
-    def _top_unit(self) -> tuple[int, int] | None:
-        """The highest unit wholly inside the cached blocks (the lock held), or None."""
+    def _units_in(self, start: int, length: int) -> list[tuple[int, int]]:
+        """The units wholly inside the cached extent ``[start, start + length)``."""
+        return [(u, n) for u, n in self._units_over(start, start + length)
+                if u >= start and u + n <= start + length]
+
+    def _cached_units(self) -> Iterator[tuple[int, int]]:
+        """The units wholly inside the cached blocks, highest first (the lock held)."""
         for start, length in reversed(self._cached.extents):
-            for u, n in reversed(self._units_over(start, start + length)):
-                if u >= start and u + n <= start + length:
-                    return u, n
-        return None
+            yield from reversed(self._units_in(start, length))
 
     def _givable_blocks(self) -> int:
-        """Blocks of the units wholly inside the cached blocks (the lock held)."""
-        total = 0
-        for start, length in self._cached.extents:
-            total += sum(n for u, n in self._units_over(start, start + length)
-                         if u >= start and u + n <= start + length)
-        return total
+        return sum(n for _, n in self._cached_units())
 
     @property
     def leased_blocks(self) -> int:
@@ -1030,20 +963,17 @@ class RangeBacking:
 
     @property
     def cached_blocks(self) -> int:
-        """Free blocks kept mapped now (deferred cache and reserve): a lease of them is ready
-        at once. A read of one count, no lock: an engine's scheduler asks it every step."""
+        """Free blocks kept mapped now (a lease of them is ready at once). No lock."""
         return self._cached.free_units
 
     @property
     def free_blocks(self) -> int:
-        """Free blocks now, mapped or not (what an admission could lease). No lock, as
-        :attr:`cached_blocks`."""
+        """Free blocks now, mapped or not (what an admission could lease). No lock."""
         return self._cached.free_units + self._fresh.free_units
 
     @property
     def givable_bytes(self) -> int:
-        """What :meth:`give_back` could free now: whole units free and mapped (the deferred
-        cache and the reserve), every buffer's bytes; no contents are lost."""
+        """What :meth:`give_back` could free now: whole cached units, every buffer's bytes."""
         with self._lock:
             return self._givable_blocks() * self.block_bytes
 
@@ -1060,8 +990,7 @@ class RangeBacking:
             return self._holding()
 
     def relax(self) -> None:
-        """The pressure is over: lift the reserve's hold and refill it (on the backing
-        thread).
+        """The pressure is over: lift the reserve's hold and refill it.
 
         Raises:
             Exception: what a caller's executor raised taking the refill (the hold is lifted
@@ -1074,11 +1003,9 @@ class RangeBacking:
 
     def _settle(self, pieces: list[tuple[int, int]], err: BaseException, *,
                 keep: bool) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
-        """After a driver step over ``pieces`` failed with ``err``: the pieces mapped in
-        every buffer (kept mapped with ``keep``) and the others, with what a piece only
-        partly mapped still holds given back (an undo that failed in turn leaves that).
-        The arena's mappings decide, not what the step meant to do; ``err`` gets a note
-        saying what was left."""
+        """After a driver step over ``pieces`` failed with ``err``, as the arena's mappings
+        say: the pieces mapped in every buffer (kept with ``keep``) and the others, a piece
+        only partly mapped given back; ``err`` gets a note saying what was left."""
         owner = self.owner
         if owner.closed or owner.asleep:  # refused before any driver call: nothing moved
             return (list(pieces), []) if keep else ([], list(pieces))
@@ -1121,16 +1048,14 @@ class RangeBacking:
         return mapped, unmapped
 
     def _mapped(self, piece: tuple[int, int]) -> str:
-        """``"all"``, ``"none"`` or ``"some"``: how much of ``piece``'s bytes the owner
-        maps, over every buffer (its record, read)."""
+        """``"all"``, ``"none"`` or ``"some"`` of ``piece``'s bytes mapped, every buffer."""
         bt = self.block_tokens
         s, n = piece
         return self.owner.slots_mapped(s * bt, (s + n) * bt)
 
     def _units_over(self, lo: int, hi: int) -> list[tuple[int, int]]:
-        """``(first block, blocks)`` of the mapped units that overlap blocks ``[lo, hi)``:
-        the first buffer's mappings, as the owner records them (a bisection: costs the
-        units found). Blocks are whole granules, so a unit's ends are block ends."""
+        """``(first block, blocks)`` of the mapped units (the first buffer's mappings) that
+        overlap blocks ``[lo, hi)``."""
         ub = self._unit_bytes
         return [(a // ub, -(-b // ub) - a // ub)
                 for a, b in self.owner.mapped(0, lo * ub, hi * ub)]
@@ -1157,19 +1082,16 @@ class RangeBacking:
                 givable_bytes=self._givable_blocks() * bb)
 
     def close(self, timeout_s: float = 30.0) -> None:
-        """Stop the backing thread (after what it runs now). The owner's memory stays
-        with the owner (``owner.close()`` gives it back). Idempotent.
-
-        Commits not begun are dropped: their leases fail with :class:`ClosedError` (a
-        :meth:`wait` on one raises it at once). Leases may still be released."""
+        """Stop the backing thread after what it runs now (idempotent); the memory stays
+        the owner's. Commits not begun are dropped: their leases fail with
+        :class:`ClosedError`. Leases may still be released."""
         timeout_s = seconds_arg("timeout_s", timeout_s)
         with self._lock:
             if self._closed:
                 return
             self._closed = True
             self._jobs.clear()
-            # the jobs not begun never will (an executor of the caller's may still call
-            # them: they then do nothing): their leases fail now, and their waiters wake
+            # the jobs not begun never will: their leases fail now, their waiters wake
             dropped = ClosedError("RangeBacking: close() came before this lease's commit "
                                   "began; its blocks are not mapped: release the lease")
             for job in list(self._outstanding):
@@ -1192,8 +1114,7 @@ class RangeBacking:
 
 def _check_args(owner: object, reserve_bytes: int, high_bytes: int | None,
                 executor: object) -> None:
-    """RangeBacking's arguments, each refused naming it; the owner open, awake, with no
-    pages committed beyond slot 0's."""
+    """RangeBacking's arguments; the owner open, awake, with no pages committed."""
     if not isinstance(owner, KvBufferOwner):
         raise ArgumentError("owner", owner, "a KvBufferOwner")
     if owner.closed:
@@ -1224,8 +1145,7 @@ _QUEUED, _STARTED, _CANCELLED = 0, 1, 2
 
 class _Job:
     """A driver job given to the executor: it runs once, or is dropped before it begins
-    (:meth:`RangeBacking.close`, an executor that raised), its ``on_cancel`` then settling
-    its blocks; called after that, it does nothing."""
+    (its ``on_cancel`` then settles its blocks); called after that, it does nothing."""
 
     __slots__ = ("backing", "on_cancel", "run", "state")
 

@@ -1,11 +1,7 @@
 """OwnerOptions: how a :class:`~kvvmm.owner.KvBufferOwner` backs, apart from its layout.
 
-The owner's constructor takes what the buffers are (driver, device, dtype, page size, reserved
-tokens, descs) and one options record for the rest (growth policy, arena name, trace, handle
-pool, look-ahead, out-of-memory handling), as cuda.core's ``VirtualMemoryResource`` takes a
-``VirtualMemoryResourceOptions``: one frozen record an engine builds once and passes to every
-owner it makes (``dataclasses.replace`` changes one field). The same fields are accepted as
-keywords of the constructor, as before the record.
+One frozen record an engine builds once and passes to every owner it makes
+(``dataclasses.replace`` changes one field); the constructor also takes its fields as keywords.
 """
 
 from __future__ import annotations
@@ -35,14 +31,10 @@ class OwnerOptions:
         trace: a :class:`~kvvmm.record.Trace` the arena records its operations in.
         pool: a :class:`~kvvmm.arena.pool.HandlePool` of the owner's driver for the arena
             (commits take its handles, decommits give handles back to it).
-        lookahead_bytes: with ``pool``: per buffer, keep up to this many bytes beyond the
-            ensured prefix backed ahead of need, on the pool's thread (with the policy's
-            handle sizes): topped up to the whole look-ahead once less than half of it is
-            left (a job every few steps, with larger handles, not one per step); counted as
-            over-commit. 0 (default): no look-ahead.
-        cache_releaser, retry_on_oom: when a commit's create runs out of memory, what hands
-            cached memory back (default: torch's cache on CUDA) before one more try, and
-            the opt-out (as for :class:`~kvvmm.arena.Arena`); counted in the snapshot.
+        lookahead_bytes: with ``pool``: per buffer, bytes beyond the ensured prefix backed
+            ahead of need on the pool's thread (topped up once less than half is left).
+            0 (default): no look-ahead.
+        cache_releaser, retry_on_oom: as for :class:`~kvvmm.arena.Arena`.
     Raises:
         ArgumentError: a bad field, naming it; a policy class instead of an instance.
     """

@@ -1,18 +1,13 @@
 """A change of an owner's backing taken in steps: prepare (create), map, then confirm or undo.
 
-:meth:`KvBufferOwner.finalize <kvvmm.owner.KvBufferOwner.finalize>` and the other growth
-calls create and map in one go. A caller that must decide between the two steps (the
-collective owner: every rank creates, the ranks agree, every rank maps, the ranks agree
-again) asks the owner for the same change by parts instead:
-:meth:`~kvvmm.owner.KvBufferOwner.prepare_finalize`,
+A caller that must decide between creating and mapping (the collective owner) asks the owner
+for the change by parts: :meth:`~kvvmm.owner.KvBufferOwner.prepare_finalize`,
 :meth:`~kvvmm.owner.KvBufferOwner.prepare_ensure_prefix` or
-:meth:`~kvvmm.owner.KvBufferOwner.prepare_pages` check the arguments as the one-go call
-does, work out what to back from the owner's record (the arena's mappings) and create the
-handles, or take them from the arena's pool; nothing a tensor reaches has changed. Then
+:meth:`~kvvmm.owner.KvBufferOwner.prepare_pages` check the arguments as the one-go call does
+and create the handles (or take them from the pool), mapping nothing. Then
 :meth:`PreparedBacking.map` maps them, and :meth:`PreparedBacking.confirm` makes the change
-the owner's (its token counts, its committed pages), or :meth:`PreparedBacking.undo` gives
-back exactly what this change made. The owner re-reads its backed prefixes after each step,
-under its lock: nothing maps into its arena behind its back.
+the owner's, or :meth:`PreparedBacking.undo` gives back exactly what it made. The owner
+re-reads its backed prefixes after each step, under its lock.
 """
 
 from __future__ import annotations

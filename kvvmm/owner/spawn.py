@@ -27,13 +27,9 @@ T = TypeVar("T")
 
 
 class TpWorkerError(KvvmmError):
-    """A spawned rank's process failed; the message carries its traceback.
-
-    Raised in the parent after every rank has ended (or was stopped on timeout): the reason
-    is in the rank, so read its traceback, fix the cause, and run again. ``results`` holds
-    what the ranks that finished returned (rank -> result), ``failures`` the text of each
-    failed rank (rank -> reason), so a test can look at the survivors of a rank that died.
-    """
+    """A spawned rank's process failed; the message carries its traceback (fix the cause
+    there and run again). ``results``: rank -> what the ranks that finished returned;
+    ``failures``: rank -> the reason of each failed rank."""
 
     def __init__(self, message: str, *, results: dict[int, Any] | None = None,
                  failures: dict[int, str] | None = None) -> None:
@@ -43,8 +39,7 @@ class TpWorkerError(KvvmmError):
 
 
 def _free_port() -> int:
-    # Bind port 0 and give it back: the OS picks one that is free now (rank 0's store binds it
-    # a moment later; another process taking it in between is possible but rare on loopback).
+    # Free now; another process could take it before rank 0's store binds it (rare).
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -96,8 +91,7 @@ def _spawn(fn: Callable[..., Any], world_size: int, args: tuple[Any, ...], *, ba
             continue
         except queue.Empty:
             pass
-        # All ended: what they sent is in the pipe already (a Queue flushes at exit); give
-        # it a moment to arrive, then stop waiting for ranks that died without a word.
+        # All ended: give what they sent a moment to arrive, then stop waiting.
         if all(p.exitcode is not None for p in procs):
             ended_at = ended_at or time.monotonic()
             if time.monotonic() - ended_at > 1.0:
@@ -141,29 +135,23 @@ def spawn(
 ) -> list[T]:
     """Run ``fn(rank, world_size, *args)`` in ``world_size`` processes of one process group.
 
-    A convenience for the lab and tests; engines launch with torchrun. The processes are
-    *spawned* (``torch.multiprocessing``; never forked: a fork of a process that has
-    initialised CUDA cannot use CUDA), set what torchrun sets (``MASTER_ADDR=127.0.0.1``, a
-    free ``MASTER_PORT``, ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``), join the group with
-    ``init_process_group(backend, timeout=group_timeout_s)`` before ``fn`` and destroy it
-    after. ``fn`` must be importable by name (a module-level function), its arguments and
-    result picklable.
+    For the lab and tests (engines use torchrun). The processes are spawned, never forked
+    (a fork after CUDA is initialised cannot use CUDA), set what torchrun sets, and join the
+    group before ``fn``. ``fn`` must be a module-level function, its arguments and result
+    picklable.
 
     Args:
         fn: called as ``fn(rank, world_size, *args)`` in each process.
         world_size: processes, >= 1.
         args: more arguments for ``fn``.
         backend: ``"gloo"`` (CPU, any machine) or ``"nccl"`` (one GPU a rank).
-        timeout_s: wall-clock limit for all ranks together; ranks still running then are
-            terminated.
-        group_timeout_s: the process group's own timeout (collectives, and how long a
-            ``destroy_process_group`` after a timed-out collective waits).
+        timeout_s: wall-clock limit for all ranks together (the rest are terminated).
+        group_timeout_s: the process group's own timeout.
     Returns:
         ``fn``'s results in rank order.
     Raises:
         ArgumentError: bad ``world_size`` or timeouts.
-        TpWorkerError: a rank raised, died without a result, or ran out of time (every
-            failed rank is named, with its traceback; ``results`` has the others').
+        TpWorkerError: a rank raised, died or ran out of time (``results`` has the others').
     """
     int_arg("world_size", world_size, lo=1, limit="an int >= 1 (processes)")
     for name, value in (("timeout_s", timeout_s), ("group_timeout_s", group_timeout_s)):

@@ -1,22 +1,15 @@
 """Tensor-parallel KV caches: one :class:`~kvvmm.owner.KvBufferOwner` per device.
 
-With tensor parallelism of degree T a model's KV heads are split over T GPUs, and each GPU
-keeps the KV buffers of its own heads: T owners with the same layout (the presets shard with
-``tp=T``), one per device. Two ways to build them:
+With tensor parallelism of degree T each GPU keeps the KV buffers of its own heads: T owners
+with the same layout (the presets shard with ``tp=T``). Two ways to build them:
 
-- in one process, over drivers you pass (``TpOwners(drivers, model=...)``); on the
-  simulator ``TpOwners.on_sim("llama-3.1-70b", tp=8)`` lays out eight H200s on a laptop, on
-  one :class:`~kvvmm.driver.sim.SimNode` (shared VA space, peers). Each rank's resize is
-  its own transaction here: when one rank fails, ranks before it keep what they did (the
-  error names them). ``sleep`` and ``wake`` are one transaction over all ranks: every rank
-  sleeps (wakes), or the ranks that did are undone;
-- one process per GPU, as serving engines run: each process joins a ``torch.distributed``
-  process group and wraps its owner in a :class:`~kvvmm.owner.distributed.DistributedOwner`,
-  whose resizes every rank completes or every rank undoes. Engines launch those processes
-  with torchrun; :func:`spawn_tp_snapshots` and :func:`run_per_device` are thin conveniences
-  over :func:`kvvmm.owner.distributed.spawn` (``torch.multiprocessing``'s *spawn*, never fork: a
-  process that forks after CUDA is initialised hands its child a CUDA state that cannot be
-  used; a gloo group on 127.0.0.1).
+- in one process, over drivers you pass (``TpOwners(drivers, model=...)``, or
+  ``TpOwners.on_sim("llama-3.1-70b", tp=8)`` on one :class:`~kvvmm.driver.sim.SimNode`).
+  Each rank's resize is its own transaction: when one rank fails, ranks before it keep what
+  they did (the error names them). ``sleep`` and ``wake`` are one transaction over all ranks;
+- one process per GPU, as engines run: each wraps its owner in a
+  :class:`~kvvmm.owner.distributed.DistributedOwner`. :func:`spawn_tp_snapshots` and
+  :func:`run_per_device` are thin conveniences over :func:`kvvmm.owner.distributed.spawn`.
 """
 
 from __future__ import annotations
@@ -63,9 +56,8 @@ def tp_descs(
 ) -> list[KvBufferDesc]:
     """The KV buffers of one rank of ``model`` at tensor-parallel degree ``tp``.
 
-    Every rank has the same layout (its share of the KV heads; MLA latents whole on each
-    rank), so one list serves all. Hybrid sliding-window models are refused here as by
-    :func:`~kvvmm.layout.model_descs` (two pools per rank: use ``hybrid_swa_descs``).
+    Every rank has the same layout, so one list serves all (hybrid sliding-window models
+    are refused, as by :func:`~kvvmm.layout.model_descs`).
 
     Raises:
         ArgumentError: ``tp`` does not fit the model's KV heads, or bad sizes.
@@ -204,12 +196,9 @@ class TpOwners:
               keep_pool: bool = False) -> tuple[SleepResult, ...]:
         """Every rank's :meth:`KvBufferOwner.sleep`, all of them or none.
 
-        Unlike the resizes here, a sleep is one transaction over the ranks: the arguments
-        and each rank's refusals (:meth:`Arena.sleep_refusal
-        <kvvmm.arena.Arena.sleep_refusal>`) are checked on every rank before any sleeps;
-        then the ranks sleep in order, and when rank ``k`` fails, ranks ``0..k-1`` wake
-        again (with a backup, every byte comes back; with ``backup=None`` the bytes were
-        given up, so they wake with fresh memory, layout and bookkeeping as before).
+        One transaction over the ranks: every rank's arguments and refusals are checked
+        before any sleeps; when rank ``k``'s sleep fails, ranks ``0..k-1`` wake again (with
+        ``backup=None``, on fresh memory).
 
         Args:
             backup: None, ``"host"`` or ``"disk"``, for every rank.
@@ -220,10 +209,9 @@ class TpOwners:
         Raises:
             ArgumentError: bad ``backup`` or ``paths`` (a path per rank for ``"disk"``, none
                 otherwise); nothing changed.
-            SleepRefusedError: a rank would refuse (asleep already, a capture, adopted
-                handles), named in the message; nothing changed.
+            SleepRefusedError: a rank would refuse, named in the message; nothing changed.
             BackupError, DriverError: a rank's sleep failed: the ranks before it woke again
-                (the notes say so, and name any whose wake failed: asleep, backup intact).
+                (the notes name any whose wake failed).
             ClosedError: after ``close()``.
         """
         self._check_open("sleep")
@@ -238,12 +226,13 @@ class TpOwners:
             try:
                 results.append(o.sleep(store, keep_pool=keep_pool))
             except BaseException as e:
-                undo = [*self.owners[:rank], *([o] if o.asleep else [])]
                 for s in stores[rank + 1:]:
                     if s is not None:
                         s.drop()
-                self._wake_again(undo, e, f"TpOwners.sleep: rank {rank} of {self.tp} "
-                                          f"failed")
+                self._undo_ranks(list(range(rank + (1 if o.asleep else 0))),
+                                 lambda r: self.owners[r].wake(), e,
+                                 f"TpOwners.sleep: rank {rank} of {self.tp} failed",
+                                 "that had slept woke again", "it is asleep, its backup intact")
                 raise
         return tuple(results)
 
@@ -268,27 +257,27 @@ class TpOwners:
             raise ArgumentError("paths", paths, "distinct files (one a rank)")
         return per_rank
 
-    def _wake_again(self, owners: Sequence[KvBufferOwner], e: BaseException, head: str) -> None:
-        """The undo of a partial sleep: wake ``owners`` (in reverse), notes on ``e``."""
+    def _undo_ranks(self, ranks: Sequence[int], undo: Callable[[int], object],
+                    e: BaseException, head: str, done: str, stuck_state: str) -> None:
+        """The undo of a partial sleep or wake: ``undo(rank)`` for ``ranks`` in reverse,
+        what it did (and any failure) in notes on ``e``."""
         stuck = []
-        for o in reversed(owners):
+        for r in reversed(ranks):
             try:
-                o.wake()
+                undo(r)
             except Exception as e2:
-                stuck.append(o.arena.name)
-                e.add_note(f"waking {o.arena.name!r} again also failed: "
-                           f"{type(e2).__name__}: {e2}; it is asleep, its backup intact")
-        woke = len(owners) - len(stuck)
-        e.add_note(f"{head}; {woke} rank(s) that had slept woke again"
-                   + (f", {stuck} stayed asleep" if stuck else ""))
+                stuck.append(r)
+                e.add_note(f"rank {r}: its undo also failed: {type(e2).__name__}: {e2}; "
+                           f"{stuck_state}")
+        e.add_note(f"{head}; {len(ranks) - len(stuck)} rank(s) {done}"
+                   + (f", ranks {stuck} not" if stuck else ""))
 
     def wake(self) -> int:
         """Every rank's :meth:`KvBufferOwner.wake`, all of them or none.
 
-        Every rank must be asleep (checked first, nothing changes otherwise). When rank
-        ``k``'s wake fails (out of memory on its device, say), ranks ``0..k-1`` sleep again
-        with the backup their sleep had (same kind, same file), so every rank is asleep with
-        its bytes kept and a later :meth:`wake` retries them all.
+        Every rank must be asleep (checked first). When rank ``k``'s wake fails, ranks
+        ``0..k-1`` sleep again with the backup their sleep had, so a later :meth:`wake`
+        retries them all.
 
         Returns:
             Bytes backed again on all ranks.
@@ -309,18 +298,10 @@ class TpOwners:
             try:
                 total += o.wake()
             except BaseException as e:
-                stuck = []
-                for r in range(rank - 1, -1, -1):
-                    kind, path = again[r]
-                    try:
-                        self.owners[r].sleep(kind, path=path)
-                    except Exception as e2:
-                        stuck.append(r)
-                        e.add_note(f"rank {r}: sleeping again also failed: "
-                                   f"{type(e2).__name__}: {e2}; it is awake with its bytes")
-                e.add_note(f"TpOwners.wake: rank {rank} of {self.tp} failed; "
-                           f"{rank - len(stuck)} rank(s) that had woken slept again"
-                           + (f", ranks {stuck} stayed awake" if stuck else ""))
+                self._undo_ranks(list(range(rank)),
+                                 lambda r: self.owners[r].sleep(again[r][0], path=again[r][1]),
+                                 e, f"TpOwners.wake: rank {rank} of {self.tp} failed",
+                                 "that had woken slept again", "it is awake with its bytes")
                 raise
         return total
 
@@ -366,23 +347,19 @@ def run_per_device(
 ) -> list[T]:
     """Run ``fn(rank, device, *args)`` in one new process per device; return the results.
 
-    A thin wrapper over :func:`kvvmm.owner.distributed.spawn`: the processes are *spawned* (a fresh
-    interpreter each; never forked: a fork of a process that has initialised CUDA cannot use
-    CUDA) and form one gloo process group on 127.0.0.1 while ``fn`` runs (so ``fn`` may use
-    collectives, e.g. a :class:`~kvvmm.owner.distributed.DistributedOwner`). ``fn`` must be
-    importable by name (a module-level function), and its arguments and result picklable.
+    A thin wrapper over :func:`kvvmm.owner.distributed.spawn` (a gloo group on loopback
+    while ``fn`` runs). ``fn`` must be a module-level function, its arguments and result
+    picklable.
 
     Args:
         fn: called as ``fn(rank, device, *args)`` in the child.
         devices: device ordinal of each rank.
         args: more arguments for ``fn``.
-        timeout_s: wall-clock limit for all of them together; workers still running then
-            are terminated.
+        timeout_s: wall-clock limit for all of them together.
     Returns:
         ``fn``'s results in rank order.
     Raises:
-        TpWorkerError: a worker raised, died without a result, or ran out of time (every
-            failed rank is named, with its traceback).
+        TpWorkerError: a worker raised, died or ran out of time (each failed rank named).
     """
     devs = list(devices)
     if not devs:
@@ -432,19 +409,15 @@ def spawn_tp_snapshots(
     """Build one rank's owner per device, each in its own spawned process; return snapshots.
 
     Each process opens ``driver_for(kind, device=<its device>, **driver_options)``, builds
-    its rank's :class:`KvBufferOwner`, finalizes it to ``finalize_tokens`` (when given)
-    collectively (:class:`~kvvmm.owner.distributed.DistributedOwner`: every rank or none),
-    snapshots and closes it. On ``"cuda"`` that is one process per GPU, as serving engines
-    run tensor parallelism; on ``"host"`` and ``"sim"`` the same path runs without a GPU
-    (the host driver reports the rank's device ordinal).
+    its rank's :class:`KvBufferOwner`, finalizes it collectively to ``finalize_tokens``
+    (when given), snapshots and closes it.
 
     Args:
         kind: ``"cuda"``, ``"host"``, ``"sim"`` or ``"auto"`` (see ``open_driver``).
         model, tp, dtype, page_size, reserved_tokens, layout, policy: the layout.
         finalize_tokens: tokens to finalize each rank to, or None (slot 0 only).
         devices: device of each rank (default ``0 .. tp-1``).
-        driver_options: more options for :func:`~kvvmm.driver.driver_for` (``profile=``:
-            the sim's device, default ``"h200"``; the rest go to the driver).
+        driver_options: more options for :func:`~kvvmm.driver.driver_for`.
         name: arena name prefix.
         timeout_s: limit for all ranks together.
     Returns:

@@ -1,14 +1,10 @@
 """Per-layer views of an interleaved KV buffer (:func:`~kvvmm.layout.layer_interleaved`).
 
-The interleaved tensor is ``(slots, layers, kv, heads, head_dim)``. Layer ``l``'s K is
-``t[:, l, 0]``: shape ``(slots, heads, head_dim)``, strides ``(layers * kv * heads *
-head_dim, head_dim, 1)`` elements, so it reads exactly like a per-layer token-major buffer
-whose slot stride is ``layers * kv`` times larger. Kernels that take a slot (or page) stride
-read it without a copy; see docs/ELASTIC.md for which do.
-
-The block-interleaved tensor (:func:`~kvvmm.layout.block_interleaved`) is ``(pages, layers,
-kv, page_size, heads, head_dim)``: it has paged views only (:func:`paged_layer_views`), each
-page's tokens of a layer contiguous.
+The interleaved tensor is ``(slots, layers, kv, heads, head_dim)``: layer ``l``'s K,
+``t[:, l, 0]``, reads like a per-layer token-major buffer with a slot stride ``layers * kv``
+times larger (docs/ELASTIC.md: which kernels take it). The block-interleaved tensor
+(:func:`~kvvmm.layout.block_interleaved`, ``(pages, layers, kv, page_size, heads,
+head_dim)``) has paged views only.
 """
 
 from __future__ import annotations
@@ -68,9 +64,7 @@ def paged_layer_views(owner_or_tensor: Any, page_size: int) -> list[tuple[torch.
     FlashInfer's paged KV cache lays a page out), with a page stride of ``page_size * layers
     * kv * heads * head_dim`` elements. The slot count must be a multiple of ``page_size``.
 
-    On a block-interleaved buffer the pages are its rows (``page_size`` must be its page
-    size): the same shape and page stride, a token stride of ``heads * head_dim`` (each
-    page's tokens of a layer contiguous) instead of ``layers * kv * heads * head_dim``.
+    On a block-interleaved buffer ``page_size`` must be its page size.
 
     Raises:
         ArgumentError: not such an owner or tensor, or a ``page_size`` that does not fit it.

@@ -80,7 +80,7 @@ def test_a_decommit_range_gives_back_only_whole_mappings_and_names_the_ones_it_c
     if driver.kind != "sim":
         _bytes(arena, 0, 4 * G).fill_(1)
         _bytes(arena, 8 * G, 2 * G).fill_(3)
-    r = arena.decommit_range_report(o, 2 * G, 4 * G)
+    r = arena.decommit_ranges_report([(o, 2 * G, 4 * G)])[0]
     assert r.given_bytes == 2 * G and r.kept_mappings == ((0, 4 * G),)
     assert r.held_bytes == 2 * G and "cuts" in str(r)
     assert _maps(arena) == [(0, 4), (8, 2)]

@@ -207,7 +207,7 @@ def three_handles(drv: object) -> tuple[Arena, int]:
 
 def test_a_decommit_stopped_by_a_straddling_mapping_reports_that_mapping() -> None:
     arena, a = three_handles(SimDriver("h200"))
-    r = arena.decommit_report(a, 5 * G)
+    r = arena.decommit_many_report([(a, 5 * G)])[0]
     assert isinstance(r, DecommitResult)
     assert (r.given_bytes, r.backed_bytes, r.kept_mapping) == (0, 8 * G, (4 * G, 8 * G))
     assert r.held_bytes == 3 * G
@@ -218,7 +218,7 @@ def test_a_decommit_stopped_by_a_straddling_mapping_reports_that_mapping() -> No
 
 def test_a_decommit_ending_on_a_mapping_boundary_reports_no_kept_mapping() -> None:
     arena, a = three_handles(SimDriver("h200"))
-    r = arena.decommit_report(a, 4 * G)
+    r = arena.decommit_many_report([(a, 4 * G)])[0]
     assert (r.given_bytes, r.backed_bytes, r.kept_mapping, r.held_bytes) == (4 * G, 4 * G,
                                                                             None, 0)
     arena.close()

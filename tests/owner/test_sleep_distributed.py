@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from kvvmm.arena.backup import HostBackup
 from kvvmm.driver import Driver, FaultyDriver, open_driver
 from kvvmm.errors import CollectiveError
 from kvvmm.layout import mha_token_major
@@ -159,6 +160,26 @@ def _world(rank: int, world: int, tmp: str) -> dict[str, Any]:
             wfaults.append({"call": call, "nth": nth, **got})
             if "ok" in got:
                 break
+    # 5. A wake undone sleeps again with the host backup the sleep was given: its chunk,
+    # workers and unpinning thread alike; a kept backup itself, its memory reused.
+    out["undo_settings"] = settings = []
+    for keep in (False, True):
+        store = HostBackup(chunk_bytes=4 * MiB, workers=1, free_on_thread=False, keep=keep)
+        owner.sleep(store)
+        if rank == 1:
+            drv.arm({"create": 1})
+        got = _attempt(do.wake)
+        drv.disarm()
+        drv.injected.clear()
+        again = owner.arena.sleep_backup
+        got["same_object"] = again is store
+        got["settings"] = (None if not isinstance(again, HostBackup) else
+                           (again.chunk_bytes, again.workers, again.free_on_thread, again.keep))
+        got["retry"] = _attempt(do.wake)
+        got["as_before"] = awake_as_before()
+        if keep:
+            store.drop()
+        settings.append(got)
     owner.close()
     out["clean"] = drv.stats().clean
     return out
@@ -242,3 +263,15 @@ def test_any_driver_call_of_one_rank_s_wake_failing_leaves_every_rank_asleep_the
 @host_only
 def test_every_rank_closes_clean_after_all_of_it(two: Any) -> None:
     assert all(r["clean"] for r in two)
+
+
+@host_only
+def test_a_wake_undone_sleeps_again_with_the_host_backup_settings_the_sleep_was_given(
+        two: Any) -> None:
+    for out in two:
+        plain, kept = out["undo_settings"]
+        assert plain["phase"] == "wake" and plain["failed"] == (1,), plain
+        assert plain["settings"] == (4 * MiB, 1, False, False), plain
+        assert kept["same_object"] and kept["settings"] == (4 * MiB, 1, False, True), kept
+        assert "ok" in plain["retry"] and "ok" in kept["retry"]
+        assert plain["as_before"] and kept["as_before"]
