@@ -15,12 +15,12 @@ from kvvmm.lab._panel import (
     DTYPES,
     _controls,
     _cost_line,
+    _draw,
     _field,
-    _figure_view,
     _line,
     _Panel,
+    _plot_output,
     _pre,
-    _show_on,
 )
 from kvvmm.layout import list_models
 from kvvmm.layout.model_buffers import full_pool_descs
@@ -62,7 +62,6 @@ class GrowthLab(_Panel):
     """
 
     _stale_on_error = True
-    _extra_figures = ("band_figure",)
 
     def __init__(self, driver: str = "sim", profile: str = "h200", *,
                  model: str = "llama-3.1-8b", layers: int = 4, tokens: int = 32768,
@@ -106,7 +105,10 @@ class GrowthLab(_Panel):
         #: prediction's), in the order of :attr:`results`.
         self.bands: list[Band] = []
         self.profile_age = widgets.HTML(value=_line(profile_age_line(profile)))
-        self.band_figure, self.band_plot = _figure_view(growth_band_figure([], []))
+        #: The figure of :attr:`bands`, drawn in :attr:`band_plot`.
+        self.band_figure = growth_band_figure([], [])
+        self.band_plot = _plot_output()
+        _draw(self.band_plot, self.band_figure)
         #: On a GPU: the same growth on the sim with the chosen profile (else None).
         self.predicted: list[GrowthResult] | None = None
         super().__init__(growth_figure([]))
@@ -189,8 +191,8 @@ class GrowthLab(_Panel):
             report += _pre(format_growth_bands(sim, bands, band_notes(prof)))
         self.table.value = report
         self._show(growth_figure(results, profile=prof, predicted=predicted))
-        _show_on(self.band_figure, self.band_plot,
-                 growth_band_figure(sim or [], bands, label=profile_label(prof)))
+        self.band_figure = growth_band_figure(sim or [], bands, label=profile_label(prof))
+        _draw(self.band_plot, self.band_figure)
 
     def cost_texts(self) -> list[str]:
         """Each policy's over-commit on the workload the controls describe, one a line.
