@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import html
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import ipywidgets as widgets
@@ -15,6 +16,7 @@ from kvvmm.growth import GrowthCost
 from kvvmm.policy import Chunked, Exact, Geometric, GrowthPolicy, default_policy
 from kvvmm.snapshot import ArenaSnapshot
 from kvvmm.units import MiB, fmt_bytes
+from kvvmm.viz.bands import profile_age_line
 
 DTYPES = ("bfloat16", "float16", "float8_e4m3fn", "float32")
 
@@ -47,13 +49,6 @@ def _draw(plot: widgets.Output, fig: go.Figure) -> None:
         "data": {"application/vnd.plotly.v1+json": spec,
                  "text/plain": f"<plotly figure: {len(fig.data)} traces>"},
     },)
-
-
-def _ipython_display(obj: object) -> None:
-    import IPython.display
-
-    show: Any = IPython.display.display  # untyped
-    show(obj)
 
 
 class _Panel:
@@ -131,7 +126,10 @@ class _Panel:
 
     def display(self) -> None:
         """Show the panel in the notebook (same as leaving it as a cell's last value)."""
-        _ipython_display(self)
+        import IPython.display
+
+        show: Any = IPython.display.display  # untyped
+        show(self)
 
 
 def _controls(*children: widgets.Widget) -> widgets.Box:
@@ -145,6 +143,33 @@ def _field(width: str = "auto") -> dict[str, Any]:
     """Keyword arguments for a labelled control whose label and value are never cut."""
     return {"style": {"description_width": "initial"},
             "layout": widgets.Layout(width=width, min_width="max-content")}
+
+
+def _run_controls() -> tuple[widgets.Button, widgets.IntProgress]:
+    """A Run button and the progress bar shown while its run lasts (:func:`_running`)."""
+    return (widgets.Button(description="Run", button_style="primary"),
+            widgets.IntProgress(value=0, min=0, max=1,
+                                layout=widgets.Layout(width="240px", visibility="hidden")))
+
+
+@contextlib.contextmanager
+def _running(button: widgets.Button, progress: widgets.IntProgress) -> Iterator[None]:
+    """While a run lasts: its button disabled, its progress bar shown from 0."""
+    button.disabled = True
+    progress.value, progress.layout.visibility = 0, "visible"
+    try:
+        yield
+    finally:
+        button.disabled = False
+        progress.layout.visibility = "hidden"
+
+
+def _profile_age(profile: widgets.Dropdown) -> widgets.HTML:
+    """A line saying how old the profile ``profile`` names is; it follows the dropdown."""
+    age = widgets.HTML(value=_line(profile_age_line(profile.value)))
+    profile.observe(lambda _: setattr(age, "value", _line(profile_age_line(profile.value))),
+                    names="value")
+    return age
 
 
 def _cost_line(c: GrowthCost) -> str:
