@@ -27,7 +27,8 @@ def _open(kind: str, profile: str) -> Driver:
 
 def _plot_output() -> widgets.Output:
     """The widget a panel's figure is drawn in (see :func:`_draw`)."""
-    return widgets.Output(layout={"min_height": "260px", "width": "100%"})
+    # No width: the panel's column stretches it to fit inside its margins.
+    return widgets.Output(layout={"min_height": "260px"})
 
 
 def _draw(plot: widgets.Output, fig: go.Figure) -> None:
