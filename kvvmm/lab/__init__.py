@@ -16,9 +16,8 @@ Every panel keeps its controls as attributes (``lab.reserve_button.click()``,
 ``lab.tokens.value = 512``), its top-level box as ``widget``, and displays itself. Each
 action runs in one handler: library errors (bad input, a failed driver call) are shown in
 the panel's ``error`` area and change nothing, because the library changes nothing when it
-raises. The figure is a plotly ``FigureWidget`` updated inside ``batch_update()`` when
-anywidget is installed (plotly needs it for FigureWidget); otherwise a plain figure shown in
-an ``Output`` widget, redrawn on each change.
+raises. The figure is a plain plotly figure (``figure``) drawn in an ``Output`` widget
+(``plot``) and redrawn whole on each change.
 """
 
 from __future__ import annotations

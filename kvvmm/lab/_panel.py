@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import copy
+import contextlib
 import html
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import ipywidgets as widgets
@@ -16,6 +16,7 @@ from kvvmm.growth import GrowthCost
 from kvvmm.policy import Chunked, Exact, Geometric, GrowthPolicy, default_policy
 from kvvmm.snapshot import ArenaSnapshot
 from kvvmm.units import MiB, fmt_bytes
+from kvvmm.viz.bands import profile_age_line
 
 DTYPES = ("bfloat16", "float16", "float8_e4m3fn", "float32")
 
@@ -24,119 +25,31 @@ def _open(kind: str, profile: str) -> Driver:
     return driver_for(kind, profile=profile)
 
 
-def _figure_view(fig: go.Figure) -> tuple[Any, Any]:
-    """(figure to update, widget to show): a FigureWidget, or a Figure in an Output."""
-    try:
-        fw = go.FigureWidget(fig)
-    except ImportError:  # plotly's FigureWidget needs anywidget
-        out = widgets.Output(layout={"min_height": "260px", "width": "100%"})
-        return go.Figure(fig), out
-    # plotly.js's responsive mode: each view gets a resize handler (``_FIT_ESM`` calls it).
-    fw._config = {**fw._config, "responsive": True}
-    return fw, fw
+def _plot_output() -> widgets.Output:
+    """The widget a panel's figure is drawn in (see :func:`_draw`)."""
+    # No width: the panel's column stretches it to fit inside its margins.
+    return widgets.Output(layout={"min_height": "260px"})
 
 
-#: The front end of ``_fit_widget``: a ResizeObserver on every plotly graph in its panel.
-#:
-#: plotly's FigureWidget (an anywidget) draws before its view is in the page, where it
-#: measures no width and falls back to plotly's default 700 px; it never measures again (its
-#: resize hooks are Lumino messages, which anywidget views do not get). So the figure stayed
-#: 700 px wide in a 850-1500 px cell, with ``autosize`` on and no width set. Observing the
-#: graph's own box catches every case where it gets its real width: first attached, a cell
-#: scrolled into view (JupyterLab skips the layout of off-screen cells), a window or sidebar
-#: resize. It then runs plotly.js's responsive handler (``config.responsive``: relayout with
-#: ``autosize``, which measures the box; the height the figure sets stays), or, where that
-#: is missing, fires the window resize event that handler listens to.
-_FIT_ESM = """
-const seen = new WeakSet();
-function fit(gd) {
-  const w = gd.getBoundingClientRect().width;
-  const full = gd._fullLayout;
-  if (!full || w < 2 || (gd.layout && gd.layout.width) || Math.abs(full.width - w) <= 1) return;
-  if (gd._responsiveChartHandler) gd._responsiveChartHandler();
-  else window.dispatchEvent(new Event('resize'));
-}
-export default {
-  render({ el }) {
-    el.style.display = 'none';
-    let stop = false, root = null, frames = 0;
-    const sizes = new ResizeObserver((entries) => entries.forEach((e) => fit(e.target)));
-    const watch = () => root.querySelectorAll('.js-plotly-plot').forEach((gd) => {
-      if (!seen.has(gd)) { seen.add(gd); sizes.observe(gd); }
-      fit(gd);
-    });
-    const added = new MutationObserver(watch);
-    const start = () => {  // the view is put into the page after render returns
-      if (stop) return;
-      root = el.isConnected && el.closest('.kvvmm-panel');
-      if (!root) { if (frames++ < 600) requestAnimationFrame(start); return; }
-      added.observe(root, { childList: true, subtree: true });
-      watch();
-    };
-    requestAnimationFrame(start);
-    return () => { stop = true; sizes.disconnect(); added.disconnect(); };
-  },
-};
-"""
+def _draw(plot: widgets.Output, fig: go.Figure) -> None:
+    """Draw ``fig`` in ``plot``, replacing what it showed.
 
-
-def _fit_widget() -> widgets.Widget | None:
-    """An invisible widget that makes its panel's figures fill their cell; None without
-    anywidget (the Output fallback's figure is plotly's mime renderer, which resizes)."""
-    try:
-        import anywidget
-    except ImportError:
-        return None
-    global _FitFigures
-    if _FitFigures is None:
-        _FitFigures = type("FitFigures", (anywidget.AnyWidget,), {"_esm": _FIT_ESM})
-    widget: widgets.Widget = _FitFigures()
-    return widget
-
-
-_FitFigures: Any = None
-
-
-def _sync(target: Any, new: go.Figure) -> None:
-    """Make ``target``'s traces and layout those of ``new``, in one batch when possible."""
-    same = len(target.data) == len(new.data) and all(
-        a.type == b.type for a, b in zip(target.data, new.data, strict=True))
-    if not same:
-        target.data = ()
-        target.add_traces(list(new.data))
-    with target.batch_update():
-        if same:
-            for t, n in zip(target.data, new.data, strict=True):
-                props = n.to_plotly_json()
-                props.pop("type", None)
-                props.pop("uid", None)
-                t.update(props, overwrite=True)
-        target.layout.update(new.layout.to_plotly_json(), overwrite=True)
-
-
-def _ipython_display(obj: object) -> None:
-    import IPython.display
-
-    show: Any = IPython.display.display  # untyped
-    show(obj)
-
-
-def _show_on(figure: Any, plot: Any, fig: go.Figure) -> None:
-    """Show ``fig`` in a (figure, plot) pair of :func:`_figure_view`."""
-    # No fixed width: the figure follows its cell (the FigureWidget resizes on resize).
+    The figure travels as plotly's mime bundle in the Output's ``outputs`` trait, so the
+    front end draws it with plotly's mime renderer the moment the trait arrives: no widget
+    model of its own to wait for (a FigureWidget is an anywidget, whose view gives up when
+    its model is slow to come), and no copy in the page that later updates patch. The
+    trait is set rather than ``display()``-ed into: a display message goes to whichever
+    cell runs, and lands in that cell's outputs where no front end routes it (nbval).
+    """
+    # No fixed width: the figure follows its cell, and plotly.js relayouts on resize.
     fig.update_layout(width=None, autosize=True)
-    _sync(figure, fig)
-    if isinstance(plot, widgets.Output):
-        # Set the Output's outputs trait (synced over the widget's comm) rather than
-        # display() into it: a display message goes to whichever cell runs, and would
-        # land in that cell's outputs wherever no frontend routes it (nbval, nbclient).
-        spec = json.loads(figure.to_json())
-        spec["config"] = {"responsive": True}
-        plot.outputs = ({
-            "output_type": "display_data", "metadata": {},
-            "data": {"application/vnd.plotly.v1+json": spec,
-                     "text/plain": f"<plotly figure: {len(figure.data)} traces>"},
-        },)
+    spec = json.loads(fig.to_json())
+    spec["config"] = {"responsive": True}
+    plot.outputs = ({
+        "output_type": "display_data", "metadata": {},
+        "data": {"application/vnd.plotly.v1+json": spec,
+                 "text/plain": f"<plotly figure: {len(fig.data)} traces>"},
+    },)
 
 
 class _Panel:
@@ -147,9 +60,6 @@ class _Panel:
     #: plan, a growth run): then the error says the result shown is stale. ArenaLab's map
     #: is never stale: a failed call changes nothing, so the map still shows the arena.
     _stale_on_error = False
-    #: Figures shown beside the main one (attributes holding a ``_figure_view`` figure),
-    #: resent with it before a view is made.
-    _extra_figures: tuple[str, ...] = ()
 
     def __init__(self, fig: go.Figure) -> None:
         self.error = widgets.HTML(value="", layout={"width": "100%"})
@@ -157,7 +67,9 @@ class _Panel:
         #: True once an action has put a result on screen: a later failure leaves that
         #: result showing, and the error then says it is stale.
         self._has_result = False
-        self.figure, self.plot = _figure_view(fig)
+        #: The figure shown now (a plain plotly Figure), drawn in :attr:`plot`.
+        self.figure = fig
+        self.plot = _plot_output()
         self._show(fig, result=False)
 
     @property
@@ -194,49 +106,31 @@ class _Panel:
         """Show what a failed action did (its calls and their undo); the state is unchanged."""
 
     def _show(self, fig: go.Figure, *, result: bool = True) -> None:
-        _show_on(self.figure, self.plot, fig)
+        self.figure = fig
+        _draw(self.plot, fig)
         self._has_result = self._has_result or result
 
     def _add_dom_classes(self, panel: str) -> None:
         """CSS classes as stable hooks for the browser test (tests/repo/test_browser.py).
 
-        The panel's box gets ``kvvmm-<panel>``, each control, the error area and the plot
+        The panel's box gets ``kvvmm-<panel>``; each control, the error area and the plot
         ``kvvmm-<attribute>`` (``reserve_kv_button`` -> ``kvvmm-reserve-kv-button``), so a
-        test finds them by name rather than by position or label. The box also gets
-        ``kvvmm-panel`` and, last, the invisible widget that fits its figure to the cell.
+        test finds them by name rather than by position or label.
         """
         self.widget.add_class(f"kvvmm-{panel}")
-        self.widget.add_class("kvvmm-panel")  # where _FIT_ESM looks for figures
-        fit = _fit_widget()
-        if fit is not None:
-            self.widget.children = (*self.widget.children, fit)
         for name, value in vars(self).items():
-            if name not in ("widget", "figure") and isinstance(value, widgets.DOMWidget):
+            if name != "widget" and isinstance(value, widgets.DOMWidget):
                 value.add_class(f"kvvmm-{name.replace('_', '-')}")
 
-    def _resend_figure(self) -> None:
-        """Send the FigureWidget's whole figure again, for the views about to be made.
-
-        A new view draws what the front end holds in ``_widget_data``, a copy patched by
-        every update since the widget was made. ``batch_update()`` over traces with different
-        properties leaves ``marker: undefined`` in that copy (plotly's restyle pads the
-        traces lacking a property with undefined), and plotly.js then fails to draw: the
-        panel showed no figure when it was changed before being displayed (LayoutExplorer
-        always is). plotly's own FigureWidget resends both when it is displayed; a panel
-        displays its box instead, so it does the same here.
-        """
-        for fw in (self.figure, *(getattr(self, n) for n in self._extra_figures)):
-            if hasattr(fw, "_widget_data"):  # a FigureWidget, not the Output's Figure
-                fw._widget_layout = copy.deepcopy(fw._layout_obj._props)
-                fw._widget_data = copy.deepcopy(fw._data)
-
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
-        self._resend_figure()
         return self.widget._repr_mimebundle_(**kwargs)
 
     def display(self) -> None:
         """Show the panel in the notebook (same as leaving it as a cell's last value)."""
-        _ipython_display(self)
+        import IPython.display
+
+        show: Any = IPython.display.display  # untyped
+        show(self)
 
 
 def _controls(*children: widgets.Widget) -> widgets.Box:
@@ -250,6 +144,33 @@ def _field(width: str = "auto") -> dict[str, Any]:
     """Keyword arguments for a labelled control whose label and value are never cut."""
     return {"style": {"description_width": "initial"},
             "layout": widgets.Layout(width=width, min_width="max-content")}
+
+
+def _run_controls() -> tuple[widgets.Button, widgets.IntProgress]:
+    """A Run button and the progress bar shown while its run lasts (:func:`_running`)."""
+    return (widgets.Button(description="Run", button_style="primary"),
+            widgets.IntProgress(value=0, min=0, max=1,
+                                layout=widgets.Layout(width="240px", visibility="hidden")))
+
+
+@contextlib.contextmanager
+def _running(button: widgets.Button, progress: widgets.IntProgress) -> Iterator[None]:
+    """While a run lasts: its button disabled, its progress bar shown from 0."""
+    button.disabled = True
+    progress.value, progress.layout.visibility = 0, "visible"
+    try:
+        yield
+    finally:
+        button.disabled = False
+        progress.layout.visibility = "hidden"
+
+
+def _profile_age(profile: widgets.Dropdown) -> widgets.HTML:
+    """A line saying how old the profile ``profile`` names is; it follows the dropdown."""
+    age = widgets.HTML(value=_line(profile_age_line(profile.value)))
+    profile.observe(lambda _: setattr(age, "value", _line(profile_age_line(profile.value))),
+                    names="value")
+    return age
 
 
 def _cost_line(c: GrowthCost) -> str:

@@ -120,8 +120,6 @@ class BudgetLab(_Panel):
             self.close()
             raise
         self._record("both owners made (slot 0)")
-        # Made with the first step's traces: a figure widget changed before its first view
-        # is drawn from a patched copy (see _Panel._resend_figure).
         super().__init__(ledger_figure(self.labels, self.rows, budget_mib * MiB))
         self.report.value = _pre(self.table())
         self.tenant.observe(lambda _: self._sync_limit(), names="value")

@@ -15,19 +15,22 @@ from kvvmm.lab._panel import (
     DTYPES,
     _controls,
     _cost_line,
+    _draw,
     _field,
-    _figure_view,
     _line,
     _Panel,
+    _plot_output,
     _pre,
-    _show_on,
+    _profile_age,
+    _run_controls,
+    _running,
 )
 from kvvmm.layout import list_models
 from kvvmm.layout.model_buffers import full_pool_descs
 from kvvmm.policy import Chunked, Exact, Geometric, GrowthPolicy, default_policy
 from kvvmm.units import MiB
 from kvvmm.viz import growth_figure, growth_report
-from kvvmm.viz.bands import format_growth_bands, growth_band_figure, profile_age_line
+from kvvmm.viz.bands import format_growth_bands, growth_band_figure
 from kvvmm.workload.bands import Band, band_notes, growth_bands
 
 __all__ = ["GrowthLab"]
@@ -62,7 +65,6 @@ class GrowthLab(_Panel):
     """
 
     _stale_on_error = True
-    _extra_figures = ("band_figure",)
 
     def __init__(self, driver: str = "sim", profile: str = "h200", *,
                  model: str = "llama-3.1-8b", layers: int = 4, tokens: int = 32768,
@@ -96,17 +98,17 @@ class GrowthLab(_Panel):
         self.exact_cost = widgets.HTML(value="")
         self.chunked_cost = widgets.HTML(value="")
         self.geometric_cost = widgets.HTML(value="")
-        self.run_button = widgets.Button(description="Run", button_style="primary")
-        self.progress = widgets.IntProgress(value=0, min=0, max=1, description="",
-                                            layout=widgets.Layout(width="240px",
-                                                                  visibility="hidden"))
+        self.run_button, self.progress = _run_controls()
         self.table = widgets.HTML(value=_pre("press Run"))
         self.results: list[GrowthResult] = []
         #: Each policy's simulated growth time as a band (the sim's results, or on a GPU the
         #: prediction's), in the order of :attr:`results`.
         self.bands: list[Band] = []
-        self.profile_age = widgets.HTML(value=_line(profile_age_line(profile)))
-        self.band_figure, self.band_plot = _figure_view(growth_band_figure([], []))
+        self.profile_age = _profile_age(self.profile)
+        #: The figure of :attr:`bands`, drawn in :attr:`band_plot`.
+        self.band_figure = growth_band_figure([], [])
+        self.band_plot = _plot_output()
+        _draw(self.band_plot, self.band_figure)
         #: On a GPU: the same growth on the sim with the chosen profile (else None).
         self.predicted: list[GrowthResult] | None = None
         super().__init__(growth_figure([]))
@@ -115,9 +117,6 @@ class GrowthLab(_Panel):
                   self.step_tokens, self.chunk_mib, self.geo_factor, self.geo_max_mib,
                   self.profile):
             c.observe(lambda _: self._show_costs(), names="value")
-        self.profile.observe(
-            lambda _: setattr(self.profile_age, "value",
-                              _line(profile_age_line(self.profile.value))), names="value")
         label = widgets.HTML
         self.widget = widgets.VBox([
             _controls(self.driver, self.profile, self.model, self.layers),
@@ -147,13 +146,8 @@ class GrowthLab(_Panel):
 
     def run(self) -> bool:
         """Run the workload under each policy; True if it worked (else the error shows)."""
-        self.run_button.disabled = True
-        self.progress.value, self.progress.layout.visibility = 0, "visible"
-        try:
+        with _running(self.run_button, self.progress):
             return self._run(self._run_all)
-        finally:
-            self.run_button.disabled = False
-            self.progress.layout.visibility = "hidden"
 
     def _on_progress(self, done: int, total: int) -> None:
         # About 100 updates a run: each is a comm message to the page.
@@ -182,15 +176,14 @@ class GrowthLab(_Panel):
             layers=self._layers(), dtype=self.dtype.value, page_size=self.page_size.value,
             tokens=self.tokens.value, step_tokens=self.step_tokens.value)
         self.results, self.predicted, self.bands = results, predicted, bands
-        # HTML tables, not a <pre>: at a 1280 px window the text table ran past the cell
-        # and the panel cut its last column ("driver time" read "driv").
+        # HTML tables, not a <pre>: they fit the cell's width (kvvmm.viz._common.Table).
         report = growth_report(results, profile=prof, predicted=predicted).html()
         if sim is not None:
             report += _pre(format_growth_bands(sim, bands, band_notes(prof)))
         self.table.value = report
         self._show(growth_figure(results, profile=prof, predicted=predicted))
-        _show_on(self.band_figure, self.band_plot,
-                 growth_band_figure(sim or [], bands, label=profile_label(prof)))
+        self.band_figure = growth_band_figure(sim or [], bands, label=profile_label(prof))
+        _draw(self.band_plot, self.band_figure)
 
     def cost_texts(self) -> list[str]:
         """Each policy's over-commit on the workload the controls describe, one a line.

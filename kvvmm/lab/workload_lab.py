@@ -7,9 +7,9 @@ from collections.abc import Callable
 import ipywidgets as widgets
 
 from kvvmm.driver import PROFILES
-from kvvmm.lab._panel import _controls, _field, _line, _Panel, _pre
+from kvvmm.lab._panel import _controls, _field, _Panel, _pre, _profile_age, _run_controls, _running
 from kvvmm.layout import list_models
-from kvvmm.viz.bands import add_decode_bands, format_workload_bands, profile_age_line
+from kvvmm.viz.bands import add_decode_bands, format_workload_bands
 from kvvmm.viz.workload import workload_figure, workload_report
 from kvvmm.workload import (
     SLOT_ORDERS,
@@ -74,22 +74,16 @@ class WorkloadLab(_Panel):
         #: came would pay (``run_workload(pause_scale=1.0)``); off: as warm as back to back
         self.real_time = widgets.Checkbox(value=False, description="calls in real time",
                                           indent=False, **_field("150px"))
-        self.run_button = widgets.Button(description="Run", button_style="primary")
-        #: the replay's serving seconds, over every strategy and band run (with what runs)
-        self.progress = widgets.IntProgress(value=0, min=0, max=1, description="",
-                                            layout=widgets.Layout(width="240px",
-                                                                  visibility="hidden"))
+        #: the progress bar: the replay's serving seconds, over each stage of a run
+        self.run_button, self.progress = _run_controls()
         self.stage = widgets.HTML(value="")
         self.table = widgets.HTML(value=_pre("press Run"))
         self.comparison: WorkloadComparison | None = None
         #: per strategy, each timed figure's band (:func:`~kvvmm.workload.bands.workload_bands`)
         self.bands: dict[str, dict[str, Band]] = {}
-        self.profile_age = widgets.HTML(value=_line(profile_age_line(gpu)))
+        self.profile_age = _profile_age(self.gpu)
         super().__init__(workload_figure(None))
         self.run_button.on_click(lambda _: self.run())
-        self.gpu.observe(lambda _: setattr(self.profile_age, "value",
-                                           _line(profile_age_line(self.gpu.value))),
-                         names="value")
         self.widget = widgets.VBox([
             _controls(self.model, self.gpu, self.tp),
             self.profile_age,
@@ -110,13 +104,10 @@ class WorkloadLab(_Panel):
 
     def run(self) -> bool:
         """Run every chosen strategy; True if it worked (else the error shows)."""
-        self.run_button.disabled = True
-        self.progress.value, self.progress.layout.visibility = 0, "visible"
         try:
-            return self._run(self._run_all)
+            with _running(self.run_button, self.progress):
+                return self._run(self._run_all)
         finally:
-            self.run_button.disabled = False
-            self.progress.layout.visibility = "hidden"
             self.stage.value = ""
 
     def _reporter(self, stage: str) -> Callable[[float, float], None]:
@@ -141,8 +132,7 @@ class WorkloadLab(_Panel):
         bands = workload_bands(wl, names, gpu=self.gpu.value, mid=cmp, options=opts,
                                progress=self._reporter("bands (p10, p90)"))
         self.comparison, self.bands = cmp, bands
-        # HTML tables, one per kind of figure: the one 18-column text table wrapped every
-        # row onto two lines at a 1280 px window.
+        # HTML tables, one per kind of figure, each fitting the cell's width.
         self.table.value = (workload_report(cmp).html()
                             + _pre(format_workload_bands(bands, band_notes(self.gpu.value))))
         self._show(add_decode_bands(workload_figure(cmp), cmp, bands))

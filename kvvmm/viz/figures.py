@@ -216,11 +216,8 @@ def bandwidth_by_handle_size(table: BandwidthTable | None = None) -> go.Figure:
     table = H200_BANDWIDTH if table is None else table
     ref = table.reference_tb_s("plain")
     fig = go.Figure(_handle_bars(table, ref))
-    order = sorted({fmt_bytes(p.handle_bytes) for p in table.points
-                    if p.handle_bytes is not None},
-                   key=lambda s: next(p.handle_bytes or 0 for p in table.points
-                                      if p.handle_bytes is not None
-                                      and fmt_bytes(p.handle_bytes) == s))
+    sizes = sorted({p.handle_bytes for p in table.points if p.handle_bytes is not None})
+    order = list(dict.fromkeys(fmt_bytes(b) for b in sizes))  # the x axis, smallest first
     refs = [p for p in table.points if p.handle_bytes is None]
     for p, dash in zip(refs, ("dash", "dot", "dashdot", "longdash", "solid"), strict=False):
         fig.add_trace(go.Scatter(

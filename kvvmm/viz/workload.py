@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
 __all__ = ["TERMINAL_COLUMNS", "TRADE_AXES", "TradeAxis", "costs_line", "first_token_figure",
            "format_workload", "held_over_used", "stall_figure", "tradeoff_figure",
-           "tradeoff_figures", "workload_figure", "workload_memory_figure", "workload_report"]
+           "workload_figure", "workload_memory_figure", "workload_report"]
 
 
 def _calls_clause(pause_scale: float | None, driver: str) -> str:
@@ -431,8 +431,8 @@ def _sub(line: str) -> str:
 def tradeoff_figure(cmp: WorkloadComparison | None, *, against: str = "decode",
                     profile: str | DeviceProfile | None = None) -> go.Figure:
     """Memory held against decode stall (``against="decode"``) or against first-token
-    delay (``"first-token"``): one point per strategy; :func:`tradeoff_figures` puts the
-    two side by side.
+    delay (``"first-token"``): one point per strategy; :func:`workload_figure` puts the
+    two side by side under the memory over time.
 
     x: the decode path's driver time over the run, or the p99 time to first token (ms,
     log; a strategy with none sits at the left edge, its hover says 0), y:
@@ -458,31 +458,6 @@ def tradeoff_figure(cmp: WorkloadComparison | None, *, against: str = "decode",
                       height=380, autosize=True, showlegend=False, plot_bgcolor="white",
                       margin={"l": 10, "r": 10, "t": 70, "b": 40},
                       meta={"kvvmm": "workload-tradeoff", "against": against, "costs": line})
-    return fig
-
-
-def tradeoff_figures(cmp: WorkloadComparison | None, *,
-                     profile: str | DeviceProfile | None = None) -> go.Figure:
-    """Memory held against decode stall (left) and against first-token delay (right), one
-    point per strategy in each (:func:`tradeoff_figure`'s two panels, one figure)."""
-    from plotly.subplots import make_subplots
-
-    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.1, subplot_titles=(
-        "held / used against decode driver time", "held / used against first token (p99)"))
-    for col, key in ((1, "decode"), (2, "first-token")):
-        traces, x_range = _trade_traces(() if cmp is None else cmp.results, TRADE_AXES[key])
-        for tr in traces:
-            fig.add_trace(tr, row=1, col=col)
-        fig.add_hline(y=1.0, line={"color": "#adb5bd", "dash": "dot"}, row=1, col=col)
-        fig.update_xaxes(title_text=TRADE_AXES[key].title, type="log", range=x_range,
-                         row=1, col=col)
-        fig.update_yaxes(title_text="held / used (log)", type="log", row=1, col=col)
-    line = costs_line(cmp, profile)
-    fig.update_layout(title=f"memory held against decode stall and first-token delay (bottom "
-                            f"left is best){_sub(line)}",
-                      height=440, autosize=True, showlegend=False, plot_bgcolor="white",
-                      margin={"l": 10, "r": 10, "t": 110, "b": 40},
-                      meta={"kvvmm": "workload-tradeoffs", "costs": line})
     return fig
 
 
@@ -536,8 +511,7 @@ def _workload_layout(fig: go.Figure, mem: go.Figure, line: str) -> go.Figure:
     sets a title of its own keeps the line: ``title + "<br>" + fig.layout.title.text``,
     as ``kvvmm replay`` does)."""
     # The legend sits above the plots, the title above the legend: the top margin makes
-    # room for as many legend rows as the names take at a 1280 px cell (a title set later,
-    # as kvvmm replay's is, was drawn over the legend's first row).
+    # room for as many legend rows as the names take at a 1280 px cell.
     rows = _legend_rows([tr.name or "" for tr in mem.data])
     top = 50 + 22 * rows
     fig.update_layout(height=1100 + top, autosize=True, plot_bgcolor="white",

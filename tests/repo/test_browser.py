@@ -418,9 +418,9 @@ _WIDTHS_JS = """(root) => {
 def _fills_cell(panel: Any, why: str, share: float = 0.9) -> None:
     """The figure is drawn at least ``share`` of its cell's width.
 
-    A FigureWidget draws before it is in the page and, left alone, stays at plotly's
-    default 700 px in a cell of 850 px (at 1280) or more; the panel's fit widget relayouts
-    it once its box has a width (kvvmm/lab/_panel.py, ``_FIT_ESM``).
+    A figure that measured no width when it drew falls back to plotly's default 700 px,
+    short of a cell of 850 px (at 1280) or more; the panel's figure has no width of its
+    own and plotly.js's responsive mode relayouts it as its cell resizes.
     """
     from playwright.sync_api import Error as PlaywrightError
 

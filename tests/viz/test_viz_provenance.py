@@ -18,7 +18,6 @@ from kvvmm.viz.workload import (
     first_token_figure,
     stall_figure,
     tradeoff_figure,
-    tradeoff_figures,
     workload_figure,
     workload_report,
 )
@@ -44,7 +43,7 @@ def test_every_workload_figure_and_the_report_name_the_borrowed_costs(
         cmp_b200: WorkloadComparison) -> None:
     assert provenance_label("b200") == B200
     for fig in (stall_figure(cmp_b200), first_token_figure(cmp_b200), tradeoff_figure(cmp_b200),
-                tradeoff_figure(cmp_b200, against="first-token"), tradeoff_figures(cmp_b200),
+                tradeoff_figure(cmp_b200, against="first-token"),
                 workload_figure(cmp_b200)):
         assert B200 in _title(fig) and fig.layout.meta["costs"] == f"simulated with {B200}"
     assert f"simulated with {B200}" in workload_report(cmp_b200).lead
@@ -67,9 +66,6 @@ def test_the_first_token_panel_puts_each_strategy_at_its_p99_first_token(
         p99 = r.wait_summary()["first_token_p99_ms"]
         assert p99 > 0 and t.x[0] == pytest.approx(p99)
         assert f"{r.wait_summary()['admissions_put_off']:,} admissions put off" in t.hovertext[0]
-    both = tradeoff_figures(cmp_b200)
-    assert len(both.data) == 2 * len(cmp_b200.results)
-    assert {t.meta["trade"] for t in both.data} == {"decode", "first-token"}
     boxes = first_token_figure(cmp_b200).data
     assert [len(b.y) for b in boxes] == [r.serving.completed for r in cmp_b200.results]
 
