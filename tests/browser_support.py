@@ -6,7 +6,7 @@
 - :class:`LabServer`: JupyterLab on 127.0.0.1, the port picked by the OS, a random token,
   private config / data / runtime / settings / workspace / IPython directories, the
   announcements ("news") and update check off, autosave off, ``window.jupyterapp`` exposed.
-  Front-end extensions (ipywidgets, plotly, anywidget) still come from the venv's
+  Front-end extensions (ipywidgets, plotly) still come from the venv's
   ``share/jupyter/labextensions``: ``JUPYTER_DATA_DIR`` replaces only the user's data dir.
 - :class:`ConsoleErrors`: every ``console.error`` and uncaught exception of a page.
 - :class:`NotebookTab`: one open notebook, driven as a person would (run all, click, type).

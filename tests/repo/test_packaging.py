@@ -126,7 +126,7 @@ def test_a_plain_install_pulls_no_jupyter_plotly_or_test_package() -> None:
 def test_the_lab_extra_brings_jupyterlab_widgets_plotly_and_the_test_extra_the_lab() -> None:
     extras = _pyproject()["project"]["optional-dependencies"]
     lab = {_requirement_key(r)[0] for r in extras["lab"]}
-    assert {"jupyterlab", "ipywidgets", "plotly", "anywidget", "jupytext"} <= lab
+    assert {"jupyterlab", "ipywidgets", "plotly", "jupytext"} <= lab
     assert any(r.replace(" ", "") == "kvvmm[torch,lab]" for r in extras["test"])
     assert {_requirement_key(r)[0] for r in extras["torch"]} == {"torch"}
 
