@@ -25,7 +25,6 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -37,7 +36,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 import kvvmm
 from kvvmm.budget import BudgetedDriver, Ledger, Tenant
-from kvvmm.measure.machine import commit, cpu_model, load_average
+from kvvmm.measure.machine import cpu_model, load_average, versions
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -99,24 +98,6 @@ def _card(driver: Any) -> str:
     return f"cpu: {cpu_model()} (host driver)"
 
 
-def _versions() -> dict[str, str]:
-    v = {"python": platform.python_version(), "kvvmm": kvvmm.__version__,
-         "commit": commit(ROOT)}
-    try:
-        import torch
-
-        v["torch"] = torch.__version__
-    except ImportError:
-        pass
-    try:
-        from cuda import bindings
-
-        v["cuda-bindings"] = getattr(bindings, "__version__", "?")
-    except ImportError:
-        pass
-    return v
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--driver", default="host", choices=["host", "cuda", "auto"])
@@ -152,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     doc = {
         "benchmark": "budget", "date": datetime.datetime.now(datetime.UTC).isoformat(
             timespec="seconds"),
-        "card": _card(plain), "driver": plain.kind, "versions": _versions(),
+        "card": _card(plain), "driver": plain.kind,
+        "versions": versions(ROOT, "torch", "cuda-bindings"),
         "load_average": load_average(),
         "granularity_bytes": g, "reps": args.reps, "target_added_us": TARGET_US,
         "results": res,

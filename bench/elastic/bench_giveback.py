@@ -15,17 +15,15 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import platform
 import statistics
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-import kvvmm
 from kvvmm import KvBufferOwner, open_driver
 from kvvmm.layout import model_descs
-from kvvmm.measure.machine import commit, cpu_model, load_average
+from kvvmm.measure.machine import cpu_model, load_average, versions
 from kvvmm.owner import RangeBacking
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -90,8 +88,7 @@ def main() -> int:
     doc = {"benchmark": "elastic-giveback",
            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
            "card": card, "driver": args.driver,
-           "versions": {"python": platform.python_version(), "kvvmm": kvvmm.__version__,
-                        "commit": commit(ROOT)},
+           "versions": versions(ROOT),
            "load_average": load_average(),
            "model": "llama-3.1-8b interleaved (2 MiB = 16 slots a block)",
            "what": "RangeBacking.give_back(None, deadline_s) of every cached unit on the "

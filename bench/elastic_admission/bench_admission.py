@@ -27,14 +27,13 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from kvvmm.measure.machine import commit
+from kvvmm.measure.machine import versions
 
 ROOT = Path(__file__).resolve().parents[2]
 MIB = 1 << 20
@@ -208,7 +207,6 @@ def main(argv: list[str] | None = None) -> int:
         for i, row in enumerate(ex.map(_run, jobs), start=1):
             rows.append(row)
             print(f"{i}/{len(jobs)}", json.dumps(row), flush=True)
-    import kvvmm
 
     for span in spans:
         for pace in pauses:
@@ -227,8 +225,7 @@ def main(argv: list[str] | None = None) -> int:
                              "pace)", "real-time": "pause_scale=1.0: each call pays the cold "
                              "premium of an engine serving the trace as it came"},
            "targets": TARGETS, "date": datetime.date.today().isoformat(),
-           "versions": {"kvvmm": kvvmm.__version__, "python": platform.python_version(),
-                        "commit": commit(ROOT)},
+           "versions": versions(ROOT),
            "wall_s": round(time.perf_counter() - t0, 1), "rows": rows}
     Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
     print(f"wrote {args.out} ({len(rows)} runs, {out['wall_s']} s)")

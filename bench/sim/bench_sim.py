@@ -25,11 +25,10 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
-import kvvmm
 from kvvmm import Chunked, Exact, Geometric, KvBufferOwner, SimDriver, mha_token_major
 from kvvmm.driver.faults import FaultyDriver
 from kvvmm.measure.elastic import GAP_S, LOOKAHEAD_BYTES, LOOKAHEAD_SWEEP
-from kvvmm.measure.machine import commit, cpu_model, load_average
+from kvvmm.measure.machine import cpu_model, load_average, versions
 from kvvmm.measure.workload import BENCH_WORKLOAD
 from kvvmm.policy import default_policy
 from kvvmm.units import MiB
@@ -170,15 +169,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "results"))
     args = ap.parse_args()
-    import torch
 
     res: dict[str, object] = {
         "benchmark": "sim", "date": datetime.datetime.now(datetime.UTC).isoformat(
             timespec="seconds"),
         "machine": {"cpu": cpu_model(), "cores": os.cpu_count(), "load_average": load_average(),
                     "python": platform.python_version(), "card": "none (SimDriver, H200 profile)"},
-        "versions": {"torch": torch.__version__, "kvvmm": kvvmm.__version__,
-                     "commit": commit(ROOT)},
+        "versions": versions(ROOT, "torch"),
         "target": {"ops_per_s": 200_000},
     }
     res["raw"] = raw_ops()

@@ -27,11 +27,10 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
-import plotly
 
-from kvvmm import Arena, ArenaSnapshot, KvBufferOwner, OwnerSnapshot, SimDriver, __version__
+from kvvmm import Arena, ArenaSnapshot, KvBufferOwner, OwnerSnapshot, SimDriver
 from kvvmm.layout import load_model, model_descs
-from kvvmm.measure.machine import commit, cpu_model, load_average
+from kvvmm.measure.machine import cpu_model, load_average, versions
 from kvvmm.snapshot import AllocationInfo, MappingInfo
 from kvvmm.units import GiB, MiB
 from kvvmm.viz import HEATMAP_THRESHOLD, describe, va_map
@@ -94,13 +93,6 @@ def main() -> int:
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "results"))
     ap.add_argument("--repeat", type=int, default=7)
     args = ap.parse_args()
-    try:
-        import numpy
-
-        np_version: str | None = numpy.__version__
-    except ImportError:
-        np_version = None
-
     snap10k = grown_snapshot(40, 250)
     snap20k = grown_snapshot(80, 250)
     assert len(snap10k.mappings) == 10_000 and len(snap20k.mappings) > HEATMAP_THRESHOLD
@@ -143,8 +135,7 @@ def main() -> int:
         "machine": {"cpu": cpu_model(), "cores": os.cpu_count(), "load_average": load_average(),
                     "python": platform.python_version(),
                     "system": platform.platform(), "card": "none (SimDriver, H200 profile)"},
-        "versions": {"kvvmm": __version__, "commit": commit(ROOT),
-                     "plotly": plotly.__version__, "numpy": np_version},
+        "versions": versions(ROOT, "plotly", "numpy"),
         "target": {"va_map_10k_s": TARGET_S, "every_view_s": VIEW_TARGET_S, "met": ok},
         "results": results,
     }

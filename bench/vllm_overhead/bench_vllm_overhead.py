@@ -30,7 +30,6 @@ import importlib.metadata
 import importlib.util
 import itertools
 import json
-import platform
 import sys
 import time
 import types
@@ -42,7 +41,7 @@ from typing import Any
 import kvvmm
 from kvvmm.driver.base import Driver, DriverStats, MemoryKind
 from kvvmm.integrations.vllm import KvvmmVmmDriver
-from kvvmm.measure.machine import commit, cpu_model, load_average
+from kvvmm.measure.machine import cpu_model, load_average, versions
 from kvvmm.measure.stats import percentile
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -234,20 +233,6 @@ def _card(device: int) -> str:
         return f"cuda:{device}"
 
 
-def _versions() -> dict[str, str | None]:
-    out: dict[str, str | None] = {"python": platform.python_version(),
-                                  "kvvmm": kvvmm.__version__, "commit": commit(ROOT),
-                                  "vllm_files": "0.34.0"}
-    for dist in ("torch", "cuda-python", "cuda-bindings"):
-        try:
-            out[dist] = importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            out[dist] = None
-    return out
-
-
-
-
 def run(kind: str, sizes_mib: Sequence[int], rounds: int, warmup: int, device: int,
         progress: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
     """Time every call of every driver, alternating; the result as JSON-ready data.
@@ -295,7 +280,8 @@ def run(kind: str, sizes_mib: Sequence[int], rounds: int, warmup: int, device: i
     cycles = [row["ratio_cycle_median"] for row in per_size.values()
               if row.get("ratio_cycle_median") is not None]
     return {"benchmark": "vllm-overhead", "card": card, "drivers": names,
-            "versions": _versions(),
+            "versions": {**versions(ROOT, "torch", "cuda-python", "cuda-bindings"),
+                         "vllm_files": "0.34.0"},
             "machine": {"cpu": cpu_model(), "load_average": load_average()},
             "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "rounds": rounds, "warmup": warmup, "granularity_bytes": gran,

@@ -1,4 +1,4 @@
-"""What a benchmark records of the machine it ran on: the CPU's model, the load, the commit.
+"""What a benchmark records of the machine it ran on: the CPU, the load, the commit, versions.
 
 CPU figures from a shared 2-core machine mean little without the load they ran under, and a
 result names the commit that made it; the ``bench/`` scripts write these three the same way.
@@ -6,12 +6,13 @@ result names the commit that made it; the ``bench/`` scripts write these three t
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import platform
 import subprocess
 from pathlib import Path
 
-__all__ = ["commit", "cpu_model", "load_average"]
+__all__ = ["commit", "cpu_model", "load_average", "versions"]
 
 
 def cpu_model() -> str:
@@ -40,3 +41,20 @@ def load_average() -> list[float]:
         return [round(x, 2) for x in os.getloadavg()]
     except OSError:
         return []
+
+
+def versions(root: Path, *dists: str) -> dict[str, str | None]:
+    """Python's, kvvmm's and each named distribution's version, and the commit at ``root``.
+
+    A distribution not installed reads ``None`` (a CPU-only machine has no ``cuda-bindings``).
+    """
+    from kvvmm import __version__
+
+    out: dict[str, str | None] = {"python": platform.python_version(), "kvvmm": __version__,
+                                  "commit": commit(root)}
+    for dist in dists:
+        try:
+            out[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            out[dist] = None
+    return out
