@@ -1,16 +1,10 @@
 """Traces: driver calls and arena operations, each in its own typed list, saved as JSON.
 
-Record on a GPU, look at it on a laptop. A :class:`Trace` holds two lists that share one
-sequence counter, so their order is known:
-
-- ``events``: every driver call (:class:`TraceEvent`), written by a
-  :class:`~kvvmm.record.tracing.TracingDriver` wrapped around the driver;
-- ``ops``: every arena operation (:class:`ArenaOp`: open, allocate, commit, ...), written by an
-  :class:`~kvvmm.arena.Arena` that was given the trace (``Arena(..., trace=t)``).
-
-Recording is explicit: an arena records only into a trace it was handed. ``Trace.save`` writes
-format ``kvvmm-trace`` version 2; ``Trace.load`` also reads version 1, whose arena operations
-sat among the driver calls as ``"arena.*"`` events. :mod:`kvvmm.replay` replays both lists.
+A :class:`Trace` holds two lists that share one sequence counter: ``events``, the driver
+calls a :class:`~kvvmm.record.tracing.TracingDriver` records, and ``ops``, the operations of
+an :class:`~kvvmm.arena.Arena` handed the trace (``Arena(..., trace=t)``). ``Trace.save``
+writes format ``kvvmm-trace`` version 2; ``Trace.load`` also reads version 1, whose arena
+operations sat among the driver calls as ``"arena.*"`` events.
 """
 
 from __future__ import annotations
@@ -138,10 +132,8 @@ class Trace:
             json.dump(self.to_json(), f)
 
     def validate(self) -> None:
-        """Raise TraceFormatError unless every record is one a replay can run.
-
-        The same checks :meth:`from_json` makes, for a trace built in memory (``add`` and
-        ``add_op`` take any value); :mod:`kvvmm.replay` calls this before it replays.
+        """Raise TraceFormatError unless every record is one a replay can run (the checks
+        :meth:`from_json` makes, for a trace built in memory).
 
         Raises:
             TraceFormatError: naming the first bad record (``event 3 (seq 5, map)``) and field.
