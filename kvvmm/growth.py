@@ -97,16 +97,14 @@ def decode_growth(
     Args:
         policies: growth policies to compare.
         driver: ``"sim"``, ``"host"``, ``"cuda"``, or a zero-argument driver factory.
-        profile: the sim driver's device profile (checked, and unused, on real drivers:
-            :func:`~kvvmm.driver.driver_for`).
+        profile: the sim driver's device profile (checked, and unused, on real drivers).
         model: a shipped model key (hybrid models grow their full-attention pool).
         layers: use only the first ``layers`` layers (None: all), to keep runs small.
         dtype, page_size, tp: the layout.
         tokens: tokens to grow to, > 0.
         step_tokens: tokens per decode step, > 0.
         reserved_tokens: tokens each buffer reserves (None: ``tokens``).
-        progress: called as ``progress(done, total)`` after each step (of all policies'
-            steps), for a progress bar.
+        progress: called as ``progress(done, total)`` after each step of every policy.
     Returns:
         One :class:`GrowthResult` per policy, in order.
     Raises:

@@ -53,9 +53,7 @@ def show(text: object) -> str:
 
 def profile_line(used: Mapping[str, object]) -> str:
     """The line a command prints first: which profile ran and whose figures it predicts
-    with, from :func:`kvvmm.hardware.profile_summary`:
-    ``"profile: b200 (NVIDIA B200; shipped); costs: h200, measured on an H200;
-    capacity: b200"``."""
+    with, from :func:`kvvmm.hardware.profile_summary`."""
     date = str(used["date"])
     when = "" if date == "not stated" else f", {date}"
     return (f"profile: {used['key']} ({used['card']}{when}; {show(used['path'])}); "

@@ -18,13 +18,9 @@ __all__ = ["agreed_page_size", "agreed_reserved_tokens", "check_itemsize", "grow
 
 
 def check_itemsize(descs: Sequence[KvBufferDesc], dtype: object, itemsize: int) -> None:
-    """Every desc's row must be ``prod(shape[1:])`` elements of ``dtype``'s itemsize.
-
-    A row_bytes smaller than its shape's row makes the owner back less than the tensor's rows
-    (slots reported as backed that are not: a segfault on the host driver); larger wastes.
-    Blame ``dtype`` when every desc agrees on another itemsize, else the first desc that
-    disagrees.
-    """
+    """Every desc's row must be ``prod(shape[1:])`` elements of ``dtype``'s itemsize (a
+    smaller row_bytes would leave slots reported as backed that are not). Blame ``dtype``
+    when every desc agrees on another itemsize, else the first desc that disagrees."""
     implied: list[int | None] = []
     for d in descs:
         elements = math.prod(d.shape[1:])

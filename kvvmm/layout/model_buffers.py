@@ -158,10 +158,7 @@ def hybrid_swa_descs(
         reserved_tokens: the full pool's capacity in tokens, > 0.
         swa_reserved_tokens: the sliding pool's capacity, in ``[1, reserved_tokens]``;
             default :func:`swa_reserved_tokens_default` (one sequence's window).
-        page_size: tokens per page, > 0.
-        dtype: KV dtype.
-        tp: tensor-parallel size.
-        layout: ``"token_major"`` or ``"page_major"``.
+        page_size, dtype, tp, layout: as :func:`model_descs`.
     Returns:
         ``(full_descs, swa_descs)``; ``full_descs`` is empty if every layer slides.
     Raises:
@@ -220,15 +217,7 @@ def kv_bytes_per_token(model: ModelLike, dtype: object, tp: int = 1) -> int:
 def swa_kv_bytes_per_token(model: ModelLike, dtype: object, tp: int = 1) -> int:
     """KV bytes one token takes in the sliding-window layers on one rank (0 if none).
 
-    Args:
-        model: a :class:`ModelConfig` or anything :func:`load_model` takes.
-        dtype: KV dtype.
-        tp: tensor-parallel size.
-    Returns:
-        Bytes per token per rank.
-    Raises:
-        ArgumentError: ``tp`` invalid or not fitting the KV heads.
-        UnknownDtypeError: unknown dtype.
+    Args, Returns and Raises: as :func:`kv_bytes_per_token`.
     """
     m = load_model(model)
     itemsize = dtype_itemsize(dtype)

@@ -322,9 +322,8 @@ _FP8_FORMATS = {"e4m3": "float8_e4m3fn", "e5m2": "float8_e5m2"}
 
 
 def _weights_dtype(outer: Mapping[str, Any], cfg: Mapping[str, Any]) -> str | None:
-    """The stored weights' dtype from a HF config: its fp8 quantization (DeepSeek-V3 ships
-    ``{"quant_method": "fp8", "fmt": "e4m3"}``), else ``torch_dtype``; None when neither is
-    there or kvvmm has no such dtype (4-bit formats: count them with ``weights_dtype=``)."""
+    """The stored weights' dtype from a HF config: its fp8 quantization, else
+    ``torch_dtype``; None when neither is there or kvvmm has no such dtype."""
     q = outer.get("quantization_config", cfg.get("quantization_config"))
     if isinstance(q, Mapping) and q.get("quant_method") == "fp8":
         return _FP8_FORMATS.get(str(q.get("fmt", "e4m3")))
@@ -406,15 +405,9 @@ def load_model(model: ModelLike, *, name: str | None = None) -> ModelConfig:
 def weights_bytes_per_rank(model: ModelLike, dtype: object = "bfloat16", tp: int = 1) -> int | None:
     """Bytes of the model's weights on one tensor-parallel rank, ``None`` if not known.
 
-    ``ceil(parameter_count * itemsize / tp)``: every weight sharded evenly, as an estimate
-    (replicated norms and routers are a rounding error next to the matrices).
+    ``ceil(parameter_count * itemsize / tp)``: every weight sharded evenly, as an estimate.
+    ``None`` when the config lacks the sizes to count parameters.
 
-    Args:
-        model: a :class:`ModelConfig` or anything :func:`load_model` takes.
-        dtype: the weights' dtype (``"bfloat16"``, ``"float8_e4m3fn"``, ...).
-        tp: tensor-parallel size, > 0.
-    Returns:
-        Bytes per rank, or ``None`` when the config lacks the sizes to count parameters.
     Raises:
         ArgumentError: ``tp`` not an int > 0.
         UnknownDtypeError: unknown dtype.

@@ -157,11 +157,7 @@ class Plan:
     activation_peak_bytes: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """The plan as plain JSON-ready data (dicts, lists, ints, strs, bools, None).
-
-        Returns:
-            A dict with the fields above; ``pools`` and ``handles`` as lists of dicts.
-        """
+        """The plan as plain JSON-ready data: ``pools`` and ``handles`` as lists of dicts."""
         return _plain(asdict(self))  # type: ignore[no-any-return]
 
 
@@ -269,8 +265,7 @@ class PlanOptions:
         self._check_together()
 
     def _check_together(self) -> None:
-        """Refuse options that exclude each other: the other engine's, and what an explicit
-        budget or a headroom replaces."""
+        """Refuse options that exclude each other."""
         theirs, why = ((("headroom_bytes", "mem_fraction_static"),
                         "vLLM keeps back its measured margin and peak, not a share; pass "
                         "activation_peak_bytes") if self.engine == "vllm" else
@@ -412,9 +407,7 @@ def vllm_warmup_bytes(*, free_bytes: int, committed_bytes: int,
     ``max(VLLM_MARGIN_FLOOR_BYTES, int(VLLM_MARGIN_FRACTION * reserve))`` beside it.
 
     Args:
-        free_bytes: device memory free now, >= 0.
-        committed_bytes: KV memory committed now, >= 0.
-        transient_peak_bytes: the profiled activation peak, >= 0.
+        free_bytes, committed_bytes, transient_peak_bytes: as :func:`vllm_kv_bytes`'s, now.
     Returns:
         The bytes (may be negative: nothing more may be committed; vLLM never goes below
         what it already committed).
@@ -737,8 +730,7 @@ def plan_smallest_tp(
     is the request's, and is raised at once.
 
     Args:
-        gpu: device profile key or profile, as :func:`plan` takes it.
-        model: model config, key, path or dict, as :func:`plan` takes it.
+        gpu, model: as :func:`plan` takes them.
         tps: TP sizes to try, each an int >= 1 (tried from the smallest; default
             :data:`TP_SIZES`).
         options: :func:`plan`'s other keyword arguments (``options=`` and

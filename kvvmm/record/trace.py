@@ -35,25 +35,15 @@ VERSION = 2
 
 @dataclass(frozen=True, slots=True)
 class TraceEvent:
-    """One driver call.
+    """One driver call."""
 
-    Attributes:
-        seq: position in the trace (shared with :class:`ArenaOp`), from 0.
-        op: the call (``"create"``), one of ``kvvmm.driver.base.CALLS``.
-        args: its int arguments (``size``, ``va``, ``handle``; ``devices`` for peers).
-        result: the return value (a VA or handle), or None.
-        error: the CUDA error name if the call failed, else None.
-        wall_us: wall time the call took, in microseconds.
-        sim_us: simulated cost (SimDriver's cost model), 0.0 for real drivers.
-    """
-
-    seq: int
-    op: str
-    args: dict[str, Any]
-    result: int | None = None
-    error: str | None = None
-    wall_us: float = 0.0
-    sim_us: float = 0.0
+    seq: int  #: position in the trace (shared with :class:`ArenaOp`), from 0
+    op: str  #: the call (``"create"``), one of ``kvvmm.driver.base.CALLS``
+    args: dict[str, Any]  #: its int arguments (``size``, ``va``, ``handle``; ``devices``)
+    result: int | None = None  #: the return value (a VA or handle), or None
+    error: str | None = None  #: the CUDA error name if the call failed, else None
+    wall_us: float = 0.0  #: wall time the call took, in microseconds
+    sim_us: float = 0.0  #: simulated cost (SimDriver's cost model), 0.0 for real drivers
 
     def to_json(self) -> dict[str, Any]:
         return {"seq": self.seq, "op": self.op, "args": self.args, "result": self.result,
@@ -63,19 +53,12 @@ class TraceEvent:
 
 @dataclass(frozen=True, slots=True)
 class ArenaOp:
-    """One arena operation that succeeded.
+    """One arena operation that succeeded."""
 
-    Attributes:
-        seq: position in the trace (shared with :class:`TraceEvent`).
-        arena: the arena's number in this trace (0, 1, ... in order of opening).
-        op: one of :data:`ARENA_OPS`.
-        args: its arguments (``name``, ``nbytes``, ``offset``, ``keep_bytes``, ``devices``).
-    """
-
-    seq: int
-    arena: int
-    op: str
-    args: dict[str, Any]
+    seq: int  #: position in the trace (shared with :class:`TraceEvent`)
+    arena: int  #: the arena's number in this trace (0, 1, ... in order of opening)
+    op: str  #: one of :data:`ARENA_OPS`
+    args: dict[str, Any]  #: its arguments (``name``, ``nbytes``, ``offset``, ...)
 
     def to_json(self) -> dict[str, Any]:
         return {"seq": self.seq, "arena": self.arena, "op": self.op, "args": self.args}
