@@ -176,12 +176,10 @@ class SlotRanges:
             ArgumentError, OutOfRangeError: bad arguments, or units not free; nothing changed.
         """
         start, n = self._check(start, n)
-        starts = self._starts
-        i = bisect_left(starts, start + 1) - 1
-        s = starts[i] if i >= 0 else -1
-        if s < 0 or s + self._start[s] < start + n:
+        if not self.is_free(start, n):
             raise ArgumentError("start", start, f"a free range of {n} units (units "
                                                 f"[{start}, {start + n}) are not all free)")
+        s = self._starts[bisect_left(self._starts, start + 1) - 1]
         length = self._remove(s)
         if start > s:
             self._add(s, start - s)

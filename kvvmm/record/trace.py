@@ -203,11 +203,9 @@ class Trace:
     def _renumber(self) -> None:
         merged: list[tuple[int, int, int]] = [(e.seq, 0, i) for i, e in enumerate(self.events)]
         merged += [(o.seq, 1, i) for i, o in enumerate(self.ops)]
-        merged.sort()
         events, ops = list(self.events), list(self.ops)
         self.events, self.ops = [], []
-        for seq, kind, i in merged:
-            del seq
+        for _seq, kind, i in sorted(merged):
             if kind == 0:
                 e = events[i]
                 self.events.append(TraceEvent(self._seq(), e.op, e.args, e.result, e.error,
