@@ -1,11 +1,8 @@
 """The one argument checker: every public entry point checks its ints, numbers and flags here.
 
-A Python ``bool`` is an ``int``; no kvvmm size, offset, count, id, fraction or duration is
-ever a bool, so every int and number checker here refuses it. A flag is the other way round:
-``bool_arg`` takes ``True`` or ``False`` only, never ``0``, ``1`` or another truthy object.
-Messages come from :class:`~kvvmm.errors.ArgumentError`: they name the argument, the value
-and the limit it broke. The predicates (``is_int``, ``is_number``) serve the sites that raise
-another kvvmm error (a driver's, a trace file's) and only need the test.
+No kvvmm size, offset, count, fraction or duration is ever a bool, so the int and number
+checkers refuse one; a flag (``bool_arg``) takes ``True`` or ``False`` only. Messages come
+from :class:`~kvvmm.errors.ArgumentError`, naming the argument, the value and the limit.
 """
 
 from __future__ import annotations
@@ -26,9 +23,8 @@ def is_int(value: object) -> TypeGuard[int]:
 def is_number(value: object, *, finite: bool = True) -> bool:
     """True for an int or a float that is not a bool, NaN, or (with ``finite``) infinite.
 
-    An int past float's range counts as infinite: kvvmm computes with these numbers as floats.
-    NaN is never a number here: it compares false with every bound, so a check written as
-    ``x < lo`` lets it through and whatever uses it next misbehaves.
+    An int past float's range counts as infinite; NaN is never a number here (it compares
+    false with every bound).
     """
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return False
@@ -45,17 +41,8 @@ def is_number(value: object, *, finite: bool = True) -> bool:
 def bool_arg(name: str, value: object, *, limit: str = "True or False") -> bool:
     """Return ``value`` if it is ``True`` or ``False``; raise naming the value otherwise.
 
-    A flag takes a bool only: ``0``, ``1``, ``None`` or a string would be read by its
-    truthiness, which is never what a caller who passed one meant.
-
-    Args:
-        name: the argument's name as the caller wrote it (``"keep_pool"``).
-        value: what was passed.
-        limit: the limit as the message should state it (what the flag means, if useful).
-    Returns:
-        ``value``, typed as a bool.
     Raises:
-        ArgumentError: anything but ``True`` or ``False``.
+        ArgumentError: anything but ``True`` or ``False`` (``0``, ``1``, ``None``, ...).
     """
     if not isinstance(value, bool):
         raise ArgumentError(name, value, limit)
@@ -68,13 +55,9 @@ def int_arg(name: str, value: object, *, lo: int | None = None, hi: int | None =
 
     Args:
         name: the argument's name as the caller wrote it (``"nbytes"``, ``"shape[1]"``).
-        value: what was passed.
-        lo: smallest allowed value (None: no lower bound).
-        hi: largest allowed value (None: no upper bound).
+        lo, hi: the bounds, inclusive (None: no bound).
         limit: the limit as the message should state it; default from ``lo``/``hi``/``unit``.
         unit: shown after the default limit (``"bytes"``, ``"tokens"``).
-    Returns:
-        ``value``, typed as an int.
     Raises:
         ArgumentError: not an int (or a bool), or below ``lo``.
         OutOfRangeError: above ``hi``.
@@ -106,16 +89,9 @@ def number_arg(name: str, value: object, *, lo: float | None = None, hi: float |
     """Return ``value`` as a float if it is a number in the bounds; raise naming the limit.
 
     Args:
-        name: the argument's name as the caller wrote it (``"factor"``, ``"q"``).
-        value: what was passed; an int or a float, never a bool or NaN.
-        lo: smallest allowed value (None: no lower bound); excluded itself with ``lo_open``.
-        hi: largest allowed value (None: no upper bound); excluded itself with ``hi_open``.
-        finite: refuse +-inf (and ints past float's range); with False, infinity passes
-            whatever bound it does not break.
-        limit: the limit as the message should state it; default from the bounds and ``unit``.
-        unit: shown after the default limit (``"seconds"``).
-    Returns:
-        ``value`` as a float.
+        lo, hi: the bounds (None: no bound), excluded themselves with ``lo_open``/``hi_open``.
+        finite: refuse +-inf (and ints past float's range).
+        limit, unit: as :func:`int_arg`'s.
     Raises:
         ArgumentError: a bool, not a number, NaN, infinite (with ``finite``) or outside the
             bounds. Always this class (not :class:`~kvvmm.errors.OutOfRangeError` above
@@ -153,9 +129,6 @@ def _default_number(lo: float | None, hi: float | None, lo_open: bool, hi_open: 
 def seconds_arg(name: str, value: object, *, none: bool = False, zero: bool = True) -> float:
     """Return ``value`` as float seconds if it is a finite number >= 0 (> 0 with
     ``zero=False``); ``None`` passes through as ``inf`` when ``none`` (no limit).
-
-    NaN never compares, so a wait on it never ends; infinity is what ``None`` says, and a
-    collective given it reports the group broken: both are refused as numbers.
 
     Raises:
         ArgumentError: a bool, not a number, NaN, infinite, or below the bound.

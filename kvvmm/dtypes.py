@@ -50,12 +50,8 @@ def dtype_name(dtype: object) -> str:
 
 
 def dtype_itemsize(dtype: object) -> int:
-    """Bytes per element of a KV dtype.
+    """Bytes per element of a KV dtype (a name or torch dtype, as :func:`dtype_name` takes).
 
-    Args:
-        dtype: a name or torch dtype, as :func:`dtype_name` takes.
-    Returns:
-        The element size in bytes (``2`` for ``bfloat16``).
     Raises:
         UnknownDtypeError: the dtype is unknown.
     """

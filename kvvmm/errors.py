@@ -33,6 +33,7 @@ __all__ = [
     "TraceFormatError",
     "UnknownDtypeError",
     "WorkloadFormatError",
+    "WrongTypeError",
 ]
 
 
@@ -43,9 +44,8 @@ class KvvmmError(Exception):
 class ArgumentError(KvvmmError, ValueError):
     """A caller passed a value kvvmm cannot use (negative, zero, of the wrong kind, ...).
 
-    The caller should fix the value: nothing was changed before this was raised.
-    ``name`` is the argument, ``value`` what was passed, ``limit`` the bound it broke (a
-    human-readable string), all kept for programs that want to react without parsing text.
+    The caller should fix the value: nothing was changed. ``name`` is the argument,
+    ``value`` what was passed, ``limit`` the bound it broke (a human-readable string).
     """
 
     def __init__(self, name: str, value: object, limit: str, detail: str = "") -> None:
@@ -322,11 +322,8 @@ class WorkloadFormatError(KvvmmError, ValueError):
 
 
 def _show_value(value: object) -> str:
-    """``repr(value)`` for a message, safe and short for any value a caller can pass.
-
-    ``repr`` of an int past 4300 digits raises ValueError, and a huge value or a hostile
-    ``__repr__`` must not turn a clear refusal into another error.
-    """
+    """``repr(value)`` for a message, safe and short for any value (a huge int, a hostile
+    ``__repr__``)."""
     if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 128:
         return f"<an int of {value.bit_length()} bits>"
     try:
@@ -345,8 +342,7 @@ def _show_json(value: object) -> str:
 
 def _show_path(path: str) -> str:
     """A file's path for a message: its end (the file's name) kept when it is long."""
-    text = _show_value(path) if len(path) <= 200 else repr("..." + path[-197:])
-    return text
+    return _show_value(path) if len(path) <= 200 else repr("..." + path[-197:])
 
 
 def _clip(text: str, limit: int = 200) -> str:
@@ -361,11 +357,5 @@ def _show_int(key: str, value: int) -> str:
 
 
 class WrongTypeError(ArgumentError, TypeError):
-    """An argument of the wrong type (a str where an object kvvmm made is expected, ...).
-
-    An :class:`ArgumentError` naming the value and what it must be, and a ``TypeError`` for
-    code that catches those. Nothing was changed: pass the right object.
-    """
-
-
-__all__ += ["WrongTypeError"]
+    """An argument of the wrong type (a str where an object kvvmm made is expected, ...);
+    nothing was changed: pass the right object."""

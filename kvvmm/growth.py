@@ -1,9 +1,8 @@
 """Decode growth as an experiment: a model's KV buffers grown step by step under each policy.
 
-Every policy gets a real :class:`~kvvmm.owner.KvBufferOwner` on a fresh driver (the sim one on
-a laptop, CUDA on a GPU), grown by ``ensure_prefix`` once per decode step; the result records
-handles, driver calls, over-commit and the bandwidth the handle sizes predict. ``GrowthLab``
-runs it; :func:`kvvmm.viz.format_growth` and :func:`kvvmm.viz.growth_figure` show it.
+Every policy gets a real :class:`~kvvmm.owner.KvBufferOwner` on a fresh driver, grown by
+``ensure_prefix`` once per decode step; the result records handles, driver calls,
+over-commit and the bandwidth the handle sizes predict.
 """
 
 from __future__ import annotations
@@ -73,11 +72,7 @@ def first_layers(descs: list[KvBufferDesc], layers: int | None) -> list[KvBuffer
 
 
 def _needed_fn(descs: Sequence[KvBufferDesc], page_size: int) -> Callable[[int], int]:
-    """``n -> sum of every buffer's prefix span``, computed once per distinct geometry.
-
-    A model's buffers are mostly alike (K and V of every layer): 160 on llama-3.1-70b share
-    one or two geometries, and summing 160 spans per step was a sixth of a run's time.
-    """
+    """``n -> sum of every buffer's prefix span``, computed once per distinct geometry."""
     kinds = Counter(replace(d, name="_") for d in descs)
     return lambda n: sum(c * d.prefix_span_bytes(n, page_size) for d, c in kinds.items())
 
@@ -99,25 +94,17 @@ def decode_growth(
 ) -> list[GrowthResult]:
     """Grow a model's KV buffers by decode steps under each policy, on a real owner each.
 
-    For each policy a fresh driver (``driver``: a kind, or a factory returning a driver)
-    gets a :class:`~kvvmm.owner.KvBufferOwner` of ``reserved_tokens``, which then
-    runs ``ensure_prefix(step_tokens)``, ``ensure_prefix(2 * step_tokens)``, ... up to
-    ``tokens``; the owner is closed after.
-
     Args:
         policies: growth policies to compare.
         driver: ``"sim"``, ``"host"``, ``"cuda"``, or a zero-argument driver factory.
-        profile: the sim driver's device profile (checked, and unused, on real drivers:
-            :func:`~kvvmm.driver.driver_for`).
+        profile: the sim driver's device profile (checked, and unused, on real drivers).
         model: a shipped model key (hybrid models grow their full-attention pool).
         layers: use only the first ``layers`` layers (None: all), to keep runs small.
         dtype, page_size, tp: the layout.
         tokens: tokens to grow to, > 0.
         step_tokens: tokens per decode step, > 0.
-        reserved_tokens: tokens each buffer reserves (None: ``tokens``; ``kvvmm bench``
-            grows to a quarter of its reservation).
-        progress: called as ``progress(done, total)`` after each step (of all policies'
-            steps), for a progress bar.
+        reserved_tokens: tokens each buffer reserves (None: ``tokens``).
+        progress: called as ``progress(done, total)`` after each step of every policy.
     Returns:
         One :class:`GrowthResult` per policy, in order.
     Raises:
@@ -148,10 +135,8 @@ def _grow(policy: GrowthPolicy, drv: Driver, descs: list[KvBufferDesc], steps: l
           tick: Callable[[], None]) -> GrowthResult:
     """One policy's growth on its own owner over ``drv``, closed after; ``tick`` per step.
 
-    Driver calls are counted from the handles the growth added (each new handle is one
-    ``create``, one ``map`` and one ``set_access``: :meth:`~kvvmm.arena.Arena.commit_many`
-    extends a buffer by exactly one handle), not traced: a
-    :class:`~kvvmm.record.TracingDriver` cost a third of a llama-3.1-70b run.
+    Driver calls are counted, not traced: each new handle is one ``create``, one ``map`` and
+    one ``set_access``.
     """
     owner = KvBufferOwner(driver=drv, dtype=dtype, page_size=page_size,
                           reserved_tokens=reserved, descs=descs, policy=policy)
@@ -218,10 +203,9 @@ def growth_cost(policy: GrowthPolicy, descs: Sequence[KvBufferDesc], *, page_siz
                 step_tokens: int = 256) -> GrowthCost:
     """The over-commit a policy causes when ``descs`` grow to ``tokens``, by arithmetic.
 
-    Each buffer replays :func:`~kvvmm.policy.simulate_growth` from its slot-0 page (one
-    granule, as the owner backs it) over decode steps of ``step_tokens``: the same handles
-    a :class:`~kvvmm.owner.KvBufferOwner` would create, without a driver, so a panel can
-    show the cost of the policy next to where it is chosen.
+    Each buffer replays :func:`~kvvmm.policy.simulate_growth` from its slot-0 page over
+    decode steps of ``step_tokens``: the handles a :class:`~kvvmm.owner.KvBufferOwner` would
+    create, without a driver.
 
     Args:
         policy: the growth policy.

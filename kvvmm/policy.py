@@ -1,14 +1,9 @@
 """Growth policies: how big a handle to create when a buffer's backed prefix must grow.
 
-Handle size matters on a GPU. On an H200 a 1 GiB copy ran at 4.22 TB/s over one handle,
-4.19 over 64 MiB handles, 3.61 over 2 MiB handles and 3.49 when those were interleaved with
-other buffers' handles (``docs/MEASUREMENTS.md``; the table: ``kvvmm/hardware/data/h200.json``).
-Growing a KV buffer one small handle per decode step (the seed's way) left its tensors at 0.87x of
-cudaMalloc bandwidth. A policy trades over-commit (bytes backed before they are needed)
-for fewer, larger handles.
-
-Policies are pure: they map (backed, needed, limit) to a new backed size. The owner applies
-them; the planner and the lab simulate them without a driver.
+Small handles cost copy bandwidth on a GPU (docs/MEASUREMENTS.md); a policy trades
+over-commit (bytes backed before they are needed) for fewer, larger handles. Policies are
+pure: they map (backed, needed, limit) to a new backed size. The owner applies them; the
+planner and the lab simulate them without a driver.
 """
 
 from __future__ import annotations
@@ -47,7 +42,7 @@ def _check_positive_int(name: str, value: object) -> int:
 
 @dataclass(frozen=True, slots=True)
 class Exact:
-    """One handle per extension, exactly as large as needed (the seed's behaviour)."""
+    """One handle per extension, exactly as large as needed."""
 
     def target_bytes(self, backed_bytes: int, need_bytes: int, limit_bytes: int, gran: int) -> int:
         return min(align_up(need_bytes, gran), limit_bytes)
@@ -116,29 +111,9 @@ def default_policy() -> GrowthPolicy:
     """The owner's default: ``Geometric(2, 256 MiB, min 8 MiB)``.
 
     Over-commit bounded relative to what is backed (at most what was backed before the last
-    extension, and never more than 256 MiB per buffer), handles that double from 8 MiB, so a
-    large buffer is mostly 128-256 MiB handles (bandwidth) and a small prefix stays small.
-    ``Chunked(128 MiB)``, the default before, backed 128 MiB per buffer whatever the prefix.
-
-    On the sim (llama-3.1-8b, 64 buffers, 131072 reserved tokens, 256-token decode steps):
-
-    ==========================  =====================  ==========
-    policy                      over-commit at a       handles
-                                1.2 GiB prefix
-    ==========================  =====================  ==========
-    Chunked(128 MiB)            6.93 GiB (577 %)       128
-    Geometric(2, 256, min 8)    0.05 GiB (4 %)         192
-    Geometric(1.5, 256, min 8)  0.55 GiB (46 %)        256
-    Geometric(2, 128) (no min)  0.80 GiB (67 %)        320
-    ==========================  =====================  ==========
-
-    Beyond a 1 GiB prefix the chosen policy's over-commit never exceeded 99 % of the need
-    (just after a doubling; factor 1.5 keeps it under 52 %). Copy bandwidth is measured, not
-    predicted here: ``kvvmm bench`` on an H200 (64 buffers grown to 500k tokens, against
-    cudaMalloc tensors of the same size) gave this policy 0.991x and ``Chunked(128 MiB)``
-    1.003x on 2026-12-03 (``bench/results/h200-beforeafter.json``); the lab's bandwidth
-    model, fitted to every committed run, is ``kvvmm.hardware.bandwidth`` (docs/MEASUREMENTS.md
-    §4 gives its answer for the lab's question).
+    extension, never more than 256 MiB per buffer), handles that double from 8 MiB, so a
+    large buffer is mostly large handles and a small prefix stays small (docs/MEASUREMENTS.md
+    compares the policies).
     """
     return Geometric(2.0, 256 * MiB, 8 * MiB)
 

@@ -1,12 +1,5 @@
-"""Replays: a recorded trace run again, onto any driver (a SimDriver on a laptop).
-
-Two replays of the two lists a :class:`~kvvmm.record.Trace` holds:
-
-- :func:`replay` runs every recorded driver call again and reports the outcomes that differ
-  (the sim must refuse what the recording's driver refused);
-- :func:`replay_arenas` runs the recorded arena operations again and returns the arenas'
-  snapshots, equal to the recorded ones up to ``base``.
-"""
+"""Replays of a recorded :class:`~kvvmm.record.Trace` onto any driver: its driver calls
+(:func:`replay`) or its arena operations (:func:`replay_arenas`)."""
 
 from __future__ import annotations
 
@@ -142,12 +135,10 @@ def _replay_call(driver: Driver, ev: TraceEvent, tva: Callable[[int], int],
 def replay_arenas(trace: Trace, driver: Driver | None = None) -> list[ArenaSnapshot]:
     """Rebuild the arenas a trace recorded, on a SimDriver, and return their snapshots.
 
-    The arena operations noted in the trace (open, allocate, commit, decommit, commit_range,
-    decommit_range (holes), grant access, close) run again on ``driver`` (default: a
-    SimDriver with the recording's granularity and the H200's capacity; on the recorded
-    device of a :class:`SimNode` when peers were given access), so the snapshots equal the
-    recorded arenas' up to ``base``. An adopted (imported) handle is replayed as a commit
-    of the same size at the prefix.
+    The recorded arena operations run again on ``driver`` (default: a SimDriver with the
+    recording's granularity, on the recorded device of a :class:`SimNode` when peers were
+    given access), so the snapshots equal the recorded arenas' up to ``base``. An adopted
+    handle is replayed as a commit of the same size at the prefix.
 
     Raises:
         TraceFormatError: the trace breaks the format (:meth:`Trace.validate`), or the arena

@@ -1,9 +1,7 @@
 """The frozen records every layer above the arena reads: snapshots of arenas, owners, TP ranks.
 
-A snapshot is everything a picture, a report or a test needs about one moment, and nothing
-live: plain ints (bytes, offsets from the arena base), names and tuples. Arenas and owners
-make them (``.snapshot()``); viz, the lab and replays read them. Conservation holds in every
-arena snapshot (:meth:`ArenaSnapshot.check`): backed + unbacked == reserved.
+Plain ints (bytes, offsets from the arena base), names and tuples, nothing live.
+Conservation holds in every arena snapshot (:meth:`ArenaSnapshot.check`).
 """
 
 from __future__ import annotations
@@ -148,9 +146,6 @@ class ArenaSnapshot:
             assert prefix.get(a.name, 0) == a.prefix_bytes, (a, prefix.get(a.name, 0))
 
 
-# -- owners ----------------------------------------------------------------------------
-
-
 @dataclass(frozen=True, slots=True)
 class BufferInfo:
     """One KV buffer's place and state in the owner's arena."""
@@ -186,9 +181,6 @@ class OwnerSnapshot:
     @property
     def handles(self) -> int:
         return len(self.arena.mappings)
-
-
-# -- tensor-parallel ranks ---------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)

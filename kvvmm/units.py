@@ -76,20 +76,12 @@ def parse_size(text: str, *, name: str = "size", lo: int = 0, hi: int = MAX_BYTE
 
 
 def align_up(value: int, alignment: int) -> int:
-    """Round ``value`` up to a multiple of ``alignment``.
+    """Round ``value`` up to a multiple of ``alignment`` (bytes; value >= 0, alignment > 0).
 
-    Args:
-        value: bytes, >= 0.
-        alignment: bytes, > 0.
-    Returns:
-        The smallest multiple of ``alignment`` that is >= ``value``.
     Raises:
         ArgumentError: if ``alignment`` <= 0 or ``value`` < 0 (a ``ValueError``).
     """
-    if alignment <= 0:
-        raise ArgumentError("alignment", alignment, "> 0")
-    if value < 0:
-        raise ArgumentError("value", value, ">= 0")
+    _check_alignment(value, alignment)
     return -(-value // alignment) * alignment
 
 
@@ -99,11 +91,15 @@ def align_down(value: int, alignment: int) -> int:
     Raises:
         ArgumentError: as :func:`align_up` does.
     """
+    _check_alignment(value, alignment)
+    return value // alignment * alignment
+
+
+def _check_alignment(value: int, alignment: int) -> None:
     if alignment <= 0:
         raise ArgumentError("alignment", alignment, "> 0")
     if value < 0:
         raise ArgumentError("value", value, ">= 0")
-    return value // alignment * alignment
 
 
 def _why_not_a_size(text: str) -> str:

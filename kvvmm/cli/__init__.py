@@ -1,25 +1,8 @@
-"""The ``kvvmm`` command: ``lab``, ``map``, ``plan``, ``bench`` and ``budget``.
+"""The ``kvvmm`` command: parses and dispatches to one module per command (``lab``, ``map``,
+``plan``, ``bench``, ``replay``, ``budget``; ``calibrate`` is :mod:`kvvmm.measure`'s).
 
-- ``kvvmm lab``: JupyterLab on the repository's ``notebooks/``, with ``KVVMM_DRIVER`` set
-  for the notebooks to read (``cuda`` when a GPU is usable, else ``sim``).
-- ``kvvmm map trace.json -o map.html``: a standalone HTML page (plotly.js inline, works
-  offline) with the VA map of every arena a saved trace recorded, and its timeline. With
-  ``-o map.png`` (or .svg, .pdf) each figure becomes one image (kaleido + Chromium):
-  ``map.png`` for one figure, ``map-0.png``, ``map-1.png``, ... in page order for several.
-- ``kvvmm plan --model llama-3.1-8b --gpu h200``: the capacity plan as a table, or ``--json``.
-- ``kvvmm bench ...``: the GPU benchmarks (``kvvmm.measure.bench``); without a usable GPU it says
-  so in one line.
-- ``kvvmm budget show | set TENANT BYTES | init BYTES``: the per-GPU budget ledger
-  (``kvvmm.cli.budget``).
-
-One module per command (``lab``, ``map``, ``plan``, ``bench``, ``replay``, ``budget``) and
-what they share (``common``); this module parses and dispatches.
-- ``kvvmm --version``.
-
-Exit codes: 0 success, 2 bad input or a missing piece (with one line saying why), else
-what the delegated command returns. Bad input (an argument, a trace, a file) is found before
-any work, in bounded time, and said in one escaped line, never a traceback
-(:mod:`kvvmm.cli.common`: the parser, bounded number and size types, the one-line error).
+Exit codes: 0 success, 2 bad input or a missing piece (one escaped line saying why, never a
+traceback: :mod:`kvvmm.cli.common`), else what the delegated command returns.
 """
 
 from __future__ import annotations
@@ -40,27 +23,14 @@ from kvvmm.cli.common import (
     parse_bytes,
     path_type,
 )
-from kvvmm.cli.lab import (
-    DRIVER_ENV,
-    GpuProbe,
-    Launcher,
-    _cmd_lab,
-    _gpu_usable,
-    _launch,
-    find_notebooks,
-    is_root,
-    lab_command,
-)
+from kvvmm.cli.lab import GpuProbe, Launcher, _cmd_lab, _gpu_usable, _launch, find_notebooks
 from kvvmm.cli.map import _cmd_map
 from kvvmm.cli.plan import _cmd_plan
 from kvvmm.driver import DRIVER_KINDS
 from kvvmm.errors import KvvmmError
 from kvvmm.hardware import GPU_HELP
 
-__all__ = ["DRIVER_ENV", "find_notebooks", "is_root", "lab_command", "main", "parse_bytes"]
-
-
-# -- main --------------------------------------------------------------------------------
+__all__ = ["find_notebooks", "main", "parse_bytes"]
 
 
 def _version() -> str:

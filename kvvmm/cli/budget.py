@@ -1,13 +1,5 @@
-"""``kvvmm budget``: show the GPU's ledger, change a tenant's limit or the budget, live.
-
-- ``kvvmm budget show [--json]``: the budget, every tenant (dead ones reclaimed first).
-- ``kvvmm budget set TENANT BYTES``: the tenant's new limit; below what it backs, it is
-  asked to shed the excess within ``--shed-wait`` seconds.
-- ``kvvmm budget init BYTES``: create the ledger with this budget, or change its budget.
-
-The ledger is ``--ledger PATH`` or ``/dev/shm/kvvmm-budget-<--key>`` (``gpu0`` by default);
-``--group`` shares it between users of that group; ``--lock-timeout`` bounds the wait for its
-lock (a holder that keeps it is named). What the file holds is untrusted: names are printed
+"""``kvvmm budget show | set TENANT BYTES | init BYTES``: show the GPU's ledger, change a
+tenant's limit or the budget, live. What the file holds is untrusted: names are printed
 escaped.
 """
 

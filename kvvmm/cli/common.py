@@ -1,10 +1,8 @@
 """What every ``kvvmm`` command shares: its argument parser, sizes, numbers and ports on the
 command line, output paths, and the one-line error.
 
-The rule every command keeps: bad input (an argument, a trace, a file) is one line on stderr
-and exit code 2, found before any work starts and in bounded time; numbers that are sizes
-are read as integers (:func:`kvvmm.units.parse_size`); whatever the user wrote is printed
-escaped, never raw (a terminal escape or a newline in an argument stays text).
+Bad input (an argument, a trace, a file) is one line on stderr and exit code 2, found before
+any work starts and in bounded time; whatever the user wrote is printed escaped.
 """
 
 from __future__ import annotations
@@ -55,9 +53,7 @@ def show(text: object) -> str:
 
 def profile_line(used: Mapping[str, object]) -> str:
     """The line a command prints first: which profile ran and whose figures it predicts
-    with, from :func:`kvvmm.hardware.profile_summary`:
-    ``"profile: b200 (NVIDIA B200; shipped); costs: h200, measured on an H200;
-    capacity: b200"``."""
+    with, from :func:`kvvmm.hardware.profile_summary`."""
     date = str(used["date"])
     when = "" if date == "not stated" else f", {date}"
     return (f"profile: {used['key']} ({used['card']}{when}; {show(used['path'])}); "
@@ -148,12 +144,10 @@ def int_type(lo: int, hi: int, what: str = "") -> Callable[[str], int]:
     limit = f"an int in [{lo}, {hi}]" + (f" ({what})" if what else "")
 
     def integer(text: str) -> int:
-        if len(text) > _NUMBER_MAX_CHARS or not _INT_RE.fullmatch(text):
+        if (len(text) > _NUMBER_MAX_CHARS or not _INT_RE.fullmatch(text)
+                or not lo <= int(text) <= hi):
             raise argparse.ArgumentTypeError(_refusal(ArgumentError("", text, limit)))
-        value = int(text)
-        if not lo <= value <= hi:
-            raise argparse.ArgumentTypeError(_refusal(ArgumentError("", text, limit)))
-        return value
+        return int(text)
     return integer
 
 
@@ -177,12 +171,8 @@ def number_type(lo: float, hi: float, what: str = "", *, lo_open: bool = False
 
 
 def path_type(text: str) -> str:
-    """An argparse ``type`` for a path: 1 to :data:`MAX_PATH_CHARS` printable characters.
-
-    A control character (a newline, a terminal escape) in a path is refused rather than
-    carried into every line that names the file. Whether the path exists is the command's to
-    say (it knows what it wants there).
-    """
+    """An argparse ``type`` for a path: 1 to :data:`MAX_PATH_CHARS` printable characters
+    (whether it exists is the command's to say)."""
     if not text or len(text) > MAX_PATH_CHARS or not text.isprintable():
         raise argparse.ArgumentTypeError(_refusal(ArgumentError(
             "", text, f"a path of 1 to {MAX_PATH_CHARS} printable characters")))

@@ -12,17 +12,15 @@ from pathlib import Path
 from kvvmm.cli.common import _err, show
 from kvvmm.driver import DRIVER_ENV
 
-# DRIVER_ENV lives in kvvmm.driver (notebook_driver_kind reads it); re-exported here.
 __all__ = ["DRIVER_ENV", "find_notebooks", "is_root", "lab_command"]
 
 Launcher = Callable[[Sequence[str], Mapping[str, str]], int]
 GpuProbe = Callable[[], bool]
 
-def find_notebooks(start: Path | None = None) -> Path | None:
-    """The notebooks folder: ``./notebooks`` (or ``.`` if it holds them), else the repo's.
 
-    The repository's folder is found next to the package (an editable install or a checkout).
-    """
+def find_notebooks(start: Path | None = None) -> Path | None:
+    """The notebooks folder: ``./notebooks`` (or ``.`` if it holds them), else the one next
+    to the package (an editable install or a checkout)."""
     here = Path.cwd() if start is None else start
     pkg_repo = Path(__file__).resolve().parents[2]
     for cand in (here / "notebooks", here, pkg_repo / "notebooks"):

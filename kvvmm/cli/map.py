@@ -53,11 +53,7 @@ def _cmd_map(args: argparse.Namespace) -> int:
 
 
 def _map_images(figs: Sequence[object], out: Path) -> list[Path]:
-    """One image per figure: ``out`` itself for one, ``stem-0``, ``stem-1``... for several.
-
-    Separate files rather than one stacked image: the figures differ in kind and height
-    (a VA map per arena, a timeline), and each stays readable at its own size.
-    """
+    """One image per figure: ``out`` itself for one, ``stem-0``, ``stem-1``... for several."""
     from kvvmm.viz.export import save_figure
 
     if len(figs) == 1:

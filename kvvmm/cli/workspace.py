@@ -1,14 +1,8 @@
 """The lab's working folder: copies of the notebooks that JupyterLab may save over.
 
-JupyterLab saves an open notebook on every change and autosaves it every two minutes, with
-its outputs and widget state: opened on the tracked ``notebooks/*.ipynb`` it rewrote them
-(+1,870 lines of plotly JSON in ``03_growth.ipynb``), and ``make test`` then failed on the
-drift. ``kvvmm lab`` opens JupyterLab on a working folder instead (git-ignored,
-``notebooks/.work/`` by default), filled from the tracked notebooks on first launch. A
-working copy that exists is never overwritten: a user's edits stay where they made them;
-delete a copy to get the current tracked version back.
-
-Standard library only: it runs before JupyterLab, with nothing else of kvvmm.
+JupyterLab saves what it opens, outputs and widget state included, so ``kvvmm lab`` opens
+a git-ignored working folder (``notebooks/.work/``) filled from the tracked notebooks. A
+working copy that exists is never overwritten; delete it to get the tracked version back.
 """
 
 from __future__ import annotations

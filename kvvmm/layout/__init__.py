@@ -1,12 +1,5 @@
 """The layout wing: what an owner lays out, for which model, and how much of it fits.
 
-- :mod:`~kvvmm.layout.desc`: :class:`KvBufferDesc` and its spans;
-- :mod:`~kvvmm.layout.presets`: MHA token-major, page-major and MLA buffer lists;
-- :mod:`~kvvmm.layout.models`: model configs (shipped JSON of public HF config fields) and
-  the weights they imply; :mod:`~kvvmm.layout.model_buffers`: the KV buffers a model needs;
-- :mod:`~kvvmm.layout.pools`: a planned pool's arithmetic (finalize backing, handles);
-- :mod:`~kvvmm.layout.planner`: GPU + model + budget -> tokens, VA, waste, handles.
-
 Everything here is arithmetic over ints: no torch, no driver.
 """
 

@@ -1,10 +1,8 @@
 """KvBufferDesc: one KV buffer as SGLang describes it, and the spans an owner backs.
 
-Pure arithmetic over ints: no torch, no driver. A buffer is a tensor of an upper-bound
-``shape`` whose leading dimension counts *rows*; a row holds ``tokens_per_row`` token slots
-and takes ``row_bytes`` bytes. The owner backs a buffer's first rows as tokens arrive, so the
-spans below are what it commits. They follow SGLang's ``KvBufferDesc`` (the ``kv_vmm_backing.py``
-file kvvmm re-implements).
+A buffer is a tensor of an upper-bound ``shape`` whose leading dimension counts rows of
+``tokens_per_row`` token slots, ``row_bytes`` each; the owner backs its first rows as tokens
+arrive.
 """
 
 from __future__ import annotations
@@ -21,11 +19,8 @@ __all__ = ["KvBufferDesc"]
 
 @dataclass(frozen=True, slots=True)
 class KvBufferDesc:
-    """One KV buffer: an upper-bound tensor whose leading dimension counts rows of tokens.
-
-    Spans are the bytes from the buffer's start that must be backed; they follow SGLang's
-    ``KvBufferDesc`` exactly (SGLang's ``memory_pool.py``).
-    """
+    """One KV buffer; its spans (bytes from its start that must be backed) follow SGLang's
+    ``KvBufferDesc`` exactly."""
 
     name: str  #: buffer name (``"k0"``, ``"v31"``, ``"kv60"``), unique within a pool
     shape: tuple[int, ...]  #: the tensor's upper-bound shape; ``shape[0]`` counts rows
@@ -43,18 +38,13 @@ class KvBufferDesc:
                 raise ArgumentError(
                     "shape", shape, "a non-empty tuple of ints > 0", f"buffer {self.name!r}"
                 )
-        # Frozen: normalise a list to a tuple through object.__setattr__ (dataclass idiom).
         object.__setattr__(self, "shape", tuple(shape))
         int_arg("row_bytes", self.row_bytes, lo=1, unit="bytes")
         int_arg("tokens_per_row", self.tokens_per_row, lo=1, unit="token slots")
 
     def rows(self, n_tokens: int) -> int:
-        """Rows that hold the first ``n_tokens`` token slots: ``ceil(max(n, 0) / tokens_per_row)``.
+        """Rows that hold the first ``n_tokens`` token slots (negative counts as 0).
 
-        Args:
-            n_tokens: token slots; negative counts as 0.
-        Returns:
-            A row count (``17`` tokens in 16-token pages -> ``2`` rows).
         Raises:
             ArgumentError: ``n_tokens`` is not an int.
         """
@@ -65,10 +55,6 @@ class KvBufferDesc:
     def reserved_span_bytes(self, itemsize: int) -> int:
         """Bytes of the whole upper-bound tensor: ``prod(shape) * itemsize``.
 
-        Args:
-            itemsize: bytes per element (:func:`dtype_itemsize`).
-        Returns:
-            The reserved span in bytes.
         Raises:
             ArgumentError: ``itemsize`` is not an int > 0.
         """
@@ -76,13 +62,9 @@ class KvBufferDesc:
         return math.prod(self.shape) * itemsize
 
     def prefix_span_bytes(self, n_tokens: int, page_size: int) -> int:
-        """Bytes that make the first ``n_tokens`` token slots usable: ``rows(n) * row_bytes``.
+        """Bytes that make the first ``n_tokens`` token slots usable: ``rows(n) * row_bytes``
+        (``page_size`` is checked, not used: the row size already holds it).
 
-        Args:
-            n_tokens: token slots.
-            page_size: tokens per page (checked, not used: the row size already holds it).
-        Returns:
-            The prefix span in bytes.
         Raises:
             ArgumentError: ``n_tokens`` is not an int or ``page_size`` not an int > 0.
         """
@@ -93,13 +75,8 @@ class KvBufferDesc:
         """Bytes backed at finalize for ``n_tokens``: ``rows(n + page_size) * row_bytes``.
 
         The extra page is the padded page that absorbs dummy writes to slot 0 (SGLang sizes
-        its pools ``size + page_size``); ``n=17, page_size=16`` in 16-token rows -> 3 rows.
+        its pools ``size + page_size``).
 
-        Args:
-            n_tokens: the serving capacity in tokens.
-            page_size: tokens per page, > 0.
-        Returns:
-            The final span in bytes.
         Raises:
             ArgumentError: ``n_tokens`` is not an int or ``page_size`` not an int > 0.
         """

@@ -1,15 +1,7 @@
 """Whether KV buffer descriptors agree with each other and with an owner's arguments.
 
-Pure functions of :class:`~kvvmm.layout.KvBufferDesc` lists: no arena, no driver. The owner
-(:class:`~kvvmm.owner.KvBufferOwner`) calls them before it reserves anything, so a layout
-can be checked (and its page size and token bound read) without building one:
-
-- :func:`check_itemsize`: every desc's row is ``prod(shape[1:])`` elements of the dtype;
-- :func:`agreed_page_size`: the page size the page-major descs state, or the one given;
-- :func:`agreed_reserved_tokens`: the most tokens every buffer holds with its padded page;
-- :func:`growth_targets`: what each buffer grows to for a span under a growth policy, every
-  span and every answer of the policy checked (one computation for the owner's own growth
-  and the collective one of :class:`~kvvmm.owner.distributed.DistributedOwner`).
+Pure functions of :class:`~kvvmm.layout.KvBufferDesc` lists, which the owner calls before
+it reserves anything, so a layout can be checked without building one.
 """
 
 from __future__ import annotations
@@ -26,13 +18,9 @@ __all__ = ["agreed_page_size", "agreed_reserved_tokens", "check_itemsize", "grow
 
 
 def check_itemsize(descs: Sequence[KvBufferDesc], dtype: object, itemsize: int) -> None:
-    """Every desc's row must be ``prod(shape[1:])`` elements of ``dtype``'s itemsize.
-
-    A row_bytes smaller than its shape's row makes the owner back less than the tensor's rows
-    (slots reported as backed that are not: a segfault on the host driver); larger wastes.
-    Blame ``dtype`` when every desc agrees on another itemsize, else the first desc that
-    disagrees.
-    """
+    """Every desc's row must be ``prod(shape[1:])`` elements of ``dtype``'s itemsize (a
+    smaller row_bytes would leave slots reported as backed that are not). Blame ``dtype``
+    when every desc agrees on another itemsize, else the first desc that disagrees."""
     implied: list[int | None] = []
     for d in descs:
         elements = math.prod(d.shape[1:])

@@ -11,7 +11,7 @@ from kvvmm.checks import int_arg
 from kvvmm.dtypes import dtype_itemsize
 from kvvmm.errors import ArgumentError, OutOfRangeError
 from kvvmm.layout.desc import KvBufferDesc
-from kvvmm.layout.models import ModelConfig, ModelLike, as_model, load_model
+from kvvmm.layout.models import ModelConfig, ModelLike, load_model
 from kvvmm.layout.presets import (
     _check_layout,
     _check_tokens,
@@ -67,10 +67,8 @@ def model_descs(
 ) -> list[KvBufferDesc]:
     """The KV buffers of one model's full-attention pool on one tensor-parallel rank.
 
-    MLA models get :func:`mla` (not sharded); the others :func:`mha_token_major` or
-    :func:`page_major`. ``layout="interleaved"`` gives every model one buffer of all layers
-    (:func:`layer_interleaved`; MLA's latent as ``kv=1`` with one "head" of the latent width),
-    ``"block_interleaved"`` the same with a row per page (:func:`block_interleaved`).
+    The layout picks the preset (MLA's latent is not sharded; in a cross-layer layout it is
+    ``kv=1`` with one "head" of the latent width).
 
     Args:
         model: a :class:`ModelConfig` or anything :func:`load_model` takes.
@@ -87,7 +85,7 @@ def model_descs(
             sliding-window model (use :func:`hybrid_swa_descs` for its two pools).
         UnknownDtypeError: unknown dtype.
     """
-    m = as_model(model)
+    m = load_model(model)
     _check_layout(layout)
     int_arg("tp", tp, lo=1, unit="tensor-parallel ranks")
     if m.is_hybrid_swa:
@@ -105,8 +103,6 @@ def model_descs(
 
 def _mla_descs(m: ModelConfig, layout: str, reserved_tokens: int, page_size: int,
                dtype: object) -> list[KvBufferDesc]:
-    """An MLA model's buffers: one latent per layer (:func:`mla`), or all layers in one
-    (the latent as ``kv=1`` with one "head" of the latent width)."""
     assert m.kv_lora_rank is not None and m.qk_rope_head_dim is not None
     if layout in ("interleaved", "block_interleaved"):
         cross = layer_interleaved if layout == "interleaved" else block_interleaved
@@ -121,9 +117,8 @@ def swa_reserved_tokens_default(model: ModelLike, *, reserved_tokens: int, page_
     """Default capacity of a sliding-window pool: one sequence's window, page-rounded.
 
     ``min(reserved_tokens, align_up(sliding_window, page_size) + page_size)``: the window in
-    whole pages plus the page being written. This holds the live window of *one* sequence;
-    engines serving many sequences size the pool for all of them (SGLang's
-    ``swa_full_tokens_ratio``), so pass ``swa_reserved_tokens`` for a serving plan.
+    whole pages plus the page being written, for *one* sequence; pass ``swa_reserved_tokens``
+    for a serving plan.
 
     Args:
         model: a hybrid sliding-window model.
@@ -134,7 +129,7 @@ def swa_reserved_tokens_default(model: ModelLike, *, reserved_tokens: int, page_
     Raises:
         ArgumentError: bad sizes, or the model has no sliding-window layers.
     """
-    m = as_model(model)
+    m = load_model(model)
     _check_tokens(reserved_tokens, page_size)
     if not m.is_hybrid_swa or m.sliding_window is None:
         raise ArgumentError(
@@ -155,19 +150,15 @@ def hybrid_swa_descs(
 ) -> tuple[list[KvBufferDesc], list[KvBufferDesc]]:
     """The two pools of a hybrid sliding-window model: full-attention and sliding layers.
 
-    Each pool is one owner. Buffers are named within their pool (k0.. then v0..): the full
-    pool's layer ``i`` is model layer ``model.full_layers[i]``, the sliding pool's layer ``i``
-    is ``model.sliding_layers[i]``.
+    Each pool is one owner; its layer ``i`` is ``model.full_layers[i]`` or
+    ``model.sliding_layers[i]``.
 
     Args:
         model: a hybrid sliding-window model (gpt-oss, Gemma 3).
         reserved_tokens: the full pool's capacity in tokens, > 0.
         swa_reserved_tokens: the sliding pool's capacity, in ``[1, reserved_tokens]``;
             default :func:`swa_reserved_tokens_default` (one sequence's window).
-        page_size: tokens per page, > 0.
-        dtype: KV dtype.
-        tp: tensor-parallel size.
-        layout: ``"token_major"`` or ``"page_major"``.
+        page_size, dtype, tp, layout: as :func:`model_descs`.
     Returns:
         ``(full_descs, swa_descs)``; ``full_descs`` is empty if every layer slides.
     Raises:
@@ -175,7 +166,7 @@ def hybrid_swa_descs(
             ``swa_reserved_tokens`` outside ``[1, reserved_tokens]``.
         UnknownDtypeError: unknown dtype.
     """
-    m = as_model(model)
+    m = load_model(model)
     _check_layout(layout)
     swa_default = swa_reserved_tokens_default(
         m, reserved_tokens=reserved_tokens, page_size=page_size
@@ -201,21 +192,19 @@ def hybrid_swa_descs(
 def kv_bytes_per_token(model: ModelLike, dtype: object, tp: int = 1) -> int:
     """KV bytes one token takes in the full-capacity layers on one tensor-parallel rank.
 
-    MHA/GQA: ``full_layers * 2 * heads_per_rank * head_dim * itemsize``; MLA:
-    ``layers * (kv_lora_rank + qk_rope_head_dim) * itemsize`` on every rank. Sliding-window
-    layers are not counted (:func:`swa_kv_bytes_per_token`).
+    Sliding-window layers are not counted (:func:`swa_kv_bytes_per_token`).
 
     Args:
         model: a :class:`ModelConfig` or anything :func:`load_model` takes.
         dtype: KV dtype.
         tp: tensor-parallel size.
     Returns:
-        Bytes per token per rank (Llama-3.1-8B bf16: 131072).
+        Bytes per token per rank.
     Raises:
         ArgumentError: ``tp`` invalid or not fitting the KV heads.
         UnknownDtypeError: unknown dtype.
     """
-    m = as_model(model)
+    m = load_model(model)
     itemsize = dtype_itemsize(dtype)
     int_arg("tp", tp, lo=1, unit="tensor-parallel ranks")
     if m.is_mla:
@@ -228,17 +217,9 @@ def kv_bytes_per_token(model: ModelLike, dtype: object, tp: int = 1) -> int:
 def swa_kv_bytes_per_token(model: ModelLike, dtype: object, tp: int = 1) -> int:
     """KV bytes one token takes in the sliding-window layers on one rank (0 if none).
 
-    Args:
-        model: a :class:`ModelConfig` or anything :func:`load_model` takes.
-        dtype: KV dtype.
-        tp: tensor-parallel size.
-    Returns:
-        ``sliding_layers * 2 * heads_per_rank * head_dim * itemsize``.
-    Raises:
-        ArgumentError: ``tp`` invalid or not fitting the KV heads.
-        UnknownDtypeError: unknown dtype.
+    Args, Returns and Raises: as :func:`kv_bytes_per_token`.
     """
-    m = as_model(model)
+    m = load_model(model)
     itemsize = dtype_itemsize(dtype)
     hpr = heads_per_rank(m.num_kv_heads, tp)
     return len(m.sliding_layers) * 2 * hpr * m.head_dim * itemsize

@@ -1,9 +1,7 @@
-"""Model configs: public Hugging Face config fields, and the KV buffers a model needs.
+"""Model configs from public Hugging Face config fields, and the weights they imply.
 
-Configs ship as small JSON files under ``kvvmm/layout/models/`` (:func:`list_models`,
-:func:`load_model`); any HF ``config.json`` loads too. The weights a config implies are
-counted here (:func:`weights_bytes_per_rank`); the KV buffers a model needs are built in
-:mod:`kvvmm.layout.model_buffers`.
+Configs ship as small JSON files under ``kvvmm/layout/models/``; any HF ``config.json``
+loads too.
 """
 
 from __future__ import annotations
@@ -25,7 +23,6 @@ __all__ = [
     "SLIDING_ATTENTION",
     "ModelConfig",
     "ModelLike",
-    "as_model",
     "list_models",
     "load_model",
     "weights_bytes_per_rank",
@@ -41,10 +38,9 @@ _LAYER_TYPES = (FULL_ATTENTION, SLIDING_ATTENTION)
 class ModelConfig:
     """The attention geometry of a model: all the KV cache depends on.
 
-    ``layer_types`` is ``None`` when every layer attends to the full context. A config with a
-    ``sliding_window`` but no per-layer types (Mistral-7B-v0.1 style, every layer windowed) is
-    planned as full attention: a full-size pool is always enough, and engines that do not
-    page windows out do exactly that.
+    ``layer_types`` is ``None`` when every layer attends to the full context; a
+    ``sliding_window`` without per-layer types is planned as full attention (a full-size
+    pool is always enough).
     """
 
     name: str  #: short key (``"llama-3.1-8b"``) or where it came from
@@ -163,11 +159,7 @@ def _shipped() -> dict[str, Any]:
 
 
 def list_models() -> list[str]:
-    """Keys of the model configs shipped in ``kvvmm/models/``, sorted.
-
-    Returns:
-        Keys such as ``"llama-3.1-8b"``; each loads with :func:`load_model`.
-    """
+    """Keys of the shipped model configs (``"llama-3.1-8b"``, ...), sorted."""
     return sorted(_shipped())
 
 
@@ -330,9 +322,8 @@ _FP8_FORMATS = {"e4m3": "float8_e4m3fn", "e5m2": "float8_e5m2"}
 
 
 def _weights_dtype(outer: Mapping[str, Any], cfg: Mapping[str, Any]) -> str | None:
-    """The stored weights' dtype from a HF config: its fp8 quantization (DeepSeek-V3 ships
-    ``{"quant_method": "fp8", "fmt": "e4m3"}``), else ``torch_dtype``; None when neither is
-    there or kvvmm has no such dtype (4-bit formats: count them with ``weights_dtype=``)."""
+    """The stored weights' dtype from a HF config: its fp8 quantization, else
+    ``torch_dtype``; None when neither is there or kvvmm has no such dtype."""
     q = outer.get("quantization_config", cfg.get("quantization_config"))
     if isinstance(q, Mapping) and q.get("quant_method") == "fp8":
         return _FP8_FORMATS.get(str(q.get("fmt", "e4m3")))
@@ -363,14 +354,10 @@ def load_model(model: ModelLike, *, name: str | None = None) -> ModelConfig:
     """Load a model's attention geometry from a shipped key, a JSON file or a config dict.
 
     Args:
-        model: a shipped key (``"llama-3.1-8b"``, see :func:`list_models`) or a Hugging Face
-            repo id its file lists (``"meta-llama/Llama-3.1-8B-Instruct"``, any case); a path
-            to a ``config.json`` (or a directory holding one); or a mapping of Hugging Face
-            config fields
-            (``num_hidden_layers``, ``num_attention_heads``, ``num_key_value_heads``,
-            ``head_dim`` or ``hidden_size``, ``kv_lora_rank``, ``qk_rope_head_dim``,
-            ``sliding_window``, ``layer_types`` or ``sliding_window_pattern``; a nested
-            ``text_config`` is read when the top level has no layers).
+        model: a shipped key (:func:`list_models`) or a Hugging Face repo id its file lists
+            (any case); a path to a ``config.json`` or a directory holding one; or a mapping
+            of Hugging Face config fields (a nested ``text_config`` is read when the top level
+            has no layers).
         name: the name to give the config; defaults to the key, ``_name_or_path`` or the path.
     Returns:
         The :class:`ModelConfig`.
@@ -415,27 +402,17 @@ def load_model(model: ModelLike, *, name: str | None = None) -> ModelConfig:
     )
 
 
-def as_model(model: ModelLike) -> ModelConfig:
-    return load_model(model)
-
-
 def weights_bytes_per_rank(model: ModelLike, dtype: object = "bfloat16", tp: int = 1) -> int | None:
     """Bytes of the model's weights on one tensor-parallel rank, ``None`` if not known.
 
-    ``ceil(parameter_count * itemsize / tp)``: every weight sharded evenly, as an estimate
-    (replicated norms and routers are a rounding error next to the matrices).
+    ``ceil(parameter_count * itemsize / tp)``: every weight sharded evenly, as an estimate.
+    ``None`` when the config lacks the sizes to count parameters.
 
-    Args:
-        model: a :class:`ModelConfig` or anything :func:`load_model` takes.
-        dtype: the weights' dtype (``"bfloat16"``, ``"float8_e4m3fn"``, ...).
-        tp: tensor-parallel size, > 0.
-    Returns:
-        Bytes per rank, or ``None`` when the config lacks the sizes to count parameters.
     Raises:
         ArgumentError: ``tp`` not an int > 0.
         UnknownDtypeError: unknown dtype.
     """
-    m = as_model(model)
+    m = load_model(model)
     itemsize = dtype_itemsize(dtype)
     int_arg("tp", tp, lo=1, unit="tensor-parallel ranks")
     if m.parameter_count is None:

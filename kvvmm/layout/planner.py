@@ -1,65 +1,26 @@
 """Capacity planner: how many KV tokens fit a GPU, how much VA to reserve, what backing costs.
 
-SGLang sizes its KV pool after CUDA-graph capture from the memory left then: the budget is
-``max(0, free - headroom) + backed`` (``backed`` being KV memory already committed when
-``free`` was read, such as the slot-0 page), and the pool holds ``budget // bytes_per_token``
-tokens, rounded down to whole pages. :func:`plan` does the same arithmetic for a device profile
-and a model, then lays the pool out (:mod:`kvvmm.layout`) to report what a VMM owner would
-reserve and back, and how many handles each growth policy would create on the way.
+The budget follows SGLang's post-capture rule, ``max(0, free - headroom) + backed``
+(``backed``: KV memory already committed when ``free`` was read), or with ``engine="vllm"``
+vLLM's extensible KV cache (:func:`vllm_kv_bytes`). Without measured figures, ``free`` is
+the device's capacity less the weights the model config implies, and ``headroom = total *
+(1 - mem_fraction_static)``.
 
-Without measured figures the terms are estimated as SGLang defines them: ``total`` is the
-device's capacity (the memory before weights), ``headroom = total * (1 - mem_fraction_static)``
-(activations, CUDA graphs, the allocator), ``free = total - weights`` with the weights counted
-from the model config's sizes (parameters x dtype bytes / tp).
-
-What counts against the budget
-------------------------------
-By default (``count_overhead=False``) only token slots count, exactly as SGLang sizes its pool.
-For every pool::
+By default (``count_overhead=False``) only token slots count, as SGLang sizes its pool::
 
     tokens * bytes_per_token <= budget_bytes < (tokens + page_size) * bytes_per_token
 
-with ``tokens`` a multiple of ``page_size``. The padded page of each buffer's final span and
-the rounding of each buffer's backing to the granularity come *on top* and are reported as
-``padding_bytes`` and ``granularity_waste_bytes``; ``over_budget_bytes`` says by how much the
-memory finalize backs exceeds the budget (the headroom must absorb it).
-
-With ``count_overhead=True`` everything finalize backs counts. For every pool::
+with ``tokens`` a multiple of ``page_size``; the padded pages and the granularity rounding
+come on top (``padding_bytes``, ``granularity_waste_bytes``, ``over_budget_bytes``). With
+``count_overhead=True`` everything finalize backs counts::
 
     final_backed_bytes(tokens) <= budget_bytes < final_backed_bytes(tokens + page_size)
 
-so ``over_budget_bytes`` is 0, at the price of up to one granularity per buffer of tokens.
-
-A token cap (``max_total_tokens``, as SGLang's option) caps the tokens at whole pages of it
-and the budget at what those tokens cost.
-
-VA reserved
------------
-Each pool reserves, per buffer, its reserved span (the tensor at ``reserved_tokens``) rounded
-up to the granularity; ``va_reserve_bytes`` is their sum. ``reserved_tokens`` defaults to the
-planned ``tokens``; pass a larger upper bound to see the VA an engine reserves before it knows
-its final capacity (VA costs no memory).
-
-Hybrid sliding-window models
-----------------------------
-The sliding-window pool is sized first (``swa_reserved_tokens``, default one sequence's
-window rounded to pages plus one page, :func:`kvvmm.layout.swa_reserved_tokens_default`); its
-cost leaves the full-attention pool's budget, on which the invariant above holds. Both pools
-are reported. The top-level ``bytes_per_token`` and ``tokens`` are the full pool's.
-
-vLLM's default
---------------
-``engine="vllm"`` sizes the budget as vLLM 0.34's extensible KV cache does with its default
-``gpu_memory_utilization`` of 1.0 (:func:`vllm_kv_bytes`): everything free after warmup and
-graph capture, plus the KV prefix already committed, less a margin of
-``max(1 GiB, 0.75 x peak)`` and the activations' transient ``peak`` itself, capped by
-``capacity x gpu_memory_utilization`` less what the engine uses beside the KV cache.
-
-The smallest TP
----------------
-:func:`plan` plans one TP and refuses one at which the model does not fit.
-:func:`plan_smallest_tp` plans at the smallest of several (default :data:`TP_SIZES`) at which
-it does: its weights per rank fit the device and leave room for a page of KV.
+``max_total_tokens`` caps the tokens at whole pages of it and the budget at what they cost.
+``va_reserve_bytes`` is each buffer's span at ``reserved_tokens`` (default: the planned
+tokens) rounded up to the granularity. A hybrid sliding-window model's sliding pool is sized
+first and its cost leaves the full pool's budget; the top-level ``bytes_per_token`` and
+``tokens`` are the full pool's.
 """
 
 from __future__ import annotations
@@ -124,12 +85,8 @@ DEFAULT_PAGE_SIZE = 16
 
 #: Share of the device's memory (before weights) for weights + KV when no headroom is given;
 #: the rest, ``total * (1 - mem_fraction_static)``, is kept back for activations, CUDA graphs
-#: and the allocator. SGLang sizes its pool so (python/sglang/srt/model_executor/
-#: model_runner.py, ``profile_max_num_token``: ``rest_memory = available_gpu_memory -
-#: total_gpu_memory * (1 - self.mem_fraction_static)``, ``total_gpu_memory`` read before the
-#: weights load). SGLang's own default (``ServerArgs``, server_args.py) depends on the GPU's
-#: memory and the TP size, roughly 0.8 to 0.9; 0.9 is the top of that range, pass the figure
-#: your engine uses.
+#: and the allocator (SGLang's ``profile_max_num_token``). SGLang's own default depends on the
+#: GPU and the TP size (about 0.8 to 0.9): pass the figure your engine uses.
 DEFAULT_MEM_FRACTION_STATIC = 0.9
 
 #: A VA reservation above this draws a warning: VA costs no memory, but a petabyte for one
@@ -141,14 +98,12 @@ LARGE_VA_BYTES = 1024 * TiB
 LARGE_TOKENS = 2**31
 
 #: Whose sizing rule :func:`plan` follows: SGLang's post-capture ``free - headroom + backed``,
-#: or vLLM 0.34's extensible KV cache (:func:`vllm_kv_bytes`).
+#: or vLLM's extensible KV cache (:func:`vllm_kv_bytes`).
 ENGINES = ("sglang", "vllm")
 
-# vLLM 0.34's extensible KV cache on CUDA (vllm/v1/worker/extensible_kv_cache.py): the
-# margin it keeps free beyond the measured transient peak, at least the floor (ROCm keeps
-# 3 GiB; this is CUDA's), else that share of the peak; the share of the headroom warmup
-# leaves uncommitted; and the default gpu_memory_utilization (the share of the device the
-# instance may use), which the extensible cache made 1.0.
+# vLLM's extensible KV cache on CUDA: the margin kept free beyond the transient peak (the
+# floor, else that share of the peak); the share of the headroom warmup leaves uncommitted;
+# the default gpu_memory_utilization (the share of the device the instance may use).
 VLLM_MARGIN_FLOOR_BYTES = 1 << 30
 VLLM_MARGIN_FRACTION = 0.75
 VLLM_WARMUP_RESERVE_FRACTION = 0.1
@@ -157,7 +112,6 @@ VLLM_GPU_MEMORY_UTILIZATION = 1.0
 #: The tensor-parallel sizes :func:`plan_smallest_tp` tries by default: the powers of two
 #: serving engines run, up to two 8-GPU nodes.
 TP_SIZES = (1, 2, 4, 8, 16)
-
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,11 +157,7 @@ class Plan:
     activation_peak_bytes: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """The plan as plain JSON-ready data (dicts, lists, ints, strs, bools, None).
-
-        Returns:
-            A dict with the fields above; ``pools`` and ``handles`` as lists of dicts.
-        """
+        """The plan as plain JSON-ready data: ``pools`` and ``handles`` as lists of dicts."""
         return _plain(asdict(self))  # type: ignore[no-any-return]
 
 
@@ -218,10 +168,6 @@ def _plain(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
     return value
-
-
-# -- the planner: check the options, resolve the request, compute the budget, fit tokens,
-# build pools ---------------------------------------------------------------------------------
 
 
 def _int(lo: int, unit: str, *, none: bool = False) -> dict[str, Callable[[str, Any], Any]]:
@@ -252,11 +198,9 @@ _OPT_DTYPE = {"check": lambda name, value: None if value is None else dtype_name
 class PlanOptions:
     """Every option of :func:`plan` but the GPU and the model, each checked at construction.
 
-    One field per option, with its default and its check (in the field's metadata): a bad
-    value raises :class:`~kvvmm.errors.ArgumentError` (or ``OutOfRangeError``,
-    ``UnknownDtypeError``) naming it and its limit, and so do options that exclude each
-    other. ``plan(gpu=..., model=..., page_size=32)`` builds one from its keywords;
-    ``plan(gpu=..., model=..., options=opts)`` takes one built before (the CLI's, a lab's).
+    Each field's metadata holds its check: a bad value, or options that exclude each other,
+    raise :class:`~kvvmm.errors.ArgumentError` (or ``OutOfRangeError``,
+    ``UnknownDtypeError``) naming it and its limit.
     """
 
     #: KV dtype: a name or a torch dtype (kept as the name)
@@ -321,8 +265,7 @@ class PlanOptions:
         self._check_together()
 
     def _check_together(self) -> None:
-        """Refuse options that exclude each other: the other engine's, and what an explicit
-        budget or a headroom replaces."""
+        """Refuse options that exclude each other."""
         theirs, why = ((("headroom_bytes", "mem_fraction_static"),
                         "vLLM keeps back its measured margin and peak, not a share; pass "
                         "activation_peak_bytes") if self.engine == "vllm" else
@@ -383,7 +326,6 @@ class PlanRequest(PlanOptions):
                    itemsize=dtype_itemsize(options.dtype))
 
 
-
 @dataclass(frozen=True, slots=True)
 class _Budget:
     budget_bytes: int  # what the pools are sized from, before the token cap
@@ -422,7 +364,7 @@ def _budget(req: PlanRequest) -> _Budget:
 def vllm_kv_bytes(*, init_free_bytes: int, free_bytes: int, committed_bytes: int,
                   requested_bytes: int, transient_peak_bytes: int = 0,
                   torch_reserve_growth_bytes: int = 0) -> int:
-    """The KV bytes vLLM 0.34's extensible KV cache extends to once warmup and capture ran.
+    """The KV bytes vLLM's extensible KV cache extends to once warmup and capture ran.
 
     What the engine holds beside the KV cache is ``init_free - free - committed``; the cache
     gets the rest of ``requested``, capped by the headroom (``free + committed``) less a
@@ -458,16 +400,14 @@ def vllm_kv_bytes(*, init_free_bytes: int, free_bytes: int, committed_bytes: int
 
 def vllm_warmup_bytes(*, free_bytes: int, committed_bytes: int,
                       transient_peak_bytes: int = 0) -> int:
-    """The KV bytes vLLM 0.34's warmup may commit before the final sizing.
+    """The KV bytes vLLM's warmup may commit before the final sizing.
 
     The headroom is ``free + committed``; warmup keeps back a reserve, the larger of the
     profiled peak and :data:`VLLM_WARMUP_RESERVE_FRACTION` of the headroom, and a margin of
     ``max(VLLM_MARGIN_FLOOR_BYTES, int(VLLM_MARGIN_FRACTION * reserve))`` beside it.
 
     Args:
-        free_bytes: device memory free now, >= 0.
-        committed_bytes: KV memory committed now, >= 0.
-        transient_peak_bytes: the profiled activation peak, >= 0.
+        free_bytes, committed_bytes, transient_peak_bytes: as :func:`vllm_kv_bytes`'s, now.
     Returns:
         The bytes (may be negative: nothing more may be committed; vLLM never goes below
         what it already committed).
@@ -790,8 +730,7 @@ def plan_smallest_tp(
     is the request's, and is raised at once.
 
     Args:
-        gpu: device profile key or profile, as :func:`plan` takes it.
-        model: model config, key, path or dict, as :func:`plan` takes it.
+        gpu, model: as :func:`plan` takes them.
         tps: TP sizes to try, each an int >= 1 (tried from the smallest; default
             :data:`TP_SIZES`).
         options: :func:`plan`'s other keyword arguments (``options=`` and

@@ -1,9 +1,7 @@
 """A planned pool's arithmetic: what finalize backs, and the handles each policy would create.
 
-Pure integer arithmetic over :class:`~kvvmm.layout.desc.KvBufferDesc` lists (buffers with
-the same shape are counted once, times their number), so a plan of a 160-buffer model costs
-a few shape groups, not 160 owners. The records here are what :class:`~kvvmm.layout.Plan`
-carries per pool and per policy.
+Buffers with the same shape are counted once, times their number, so a plan costs a few
+shape groups, not one owner per buffer.
 """
 
 from __future__ import annotations
@@ -38,12 +36,8 @@ __all__ = [
 
 
 def default_policies() -> tuple[GrowthPolicy, ...]:
-    """The policies the planner compares by default.
-
-    Returns:
-        ``Exact()``, the owner's default (:func:`~kvvmm.policy.default_policy`),
-        ``Chunked(64 MiB)`` and ``Geometric(2, 256 MiB)``.
-    """
+    """The policies the planner compares by default: ``Exact()``, the owner's default,
+    ``Chunked(64 MiB)`` and ``Geometric(2, 256 MiB)``."""
     return (Exact(), default_policy(), Chunked(64 * MiB), Geometric(2.0, 256 * MiB))
 
 
@@ -80,10 +74,6 @@ class PoolPlan:
     handles: tuple[HandleCount, ...]  #: per growth policy, in the order asked
 
 
-
-# -- checks ------------------------------------------------------------------------------------
-
-
 def check_policies(policy: object) -> tuple[GrowthPolicy, ...]:
     if policy is None:
         return default_policies()
@@ -102,9 +92,6 @@ def check_policies(policy: object) -> tuple[GrowthPolicy, ...]:
                 "policy", p, "a growth policy (Exact(), Chunked(...), Geometric(...))"
             )
     return items
-
-
-# -- pool arithmetic ---------------------------------------------------------------------------
 
 
 def shape_groups(descs: Sequence[KvBufferDesc]) -> Counter[tuple[int, int]]:

@@ -7,14 +7,10 @@
   as paged kernels (FlashInfer's HND layout) read them.
 - :func:`mla`: one latent buffer per layer (DeepSeek's multi-head latent attention), not
   sharded by tensor parallelism.
-- :func:`layer_interleaved`: ONE buffer for every layer (0.3), a token slot's K and V of
-  every layer adjacent (``[slot][layer][k|v][heads][head_dim]``); each layer's K and V are
-  strided views (:func:`kvvmm.owner.layer_views`). A contiguous range of slots is then one
-  VA range, backed by one handle whatever the layer count (kvcached's contiguous layout).
-- :func:`block_interleaved`: the same, a row per *page* (``[page][layer][k|v][page_size]
-  [heads][head_dim]``): a page's tokens of one layer are contiguous, as in a token-major
-  page, so a paged attention kernel reads it at the token-major layout's rate (the
-  token-interleaved rows cost it 3%: docs/ELASTIC.md); no flat per-layer view exists.
+- :func:`layer_interleaved`: one buffer for every layer, a token slot's K and V of every
+  layer adjacent; a contiguous range of slots is one VA range whatever the layer count.
+- :func:`block_interleaved`: the same, a row per page, so a page's tokens of one layer are
+  contiguous as in a token-major page.
 """
 
 from __future__ import annotations
@@ -88,9 +84,8 @@ def mha_token_major(
     dtype: object,
     tp: int = 1,
 ) -> list[KvBufferDesc]:
-    """K and V buffers per layer, one row per token (NHD), as SGLang's MHA pool.
-
-    Each buffer has shape ``(reserved_tokens + page_size, heads_per_rank, head_dim)``.
+    """K and V buffers per layer, shape ``(reserved_tokens + page_size, heads_per_rank,
+    head_dim)``.
 
     Args:
         layers: attention layers, > 0.
@@ -137,10 +132,8 @@ def page_major(
     dtype: object,
     tp: int = 1,
 ) -> list[KvBufferDesc]:
-    """K and V buffers per layer, one row per page (HND: pages, heads, page, head_dim).
-
-    Each buffer has shape ``(pages + 1, heads_per_rank, page_size, head_dim)`` with
-    ``pages = ceil(reserved_tokens / page_size)``; the extra page is the padded page.
+    """K and V buffers per layer, shape ``(pages + 1, heads_per_rank, page_size, head_dim)``
+    with ``pages = ceil(reserved_tokens / page_size)``; the extra page is the padded page.
 
     Args:
         layers, kv_heads, head_dim, reserved_tokens, page_size, dtype, tp: as
@@ -173,15 +166,8 @@ def layer_interleaved(
 
     Shape ``(reserved_tokens + page_size, layers, kv, heads_per_rank, head_dim)``: row ``s``
     is token slot ``s`` of every layer (``kv=2``: K then V; MLA's latent is ``kv=1``,
-    ``kv_heads=1``). The row is ``layers * kv * heads * head_dim * itemsize`` bytes, so a
-    granule holds ``granularity // row_bytes`` slots of all layers at once and a contiguous
-    slot range of any length is one VA range of one buffer: one handle, one map, one access
-    call, where the per-layer layouts need ``kv * layers`` of each.
-
-    Layer ``l``'s K is ``t[:, l, 0]`` (shape ``(slots, heads, head_dim)``, the shape SGLang's
-    token-major pool gives a layer, with a slot stride of ``layers * kv`` times the
-    per-layer one); a paged kernel reads ``t.view(pages + 1, page_size, layers, kv, heads,
-    head_dim)[:, :, l, 0]``. :func:`kvvmm.owner.layer_views` returns both per layer.
+    ``kv_heads=1``), so a contiguous slot range is one VA range of one buffer. Layer ``l``'s
+    K is ``t[:, l, 0]``; :func:`kvvmm.owner.layer_views` returns each layer's views.
 
     Args:
         layers, kv_heads, head_dim, reserved_tokens, page_size, dtype, tp: as
@@ -216,23 +202,10 @@ def block_interleaved(
 
     Shape ``(pages + 1, layers, kv, page_size, heads_per_rank, head_dim)`` with ``pages =
     ceil(reserved_tokens / page_size)`` (the extra page is the padded page): row ``p`` is page
-    ``p`` of every layer, and within it layer ``l``'s K is ``page_size`` token rows of
-    ``heads * head_dim`` elements, contiguous (``page_size * heads * head_dim * itemsize``
-    bytes: 32 KiB for llama-3.1-8b at 16-token pages, as a token-major page). A run of whole
-    pages is one VA range of the one buffer, exactly as with :func:`layer_interleaved` (the
-    same bytes per page, so the same handles and calls); what differs is the order inside a
-    page, and so what kernels can read it:
-
-    - paged kernels (a page table with page, token and head strides: FlashInfer's paged KV,
-      FlashAttention's ``flash_attn_with_kvcache``) read layer ``l``'s pages as
-      ``t[:, l, 0]`` (shape ``(pages, page_size, heads, head_dim)``, token stride ``heads *
-      head_dim``, page stride ``layers * kv * page_size * heads * head_dim``):
-      :func:`kvvmm.owner.paged_layer_views`. Measured on the H200 with one paged decode kernel
-      over all three layouts: 1.00x the per-layer token-major layout's read rate, where
-      :func:`layer_interleaved` gives 0.97x (``bench/probes/probe_xl_paged.py``);
-    - no flat ``(slots, heads, head_dim)`` view of a layer exists (a page's next layer sits
-      between its tokens and the next page's), so torch's dense SDPA and ``index_select``
-      over slots cannot read it: use :func:`layer_interleaved` for those.
+    ``p`` of every layer, and within it layer ``l``'s K is ``page_size`` contiguous token rows.
+    Paged kernels read layer ``l``'s pages as ``t[:, l, 0]``
+    (:func:`kvvmm.owner.paged_layer_views`); no flat ``(slots, heads, head_dim)`` view of a
+    layer exists, so dense SDPA and ``index_select`` over slots need :func:`layer_interleaved`.
 
     Args, Returns and Raises: as :func:`layer_interleaved` (one desc, ``tokens_per_row ==
     page_size``).

@@ -1,24 +1,15 @@
 """SlotRanges: a best-fit allocator of contiguous unit ranges (pure bookkeeping, no driver).
 
-Serving engines hand out KV slots per request. With the interleaved layout
-(:func:`~kvvmm.layout.layer_interleaved`) a contiguous range of slots is one VA range, so an
-allocator that gives each request one contiguous range lets the owner back a request with one
-handle. The units are whatever the caller chooses (blocks of slots whose bytes are whole
-granules, for :class:`~kvvmm.owner.RangeBacking`; pages, for the workload lab's engine).
+With the interleaved layout a contiguous range of slots is one VA range, so giving each
+request one contiguous range lets the owner back it with one handle. The units are the
+caller's (blocks of whole granules for :class:`~kvvmm.owner.RangeBacking`, pages for the
+workload lab).
 
-Why best-fit with coalescing, not a buddy allocator: request sizes are not powers of two (real
-prompts run from a few tokens to tens of thousands), and a buddy allocator rounds each one up
-to the next power of two, up to 2x internal waste that would be backed memory. Best-fit takes
-the smallest free extent that fits (ties: the lowest address), so the large extents stay whole
-for large requests; freeing joins an extent with its free neighbours at once, so free space
-never stays split. What it leaves is external fragmentation (free units in extents too small
-for the next request): :attr:`SlotRanges.fragmentation` measures it, and the workload lab
-reports it over a trace.
-
-Costs: ``alloc`` and ``free`` are one bisection each into a list of ``(length, start)``
-ordered by length, plus dictionary look-ups for the neighbours: O(log n) comparisons and an
-O(n) list insert over the n free extents (a few hundred in a serving pool; a memmove, not a
-Python loop).
+Best-fit, not buddy: request sizes are not powers of two, and rounding each up to one would
+back up to 2x the memory. Best-fit takes the smallest free extent that fits (ties: the lowest
+address) and a free joins its free neighbours at once; what is left is external
+fragmentation, which :attr:`SlotRanges.fragmentation` measures. ``alloc`` and ``free`` are a
+bisection each into a list ordered by length.
 """
 
 from __future__ import annotations
@@ -185,12 +176,10 @@ class SlotRanges:
             ArgumentError, OutOfRangeError: bad arguments, or units not free; nothing changed.
         """
         start, n = self._check(start, n)
-        starts = self._starts
-        i = bisect_left(starts, start + 1) - 1
-        s = starts[i] if i >= 0 else -1
-        if s < 0 or s + self._start[s] < start + n:
+        if not self.is_free(start, n):
             raise ArgumentError("start", start, f"a free range of {n} units (units "
                                                 f"[{start}, {start + n}) are not all free)")
+        s = self._starts[bisect_left(self._starts, start + 1) - 1]
         length = self._remove(s)
         if start > s:
             self._add(s, start - s)

@@ -1,8 +1,6 @@
-"""Recording: traces of driver calls and arena operations, and the wrapper that records calls.
-
-:class:`Trace` (two typed lists, versioned JSON) and :class:`TracingDriver`. Replays live one
-layer up, in :mod:`kvvmm.replay`, because rebuilding arenas needs the arena.
-"""
+"""Recording: :class:`Trace` (driver calls and arena operations, versioned JSON) and the
+:class:`TracingDriver` that records calls; replays are :mod:`kvvmm.replay`'s (they need the
+arena)."""
 
 from __future__ import annotations
 

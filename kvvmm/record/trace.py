@@ -1,16 +1,10 @@
 """Traces: driver calls and arena operations, each in its own typed list, saved as JSON.
 
-Record on a GPU, look at it on a laptop. A :class:`Trace` holds two lists that share one
-sequence counter, so their order is known:
-
-- ``events``: every driver call (:class:`TraceEvent`), written by a
-  :class:`~kvvmm.record.tracing.TracingDriver` wrapped around the driver;
-- ``ops``: every arena operation (:class:`ArenaOp`: open, allocate, commit, ...), written by an
-  :class:`~kvvmm.arena.Arena` that was given the trace (``Arena(..., trace=t)``).
-
-Recording is explicit: an arena records only into a trace it was handed. ``Trace.save`` writes
-format ``kvvmm-trace`` version 2; ``Trace.load`` also reads version 1, whose arena operations
-sat among the driver calls as ``"arena.*"`` events. :mod:`kvvmm.replay` replays both lists.
+A :class:`Trace` holds two lists that share one sequence counter: ``events``, the driver
+calls a :class:`~kvvmm.record.tracing.TracingDriver` records, and ``ops``, the operations of
+an :class:`~kvvmm.arena.Arena` handed the trace (``Arena(..., trace=t)``). ``Trace.save``
+writes format ``kvvmm-trace`` version 2; ``Trace.load`` also reads version 1, whose arena
+operations sat among the driver calls as ``"arena.*"`` events.
 """
 
 from __future__ import annotations
@@ -41,25 +35,15 @@ VERSION = 2
 
 @dataclass(frozen=True, slots=True)
 class TraceEvent:
-    """One driver call.
+    """One driver call."""
 
-    Attributes:
-        seq: position in the trace (shared with :class:`ArenaOp`), from 0.
-        op: the call (``"create"``), one of ``kvvmm.driver.base.CALLS``.
-        args: its int arguments (``size``, ``va``, ``handle``; ``devices`` for peers).
-        result: the return value (a VA or handle), or None.
-        error: the CUDA error name if the call failed, else None.
-        wall_us: wall time the call took, in microseconds.
-        sim_us: simulated cost (SimDriver's cost model), 0.0 for real drivers.
-    """
-
-    seq: int
-    op: str
-    args: dict[str, Any]
-    result: int | None = None
-    error: str | None = None
-    wall_us: float = 0.0
-    sim_us: float = 0.0
+    seq: int  #: position in the trace (shared with :class:`ArenaOp`), from 0
+    op: str  #: the call (``"create"``), one of ``kvvmm.driver.base.CALLS``
+    args: dict[str, Any]  #: its int arguments (``size``, ``va``, ``handle``; ``devices``)
+    result: int | None = None  #: the return value (a VA or handle), or None
+    error: str | None = None  #: the CUDA error name if the call failed, else None
+    wall_us: float = 0.0  #: wall time the call took, in microseconds
+    sim_us: float = 0.0  #: simulated cost (SimDriver's cost model), 0.0 for real drivers
 
     def to_json(self) -> dict[str, Any]:
         return {"seq": self.seq, "op": self.op, "args": self.args, "result": self.result,
@@ -69,19 +53,12 @@ class TraceEvent:
 
 @dataclass(frozen=True, slots=True)
 class ArenaOp:
-    """One arena operation that succeeded.
+    """One arena operation that succeeded."""
 
-    Attributes:
-        seq: position in the trace (shared with :class:`TraceEvent`).
-        arena: the arena's number in this trace (0, 1, ... in order of opening).
-        op: one of :data:`ARENA_OPS`.
-        args: its arguments (``name``, ``nbytes``, ``offset``, ``keep_bytes``, ``devices``).
-    """
-
-    seq: int
-    arena: int
-    op: str
-    args: dict[str, Any]
+    seq: int  #: position in the trace (shared with :class:`TraceEvent`)
+    arena: int  #: the arena's number in this trace (0, 1, ... in order of opening)
+    op: str  #: one of :data:`ARENA_OPS`
+    args: dict[str, Any]  #: its arguments (``name``, ``nbytes``, ``offset``, ...)
 
     def to_json(self) -> dict[str, Any]:
         return {"seq": self.seq, "arena": self.arena, "op": self.op, "args": self.args}
@@ -138,10 +115,8 @@ class Trace:
             json.dump(self.to_json(), f)
 
     def validate(self) -> None:
-        """Raise TraceFormatError unless every record is one a replay can run.
-
-        The same checks :meth:`from_json` makes, for a trace built in memory (``add`` and
-        ``add_op`` take any value); :mod:`kvvmm.replay` calls this before it replays.
+        """Raise TraceFormatError unless every record is one a replay can run (the checks
+        :meth:`from_json` makes, for a trace built in memory).
 
         Raises:
             TraceFormatError: naming the first bad record (``event 3 (seq 5, map)``) and field.
@@ -228,11 +203,9 @@ class Trace:
     def _renumber(self) -> None:
         merged: list[tuple[int, int, int]] = [(e.seq, 0, i) for i, e in enumerate(self.events)]
         merged += [(o.seq, 1, i) for i, o in enumerate(self.ops)]
-        merged.sort()
         events, ops = list(self.events), list(self.ops)
         self.events, self.ops = [], []
-        for seq, kind, i in merged:
-            del seq
+        for _seq, kind, i in sorted(merged):
             if kind == 0:
                 e = events[i]
                 self.events.append(TraceEvent(self._seq(), e.op, e.args, e.result, e.error,

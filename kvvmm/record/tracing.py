@@ -1,8 +1,7 @@
 """TracingDriver: a driver wrapper that records every call into a :class:`Trace`.
 
-Wrap the driver, work as usual, save the trace. Arenas record their own operations only when
-they are handed the trace (``Arena(driver, ..., trace=drv.trace)``): nothing here is found by
-walking wrappers.
+Arenas record their own operations only when handed the trace
+(``Arena(driver, ..., trace=drv.trace)``).
 """
 
 from __future__ import annotations

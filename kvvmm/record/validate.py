@@ -1,13 +1,9 @@
 """The trace format, checked field by field: what a loaded or hand-built trace must hold.
 
-A trace is input from elsewhere (another machine, another version, a person with an editor),
-so everything a replay reads is checked before it runs: types, int ranges, the arguments each
-call and arena operation needs, the order of sequence numbers, and that arena operations name
-an arena that is open. Every failure is a :class:`~kvvmm.errors.TraceFormatError` whose one-line
-message names the record (``event 3 (seq 5, map)``) and the field (``args.size``).
-
-The functions here take plain fields, not records, so :mod:`kvvmm.record.trace` can check raw
-JSON before it builds a record and check an in-memory trace the same way.
+A trace is input from elsewhere, so everything a replay reads is checked before it runs.
+Every failure is a :class:`~kvvmm.errors.TraceFormatError` whose one-line message names the
+record (``event 3 (seq 5, map)``) and the field (``args.size``). The functions take plain
+fields, so raw JSON and an in-memory trace are checked the same way.
 """
 
 from __future__ import annotations
@@ -45,11 +41,10 @@ OP_ARGS: dict[str, dict[str, str]] = {
     "grant_access": {"devices": "devices"},
     "adopt": {"offset": "int", "nbytes": "int"},
     "close": {},
-    # holes (0.2): a granule-aligned range [start, start + nbytes) of the allocation
+    # a granule-aligned range [start, start + nbytes) of the allocation
     "commit_range": {"offset": "int", "start": "int", "nbytes": "int"},
     "decommit_range": {"offset": "int", "start": "int", "nbytes": "int"},
-    # sleep/wake (0.3): every mapping given back and backed again at the same VA; backup is
-    # "none", "host", "disk" (or a Backup's kind), nbytes the bytes given back / backed again
+    # backup: "none", "host", "disk" (or a Backup's kind); nbytes: given back / backed again
     "sleep": {"backup": "str", "nbytes": "int"},
     "wake": {"nbytes": "int"},
 }
