@@ -418,10 +418,12 @@ def _read_workload(args: argparse.Namespace) -> Requests:
 
 
 def _options(args: argparse.Namespace) -> RunOptions:
-    """What the replay and its bands run with, from the command line."""
+    """What the replay and its bands run with, from the command line (on the sim with
+    bands, the replay prices its calls at the band's quantiles in the same pass)."""
     return RunOptions(model=args.model, gpu=args.gpu, tp=args.tp, pool_tokens=args.pool_tokens,
                       config=ServingConfig(slot_order=args.slot_order),
-                      pause_scale=1.0 if args.real_time else None)
+                      pause_scale=1.0 if args.real_time else None,
+                      band_prices=args.driver == "sim" and not args.no_bands)
 
 
 def _replay(args: argparse.Namespace, wl: Requests, opts: RunOptions) -> WorkloadComparison:

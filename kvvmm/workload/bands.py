@@ -17,13 +17,26 @@ always (a figure the sim does not charge monotonically, a negative fitted residu
 bounded by ``mid``). A profile without a spread gives a band of no width, said by
 :func:`band_notes`.
 
-A workload band serves the trace again at p10 and p90 only for the strategies whose calls
-can move it: a call on the decode path stalls the step after it, the boundaries move, and
-so which arrivals a step admits and which calls follow (page-elastic and the range
-strategies make other calls at other quantiles). A strategy whose run at the profile made
-every call before serving (static, finalize, vllm-extensible) serves the same way at any
-cost: its p10 and p90 are its start's alone, priced by running the start (a run of no
-requests) on those profiles, exactly what the full run would give.
+A workload run on the sim can price its bands in the same pass (``run_workload(...,
+band_prices=True)``, what ``kvvmm replay`` runs): every driver call is made again on a sim
+at the band's low and high profiles (:class:`QuantilePrices`), so each call has its three
+prices. For a strategy whose every call after its start is on the decode path (static,
+finalize, the prefix and page-elastic strategies) a boundary's stall is the sum of its
+calls, and so is each quantile's: the costs enter the figures linearly, one pass gives all
+three. What the pass leaves out is a stall's feedback on the schedule: a slower step
+admits some arrivals a boundary later, and the calls that follow differ (a run served
+again at p10 or p90 makes about a percent more or fewer of them). The band's ends move by
+about that much: sums by well under a percent, the max stall (one step) by more. A strategy
+with a backing thread (the range strategies: a decode step waits only for what a commit
+has left, an admission is put off until it ends) is served again instead, as below.
+
+Otherwise a workload band serves the trace again at p10 and p90 only for the strategies
+whose calls can move it: a call on the decode path stalls the step after it, the
+boundaries move, and so which arrivals a step admits and which calls follow (page-elastic
+and the range strategies make other calls at other quantiles). A strategy whose run at the
+profile made every call before serving (static, finalize, vllm-extensible) serves the same
+way at any cost: its p10 and p90 are its start's alone, priced by running the start (a run
+of no requests) on those profiles, exactly what the full run would give.
 
 A profile whose spread has a **session level** (``spread.level``, per scenario group: how far
 the card's whole level moved between sessions, :mod:`kvvmm.hardware.spread`) widens the
@@ -42,7 +55,9 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from kvvmm.driver.base import Driver
 from kvvmm.driver.sim import SimDriver
+from kvvmm.driver.wrapper import DriverWrapper
 from kvvmm.errors import ArgumentError
 from kvvmm.hardware import DeviceProfile, get_profile, profile_data
 from kvvmm.hardware.spread import (
@@ -54,8 +69,8 @@ from kvvmm.hardware.spread import (
 )
 from kvvmm.workload.requests import RequestStream
 
-__all__ = ["BAND_QUANTILES", "PARALLEL_REQUESTS", "WORKLOAD_TIMES", "Band", "band_notes",
-           "band_profiles", "banded", "growth_bands", "workload_bands"]
+__all__ = ["BAND_QUANTILES", "PARALLEL_REQUESTS", "WORKLOAD_TIMES", "Band", "QuantilePrices",
+           "band_notes", "band_profiles", "banded", "growth_bands", "workload_bands"]
 
 #: The quantiles a band's low and high ends are run at.
 BAND_QUANTILES = (0.1, 0.9)
@@ -94,6 +109,54 @@ class Band:
     def as_list(self, digits: int = 3) -> list[float]:
         """``[low, mid, high]`` rounded, for JSON."""
         return [round(self.low, digits), round(self.mid, digits), round(self.high, digits)]
+
+
+class QuantilePrices(DriverWrapper):
+    """A sim driver whose every call is made again on a sim at each band quantile's
+    profile (:data:`BAND_QUANTILES`): the same calls, the same answers, each also priced
+    there. :attr:`us` holds each quantile's µs of calls so far (the wrapped driver's are
+    its own clock's, as ever).
+
+    The quantile sims get the same calls in the same order, so they hand out the same
+    addresses and handles; one that answers otherwise raises (a cost model that refused
+    what the wrapped one allowed would make the prices meaningless). A call the wrapped
+    driver refuses is not made on them.
+
+    Args:
+        inner: the sim the run uses (its profile is the band's mid, at its capacity).
+    Raises:
+        ArgumentError: ``inner`` is not a :class:`SimDriver`.
+    """
+
+    def __init__(self, inner: Driver) -> None:
+        if not isinstance(inner, SimDriver):
+            raise ArgumentError("inner", inner, "a SimDriver (bands are priced on the sim)")
+        super().__init__(inner)
+        lo, _, hi = band_profiles(inner.profile)
+        cap = inner.profile.capacity_bytes  # the mid's, as a run at the quantile has it
+        self.quantiles: tuple[SimDriver, ...] = tuple(
+            SimDriver(p, capacity_bytes=cap) for p in (lo, hi))
+        self.us = [0.0] * len(self.quantiles)  #: µs of calls at each quantile, so far
+
+    def _call(self, call: str, fn: Any, *a: Any) -> Any:
+        got = fn(*a)
+        if call == "pin" or call == "unpin":
+            return got
+        us = self.us
+        for i, d in enumerate(self.quantiles):
+            c0 = d.clock_us
+            other = getattr(d, call)(*a)
+            us[i] += d.clock_us - c0
+            if other != got:
+                raise ArgumentError(f"{call} on the p{BAND_QUANTILES[i] * 100:.0f} sim",
+                                    other, f"{got!r}, the run's own answer")
+        return got
+
+    def pause(self, seconds: float) -> None:
+        """Host time passed between calls, told to every quantile's sim too."""
+        self.inner.pause(seconds)  # type: ignore[attr-defined]
+        for d in self.quantiles:
+            d.pause(seconds)
 
 
 def band_profiles(profile: str | DeviceProfile) -> tuple[DeviceProfile, DeviceProfile,
@@ -189,7 +252,9 @@ def workload_bands(workload: Any, strategies: Sequence[str], *, gpu: str = "h200
             runs them three times).
         gpu: the sim's profile (a key or a path).
         mid: the :class:`~kvvmm.workload.run.WorkloadComparison` of the run at ``gpu`` itself,
-            when the caller has it (only the low and high runs are made).
+            when the caller has it: only the low and high runs are made, and none for a
+            strategy whose result has its ``band_times`` (a run with ``band_prices``).
+            None: that run is made here, with ``band_prices``.
         level: compose the startup and decode driver times with the profile's session
             level (``startup``, ``decode``; other figures have none); False: per-call only.
         progress: ``progress(done, total)`` in serving seconds over the runs still to make
@@ -213,6 +278,7 @@ def workload_bands(workload: Any, strategies: Sequence[str], *, gpu: str = "h200
         raise ArgumentError("workers", workers, "1, 2 or None")
     kw.pop("driver", None)
     kw.pop("progress", None)
+    kw.pop("band_prices", None)
     prof = get_profile(gpu)
     names = list(strategies)
     lo_p, mid_p, hi_p = band_profiles(prof)
@@ -220,16 +286,27 @@ def workload_bands(workload: Any, strategies: Sequence[str], *, gpu: str = "h200
     # spread is its own low and high: nothing to run for them
     qs: list[float | None] = [q for q, p in zip(BAND_QUANTILES, (lo_p, hi_p), strict=True)
                               if p is not mid_p]
-    if mid is None:
-        qs.insert(0, None)
-    started = _startup_only(mid, names)
-    served = [n for n in names if n not in started]
+    if mid is None:  # the run at the profile, its calls priced at the quantiles too
+        from kvvmm.workload.run import run_workload
+
+        mid = run_workload(workload, names, gpu=gpu, band_prices=bool(qs),
+                           progress=_part(progress, 0, 2), **kw)
+        progress = _part(progress, 1, 2)
+    priced = {r.strategy: r.band_times for r in mid.results if r.band_times} if qs else {}
+    started = [n for n in _startup_only(mid, names) if n not in priced]
+    served = [n for n in names if n not in started and n not in priced]
     if workers is None:  # a stream that does not know its count is long
         n = workload.count if isinstance(workload, RequestStream) else len(workload)
         workers = 2 if (os.cpu_count() or 1) >= 2 and len(qs) > 1 and \
             (n is None or n * len(served) >= PARALLEL_REQUESTS) else 1
-    done = _quantile_runs(workload, served, started, gpu, qs, kw, progress, workers)
-    m = _flat(mid) if mid is not None else done[None]
+    done = _quantile_runs(workload, served, started, gpu, qs, kw, progress, workers) \
+        if served or started else {}
+    for q in qs:
+        assert q is not None
+        at_q = done.setdefault(q, {})
+        for name, times in priced.items():
+            at_q.update({f"{name}|{k}": float(v) for k, v in times[q].items()})
+    m = _flat(mid)
     lo = done.get(BAND_QUANTILES[0], m)
     hi = done.get(BAND_QUANTILES[1], m)
 

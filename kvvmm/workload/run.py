@@ -45,6 +45,7 @@ from kvvmm.layout import KvBufferDesc, full_pool_descs, plan
 from kvvmm.owner import KvBufferOwner
 from kvvmm.record import Trace, TracingDriver
 from kvvmm.snapshot import ArenaSnapshot
+from kvvmm.workload.bands import BAND_QUANTILES, QuantilePrices
 from kvvmm.workload.requests import Request, Requests, as_requests
 from kvvmm.workload.serving import (
     ServingConfig,
@@ -133,6 +134,11 @@ class StrategyResult:
     #: more than one range), grows, grows_moved, fragmentation_mean / _max (of the free
     #: blocks, ``1 - largest / free``, at each admission), units_max (mapped units at most)
     ranges: Mapping[str, float] = field(default_factory=dict)
+    #: each timed figure of the band (``kvvmm.workload.bands.WORKLOAD_TIMES``, as
+    #: :meth:`summary` rounds them) at each band quantile, priced in this run's own pass
+    #: (``band_prices``): quantile -> figure -> value; empty where the run was not priced
+    #: or its strategy cannot be (a backing thread: its band is served again)
+    band_times: Mapping[float, Mapping[str, float]] = field(default_factory=dict)
 
     @property
     def held_over_used(self) -> float:
@@ -355,6 +361,13 @@ class _Hooks:
         self.pause_scale = 0.0
         self._paused_to = 0.0  # serving time the sim has been told has passed
         self.allocator: object = None  # the strategy's allocator, for its clock
+        #: the band quantiles' prices of every call (``band_prices``), else None; each
+        #: quantile's stalls, decode-path seconds and µs of calls already counted
+        self.prices: QuantilePrices | None = None
+        self.q_stalls = [Tally() for _ in BAND_QUANTILES]
+        self.q_driver = [0.0] * len(BAND_QUANTILES)
+        self._q_seen = [0.0] * len(BAND_QUANTILES)
+        self.threaded = False  # a job ran on the backing thread since serving started
         # Page-elastic at best: per buffer geometry, granules any used page touches.
         ps = owner.page_size
         kinds = Counter((d.row_bytes * ps // d.tokens_per_row) for d in owner.descs)
@@ -469,6 +482,7 @@ class _Hooks:
         the decode thread wait until that thread has finished it. A job queued by the job
         running (a refill when an admission's commit ends) runs after it, on the thread's
         clock, as the backing thread's queue would run it: it is nobody's wait."""
+        self.threaded = True
         if self._in_job:
             self._later.append(job)
             return
@@ -544,6 +558,14 @@ class _Hooks:
             stall += self.account()
             self.decode_calls += self.calls - before
         self.driver_s += stall
+        if self.prices is not None:  # the same calls at each quantile: their stalls
+            us, seen = self.prices.us, self._q_seen
+            for i, tally in enumerate(self.q_stalls):
+                d = (us[i] - seen[i]) * 1e-6
+                seen[i] = us[i]
+                if d > 0.0:
+                    self.q_driver[i] += d
+                    tally.append(d)
         if (self.used_pages + 1) * self.page_bytes > self.backed:  # checked at every boundary
             self.used_over_backed += 1
         if self.touch and allocated:
@@ -707,6 +729,11 @@ class RunOptions:
     #: ``progress(done, total)`` while the strategies run, in serving seconds (``total``: the
     #: strategies times the workload's span); :func:`tqdm_progress` makes one
     progress: Progress | None = None
+    #: on the sim (``driver="sim"``), price every call at the band's quantiles too
+    #: (:class:`~kvvmm.workload.bands.QuantilePrices`): each result's ``band_times``, so
+    #: :func:`~kvvmm.workload.bands.workload_bands` serves only the strategies with a
+    #: backing thread again
+    band_prices: bool = False
 
     def __post_init__(self) -> None:
         if self.config is None:  # what run_workload(config=None) has always meant
@@ -716,6 +743,7 @@ class RunOptions:
             _pool_tokens(self.pool_tokens, self.config.page_size)
         bool_arg("record", self.record)
         bool_arg("touch", self.touch)
+        bool_arg("band_prices", self.band_prices)
         if self.pause_scale is not None:
             number_arg("pause_scale", self.pause_scale, lo=0.0,
                        limit="a finite number >= 0 or None")
@@ -833,6 +861,8 @@ def _run_one(spec: str | Strategy | Callable[[], Strategy], wl: Requests, shared
     strat = (make_strategy(spec) if isinstance(spec, str)
              else spec if isinstance(spec, Strategy) else spec())
     inner = o.driver() if callable(o.driver) else driver_for(o.driver, profile=shared.profile)
+    if o.band_prices and o.driver == "sim":
+        inner = QuantilePrices(inner)
     tracer = TracingDriver(inner, Trace())
     # On the tracer, so the pool's creates and releases are in the trace (and replay).
     hpool = strat.make_pool(tracer)
@@ -868,6 +898,7 @@ class _Served:
     wall_s: float
     snapshot: ArenaSnapshot
     trace: Trace | None
+    q_startup_s: list[float]  #: the startup's driver time at each band quantile (priced)
 
 
 def _serve(strat: Strategy, owner: KvBufferOwner, tracer: TracingDriver, inner: Driver,
@@ -888,8 +919,13 @@ def _serve(strat: Strategy, owner: KvBufferOwner, tracer: TracingDriver, inner: 
     hooks.account()
     hooks.waited_s = hooks.background_s = hooks.worker_until = 0.0
     hooks._issued.clear()
+    hooks.threaded = False
+    if isinstance(inner, QuantilePrices):
+        hooks.prices = inner
+        hooks._q_seen = list(inner.us)
     # the constructor's slot-0 calls and prepare/start: everything before serving
     startup_s = sum((e.sim_us if sim else e.wall_us) for e in tracer.trace.events) * 1e-6
+    q_startup = list(hooks.prices.us) if hooks.prices is not None else []
     hooks.prune = not o.record  # from here on, calls are counted and dropped
     serving = ServingModel(o.config, setup.step_model, pool_pages=pool_pages,
                            sample_s=o.sample_s, allocator=allocator)
@@ -903,7 +939,8 @@ def _serve(strat: Strategy, owner: KvBufferOwner, tracer: TracingDriver, inner: 
         tr = tracer.trace
         trace = Trace(meta=dict(tr.meta), events=list(tr.events), ops=list(tr.ops),
                       arenas=tr.arenas)
-    return _Served(hooks, allocator, stats, startup_s, wall, owner.arena.snapshot(), trace)
+    return _Served(hooks, allocator, stats, startup_s, wall, owner.arena.snapshot(), trace,
+                   [us * 1e-6 for us in q_startup])
 
 
 def _result(strat: Strategy, driver: str, s: _Served, *, interleaved: bool) -> StrategyResult:
@@ -931,4 +968,23 @@ def _result(strat: Strategy, driver: str, s: _Served, *, interleaved: bool) -> S
         if sizes else 0.0,
         wall_s=s.wall_s, final_snapshot=snap, trace=s.trace,
         background_driver_s=hooks.background_s, layout=strat.layout,
-        ranges=s.allocator.range_stats() if isinstance(s.allocator, LeaseAllocator) else {})
+        ranges=s.allocator.range_stats() if isinstance(s.allocator, LeaseAllocator) else {},
+        band_times=_band_times(s))
+
+
+def _band_times(s: _Served) -> dict[float, dict[str, float]]:
+    """The band's timed figures at each quantile, from the run's own priced calls (rounded
+    as :meth:`StrategyResult.summary` rounds them); empty where the run was not priced or
+    a backing thread ran (a wait for what a commit had left, an admission put off by when
+    it ended: not the sum of a boundary's calls)."""
+    hooks, steps = s.hooks, s.stats.steps
+    if hooks.prices is None or hooks.threaded or isinstance(s.allocator, LeaseAllocator):
+        return {}
+    return {q: {"startup_driver_ms": round(start * 1e3, 3),
+                "decode_driver_ms": round(decode * 1e3, 3),
+                "background_driver_ms": 0.0,
+                "p99_stall_us": round(_tally_with_zeros(t, steps, 99) * 1e6, 3),
+                "stalled_p99_us": round(t.quantile(99) * 1e6, 3),
+                "max_stall_us": round(t.max * 1e6, 3) if t.count else 0.0}
+            for q, start, decode, t in zip(BAND_QUANTILES, s.q_startup_s, hooks.q_driver,
+                                           hooks.q_stalls, strict=True)}

@@ -194,3 +194,53 @@ def test_a_strategy_with_no_call_after_its_start_gets_the_band_a_full_run_would_
     for key, m in mid.items():
         strategy, fig = key.split("|", 1)
         assert got[strategy][fig] == Band.of(lo[key], m, hi[key]), key
+
+
+def test_a_run_priced_at_the_band_quantiles_gives_the_same_figures_and_bands_a_rerun_gives(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``band_prices``: the point figures unchanged; the bands of a strategy with no call
+    after its start and of the prefix ones to the bit; page-elastic's within a percent or
+    two (the same calls at each quantile: a re-run's stalls move the boundaries a little);
+    only the range strategy (a backing thread) is served again."""
+    from kvvmm.workload import bands as bands_module
+
+    wl = generate(seed=5, duration_s=8.0, rate_scale=4.0)
+    names = ["static", "prefix", "page-elastic", "request-ranges+deferred"]
+    plain = run_workload(wl, names)
+    priced = run_workload(wl, names, band_prices=True)
+    assert [r.summary() | {"wall_s": 0} for r in priced.results] == \
+        [r.summary() | {"wall_s": 0} for r in plain.results]
+    assert [bool(r.band_times) for r in priced.results] == [True, True, True, False]
+    rerun = workload_bands(wl, names, mid=plain, workers=1)
+    served: list[list[str]] = []
+    flat_run = bands_module._flat_run
+
+    def spy(workload, names, *a, **kw):  # type: ignore[no-untyped-def]
+        served.append(list(names))
+        return flat_run(workload, names, *a, **kw)
+
+    monkeypatch.setattr(bands_module, "_flat_run", spy)
+    one = workload_bands(wl, names, mid=priced, workers=1)
+    assert served == [["request-ranges+deferred"]] * 2
+    for name in ("static", "prefix", "request-ranges+deferred"):
+        assert one[name] == rerun[name], name
+    for fig, band in rerun["page-elastic"].items():
+        got = one["page-elastic"][fig]
+        assert got.mid == band.mid
+        assert got.low == pytest.approx(band.low, rel=0.02), fig
+        assert got.high == pytest.approx(band.high, rel=0.02), fig
+
+
+def test_bands_with_no_run_given_price_the_run_they_make() -> None:
+    wl = generate(seed=4, duration_s=6.0, rate_scale=2.0)
+    names = ["prefix", "page-elastic"]
+    assert workload_bands(wl, names, workers=1) == \
+        workload_bands(wl, names, mid=run_workload(wl, names, band_prices=True), workers=1)
+
+
+def test_quantile_prices_wrap_only_the_sim() -> None:
+    from kvvmm.driver.host import HostDriver
+    from kvvmm.workload.bands import QuantilePrices
+
+    with pytest.raises(ArgumentError, match="SimDriver"):
+        QuantilePrices(HostDriver())
