@@ -127,7 +127,8 @@ class WorkloadLab(_Panel):
         wl, names = self.workload(), list(self.strategies.value)
         opts = RunOptions(model=self.model.value, gpu=self.gpu.value, tp=self.tp.value,
                           config=ServingConfig(slot_order=self.order.value),
-                          pause_scale=1.0 if self.real_time.value else None)
+                          pause_scale=1.0 if self.real_time.value else None,
+                          band_prices=True)  # the bands priced in this pass (sim calls)
         cmp = run_workload(wl, names, options=opts, progress=self._reporter("strategies"))
         bands = workload_bands(wl, names, gpu=self.gpu.value, mid=cmp, options=opts,
                                progress=self._reporter("bands (p10, p90)"))
