@@ -12,6 +12,8 @@ import platform
 import subprocess
 from pathlib import Path
 
+from kvvmm._version import __version__
+
 __all__ = ["commit", "cpu_model", "load_average", "versions"]
 
 
@@ -48,8 +50,6 @@ def versions(root: Path, *dists: str) -> dict[str, str | None]:
 
     A distribution not installed reads ``None`` (a CPU-only machine has no ``cuda-bindings``).
     """
-    from kvvmm import __version__
-
     out: dict[str, str | None] = {"python": platform.python_version(), "kvvmm": __version__,
                                   "commit": commit(root)}
     for dist in dists:
