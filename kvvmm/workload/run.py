@@ -54,7 +54,7 @@ from kvvmm.workload.serving import (
     StepTimeModel,
     fewer_collections,
 )
-from kvvmm.workload.strategies import LeaseAllocator, Strategy, make_strategy
+from kvvmm.workload.strategies import LeaseAllocator, RequestRanges, Strategy, make_strategy
 from kvvmm.workload.tally import Tally
 
 __all__ = ["TIMELINE_CAP", "Progress", "RunOptions", "RunSetup", "StrategyResult", "Timeline",
@@ -861,7 +861,9 @@ def _run_one(spec: str | Strategy | Callable[[], Strategy], wl: Requests, shared
     strat = (make_strategy(spec) if isinstance(spec, str)
              else spec if isinstance(spec, Strategy) else spec())
     inner = o.driver() if callable(o.driver) else driver_for(o.driver, profile=shared.profile)
-    if o.band_prices and o.driver == "sim":
+    # A range strategy's band is served again (its waits are not sums of calls): pricing its
+    # calls here would be thrown away.
+    if o.band_prices and o.driver == "sim" and not isinstance(strat, RequestRanges):
         inner = QuantilePrices(inner)
     tracer = TracingDriver(inner, Trace())
     # On the tracer, so the pool's creates and releases are in the trace (and replay).
