@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import pytest
+from serving_support import QuietHooks
 
 from kvvmm.driver import open_driver
 from kvvmm.errors import ArgumentError
@@ -24,18 +25,6 @@ from kvvmm.workload.strategies import (
     LeaseAllocator,
     RequestRanges,
 )
-
-
-class _Quiet:
-    """Serving hooks with no memory strategy behind them: no stalls, nothing sampled."""
-
-    kv_bandwidth_factor = 1.0
-
-    def update(self, *a: object) -> float:
-        return 0.0
-
-    def sample(self, *a: object) -> None:
-        pass
 
 
 class _PutOff(SlotAllocator):
@@ -64,14 +53,14 @@ def test_a_request_put_off_a_whole_step_shows_its_wait_and_a_ready_one_zero() ->
     reqs = (Request(0.0, 100, 5), Request(0.0, 50, 2))
     alloc = _PutOff(64, ready_s=1e-4)
     stats = ServingModel(ServingConfig(), sm, pool_pages=64, allocator=alloc).run(
-        Workload(reqs, "test"), _Quiet())
+        Workload(reqs, "test"), QuietHooks())
     step1 = 2e-3 + 1e-7 * 100 + 1e-5 * 100  # request 0's prefill step
     assert alloc.refused == [0.0]  # put off once, at the first boundary
     assert stats.first_token_added_s == pytest.approx((0.0, step1))  # its whole step
     # ... and its first token waited exactly that much more than it would have
     assert stats.first_token_s[1] - stats.first_token_added_s[1] == pytest.approx(
         2e-3 + 1e-7 * 151 + 1e-5 * 50)
-    ready = ServingModel(ServingConfig(), sm, pool_pages=64).run(Workload(reqs, "t"), _Quiet())
+    ready = ServingModel(ServingConfig(), sm, pool_pages=64).run(Workload(reqs, "t"), QuietHooks())
     assert ready.first_token_added_s == (0.0, 0.0)  # admitted when it could be: nothing added
 
 

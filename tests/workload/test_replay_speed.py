@@ -7,6 +7,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from serving_support import QuietHooks
 
 from kvvmm.errors import ArgumentError
 from kvvmm.hardware import predicted_bandwidth_tb_s
@@ -116,18 +117,6 @@ def test_a_band_worker_count_other_than_1_2_or_none_is_refused(bad: object) -> N
                        workers=bad)  # type: ignore[arg-type]
 
 
-class _Quiet:
-    """Serving hooks with no memory strategy behind them: no stalls, nothing sampled."""
-
-    kv_bandwidth_factor = 1.0
-
-    def update(self, *a: object) -> float:
-        return 0.0
-
-    def sample(self, *a: object) -> None:
-        pass
-
-
 def test_the_first_token_comes_at_the_end_of_the_prefill_step_and_a_queued_one_waits_too(
         ) -> None:
     from kvvmm.workload import Request, ServingConfig, Workload
@@ -137,7 +126,7 @@ def test_the_first_token_comes_at_the_end_of_the_prefill_step_and_a_queued_one_w
                        overhead_s=1e-3, prefill_s_per_token=1e-5)
     cfg = ServingConfig(max_running=1)  # the second request queues behind the first
     reqs = (Request(0.0, 100, 3), Request(0.0005, 50, 2))
-    stats = ServingModel(cfg, sm, pool_pages=64).run(Workload(reqs, "test"), _Quiet())
+    stats = ServingModel(cfg, sm, pool_pages=64).run(Workload(reqs, "test"), QuietHooks())
     base, kv, pre = 1e-3 + 1e-3, 1e-7, 1e-5
     step1 = base + kv * 100 + pre * 100  # prefill of 100 tokens, its KV read
     one_done = step1 + (base + kv * 101) + (base + kv * 102)  # 3 tokens: three steps

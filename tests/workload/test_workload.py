@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+from serving_support import QuietHooks
 
 from kvvmm.driver.sim import SimDriver
 from kvvmm.errors import ArgumentError, WorkloadFormatError
@@ -269,18 +270,6 @@ class _SlowToMap(SlotAllocator):
         super().alloc_for(rid, n, out)
 
 
-class _QuietHooks:
-    """Serving hooks with no memory strategy behind them: no stalls, nothing sampled."""
-
-    kv_bandwidth_factor = 1.0
-
-    def update(self, *a: object) -> float:
-        return 0.0
-
-    def sample(self, *a: object) -> None:
-        pass
-
-
 @pytest.mark.parametrize("lag_s", [0.0, 0.0004, 0.03, 2.0])
 def test_an_admission_whose_memory_is_not_ready_waits_for_a_later_boundary_not_the_step(
         lag_s: float) -> None:
@@ -294,7 +283,7 @@ def test_an_admission_whose_memory_is_not_ready_waits_for_a_later_boundary_not_t
     sm = StepTimeModel.for_model("qwen2.5-7b", "h200", tp=1)
     alloc = _SlowToMap(8192 // 16, lag_s)
 
-    stats = ServingModel(cfg, sm, pool_pages=8192 // 16, allocator=alloc).run(wl, _QuietHooks())
+    stats = ServingModel(cfg, sm, pool_pages=8192 // 16, allocator=alloc).run(wl, QuietHooks())
     assert stats.completed + stats.rejected == stats.requests == len(wl)
     assert stats.stall_steps == ()
     assert len(alloc.admitted) == stats.completed  # each waited out its lag
@@ -312,7 +301,7 @@ def test_a_request_that_times_out_while_its_memory_maps_gives_it_back() -> None:
 
     sm = StepTimeModel.for_model("qwen2.5-7b", "h200", tp=1)
     stats = ServingModel(ServingConfig(max_wait_s=1.0), sm, pool_pages=64,
-                         allocator=alloc).run(wl, _QuietHooks())
+                         allocator=alloc).run(wl, QuietHooks())
     assert stats.timed_out == 1 and stats.completed == 0
     assert alloc.unprepared == [0]
 
