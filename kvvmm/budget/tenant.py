@@ -178,8 +178,12 @@ class Tenant:
         """Note this tenant's KV claim as the file holds it now (under the ledger's lock;
         :meth:`_follow` applies it after)."""
         if self._cap is not None:
-            s = self.slot
-            self._claim = kv_claim(q[LIMIT + s], q[BACKED + s], q[H_BUDGET])
+            self._claim = self._claim_in(q)
+
+    def _claim_in(self, q: memoryview) -> int:
+        """This tenant's KV claim as the file holds it (under the ledger's lock)."""
+        s = self.slot
+        return kv_claim(q[LIMIT + s], q[BACKED + s], q[H_BUDGET])
 
     @property
     def pending_credit_bytes(self) -> int:
@@ -383,8 +387,7 @@ class Tenant:
         with self._cap_lock:
             with self.ledger._locked() as q:
                 self.ledger._own(q, self)
-                s = self.slot
-                claim = kv_claim(q[LIMIT + s], q[BACKED + s], q[H_BUDGET])
+                claim = self._claim_in(q)
             cap.follow(claim)
             self._claim, self._cap, self._cap_error = claim, cap, None
         return cap
