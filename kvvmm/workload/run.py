@@ -976,11 +976,12 @@ def _result(strat: Strategy, driver: str, s: _Served, *, interleaved: bool) -> S
 
 def _band_times(s: _Served) -> dict[float, dict[str, float]]:
     """The band's timed figures at each quantile, from the run's own priced calls (rounded
-    as :meth:`StrategyResult.summary` rounds them); empty where the run was not priced or
-    a backing thread ran (a wait for what a commit had left, an admission put off by when
-    it ended: not the sum of a boundary's calls)."""
+    as :meth:`StrategyResult.summary` rounds them); empty where the run was not priced (a
+    range strategy never is: :func:`_run_one`) or a backing thread ran (a wait for what a
+    commit had left, an admission put off by when it ended: not the sum of a boundary's
+    calls)."""
     hooks, steps = s.hooks, s.stats.steps
-    if hooks.prices is None or hooks.threaded or isinstance(s.allocator, LeaseAllocator):
+    if hooks.prices is None or hooks.threaded:
         return {}
     return {q: {"startup_driver_ms": round(start * 1e3, 3),
                 "decode_driver_ms": round(decode * 1e3, 3),
